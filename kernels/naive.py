@@ -1,0 +1,47 @@
+"""Naive attention: materialise the logits, softmax, multiply. The baseline.
+
+It builds the full ``[batch, heads, q_len, kv_len]`` logits tensor, so its memory
+grows with ``q_len * kv_len``; that is the cost flash attention removes.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from kernels.contract import row_has_key, visibility_mask
+
+
+def naive_attention(q, k, v, *, causal, scale, q_lengths, kv_lengths, config=None):
+    """Materialised attention (validated inputs; see ``kernels.attention``).
+
+    Logits and softmax are computed in float32; the probabilities are cast back
+    to the input dtype for the value product (float32 accumulation), as a plain
+    ``softmax(q k^T) v`` written in JAX would do.
+
+    Args:
+        q: ``[batch, q_len, num_heads, head_dim]``; k, v: ``[batch, kv_len, num_kv_heads, head_dim]``.
+        config: ignored (no tiling).
+
+    Returns:
+        ``[batch, q_len, num_heads, head_dim]`` in ``q.dtype``.
+    """
+    del config
+    group = q.shape[2] // k.shape[2]
+    k = jnp.repeat(k, group, axis=2)
+    v = jnp.repeat(v, group, axis=2)
+    logits = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32) * scale
+    mask = visibility_mask(q.shape[1], k.shape[1], causal=causal,
+                           q_lengths=q_lengths, kv_lengths=kv_lengths)
+    logits = jnp.where(mask, logits, -jnp.inf)
+    row_max = jnp.max(logits, axis=-1, keepdims=True)
+    row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
+    p = jnp.exp(logits - row_max)
+    denom = jnp.sum(p, axis=-1, keepdims=True)
+    p = (p / jnp.where(denom == 0, 1.0, denom)).astype(q.dtype)
+    out = jnp.einsum("bhqk,bkhd->bqhd", p, v, preferred_element_type=jnp.float32)
+    out = jnp.where(row_has_key(q.shape[1], q_lengths=q_lengths, kv_lengths=kv_lengths), out, 0.0)
+    return out.astype(q.dtype)
+
+
+naive_attention = jax.named_call(naive_attention, name="kernelgate_naive_attention")

@@ -1,0 +1,57 @@
+"""Adapters from ``jax.nn.dot_product_attention`` (XLA and cuDNN) to the contract.
+
+``jax.nn.dot_product_attention`` already follows the layout, GQA and causal
+conventions; the adapters add the contract's rule that a query row which sees no
+key (padding) returns zeros, since the library leaves such rows unspecified.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from kernels.contract import row_has_key
+
+
+def _dot_product_attention(q, k, v, *, causal, scale, q_lengths, kv_lengths, implementation):
+    batch, q_len = q.shape[0], q.shape[1]
+    kv_len = k.shape[1]
+    # The library requires both lengths when either is given.
+    ql = q_lengths if q_lengths is not None or kv_lengths is None else jnp.full((batch,), q_len, jnp.int32)
+    kl = kv_lengths if kv_lengths is not None or q_lengths is None else jnp.full((batch,), kv_len, jnp.int32)
+    out = jax.nn.dot_product_attention(
+        q, k, v, scale=scale, is_causal=causal,
+        query_seq_lengths=ql, key_value_seq_lengths=kl, implementation=implementation,
+    )
+    if q_lengths is None and kv_lengths is None:
+        return out
+    return jnp.where(row_has_key(q_len, q_lengths=q_lengths, kv_lengths=kv_lengths), out, 0).astype(q.dtype)
+
+
+def xla_attention(q, k, v, *, causal, scale, q_lengths, kv_lengths, config=None):
+    """``jax.nn.dot_product_attention(implementation="xla")`` under the contract.
+
+    Shapes as ``kernels.attention``; ``config`` is ignored (XLA picks its own tiling).
+    """
+    del config
+    return _dot_product_attention(q, k, v, causal=causal, scale=scale, q_lengths=q_lengths,
+                                  kv_lengths=kv_lengths, implementation="xla")
+
+
+def cudnn_attention(q, k, v, *, causal, scale, q_lengths, kv_lengths, config=None):
+    """``jax.nn.dot_product_attention(implementation="cudnn")`` (NVIDIA's fused
+    flash attention) under the contract. GPU only; bf16/f16; see
+    ``check_cudnn`` for the shape limits."""
+    del config
+    return _dot_product_attention(q, k, v, causal=causal, scale=scale, q_lengths=q_lengths,
+                                  kv_lengths=kv_lengths, implementation="cudnn")
+
+
+def check_cudnn(spec, backend: str) -> None:
+    """Raise ``NotImplementedError`` with the reason when cuDNN cannot run ``spec``."""
+    if backend != "gpu":
+        raise NotImplementedError(f"cudnn needs an NVIDIA GPU; the backend is {backend}")
+    if spec.dtype not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+        raise NotImplementedError(f"cudnn flash attention supports bf16/f16, not {spec.dtype}")
+    if spec.head_dim % 8 or spec.head_dim > 256:
+        raise NotImplementedError(f"cudnn needs head_dim a multiple of 8 and <= 256, got {spec.head_dim}")
