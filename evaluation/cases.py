@@ -1,0 +1,85 @@
+"""One attention test case: its description (manifest entry) and its arrays.
+
+Shared by the test-set builder (``evaluation.testset``), the validation suite and
+the accuracy/performance evaluators.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+Category = Literal["ordinary", "hard", "adversarial"]
+CATEGORIES: tuple[Category, ...] = ("ordinary", "hard", "adversarial")
+Split = Literal["tuning", "heldout", "confirmation"]
+SPLITS: tuple[Split, ...] = ("tuning", "heldout", "confirmation")
+ARRAY_NAMES = ("q", "k", "v", "q_lengths", "kv_lengths")
+
+
+class CaseSpec(BaseModel):
+    """Manifest entry of one case.
+
+    Attributes:
+        case_id: unique within the test set, e.g. ``heldout/hard/gqa3-0007``.
+        category: ordinary (real model), hard, or adversarial.
+        tags: what the case exercises (``gqa``, ``causal``, ``padding``, ``long``...).
+        q_shape: ``[batch, q_len, num_heads, head_dim]``; kv_shape: ``[batch, kv_len, num_kv_heads, head_dim]``.
+        dtype: ``float32``, ``bfloat16`` or ``float16``.
+        causal, scale: attention arguments (``scale=None`` = ``1/sqrt(head_dim)``).
+        has_lengths: whether ``q_lengths``/``kv_lengths`` arrays are stored.
+        source: ``seed:<n>`` or ``document:<name>#<sha256 prefix>``.
+        digest: sha256 over the case's arrays (see ``case_digest``).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    case_id: str
+    category: Category
+    tags: tuple[str, ...] = ()
+    q_shape: tuple[int, int, int, int]
+    kv_shape: tuple[int, int, int, int]
+    dtype: Literal["float32", "bfloat16", "float16"]
+    causal: bool = False
+    scale: float | None = None
+    has_lengths: bool = False
+    source: str
+    digest: str = Field(description="sha256 hex of the case arrays")
+
+
+@dataclass(frozen=True)
+class TestCase:
+    """A case with its arrays (NumPy; bf16 via ``ml_dtypes``).
+
+    ``q``: ``[batch, q_len, num_heads, head_dim]``; ``k``, ``v``:
+    ``[batch, kv_len, num_kv_heads, head_dim]``; ``q_lengths``/``kv_lengths``:
+    int32 ``[batch]`` or ``None``.
+    """
+
+    __test__ = False  # not a pytest class
+
+    spec: CaseSpec
+    q: np.ndarray
+    k: np.ndarray
+    v: np.ndarray
+    q_lengths: np.ndarray | None = None
+    kv_lengths: np.ndarray | None = None
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The non-``None`` arrays by name."""
+        return {n: getattr(self, n) for n in ARRAY_NAMES if getattr(self, n) is not None}
+
+
+def case_digest(arrays: dict[str, np.ndarray], *, causal: bool, scale: float | None) -> str:
+    """sha256 over names, dtypes, shapes and bytes of the arrays plus the attention
+    arguments, so equal content gives an equal digest on any machine."""
+    h = hashlib.sha256()
+    h.update(f"causal={causal};scale={scale!r}".encode())
+    for name in sorted(arrays):
+        a = np.ascontiguousarray(arrays[name])
+        h.update(f"{name}:{a.dtype.name}:{a.shape}".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
