@@ -1,0 +1,101 @@
+"""Approval of a stage transition by a release manager (or by a stated auto-approval).
+
+:class:`ApprovalInput` holds the form's fields as a plain pydantic model; ``flows/`` makes
+the Prefect form from it (``class ApprovalForm(prefect.input.RunInput, ApprovalInput)``),
+so this package never imports Prefect. Whatever happens — an answer, a timeout, or an
+auto-approval the preregistered policy allows — becomes an :class:`ApprovalRecord`
+that is logged to MLflow (``lineage.records.log_approval``).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
+
+from gates.thresholds import ApprovalPolicy, Transition
+
+
+class ApprovalInput(BaseModel):
+    """The release manager's answer in the approval form."""
+
+    approve: bool = Field(description="Approve the transition (False rejects).")
+    approver: str = Field(min_length=1, description="Who decided (name or e-mail).")
+    comment: str = Field(default="", description="Why; shown to auditors.")
+
+
+class ApprovalRecord(BaseModel):
+    """The logged outcome of one approval request."""
+
+    model_config = ConfigDict(frozen=True)
+
+    transition: Transition
+    family: str
+    version: str
+    approved: bool
+    approver: str
+    comment: str
+    at: AwareDatetime
+    timed_out: bool = False
+    auto_approved: bool = False
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ApprovalRecord:
+        if self.timed_out and self.approved:
+            raise ValueError("a timed-out approval request cannot be approved")
+        return self
+
+
+def record_answer(
+    answer: ApprovalInput, *, transition: Transition, family: str, version: str
+) -> ApprovalRecord:
+    """The record of a person's answer (``at`` = now, UTC)."""
+    return ApprovalRecord(
+        transition=transition,
+        family=family,
+        version=version,
+        approved=answer.approve,
+        approver=answer.approver,
+        comment=answer.comment,
+        at=datetime.now(UTC),
+    )
+
+
+def record_timeout(
+    policy: ApprovalPolicy, *, transition: Transition, family: str, version: str
+) -> ApprovalRecord:
+    """The record of a request nobody answered within ``policy.timeout_s``: a rejection."""
+    return ApprovalRecord(
+        transition=transition,
+        family=family,
+        version=version,
+        approved=False,
+        approver="(nobody)",
+        comment=f"no answer within {policy.timeout_s:g} s; timeout rejects",
+        at=datetime.now(UTC),
+        timed_out=True,
+    )
+
+
+def record_auto_approval(
+    policy: ApprovalPolicy, *, transition: Transition, family: str, version: str
+) -> ApprovalRecord:
+    """An approval without a person, allowed only when the preregistered policy says so.
+
+    Raises:
+        PermissionError: the policy does not allow auto-approval.
+    """
+    if not policy.auto_approve:
+        raise PermissionError(
+            f"approval policy requires a person for {transition}; auto-approval is not allowed"
+        )
+    return ApprovalRecord(
+        transition=transition,
+        family=family,
+        version=version,
+        approved=True,
+        approver="(auto)",
+        comment=f"auto-approved by preregistered policy: {policy.auto_approve_reason}",
+        at=datetime.now(UTC),
+        auto_approved=True,
+    )

@@ -1,0 +1,162 @@
+"""Canary step analysis against the preregistered canary plan.
+
+After each canary step (a fraction of traffic served by the candidate, the rest by
+production) the step is judged on:
+
+* latency — one-sided Mann-Whitney U test (``scipy.stats.mannwhitneyu``, H1: candidate
+  latencies are stochastically greater, i.e. the candidate is slower) at the
+  preregistered alpha, with two effect sizes: the common-language effect size
+  ``U / (n_candidate * n_production)`` = P(candidate request slower than a production one)
+  (McGraw & Wong 1992) and the ratio of medians. A breach needs ``p < alpha`` *and*
+  ``median ratio >= min_slowdown_ratio`` (statistically and practically slower);
+* output drift — per-request relative L2 difference between candidate and production
+  embeddings; any value above ``max_output_drift`` (or non-finite) breaches;
+* error and NaN counts against their limits;
+* device-memory growth over the step (bytes) against ``max_memory_growth_bytes``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numpy.typing import ArrayLike
+from pydantic import BaseModel, ConfigDict
+from scipy import stats
+
+from gates.thresholds import CanaryPlan, CanaryStep
+
+
+class CanaryStepResult(BaseModel):
+    """Outcome of one canary step; ``passed`` is False when ``breaches`` is non-empty."""
+
+    model_config = ConfigDict(ser_json_inf_nan="strings")
+
+    step: str
+    traffic_fraction: float
+    n_candidate: int
+    n_production: int
+    latency_test: str
+    alpha: float
+    u_statistic: float
+    p_value: float
+    common_language_effect: float  # P(candidate latency > production latency)
+    median_latency_ratio: float  # median(candidate) / median(production)
+    candidate_median_s: float
+    production_median_s: float
+    latency_slower: bool
+    output_drift_max: float
+    output_drift_p99: float
+    output_drift_nonfinite: int
+    error_count: int
+    nan_count: int
+    memory_growth_bytes: int
+    breaches: list[str]
+    passed: bool
+
+
+def _latencies(values: ArrayLike, name: str) -> np.ndarray:
+    arr = np.asarray(values, dtype=np.float64)
+    if arr.ndim != 1 or arr.size < 2:
+        raise ValueError(f"{name} must be a 1-D array of at least 2 latencies (seconds)")
+    if not np.all(np.isfinite(arr)) or np.any(arr < 0):
+        raise ValueError(f"{name} must be finite and non-negative (seconds)")
+    return arr
+
+
+def analyse_canary_step(
+    step: CanaryStep,
+    candidate_latencies_s: ArrayLike,
+    production_latencies_s: ArrayLike,
+    output_drift: ArrayLike,
+    error_count: int,
+    nan_count: int,
+    memory_start_bytes: int,
+    memory_end_bytes: int,
+    plan: CanaryPlan,
+) -> CanaryStepResult:
+    """Judge one canary step against ``plan``.
+
+    Args:
+        step: the step being judged (name and traffic fraction are reported).
+        candidate_latencies_s, production_latencies_s: 1-D float arrays of per-request
+            latency in seconds (at least 2 each, finite, >= 0).
+        output_drift: 1-D float array, per mirrored request,
+            ``||candidate - production|| / ||production||`` of the embeddings; NaN/inf allowed
+            (they breach).
+        error_count, nan_count: requests that raised / returned non-finite outputs.
+        memory_start_bytes, memory_end_bytes: device memory in use at the step's start and end.
+
+    Raises:
+        ValueError: malformed latencies, empty drift, or negative counts.
+    """
+    cand = _latencies(candidate_latencies_s, "candidate_latencies_s")
+    prod = _latencies(production_latencies_s, "production_latencies_s")
+    drift = np.asarray(output_drift, dtype=np.float64).ravel()
+    if drift.size == 0:
+        raise ValueError("output_drift must hold at least one request")
+    if min(error_count, nan_count, memory_start_bytes, memory_end_bytes) < 0:
+        raise ValueError("counts and memory bytes must be non-negative")
+
+    test = plan.latency
+    res = stats.mannwhitneyu(cand, prod, alternative=test.alternative, method="auto")
+    u, p = float(res.statistic), float(res.pvalue)
+    cles = u / (cand.size * prod.size)
+    cand_med, prod_med = float(np.median(cand)), float(np.median(prod))
+    ratio = cand_med / prod_med if prod_med > 0 else (1.0 if cand_med == 0 else math.inf)
+    slower = p < test.alpha and ratio >= test.min_slowdown_ratio
+
+    finite = drift[np.isfinite(drift)]
+    nonfinite = int(drift.size - finite.size)
+    drift_max = float(finite.max()) if finite.size else math.nan
+    drift_p99 = float(np.quantile(finite, 0.99)) if finite.size else math.nan
+    growth = int(memory_end_bytes) - int(memory_start_bytes)
+
+    checks = [
+        (
+            slower,
+            f"latency: candidate slower than production (Mann-Whitney U one-sided p={p:.3g} < "
+            f"alpha={test.alpha:g}, median ratio {ratio:.3f} >= {test.min_slowdown_ratio:g})",
+        ),
+        (
+            nonfinite > 0,
+            f"output drift: {nonfinite} request(s) with non-finite drift",
+        ),
+        (
+            finite.size > 0 and drift_max > plan.max_output_drift,
+            f"output drift: max rel. L2 {drift_max:.3g} > {plan.max_output_drift:g}",
+        ),
+        (
+            error_count > plan.max_error_count,
+            f"errors: {error_count} > {plan.max_error_count}",
+        ),
+        (nan_count > plan.max_nan_count, f"NaN outputs: {nan_count} > {plan.max_nan_count}"),
+        (
+            growth > plan.max_memory_growth_bytes,
+            f"memory: grew {growth} bytes > {plan.max_memory_growth_bytes}",
+        ),
+    ]
+    breaches = [message for failed, message in checks if failed]
+    return CanaryStepResult(
+        step=step.name,
+        traffic_fraction=step.traffic_fraction,
+        n_candidate=int(cand.size),
+        n_production=int(prod.size),
+        latency_test=f"{test.test} ({test.alternative})",
+        alpha=test.alpha,
+        u_statistic=u,
+        p_value=p,
+        common_language_effect=cles,
+        median_latency_ratio=ratio,
+        candidate_median_s=cand_med,
+        production_median_s=prod_med,
+        latency_slower=slower,
+        output_drift_max=drift_max,
+        output_drift_p99=drift_p99,
+        output_drift_nonfinite=nonfinite,
+        error_count=error_count,
+        nan_count=nan_count,
+        memory_growth_bytes=growth,
+        breaches=breaches,
+        passed=not breaches,
+    )

@@ -1,0 +1,266 @@
+"""Preregistered thresholds: the versioned YAML schema and its loader.
+
+A thresholds file is written (and frozen by :mod:`gates.preregistration`) before any
+candidate is evaluated. It holds, per target platform (``tpu``, ``gpu``, ``cpu``):
+
+* value criteria — ``report.metrics[metric] <op> value`` (e.g. ``accuracy.all.nan_count == 0``);
+* change criteria — the candidate against the naive ``baseline`` or the current
+  ``production`` version, expressed as an improvement factor (e.g. p50 latency at least
+  1.2x better than the baseline; error at most 1.1x worse than production);
+
+and, once per profile, whether ``not_assessed`` criteria block promotion, the canary
+plan and the approval policy. Metric names are those of ARCHITECTURE.md ("evaluation").
+
+The file's bytes are what preregistration hashes, so :func:`load_thresholds` keeps the
+sha256 of the exact bytes it parsed (``Thresholds.source_sha256``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+
+SCHEMA_VERSION = 1
+
+Platform = Literal["tpu", "gpu", "cpu"]
+PLATFORMS: tuple[Platform, ...] = ("tpu", "gpu", "cpu")
+CriterionKind = Literal["accuracy", "speed", "memory"]
+Op = Literal["<=", "<", ">=", ">", "=="]
+Transition = Literal["candidate->shadow", "shadow->canary", "canary->production"]
+
+_OPS = {
+    "<=": lambda a, b: a <= b,
+    "<": lambda a, b: a < b,
+    ">=": lambda a, b: a >= b,
+    ">": lambda a, b: a > b,
+    "==": lambda a, b: a == b,
+}
+
+
+def compare(observed: float, op: Op, threshold: float) -> bool:
+    """Return ``observed <op> threshold`` for finite floats (callers reject NaN/inf first)."""
+    return _OPS[op](observed, threshold)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class _Criterion(_Strict):
+    name: str = Field(description="Stable identifier shown in decisions, e.g. 'all-nan-free'.")
+    metric: str = Field(description="Metric name from the evaluation report (ARCHITECTURE.md).")
+    kind: CriterionKind
+    native_only: bool | None = Field(
+        default=None,
+        description="Judge only when the candidate ran natively (report.speed_assessed); "
+        "defaults to True for kind 'speed' and False otherwise.",
+    )
+
+    @property
+    def requires_native(self) -> bool:
+        """Whether the criterion is ``not_assessed`` when the kernel did not run natively."""
+        return self.kind == "speed" if self.native_only is None else self.native_only
+
+
+class ValueCriterion(_Criterion):
+    """``report.metrics[metric] <op> value``."""
+
+    op: Op
+    value: float
+
+    @field_validator("value")
+    @classmethod
+    def _finite(cls, v: float) -> float:
+        if not math.isfinite(v):
+            raise ValueError(f"threshold value must be finite, got {v}")
+        return v
+
+
+class ChangeCriterion(_Criterion):
+    """Candidate vs a reference (``baseline`` or ``production``) as an improvement factor.
+
+    ``improvement = reference / candidate`` when lower is better (latency, error, bytes) and
+    ``candidate / reference`` when higher is better (TFLOP/s, cosine similarity); both sides
+    are first raised to ``floor`` so that tiny errors do not make the ratio noise.
+    Exactly one of ``min_improvement`` (candidate must be at least this many times better,
+    e.g. 1.2) and ``max_regression`` (candidate may be at most this many times worse, e.g.
+    1.1, i.e. ``improvement >= 1/1.1``) is set.
+    """
+
+    against: Literal["baseline", "production"]
+    better: Literal["lower", "higher"]
+    min_improvement: float | None = Field(default=None, gt=0)
+    max_regression: float | None = Field(default=None, ge=1)
+    floor: float = Field(default=0.0, ge=0)
+
+    @model_validator(mode="after")
+    def _exactly_one_bound(self) -> ChangeCriterion:
+        if (self.min_improvement is None) == (self.max_regression is None):
+            raise ValueError(
+                f"change criterion {self.name!r}: set exactly one of min_improvement, max_regression"
+            )
+        return self
+
+    @property
+    def required_improvement(self) -> float:
+        """The minimum ``improvement`` factor that passes."""
+        if self.min_improvement is not None:
+            return self.min_improvement
+        assert self.max_regression is not None
+        return 1.0 / self.max_regression
+
+
+class PlatformCriteria(_Strict):
+    """The criteria for candidates whose implementation is native to one platform."""
+
+    value: list[ValueCriterion] = Field(default_factory=list)
+    change: list[ChangeCriterion] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> PlatformCriteria:
+        names = [c.name for c in (*self.value, *self.change)]
+        if not names:
+            raise ValueError("a platform needs at least one criterion")
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"criterion names must be unique per platform: {dupes}")
+        return self
+
+
+class CanaryStep(_Strict):
+    """One canary step: a deterministic fraction of traffic routed to the candidate."""
+
+    name: str
+    traffic_fraction: float = Field(gt=0, le=1)
+    requests: int = Field(gt=0, description="Requests served during the step (both arms).")
+
+
+class LatencyTest(_Strict):
+    """Preregistered one-sided test "is the candidate slower than production?".
+
+    ``scipy.stats.mannwhitneyu(candidate, production, alternative="greater")``; a step
+    breaches when ``p < alpha`` and the median slowdown ratio is at least
+    ``min_slowdown_ratio`` (practical significance, so a tiny but significant shift on
+    many requests does not abort a rollout).
+    """
+
+    test: Literal["mannwhitneyu"] = "mannwhitneyu"
+    alternative: Literal["greater"] = "greater"
+    alpha: float = Field(gt=0, lt=0.5)
+    min_slowdown_ratio: float = Field(default=1.0, ge=1.0)
+
+
+class CanaryPlan(_Strict):
+    """Steps and per-step failure limits watched during the canary."""
+
+    steps: list[CanaryStep] = Field(min_length=1)
+    max_error_count: int = Field(ge=0)
+    max_nan_count: int = Field(ge=0)
+    max_output_drift: float = Field(
+        gt=0, description="Max rel. L2 between candidate and production embeddings, per request."
+    )
+    latency: LatencyTest
+    max_memory_growth_bytes: int = Field(ge=0)
+
+    @field_validator("steps")
+    @classmethod
+    def _increasing(cls, steps: list[CanaryStep]) -> list[CanaryStep]:
+        fractions = [s.traffic_fraction for s in steps]
+        if fractions != sorted(set(fractions)):
+            raise ValueError(f"canary traffic fractions must strictly increase, got {fractions}")
+        return steps
+
+
+class ApprovalPolicy(_Strict):
+    """Which stage transitions need a person, and how long to wait for one."""
+
+    required_for: list[Transition] = Field(default_factory=list)
+    timeout_s: float = Field(gt=0, description="Seconds to wait; a timeout rejects.")
+    auto_approve: bool = False
+    auto_approve_reason: str | None = None
+
+    @model_validator(mode="after")
+    def _reason_for_auto(self) -> ApprovalPolicy:
+        if self.auto_approve and not (self.auto_approve_reason or "").strip():
+            raise ValueError("auto_approve: true needs a non-empty auto_approve_reason")
+        return self
+
+    def requires_person(self, transition: Transition) -> bool:
+        """True when ``transition`` needs a release manager (and auto-approval is off)."""
+        return transition in self.required_for and not self.auto_approve
+
+
+class Thresholds(_Strict):
+    """A thresholds profile (one YAML file). See the module docstring."""
+
+    schema_version: Literal[1]
+    profile: str = Field(min_length=1)
+    description: str = ""
+    not_assessed_blocks_promotion: bool
+    min_cases_per_category: int = Field(
+        default=1,
+        ge=0,
+        description="An accuracy.{cat}.* criterion is inconclusive when accuracy.{cat}.n_cases "
+        "is below this.",
+    )
+    platforms: dict[Platform, PlatformCriteria]
+    canary: CanaryPlan
+    approval: ApprovalPolicy
+
+    _source_sha256: str | None = PrivateAttr(default=None)
+
+    @field_validator("platforms")
+    @classmethod
+    def _all_platforms(cls, v: dict[str, PlatformCriteria]) -> dict[str, PlatformCriteria]:
+        missing = [p for p in PLATFORMS if p not in v]
+        if missing:
+            raise ValueError(f"thresholds must define every platform; missing {missing}")
+        return v
+
+    @property
+    def source_sha256(self) -> str | None:
+        """sha256 (hex) of the file bytes this profile was loaded from, or None if built in code."""
+        return self._source_sha256
+
+
+def file_sha256(path: str | Path) -> str:
+    """sha256 hex digest of a file's bytes."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def parse_thresholds(data: bytes, *, source: str = "<bytes>") -> Thresholds:
+    """Parse YAML bytes into :class:`Thresholds` and remember their sha256.
+
+    Raises:
+        ValueError: the YAML is not a mapping or does not match the schema (pydantic's
+            ``ValidationError`` is a ``ValueError``); the message names ``source``.
+    """
+    try:
+        raw = yaml.safe_load(data)
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{source}: not valid YAML: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ValueError(f"{source}: a thresholds file must be a YAML mapping")
+    if raw.get("schema_version") != SCHEMA_VERSION:
+        raise ValueError(
+            f"{source}: schema_version must be {SCHEMA_VERSION}, got {raw.get('schema_version')!r}"
+        )
+    thresholds = Thresholds.model_validate(raw)
+    thresholds._source_sha256 = hashlib.sha256(data).hexdigest()
+    return thresholds
+
+
+def load_thresholds(path: str | Path) -> Thresholds:
+    """Load and validate a thresholds YAML file.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: invalid YAML or schema (see :func:`parse_thresholds`).
+    """
+    path = Path(path)
+    return parse_thresholds(path.read_bytes(), source=str(path))

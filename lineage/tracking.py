@@ -1,0 +1,325 @@
+"""MLflow tracking helpers: store location, one experiment per kernel family, stage runs,
+artifacts with recorded sha256, dataset inputs.
+
+Store: ``MLFLOW_TRACKING_URI`` when set, else ``sqlite:///<project>/.kernelgate/mlflow.db``
+with artifacts under ``<project>/.kernelgate/mlartifacts`` (``<project>`` = the working
+directory). The registry uses the same URI.
+
+Runs are created through :class:`mlflow.MlflowClient` (never the fluent ``mlflow.start_run``
+global), so several stage runs can be open at once and nothing depends on process state.
+Each run gets ``kernelgate.stage`` and ``kernelgate.family`` tags and, when given, the
+parent rollout run (``mlflow.parentRunId``), so a rollout reads as one tree in the UI.
+Every artifact logged here records its sha256 as the tag ``kernelgate.sha256/<path>``
+(:mod:`lineage.tags`); :mod:`lineage.audit` re-verifies them. Log artifacts only through
+these helpers: an artifact without a recorded digest fails the audit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import os
+import tempfile
+import warnings
+from collections.abc import Iterator, Mapping
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from mlflow import MlflowClient
+from mlflow.data.dataset_source_registry import resolve_dataset_source
+from mlflow.data.meta_dataset import MetaDataset
+from mlflow.entities import DatasetInput, InputTag, RunStatus
+from mlflow.exceptions import MlflowException
+from pydantic import BaseModel, ConfigDict
+
+from lineage import tags
+from lineage.tags import Stage
+
+# Background logging would let a run end before its tags are written; off for a record store.
+os.environ.setdefault("MLFLOW_ENABLE_ASYNC_LOGGING", "false")
+os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+
+STORE_DIR = ".kernelgate"
+
+
+class Tracking(BaseModel):
+    """Where runs, artifacts and the model registry live.
+
+    Attributes:
+        tracking_uri: MLflow tracking (and registry) URI, e.g. ``sqlite:////abs/mlflow.db``.
+        artifact_root: directory URI under which each family's experiment stores artifacts
+            (``<root>/<experiment name>``); ``None`` leaves it to the tracking server.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    tracking_uri: str
+    artifact_root: str | None = None
+
+    def client(self) -> MlflowClient:
+        """A client for this store (cached per URI)."""
+        return _client(self.tracking_uri)
+
+
+@functools.lru_cache(maxsize=16)
+def _client(uri: str) -> MlflowClient:
+    return MlflowClient(tracking_uri=uri, registry_uri=uri)
+
+
+def local_tracking(store_dir: str | Path) -> Tracking:
+    """An SQLite store at ``<store_dir>/mlflow.db`` with artifacts in ``<store_dir>/mlartifacts``."""
+    store = Path(store_dir).resolve()
+    store.mkdir(parents=True, exist_ok=True)
+    return Tracking(
+        tracking_uri=f"sqlite:///{store / 'mlflow.db'}",
+        artifact_root=(store / "mlartifacts").as_uri(),
+    )
+
+
+def default_tracking(project_dir: str | Path | None = None) -> Tracking:
+    """``MLFLOW_TRACKING_URI`` when set, else the embedded store under ``<project>/.kernelgate``."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI")
+    if uri:
+        return Tracking(tracking_uri=uri)
+    return local_tracking(Path(project_dir or Path.cwd()) / STORE_DIR)
+
+
+def experiment_name(family: str) -> str:
+    """The experiment (and registered model) name of a kernel family: ``kernelgate-<family>``."""
+    if not family or not family.replace("_", "").replace("-", "").isalnum():
+        raise ValueError(f"family must be a non-empty [A-Za-z0-9_-] name, got {family!r}")
+    return f"kernelgate-{family}"
+
+
+def ensure_experiment(tracking: Tracking, family: str) -> str:
+    """Return the id of the family's experiment, creating it on first use."""
+    client = tracking.client()
+    name = experiment_name(family)
+    existing = client.get_experiment_by_name(name)
+    if existing is not None:
+        return existing.experiment_id
+    location = f"{tracking.artifact_root.rstrip('/')}/{name}" if tracking.artifact_root else None
+    return client.create_experiment(name, artifact_location=location, tags={tags.FAMILY: family})
+
+
+def start_run(
+    tracking: Tracking,
+    family: str,
+    stage: Stage,
+    *,
+    parent_run_id: str | None = None,
+    run_name: str | None = None,
+    run_tags: Mapping[str, str] | None = None,
+) -> str:
+    """Create a run in the family's experiment and return its id (status RUNNING)."""
+    all_tags = {tags.STAGE: stage, tags.FAMILY: family, **(run_tags or {})}
+    if parent_run_id:
+        all_tags[tags.PARENT] = parent_run_id
+    run = tracking.client().create_run(
+        ensure_experiment(tracking, family), run_name=run_name or stage, tags=all_tags
+    )
+    return run.info.run_id
+
+
+def end_run(tracking: Tracking, run_id: str, status: str = "FINISHED") -> None:
+    """Terminate a run (``FINISHED``, ``FAILED`` or ``KILLED``)."""
+    RunStatus.from_string(status)  # raises on an unknown status
+    tracking.client().set_terminated(run_id, status=status)
+
+
+@contextlib.contextmanager
+def stage_run(
+    tracking: Tracking,
+    family: str,
+    stage: Stage,
+    *,
+    parent_run_id: str | None = None,
+    run_name: str | None = None,
+    run_tags: Mapping[str, str] | None = None,
+) -> Iterator[str]:
+    """Context manager around :func:`start_run`: yields the run id, ends FINISHED or FAILED."""
+    run_id = start_run(
+        tracking, family, stage, parent_run_id=parent_run_id, run_name=run_name, run_tags=run_tags
+    )
+    try:
+        yield run_id
+    except BaseException:
+        end_run(tracking, run_id, "FAILED")
+        raise
+    end_run(tracking, run_id, "FINISHED")
+
+
+def set_tags(tracking: Tracking, run_id: str, values: Mapping[str, Any]) -> None:
+    """Set run tags (values stringified)."""
+    client = tracking.client()
+    for key, value in values.items():
+        client.set_tag(run_id, key, str(value))
+
+
+def log_params(tracking: Tracking, run_id: str, params: BaseModel | Mapping[str, Any]) -> None:
+    """Log a flat view of a config (pydantic model or mapping) as run params.
+
+    Nested fields become dotted names (``block_sizes.block_q``).
+    """
+    data = params.model_dump(mode="json") if isinstance(params, BaseModel) else dict(params)
+    client = tracking.client()
+    for key, value in _flatten(data).items():
+        client.log_param(run_id, key, value)
+
+
+def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(_flatten(value, f"{name}."))
+        else:
+            flat[name] = value
+    return flat
+
+
+def _check_artifact_path(artifact_path: str) -> str:
+    path = PurePosixPath(artifact_path)
+    if path.is_absolute() or ".." in path.parts or not path.name or str(path) != artifact_path:
+        raise ValueError(f"artifact path must be a normalised relative path, got {artifact_path!r}")
+    return artifact_path
+
+
+def log_bytes(tracking: Tracking, run_id: str, data: bytes, artifact_path: str) -> str:
+    """Log ``data`` as the artifact ``artifact_path`` and record its sha256; returns the digest."""
+    path = PurePosixPath(_check_artifact_path(artifact_path))
+    digest = hashlib.sha256(data).hexdigest()
+    with tempfile.TemporaryDirectory() as tmp:
+        local = Path(tmp) / path.name
+        local.write_bytes(data)
+        parent = str(path.parent) if str(path.parent) != "." else None
+        tracking.client().log_artifact(run_id, str(local), artifact_path=parent)
+    tracking.client().set_tag(run_id, tags.DIGEST_PREFIX + artifact_path, digest)
+    return digest
+
+
+def log_text(tracking: Tracking, run_id: str, text: str, artifact_path: str) -> str:
+    """Log UTF-8 text as an artifact (see :func:`log_bytes`); returns the sha256."""
+    return log_bytes(tracking, run_id, text.encode("utf-8"), artifact_path)
+
+
+def log_model_json(tracking: Tracking, run_id: str, model: BaseModel, artifact_path: str) -> str:
+    """Log a pydantic model as indented JSON (see :func:`log_bytes`); returns the sha256."""
+    return log_text(tracking, run_id, model.model_dump_json(indent=2), artifact_path)
+
+
+def log_file(
+    tracking: Tracking, run_id: str, local_path: str | Path, artifact_dir: str | None = None
+) -> str:
+    """Log a local file under ``artifact_dir`` (keeping its name); returns the artifact path.
+
+    Raises:
+        FileNotFoundError: ``local_path`` is not a file.
+    """
+    local = Path(local_path)
+    if not local.is_file():
+        raise FileNotFoundError(f"not a file: {local}")
+    artifact_path = f"{artifact_dir.strip('/')}/{local.name}" if artifact_dir else local.name
+    log_bytes(tracking, run_id, local.read_bytes(), artifact_path)
+    return artifact_path
+
+
+def log_directory(
+    tracking: Tracking, run_id: str, local_dir: str | Path, artifact_dir: str
+) -> list[str]:
+    """Log every file below ``local_dir`` under ``artifact_dir``; returns the artifact paths."""
+    root = Path(local_dir)
+    if not root.is_dir():
+        raise NotADirectoryError(f"not a directory: {root}")
+    logged = []
+    for file in sorted(p for p in root.rglob("*") if p.is_file()):
+        rel = file.relative_to(root).parent.as_posix()
+        target = artifact_dir.strip("/") + ("" if rel == "." else f"/{rel}")
+        logged.append(log_file(tracking, run_id, file, target))
+    return logged
+
+
+def recorded_digests(tracking: Tracking, run_id: str) -> dict[str, str]:
+    """Artifact path -> sha256 recorded when each artifact was logged."""
+    run_tags = tracking.client().get_run(run_id).data.tags
+    n = len(tags.DIGEST_PREFIX)
+    return {k[n:]: v for k, v in run_tags.items() if k.startswith(tags.DIGEST_PREFIX)}
+
+
+def list_artifact_files(tracking: Tracking, run_id: str, path: str | None = None) -> list[str]:
+    """Every artifact file of a run (recursive), as artifact paths."""
+    files: list[str] = []
+    for info in tracking.client().list_artifacts(run_id, path):
+        if info.is_dir:
+            files.extend(list_artifact_files(tracking, run_id, info.path))
+        else:
+            files.append(info.path)
+    return sorted(files)
+
+
+def read_artifact(tracking: Tracking, run_id: str, artifact_path: str) -> bytes:
+    """The bytes of one artifact as stored now.
+
+    Raises:
+        mlflow.exceptions.MlflowException / OSError: no such artifact.
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        local = tracking.client().download_artifacts(run_id, artifact_path, dst_path=tmp)
+        return Path(local).read_bytes()
+
+
+def log_dataset(
+    tracking: Tracking,
+    run_id: str,
+    *,
+    name: str,
+    digest: str,
+    source_uri: str,
+    context: str,
+) -> None:
+    """Record a dataset input (``mlflow.log_input`` semantics) by name, digest and source.
+
+    ``context`` is the split or role (``heldout``, ``confirmation``, ``weights``); it is
+    stored as the standard ``mlflow.data.context`` input tag. The dataset itself is not
+    copied: content addressing makes the digest the identity.
+    """
+    with warnings.catch_warnings():
+        # several artifact-repository sources claim file:// URIs; any of them serialises the same
+        warnings.simplefilter("ignore", UserWarning)
+        source = resolve_dataset_source(source_uri)
+    dataset = MetaDataset(source=source, name=name, digest=digest)
+    tracking.client().log_inputs(
+        run_id,
+        datasets=[
+            DatasetInput(
+                dataset._to_mlflow_entity(), tags=[InputTag("mlflow.data.context", context)]
+            )
+        ],
+    )
+
+
+class ArtifactIntegrityError(RuntimeError):
+    """An artifact is missing, has no recorded sha256, or no longer matches it."""
+
+
+def read_verified_artifact(tracking: Tracking, run_id: str, artifact_path: str) -> bytes:
+    """The artifact's bytes, after checking them against the sha256 recorded at logging.
+
+    Raises:
+        ArtifactIntegrityError: no recorded digest, unreadable artifact, or a mismatch.
+    """
+    expected = recorded_digests(tracking, run_id).get(artifact_path)
+    if expected is None:
+        raise ArtifactIntegrityError(f"run {run_id}: no sha256 recorded for {artifact_path!r}")
+    try:
+        data = read_artifact(tracking, run_id, artifact_path)
+    except (MlflowException, OSError) as exc:
+        raise ArtifactIntegrityError(
+            f"run {run_id}: artifact {artifact_path!r} unreadable"
+        ) from exc
+    if hashlib.sha256(data).hexdigest() != expected:
+        raise ArtifactIntegrityError(
+            f"run {run_id}: artifact {artifact_path!r} does not match its recorded sha256"
+        )
+    return data

@@ -1,0 +1,56 @@
+"""Approval records: answers, timeouts and policy-bound auto-approval."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from gates.approval import (
+    ApprovalInput,
+    ApprovalRecord,
+    record_answer,
+    record_auto_approval,
+    record_timeout,
+)
+from gates.thresholds import ApprovalPolicy
+
+IDS = dict(transition="canary->production", family="pallas_tpu", version="3")
+
+
+def test_answer_is_recorded_as_given():
+    record = record_answer(ApprovalInput(approve=False, approver="rm", comment="p99 worse"), **IDS)
+    assert (record.approved, record.approver, record.comment) == (False, "rm", "p99 worse")
+    assert record.at.utcoffset() is not None and not record.timed_out
+    assert ApprovalRecord.model_validate_json(record.model_dump_json()) == record
+
+
+def test_timeout_rejects():
+    record = record_timeout(
+        ApprovalPolicy(required_for=["canary->production"], timeout_s=30), **IDS
+    )
+    assert record.timed_out and not record.approved and "30 s" in record.comment
+    with pytest.raises(ValidationError, match="timed-out"):
+        ApprovalRecord.model_validate(record.model_dump() | {"approved": True})
+
+
+def test_auto_approval_needs_policy_and_reason():
+    strict = ApprovalPolicy(required_for=["canary->production"], timeout_s=30)
+    assert strict.requires_person("canary->production")
+    with pytest.raises(PermissionError, match="requires a person"):
+        record_auto_approval(strict, **IDS)
+    with pytest.raises(ValidationError, match="auto_approve_reason"):
+        ApprovalPolicy(timeout_s=30, auto_approve=True, auto_approve_reason="  ")
+    lenient = ApprovalPolicy(
+        required_for=["canary->production"],
+        timeout_s=30,
+        auto_approve=True,
+        auto_approve_reason="dry run",
+    )
+    assert not lenient.requires_person("canary->production")
+    record = record_auto_approval(lenient, **IDS)
+    assert record.approved and record.auto_approved and "dry run" in record.comment
+
+
+def test_form_requires_an_approver():
+    with pytest.raises(ValidationError, match="approver"):
+        ApprovalInput(approve=True, approver="", comment="")
