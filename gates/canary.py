@@ -45,6 +45,9 @@ class CanaryStepResult(BaseModel):
     candidate_median_s: float
     production_median_s: float
     latency_slower: bool
+    latency_assessed: bool = True
+    latency_not_assessed_reason: str | None = None
+    memory_not_assessed_reason: str | None = None
     output_drift_max: float
     output_drift_p99: float
     output_drift_nonfinite: int
@@ -74,6 +77,9 @@ def analyse_canary_step(
     memory_start_bytes: int,
     memory_end_bytes: int,
     plan: CanaryPlan,
+    *,
+    latency_not_assessed_reason: str | None = None,
+    memory_not_assessed_reason: str | None = None,
 ) -> CanaryStepResult:
     """Judge one canary step against ``plan``.
 
@@ -86,6 +92,10 @@ def analyse_canary_step(
             (they breach).
         error_count, nan_count: requests that raised / returned non-finite outputs.
         memory_start_bytes, memory_end_bytes: device memory in use at the step's start and end.
+        latency_not_assessed_reason: when given (e.g. the candidate runs interpreted, not
+            natively), the latency test is still computed and reported but cannot breach;
+            the reason is recorded, as for speed criteria at the gate.
+        memory_not_assessed_reason: likewise for memory growth.
 
     Raises:
         ValueError: malformed latencies, empty drift, or negative counts.
@@ -105,6 +115,7 @@ def analyse_canary_step(
     cand_med, prod_med = float(np.median(cand)), float(np.median(prod))
     ratio = cand_med / prod_med if prod_med > 0 else (1.0 if cand_med == 0 else math.inf)
     slower = p < test.alpha and ratio >= test.min_slowdown_ratio
+    latency_assessed = latency_not_assessed_reason is None
 
     finite = drift[np.isfinite(drift)]
     nonfinite = int(drift.size - finite.size)
@@ -114,7 +125,7 @@ def analyse_canary_step(
 
     checks = [
         (
-            slower,
+            slower and latency_assessed,
             f"latency: candidate slower than production (Mann-Whitney U one-sided p={p:.3g} < "
             f"alpha={test.alpha:g}, median ratio {ratio:.3f} >= {test.min_slowdown_ratio:g})",
         ),
@@ -132,7 +143,7 @@ def analyse_canary_step(
         ),
         (nan_count > plan.max_nan_count, f"NaN outputs: {nan_count} > {plan.max_nan_count}"),
         (
-            growth > plan.max_memory_growth_bytes,
+            growth > plan.max_memory_growth_bytes and memory_not_assessed_reason is None,
             f"memory: grew {growth} bytes > {plan.max_memory_growth_bytes}",
         ),
     ]
@@ -151,6 +162,9 @@ def analyse_canary_step(
         candidate_median_s=cand_med,
         production_median_s=prod_med,
         latency_slower=slower,
+        latency_assessed=latency_assessed,
+        latency_not_assessed_reason=latency_not_assessed_reason,
+        memory_not_assessed_reason=memory_not_assessed_reason,
         output_drift_max=drift_max,
         output_drift_p99=drift_p99,
         output_drift_nonfinite=nonfinite,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from scipy import stats
@@ -128,3 +130,23 @@ def test_memory_growth_at_the_limit_passes():
 def test_malformed_latencies_raise(bad):
     with pytest.raises(ValueError, match="latencies"):
         _clean_step(bad, np.array([0.01, 0.02, 0.03]), _plan())
+
+
+def test_latency_not_assessed_cannot_breach_but_is_reported():
+    """An interpreted candidate is slow by construction: the test still runs and is
+    reported, but the preregistered rule for non-native kernels keeps it from breaching."""
+    from gates.canary import analyse_canary_step
+    from gates.thresholds import load_thresholds
+
+    plan = load_thresholds(Path(__file__).parents[1] / "thresholds" / "local-dry-run.yaml").canary
+    rng = np.random.default_rng(7)
+    prod = rng.lognormal(np.log(0.01), 0.1, 60)
+    cand = prod * 50.0
+    kwargs = dict(output_drift=np.full(60, 1e-6), error_count=0, nan_count=0,
+                  memory_start_bytes=0, memory_end_bytes=0, plan=plan)
+    judged = analyse_canary_step(plan.steps[0], cand, prod, **kwargs)
+    assert not judged.passed and judged.latency_slower
+    excused = analyse_canary_step(plan.steps[0], cand, prod, **kwargs,
+                                  latency_not_assessed_reason="interpret mode")
+    assert excused.passed and excused.latency_slower
+    assert not excused.latency_assessed and excused.latency_not_assessed_reason == "interpret mode"
