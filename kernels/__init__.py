@@ -11,17 +11,13 @@ from kernels.api import (
     get_attention_fn,
     resolve,
 )
+
+# ``build`` is imported eagerly: a lazy wrapper function of that name would be
+# replaced by the submodule ``kernels.build`` the first time anyone imports it.
+from kernels.build import build
 from kernels.config import BlockSizes
 from kernels.contract import AttentionSpec, validate
 from kernels.reference import attention_reference, relative_error
-
-
-def build(*args, **kwargs):
-    """Compile and export a kernel; see ``kernels.build.build``."""
-    from kernels.build import build as _build
-
-    return _build(*args, **kwargs)
-
 
 __all__ = [
     "AUTO_ORDER", "IMPLEMENTATIONS", "AttentionFn", "AttentionSpec", "BlockSizes",

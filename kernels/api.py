@@ -206,10 +206,15 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None,
                   kv_lengths=kv_lengths, config=config or resolution.config)
 
 
+@functools.lru_cache(maxsize=64)
 def get_attention_fn(implementation: str = "auto", config: BlockSizes | None = None,
                      *, jit: bool = True) -> AttentionFn:
     """An ``AttentionFn`` bound to one implementation and config (jitted by default;
-    ``causal`` and ``scale`` are static)."""
+    ``causal`` and ``scale`` are static).
+
+    Cached: the same arguments return the same function object, so a model that takes
+    the function as a static argument of ``jax.jit`` compiles once per kernel.
+    """
     fn = functools.partial(attention, implementation=implementation, config=config)
     fn = functools.update_wrapper(fn, attention)
     return jax.jit(fn, static_argnames=("causal", "scale")) if jit else fn

@@ -282,21 +282,27 @@ def log_dataset(
 
     ``context`` is the split or role (``heldout``, ``confirmation``, ``weights``); it is
     stored as the standard ``mlflow.data.context`` input tag. The dataset itself is not
-    copied: content addressing makes the digest the identity.
+    copied: content addressing makes the digest the identity. MLflow caps a dataset
+    digest at 36 characters, so the dataset carries the sha256's first 32 hex digits
+    and the full digest goes to the input tag ``kernelgate.sha256``.
     """
     with warnings.catch_warnings():
         # several artifact-repository sources claim file:// URIs; any of them serialises the same
         warnings.simplefilter("ignore", UserWarning)
         source = resolve_dataset_source(source_uri)
-    dataset = MetaDataset(source=source, name=name, digest=digest)
+    dataset = MetaDataset(source=source, name=name, digest=digest[:MLFLOW_DIGEST_CHARS])
     tracking.client().log_inputs(
         run_id,
         datasets=[
             DatasetInput(
-                dataset._to_mlflow_entity(), tags=[InputTag("mlflow.data.context", context)]
+                dataset._to_mlflow_entity(), tags=[InputTag("mlflow.data.context", context),
+                      InputTag("kernelgate.sha256", digest)]
             )
         ],
     )
+
+
+MLFLOW_DIGEST_CHARS = 32
 
 
 class ArtifactIntegrityError(RuntimeError):

@@ -1,0 +1,390 @@
+"""Build a kernel: compile it locally, fingerprint it, export it per target platform.
+
+"Build" (design notes, "Building a kernel") means: lower and compile the kernel
+for the local backend, recording compile time and the compiler's memory and cost
+analysis; fingerprint the lowered module and the kernel's source; and serialise
+it with ``jax.export`` for each target platform it supports (a TPU kernel lowers
+for ``tpu`` from any host). Everything lands in one pydantic ``KernelBuild``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib
+import importlib.metadata
+import os
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+from jax import export as jax_export
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
+
+from kernels.api import IMPLEMENTATIONS, Resolution, default_backend, resolve
+from kernels.config import BlockSizes
+from kernels.contract import validate
+
+EXPORT_PLATFORMS = ("cpu", "cuda", "tpu")
+"""``jax.export`` platform names a build targets by default."""
+
+_BACKEND_OF_PLATFORM = {"cpu": "cpu", "cuda": "gpu", "rocm": "gpu", "tpu": "tpu"}
+
+_TRACE_TIME_LOWERING = frozenset({"pallas_tpu", "pallas_gpu"})
+"""Implementations that choose native vs interpreted lowering when traced: from a
+host of another platform they can only be exported through their module's
+``export_context(platform)``; without one the artifact would be the interpreter."""
+
+_NEEDS_TARGET_DEVICE = frozenset({"cudnn"})
+"""Implementations whose lowering queries the target device (cuDNN's version), so
+they export only from a host that has it."""
+
+_SHARED_SOURCES = ("contract.py", "config.py")
+"""Kernel-package files every implementation's behaviour depends on."""
+
+
+class ExampleShapes(BaseModel):
+    """The problem a build is compiled and exported for (sizes in elements)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    batch: PositiveInt
+    q_len: PositiveInt
+    kv_len: PositiveInt
+    num_heads: PositiveInt
+    num_kv_heads: PositiveInt
+    head_dim: PositiveInt
+
+    @model_validator(mode="after")
+    def _gqa(self) -> ExampleShapes:
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of "
+                             f"num_kv_heads ({self.num_kv_heads})")
+        return self
+
+    def structs(self, dtype) -> tuple[jax.ShapeDtypeStruct, ...]:
+        """``(q, k, v)`` as ``jax.ShapeDtypeStruct`` in the contract's layout."""
+        q = jax.ShapeDtypeStruct((self.batch, self.q_len, self.num_heads, self.head_dim), dtype)
+        kv = jax.ShapeDtypeStruct((self.batch, self.kv_len, self.num_kv_heads, self.head_dim),
+                                  dtype)
+        return q, kv, kv
+
+
+class CompilerMemory(BaseModel):
+    """``Compiled.memory_analysis()`` in bytes (``None`` where the backend has no figure)."""
+
+    temp_bytes: int | None = None
+    argument_bytes: int | None = None
+    output_bytes: int | None = None
+    alias_bytes: int | None = None
+    generated_code_bytes: int | None = None
+    peak_bytes: int | None = None
+
+
+class CompilerCost(BaseModel):
+    """``Compiled.cost_analysis()``: XLA's static estimate (not a measurement)."""
+
+    flops: float | None = None
+    transcendentals: float | None = None
+    bytes_accessed: float | None = None
+
+
+class LocalCompile(BaseModel):
+    """Lowering and compiling for the local backend."""
+
+    backend: str
+    native: bool = Field(description="compiled natively, not interpreted")
+    lower_time_s: float
+    compile_time_s: float
+    lowered_sha256: str = Field(description="sha256 of the lowered StableHLO text")
+    memory: CompilerMemory
+    cost: CompilerCost
+
+
+class ExportArtifact(BaseModel):
+    """One ``jax.export`` serialisation (or why there is none)."""
+
+    platform: str
+    status: Literal["exported", "skipped", "failed"]
+    reason: str | None = None
+    sha256: str | None = None
+    size_bytes: int | None = None
+    path: str | None = None
+
+
+class KernelBuild(BaseModel):
+    """Everything one build produced; logged to MLflow as the version's lineage."""
+
+    implementation: str
+    resolution: Resolution | None = Field(
+        description="how the name resolved on the local backend; None if it cannot run here")
+    config: BlockSizes | None
+    shapes: ExampleShapes
+    dtype: str
+    causal: bool
+    with_lengths: bool
+    jax_version: str
+    jaxlib_version: str
+    source_sha256: str = Field(description="sha256 over the per-file digests below")
+    source_files: dict[str, str] = Field(description="file name -> sha256")
+    local: LocalCompile | None
+    local_skipped_reason: str | None = None
+    artifacts: list[ExportArtifact]
+
+    def artifact(self, platform: str) -> ExportArtifact:
+        """The artifact record for ``platform`` (KeyError if it was not a target)."""
+        for a in self.artifacts:
+            if a.platform == platform:
+                return a
+        raise KeyError(platform)
+
+    @property
+    def ok(self) -> bool:
+        """No target failed to export (skipped targets are fine)."""
+        return all(a.status != "failed" for a in self.artifacts)
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def source_digests(implementation: str) -> dict[str, str]:
+    """sha256 of the implementation's module file and the shared contract files."""
+    module = importlib.import_module(IMPLEMENTATIONS[implementation].module)
+    files = [Path(module.__file__)]
+    files += [Path(module.__file__).with_name(n) for n in _SHARED_SOURCES]
+    return {f.name: _sha256(f.read_bytes()) for f in sorted(set(files))}
+
+
+def _memory(compiled) -> CompilerMemory:
+    try:
+        m = compiled.memory_analysis()
+    except (NotImplementedError, jax.errors.JaxRuntimeError):
+        return CompilerMemory()
+    if m is None:
+        return CompilerMemory()
+    get = lambda name: int(getattr(m, name)) if hasattr(m, name) else None  # noqa: E731
+    return CompilerMemory(temp_bytes=get("temp_size_in_bytes"),
+                          argument_bytes=get("argument_size_in_bytes"),
+                          output_bytes=get("output_size_in_bytes"),
+                          alias_bytes=get("alias_size_in_bytes"),
+                          generated_code_bytes=get("generated_code_size_in_bytes"),
+                          peak_bytes=get("peak_memory_in_bytes"))
+
+
+def _cost(compiled) -> CompilerCost:
+    try:
+        cost = compiled.cost_analysis()
+    except (NotImplementedError, jax.errors.JaxRuntimeError):
+        return CompilerCost()
+    # Older JAX returned one dict per program, newer a dict.
+    if isinstance(cost, list | tuple):
+        cost = cost[0] if cost else {}
+    cost = cost or {}
+    return CompilerCost(flops=cost.get("flops"), transcendentals=cost.get("transcendentals"),
+                        bytes_accessed=cost.get("bytes accessed"))
+
+
+def _bound_fn(implementation: str, config: BlockSizes | None, causal: bool,
+              with_lengths: bool):
+    """A fresh (never cached) function of ``q, k, v[, q_lengths, kv_lengths]``.
+
+    It validates and calls the implementation's kernel directly: whether the
+    implementation suits a platform was decided by the caller (for exports, on
+    the target platform, not on this host).
+    """
+    kernel = IMPLEMENTATIONS[implementation].kernel()
+
+    def attention_fn(q, k, v, q_lengths=None, kv_lengths=None):
+        spec, q_lengths, kv_lengths = validate(q, k, v, causal=causal, q_lengths=q_lengths,
+                                               kv_lengths=kv_lengths)
+        return kernel(q, k, v, causal=spec.causal, scale=spec.scale, q_lengths=q_lengths,
+                      kv_lengths=kv_lengths, config=config)
+
+    if with_lengths:
+        return attention_fn
+    return lambda q, k, v: attention_fn(q, k, v)
+
+
+def _example_args(shapes: ExampleShapes, dtype, with_lengths: bool):
+    args = shapes.structs(dtype)
+    if with_lengths:
+        lengths = jax.ShapeDtypeStruct((shapes.batch,), jnp.int32)
+        args = (*args, lengths, lengths)
+    return args
+
+
+@contextlib.contextmanager
+def _reproducible_locations():
+    """Source locations of the caller's frames (and absolute paths) would make the
+    serialised bytes depend on who called ``build`` and where the checkout lives:
+    keep one frame per op and only file base names."""
+    from jax._src import config as jax_config  # no public context manager for these
+
+    with contextlib.ExitStack() as stack:
+        for name, value in (("include_full_tracebacks_in_locations", False),
+                            ("hlo_source_file_canonicalization_regex", r".*/")):
+            state = getattr(jax_config, name, None)
+            if state is not None:
+                stack.enter_context(state(value))
+        yield
+
+
+def compile_local(implementation: str, config: BlockSizes | None, shapes: ExampleShapes,
+                  dtype, causal: bool, backend: str, native: bool,
+                  with_lengths: bool = False) -> LocalCompile:
+    """Lower and compile for the local backend; times in seconds, sizes in bytes."""
+    jitted = jax.jit(_bound_fn(implementation, config, causal, with_lengths))
+    start = time.perf_counter()
+    with _reproducible_locations():
+        lowered = jitted.lower(*_example_args(shapes, dtype, with_lengths))
+    lower_time = time.perf_counter() - start
+    text = lowered.as_text()
+    start = time.perf_counter()
+    compiled = lowered.compile()
+    compile_time = time.perf_counter() - start
+    return LocalCompile(backend=backend, native=native, lower_time_s=lower_time,
+                        compile_time_s=compile_time, lowered_sha256=_sha256(text.encode()),
+                        memory=_memory(compiled), cost=_cost(compiled))
+
+
+def _export_skip_reason(implementation: str, platform: str, spec, local_backend: str) -> str | None:
+    """Why ``implementation`` is not exported for ``platform`` (``None``: export it)."""
+    impl = IMPLEMENTATIONS[implementation]
+    backend = _BACKEND_OF_PLATFORM.get(platform)
+    if backend is None:
+        return f"unknown jax.export platform {platform!r}; choose from {sorted(_BACKEND_OF_PLATFORM)}"
+    if not impl.is_native(backend):
+        return (f"{implementation} is not native on {platform} (native: "
+                f"{list(impl.native_platforms)}); it would run interpreted or not at all")
+    try:
+        impl.check(spec, backend)
+    except NotImplementedError as err:
+        return str(err)
+    if implementation in _NEEDS_TARGET_DEVICE and backend != local_backend:
+        return (f"{implementation} lowering needs a local {platform} device (it queries the "
+                f"library version); this host is {local_backend}")
+    module = importlib.import_module(impl.module)
+    if (implementation in _TRACE_TIME_LOWERING and backend != local_backend
+            and not hasattr(module, "export_context")):
+        return (f"{impl.module} has no export_context(platform): from a {local_backend} host it "
+                f"would export its interpreter, not the {platform} kernel")
+    return None
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    """Write via a temporary file and rename, so a reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def export_for(implementation: str, config: BlockSizes | None, shapes: ExampleShapes, dtype,
+               causal: bool, platform: str, output_dir: Path | None,
+               local_backend: str, with_lengths: bool = False) -> ExportArtifact:
+    """Serialise the kernel with ``jax.export`` for one platform.
+
+    The bytes are deterministic for the same source, config, shapes and JAX
+    version: the function is traced afresh and ``Exported.serialize()`` carries
+    no timestamps. Failures are recorded (``status="failed"``), not raised, so a
+    compile failure after a library upgrade is itself a build result.
+    """
+    spec, _, _ = validate(*shapes.structs(dtype), causal=causal)
+    reason = _export_skip_reason(implementation, platform, spec, local_backend)
+    if reason is not None:
+        return ExportArtifact(platform=platform, status="skipped", reason=reason)
+    module = importlib.import_module(IMPLEMENTATIONS[implementation].module)
+    context = getattr(module, "export_context", lambda _p: contextlib.nullcontext())
+    fn = jax.jit(_bound_fn(implementation, config, causal, with_lengths))
+    try:
+        with context(platform), _reproducible_locations():
+            exported = jax_export.export(fn, platforms=[platform])(
+                *_example_args(shapes, dtype, with_lengths))
+        data = bytes(exported.serialize())
+    except Exception as err:  # noqa: BLE001 - every lowering error is a build result
+        return ExportArtifact(platform=platform, status="failed",
+                              reason=f"{type(err).__name__}: {err}"[:2000])
+    path = None
+    if output_dir is not None:
+        target = Path(output_dir) / f"{implementation}.{platform}.jax_exported"
+        _write_atomic(target, data)
+        path = str(target)
+    return ExportArtifact(platform=platform, status="exported", sha256=_sha256(data),
+                          size_bytes=len(data), path=path)
+
+
+def build(implementation: str, config: BlockSizes | None, example_shapes: ExampleShapes | dict,
+          platforms: Sequence[str] = EXPORT_PLATFORMS, *, causal: bool = False,
+          dtype="bfloat16", with_lengths: bool = False,
+          output_dir: str | Path | None = None) -> KernelBuild:
+    """Compile, fingerprint and export one kernel.
+
+    Args:
+        implementation: a registry name or ``"auto"`` (resolved on the local backend).
+        config: block sizes for tiled kernels; ``None`` = the kernel's default.
+        example_shapes: ``ExampleShapes``, a dict of its fields, or any object with
+            those attributes.
+        platforms: ``jax.export`` platform names ("cpu", "cuda", "rocm", "tpu").
+        causal: build the causal variant.
+        dtype: input dtype (float32, bfloat16, float16).
+        with_lengths: the compiled/exported function also takes int32 ``[batch]``
+            ``q_lengths`` and ``kv_lengths`` (padding); otherwise only ``q, k, v``.
+        output_dir: where the serialised artifacts (``{impl}.{platform}.jax_exported``)
+            and ``kernel_build.json`` are written; ``None`` writes nothing.
+
+    Returns:
+        ``KernelBuild``. A platform the implementation does not support is recorded
+        as ``skipped`` with the reason; a lowering error as ``failed``.
+
+    Raises:
+        ValueError: unknown implementation, invalid shapes/dtype or illegal block sizes.
+    """
+    shapes = ExampleShapes.model_validate(example_shapes, from_attributes=True)
+    dtype = jnp.dtype(dtype)
+    spec, _, _ = validate(*shapes.structs(dtype), causal=causal)
+    backend = default_backend()
+    name = implementation
+    resolution: Resolution | None = None
+    local: LocalCompile | None = None
+    local_skipped = None
+    try:
+        resolution = resolve(implementation, spec, backend)
+        name = resolution.name
+    except NotImplementedError as err:
+        if implementation == "auto":
+            raise
+        local_skipped = str(err)
+    if name not in IMPLEMENTATIONS:
+        raise ValueError(f"unknown implementation {implementation!r}")
+    module = importlib.import_module(IMPLEMENTATIONS[name].module)
+    checker = getattr(module, "check_block_sizes", None)
+    if config is not None and checker is not None:
+        checker(config)
+    if resolution is not None:
+        local = compile_local(name, config, shapes, dtype, causal, backend, resolution.native,
+                              with_lengths)
+    out = Path(output_dir) if output_dir is not None else None
+    artifacts = [export_for(name, config, shapes, dtype, causal, p, out, backend, with_lengths)
+                 for p in platforms]
+    sources = source_digests(name)
+    result = KernelBuild(
+        implementation=name, resolution=resolution, config=config, shapes=shapes,
+        dtype=dtype.name, causal=causal, with_lengths=with_lengths, jax_version=jax.__version__,
+        jaxlib_version=importlib.metadata.version("jaxlib"),
+        source_sha256=_sha256("".join(f"{k} {v}\n" for k, v in sources.items()).encode()),
+        source_files=sources, local=local, local_skipped_reason=local_skipped,
+        artifacts=artifacts)
+    if out is not None:
+        _write_atomic(out / "kernel_build.json", result.model_dump_json(indent=2).encode())
+    return result
