@@ -1,0 +1,345 @@
+"""Accuracy of attention implementations against the float64 reference and the naive baseline.
+
+For every test case the float64 NumPy reference (``kernels.reference.attention_reference``)
+is computed once; every implementation (candidate, naive baseline, production) runs on
+the same inputs and is scored against it. The per-category aggregates become the flat
+``accuracy.{cat}.*`` metrics of ARCHITECTURE.md.
+
+Error ratio to the baseline. Per case,
+``ratio = rel_error / max(baseline_rel_error, floor)`` with
+``floor = ERROR_FLOOR_ULPS * finfo(dtype).eps`` (``ERROR_FLOOR_ULPS = 0.5``, i.e. the
+unit roundoff of the case's dtype: 6.0e-8 for float32, 3.9e-3 for bfloat16, 4.9e-4 for
+float16). The floor keeps the ratio meaningful where naive is (nearly) exact, e.g.
+constant inputs, where any rounding would otherwise look like an infinite regression: a
+relative L2 error below one unit roundoff is what correctly rounding the exact output to
+the dtype already costs. A non-finite baseline error is ignored (the floor alone is
+used), so a baseline that overflows cannot hide a candidate's error.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from evaluation.cases import CATEGORIES, TestCase
+from kernels.api import AttentionFn
+from kernels.reference import attention_reference, relative_error
+
+logger = logging.getLogger(__name__)
+
+ERROR_FLOOR_ULPS = 0.5
+"""Floor of the baseline error in units of the dtype's machine epsilon (0.5 = unit roundoff)."""
+
+AggregateCategory = Literal["ordinary", "hard", "adversarial", "all"]
+AGGREGATE_CATEGORIES: tuple[AggregateCategory, ...] = (*CATEGORIES, "all")
+
+ProgressFn = Callable[[int, int, str], None]
+"""``progress(done, total, case_id)`` called after each case."""
+
+
+class CaseAccuracy(BaseModel):
+    """One implementation on one case (errors are float64, dimensionless unless noted).
+
+    ``rel_error``/``error_ratio_to_baseline`` are ``inf`` when the output is non-finite
+    or the implementation raised (``error`` holds the message).
+    """
+
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
+
+    case_id: str
+    category: Literal["ordinary", "hard", "adversarial"]
+    tags: tuple[str, ...] = ()
+    dtype: str
+    q_shape: tuple[int, int, int, int]
+    kv_shape: tuple[int, int, int, int]
+    causal: bool
+    rel_error: float = Field(description="||out - ref||_2 / ||ref||_2 against float64")
+    max_abs_error: float = Field(description="max |out - ref| (inf if any output is non-finite)")
+    nan_count: int = Field(description="NaN output elements (finite inputs)")
+    inf_count: int = Field(description="+-inf output elements (finite inputs)")
+    baseline_rel_error: float = Field(description="the naive baseline's rel_error on this case")
+    error_floor: float = Field(description="max(finite baseline_rel_error, unit roundoff of dtype)")
+    error_ratio_to_baseline: float = Field(description="rel_error / error_floor")
+    rel_diff_to_baseline: float = Field(description="||out - naive|| / ||naive||")
+    seconds: float = Field(description="wall time of the call, compile included (s)")
+    error: str | None = Field(default=None, description="exception raised by the implementation")
+
+
+class CategoryAccuracy(BaseModel):
+    """Aggregate over the cases of one category (or ``all``). Statistics are ``None``
+    when the category has no case."""
+
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
+
+    category: AggregateCategory
+    n_cases: int
+    failed_cases: int = Field(description="cases where the implementation raised")
+    max_rel_error: float | None = None
+    median_rel_error: float | None = None
+    max_error_ratio_to_baseline: float | None = None
+    median_error_ratio_to_baseline: float | None = None
+    max_abs_error: float | None = None
+    max_rel_diff_to_baseline: float | None = None
+    nan_count: int = 0
+    inf_count: int = 0
+
+
+class AccuracyResult(BaseModel):
+    """Per-case rows and per-category aggregates of one implementation."""
+
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
+
+    implementation: str = Field(description="role or name, e.g. candidate, baseline, production")
+    cases: list[CaseAccuracy]
+    categories: dict[str, CategoryAccuracy]
+
+    def metrics(self) -> dict[str, float]:
+        """The flat ``accuracy.{cat}.*`` metrics of ARCHITECTURE.md. Statistics of an
+        empty category are absent (``n_cases`` is 0), never NaN."""
+        out: dict[str, float] = {}
+        for cat, agg in self.categories.items():
+            out[f"accuracy.{cat}.n_cases"] = float(agg.n_cases)
+            if agg.n_cases == 0:
+                continue
+            out[f"accuracy.{cat}.max_rel_error"] = agg.max_rel_error
+            out[f"accuracy.{cat}.median_rel_error"] = agg.median_rel_error
+            out[f"accuracy.{cat}.max_error_ratio_to_baseline"] = agg.max_error_ratio_to_baseline
+            out[f"accuracy.{cat}.max_abs_error"] = agg.max_abs_error
+            out[f"accuracy.{cat}.nan_count"] = float(agg.nan_count)
+            out[f"accuracy.{cat}.inf_count"] = float(agg.inf_count)
+        return out
+
+
+def error_floor(dtype, baseline_rel_error: float) -> float:
+    """``max(baseline_rel_error, ERROR_FLOOR_ULPS * finfo(dtype).eps)``; a non-finite
+    baseline error counts as absent. See the module docstring for why."""
+    floor = ERROR_FLOOR_ULPS * float(jnp.finfo(jnp.dtype(dtype)).eps)
+    return max(baseline_rel_error, floor) if math.isfinite(baseline_rel_error) else floor
+
+
+def reference_output(case: TestCase) -> np.ndarray:
+    """Float64 reference output of a case, ``[batch, q_len, num_heads, head_dim]``."""
+    return attention_reference(case.q, case.k, case.v, causal=case.spec.causal,
+                               scale=case.spec.scale, q_lengths=case.q_lengths,
+                               kv_lengths=case.kv_lengths)
+
+
+def run_case(fn: AttentionFn, case: TestCase) -> np.ndarray:
+    """Run an ``AttentionFn`` on a case and return its output as a NumPy array (blocking).
+
+    Raises whatever ``fn`` raises (``ValueError``/``NotImplementedError`` by contract).
+    """
+    lengths = {n: None if getattr(case, n) is None else jnp.asarray(getattr(case, n))
+               for n in ("q_lengths", "kv_lengths")}
+    out = fn(jnp.asarray(case.q), jnp.asarray(case.k), jnp.asarray(case.v),
+             causal=case.spec.causal, scale=case.spec.scale, **lengths)
+    return np.asarray(jax.block_until_ready(out))
+
+
+def _score(case: TestCase, out: np.ndarray | None, ref: np.ndarray, base: np.ndarray | None,
+           base_err: float, seconds: float, error: str | None) -> CaseAccuracy:
+    spec = case.spec
+    floor = error_floor(spec.dtype, base_err)
+    row = dict(case_id=spec.case_id, category=spec.category, tags=spec.tags, dtype=spec.dtype,
+               q_shape=spec.q_shape, kv_shape=spec.kv_shape, causal=spec.causal,
+               baseline_rel_error=base_err, error_floor=floor, seconds=seconds, error=error)
+    if out is None or out.shape != ref.shape:
+        if out is not None:
+            row["error"] = f"output shape {out.shape} != expected {ref.shape}"
+        return CaseAccuracy(**row, rel_error=math.inf, max_abs_error=math.inf, nan_count=0,
+                            inf_count=0, error_ratio_to_baseline=math.inf,
+                            rel_diff_to_baseline=math.inf)
+    out64 = out.astype(np.float64)
+    inputs_finite = all(np.all(np.isfinite(np.asarray(x, np.float64))) for x in (case.q, case.k, case.v))
+    finite = np.isfinite(out64)
+    rel = relative_error(out64, ref)
+    return CaseAccuracy(
+        **row,
+        rel_error=rel,
+        max_abs_error=float(np.max(np.abs(out64 - ref))) if finite.all() else math.inf,
+        nan_count=int(np.isnan(out64).sum()) if inputs_finite else 0,
+        inf_count=int(np.isinf(out64).sum()) if inputs_finite else 0,
+        error_ratio_to_baseline=rel / floor,
+        rel_diff_to_baseline=relative_error(out64, base) if base is not None else math.inf,
+    )
+
+
+def _timed(fn: AttentionFn, case: TestCase) -> tuple[np.ndarray | None, float, str | None]:
+    start = time.perf_counter()
+    try:
+        out = run_case(fn, case)
+    except Exception as err:  # noqa: BLE001 - an untrusted kernel must not stop the evaluation
+        # A kernel may refuse a case by contract (ValueError, NotImplementedError) or
+        # crash; either is scored as a failed case (infinite error), never skipped, so
+        # refusing cannot improve the numbers.
+        logger.warning("%s raised on %s: %s", getattr(fn, "__name__", fn), case.spec.case_id, err)
+        return None, time.perf_counter() - start, f"{type(err).__name__}: {err}"
+    return out, time.perf_counter() - start, None
+
+
+def aggregate(rows: Sequence[CaseAccuracy]) -> dict[str, CategoryAccuracy]:
+    """Per-category aggregates (max, median, counts) plus ``all``."""
+    out: dict[str, CategoryAccuracy] = {}
+    for cat in AGGREGATE_CATEGORIES:
+        sel = [r for r in rows if cat == "all" or r.category == cat]
+        if not sel:
+            out[cat] = CategoryAccuracy(category=cat, n_cases=0, failed_cases=0)
+            continue
+        rel = np.array([r.rel_error for r in sel])
+        ratio = np.array([r.error_ratio_to_baseline for r in sel])
+        out[cat] = CategoryAccuracy(
+            category=cat, n_cases=len(sel), failed_cases=sum(r.error is not None for r in sel),
+            max_rel_error=float(rel.max()), median_rel_error=float(np.median(rel)),
+            max_error_ratio_to_baseline=float(ratio.max()),
+            median_error_ratio_to_baseline=float(np.median(ratio)),
+            max_abs_error=float(max(r.max_abs_error for r in sel)),
+            max_rel_diff_to_baseline=float(max(r.rel_diff_to_baseline for r in sel)),
+            nan_count=sum(r.nan_count for r in sel), inf_count=sum(r.inf_count for r in sel),
+        )
+    return out
+
+
+def evaluate_accuracy(cases: Sequence[TestCase], implementations: Mapping[str, AttentionFn], *,
+                      baseline: str = "baseline",
+                      progress: ProgressFn | None = None) -> dict[str, AccuracyResult]:
+    """Score several implementations on the same cases in one pass.
+
+    Args:
+        cases: test cases (NumPy arrays; finite inputs expected).
+        implementations: role -> ``AttentionFn``; must contain ``baseline`` (the naive
+            kernel), whose output and error set the per-case ratio floor for every role,
+            including its own (so its ratios are <= 1).
+        baseline: the key of the baseline in ``implementations``.
+        progress: optional ``progress(done, total, case_id)`` callback.
+
+    Returns:
+        role -> ``AccuracyResult`` (per-case rows and per-category aggregates).
+
+    Raises:
+        ValueError: no cases, or ``baseline`` missing from ``implementations``.
+    """
+    if not cases:
+        raise ValueError("evaluate_accuracy needs at least one test case")
+    if baseline not in implementations:
+        raise ValueError(f"implementations must include the baseline {baseline!r}; "
+                         f"got {sorted(implementations)}")
+    rows: dict[str, list[CaseAccuracy]] = {role: [] for role in implementations}
+    for i, case in enumerate(cases):
+        ref = reference_output(case)
+        base_out, base_s, base_error = _timed(implementations[baseline], case)
+        base_err = relative_error(base_out, ref) if base_out is not None else math.inf
+        for role, fn in implementations.items():
+            out, seconds, error = ((base_out, base_s, base_error) if role == baseline
+                                   else _timed(fn, case))
+            rows[role].append(_score(case, out, ref, base_out, base_err, seconds, error))
+        if progress is not None:
+            progress(i + 1, len(cases), case.spec.case_id)
+    return {role: AccuracyResult(implementation=role, cases=r, categories=aggregate(r))
+            for role, r in rows.items()}
+
+
+# --- model level -------------------------------------------------------------------------
+
+def float64_attention(q, k, v, *, causal: bool = False, scale: float | None = None,
+                      q_lengths=None, kv_lengths=None) -> jax.Array:
+    """An ``AttentionFn`` that computes attention in float64 on the host.
+
+    ``jax.pure_callback`` hands the (possibly traced) operands to
+    ``kernels.reference.attention_reference`` (NumPy, float64); the result is rounded
+    once to ``q.dtype`` so it slots into a float32 model. The rest of the model is
+    unchanged, so an embedding difference against it isolates the attention kernel.
+    Works under ``jit``; batched (``vmap``) calls run sequentially.
+    """
+    out_type = jax.ShapeDtypeStruct(q.shape, q.dtype)
+    has_q, has_kv = q_lengths is not None, kv_lengths is not None
+
+    def host(q, k, v, *lengths):
+        ql = lengths[0] if has_q else None
+        kl = lengths[-1] if has_kv else None
+        ref = attention_reference(np.asarray(q), np.asarray(k), np.asarray(v), causal=causal,
+                                  scale=scale, q_lengths=ql, kv_lengths=kl)
+        return ref.astype(out_type.dtype)
+
+    lengths = [x for x in (q_lengths, kv_lengths) if x is not None]
+    return jax.pure_callback(host, out_type, q, k, v, *lengths, vmap_method="sequential")
+
+
+class ModelAccuracy(BaseModel):
+    """Sentence embeddings with an implementation vs with float64 attention.
+
+    ``cosine_similarities[i]`` is the cosine similarity (float64) of document ``i``'s
+    embedding computed both ways.
+    """
+
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
+
+    implementation: str
+    n_documents: int
+    weights_sha256: str | None = None
+    reference: str = "float64 attention via jax.pure_callback (kernels.reference), rest of model float32"
+    cosine_similarities: list[float]
+    min_cosine_similarity: float
+    mean_cosine_similarity: float
+
+    def metrics(self) -> dict[str, float]:
+        """``model.min_cosine_similarity`` and ``model.mean_cosine_similarity``."""
+        return {"model.min_cosine_similarity": self.min_cosine_similarity,
+                "model.mean_cosine_similarity": self.mean_cosine_similarity}
+
+
+def _texts(documents) -> list[str]:
+    texts = [d if isinstance(d, str) else d.text for d in documents]
+    if not texts:
+        raise ValueError("model accuracy needs at least one document")
+    return texts
+
+
+def cosine_similarities(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Row-wise cosine similarity of two ``[n, dim]`` arrays, in float64 (NaN where
+    a row is non-finite or zero, so it can never pass a threshold)."""
+    a = np.asarray(a, np.float64)
+    b = np.asarray(b, np.float64)
+    if a.shape != b.shape or a.ndim != 2:
+        raise ValueError(f"embeddings must both be [n, dim] of one shape, got {a.shape} and {b.shape}")
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.sum(a * b, axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+
+def model_accuracy(model, documents, attention_fn: AttentionFn, *, name: str = "candidate",
+                   reference_embeddings: np.ndarray | None = None) -> ModelAccuracy:
+    """Cosine similarity of sentence embeddings: ``attention_fn`` vs float64 attention.
+
+    Args:
+        model: an ``evaluation.model.MiniLM`` (``embed(texts, attention_fn=...) -> [n, 384]``).
+        documents: strings or objects with a ``.text``.
+        attention_fn: the implementation under test.
+        name: label stored in the result.
+        reference_embeddings: float64-attention embeddings already computed for the same
+            documents (``model.embed(texts, attention_fn=float64_attention)``), to share
+            them between candidate, baseline and production.
+
+    Returns:
+        ``ModelAccuracy``; a NaN embedding gives a NaN similarity and a NaN minimum.
+
+    Raises:
+        ValueError: no documents, or embeddings of mismatched shape.
+    """
+    texts = _texts(documents)
+    if reference_embeddings is None:
+        reference_embeddings = model.embed(texts, attention_fn=float64_attention)
+    cos = cosine_similarities(model.embed(texts, attention_fn=attention_fn), reference_embeddings)
+    return ModelAccuracy(
+        implementation=name, n_documents=len(texts),
+        weights_sha256=getattr(model, "weights_sha256", None),
+        cosine_similarities=[float(c) for c in cos],
+        # np.min propagates NaN, so one broken document fails the whole check
+        min_cosine_similarity=float(np.min(cos)), mean_cosine_similarity=float(np.mean(cos)),
+    )

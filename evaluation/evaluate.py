@@ -1,0 +1,243 @@
+"""Evaluate one candidate kernel on a split: validation, accuracy, model check, performance,
+report and plots. A plain function (no Prefect), so flows and tests call it alike."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import jax
+
+import kernels
+from evaluation.accuracy import evaluate_accuracy, float64_attention, model_accuracy
+from evaluation.cases import SPLITS
+from evaluation.performance import BenchShape, default_shapes, measure_performance
+from evaluation.plots import write_plots
+from evaluation.report import (
+    REPORT_FILENAME,
+    EvaluationReport,
+    ImplementationInfo,
+    ValidationSummary,
+    utc_now,
+)
+from kernels.api import AttentionFn, default_backend
+from kernels.config import BlockSizes
+
+logger = logging.getLogger(__name__)
+
+MODEL_DOCUMENTS_PER_SPLIT = 16
+"""Documents of the split used for the model-level check when none are given."""
+
+
+def _callable_name(fn: Callable) -> str:
+    return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
+
+
+def _implementation(role: str, impl: AttentionFn | str, config: BlockSizes | None,
+                    backend: str) -> tuple[AttentionFn, ImplementationInfo]:
+    """Bind a registry name or a callable to an ``AttentionFn`` and describe it."""
+    if not isinstance(impl, str):
+        return impl, ImplementationInfo(role=role, name=_callable_name(impl), native=True,
+                                        target_platform=backend)
+    resolution = kernels.resolve(impl, backend=backend)
+    registry = kernels.IMPLEMENTATIONS[resolution.name]
+    target = backend if resolution.native else registry.native_platforms[0]
+    info = ImplementationInfo(
+        role=role, name=resolution.name, implementation=resolution.name,
+        config=config.model_dump() if config is not None else None,
+        resolution=resolution.model_dump(mode="json"), native=resolution.native,
+        target_platform=target)
+    return _bound(impl, config), info
+
+
+@functools.lru_cache(maxsize=32)
+def _bound(implementation: str, config: BlockSizes | None) -> AttentionFn:
+    # One jitted function per (name, config): a candidate that is also the baseline or
+    # production then compiles each case once, not once per role.
+    return kernels.get_attention_fn(implementation, config)
+
+
+VALIDATION_FILENAME = "testset_validation.json"
+
+
+def validate_testset(testset_dir: Path, split: str, result_path: Path) -> ValidationSummary:
+    """Run the test set's Great Expectations suite (``evaluation.validation``) and
+    summarise it; the full outcome with GX's results is written to ``result_path``."""
+    from evaluation.validation import validate_testset as validate
+
+    outcome = validate(testset_dir, split, result_path=result_path, raise_on_failure=False)
+    return ValidationSummary(success=outcome.success, result_path=str(result_path),
+                             reason=None if outcome.success else "; ".join(outcome.reasons()),
+                             testset_digest=outcome.testset_digest,
+                             split_digest=outcome.split_digest)
+
+
+def load_cases(testset_dir: Path, split: str) -> list:
+    """The split's ``TestCase``s (``evaluation.testset.load_split``)."""
+    from evaluation.testset import load_split
+
+    return load_split(testset_dir, split)
+
+
+def manifest_path(testset_dir: Path) -> Path:
+    """Where the test set's manifest lives."""
+    from evaluation.testset import MANIFEST_FILE
+
+    return testset_dir / MANIFEST_FILE
+
+
+def split_documents(testset_dir: Path, split: str) -> list:
+    """The first ``MODEL_DOCUMENTS_PER_SPLIT`` documents of ``split`` from the source the
+    test set was built from (its manifest's ``document_source``)."""
+    from evaluation.documents import assign_splits, load_documents
+    from evaluation.testset import load_manifest
+
+    source = load_manifest(testset_dir).document_source
+    docs = load_documents(None if source == "installed-distributions" else source)
+    return assign_splits(docs, per_split=MODEL_DOCUMENTS_PER_SPLIT)[split]
+
+
+def _progress_bar(total: int, desc: str):
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=total, desc=desc, leave=False)
+
+    def update(done: int, total: int, label: str) -> None:
+        bar.set_postfix_str(label[-40:])
+        bar.update(done - bar.n)
+        if done == total:
+            bar.close()
+
+    return update
+
+
+def evaluate_candidate(
+    candidate: AttentionFn | str,
+    *,
+    testset_dir: str | Path,
+    out_dir: str | Path,
+    split: str = "heldout",
+    baseline: AttentionFn | str = "naive",
+    production: AttentionFn | str | None = None,
+    config: BlockSizes | None = None,
+    model=None,
+    documents: Sequence | None = None,
+    perf_shapes: Sequence[BenchShape] | None = None,
+    repeats: int | None = None,
+    warmup: int | None = None,
+    error_threshold: float | None = None,
+    progress: bool = True,
+) -> EvaluationReport:
+    """Evaluate a candidate attention kernel on one split of a test set.
+
+    Steps: validate the split (Great Expectations; a failure stops here and the report
+    says why); accuracy of candidate, baseline and production per case and category
+    against float64; model-level cosine similarity (when ``model`` is given);
+    performance on this device; report JSON and plots under ``out_dir``.
+
+    Args:
+        candidate: a registry name (bound with ``config``) or an ``AttentionFn``.
+        testset_dir: folder written by ``evaluation.testset.build_testset``.
+        out_dir: where ``evaluation_report.json`` and the PNGs go.
+        split: ``tuning``, ``heldout`` or ``confirmation``.
+        baseline: the naive baseline (registry name or ``AttentionFn``).
+        production: the current production implementation, if any.
+        config: block sizes for a named candidate.
+        model: an ``evaluation.model.MiniLM`` for the model-level check (skipped if None).
+        documents: texts or ``Document``s for it; default: the first
+            ``MODEL_DOCUMENTS_PER_SPLIT`` installed documents assigned to ``split``.
+        perf_shapes, repeats, warmup: performance settings (defaults per platform,
+            see ``evaluation.performance``).
+        error_threshold: optional line on the error plot.
+        progress: show tqdm progress bars.
+
+    Returns:
+        The ``EvaluationReport`` (also written to ``out_dir/evaluation_report.json``).
+        Speed metrics are left out of ``metrics`` when the candidate is not native here.
+
+    Raises:
+        ValueError: unknown implementation name or split.
+        FileNotFoundError: ``testset_dir`` has no test set.
+    """
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    started_at = utc_now()
+    out_dir = Path(out_dir)
+    testset_dir = Path(testset_dir)
+    backend = default_backend()
+    device = jax.devices()[0]
+
+    cand_fn, cand_info = _implementation("candidate", candidate, config, backend)
+    base_fn, base_info = _implementation("baseline", baseline, None, backend)
+    prod = _implementation("production", production, None, backend) if production is not None else None
+    fns = {"candidate": cand_fn, "baseline": base_fn, **({"production": prod[0]} if prod else {})}
+
+    validation = validate_testset(testset_dir, split, out_dir / VALIDATION_FILENAME)
+    report = EvaluationReport(
+        candidate=cand_info, baseline=base_info, production=prod[1] if prod else None,
+        split=split, testset_dir=str(testset_dir),
+        testset_digest=validation.testset_digest, split_digest=validation.split_digest,
+        manifest_path=str(manifest_path(testset_dir)),
+        started_at=started_at, target_platform=cand_info.target_platform,
+        device_platform=backend, device_kind=device.device_kind,
+        device_count=jax.device_count(), jax_version=jax.__version__, validation=validation,
+    )
+    if not validation.success:
+        report.status = "validation_failed"
+        report.failure_reason = f"test set failed validation: {validation.reason}"
+        report.finished_at = utc_now()
+        report.write(out_dir / REPORT_FILENAME)
+        logger.error("evaluation stopped: %s", report.failure_reason)
+        return report
+
+    cases = load_cases(testset_dir, split)
+    bar = (lambda n, desc: _progress_bar(n, desc)) if progress else (lambda n, desc: None)
+    report.accuracy = evaluate_accuracy(cases, fns, baseline="baseline",
+                                        progress=bar(len(cases), f"accuracy {split}"))
+
+    if model is not None:
+        if documents is None:
+            documents = split_documents(testset_dir, split)
+        texts = [d if isinstance(d, str) else d.text for d in documents]
+        ref = model.embed(texts, attention_fn=float64_attention)
+        report.model_accuracy = {role: model_accuracy(model, texts, fn, name=role,
+                                                      reference_embeddings=ref)
+                                 for role, fn in fns.items()}
+
+    native = {"candidate": cand_info.native, "baseline": base_info.native,
+              "production": prod[1].native if prod else False}
+    report.speed_assessed = cand_info.native
+    if not cand_info.native:
+        report.speed_not_assessed_reason = (
+            f"{cand_info.name} is not native on {backend} (it runs interpreted; native on "
+            f"{cand_info.target_platform}); latency is recorded for information only")
+    shapes = list(perf_shapes) if perf_shapes is not None else default_shapes(backend)
+    perf = measure_performance(fns, shapes, baseline="baseline", repeats=repeats, warmup=warmup,
+                               progress=bar(len(shapes), "performance"))
+    report.performance = perf
+    failed = [s.shape.label for s in perf.shapes if not s.implementations["candidate"].ok]
+    if failed:
+        # Not "not assessed": a kernel that cannot run a benchmark shape fails speed,
+        # which the gate sees as missing speed metrics.
+        logger.error("candidate failed on benchmark shapes %s; no speed metrics", failed)
+    report.speedups = {role: x for role in fns if role != "baseline"
+                       if (x := perf.speedup(role)) is not None}
+
+    def flat(role: str, speed: bool) -> dict[str, float]:
+        out = report.accuracy[role].metrics()
+        if role in report.model_accuracy:
+            out.update(report.model_accuracy[role].metrics())
+        if speed:
+            out.update(perf.metrics(role))
+        return out
+
+    report.metrics = flat("candidate", report.speed_assessed)
+    report.baseline_metrics = flat("baseline", native["baseline"])
+    report.production_metrics = flat("production", native["production"]) if prod else None
+    report.plots = [str(p) for p in write_plots(report.accuracy, perf, out_dir,
+                                                threshold=error_threshold)]
+    report.finished_at = utc_now()
+    report.write(out_dir / REPORT_FILENAME)
+    return report

@@ -1,0 +1,218 @@
+"""The evaluation report and ``evaluate_candidate``: JSON round trip, flat metric
+dictionaries as named in ARCHITECTURE.md, speed metrics absent when not native, a
+failed test-set validation stops the evaluation, and one run on a built test set."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import kernels
+from evaluation import evaluate as evaluate_mod
+from evaluation.evaluate import evaluate_candidate
+from evaluation.performance import BenchShape
+from evaluation.report import REPORT_FILENAME, EvaluationReport, ValidationSummary
+from tests.test_evaluation_accuracy import synthetic_cases, wrong_scale
+
+SHAPES = [BenchShape(batch=1, q_len=n, kv_len=n, num_heads=2, num_kv_heads=2, head_dim=32)
+          for n in (64, 128)]
+ACCURACY_STATS = ("max_rel_error", "median_rel_error", "max_error_ratio_to_baseline",
+                  "max_abs_error", "nan_count", "inf_count", "n_cases")
+SPEED_METRICS = {"latency.p50_s", "latency.p95_s", "latency.p99_s", "throughput.tflops",
+                 "memory.peak_bytes", "compile.time_s"}
+
+
+def _patch_testset(mp: pytest.MonkeyPatch) -> list:
+    """Replace loading and GX validation (tested with the builder below) by a small
+    synthetic split: one case per category plus a GQA case."""
+    cases = [c for c in synthetic_cases(seed=3) if c.spec.case_id in ("ord-0", "hard-1",
+                                                                      "hard-2", "adv-0")]
+    mp.setattr(evaluate_mod, "validate_testset", lambda d, s, p: ValidationSummary(
+        success=True, result_path=str(p), testset_digest="t" * 64, split_digest="s" * 64))
+    mp.setattr(evaluate_mod, "load_cases", lambda d, s: cases)
+    return cases
+
+
+@pytest.fixture
+def synthetic_testset(monkeypatch):
+    return _patch_testset(monkeypatch)
+
+
+def _evaluate(tmp_path, candidate="xla", **kw) -> EvaluationReport:
+    return evaluate_candidate(candidate, testset_dir=tmp_path / "testset", out_dir=tmp_path / "out",
+                              perf_shapes=SHAPES, repeats=3, warmup=1, progress=False, **kw)
+
+
+@pytest.fixture(scope="module")
+def report_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("report")
+
+
+@pytest.fixture(scope="module")
+def report(report_dir) -> EvaluationReport:
+    with pytest.MonkeyPatch.context() as mp:
+        _patch_testset(mp)
+        return _evaluate(report_dir, production="naive")
+
+
+def test_flat_metrics_carry_the_architecture_names(report):
+    expected = {f"accuracy.{c}.{s}" for c in ("ordinary", "hard", "adversarial", "all")
+                for s in ACCURACY_STATS} | SPEED_METRICS
+    assert set(report.metrics) == expected
+    assert set(report.baseline_metrics) == expected
+    assert set(report.production_metrics) == expected
+    assert all(isinstance(v, float) and math.isfinite(v) for v in report.metrics.values())
+    assert report.speed_assessed and report.speed_not_assessed_reason is None
+
+
+def test_baseline_metrics_are_the_naive_kernels_own(report):
+    # production is naive too here: its numbers must equal the baseline's accuracy
+    assert report.baseline_metrics["accuracy.all.max_error_ratio_to_baseline"] == 1.0
+    assert report.production_metrics["accuracy.all.max_rel_error"] == \
+        report.baseline_metrics["accuracy.all.max_rel_error"]
+    assert report.metrics["accuracy.all.max_error_ratio_to_baseline"] <= 2.0
+    assert report.candidate.implementation == "xla" and report.baseline.implementation == "naive"
+
+
+def test_report_describes_the_run(report):
+    assert report.status == "completed" and report.validation.success
+    assert report.split == "heldout" and report.testset_digest == "t" * 64
+    assert report.device_platform == "cpu" and report.target_platform == "cpu"
+    assert report.started_at.utcoffset().total_seconds() == 0
+    assert report.started_at <= report.finished_at
+    assert report.candidate.resolution["name"] == "xla" and report.candidate.native
+    assert len(report.accuracy["candidate"].cases) == 4
+    assert {Path(p).name for p in report.plots} == {
+        "error_by_category.png", "latency_distribution.png", "speedup_vs_seq_len.png"}
+    for p in report.plots:
+        assert Path(p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_report_json_round_trip(report, report_dir, tmp_path):
+    path = report_dir / "out" / REPORT_FILENAME
+    assert path.is_file()  # written by evaluate_candidate
+    assert EvaluationReport.read(path) == report
+    report = report.model_copy(deep=True)
+    # non-finite values (a failed case) survive the round trip
+    report.accuracy["candidate"].cases[0].rel_error = math.inf
+    report.metrics["accuracy.all.max_rel_error"] = math.inf
+    copy = EvaluationReport.read(report.write(tmp_path / "copy.json"))
+    assert copy.accuracy["candidate"].cases[0].rel_error == math.inf
+    assert copy.metrics["accuracy.all.max_rel_error"] == math.inf
+    assert json.loads((tmp_path / "copy.json").read_text())["schema_version"] == 1
+
+
+def test_read_rejects_another_schema_version(report, tmp_path):
+    data = json.loads(report.model_dump_json())
+    data["schema_version"] = 2
+    (tmp_path / "v2.json").write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="schema_version"):
+        EvaluationReport.read(tmp_path / "v2.json")
+
+
+def test_speed_metrics_absent_when_candidate_is_not_native(tmp_path, synthetic_testset, monkeypatch):
+    # Pretend XLA were a TPU-only kernel interpreted on this CPU host.
+    tpu_only = dataclasses.replace(kernels.IMPLEMENTATIONS["xla"], native_platforms=("tpu",))
+    monkeypatch.setitem(kernels.IMPLEMENTATIONS, "xla", tpu_only)
+    report = _evaluate(tmp_path)
+    assert not report.speed_assessed
+    assert "not native on cpu" in report.speed_not_assessed_reason
+    assert report.target_platform == "tpu" and report.device_platform == "cpu"
+    assert not SPEED_METRICS & set(report.metrics)  # absent, not NaN
+    assert "accuracy.all.max_rel_error" in report.metrics
+    assert set(report.baseline_metrics) >= SPEED_METRICS
+    # still measured, for information
+    assert all(s.implementations["candidate"].p50_s > 0 for s in report.performance.shapes)
+
+
+def test_wrong_callable_candidate_is_flagged_in_the_report(tmp_path, synthetic_testset):
+    report = _evaluate(tmp_path, candidate=wrong_scale)
+    assert report.candidate.implementation is None and report.candidate.name == "wrong_scale"
+    assert report.metrics["accuracy.all.max_error_ratio_to_baseline"] > 1e3
+
+
+def test_model_level_metrics_when_a_model_is_given(tmp_path, synthetic_testset):
+    class ToyModel:
+        """Embeds a text as attention over fixed random inputs (one row per text)."""
+        weights_sha256 = "w" * 64
+
+        def embed(self, texts, attention_fn=None):
+            c = synthetic_cases(seed=5)[0]
+            out = attention_fn(c.q, c.k, c.v, causal=False, scale=None, q_lengths=None,
+                               kv_lengths=None)
+            return np.asarray(out, np.float64).reshape(len(c.q), -1)[: len(texts)]
+
+    report = _evaluate(tmp_path, model=ToyModel(), documents=["first", "second"])
+    assert report.model_accuracy["candidate"].n_documents == 2
+    assert report.metrics["model.min_cosine_similarity"] > 0.9999
+    assert "model.mean_cosine_similarity" in report.baseline_metrics
+
+
+# --- on a test set built by evaluation.testset --------------------------------------------
+
+@pytest.fixture(scope="module")
+def built_testset(tmp_path_factory):
+    testset = pytest.importorskip("evaluation.testset")
+    model_mod = pytest.importorskip("evaluation.model")
+    try:
+        model = model_mod.MiniLM.load()
+    except (FileNotFoundError, ImportError) as err:
+        pytest.skip(f"MiniLM weights unavailable: {err}")
+    directory = tmp_path_factory.mktemp("testset")
+    testset.build_testset(directory, profile="ci", model=model)
+    return directory, model
+
+
+def test_evaluate_on_a_built_heldout_split(built_testset, tmp_path):
+    directory, model = built_testset
+    report = evaluate_candidate("naive", testset_dir=directory, out_dir=tmp_path,
+                                perf_shapes=SHAPES[:1], repeats=2, warmup=1, progress=False,
+                                model=model, documents=["A short sentence.", "Another one."])
+    manifest = json.loads((directory / "manifest.json").read_text())
+    assert report.status == "completed"
+    assert report.testset_digest == manifest["digest"]
+    assert report.split_digest == manifest["splits"]["heldout"]["digest"]
+    assert Path(report.validation.result_path).is_file()
+    n = {c: sum(s["category"] == c for s in manifest["splits"]["heldout"]["cases"])
+         for c in ("ordinary", "hard", "adversarial")}
+    for cat, count in n.items():
+        assert report.metrics[f"accuracy.{cat}.n_cases"] == count > 0
+    # the candidate is the baseline itself: identical outputs on every case
+    assert report.metrics["accuracy.all.max_error_ratio_to_baseline"] <= 1.0
+    assert report.metrics["accuracy.all.nan_count"] == 0
+    assert report.metrics["model.min_cosine_similarity"] > 0.9999
+
+
+def test_failed_validation_stops_the_evaluation(built_testset, tmp_path):
+    directory, _ = built_testset
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    manifest = json.loads((directory / "manifest.json").read_text())
+    arrays = manifest["splits"]["heldout"]["arrays_file"]
+    (broken / "manifest.json").write_text((directory / "manifest.json").read_text())
+    with np.load(directory / arrays) as npz:
+        data = {k: npz[k] for k in npz.files}
+    key = next(k for k in data if k.endswith("/q") and data[k].dtype == np.float32)
+    data[key] = data[key].copy()
+    data[key].flat[0] = np.nan
+    np.savez(broken / arrays, **data)
+
+    report = evaluate_candidate("xla", testset_dir=broken, out_dir=tmp_path / "out",
+                                perf_shapes=SHAPES[:1], repeats=2, warmup=1, progress=False)
+    assert report.status == "validation_failed" and not report.validation.success
+    assert "validation" in report.failure_reason and report.validation.reason
+    assert report.metrics == {} and report.accuracy == {} and report.performance is None
+    assert EvaluationReport.read(tmp_path / "out" / REPORT_FILENAME).status == "validation_failed"
+    assert Path(report.validation.result_path).is_file()
+
+
+def test_unknown_split_or_implementation_is_rejected(tmp_path, synthetic_testset):
+    with pytest.raises(ValueError, match="split"):
+        _evaluate(tmp_path, split="train")
+    with pytest.raises(ValueError, match="unknown implementation"):
+        _evaluate(tmp_path, candidate="flash9000")
