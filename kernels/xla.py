@@ -14,6 +14,14 @@ from kernels.contract import row_has_key
 
 
 def _dot_product_attention(q, k, v, *, causal, scale, q_lengths, kv_lengths, implementation):
+    if q.dtype == jnp.float16 and implementation == "xla" and jax.default_backend() == "cpu":
+        # XLA:CPU has no f16 x f16 -> f32 dot (the library asks for f32 accumulation);
+        # computing in f32 and rounding once keeps the contract's f32 accumulation.
+        out = _dot_product_attention(q.astype(jnp.float32), k.astype(jnp.float32),
+                                     v.astype(jnp.float32), causal=causal, scale=scale,
+                                     q_lengths=q_lengths, kv_lengths=kv_lengths,
+                                     implementation=implementation)
+        return out.astype(q.dtype)
     batch, q_len = q.shape[0], q.shape[1]
     kv_len = k.shape[1]
     # The library requires both lengths when either is given.
