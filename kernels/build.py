@@ -156,7 +156,9 @@ def source_digests(implementation: str) -> dict[str, str]:
     """sha256 of the implementation's module file and the shared contract files."""
     module = importlib.import_module(IMPLEMENTATIONS[implementation].module)
     files = [Path(module.__file__)]
-    files += [Path(module.__file__).with_name(n) for n in _SHARED_SOURCES]
+    # The contract files every kernel relies on live beside kernels/api.py (a kernel
+    # registered from elsewhere, e.g. a plug-in, still depends on them).
+    files += [Path(__file__).with_name(n) for n in _SHARED_SOURCES]
     return {f.name: _sha256(f.read_bytes()) for f in sorted(set(files))}
 
 

@@ -1,0 +1,158 @@
+"""``kernelgate`` command line: rollout, evaluate, revalidate, audit, ui, testset, serve.
+
+Run ``kernelgate --help``. Defaults are the embedded local setup: Prefect's
+temporary server, MLflow on SQLite under ``.kernelgate/``, whatever device JAX sees.
+Point at shared servers with ``PREFECT_API_URL`` and ``MLFLOW_TRACKING_URI``.
+"""
+
+from __future__ import annotations
+
+import os
+
+# Show the packages' own log lines in Prefect's run logs (must precede importing Prefect).
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS",
+                      "kernelgate,kernels,evaluation,gates,lineage,flows")
+
+import json  # noqa: E402
+import logging  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Annotated  # noqa: E402
+
+import typer  # noqa: E402
+
+from flows.stages import DEFAULT_THRESHOLDS, RolloutSettings  # noqa: E402
+
+# Prefect attaches its handlers to the extra loggers but leaves their level at the
+# root's WARNING; the stage summaries are INFO.
+for _name in os.environ["PREFECT_LOGGING_EXTRA_LOGGERS"].split(","):
+    logging.getLogger(_name.strip()).setLevel(logging.INFO)
+
+app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False)
+
+Implementation = Annotated[str, typer.Option(
+    help="candidate kernel: auto (native flash kernel of this device), pallas_tpu, pallas_gpu, "
+         "xla, cudnn, naive")]
+Thresholds = Annotated[Path, typer.Option(help="thresholds file to preregister",
+                                          exists=True, dir_okay=False)]
+StoreDir = Annotated[Path, typer.Option(help="local store: MLflow SQLite, artifacts, test sets")]
+BlockQ = Annotated[int | None, typer.Option(help="query block size (tokens)")]
+BlockKV = Annotated[int | None, typer.Option(help="key/value block size (tokens)")]
+
+
+def _settings(implementation: str, thresholds: Path, store_dir: Path, block_q: int | None,
+              block_kv: int | None, **extra) -> RolloutSettings:
+    from kernels import BlockSizes
+
+    config = None
+    if block_q or block_kv:
+        config = BlockSizes(**{k: v for k, v in (("block_q", block_q), ("block_kv", block_kv)) if v})
+    return RolloutSettings(implementation=implementation, thresholds=thresholds.resolve(),
+                           store_dir=store_dir, config=config, **extra)
+
+
+@app.command()
+def rollout(implementation: Implementation = "auto",
+            thresholds: Thresholds = DEFAULT_THRESHOLDS,
+            store_dir: StoreDir = Path(".kernelgate"),
+            testset_profile: Annotated[str, typer.Option(help="auto, ci or gpu")] = "auto",
+            documents_dir: Annotated[Path | None, typer.Option(
+                help="folder of real documents (*.txt, *.md); default: installed packages' descriptions")] = None,
+            block_q: BlockQ = None, block_kv: BlockKV = None) -> None:
+    """Run a full governed rollout: preregister, build, evaluate, gate, shadow, approval,
+    canary, then promote or roll back."""
+    from flows.rollout import rollout as rollout_flow
+
+    settings = _settings(implementation, thresholds, store_dir, block_q, block_kv,
+                         testset_profile=testset_profile, documents_dir=documents_dir)
+    outcome = rollout_flow(settings)
+    typer.echo("\n" + outcome.markdown().replace("**", ""))
+    raise typer.Exit(0 if outcome.result in ("promoted", "rejected", "rolled_back") else 1)
+
+
+@app.command()
+def evaluate(implementation: Implementation = "auto",
+             thresholds: Thresholds = DEFAULT_THRESHOLDS,
+             store_dir: StoreDir = Path(".kernelgate"),
+             report: Annotated[Path | None, typer.Option(help="also write the report JSON here")] = None,
+             block_q: BlockQ = None, block_kv: BlockKV = None) -> None:
+    """Preregister, build and evaluate a candidate and log the gate decision; moves no alias."""
+    from flows.rollout import evaluate_candidate
+
+    result = evaluate_candidate(_settings(implementation, thresholds, store_dir, block_q, block_kv),
+                                report_path=report)
+    typer.echo(json.dumps({k: v for k, v in sorted(result.metrics.items())}, indent=1))
+
+
+@app.command()
+def revalidate(family: Annotated[str, typer.Option(help="kernel family (auto: native flash kernel)")] = "auto",
+               store_dir: StoreDir = Path(".kernelgate")) -> None:
+    """Re-evaluate what `production` points at; roll back on failure (the nightly job)."""
+    from flows.revalidate import revalidate_production
+
+    outcome = revalidate_production(family, RolloutSettings(store_dir=store_dir))
+    typer.echo(outcome.model_dump_json(indent=1))
+    raise typer.Exit(0 if outcome.result != "rolled_back" else 2)
+
+
+@app.command()
+def audit(target: Annotated[str, typer.Argument(help="alias (production, canary, shadow) or version number")] = "production",
+          family: Annotated[str, typer.Option(help="kernel family")] = "pallas_tpu",
+          store_dir: StoreDir = Path(".kernelgate")) -> None:
+    """Print the lineage chain of a version and re-verify every logged artifact's sha256.
+    Exits non-zero, naming the artifact or link, on any mismatch or broken link."""
+    from lineage import tracking as tr
+    from lineage.audit import audit as run_audit
+
+    tracking = tr.default_tracking() if os.environ.get("MLFLOW_TRACKING_URI") else tr.local_tracking(store_dir)
+    result = run_audit(tracking, family, target)
+    typer.echo(result.render())
+    raise typer.Exit(result.exit_code)
+
+
+@app.command()
+def ui(store_dir: StoreDir = Path(".kernelgate"),
+       port: Annotated[int, typer.Option(help="port of the MLflow UI")] = 5000) -> None:
+    """Open the MLflow UI on the local store (the Prefect UI: `prefect server start`)."""
+    from lineage import tracking as tr
+
+    tracking = tr.local_tracking(store_dir)
+    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", tracking.tracking_uri,
+           "--default-artifact-root", tracking.artifact_root or "", "--port", str(port)]
+    typer.echo(f"MLflow UI on http://127.0.0.1:{port}  ({' '.join(cmd)})")
+    raise typer.Exit(subprocess.call(cmd))
+
+
+@app.command()
+def testset(out: Annotated[Path, typer.Option(help="output folder")] = Path(".kernelgate/testsets/ci"),
+            profile: Annotated[str, typer.Option(help="ci (short sequences) or gpu (up to 16384)")] = "ci",
+            documents_dir: Annotated[Path | None, typer.Option(help="folder of documents")] = None) -> None:
+    """Build (or rebuild) the content-addressed held-out test set and validate it with GX."""
+    from evaluation.testset import build_testset, describe
+    from evaluation.validation import validate_testset
+
+    manifest = build_testset(out, profile=profile, documents_dir=documents_dir)
+    for split in manifest.splits:
+        validate_testset(out, split)
+    typer.echo(describe(manifest))
+
+
+@app.command()
+def serve() -> None:
+    """Serve the deployments from this process: nightly re-validation (cron 02:00 UTC)
+    and on-demand rollout. Needs a Prefect server (`prefect server start`)."""
+    from prefect import serve as prefect_serve
+
+    from flows.revalidate import revalidate_production
+    from flows.rollout import rollout as rollout_flow
+
+    prefect_serve(
+        revalidate_production.to_deployment(name="nightly-revalidation", cron="0 2 * * *"),
+        rollout_flow.to_deployment(name="candidate-rollout"),
+    )
+
+
+if __name__ == "__main__":
+    app()

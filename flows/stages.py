@@ -1,0 +1,490 @@
+"""The rollout's stages as plain, typed functions (no Prefect here).
+
+``flows/rollout.py`` and ``flows/revalidate.py`` wrap these in Prefect tasks and
+read like the stage list of the design notes; everything a stage decides or
+measures is logged to MLflow through ``lineage`` so an auditor can follow it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+import kernels
+from evaluation.performance import BenchShape
+from evaluation.report import EvaluationReport
+from flows import serving
+from gates.approval import ApprovalRecord
+from gates.canary import CanaryStepResult, analyse_canary_step
+from gates.decision import GateDecision, decide
+from gates.preregistration import Registration, preregister, verify_registration
+from gates.thresholds import CanaryStep, Thresholds, load_thresholds
+from kernels.build import ExampleShapes
+from lineage import registry, tags
+from lineage import tracking as tr
+from lineage.environment import collect_environment
+from lineage.records import log_alias_change, log_approval, log_canary_step, log_decision
+from lineage.tracking import Tracking
+
+logger = logging.getLogger("kernelgate.rollout")
+
+PROJECT_DIR = Path(__file__).resolve().parents[1]
+DEFAULT_THRESHOLDS = PROJECT_DIR / "thresholds" / "local-dry-run.yaml"
+
+# Model-version tags that let serving resolve an alias to a callable kernel.
+IMPLEMENTATION_TAG = "kernelgate.implementation"
+CONFIG_TAG = "kernelgate.config"
+REJECTION_TAG = "kernelgate.rejection_reason"
+
+NATIVE_FAMILY = {"tpu": "pallas_tpu", "gpu": "pallas_gpu", "cpu": "pallas_tpu"}
+"""The flash kernel rolled out by default per backend. A CPU host has no flash kernel
+of its own: it rolls out the TPU kernel in interpret mode (accuracy judged, speed
+not assessed)."""
+
+NATIVE_BASELINE = {"tpu": "xla", "gpu": "cudnn", "cpu": "xla"}
+"""What serves when a family has no ``production`` version: the platform's native
+attention (the recovery target of a rollback with no earlier production)."""
+
+
+class RolloutSettings(BaseModel):
+    """Everything a rollout needs; defaults are the embedded local dry run.
+
+    Attributes:
+        implementation: candidate kernel (registry name) or ``auto`` (the native flash
+            kernel of this backend, ``NATIVE_FAMILY``).
+        family: kernel family = MLflow experiment and registered model (default: the
+            implementation's name).
+        thresholds: the thresholds file to preregister (profile inside).
+        config: block sizes for the candidate (``None``: kernel default / tuned table).
+        testset_profile: ``ci`` (short sequences, CPU-friendly) or ``gpu``; ``auto`` picks by backend.
+        testset_dir: test-set folder; default ``<store>/testsets/<profile>`` (built if missing).
+        documents_dir: folder of real documents (``*.txt``/``*.md``); default: the
+            long descriptions of installed Python distributions.
+        store_dir: local store for MLflow (when ``MLFLOW_TRACKING_URI`` is unset) and work files.
+        shadow_requests: recorded requests replayed in shadow.
+        perf_repeats: timed repeats per implementation and shape in evaluation.
+        perf_shapes: benchmark shapes of the evaluation (``None``: the platform's defaults).
+        model_check: embed held-out documents with the candidate and float64 attention
+            (the ``model.*`` metrics); a profile whose criteria use them needs it.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    implementation: str = "auto"
+    family: str | None = None
+    thresholds: Path = DEFAULT_THRESHOLDS
+    config: kernels.BlockSizes | None = None
+    testset_profile: Literal["auto", "ci", "gpu"] = "auto"
+    testset_dir: Path | None = None
+    documents_dir: Path | None = None
+    store_dir: Path = Path(".kernelgate")
+    shadow_requests: int = Field(24, ge=2)
+    perf_repeats: int | None = Field(None, ge=1)
+    perf_shapes: list[BenchShape] | None = None
+    model_check: bool = True
+
+
+class RolloutContext(BaseModel):
+    """Identity of one rollout: family, store and the parent MLflow run."""
+
+    tracking: Tracking
+    family: str
+    implementation: str
+    backend: str
+    rollout_run_id: str
+    work_dir: Path
+
+
+class RolloutOutcome(BaseModel):
+    """How a rollout ended (also the Prefect markdown artifact and the CLI's output)."""
+
+    family: str
+    version: str | None = None
+    result: Literal["promoted", "rejected", "rolled_back", "failed"]
+    stage: str = Field(description="the stage that decided the result")
+    reason: str
+    decision_summary: str | None = None
+    not_assessed_note: str | None = None
+    aliases: dict[str, str] = Field(default_factory=dict)
+    rollout_run_id: str
+    tracking_uri: str
+    ui_command: str
+
+    def markdown(self) -> str:
+        """A short markdown summary for the Prefect UI."""
+        lines = [
+            f"# kernelgate rollout: {self.family} v{self.version or '-'} — **{self.result}**",
+            "",
+            f"* decided at stage: `{self.stage}`",
+            f"* reason: {self.reason}",
+        ]
+        if self.decision_summary:
+            lines.append(f"* gate: {self.decision_summary}")
+        if self.not_assessed_note:
+            lines.append(f"* not assessed: {self.not_assessed_note}")
+        lines += [
+            f"* aliases now: `{self.aliases}`",
+            f"* MLflow rollout run: `{self.rollout_run_id}` ({self.tracking_uri})",
+            f"* open the MLflow UI: `{self.ui_command}`",
+        ]
+        return "\n".join(lines)
+
+
+# --- opening ---------------------------------------------------------------------------
+
+
+def candidate_implementation(implementation: str, backend: str) -> str:
+    """The registry name to roll out (``auto``: the native flash kernel of ``backend``).
+
+    Raises:
+        ValueError: unknown implementation.
+    """
+    name = NATIVE_FAMILY.get(backend, "pallas_tpu") if implementation == "auto" else implementation
+    if name not in kernels.IMPLEMENTATIONS:
+        raise ValueError(f"unknown implementation {name!r}; choose one of "
+                         f"{sorted(kernels.IMPLEMENTATIONS)} or 'auto'")
+    return name
+
+
+def open_rollout(settings: RolloutSettings, *, stage: tags.Stage = "rollout",
+                 family: str | None = None) -> RolloutContext:
+    """Start the parent MLflow run, tag it with the environment, and clear aliases
+    left behind by a rollout that was killed (a ``canary`` or ``shadow`` that no
+    running rollout owns).
+
+    Raises:
+        ValueError: unknown implementation.
+    """
+    backend = kernels.default_backend()
+    implementation = candidate_implementation(settings.implementation, backend)
+    family = family or settings.family or implementation
+    tracking = (tr.default_tracking() if os.environ.get("MLFLOW_TRACKING_URI")
+                else tr.local_tracking(settings.store_dir))
+    run_id = tr.start_run(tracking, family, stage, run_name=f"{stage}-{implementation}")
+    tr.set_tags(tracking, run_id, collect_environment(PROJECT_DIR).as_tags())
+    work_dir = settings.store_dir / "runs" / run_id
+    work_dir.mkdir(parents=True, exist_ok=True)
+    ctx = RolloutContext(tracking=tracking, family=family, implementation=implementation,
+                         backend=backend, rollout_run_id=run_id, work_dir=work_dir.resolve())
+    for alias in ("canary", "shadow"):
+        stale = registry.clear_stale(tracking, family, alias,
+                                     reason=f"left by an unfinished rollout; cleared by {run_id}")
+        if stale:
+            logger.warning("cleared stale %s alias (was v%s) left by an unfinished rollout",
+                           alias, stale)
+            change = registry.AliasChange(family=family, alias=alias, version=None,
+                                          previous_version=stale, at=datetime.now(UTC),
+                                          action="clear", reason="stale: unfinished rollout")
+            log_alias_change(tracking, change, parent_run_id=run_id)
+    return ctx
+
+
+def preregister_thresholds(ctx: RolloutContext, thresholds_path: Path) -> Registration:
+    """Freeze the thresholds file in MLflow before anything is evaluated.
+
+    Raises:
+        ValueError: the file does not parse against the thresholds schema.
+    """
+    registration = preregister(thresholds_path, tracking=ctx.tracking, family=ctx.family,
+                               parent_run_id=ctx.rollout_run_id)
+    tr.set_tags(ctx.tracking, ctx.rollout_run_id, {tags.REGISTRATION_ID: registration.registration_id})
+    return registration
+
+
+# --- build -----------------------------------------------------------------------------
+
+BUILD_SHAPES = ExampleShapes(batch=1, q_len=256, kv_len=256, num_heads=4, num_kv_heads=2,
+                             head_dim=128)
+"""The example shapes a build is compiled and exported for (GQA, head_dim 128)."""
+
+
+def build_candidate(ctx: RolloutContext, config: kernels.BlockSizes | None) -> tuple[str, str]:
+    """Compile and export the candidate, log the build run, register a model version.
+
+    Returns:
+        ``(build_run_id, version)``.
+    """
+    out = ctx.work_dir / "build"
+    with tr.stage_run(ctx.tracking, ctx.family, "build", parent_run_id=ctx.rollout_run_id,
+                      run_name=f"build-{ctx.implementation}") as run_id:
+        build = kernels.build(ctx.implementation, config, BUILD_SHAPES,
+                              causal=False, dtype="bfloat16", output_dir=out)
+        tr.log_params(ctx.tracking, run_id, {"implementation": ctx.implementation,
+                                             "config": (config.model_dump() if config else "default")})
+        tr.set_tags(ctx.tracking, run_id, {
+            **collect_environment(PROJECT_DIR).as_tags(),
+            **{f"kernelgate.source_sha256/{name}": digest
+               for name, digest in build.source_files.items()},
+        })
+        if build.local is not None:
+            client = ctx.tracking.client()
+            client.log_metric(run_id, "build.compile_time_s", build.local.compile_time_s)
+            if build.local.memory.temp_bytes is not None:
+                client.log_metric(run_id, "build.temp_bytes", build.local.memory.temp_bytes)
+        tr.log_directory(ctx.tracking, run_id, out, "build")
+    version = registry.register_build(ctx.tracking, ctx.family, run_id, artifact_path="build")
+    client = ctx.tracking.client()
+    name = registry.registered_model_name(ctx.family)
+    client.set_model_version_tag(name, version, IMPLEMENTATION_TAG, ctx.implementation)
+    client.set_model_version_tag(name, version, CONFIG_TAG,
+                                 config.model_dump_json() if config else "null")
+    logger.info("built %s: build run %s, registered as v%s", ctx.implementation, run_id, version)
+    return run_id, version
+
+
+# --- evaluation ------------------------------------------------------------------------
+
+
+def testset_profile(settings: RolloutSettings, backend: str) -> str:
+    return settings.testset_profile if settings.testset_profile != "auto" else (
+        "ci" if backend == "cpu" else "gpu")
+
+
+def prepare_testset(settings: RolloutSettings, backend: str, model=None) -> Path:
+    """The test-set folder, built (content-addressed, deterministic) when missing."""
+    from evaluation.testset import build_testset
+
+    profile = testset_profile(settings, backend)
+    folder = settings.testset_dir or settings.store_dir / "testsets" / profile
+    if not (folder / "manifest.json").exists():
+        logger.info("building the %s test set in %s", profile, folder)
+        build_testset(folder, profile=profile, documents_dir=settings.documents_dir, model=model)
+    return folder
+
+
+def production_implementation(ctx: RolloutContext) -> tuple[str | None, str | None]:
+    """``(version, implementation)`` behind ``production``, or ``(None, None)``."""
+    version = registry.alias_version(ctx.tracking, ctx.family, "production")
+    if version is None:
+        return None, None
+    mv = ctx.tracking.client().get_model_version(registry.registered_model_name(ctx.family), version)
+    return version, mv.tags.get(IMPLEMENTATION_TAG)
+
+
+def evaluate_build(ctx: RolloutContext, settings: RolloutSettings, *, registration: Registration,
+                   build_run_id: str, testset_dir: Path, implementation: str | None = None,
+                   config: kernels.BlockSizes | None = None, compare_production: bool = True,
+                   model=None, stage: tags.Stage = "evaluation") -> tuple[EvaluationReport, str]:
+    """Evaluate a build on the held-out split against naive (and production) and log
+    the report, plots, GX validation result and test-set dataset to an evaluation run.
+
+    Returns:
+        ``(report, evaluation_run_id)``.
+    """
+    from evaluation.evaluate import evaluate_candidate
+    from evaluation.testset import load_manifest
+
+    implementation = implementation or ctx.implementation
+    _, production = production_implementation(ctx) if compare_production else (None, None)
+    out = ctx.work_dir / stage
+    manifest = load_manifest(testset_dir)
+    run_tags = {tags.BUILD_RUN_ID: build_run_id, tags.REGISTRATION_ID: registration.registration_id}
+    with tr.stage_run(ctx.tracking, ctx.family, stage, parent_run_id=ctx.rollout_run_id,
+                      run_name=f"{stage}-{implementation}", run_tags=run_tags) as run_id:
+        tr.log_dataset(ctx.tracking, run_id, name=f"kernelgate-testset-{manifest.profile}",
+                       digest=manifest.digest, source_uri=str(Path(testset_dir).resolve()),
+                       context="heldout")
+        try:
+            report = evaluate_candidate(implementation, testset_dir=testset_dir, out_dir=out,
+                                        split="heldout", production=production, config=config,
+                                        model=model if settings.model_check else None,
+                                        repeats=settings.perf_repeats,
+                                        perf_shapes=settings.perf_shapes)
+        finally:
+            if out.exists():
+                tr.log_directory(ctx.tracking, run_id, out, "evaluation")
+            tr.log_file(ctx.tracking, run_id, Path(testset_dir) / "manifest.json", "testset")
+        client = ctx.tracking.client()
+        for name, value in report.metrics.items():
+            if value == value and abs(value) != float("inf"):
+                client.log_metric(run_id, name, float(value))
+        tr.set_tags(ctx.tracking, run_id, {
+            "kernelgate.speed_assessed": str(report.speed_assessed).lower(),
+            "kernelgate.evaluation_status": report.status,
+            "kernelgate.production_implementation": production or "none",
+        })
+    return report, run_id
+
+
+# --- gate ------------------------------------------------------------------------------
+
+
+def gate(ctx: RolloutContext, report: EvaluationReport, *, thresholds_path: Path,
+         registration: Registration, build_run_id: str,
+         evaluation_run_id: str) -> tuple[GateDecision, str, Thresholds]:
+    """Decide against the preregistered thresholds and log the decision.
+
+    Raises:
+        PreregistrationError: the thresholds file changed since registration, or the
+            evaluation started before it.
+    """
+    verify_registration(registration.registration_id, thresholds_path, report.started_at,
+                        tracking=ctx.tracking)
+    thresholds = load_thresholds(thresholds_path)
+    decision = decide(report, thresholds, registration)
+    decision_run_id = log_decision(ctx.tracking, ctx.family, decision, build_run_id=build_run_id,
+                                   evaluation_run_id=evaluation_run_id,
+                                   parent_run_id=ctx.rollout_run_id)
+    logger.info("gate: %s — %s", decision.verdict, decision.summary)
+    return decision, decision_run_id, thresholds
+
+
+def reject(ctx: RolloutContext, version: str, reason: str) -> None:
+    """Record why a version stops here; aliases pointing at it are removed (rollback)."""
+    client = ctx.tracking.client()
+    client.set_model_version_tag(registry.registered_model_name(ctx.family), version,
+                                 REJECTION_TAG, reason)
+    for alias in ("shadow", "canary"):
+        if registry.alias_version(ctx.tracking, ctx.family, alias) == version:
+            change = registry.rollback(ctx.tracking, ctx.family, reason=reason, alias=alias)
+            log_alias_change(ctx.tracking, change, parent_run_id=ctx.rollout_run_id)
+    logger.warning("v%s rejected: %s", version, reason)
+
+
+# --- traffic: shadow and canary --------------------------------------------------------
+
+
+def endpoint_for(ctx: RolloutContext, model, alias: str) -> serving.Endpoint:
+    """The serving endpoint behind an alias; the platform's native baseline when the
+    alias points at nothing (``NATIVE_BASELINE``)."""
+    version = registry.alias_version(ctx.tracking, ctx.family, alias)
+    if version is None:
+        name = NATIVE_BASELINE.get(ctx.backend, "xla")
+        try:
+            kernels.resolve(name, backend=ctx.backend)
+        except NotImplementedError:
+            name = "xla"
+        return serving.Endpoint(f"{name} (native baseline)", kernels.get_attention_fn(name), model)
+    mv = ctx.tracking.client().get_model_version(registry.registered_model_name(ctx.family), version)
+    implementation = mv.tags[IMPLEMENTATION_TAG]
+    raw = mv.tags.get(CONFIG_TAG, "null")
+    config = None if raw == "null" else kernels.BlockSizes.model_validate_json(raw)
+    return serving.Endpoint(f"{implementation}@v{version}",
+                            kernels.get_attention_fn(implementation, config), model)
+
+
+def recorded_traffic(ctx: RolloutContext, settings: RolloutSettings, n_requests: int,
+                     *, seed: int = 0) -> serving.RecordedTraffic:
+    """The recorded request stream (held-out documents only), logged to the rollout run."""
+    from evaluation.documents import assign_splits, load_documents
+
+    documents = assign_splits(load_documents(settings.documents_dir))["heldout"]
+    traffic = serving.record_traffic(documents, n_requests, seed=seed)
+    path = traffic.write(ctx.work_dir / "traffic" / f"requests-{seed}.json")
+    tr.log_file(ctx.tracking, ctx.rollout_run_id, path, "traffic")
+    return traffic
+
+
+def not_assessed_reasons(report: EvaluationReport) -> dict[str, str | None]:
+    """Latency and memory in traffic are judged only where the candidate is native."""
+    reason = None if report.speed_assessed else report.speed_not_assessed_reason
+    return {"latency_not_assessed_reason": reason, "memory_not_assessed_reason": reason}
+
+
+def _judge_traffic(result: serving.TrafficResult, step: CanaryStep, plan, report) -> CanaryStepResult:
+    cand = result.latencies("candidate")
+    prod = result.latencies("production")
+    drift = result.drifts() or [float("nan")]
+    if len(cand) < 2 or len(prod) < 2:
+        # Too few successful requests to test latency: the errors themselves breach.
+        cand = cand if len(cand) >= 2 else [0.0, 0.0]
+        prod = prod if len(prod) >= 2 else [0.0, 0.0]
+    return analyse_canary_step(step, cand, prod, drift, result.errors("candidate"),
+                               result.nan_count("candidate"), result.memory_start_bytes,
+                               result.memory_end_bytes, plan, **not_assessed_reasons(report))
+
+
+def run_shadow(ctx: RolloutContext, version: str, *, model, traffic: serving.RecordedTraffic,
+               thresholds: Thresholds, report: EvaluationReport, decision_run_id: str,
+               progress=None) -> CanaryStepResult:
+    """Shadow stage: production serves, the candidate (alias ``shadow``) is mirrored.
+
+    Judged with the canary plan's limits (drift, errors, NaN, latency where native).
+    """
+    change = registry.assign_shadow(ctx.tracking, ctx.family, version)
+    log_alias_change(ctx.tracking, change, parent_run_id=ctx.rollout_run_id)
+    production = endpoint_for(ctx, model, "production")
+    candidate = endpoint_for(ctx, model, "shadow")
+    # Compile both endpoints for every request size before measuring anything.
+    serving.warm_up(traffic.requests, production, candidate)
+    result = serving.replay_shadow(traffic.requests, production, candidate, progress=progress)
+    # The candidate sees every shadow request (mirrored) but serves none of them.
+    step = CanaryStep(name="shadow", traffic_fraction=1.0, requests=len(traffic.requests))
+    judged = _judge_traffic(result, step, thresholds.canary, report)
+    with tr.stage_run(ctx.tracking, ctx.family, "shadow", parent_run_id=ctx.rollout_run_id,
+                      run_name=f"shadow-v{version}",
+                      run_tags={tags.DECISION_RUN_ID: decision_run_id,
+                                "kernelgate.shadow_passed": str(judged.passed).lower()}) as run_id:
+        tr.log_model_json(ctx.tracking, run_id, result, "shadow/traffic.json")
+        tr.log_model_json(ctx.tracking, run_id, judged, "shadow/analysis.json")
+    logger.info("shadow: %s", serving.traffic_summary(result))
+    return judged
+
+
+def run_canary_step(ctx: RolloutContext, step: CanaryStep, *, model,
+                    traffic: serving.RecordedTraffic, thresholds: Thresholds,
+                    report: EvaluationReport, decision_run_id: str,
+                    progress=None) -> CanaryStepResult:
+    """One canary step: ``step.traffic_fraction`` of the step's requests served by the
+    candidate (alias ``canary``), then analysed against the preregistered plan."""
+    production = endpoint_for(ctx, model, "production")
+    candidate = endpoint_for(ctx, model, "canary")
+    result = serving.replay_canary_step(traffic.requests, step.traffic_fraction, production,
+                                        candidate, salt=f"{ctx.rollout_run_id}:{step.name}",
+                                        progress=progress)
+    judged = _judge_traffic(result, step, thresholds.canary, report)
+    log_canary_step(ctx.tracking, ctx.family, judged, decision_run_id=decision_run_id,
+                    parent_run_id=ctx.rollout_run_id)
+    logger.info("%s: %s -> %s", step.name, serving.traffic_summary(result),
+                "pass" if judged.passed else f"breach: {judged.breaches}")
+    return judged
+
+
+# --- approval, promotion, rollback -----------------------------------------------------
+
+
+def log_approval_record(ctx: RolloutContext, record: ApprovalRecord, decision_run_id: str) -> str:
+    """Log an approval, rejection or timeout; returns the approval run id."""
+    return log_approval(ctx.tracking, record, decision_run_id=decision_run_id,
+                        parent_run_id=ctx.rollout_run_id)
+
+
+def enter_canary(ctx: RolloutContext, version: str, *, decision_run_id: str,
+                 approval_run_id: str | None) -> None:
+    change = registry.assign_canary(ctx.tracking, ctx.family, version,
+                                    decision_run_id=decision_run_id, approval_run_id=approval_run_id)
+    log_alias_change(ctx.tracking, change, parent_run_id=ctx.rollout_run_id)
+
+
+def promote_version(ctx: RolloutContext, version: str, *, decision_run_id: str,
+                    approval_run_id: str | None) -> None:
+    """Move ``production`` (verified decision and approval) and retire ``shadow``."""
+    change = registry.promote(ctx.tracking, ctx.family, version, decision_run_id=decision_run_id,
+                              approval_run_id=approval_run_id)
+    log_alias_change(ctx.tracking, change, parent_run_id=ctx.rollout_run_id)
+    registry.clear_stale(ctx.tracking, ctx.family, "shadow", reason=f"v{version} promoted")
+    logger.info("promoted v%s to production (previous: %s)", version, change.previous_version)
+
+
+def close_rollout(ctx: RolloutContext, *, result: str, stage: str, reason: str,
+                  version: str | None, decision: GateDecision | None = None) -> RolloutOutcome:
+    """End the parent run with the outcome and write it as a JSON artifact."""
+    outcome = RolloutOutcome(
+        family=ctx.family, version=version, result=result, stage=stage, reason=reason,
+        decision_summary=decision.summary if decision else None,
+        not_assessed_note=decision.not_assessed_note if decision else None,
+        aliases=registry.aliases(ctx.tracking, ctx.family), rollout_run_id=ctx.rollout_run_id,
+        tracking_uri=ctx.tracking.tracking_uri,
+        ui_command=f"mlflow ui --backend-store-uri {ctx.tracking.tracking_uri}",
+    )
+    tr.log_model_json(ctx.tracking, ctx.rollout_run_id, outcome, "rollout/outcome.json")
+    tr.set_tags(ctx.tracking, ctx.rollout_run_id, {"kernelgate.result": result,
+                                                   "kernelgate.decided_at_stage": stage,
+                                                   "mlflow.note.content": reason})
+    tr.end_run(ctx.tracking, ctx.rollout_run_id, "FINISHED" if result != "failed" else "FAILED")
+    return outcome

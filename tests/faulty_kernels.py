@@ -1,0 +1,78 @@
+"""Candidate kernels with injected faults, for the rollout's fault-injection tests.
+
+Each wraps the XLA implementation (correct) and breaks it in one way the pipeline
+must catch at a specific stage. They are registered as native on the CPU (see
+``register``) so their speed is assessed like a real native kernel's.
+"""
+
+from __future__ import annotations
+
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from kernels.api import IMPLEMENTATIONS, Implementation
+from kernels.xla import xla_attention
+
+
+class Fault:
+    """A switch the test flips when the fault should start (e.g. when canary traffic
+    begins: a kernel that degrades under production traffic)."""
+
+    active = False
+    nan_fraction = 0.5
+    delay_s = 0.02
+
+
+def wrong_scale(q, k, v, *, causal, scale, q_lengths, kv_lengths, config=None):
+    """Numerically wrong everywhere: logits scaled by 1.3x the requested scale."""
+    return xla_attention(q, k, v, causal=causal, scale=scale * 1.3, q_lengths=q_lengths,
+                         kv_lengths=kv_lengths)
+
+
+def _flag_nan(total) -> np.ndarray:
+    # A deterministic share of calls (by their input) turns NaN while the fault is on;
+    # an input already NaN (an earlier layer's) stays NaN.
+    if not np.isfinite(total):
+        return np.asarray(True)
+    bucket = int(abs(float(total)) * 1e4) % 100
+    return np.asarray(Fault.active and bucket < 100 * Fault.nan_fraction)
+
+
+def nan_under_fault(q, k, v, *, causal, scale, q_lengths, kv_lengths, config=None):
+    """Correct until ``Fault.active``; then NaN on about ``Fault.nan_fraction`` of calls."""
+    out = xla_attention(q, k, v, causal=causal, scale=scale, q_lengths=q_lengths,
+                        kv_lengths=kv_lengths)
+    bad = jax.pure_callback(_flag_nan, jax.ShapeDtypeStruct((), jnp.bool_),
+                            jnp.sum(q.astype(jnp.float32)))
+    return jnp.where(bad, jnp.nan, out).astype(q.dtype)
+
+
+def _sleep(x) -> np.ndarray:
+    time.sleep(Fault.delay_s)
+    return np.asarray(x)
+
+
+def slow(q, k, v, *, causal, scale, q_lengths, kv_lengths, config=None):
+    """Correct but slow: every call waits ``Fault.delay_s`` seconds on the host."""
+    out = xla_attention(q, k, v, causal=causal, scale=scale, q_lengths=q_lengths,
+                        kv_lengths=kv_lengths)
+    return jax.pure_callback(_sleep, jax.ShapeDtypeStruct(out.shape, out.dtype), out)
+
+
+def good(q, k, v, *, causal, scale, q_lengths, kv_lengths, config=None):
+    """Correct (XLA): the control candidate."""
+    return xla_attention(q, k, v, causal=causal, scale=scale, q_lengths=q_lengths,
+                         kv_lengths=kv_lengths)
+
+
+NAMES = ("wrong_scale", "nan_under_fault", "slow", "good")
+
+
+def register(monkeypatch) -> None:
+    """Add the kernels to the registry as ``test_<name>`` for one test."""
+    for name in NAMES:
+        monkeypatch.setitem(IMPLEMENTATIONS, f"test_{name}", Implementation(
+            f"test_{name}", __name__, name, ("cpu", "gpu", "tpu"), f"fault injection: {name}"))
