@@ -1,0 +1,539 @@
+"""Attention benchmark: every implementation, side by side, in one run on one device.
+
+``python -m kernels.bench --out bench.json`` builds, checks and times naive, xla, cudnn,
+pallas_gpu (and tokamax where importable) over the grid of issue 3: bf16 and f16,
+head_dim 64 and 128, causal and not, seq 1024..16384 with ``batch * seq = 16384`` and
+``heads = 2048 / head_dim``. It reports TFLOP/s (``4 * B * H * S^2 * D``, halved when
+causal), the ratio to cuDNN, the fraction of the bf16 matrix-product ceiling measured in
+the same run, memory, correctness against float64 and against naive, and the longest
+causal context (B=1, H=16, D=128) naive and flash reach on one device.
+
+Timing (METHOD.md): compile and warm up first; each repeat enqueues ``n`` calls
+back-to-back and blocks on the last, so host dispatch overlaps device work and the
+device is synchronised around the timed region; the median over repeats is reported, and
+a second, identical pass shows the noise. Inputs are random normal, never zeros.
+
+Off-GPU (``--quick`` or no GPU) it runs tiny shapes, pallas_gpu in Pallas interpret
+mode; those timings keep the code from rotting and are never quoted as performance.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import functools
+import math
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from pydantic import BaseModel, Field
+
+SCHEMA_VERSION = 1
+IMPLEMENTATIONS = ("naive", "xla", "cudnn", "pallas_gpu", "tokamax")
+GPU_SEQS = (1024, 2048, 4096, 8192, 16384)
+TOKENS = 16384
+MODEL_WIDTH = 2048  # heads * head_dim
+
+
+class BenchShape(BaseModel):
+    """One benchmark shape: q/k/v are ``[batch, seq, num_heads, head_dim]``."""
+
+    dtype: str
+    batch: int
+    seq: int
+    num_heads: int
+    head_dim: int
+    causal: bool
+
+    def flops(self) -> float:
+        """Forward FLOPs, ``4 * B * H * S^2 * D``, halved when causal."""
+        f = 4.0 * self.batch * self.num_heads * self.seq**2 * self.head_dim
+        return f / 2 if self.causal else f
+
+    def label(self) -> str:
+        return (f"{self.dtype} d{self.head_dim} {'causal' if self.causal else 'full'} "
+                f"B{self.batch} S{self.seq} H{self.num_heads}")
+
+
+class Timing(BaseModel):
+    """Seconds per call: median of ``repeats`` repeats of ``calls_per_repeat`` calls."""
+
+    median_s: float
+    min_s: float
+    max_s: float
+    repeats: int
+    calls_per_repeat: int
+
+
+class BenchRow(BaseModel):
+    """One (shape, implementation) measurement. TFLOP/s from the first timing pass;
+    ``tflops_pass2`` is the same version timed again (noise)."""
+
+    shape: BenchShape
+    implementation: str
+    config: dict[str, Any] | None = None
+    ok: bool = False
+    error: str | None = None
+    compile_s: float | None = None
+    timing: Timing | None = None
+    timing_pass2: Timing | None = None
+    tflops: float | None = None
+    tflops_pass2: float | None = None
+    ratio_to_cudnn: float | None = None
+    fraction_of_matmul_ceiling: float | None = None
+    temp_bytes: int | None = Field(None, description="compiler memory analysis: scratch")
+    peak_bytes: int | None = Field(
+        None, description="arguments + outputs + scratch of the compiled call, bytes")
+    rel_error_vs_reference: float | None = Field(
+        None, description="||out-ref||/||ref|| on sampled rows vs float64 NumPy")
+    rel_error_vs_naive: float | None = None
+    error_ratio_to_naive: float | None = None
+    correct: bool | None = None
+
+
+class LongContextRow(BaseModel):
+    """Causal B=1, H=16, D=128 bf16 at one sequence length."""
+
+    implementation: str
+    seq: int
+    ok: bool
+    median_s: float | None = None
+    tflops: float | None = None
+    temp_bytes: int | None = None
+    device_peak_bytes_in_use: int | None = None
+    error: str | None = None
+
+
+class BenchReport(BaseModel):
+    """The whole benchmark run (written as JSON by ``--out``)."""
+
+    schema_version: int = SCHEMA_VERSION
+    created_at: str
+    command: str
+    jax_version: str
+    backend: str
+    device_kind: str
+    interpret_mode: bool = Field(description="pallas_gpu ran interpreted: not performance")
+    matmul_ceiling_tflops: float
+    matmul_shape: tuple[int, int, int]
+    rows: list[BenchRow]
+    long_context: list[LongContextRow]
+    longest_causal_context: dict[str, int | None]
+    geomean_ratio_pallas_to_cudnn: float | None
+    geomean_ratio_by_group: dict[str, float]
+    correctness_tolerance: str
+
+
+# --------------------------------------------------------------------------- timing
+
+
+def _block(x: Any) -> None:
+    jax.block_until_ready(x)
+
+
+def time_call(fn: Callable[..., Any], args: Sequence[Any], *, repeats: int = 11,
+              target_repeat_s: float = 0.02, max_calls: int = 200,
+              warmup_s: float = 0.25) -> Timing:
+    """Time ``fn(*args)`` (already compiled) in seconds per call.
+
+    Warm-up runs for ``warmup_s`` of wall time first: an H200 idles at ~345 MHz and
+    needs a busy stretch to reach its 1980 MHz clock. The calls per repeat come from
+    the fastest of the last warm-up calls, so that one repeat lasts about
+    ``target_repeat_s``; each repeat enqueues them back-to-back and synchronises on
+    the last result, and the host clock is read after synchronisation only.
+    """
+    singles: list[float] = []
+    deadline = time.perf_counter() + warmup_s
+    while len(singles) < 3 or time.perf_counter() < deadline:
+        t0 = time.perf_counter()
+        _block(fn(*args))
+        singles.append(time.perf_counter() - t0)
+    single = max(min(singles[-3:]), 1e-6)
+    calls = int(min(max_calls, max(1, math.ceil(target_repeat_s / single))))
+    samples = []
+    for _ in range(repeats):
+        _block(args)
+        t0 = time.perf_counter()
+        out = None
+        for _ in range(calls):
+            out = fn(*args)
+        _block(out)
+        samples.append((time.perf_counter() - t0) / calls)
+    return Timing(median_s=statistics.median(samples), min_s=min(samples),
+                  max_s=max(samples), repeats=repeats, calls_per_repeat=calls)
+
+
+def compile_and_warm(fn: Callable[..., Any], args: Sequence[Any]):
+    """``jax.jit`` ``fn``, run it once on ``args`` (compiling); return (jitted,
+    seconds, temp_bytes, peak_bytes), memory from the compiler's memory analysis.
+
+    The jitted function (not the ``Compiled`` object) is what gets timed: its C++
+    dispatch path costs microseconds, where ``Compiled.__call__`` costs ~0.2 ms and
+    would dominate the 0.1 ms kernels of the small shapes."""
+    jitted = jax.jit(fn)
+    t0 = time.perf_counter()
+    _block(jitted(*args))
+    seconds = time.perf_counter() - t0
+    temp = peak = None
+    try:
+        mem = jitted.lower(*args).compile().memory_analysis()
+        temp = int(mem.temp_size_in_bytes)
+        peak = int(mem.temp_size_in_bytes + mem.argument_size_in_bytes
+                   + mem.output_size_in_bytes)
+    except Exception:  # noqa: BLE001 - not every backend reports memory analysis
+        pass
+    return jitted, seconds, temp, peak
+
+
+def matmul_ceiling(size: int, dtype: Any = jnp.bfloat16, repeats: int = 11,
+                   warmup_s: float = 0.25) -> float:
+    """Measured TFLOP/s of a ``size^3`` matrix product (random inputs) on the device."""
+    ka, kb = jax.random.split(jax.random.key(7))
+    a = jax.random.normal(ka, (size, size), dtype)
+    b = jax.random.normal(kb, (size, size), dtype)
+    compiled, *_ = compile_and_warm(lambda x, y: x @ y, (a, b))
+    timing = time_call(compiled, (a, b), repeats=repeats, warmup_s=warmup_s)
+    return 2.0 * size**3 / timing.median_s / 1e12
+
+
+# --------------------------------------------------------------------------- implementations
+
+
+def attention_fn(name: str, shape: BenchShape, config: dict[str, Any] | None):
+    """A jittable ``fn(q, k, v) -> out`` for one implementation, or raise
+    ``NotImplementedError`` / ``ImportError`` when it cannot run here."""
+    scale = 1.0 / math.sqrt(shape.head_dim)
+    if name == "tokamax":
+        import tokamax  # noqa: PLC0415 - optional
+
+        return functools.partial(tokamax.dot_product_attention, is_causal=shape.causal,
+                                 scale=scale)
+    from kernels.api import IMPLEMENTATIONS as REGISTRY  # noqa: PLC0415
+    from kernels.api import attention, default_backend  # noqa: PLC0415
+    from kernels.config import BlockSizes  # noqa: PLC0415
+    from kernels.contract import validate  # noqa: PLC0415
+
+    impl = REGISTRY[name]
+    probe = jax.ShapeDtypeStruct((shape.batch, shape.seq, shape.num_heads, shape.head_dim),
+                                 jnp.dtype(shape.dtype))
+    spec, _, _ = validate(probe, probe, probe, causal=shape.causal, scale=scale)
+    backend = default_backend()
+    if not (name == "pallas_gpu" and backend == "cpu"):  # interpreted off-GPU on purpose
+        impl.check(spec, backend)
+    block = BlockSizes(**config) if config else None
+    return functools.partial(attention, causal=shape.causal, scale=scale,
+                             implementation=name, config=block)
+
+
+def pallas_config(shape: BenchShape) -> dict[str, Any] | None:
+    """The tuned pallas_gpu config for ``shape`` from gpu_table.json (None: default)."""
+    from kernels.autotune import select_pallas_config  # noqa: PLC0415
+
+    dims = (shape.batch, shape.seq, shape.num_heads, shape.head_dim)
+    return select_pallas_config(dims, dims, shape.dtype, shape.causal)
+
+
+# --------------------------------------------------------------------------- correctness
+
+
+def reference_rows(q, k, v, *, causal: bool, scale: float, pairs, rows) -> np.ndarray:
+    """Float64 NumPy attention for selected query rows of selected (batch, head) pairs.
+
+    Returns ``[len(pairs), len(rows), head_dim]``. Every key is used (causal masks
+    ``j > i`` with the absolute row index ``i``), so it is exact attention for those
+    rows, at a cost linear in ``seq`` per row; large shapes stay cheap to check.
+    """
+    out = []
+    for b, h in pairs:
+        qs = np.asarray(q[b, rows, h], np.float64)
+        ks = np.asarray(k[b, :, h], np.float64)
+        vs = np.asarray(v[b, :, h], np.float64)
+        logits = (qs @ ks.T) * scale
+        if causal:
+            logits = np.where(np.arange(ks.shape[0])[None, :] <= rows[:, None], logits,
+                              -np.inf)
+        logits -= logits.max(axis=1, keepdims=True)
+        p = np.exp(logits)
+        out.append((p / p.sum(axis=1, keepdims=True)) @ vs)
+    return np.stack(out)
+
+
+def _rel(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    if not np.all(np.isfinite(a)):
+        return float("inf")
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+def _sampled(out, pairs, rows) -> np.ndarray:
+    return np.stack([np.asarray(out[b, rows, h].astype(jnp.float32)) for b, h in pairs])
+
+
+ERROR_RATIO_LIMIT = 2.0
+ERROR_FLOOR = {"bfloat16": 1e-3, "float16": 2e-4, "float32": 1e-6}
+TOLERANCE_TEXT = (f"finite, and rel. error vs float64 <= {ERROR_RATIO_LIMIT} x max(naive's "
+                  f"own rel. error, floor {ERROR_FLOOR})")
+
+
+# --------------------------------------------------------------------------- the run
+
+
+def grid(quick: bool, seqs: Sequence[int] | None = None,
+         dtypes: Sequence[str] = ("bfloat16", "float16"),
+         head_dims: Sequence[int] = (64, 128)) -> list[BenchShape]:
+    """Benchmark shapes. GPU: ``batch * seq = 16384``, ``heads = 2048 / head_dim``.
+    Quick/CPU: ``batch = 2``, ``heads = 2``, seq 64/128 (correctness smoke only)."""
+    shapes = []
+    for dtype in dtypes:
+        for head_dim in head_dims:
+            for causal in (False, True):
+                for seq in seqs or ((64, 128) if quick else GPU_SEQS):
+                    batch = 2 if quick else max(1, TOKENS // seq)
+                    heads = 2 if quick else MODEL_WIDTH // head_dim
+                    shapes.append(BenchShape(dtype=dtype, batch=batch, seq=seq,
+                                             num_heads=heads, head_dim=head_dim,
+                                             causal=causal))
+    return shapes
+
+
+def _inputs(shape: BenchShape, seed: int):
+    keys = jax.random.split(jax.random.key(seed), 3)
+    dims = (shape.batch, shape.seq, shape.num_heads, shape.head_dim)
+    return tuple(jax.random.normal(key, dims, jnp.dtype(shape.dtype)) for key in keys)
+
+
+def _short(err: BaseException) -> str:
+    return f"{type(err).__name__}: {str(err).splitlines()[0][:300] if str(err) else ''}"
+
+
+def bench_shape(shape: BenchShape, implementations: Sequence[str], *, seed: int,
+                ceiling: float, repeats: int, target_repeat_s: float,
+                warmup_s: float = 0.25, sample_pairs: int = 2,
+                sample_rows: int = 128) -> list[BenchRow]:
+    """Compile, check and time every implementation on one shape (fresh random inputs)."""
+    q, k, v = _inputs(shape, seed)
+    rng = np.random.default_rng(seed)
+    pairs = [(int(rng.integers(shape.batch)), int(rng.integers(shape.num_heads)))
+             for _ in range(sample_pairs)]
+    rows = np.sort(rng.choice(shape.seq, size=min(sample_rows, shape.seq), replace=False))
+    q_h, k_h, v_h = (np.asarray(x.astype(jnp.float32)) for x in (q, k, v))
+    ref = reference_rows(q_h, k_h, v_h, causal=shape.causal,
+                         scale=1.0 / math.sqrt(shape.head_dim), pairs=pairs, rows=rows)
+    del q_h, k_h, v_h
+    naive_out = None
+    results: list[BenchRow] = []
+    for name in implementations:
+        config = pallas_config(shape) if name == "pallas_gpu" else None
+        row = BenchRow(shape=shape, implementation=name, config=config)
+        try:
+            fn = attention_fn(name, shape, config)
+            compiled, row.compile_s, row.temp_bytes, row.peak_bytes = compile_and_warm(
+                fn, (q, k, v))
+            out = compiled(q, k, v)
+            row.rel_error_vs_reference = _rel(_sampled(out, pairs, rows), ref)
+            if name == "naive":
+                naive_out = out
+            elif naive_out is not None:
+                row.rel_error_vs_naive = _rel(out.astype(jnp.float32),
+                                              naive_out.astype(jnp.float32))
+            del out
+            timing = functools.partial(time_call, compiled, (q, k, v), repeats=repeats,
+                                       target_repeat_s=target_repeat_s, warmup_s=warmup_s)
+            row.timing, row.timing_pass2 = timing(), timing()
+            row.tflops = shape.flops() / row.timing.median_s / 1e12
+            row.tflops_pass2 = shape.flops() / row.timing_pass2.median_s / 1e12
+            row.fraction_of_matmul_ceiling = row.tflops / ceiling
+            row.ok = True
+        except (NotImplementedError, ImportError) as err:
+            row.error = "unsupported: " + _short(err)
+        except Exception as err:  # noqa: BLE001 - a failing kernel is a result, not a crash
+            row.error = _short(err)
+        results.append(row)
+    naive_err = next((r.rel_error_vs_reference for r in results
+                      if r.implementation == "naive" and r.ok), None)
+    cudnn = next((r for r in results if r.implementation == "cudnn" and r.ok), None)
+    for row in results:
+        if not row.ok:
+            continue
+        floor = ERROR_FLOOR[shape.dtype]
+        base = max(naive_err if naive_err is not None else floor, floor)
+        row.error_ratio_to_naive = row.rel_error_vs_reference / base
+        row.correct = bool(math.isfinite(row.rel_error_vs_reference)
+                           and row.error_ratio_to_naive <= ERROR_RATIO_LIMIT)
+        if cudnn is not None and row.tflops:
+            row.ratio_to_cudnn = row.tflops / cudnn.tflops
+    return results
+
+
+def long_context(implementations: Sequence[str], seqs: Sequence[int], *, heads: int,
+                 head_dim: int, repeats: int, quick: bool = False) -> list[LongContextRow]:
+    """Causal bf16 B=1 attention at doubling lengths until an implementation fails
+    (out of memory or compile failure); the first failure ends that implementation."""
+    results = []
+    for name in implementations:
+        for seq in seqs:
+            shape = BenchShape(dtype="bfloat16", batch=1, seq=seq, num_heads=heads,
+                               head_dim=head_dim, causal=True)
+            row = LongContextRow(implementation=name, seq=seq, ok=False)
+            try:
+                config = pallas_config(shape) if name == "pallas_gpu" else None
+                fn = attention_fn(name, shape, config)
+                q, k, v = _inputs(shape, seed=seq)
+                compiled, _, row.temp_bytes, _ = compile_and_warm(fn, (q, k, v))
+                timing = time_call(compiled, (q, k, v), repeats=repeats, max_calls=3,
+                                   warmup_s=0.0 if quick else 0.25)
+                row.median_s = timing.median_s
+                row.tflops = shape.flops() / timing.median_s / 1e12
+                stats = jax.devices()[0].memory_stats() or {}
+                row.device_peak_bytes_in_use = stats.get("peak_bytes_in_use")
+                row.ok = True
+                del q, k, v, compiled
+            except Exception as err:  # noqa: BLE001 - OOM / compile failure is the finding
+                row.error = _short(err)
+            results.append(row)
+            if not row.ok:
+                break
+    return results
+
+
+def _geomean(values: Sequence[float]) -> float | None:
+    values = [v for v in values if v and v > 0]
+    return math.exp(sum(map(math.log, values)) / len(values)) if values else None
+
+
+def summarize_ratios(rows: Sequence[BenchRow]) -> tuple[float | None, dict[str, float]]:
+    """Geometric mean of TFLOP/s(pallas_gpu)/TFLOP/s(cudnn), overall and per
+    (dtype, head_dim, causal) group."""
+    ratios = [r for r in rows if r.implementation == "pallas_gpu" and r.ratio_to_cudnn]
+    groups: dict[str, list[float]] = {}
+    for r in ratios:
+        key = f"{r.shape.dtype} d{r.shape.head_dim} {'causal' if r.shape.causal else 'full'}"
+        groups.setdefault(key, []).append(r.ratio_to_cudnn)
+    by_group = {k: g for k, v in groups.items() if (g := _geomean(v)) is not None}
+    return _geomean([r.ratio_to_cudnn for r in ratios]), by_group
+
+
+def format_table(report: BenchReport) -> str:
+    """Plain-text table: TFLOP/s per implementation, pallas/cuDNN, correctness."""
+    impls = [n for n in IMPLEMENTATIONS if any(r.implementation == n and r.ok
+                                                 for r in report.rows)]
+    head = f"{'shape':38s}" + "".join(f"{n:>11s}" for n in impls)
+    head += f"{'pal/cudnn':>10s}{'pal/ceil':>9s}{'pal err':>9s}{'noise%':>7s}  ok"
+    lines = [head]
+    by_shape: dict[str, dict[str, BenchRow]] = {}
+    for r in report.rows:
+        by_shape.setdefault(r.shape.label(), {})[r.implementation] = r
+    for label, cells in by_shape.items():
+        line = f"{label:38s}"
+        for n in impls:
+            r = cells.get(n)
+            line += f"{r.tflops:11.1f}" if r and r.ok else f"{'-':>11s}"
+        p = cells.get("pallas_gpu")
+        if p and p.ok:
+            noise = 100 * abs(p.tflops_pass2 - p.tflops) / p.tflops
+            ratio = f"{p.ratio_to_cudnn:10.3f}" if p.ratio_to_cudnn else f"{'-':>10s}"
+            line += (f"{ratio}{p.fraction_of_matmul_ceiling:9.3f}"
+                     f"{p.rel_error_vs_reference:9.1e}{noise:7.1f}")
+        else:
+            line += f"{'-':>10s}{'-':>9s}{'-':>9s}{'-':>7s}"
+        wrong = [n for n, r in cells.items() if r.ok and not r.correct]
+        line += "  " + ("yes" if not wrong else "NO:" + ",".join(wrong))
+        lines.append(line)
+    lines.append(f"matmul ceiling ({report.matmul_shape[0]}^3, bf16 on GPU): "
+                 f"{report.matmul_ceiling_tflops:.1f} TFLOP/s; device {report.device_kind}; "
+                 f"jax {report.jax_version}" + ("; INTERPRET MODE, not performance"
+                                               if report.interpret_mode else ""))
+    if report.geomean_ratio_pallas_to_cudnn is not None:
+        lines.append(f"geomean TFLOP/s(pallas_gpu)/TFLOP/s(cudnn): "
+                     f"{report.geomean_ratio_pallas_to_cudnn:.3f}")
+        for k, g in report.geomean_ratio_by_group.items():
+            lines.append(f"  {k}: {g:.3f}")
+    lines.append("longest causal context (B=1): " + ", ".join(
+        f"{k}={v}" for k, v in report.longest_causal_context.items()))
+    for r in report.long_context:
+        lines.append(f"  {r.implementation:11s} S={r.seq:<7d} "
+                     + (f"{r.median_s * 1e3:9.2f} ms {r.tflops:7.1f} TFLOP/s temp "
+                        f"{(r.temp_bytes or 0) / 1e9:.2f} GB" if r.ok else f"FAIL {r.error}"))
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> BenchReport:
+    """Run the benchmark described by parsed CLI ``args``; return the report."""
+    backend = jax.default_backend()
+    on_gpu = backend in ("gpu", "cuda")
+    quick = args.quick or not on_gpu
+    impls = [n for n in args.implementations if n in IMPLEMENTATIONS]
+    ceiling = matmul_ceiling(256 if quick else 8192, jnp.float32 if quick else jnp.bfloat16,
+                             warmup_s=0.0 if quick else 0.25)
+    rows: list[BenchRow] = []
+    for i, shape in enumerate(grid(quick, args.seqs, args.dtypes, args.head_dims)):
+        rows += bench_shape(shape, impls, seed=args.seed + i, ceiling=ceiling,
+                            repeats=3 if quick else args.repeats,
+                            target_repeat_s=0.0 if quick else args.target_repeat_s,
+                            warmup_s=0.0 if quick else 0.25)
+        print(f"[bench] {shape.label()} done", file=sys.stderr, flush=True)
+    long_seqs = args.long_seqs or ([128, 256] if quick else
+                                   [16384 * 2**i for i in range(4)])
+    flash = [n for n in ("pallas_gpu", "cudnn", "naive") if n in impls]
+    longs = long_context(flash, long_seqs, heads=2 if quick else 16,
+                         head_dim=32 if quick else 128, repeats=2 if quick else 3,
+                         quick=quick)
+    longest = {n: max((r.seq for r in longs if r.implementation == n and r.ok), default=None)
+               for n in flash}
+    geo, by_group = summarize_ratios(rows)
+    return BenchReport(
+        created_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        command=" ".join(["python -m kernels.bench", *sys.argv[1:]]),
+        jax_version=jax.__version__, backend=backend,
+        device_kind=jax.devices()[0].device_kind, interpret_mode=not on_gpu,
+        matmul_ceiling_tflops=ceiling,
+        matmul_shape=(256, 256, 256) if quick else (8192, 8192, 8192),
+        rows=rows, long_context=longs, longest_causal_context=longest,
+        geomean_ratio_pallas_to_cudnn=geo, geomean_ratio_by_group=by_group,
+        correctness_tolerance=TOLERANCE_TEXT)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m kernels.bench", description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--out", type=Path, help="write the JSON report here")
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny shapes (always the case without a GPU; not performance)")
+    parser.add_argument("--implementations", nargs="+", default=list(IMPLEMENTATIONS),
+                        choices=IMPLEMENTATIONS)
+    parser.add_argument("--dtypes", nargs="+", default=["bfloat16", "float16"],
+                        choices=["bfloat16", "float16", "float32"])
+    parser.add_argument("--head-dims", nargs="+", type=int, default=[64, 128])
+    parser.add_argument("--seqs", nargs="+", type=int, default=None,
+                        help="sequence lengths (default 1024..16384, batch*seq=16384)")
+    parser.add_argument("--long-seqs", nargs="+", type=int, default=None,
+                        help="causal lengths for the longest-context probe "
+                             "(default 16384..131072)")
+    parser.add_argument("--repeats", type=int, default=11, help="timed repeats per pass")
+    parser.add_argument("--target-repeat-s", type=float, default=0.02,
+                        help="seconds of back-to-back calls per repeat")
+    parser.add_argument("--seed", type=int, default=0)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI entry point; returns 0 when every successful row is correct, else 1."""
+    args = build_parser().parse_args(argv)
+    report = run(args)
+    print(format_table(report))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(report.model_dump_json(indent=1))
+    return 0 if all(r.correct for r in report.rows if r.ok) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

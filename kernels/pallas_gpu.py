@@ -1,0 +1,397 @@
+"""Flash-attention forward kernel for NVIDIA GPUs, written with Pallas (Triton lowering).
+
+Algorithm: FlashAttention-2 forward (Dao, 2023, arXiv:2307.08691). Each program of the
+launch grid owns one block of ``block_q`` query rows of one (batch, head) pair and walks
+the key/value sequence in blocks of ``block_kv`` rows, keeping a running maximum ``m``,
+a running sum ``l`` and an unnormalised float32 accumulator in registers (online
+softmax); the ``[q_len, kv_len]`` logits matrix is never materialised. Exponentials are
+taken in base 2 with ``scale * log2(e)`` folded in, one fused multiply-add per logit.
+
+The key/value walk is split in two loops: blocks every query row of the program may
+fully see run without any mask; only the blocks that straddle the causal diagonal or the
+example's ``kv_length`` (and padding) pay for the mask. Blocks entirely above the causal
+diagonal or past ``kv_length`` are never loaded.
+
+Why the Triton lowering (not Mosaic GPU): it compiles with JAX 0.10.2 and 0.11.2
+alike, runs on the CPU in Pallas interpret mode for the tests, and Triton emits Hopper
+``wgmma`` for the tile products on sm_90. BENCHMARKS.md has the measured comparison.
+
+Contract (``kernels.contract``): q ``[batch, q_len, num_heads, head_dim]``, k/v
+``[batch, kv_len, num_kv_heads, head_dim]``; GQA reads kv head
+``h // (num_heads // num_kv_heads)`` through the BlockSpec index map, so repeated K/V
+are never materialised; causal is top-left (key ``j > i`` masked); a query row that
+sees no key returns zeros; output shaped and typed like q.
+
+Off-GPU the kernel runs in Pallas interpret mode (tests); ``export_context("cuda")`` and
+``export_disabled_checks("cuda")`` let ``jax.export`` serialise the native Triton kernel
+from a CPU-only host.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+KERNEL_NAME = "kernelgate_flash_attention_fwd_gpu"
+"""Name of the ``pallas_call``: visible in HLO dumps and profiler traces."""
+
+SUPPORTED_DTYPES = ("bfloat16", "float16", "float32")
+MAX_HEAD_DIM = 256
+_GPU_PLATFORMS = ("gpu", "cuda")
+_RUNNABLE_PLATFORMS = (*_GPU_PLATFORMS, "cpu")  # cpu: Pallas interpret mode
+_LOG2_E = math.log2(math.e)
+
+_TRITON_LOWERING = jax.make_user_context(default_value=False)
+
+
+def triton_lowering():
+    """Context manager: trace the kernel for the Triton lowering (a real NVIDIA GPU)
+    even on a host without one, e.g. around ``jax.export.export(..., platforms=["cuda"])``.
+
+    The flag is a ``jax.make_user_context``, part of jit's cache key, so a function
+    traced for the interpreter is re-traced inside it rather than reused.
+    """
+    return _TRITON_LOWERING(True)
+
+
+def export_context(platform: str) -> contextlib.AbstractContextManager:
+    """The context ``kernels.build`` exports under for a ``jax.export`` platform name:
+    :func:`triton_lowering` for ``"cuda"``, nothing otherwise (other platforms get the
+    interpreter, which is what runs there)."""
+    return triton_lowering() if platform == "cuda" else contextlib.nullcontext()
+
+
+TRITON_CUSTOM_CALL = "__gpu$xla.gpu.triton"
+"""Custom-call target of a Pallas Triton kernel in lowered HLO."""
+
+
+def export_disabled_checks(platform: str) -> list:
+    """``disabled_checks`` for ``jax.export.export`` on ``platform``. The Triton custom
+    call embeds Triton IR that is tied to the jaxlib that lowered it, so JAX gives it no
+    compatibility guarantee and refuses to serialise it unless this check is disabled.
+    An artifact exported this way should be loaded with the same jaxlib version."""
+    if platform != "cuda":
+        return []
+    from jax import export as jax_export
+
+    return [jax_export.DisabledSafetyCheck.custom_call(TRITON_CUSTOM_CALL)]
+
+
+class GpuFlashConfig(BaseModel):
+    """Tiling of the GPU flash-attention kernel.
+
+    ``block_q``/``block_kv``: query/key rows per tile (powers of two, >= 16, a Triton
+    constraint on tensor shapes and ``tl.dot``). ``num_warps``: warps per program;
+    ``num_stages``: Triton software-pipelining depth of the key/value loop (``None``:
+    Triton's default). Values per shape come from ``kernels.autotune`` (gpu_table.json).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    block_q: int = Field(128, ge=16, le=256)
+    block_kv: int = Field(64, ge=16, le=256)
+    num_warps: int | None = Field(None, ge=1, le=16)
+    num_stages: int | None = Field(None, ge=1, le=8)
+
+    @field_validator("block_q", "block_kv")
+    @classmethod
+    def _power_of_two(cls, value: int) -> int:
+        if value & (value - 1):
+            raise ValueError(f"block size must be a power of two (Triton tiles), got {value}")
+        return value
+
+
+def default_config(head_dim: int) -> GpuFlashConfig:
+    """Documented default tiling when no measured entry applies.
+
+    The winners of the first H200 sweep (JAX 0.11.2, bf16, seq 1024..16384; see
+    kernels/NOTES-gpu.md): 64x64 tiles with 4 warps and 3 stages at head_dim <= 64,
+    128x128 tiles with 8 warps (two warpgroups of 64 rows) and 3 stages at 128; at 256
+    smaller tiles so the accumulator and the K/V stages fit registers and shared
+    memory (not measured). Measured choices in gpu_table.json take precedence.
+    """
+    padded = _padded_head_dim(head_dim)
+    if padded <= 64:
+        return GpuFlashConfig(block_q=64, block_kv=64, num_warps=4, num_stages=3)
+    if padded <= 128:
+        return GpuFlashConfig(block_q=128, block_kv=128, num_warps=8, num_stages=3)
+    return GpuFlashConfig(block_q=64, block_kv=32, num_warps=4, num_stages=2)
+
+
+def as_config(config: Any, head_dim: int) -> GpuFlashConfig:
+    """Coerce ``None``, a mapping, or any object with block fields (e.g.
+    ``kernels.config.BlockSizes``) to :class:`GpuFlashConfig`; missing warps/stages
+    keep the head_dim default. Raises ``pydantic.ValidationError`` on bad values."""
+    base = default_config(head_dim)
+    if config is None:
+        return base
+    if isinstance(config, GpuFlashConfig):
+        return config
+    if isinstance(config, Mapping):
+        fields = dict(config)
+    elif isinstance(config, BaseModel):
+        fields = config.model_dump()
+    else:
+        fields = {name: getattr(config, name) for name in GpuFlashConfig.model_fields
+                  if hasattr(config, name)}
+    merged = base.model_dump()
+    merged.update({k: v for k, v in fields.items() if v is not None and k in merged})
+    return GpuFlashConfig(**merged)
+
+
+def _padded_head_dim(head_dim: int) -> int:
+    # Triton tensors need power-of-two extents, and tl.dot a contraction of >= 16.
+    return max(16, 1 << (head_dim - 1).bit_length())
+
+
+def _is_gpu_backend() -> bool:
+    return jax.default_backend() in _GPU_PLATFORMS
+
+
+def check_supported(q_shape: Any, kv_shape: Any = None, dtype: Any = None,
+                    backend: str | None = None) -> None:
+    """Raise ``NotImplementedError`` with the reason when this kernel cannot run natively.
+
+    Two call forms: ``check_supported(q_shape, kv_shape, dtype, backend)`` and the
+    registry's ``check_supported(spec, backend)`` with a ``kernels.contract.AttentionSpec``.
+
+    Args:
+      q_shape: ``(batch, q_len, num_heads, head_dim)``.
+      kv_shape: ``(batch, kv_len, num_kv_heads, head_dim)``.
+      dtype: input dtype (bfloat16, float16 or float32).
+      backend: JAX backend or platform name: ``"gpu"``/``"cuda"`` run natively, ``"cpu"``
+        in Pallas interpret mode (slow; for tests). The registry keeps ``auto`` off
+        pallas_gpu on CPU through its native platforms, not through this check.
+    """
+    if hasattr(q_shape, "head_dim") and hasattr(q_shape, "kv_len"):
+        spec, backend = q_shape, kv_shape if backend is None else backend
+        q_shape = (spec.batch, spec.q_len, spec.num_heads, spec.head_dim)
+        kv_shape = (spec.batch, spec.kv_len, spec.num_kv_heads, spec.head_dim)
+        dtype = spec.dtype
+    if backend not in _RUNNABLE_PLATFORMS:
+        raise NotImplementedError(
+            f"pallas_gpu is native to NVIDIA GPUs (Triton lowering) and runs interpreted "
+            f"on the CPU for tests; backend {backend!r} is neither")
+    name = jnp.dtype(dtype).name
+    if name not in SUPPORTED_DTYPES:
+        raise NotImplementedError(f"pallas_gpu supports {SUPPORTED_DTYPES}, got {name}")
+    head_dim = q_shape[-1]
+    if head_dim > MAX_HEAD_DIM:
+        raise NotImplementedError(
+            f"pallas_gpu supports head_dim <= {MAX_HEAD_DIM} (accumulator must fit "
+            f"registers), got {head_dim}")
+    if kv_shape[-1] != head_dim:
+        raise NotImplementedError(
+            f"pallas_gpu needs the same head_dim for q and k/v, got {head_dim} and "
+            f"{kv_shape[-1]}")
+
+
+def _dot(a, b, *, contract_rhs: int, precision):
+    # lax.dot_general (pl.dot raises in JAX 0.11): float32 accumulation; contracting
+    # the rhs on dim 1 is q @ k^T without materialising the transpose.
+    return lax.dot_general(a, b, (((1,), (contract_rhs,)), ((), ())), precision=precision,
+                           preferred_element_type=jnp.float32)
+
+
+def _online_softmax_step(carry, s, v, *, qk_scale_log2, mask, precision):
+    """One key/value block of the FlashAttention-2 recurrence (float32 state).
+
+    ``s``: raw logits ``[block_q, block_kv]``; the running max ``m`` is kept in raw
+    logit units so that ``exp2(s * c - m * c)`` is one fused multiply-add per element
+    (``c = scale * log2(e) > 0`` preserves the max). ``mask`` is None for blocks every
+    row fully sees. Masked entries become -inf; a row with every key masked so far
+    keeps ``m = -inf``, and the guard keeps ``exp2(-inf - -inf)`` from making NaN.
+    """
+    acc, m_prev, l_prev = carry
+    if mask is not None:
+        s = jnp.where(mask, s, -jnp.inf)
+    m_next = jnp.maximum(m_prev, jnp.max(s, axis=1))
+    m_safe = jnp.where(m_next == -jnp.inf, 0.0, m_next) if mask is not None else m_next
+    m_scaled = m_safe * qk_scale_log2
+    alpha = jnp.exp2(m_prev * qk_scale_log2 - m_scaled)
+    p = jnp.exp2(s * qk_scale_log2 - m_scaled[:, None])
+    l_next = l_prev * alpha + jnp.sum(p, axis=1)
+    pv = _dot(p.astype(v.dtype), v, contract_rhs=0, precision=precision)
+    acc = acc * alpha[:, None] + pv
+    return acc, m_next, l_next
+
+
+def _flash_fwd_kernel(*refs, causal: bool, qk_scale_log2: float, block_q: int,
+                      block_kv: int, num_q_blocks: int, q_len: int, kv_len: int,
+                      has_q_lengths: bool, has_kv_lengths: bool, precision):
+    refs = list(refs)
+    q_len_ref = refs.pop(0) if has_q_lengths else None
+    kv_len_ref = refs.pop(0) if has_kv_lengths else None
+    q_ref, k_ref, v_ref, o_ref = refs
+
+    q_block = pl.program_id(0)
+    if causal:
+        # Blocks near the bottom of the causal triangle carry the most work: launch them
+        # first so the short ones fill the tail of the wave.
+        q_block = num_q_blocks - 1 - q_block
+    q_start = q_block * block_q
+
+    # kv_end: keys at or past it are padding (static when no kv_lengths are given).
+    kv_end = jnp.minimum(kv_len_ref[0], kv_len) if has_kv_lengths else kv_len
+    q_end = jnp.minimum(q_len_ref[0], q_len) if has_q_lengths else q_len
+
+    q = q_ref[...]
+    rows = q_start + lax.broadcasted_iota(jnp.int32, (block_q, block_kv), 0)
+    cols0 = lax.broadcasted_iota(jnp.int32, (block_q, block_kv), 1)
+
+    def block_body(j, carry, masked):
+        start = pl.multiple_of(j * block_kv, block_kv)
+        k = k_ref[pl.ds(start, block_kv), :]
+        v = v_ref[pl.ds(start, block_kv), :]
+        s = _dot(q, k, contract_rhs=1, precision=precision)
+        mask = None
+        if masked:
+            cols = start + cols0
+            mask = cols < kv_end
+            if causal:
+                mask = jnp.logical_and(mask, cols <= rows)
+            # Padding rows of V may hold garbage (even NaN); p = 0 there, but 0 * NaN
+            # is NaN, so zero them in the (few) blocks that reach past kv_end.
+            v_rows = start + lax.broadcasted_iota(jnp.int32, (block_kv, v.shape[-1]), 0)
+            v = jnp.where(v_rows < kv_end, v, jnp.zeros_like(v))
+        return _online_softmax_step(carry, s, v, qk_scale_log2=qk_scale_log2, mask=mask,
+                                    precision=precision)
+
+    # Blocks [0, n_full) are visible to every row of this query block; [n_full, n_end)
+    # straddle the diagonal or kv_end; blocks from n_end on are skipped entirely.
+    if causal:
+        visible_end = jnp.minimum(kv_end, q_start + block_q)
+        full_end = jnp.minimum(kv_end, q_start + 1)
+    else:
+        visible_end = kv_end
+        full_end = kv_end
+    n_end = _floor_div(visible_end + block_kv - 1, block_kv)
+    n_full = _floor_div(full_end, block_kv)
+
+    head_dim = q.shape[-1]
+    carry = (jnp.zeros((block_q, head_dim), jnp.float32),
+             jnp.full((block_q,), -jnp.inf, jnp.float32),
+             jnp.zeros((block_q,), jnp.float32))
+    carry = lax.fori_loop(0, n_full, functools.partial(block_body, masked=False), carry)
+    static_no_tail = isinstance(n_full, int) and isinstance(n_end, int) and n_full == n_end
+    if not static_no_tail:
+        carry = lax.fori_loop(n_full, n_end, functools.partial(block_body, masked=True),
+                              carry)
+    acc, _, l_sum = carry
+
+    # Rows that saw no key (l == 0) and query padding return zeros by contract.
+    out_rows = q_start + lax.broadcasted_iota(jnp.int32, (block_q,), 0)
+    keep = jnp.logical_and(l_sum > 0.0, out_rows < q_end)
+    inv_l = jnp.where(keep, 1.0 / jnp.where(l_sum > 0.0, l_sum, 1.0), 0.0)
+    o_ref[...] = (acc * inv_l[:, None]).astype(o_ref.dtype)
+
+
+def _floor_div(x, divisor: int):
+    # Operands are non-negative, so truncating lax.div is floor division; it lowers to
+    # one Triton divsi where jnp's floor_divide adds sign fix-ups.
+    return x // divisor if isinstance(x, int) else lax.div(x, jnp.int32(divisor))
+
+
+def _round_up(x: int, multiple: int) -> int:
+    return -(-x // multiple) * multiple
+
+
+def pallas_gpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool,
+                         scale: float, q_lengths: jax.Array | None,
+                         kv_lengths: jax.Array | None, config: Any = None,
+                         interpret: bool | None = None) -> jax.Array:
+    """Flash-attention forward (FlashAttention-2) on an NVIDIA GPU through Pallas/Triton.
+
+    Args:
+      q: ``[batch, q_len, num_heads, head_dim]`` bfloat16/float16/float32.
+      k, v: ``[batch, kv_len, num_kv_heads, head_dim]``, same dtype;
+        ``num_heads % num_kv_heads == 0`` (GQA).
+      causal: mask key ``j > i`` for query ``i`` (top-left aligned).
+      scale: logit scale (the contract resolves ``None`` to ``1/sqrt(head_dim)``).
+      q_lengths, kv_lengths: optional int32 ``[batch]``; rows/keys at or past them are
+        padding (padded query rows return zeros).
+      config: :class:`GpuFlashConfig`, ``kernels.config.BlockSizes``, a mapping, or
+        ``None`` for :func:`default_config`.
+      interpret: run in Pallas interpret mode; ``None`` means "when the default backend
+        is not a GPU and no :func:`triton_lowering` context is active".
+
+    Returns:
+      Array shaped and typed like ``q``. Logits, softmax state and the accumulator are
+      float32; float32 inputs use IEEE (not TF32) products.
+
+    Lengths that are not multiples of the block sizes, and head_dim that is not a power
+    of two, are zero-padded here and masked inside the kernel.
+    """
+    batch, q_len, num_heads, head_dim = q.shape
+    _, kv_len, num_kv_heads, _ = k.shape
+    cfg = as_config(config, head_dim)
+    if interpret is None:
+        interpret = not (_is_gpu_backend() or _TRITON_LOWERING.value)
+    group = num_heads // num_kv_heads
+
+    # Blocks never larger than the (padded) sequence: tiny inputs stay tiny.
+    block_q = min(cfg.block_q, max(16, 1 << (q_len - 1).bit_length()))
+    block_kv = min(cfg.block_kv, max(16, 1 << (kv_len - 1).bit_length()))
+    d_pad = _padded_head_dim(head_dim)
+    q_pad, kv_pad = _round_up(q_len, block_q), _round_up(kv_len, block_kv)
+    if (q_pad, d_pad) != (q_len, head_dim):
+        q = jnp.pad(q, ((0, 0), (0, q_pad - q_len), (0, 0), (0, d_pad - head_dim)))
+    if (kv_pad, d_pad) != (kv_len, head_dim):
+        widths = ((0, 0), (0, kv_pad - kv_len), (0, 0), (0, d_pad - head_dim))
+        k, v = jnp.pad(k, widths), jnp.pad(v, widths)
+
+    num_q_blocks = q_pad // block_q
+    precision = lax.Precision.HIGHEST if q.dtype == jnp.float32 else None
+    kernel = functools.partial(
+        _flash_fwd_kernel, causal=causal, qk_scale_log2=float(scale) * _LOG2_E,
+        block_q=block_q, block_kv=block_kv, num_q_blocks=num_q_blocks, q_len=q_len,
+        kv_len=kv_len, has_q_lengths=q_lengths is not None,
+        has_kv_lengths=kv_lengths is not None, precision=precision)
+
+    def q_map(i, h, b):
+        return (b, num_q_blocks - 1 - i if causal else i, h, 0)
+
+    def kv_map(i, h, b):
+        return (b, 0, h // group, 0)
+
+    def len_map(i, h, b):
+        return (b,)
+
+    operands, in_specs = [], []
+    for lengths in (q_lengths, kv_lengths):
+        if lengths is not None:
+            operands.append(jnp.asarray(lengths, jnp.int32))
+            in_specs.append(pl.BlockSpec((1,), len_map))
+    operands += [q, k, v]
+    in_specs += [pl.BlockSpec((None, block_q, None, d_pad), q_map),
+                 pl.BlockSpec((None, kv_pad, None, d_pad), kv_map),
+                 pl.BlockSpec((None, kv_pad, None, d_pad), kv_map)]
+
+    compiler_params = None
+    if not interpret:
+        from jax.experimental.pallas import triton as pl_triton
+
+        compiler_params = pl_triton.CompilerParams(num_warps=cfg.num_warps,
+                                                   num_stages=cfg.num_stages)
+    out = pl.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+        grid=(num_q_blocks, num_heads, batch),
+        in_specs=in_specs,
+        out_specs=pl.BlockSpec((None, block_q, None, d_pad), q_map),
+        compiler_params=compiler_params,
+        interpret=interpret,
+        name=KERNEL_NAME,
+    )(*operands)
+    if (q_pad, d_pad) != (q_len, head_dim):
+        out = out[:, :q_len, :, :head_dim]
+    return out

@@ -1,0 +1,197 @@
+"""kernels.bench (tiny interpret-mode run, timing, correctness checks) and
+kernels.autotune (the measured GPU selection table behind ``auto``)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from kernels import autotune, bench
+from kernels.reference import attention_reference
+
+
+def test_quick_bench_cli_writes_a_correct_report(tmp_path):
+    out = tmp_path / "bench.json"
+    code = bench.main(["--quick", "--out", str(out), "--dtypes", "float32", "--head-dims", "32",
+                       "--seqs", "64", "--implementations", "naive", "xla", "pallas_gpu",
+                       "--long-seqs", "64", "128"])
+    assert code == 0
+    report = bench.BenchReport.model_validate_json(out.read_text())
+    assert report.interpret_mode and report.backend == "cpu"
+    assert {r.implementation for r in report.rows} == {"naive", "xla", "pallas_gpu"}
+    assert len(report.rows) == 2 * 3  # causal and not, three implementations
+    for row in report.rows:
+        assert row.ok, row.error
+        assert row.correct and row.rel_error_vs_reference < 1e-5
+        assert row.timing.median_s > 0 and row.tflops_pass2 > 0
+        if row.implementation != "naive":
+            assert row.rel_error_vs_naive < 1e-5
+    assert report.longest_causal_context == {"pallas_gpu": 128, "naive": 128}
+    assert report.geomean_ratio_pallas_to_cudnn is None  # no cuDNN on the CPU
+
+
+def test_help_mentions_the_options(capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--help"])
+    text = capsys.readouterr().out
+    for option in ("--out", "--quick", "--seqs", "--long-seqs"):
+        assert option in text
+
+
+def test_gpu_grid_follows_the_issue():
+    shapes = bench.grid(quick=False)
+    assert len(shapes) == 2 * 2 * 2 * 5
+    for s in shapes:
+        assert s.batch * s.seq == 16384 and s.num_heads * s.head_dim == 2048
+    assert {s.seq for s in shapes} == {1024, 2048, 4096, 8192, 16384}
+
+
+def test_flops_formula():
+    shape = bench.BenchShape(dtype="bfloat16", batch=2, seq=1024, num_heads=16, head_dim=128,
+                             causal=False)
+    assert shape.flops() == 17_179_869_184  # 4*2*16*1024^2*128, by hand
+    assert shape.model_copy(update={"causal": True}).flops() == 8_589_934_592
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_sampled_row_reference_equals_full_reference(causal):
+    rng = np.random.default_rng(1)
+    q, k, v = (rng.standard_normal((2, 40, 3, 16)) for _ in range(3))
+    rows = np.array([0, 7, 39])
+    pairs = [(0, 2), (1, 0)]
+    got = bench.reference_rows(q, k, v, causal=causal, scale=0.25, pairs=pairs, rows=rows)
+    full = attention_reference(q, k, v, causal=causal, scale=0.25)
+    want = np.stack([full[b, rows, h] for b, h in pairs])
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_time_call_measures_seconds_per_call():
+    def sleepy(x):
+        time.sleep(0.004)
+        return x
+
+    timing = bench.time_call(sleepy, (np.ones(3),), repeats=3, target_repeat_s=0.02,
+                             warmup_s=0.0)
+    assert timing.calls_per_repeat >= 4
+    assert 0.004 <= timing.median_s < 0.012
+
+
+def test_bench_flags_a_wrong_kernel(monkeypatch):
+    real = bench.attention_fn
+
+    def fake(name, shape, config):
+        fn = real("naive" if name == "pallas_gpu" else name, shape, None)
+        if name != "pallas_gpu":
+            return fn
+        # Drops the last key: exact elsewhere, so only the checks can catch it.
+        return lambda q, k, v: fn(q, k[:, :-1], v[:, :-1])
+
+    monkeypatch.setattr(bench, "attention_fn", fake)
+    shape = bench.BenchShape(dtype="float32", batch=1, seq=64, num_heads=2, head_dim=32,
+                             causal=False)
+    rows = bench.bench_shape(shape, ["naive", "pallas_gpu"], seed=3, ceiling=1.0, repeats=1,
+                             target_repeat_s=0.0, warmup_s=0.0)
+    wrong = next(r for r in rows if r.implementation == "pallas_gpu")
+    assert wrong.ok and wrong.correct is False
+    assert wrong.rel_error_vs_naive > 1e-3
+
+
+def test_geomean_of_ratios():
+    def row(ratio, causal):
+        shape = bench.BenchShape(dtype="bfloat16", batch=1, seq=1024, num_heads=1,
+                                 head_dim=64, causal=causal)
+        return bench.BenchRow(shape=shape, implementation="pallas_gpu", ok=True,
+                              ratio_to_cudnn=ratio)
+
+    overall, groups = bench.summarize_ratios([row(0.5, False), row(2.0, False), row(0.8, True)])
+    assert overall == pytest.approx(0.8 ** (1 / 3))
+    assert groups["bfloat16 d64 full"] == pytest.approx(1.0)
+    assert groups["bfloat16 d64 causal"] == pytest.approx(0.8)
+
+
+# ----------------------------------------------------------------------------- autotune
+
+
+def _entry(seq, causal, best, dtype="bfloat16", head_dim=128, block_q=64):
+    return autotune.TableEntry(
+        dtype=dtype, batch=16384 // seq, seq=seq, num_heads=2048 // head_dim,
+        head_dim=head_dim, causal=causal, best=best,
+        tflops={"cudnn": 500.0, "pallas_gpu": 520.0 if best == "pallas_gpu" else 400.0},
+        pallas_config={"block_q": block_q, "block_kv": 64, "num_warps": 4, "num_stages": 3})
+
+
+@pytest.fixture
+def table_path(tmp_path):
+    table = autotune.SelectionTable(
+        jax_version="0.11.2", device_kind="NVIDIA H200", created_at="2026-11-29T00:00:00+00:00",
+        command="test", tuning_data="synthetic",
+        entries=[_entry(1024, True, "cudnn", block_q=32), _entry(16384, True, "pallas_gpu"),
+                 _entry(16384, False, "cudnn", block_q=128)])
+    path = tmp_path / "table.json"
+    path.write_text(table.model_dump_json())
+    return path
+
+
+def test_select_uses_the_nearest_measured_shape(table_path):
+    select = functools.partial(autotune.select_gpu_implementation, table_path=table_path)
+    name, config, reason = select((1, 12000, 16, 128), (1, 12000, 16, 128), jnp.bfloat16, True)
+    assert name == "pallas_gpu" and config["block_q"] == 64
+    assert "S16384" in reason and "NVIDIA H200" in reason
+    name, config, _ = select((8, 1500, 16, 128), (8, 1500, 16, 128), jnp.float16, True)
+    assert (name, config) == ("cudnn", None)
+    name, _, _ = select((1, 12000, 16, 128), (1, 12000, 16, 128), jnp.bfloat16, False)
+    assert name == "cudnn"  # causal and full never mix
+    name, config, reason = select((8, 1500, 16, 128), (8, 1500, 16, 128), jnp.float32, True)
+    assert name == "pallas_gpu" and config["block_q"] == 32 and "float32" in reason
+
+
+def test_select_without_a_table_uses_the_documented_default(tmp_path):
+    missing = tmp_path / "none.json"
+    name, config, reason = autotune.select_gpu_implementation(
+        (1, 64, 2, 64), (1, 64, 2, 64), jnp.bfloat16, False, table_path=missing)
+    assert (name, config) == ("cudnn", None) and "default" in reason
+    name, config, _ = autotune.select_gpu_implementation(
+        (1, 64, 2, 64), (1, 64, 2, 64), jnp.float32, False, table_path=missing)
+    assert name == "pallas_gpu" and config["block_q"] in (16, 32, 64, 128)
+
+
+def test_unknown_schema_version_is_refused(table_path):
+    data = json.loads(table_path.read_text())
+    data["schema_version"] = 99
+    table_path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="schema_version"):
+        autotune.load_table(table_path)
+
+
+def test_quick_autotune_writes_a_table_select_can_read(tmp_path):
+    out = tmp_path / "gpu_table.json"
+    assert autotune.main(["--quick", "--out", str(out), "--dtypes", "float32",
+                          "--head-dims", "32", "--seqs", "64"]) == 0
+    table = autotune.load_table(out)
+    assert table.device_kind == jax.devices()[0].device_kind
+    assert len(table.entries) == 2  # causal and not
+    for entry in table.entries:
+        assert entry.best == "pallas_gpu"  # no cuDNN on the CPU
+        assert all(c.rel_diff_to_baseline < 1e-5 for c in entry.candidates if c.tflops)
+    name, config, _ = autotune.select_gpu_implementation(
+        (2, 64, 2, 32), (2, 64, 2, 32), jnp.float32, True, table_path=out)
+    assert name == "pallas_gpu" and config in [e.pallas_config for e in table.entries]
+
+
+def test_committed_table_is_measured_on_a_gpu_and_covers_the_grid():
+    table = autotune.load_table()
+    assert table is not None and "H200" in table.device_kind
+    covered = {(e.dtype, e.head_dim, e.causal) for e in table.entries}
+    assert covered == {(d, h, c) for d in ("bfloat16", "float16") for h in (64, 128)
+                       for c in (False, True)}
+    for e in table.entries:
+        assert set(e.tflops) == {"cudnn", "pallas_gpu"}
+        assert e.best == max(e.tflops, key=e.tflops.get)
+        assert math.isfinite(e.tflops["pallas_gpu"])
