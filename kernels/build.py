@@ -308,10 +308,13 @@ def export_for(implementation: str, config: BlockSizes | None, shapes: ExampleSh
         return ExportArtifact(platform=platform, status="skipped", reason=reason)
     module = importlib.import_module(IMPLEMENTATIONS[implementation].module)
     context = getattr(module, "export_context", lambda _p: contextlib.nullcontext())
+    # A kernel whose lowering embeds a version-bound custom call (e.g. Triton IR) says
+    # which safety checks its export must waive; the waiver is recorded as the reason.
+    disabled = getattr(module, "export_disabled_checks", lambda _p: [])(platform)
     fn = jax.jit(_bound_fn(implementation, config, causal, with_lengths))
     try:
         with context(platform), _reproducible_locations():
-            exported = jax_export.export(fn, platforms=[platform])(
+            exported = jax_export.export(fn, platforms=[platform], disabled_checks=disabled)(
                 *_example_args(shapes, dtype, with_lengths))
         data = bytes(exported.serialize())
     except Exception as err:  # noqa: BLE001 - every lowering error is a build result
@@ -322,7 +325,9 @@ def export_for(implementation: str, config: BlockSizes | None, shapes: ExampleSh
         target = Path(output_dir) / f"{implementation}.{platform}.jax_exported"
         _write_atomic(target, data)
         path = str(target)
-    return ExportArtifact(platform=platform, status="exported", sha256=_sha256(data),
+    note = (f"exported with disabled safety checks {[str(c) for c in disabled]}: load it with "
+            f"the same jaxlib ({jax.__version__})") if disabled else None
+    return ExportArtifact(platform=platform, status="exported", reason=note, sha256=_sha256(data),
                           size_bytes=len(data), path=path)
 
 

@@ -130,3 +130,19 @@ def test_invalid_build_requests(kwargs, match):
             "platforms": ("tpu",), **kwargs}
     with pytest.raises(ValueError, match=match):
         kernels.build(**args)
+
+
+def test_pallas_gpu_exports_for_cuda_from_a_cpu_host_and_records_the_waiver():
+    """The Triton custom call is version-bound: the export waives that check and says so."""
+    import jax
+
+    import kernels
+    from kernels.build import ExampleShapes
+
+    shapes = ExampleShapes(batch=1, q_len=128, kv_len=128, num_heads=2, num_kv_heads=2,
+                           head_dim=64)
+    build = kernels.build("pallas_gpu", None, shapes, platforms=("cuda",))
+    (artifact,) = build.artifacts
+    assert artifact.status == "exported", artifact.reason
+    assert "triton" in artifact.reason and jax.__version__ in artifact.reason
+    assert len(artifact.sha256) == 64 and artifact.size_bytes > 0
