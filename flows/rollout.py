@@ -207,7 +207,7 @@ def build_kernel(settings: RolloutSettings | None = None) -> str:
     settings = settings or RolloutSettings()
     ctx = open_rollout(settings, stage="build")
     _, version = build(ctx, settings.config)
-    stages.close_rollout(ctx, result="rejected", stage="build", version=version,
+    stages.close_rollout(ctx, result="built", stage="build", version=version,
                          reason="built and registered only; not evaluated, no alias moved")
     return version
 
@@ -231,7 +231,7 @@ def evaluate_candidate(settings: RolloutSettings | None = None,
     decision, _, _ = gate(ctx, report, thresholds_path=settings.thresholds,
                           registration=registration, build_run_id=build_run_id,
                           evaluation_run_id=evaluation_run_id)
-    _finish(ctx, result="rejected" if not decision.passed else "rejected", stage="evaluation",
+    _finish(ctx, result="evaluated", stage="evaluation",
             reason=f"evaluation only (gate said {decision.verdict}); no alias moved",
             version=version, decision=decision)
     if report_path:

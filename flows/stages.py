@@ -105,7 +105,7 @@ class RolloutOutcome(BaseModel):
 
     family: str
     version: str | None = None
-    result: Literal["promoted", "rejected", "rolled_back", "failed"]
+    result: Literal["promoted", "rejected", "rolled_back", "failed", "built", "evaluated"]
     stage: str = Field(description="the stage that decided the result")
     reason: str
     decision_summary: str | None = None
