@@ -122,6 +122,7 @@ def evaluate_candidate(
     baseline: AttentionFn | str = "naive",
     production: AttentionFn | str | None = None,
     config: BlockSizes | None = None,
+    production_config: BlockSizes | None = None,
     model=None,
     documents: Sequence | None = None,
     perf_shapes: Sequence[BenchShape] | None = None,
@@ -145,6 +146,7 @@ def evaluate_candidate(
         baseline: the naive baseline (registry name or ``AttentionFn``).
         production: the current production implementation, if any.
         config: block sizes for a named candidate.
+        production_config: block sizes production was registered with (named production).
         model: an ``evaluation.model.MiniLM`` for the model-level check (skipped if None).
         documents: texts or ``Document``s for it; default: the first
             ``MODEL_DOCUMENTS_PER_SPLIT`` installed documents assigned to ``split``.
@@ -171,7 +173,7 @@ def evaluate_candidate(
 
     cand_fn, cand_info = _implementation("candidate", candidate, config, backend)
     base_fn, base_info = _implementation("baseline", baseline, None, backend)
-    prod = _implementation("production", production, None, backend) if production is not None else None
+    prod = _implementation("production", production, production_config, backend) if production is not None else None
     fns = {"candidate": cand_fn, "baseline": base_fn, **({"production": prod[0]} if prod else {})}
 
     validation = validate_testset(testset_dir, split, out_dir / VALIDATION_FILENAME)

@@ -8,6 +8,7 @@ promote or roll back. Each stage is a task calling a plain function of
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from prefect import flow, get_run_logger, task
@@ -23,6 +24,7 @@ from flows.stages import RolloutContext, RolloutOutcome, RolloutSettings
 from gates.approval import ApprovalInput, record_answer, record_auto_approval, record_timeout
 from gates.decision import GateDecision
 from gates.thresholds import ApprovalPolicy
+from lineage import tags
 
 # Arguments include models and clients that do not hash; results are logged to MLflow.
 stage_task = task(cache_policy=NO_CACHE, persist_result=False)
@@ -94,13 +96,14 @@ def request_approval(ctx: RolloutContext, policy: ApprovalPolicy, transition: st
             description=decision_markdown(decision, version, transition),
             approve=False, approver="", comment="")
         try:
-            answer = pause_flow_run(wait_for_input=form, timeout=int(policy.timeout_s),
+            answer = pause_flow_run(wait_for_input=form, timeout=max(1, math.ceil(policy.timeout_s)),
                                     poll_interval=APPROVAL_POLL_S,
                                     key=approval_key(transition))
             record = record_answer(answer, transition=transition, family=ctx.family, version=version)
         except FlowPauseTimeout:
             record = record_timeout(policy, transition=transition, family=ctx.family, version=version)
     run_id = stages.log_approval_record(ctx, record, decision_run_id)
+    stages.tag_version(ctx, version, {f"{tags.APPROVAL_RUN_ID}.{approval_key(transition)}": run_id})
     logger.info("approval %s: %s by %s (%s)", transition,
                 "approved" if record.approved else "rejected", record.approver, record.comment)
     return record.approved, run_id
@@ -108,8 +111,11 @@ def request_approval(ctx: RolloutContext, policy: ApprovalPolicy, transition: st
 
 def _finish(ctx: RolloutContext, **kwargs) -> RolloutOutcome:
     outcome = stages.close_rollout(ctx, **kwargs)
-    create_markdown_artifact(outcome.markdown(), key=f"rollout-{ctx.family.replace('_', '-')}",
-                             description=f"kernelgate rollout of {ctx.family}")
+    try:
+        create_markdown_artifact(outcome.markdown(), key=f"rollout-{ctx.family.replace('_', '-')}",
+                                 description=f"kernelgate rollout of {ctx.family}")
+    except Exception as err:  # the MLflow record is complete; the UI summary is a courtesy
+        get_run_logger().warning("could not write the Prefect summary artifact: %s", err)
     get_run_logger().info("rollout %s: %s at %s — %s", ctx.family, outcome.result, outcome.stage,
                           outcome.reason)
     return outcome
@@ -118,78 +124,92 @@ def _finish(ctx: RolloutContext, **kwargs) -> RolloutOutcome:
 @flow(name="kernelgate-rollout", log_prints=True)
 def rollout(settings: RolloutSettings | None = None) -> RolloutOutcome:
     """Governed rollout of one candidate kernel; ends promoted, rejected or rolled back."""
+    settings = settings or RolloutSettings()
+    ctx = open_rollout(settings, clear_stale_aliases=True)
+    state = {"version": None, "decision": None, "promoted": False}
+    try:
+        return _rollout_stages(ctx, settings, state)
+    except BaseException as err:
+        reason = f"{type(err).__name__}: {err}"
+        if state["promoted"]:
+            # Production moved after every check passed; only bookkeeping failed after it.
+            stages.close_rollout(ctx, result="promoted", stage="promotion", version=state["version"],
+                                 reason=f"promoted; a step after the promotion failed: {reason}",
+                                 decision=state["decision"])
+            raise
+        try:
+            if state["version"] is not None:
+                # Leave no alias on an unfinished version; production is untouched.
+                stages.reject(ctx, state["version"], f"rollout failed: {reason}")
+        finally:
+            stages.close_rollout(ctx, result="failed", stage="error", reason=reason,
+                                 version=state["version"], decision=state["decision"])
+        raise
+
+
+def _rollout_stages(ctx: RolloutContext, settings: RolloutSettings, state: dict) -> RolloutOutcome:
     from evaluation.model import MiniLM
 
-    settings = settings or RolloutSettings()
-    ctx = open_rollout(settings)
-    version = None
-    decision = None
-    try:
-        registration = preregister(ctx, settings.thresholds)
-        build_run_id, version = build(ctx, settings.config)
-        model = MiniLM.load()
-        testset_dir = prepare_testset(settings, ctx.backend, model)
-        report: EvaluationReport
-        report, evaluation_run_id = evaluate(ctx, settings, registration=registration,
-                                             build_run_id=build_run_id, testset_dir=testset_dir,
-                                             config=settings.config, model=model)
-        decision, decision_run_id, thresholds = gate(
-            ctx, report, thresholds_path=settings.thresholds, registration=registration,
-            build_run_id=build_run_id, evaluation_run_id=evaluation_run_id)
-        if not decision.passed:
-            reject(ctx, version, f"gate: {decision.summary}")
-            return _finish(ctx, result="rejected", stage="gate", reason=decision.summary,
-                           version=version, decision=decision)
+    registration = preregister(ctx, settings.thresholds)
+    build_run_id, version = build(ctx, settings.config)
+    state["version"] = version
+    model = MiniLM.load()
+    testset_dir = prepare_testset(settings, ctx.backend, model)
+    report: EvaluationReport
+    report, evaluation_run_id = evaluate(ctx, settings, registration=registration,
+                                         build_run_id=build_run_id, testset_dir=testset_dir,
+                                         config=settings.config, model=model)
+    decision, decision_run_id, thresholds = gate(
+        ctx, report, thresholds_path=settings.thresholds, registration=registration,
+        build_run_id=build_run_id, evaluation_run_id=evaluation_run_id)
+    state["decision"] = decision
+    if not decision.passed:
+        reject(ctx, version, f"gate: {decision.summary}")
+        return _finish(ctx, result="rejected", stage="gate", reason=decision.summary,
+                       version=version, decision=decision)
 
-        plan = thresholds.canary
-        traffic = stages.recorded_traffic(
-            ctx, settings, settings.shadow_requests + sum(s.requests for s in plan.steps))
-        segments = _segments(traffic, [settings.shadow_requests, *(s.requests for s in plan.steps)])
-        shadow_result = shadow(ctx, version, model=model, traffic=segments[0], thresholds=thresholds,
-                               report=report, decision_run_id=decision_run_id,
-                               progress=_progress("shadow"))
-        if not shadow_result.passed:
-            reason = f"shadow: {'; '.join(shadow_result.breaches)}"
-            reject(ctx, version, reason)
-            return _finish(ctx, result="rolled_back", stage="shadow", reason=reason,
-                           version=version, decision=decision)
-
-        approved, approval_run_id = request_approval(ctx, thresholds.approval, "shadow->canary",
-                                                     version, decision, decision_run_id)
-        if not approved:
-            reason = "approval for shadow->canary rejected or timed out"
-            reject(ctx, version, reason)
-            return _finish(ctx, result="rolled_back", stage="approval", reason=reason,
-                           version=version, decision=decision)
-        enter_canary(ctx, version, decision_run_id=decision_run_id, approval_run_id=approval_run_id)
-        for step, requests in zip(plan.steps, segments[1:], strict=True):
-            result = canary_step(ctx, step, model=model, traffic=requests, thresholds=thresholds,
-                                 report=report, decision_run_id=decision_run_id,
-                                 progress=_progress(step.name))
-            if not result.passed:
-                reason = f"{step.name}: {'; '.join(result.breaches)}"
-                reject(ctx, version, reason)
-                return _finish(ctx, result="rolled_back", stage=step.name, reason=reason,
-                               version=version, decision=decision)
-
-        approved, approval_run_id = request_approval(ctx, thresholds.approval, "canary->production",
-                                                     version, decision, decision_run_id)
-        if not approved:
-            reason = "approval for canary->production rejected or timed out"
-            reject(ctx, version, reason)
-            return _finish(ctx, result="rolled_back", stage="approval", reason=reason,
-                           version=version, decision=decision)
-        promote(ctx, version, decision_run_id=decision_run_id, approval_run_id=approval_run_id)
-        return _finish(ctx, result="promoted", stage="promotion",
-                       reason="every gate, shadow and canary criterion passed", version=version,
+    def stop(stage: str, reason: str) -> RolloutOutcome:
+        reject(ctx, version, reason)
+        return _finish(ctx, result="rolled_back", stage=stage, reason=reason, version=version,
                        decision=decision)
-    except BaseException as err:
-        # Leave no alias on an unfinished version; production is untouched.
-        if version is not None:
-            stages.reject(ctx, version, f"rollout failed: {type(err).__name__}: {err}")
-        stages.close_rollout(ctx, result="failed", stage="error", reason=f"{type(err).__name__}: {err}",
-                             version=version, decision=decision)
-        raise
+
+    def approved(transition: str) -> tuple[bool, str | None]:
+        return request_approval(ctx, thresholds.approval, transition, version, decision,
+                                decision_run_id)
+
+    plan = thresholds.canary
+    traffic = stages.recorded_traffic(
+        ctx, settings, settings.shadow_requests + sum(s.requests for s in plan.steps))
+    segments = _segments(traffic, [settings.shadow_requests, *(s.requests for s in plan.steps)])
+
+    ok, _ = approved("candidate->shadow")
+    if not ok:
+        return stop("approval", "approval for candidate->shadow rejected or timed out")
+    shadow_result = shadow(ctx, version, model=model, traffic=segments[0], thresholds=thresholds,
+                           report=report, decision_run_id=decision_run_id,
+                           progress=_progress("shadow"))
+    if not shadow_result.passed:
+        return stop("shadow", f"shadow: {'; '.join(shadow_result.breaches)}")
+
+    ok, approval_run_id = approved("shadow->canary")
+    if not ok:
+        return stop("approval", "approval for shadow->canary rejected or timed out")
+    enter_canary(ctx, version, decision_run_id=decision_run_id, approval_run_id=approval_run_id)
+    for step, requests in zip(plan.steps, segments[1:], strict=True):
+        result = canary_step(ctx, version, step, model=model, traffic=requests,
+                             thresholds=thresholds, report=report,
+                             decision_run_id=decision_run_id, progress=_progress(step.name))
+        if not result.passed:
+            return stop(step.name, f"{step.name}: {'; '.join(result.breaches)}")
+
+    ok, approval_run_id = approved("canary->production")
+    if not ok:
+        return stop("approval", "approval for canary->production rejected or timed out")
+    promote(ctx, version, decision_run_id=decision_run_id, approval_run_id=approval_run_id)
+    state["promoted"] = True
+    return _finish(ctx, result="promoted", stage="promotion",
+                   reason="every gate, shadow and canary criterion passed", version=version,
+                   decision=decision)
 
 
 def _segments(traffic, sizes: list[int]):

@@ -7,8 +7,11 @@ measures is logged to MLflow through ``lineage`` so an auditor can follow it.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import sys
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
@@ -46,9 +49,18 @@ NATIVE_FAMILY = {"tpu": "pallas_tpu", "gpu": "pallas_gpu", "cpu": "pallas_tpu"}
 of its own: it rolls out the TPU kernel in interpret mode (accuracy judged, speed
 not assessed)."""
 
-NATIVE_BASELINE = {"tpu": "xla", "gpu": "cudnn", "cpu": "xla"}
-"""What serves when a family has no ``production`` version: the platform's native
-attention (the recovery target of a rollback with no earlier production)."""
+NATIVE_BASELINE = "xla"
+"""What serves when a family has no ``production`` version (the recovery target of a
+rollback with no earlier production): XLA's attention, native on every backend and
+able to run every dtype and shape the serving model uses (cuDNN, for one, refuses
+the model's float32)."""
+
+OWNER_TAG = "kernelgate.alias_owner.{alias}"
+"""Model-version tag: the rollout run that assigned ``shadow``/``canary`` to it."""
+ROLLOUT_RUN_TAG = "kernelgate.rollout_run_id"
+SHADOW_RUN_TAG = "kernelgate.shadow_run_id"
+CANARY_RUNS_TAG = "kernelgate.canary_run_ids"
+SOURCE_DRIFT_TAG = "kernelgate.source_drift.{alias}"
 
 
 class RolloutSettings(BaseModel):
@@ -71,6 +83,7 @@ class RolloutSettings(BaseModel):
         perf_shapes: benchmark shapes of the evaluation (``None``: the platform's defaults).
         model_check: embed held-out documents with the candidate and float64 attention
             (the ``model.*`` metrics); a profile whose criteria use them needs it.
+        stale_alias_after_s: lease of a running rollout on its ``shadow``/``canary`` alias.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -87,6 +100,9 @@ class RolloutSettings(BaseModel):
     perf_repeats: int | None = Field(None, ge=1)
     perf_shapes: list[BenchShape] | None = None
     model_check: bool = True
+    stale_alias_after_s: float = Field(6 * 3600, ge=0, description=(
+        "a shadow/canary alias whose owning rollout run is still RUNNING after this many "
+        "seconds is taken as left by a killed process and cleared"))
 
 
 class RolloutContext(BaseModel):
@@ -125,7 +141,7 @@ class RolloutOutcome(BaseModel):
         ]
         if self.decision_summary:
             lines.append(f"* gate: {self.decision_summary}")
-        if self.not_assessed_note:
+        if self.not_assessed_note and self.not_assessed_note not in (self.decision_summary or ""):
             lines.append(f"* not assessed: {self.not_assessed_note}")
         lines += [
             f"* aliases now: `{self.aliases}`",
@@ -152,10 +168,13 @@ def candidate_implementation(implementation: str, backend: str) -> str:
 
 
 def open_rollout(settings: RolloutSettings, *, stage: tags.Stage = "rollout",
-                 family: str | None = None) -> RolloutContext:
-    """Start the parent MLflow run, tag it with the environment, and clear aliases
-    left behind by a rollout that was killed (a ``canary`` or ``shadow`` that no
-    running rollout owns).
+                 family: str | None = None, clear_stale_aliases: bool = False) -> RolloutContext:
+    """Start the parent MLflow run and tag it with the environment.
+
+    With ``clear_stale_aliases`` (a new rollout), a ``shadow``/``canary`` alias left by a
+    rollout that did not finish is cleared and its version tagged with why. An alias
+    whose owning rollout run is still RUNNING and younger than
+    ``settings.stale_alias_after_s`` is left alone (that rollout is live).
 
     Raises:
         ValueError: unknown implementation.
@@ -171,17 +190,45 @@ def open_rollout(settings: RolloutSettings, *, stage: tags.Stage = "rollout",
     work_dir.mkdir(parents=True, exist_ok=True)
     ctx = RolloutContext(tracking=tracking, family=family, implementation=implementation,
                          backend=backend, rollout_run_id=run_id, work_dir=work_dir.resolve())
-    for alias in ("canary", "shadow"):
-        stale = registry.clear_stale(tracking, family, alias,
-                                     reason=f"left by an unfinished rollout; cleared by {run_id}")
-        if stale:
-            logger.warning("cleared stale %s alias (was v%s) left by an unfinished rollout",
-                           alias, stale)
-            change = registry.AliasChange(family=family, alias=alias, version=None,
-                                          previous_version=stale, at=datetime.now(UTC),
-                                          action="clear", reason="stale: unfinished rollout")
-            log_alias_change(tracking, change, parent_run_id=run_id)
+    if clear_stale_aliases:
+        for alias in ("canary", "shadow"):
+            _clear_if_stale(ctx, alias, settings.stale_alias_after_s)
     return ctx
+
+
+def _clear_if_stale(ctx: RolloutContext, alias: str, lease_s: float) -> None:
+    version = registry.alias_version(ctx.tracking, ctx.family, alias)
+    if version is None:
+        return
+    owner = version_tags(ctx, version).get(OWNER_TAG.format(alias=alias))
+    if owner:
+        run = ctx.tracking.client().get_run(owner)
+        age_s = time.time() - run.info.start_time / 1000
+        if run.info.status == "RUNNING" and age_s < lease_s:
+            logger.info("%s alias (v%s) belongs to rollout run %s, still running: left alone",
+                        alias, version, owner)
+            return
+    reason = (f"left by rollout run {owner or '(unknown)'}, which did not finish; cleared by "
+              f"{ctx.rollout_run_id}")
+    registry.clear_stale(ctx.tracking, ctx.family, alias, reason=reason)
+    logger.warning("cleared stale %s alias (was v%s): %s", alias, version, reason)
+    change = registry.AliasChange(family=ctx.family, alias=alias, version=None,
+                                  previous_version=version, at=datetime.now(UTC),
+                                  action="clear", reason=reason)
+    log_alias_change(ctx.tracking, change, parent_run_id=ctx.rollout_run_id)
+
+
+def version_tags(ctx: RolloutContext, version: str) -> dict[str, str]:
+    """The tags of one model version of the family."""
+    name = registry.registered_model_name(ctx.family)
+    return dict(ctx.tracking.client().get_model_version(name, version).tags)
+
+
+def tag_version(ctx: RolloutContext, version: str, values: dict[str, str]) -> None:
+    """Set tags on one model version of the family (links from the version to runs)."""
+    name = registry.registered_model_name(ctx.family)
+    for key, value in values.items():
+        ctx.tracking.client().set_model_version_tag(name, version, key, value)
 
 
 def preregister_thresholds(ctx: RolloutContext, thresholds_path: Path) -> Registration:
@@ -241,6 +288,7 @@ def build_candidate(ctx: RolloutContext, config: kernels.BlockSizes | None) -> t
 
 
 def testset_profile(settings: RolloutSettings, backend: str) -> str:
+    """The test-set profile: ``ci`` on a CPU host, ``gpu`` on an accelerator, unless set."""
     return settings.testset_profile if settings.testset_profile != "auto" else (
         "ci" if backend == "cpu" else "gpu")
 
@@ -257,13 +305,39 @@ def prepare_testset(settings: RolloutSettings, backend: str, model=None) -> Path
     return folder
 
 
-def production_implementation(ctx: RolloutContext) -> tuple[str | None, str | None]:
-    """``(version, implementation)`` behind ``production``, or ``(None, None)``."""
+def version_kernel(ctx: RolloutContext, version: str) -> tuple[str, kernels.BlockSizes | None]:
+    """``(implementation, block sizes)`` a model version was built with."""
+    mv_tags = version_tags(ctx, version)
+    raw = mv_tags.get(CONFIG_TAG, "null")
+    return mv_tags[IMPLEMENTATION_TAG], (None if raw == "null"
+                                         else kernels.BlockSizes.model_validate_json(raw))
+
+
+def production_implementation(ctx: RolloutContext
+                              ) -> tuple[str | None, str | None, kernels.BlockSizes | None]:
+    """``(version, implementation, block sizes)`` behind ``production``, or Nones."""
     version = registry.alias_version(ctx.tracking, ctx.family, "production")
     if version is None:
-        return None, None
-    mv = ctx.tracking.client().get_model_version(registry.registered_model_name(ctx.family), version)
-    return version, mv.tags.get(IMPLEMENTATION_TAG)
+        return None, None, None
+    return (version, *version_kernel(ctx, version))
+
+
+def source_drift(ctx: RolloutContext, version: str) -> str | None:
+    """Why the checked-out kernel source differs from what ``version`` was built from
+    (sha256 per file, recorded on its build run), or None when it is the same.
+
+    Serving and evaluation run kernels from the checkout, so a difference means the
+    code behind an alias is not the code that was evaluated for it.
+    """
+    from kernels.build import source_digests
+
+    implementation, _ = version_kernel(ctx, version)
+    build_run = ctx.tracking.client().get_run(version_tags(ctx, version)[tags.BUILD_RUN_ID])
+    prefix = "kernelgate.source_sha256/"
+    built = {k[len(prefix):]: v for k, v in build_run.data.tags.items() if k.startswith(prefix)}
+    now = source_digests(implementation)
+    changed = sorted(f for f in set(built) | set(now) if built.get(f) != now.get(f))
+    return f"source of v{version} changed since its build: {changed}" if changed else None
 
 
 def evaluate_build(ctx: RolloutContext, settings: RolloutSettings, *, registration: Registration,
@@ -280,7 +354,8 @@ def evaluate_build(ctx: RolloutContext, settings: RolloutSettings, *, registrati
     from evaluation.testset import load_manifest
 
     implementation = implementation or ctx.implementation
-    _, production = production_implementation(ctx) if compare_production else (None, None)
+    _, production, production_config = (production_implementation(ctx) if compare_production
+                                         else (None, None, None))
     out = ctx.work_dir / stage
     manifest = load_manifest(testset_dir)
     run_tags = {tags.BUILD_RUN_ID: build_run_id, tags.REGISTRATION_ID: registration.registration_id}
@@ -289,9 +364,15 @@ def evaluate_build(ctx: RolloutContext, settings: RolloutSettings, *, registrati
         tr.log_dataset(ctx.tracking, run_id, name=f"kernelgate-testset-{manifest.profile}",
                        digest=manifest.digest, source_uri=str(Path(testset_dir).resolve()),
                        context="heldout")
+        if model is not None:
+            tr.log_dataset(ctx.tracking, run_id, name="all-MiniLM-L6-v2-weights",
+                           digest=model.weights_sha256, source_uri=str(model.path),
+                           context="model-weights")
+            tr.set_tags(ctx.tracking, run_id, {"kernelgate.model_weights_sha256": model.weights_sha256})
         try:
             report = evaluate_candidate(implementation, testset_dir=testset_dir, out_dir=out,
                                         split="heldout", production=production, config=config,
+                                        production_config=production_config,
                                         model=model if settings.model_check else None,
                                         repeats=settings.perf_repeats,
                                         perf_shapes=settings.perf_shapes)
@@ -349,21 +430,27 @@ def reject(ctx: RolloutContext, version: str, reason: str) -> None:
 # --- traffic: shadow and canary --------------------------------------------------------
 
 
-def endpoint_for(ctx: RolloutContext, model, alias: str) -> serving.Endpoint:
-    """The serving endpoint behind an alias; the platform's native baseline when the
-    alias points at nothing (``NATIVE_BASELINE``)."""
+def endpoint_for(ctx: RolloutContext, model, alias: str, *,
+                 expect_version: str | None = None) -> serving.Endpoint:
+    """The serving endpoint behind an alias; ``NATIVE_BASELINE`` when the alias points
+    at nothing. A source drift (``source_drift``) is logged and tagged on the run.
+
+    Raises:
+        RuntimeError: ``expect_version`` is given and the alias no longer points at it
+            (another run moved it): stop rather than judge the wrong kernel.
+    """
     version = registry.alias_version(ctx.tracking, ctx.family, alias)
+    if expect_version is not None and version != expect_version:
+        raise RuntimeError(f"{alias} alias of {ctx.family} points at v{version}, not at the "
+                           f"v{expect_version} this rollout is judging; another run moved it")
     if version is None:
-        name = NATIVE_BASELINE.get(ctx.backend, "xla")
-        try:
-            kernels.resolve(name, backend=ctx.backend)
-        except NotImplementedError:
-            name = "xla"
-        return serving.Endpoint(f"{name} (native baseline)", kernels.get_attention_fn(name), model)
-    mv = ctx.tracking.client().get_model_version(registry.registered_model_name(ctx.family), version)
-    implementation = mv.tags[IMPLEMENTATION_TAG]
-    raw = mv.tags.get(CONFIG_TAG, "null")
-    config = None if raw == "null" else kernels.BlockSizes.model_validate_json(raw)
+        return serving.Endpoint(f"{NATIVE_BASELINE} (native baseline)",
+                                kernels.get_attention_fn(NATIVE_BASELINE), model)
+    drift = source_drift(ctx, version)
+    if drift:
+        logger.warning("%s: serving from the checkout although %s", alias, drift)
+        tr.set_tags(ctx.tracking, ctx.rollout_run_id, {SOURCE_DRIFT_TAG.format(alias=alias): drift})
+    implementation, config = version_kernel(ctx, version)
     return serving.Endpoint(f"{implementation}@v{version}",
                             kernels.get_attention_fn(implementation, config), model)
 
@@ -386,17 +473,18 @@ def not_assessed_reasons(report: EvaluationReport) -> dict[str, str | None]:
     return {"latency_not_assessed_reason": reason, "memory_not_assessed_reason": reason}
 
 
-def _judge_traffic(result: serving.TrafficResult, step: CanaryStep, plan, report) -> CanaryStepResult:
-    cand = result.latencies("candidate")
-    prod = result.latencies("production")
-    drift = result.drifts() or [float("nan")]
-    if len(cand) < 2 or len(prod) < 2:
-        # Too few successful requests to test latency: the errors themselves breach.
-        cand = cand if len(cand) >= 2 else [0.0, 0.0]
-        prod = prod if len(prod) >= 2 else [0.0, 0.0]
-    return analyse_canary_step(step, cand, prod, drift, result.errors("candidate"),
-                               result.nan_count("candidate"), result.memory_start_bytes,
-                               result.memory_end_bytes, plan, **not_assessed_reasons(report))
+def _judge_traffic(result: serving.TrafficResult, step: CanaryStep, plan,
+                   report: EvaluationReport) -> CanaryStepResult:
+    judged = analyse_canary_step(
+        step, result.latencies("candidate"), result.latencies("production"), result.drifts(),
+        result.errors("candidate"), result.nan_count("candidate"), result.memory_start_bytes,
+        result.memory_end_bytes, plan, **not_assessed_reasons(report))
+    failed_production = result.errors("production")
+    if failed_production:
+        # Without production's outputs nothing was compared: the step cannot pass.
+        breach = f"production endpoint failed {failed_production} request(s); nothing to compare"
+        judged = judged.model_copy(update={"breaches": [*judged.breaches, breach], "passed": False})
+    return judged
 
 
 def run_shadow(ctx: RolloutContext, version: str, *, model, traffic: serving.RecordedTraffic,
@@ -407,9 +495,11 @@ def run_shadow(ctx: RolloutContext, version: str, *, model, traffic: serving.Rec
     Judged with the canary plan's limits (drift, errors, NaN, latency where native).
     """
     change = registry.assign_shadow(ctx.tracking, ctx.family, version)
+    tag_version(ctx, version, {OWNER_TAG.format(alias="shadow"): ctx.rollout_run_id,
+                                ROLLOUT_RUN_TAG: ctx.rollout_run_id})
     log_alias_change(ctx.tracking, change, parent_run_id=ctx.rollout_run_id)
     production = endpoint_for(ctx, model, "production")
-    candidate = endpoint_for(ctx, model, "shadow")
+    candidate = endpoint_for(ctx, model, "shadow", expect_version=version)
     # Compile both endpoints for every request size before measuring anything.
     serving.warm_up(traffic.requests, production, candidate)
     result = serving.replay_shadow(traffic.requests, production, candidate, progress=progress)
@@ -422,24 +512,28 @@ def run_shadow(ctx: RolloutContext, version: str, *, model, traffic: serving.Rec
                                 "kernelgate.shadow_passed": str(judged.passed).lower()}) as run_id:
         tr.log_model_json(ctx.tracking, run_id, result, "shadow/traffic.json")
         tr.log_model_json(ctx.tracking, run_id, judged, "shadow/analysis.json")
+    tag_version(ctx, version, {SHADOW_RUN_TAG: run_id})
     logger.info("shadow: %s", serving.traffic_summary(result))
     return judged
 
 
-def run_canary_step(ctx: RolloutContext, step: CanaryStep, *, model,
+def run_canary_step(ctx: RolloutContext, version: str, step: CanaryStep, *, model,
                     traffic: serving.RecordedTraffic, thresholds: Thresholds,
                     report: EvaluationReport, decision_run_id: str,
                     progress=None) -> CanaryStepResult:
     """One canary step: ``step.traffic_fraction`` of the step's requests served by the
     candidate (alias ``canary``), then analysed against the preregistered plan."""
     production = endpoint_for(ctx, model, "production")
-    candidate = endpoint_for(ctx, model, "canary")
+    candidate = endpoint_for(ctx, model, "canary", expect_version=version)
+    serving.warm_up(traffic.requests, production, candidate)
     result = serving.replay_canary_step(traffic.requests, step.traffic_fraction, production,
                                         candidate, salt=f"{ctx.rollout_run_id}:{step.name}",
                                         progress=progress)
     judged = _judge_traffic(result, step, thresholds.canary, report)
-    log_canary_step(ctx.tracking, ctx.family, judged, decision_run_id=decision_run_id,
-                    parent_run_id=ctx.rollout_run_id)
+    run_id = log_canary_step(ctx.tracking, ctx.family, judged, decision_run_id=decision_run_id,
+                             parent_run_id=ctx.rollout_run_id)
+    runs = json.loads(version_tags(ctx, version).get(CANARY_RUNS_TAG, "[]"))
+    tag_version(ctx, version, {CANARY_RUNS_TAG: json.dumps([*runs, run_id])})
     logger.info("%s: %s -> %s", step.name, serving.traffic_summary(result),
                 "pass" if judged.passed else f"breach: {judged.breaches}")
     return judged
@@ -456,8 +550,14 @@ def log_approval_record(ctx: RolloutContext, record: ApprovalRecord, decision_ru
 
 def enter_canary(ctx: RolloutContext, version: str, *, decision_run_id: str,
                  approval_run_id: str | None) -> None:
+    """Point ``canary`` at ``version`` (verified decision and approval); this rollout owns it.
+
+    Raises:
+        PromotionRefused: no passing decision for this build, or a missing approval.
+    """
     change = registry.assign_canary(ctx.tracking, ctx.family, version,
                                     decision_run_id=decision_run_id, approval_run_id=approval_run_id)
+    tag_version(ctx, version, {OWNER_TAG.format(alias="canary"): ctx.rollout_run_id})
     log_alias_change(ctx.tracking, change, parent_run_id=ctx.rollout_run_id)
 
 
@@ -480,7 +580,8 @@ def close_rollout(ctx: RolloutContext, *, result: str, stage: str, reason: str,
         not_assessed_note=decision.not_assessed_note if decision else None,
         aliases=registry.aliases(ctx.tracking, ctx.family), rollout_run_id=ctx.rollout_run_id,
         tracking_uri=ctx.tracking.tracking_uri,
-        ui_command=f"mlflow ui --backend-store-uri {ctx.tracking.tracking_uri}",
+        ui_command=(f"{Path(sys.prefix) / 'bin' / 'mlflow'} ui --backend-store-uri "
+                    f"{ctx.tracking.tracking_uri}"),
     )
     tr.log_model_json(ctx.tracking, ctx.rollout_run_id, outcome, "rollout/outcome.json")
     tr.set_tags(ctx.tracking, ctx.rollout_run_id, {"kernelgate.result": result,

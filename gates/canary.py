@@ -58,10 +58,15 @@ class CanaryStepResult(BaseModel):
     passed: bool
 
 
+MIN_LATENCY_SAMPLES = 2
+"""Fewer latencies than this on either side: the latency test is not run (reported
+as not assessed, with the counts), never run on made-up data."""
+
+
 def _latencies(values: ArrayLike, name: str) -> np.ndarray:
     arr = np.asarray(values, dtype=np.float64)
-    if arr.ndim != 1 or arr.size < 2:
-        raise ValueError(f"{name} must be a 1-D array of at least 2 latencies (seconds)")
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be a 1-D array of latencies (seconds)")
     if not np.all(np.isfinite(arr)) or np.any(arr < 0):
         raise ValueError(f"{name} must be finite and non-negative (seconds)")
     return arr
@@ -87,7 +92,7 @@ def analyse_canary_step(
         step: the step being judged (name and traffic fraction are reported).
         candidate_latencies_s, production_latencies_s: 1-D float arrays of per-request
             latency in seconds (at least 2 each, finite, >= 0).
-        output_drift: 1-D float array, per mirrored request,
+        output_drift: 1-D float array (possibly empty), per mirrored request,
             ``||candidate - production|| / ||production||`` of the embeddings; NaN/inf allowed
             (they breach).
         error_count, nan_count: requests that raised / returned non-finite outputs.
@@ -98,23 +103,32 @@ def analyse_canary_step(
         memory_not_assessed_reason: likewise for memory growth.
 
     Raises:
-        ValueError: malformed latencies, empty drift, or negative counts.
+        ValueError: malformed latencies or negative counts.
+
+    A step where fewer than ``MIN_LATENCY_SAMPLES`` requests reached either side has
+    its latency reported as not assessed (with the counts); an empty ``output_drift``
+    (no request reached the candidate) breaches nothing by itself.
     """
     cand = _latencies(candidate_latencies_s, "candidate_latencies_s")
     prod = _latencies(production_latencies_s, "production_latencies_s")
     drift = np.asarray(output_drift, dtype=np.float64).ravel()
-    if drift.size == 0:
-        raise ValueError("output_drift must hold at least one request")
     if min(error_count, nan_count, memory_start_bytes, memory_end_bytes) < 0:
         raise ValueError("counts and memory bytes must be non-negative")
 
     test = plan.latency
-    res = stats.mannwhitneyu(cand, prod, alternative=test.alternative, method="auto")
-    u, p = float(res.statistic), float(res.pvalue)
-    cles = u / (cand.size * prod.size)
-    cand_med, prod_med = float(np.median(cand)), float(np.median(prod))
+    if min(cand.size, prod.size) < MIN_LATENCY_SAMPLES:
+        latency_not_assessed_reason = latency_not_assessed_reason or (
+            f"too few requests for the latency test (candidate {cand.size}, production "
+            f"{prod.size}; {MIN_LATENCY_SAMPLES} each needed)")
+        u = p = cles = math.nan
+    else:
+        res = stats.mannwhitneyu(cand, prod, alternative=test.alternative, method="auto")
+        u, p = float(res.statistic), float(res.pvalue)
+        cles = u / (cand.size * prod.size)
+    cand_med = float(np.median(cand)) if cand.size else math.nan
+    prod_med = float(np.median(prod)) if prod.size else math.nan
     ratio = cand_med / prod_med if prod_med > 0 else (1.0 if cand_med == 0 else math.inf)
-    slower = p < test.alpha and ratio >= test.min_slowdown_ratio
+    slower = bool(p < test.alpha and ratio >= test.min_slowdown_ratio)
     latency_assessed = latency_not_assessed_reason is None
 
     finite = drift[np.isfinite(drift)]

@@ -37,6 +37,8 @@ def test_every_entrypoint_loads_as_a_flow(monkeypatch):
     for name, deployment in deployments().items():
         flow = load_flow_from_entrypoint(deployment["entrypoint"])
         assert isinstance(flow, Flow), name
+        # the declared parameters bind to the flow's signature (pydantic-validated)
+        flow.validate_parameters(deployment.get("parameters", {}))
         names[name] = flow.name
     assert names == {"nightly-revalidation": "kernelgate-revalidate-production",
                      "candidate-rollout": "kernelgate-rollout"}

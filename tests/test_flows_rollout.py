@@ -238,9 +238,38 @@ def test_rollout_killed_mid_canary_leaves_registry_consistent(seeded, make_setti
     assert killed["canary"] == version
     assert killed["production"] == before["production"]
 
-    # The next run starts by clearing the stale canary and says why.
-    next_ctx = stages.open_rollout(settings)
+    # While its owner may still be running (within the lease), a new run leaves it alone.
+    live_ctx = stages.open_rollout(settings, clear_stale_aliases=True)
+    assert registry.alias_version(tracking, FAMILY, "canary") == version
+    stages.close_rollout(live_ctx, result="rejected", stage="open", reason="test", version=None)
+
+    # Once the lease is over, the next run clears the stale canary and says why.
+    expired = settings.model_copy(update={"stale_alias_after_s": 0})
+    next_ctx = stages.open_rollout(expired, clear_stale_aliases=True)
     after = registry.aliases(tracking, FAMILY)
     assert "canary" not in after and after["production"] == before["production"]
-    assert "unfinished rollout" in version_tags(tracking, version)[tags.STALE_REASON]
+    assert "did not finish" in version_tags(tracking, version)[tags.STALE_REASON]
     stages.close_rollout(next_ctx, result="rejected", stage="open", reason="test", version=None)
+
+
+def test_nightly_revalidation_rolls_back_a_production_version_that_broke(
+        seeded, make_settings, tracking, monkeypatch):
+    """A kernel that passed its rollout starts returning NaN (say, after a library
+    upgrade): the nightly run fails it and restores the previous production."""
+    from flows.revalidate import revalidate_production
+
+    promoted = rollout(make_settings("nan_under_fault"))
+    assert promoted.result == "promoted", promoted.reason
+    history = registry.production_history(tracking, FAMILY)
+    assert history[-1] == promoted.version
+
+    healthy = revalidate_production(FAMILY, make_settings("nan_under_fault"))
+    assert healthy.result == "passed"
+    assert registry.alias_version(tracking, FAMILY, "production") == promoted.version
+
+    monkeypatch.setattr(Fault, "active", True)
+    broken = revalidate_production(FAMILY, make_settings("nan_under_fault"))
+    assert broken.result == "rolled_back", broken.reason
+    assert registry.alias_version(tracking, FAMILY, "production") == history[-2]
+    assert f"v{history[-2]}" in broken.now_serving and "nan" in broken.reason.lower()
+    assert "re-validation" in version_tags(tracking, promoted.version)[tags.ROLLBACK_REASON]

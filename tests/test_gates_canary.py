@@ -121,7 +121,6 @@ def test_memory_growth_at_the_limit_passes():
 @pytest.mark.parametrize(
     "bad",
     [
-        np.array([0.01]),
         np.array([0.01, np.nan, 0.02]),
         np.array([[0.01, 0.02]]),
         np.array([-1.0, 0.01]),
@@ -150,3 +149,19 @@ def test_latency_not_assessed_cannot_breach_but_is_reported():
                                   latency_not_assessed_reason="interpret mode")
     assert excused.passed and excused.latency_slower
     assert not excused.latency_assessed and excused.latency_not_assessed_reason == "interpret mode"
+
+
+def test_too_few_candidate_requests_leave_latency_unassessed_not_invented():
+    """A 5% step can route 0 or 1 request to the candidate: no test is run on made-up
+    data; the step says why latency was not judged and still checks the rest."""
+    plan = _plan()
+    one = _clean_step(np.array([5.0]), np.full(50, 0.01), plan)
+    assert one.passed and not one.latency_assessed
+    assert "too few" in one.latency_not_assessed_reason and one.n_candidate == 1
+    assert np.isnan(one.p_value)
+    from gates.canary import analyse_canary_step
+
+    none = analyse_canary_step(plan.steps[0], [], np.full(50, 0.01), [], 0, 0, 0, 0, plan)
+    assert none.passed and none.n_candidate == 0 and not none.latency_assessed
+    errors = analyse_canary_step(plan.steps[0], [], np.full(50, 0.01), [], 3, 0, 0, 0, plan)
+    assert not errors.passed and any("errors" in b for b in errors.breaches)
