@@ -55,11 +55,8 @@ rollback with no earlier production): XLA's attention, native on every backend a
 able to run every dtype and shape the serving model uses (cuDNN, for one, refuses
 the model's float32)."""
 
-OWNER_TAG = "kernelgate.alias_owner.{alias}"
+OWNER_TAG = tags.ALIAS_OWNER + "{alias}"
 """Model-version tag: the rollout run that assigned ``shadow``/``canary`` to it."""
-ROLLOUT_RUN_TAG = "kernelgate.rollout_run_id"
-SHADOW_RUN_TAG = "kernelgate.shadow_run_id"
-CANARY_RUNS_TAG = "kernelgate.canary_run_ids"
 SOURCE_DRIFT_TAG = "kernelgate.source_drift.{alias}"
 
 
@@ -496,7 +493,7 @@ def run_shadow(ctx: RolloutContext, version: str, *, model, traffic: serving.Rec
     """
     change = registry.assign_shadow(ctx.tracking, ctx.family, version)
     tag_version(ctx, version, {OWNER_TAG.format(alias="shadow"): ctx.rollout_run_id,
-                                ROLLOUT_RUN_TAG: ctx.rollout_run_id})
+                                tags.ROLLOUT_RUN_ID: ctx.rollout_run_id})
     log_alias_change(ctx.tracking, change, parent_run_id=ctx.rollout_run_id)
     production = endpoint_for(ctx, model, "production")
     candidate = endpoint_for(ctx, model, "shadow", expect_version=version)
@@ -509,10 +506,10 @@ def run_shadow(ctx: RolloutContext, version: str, *, model, traffic: serving.Rec
     with tr.stage_run(ctx.tracking, ctx.family, "shadow", parent_run_id=ctx.rollout_run_id,
                       run_name=f"shadow-v{version}",
                       run_tags={tags.DECISION_RUN_ID: decision_run_id,
-                                "kernelgate.shadow_passed": str(judged.passed).lower()}) as run_id:
+                                tags.SHADOW_PASSED: str(judged.passed).lower()}) as run_id:
         tr.log_model_json(ctx.tracking, run_id, result, "shadow/traffic.json")
         tr.log_model_json(ctx.tracking, run_id, judged, "shadow/analysis.json")
-    tag_version(ctx, version, {SHADOW_RUN_TAG: run_id})
+    tag_version(ctx, version, {tags.SHADOW_RUN_ID: run_id})
     logger.info("shadow: %s", serving.traffic_summary(result))
     return judged
 
@@ -532,8 +529,8 @@ def run_canary_step(ctx: RolloutContext, version: str, step: CanaryStep, *, mode
     judged = _judge_traffic(result, step, thresholds.canary, report)
     run_id = log_canary_step(ctx.tracking, ctx.family, judged, decision_run_id=decision_run_id,
                              parent_run_id=ctx.rollout_run_id)
-    runs = json.loads(version_tags(ctx, version).get(CANARY_RUNS_TAG, "[]"))
-    tag_version(ctx, version, {CANARY_RUNS_TAG: json.dumps([*runs, run_id])})
+    runs = json.loads(version_tags(ctx, version).get(tags.CANARY_RUN_IDS, "[]"))
+    tag_version(ctx, version, {tags.CANARY_RUN_IDS: json.dumps([*runs, run_id])})
     logger.info("%s: %s -> %s", step.name, serving.traffic_summary(result),
                 "pass" if judged.passed else f"breach: {judged.breaches}")
     return judged

@@ -22,6 +22,7 @@ otherwise, and every problem names the run and artifact or link involved. The CL
 from __future__ import annotations
 
 import hashlib
+import json
 from datetime import UTC, datetime, timedelta
 
 from mlflow.entities import Run
@@ -330,4 +331,31 @@ def audit(tracking: Tracking, family: str, alias_or_version: str) -> AuditReport
                 f"{'approved' if approval.approved else 'rejected'} by {approval.approver} "
                 f"at {approval.at:%Y-%m-%dT%H:%M:%SZ}: {approval.comment}",
             )
+    _traffic_stages(walk, mv.tags)
     return report()
+
+
+def _traffic_stages(walk: _Walk, version_tags: dict[str, str]) -> None:
+    """Shadow and canary runs of the rollout that judged the version, each passed.
+
+    Required once the version records a rollout run (the flows always run shadow and
+    canary before promoting); versions promoted by other means show "none recorded".
+    """
+    if tags.ROLLOUT_RUN_ID not in version_tags:
+        walk.link("traffic stages", None, True, "none recorded (not promoted by a rollout flow)")
+        return
+    promoted = tags.PROMOTED_AT in version_tags
+    shadow = walk.run("shadow run", version_tags.get(tags.SHADOW_RUN_ID), "shadow")
+    if shadow is not None:
+        passed = shadow.data.tags.get(tags.SHADOW_PASSED) == "true"
+        walk.link("shadow run", shadow.info.run_id, passed or not promoted,
+                  "passed" if passed else "did not pass")
+    canary_ids = json.loads(version_tags.get(tags.CANARY_RUN_IDS, "[]"))
+    if promoted and not canary_ids:
+        walk.link("canary runs", None, False, "promoted without a recorded canary step")
+    for run_id in canary_ids:
+        run = walk.run("canary run", run_id, "canary")
+        if run is not None:
+            passed = run.data.tags.get(tags.CANARY_PASSED) == "true"
+            walk.link("canary run", run_id, passed or not promoted,
+                      f"{run.info.run_name}: {'passed' if passed else 'did not pass'}")

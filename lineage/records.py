@@ -184,7 +184,7 @@ def log_canary_step(
         run_name=result.step,
         run_tags={
             tags.DECISION_RUN_ID: decision_run_id,
-            "kernelgate.canary_passed": str(result.passed).lower(),
+            tags.CANARY_PASSED: str(result.passed).lower(),
         },
     ) as run_id:
         tr.log_model_json(tracking, run_id, result, f"canary/{result.step}.json")

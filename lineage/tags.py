@@ -44,6 +44,14 @@ REGISTRATION_ID: Final = "kernelgate.registration_id"
 DECISION_RUN_ID: Final = "kernelgate.decision_run_id"
 APPROVAL_RUN_ID: Final = "kernelgate.approval_run_id"
 
+# links from a model version to the traffic stages of the rollout that judged it
+ROLLOUT_RUN_ID: Final = "kernelgate.rollout_run_id"
+SHADOW_RUN_ID: Final = "kernelgate.shadow_run_id"
+CANARY_RUN_IDS: Final = "kernelgate.canary_run_ids"  # JSON list, in step order
+ALIAS_OWNER: Final = "kernelgate.alias_owner."  # + alias: the rollout run that assigned it
+SHADOW_PASSED: Final = "kernelgate.shadow_passed"
+CANARY_PASSED: Final = "kernelgate.canary_passed"
+
 # preregistration run
 THRESHOLDS_SHA256: Final = "kernelgate.thresholds_sha256"
 THRESHOLDS_ARTIFACT: Final = "kernelgate.thresholds_artifact"

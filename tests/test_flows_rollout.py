@@ -117,6 +117,8 @@ def test_passing_candidate_is_promoted_with_full_lineage(seeded, make_settings, 
 
     report = audit(tracking, FAMILY, "production")
     assert report.exit_code == 0, report.render()
+    stages_seen = [link.name for link in report.chain if link.ok]
+    assert "shadow run" in stages_seen and stages_seen.count("canary run") >= 2
 
 
 def test_numerically_wrong_candidate_stops_at_the_gate(seeded, make_settings, tracking):

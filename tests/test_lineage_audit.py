@@ -72,6 +72,7 @@ def test_audit_of_promoted_version_passes(tracking, promoted):
         "evaluation run": chain.evaluation_run_id,
         "preregistration run": chain.registration.registration_id,
         "approval": approval_run_id,
+        "traffic stages": None,  # promoted directly through the registry, not by a rollout
     }
     paths = {(a.run_id, a.path) for a in report.artifacts}
     assert (chain.build_run_id, "build/export/gpu.bin") in paths
