@@ -48,6 +48,7 @@ class RecordedTraffic(BaseModel):
     digest: str = Field(description="sha256 over request ids and texts")
 
     def write(self, path: str | os.PathLike) -> Path:
+        """Write the stream as JSON (creating parent folders); returns the path."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(self.model_dump_json(indent=1))
@@ -184,7 +185,7 @@ class TrafficResult(BaseModel):
                 if getattr(r, key) is not None and getattr(r, f"{side}_error") is None]
 
     def drifts(self) -> list[float]:
-        """Output drift of every request where both endpoints produced an output."""
+        """Output drift (relative L2, dimensionless) of every request where both endpoints produced an output."""
         return [r.output_drift for r in self.records if r.output_drift is not None]
 
     def errors(self, side: str = "candidate") -> int:
@@ -196,6 +197,7 @@ class TrafficResult(BaseModel):
         return sum(1 for r in self.records if getattr(r, f"{side}_error") == NON_FINITE)
 
     def served_count(self, side: str) -> int:
+        """Requests served (not mirrored) by ``side`` ('candidate' or 'production')."""
         return sum(1 for r in self.records if r.served_by == side)
 
 
