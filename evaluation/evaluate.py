@@ -130,6 +130,7 @@ def evaluate_candidate(
     warmup: int | None = None,
     error_threshold: float | None = None,
     progress: bool = True,
+    measure_speed: bool = True,
 ) -> EvaluationReport:
     """Evaluate a candidate attention kernel on one split of a test set.
 
@@ -154,6 +155,8 @@ def evaluate_candidate(
             see ``evaluation.performance``).
         error_threshold: optional line on the error plot.
         progress: show tqdm progress bars.
+        measure_speed: time the implementations; ``False`` (e.g. on the confirmation
+            split, whose speed was judged on held-out) leaves speed not assessed, saying so.
 
     Returns:
         The ``EvaluationReport`` (also written to ``out_dir/evaluation_report.json``).
@@ -210,28 +213,33 @@ def evaluate_candidate(
 
     native = {"candidate": cand_info.native, "baseline": base_info.native,
               "production": prod[1].native if prod else False}
-    report.speed_assessed = cand_info.native
-    if not cand_info.native:
+    perf = None
+    if not measure_speed:
+        report.speed_assessed = False
+        report.speed_not_assessed_reason = "speed not measured in this evaluation (accuracy only)"
+        native = dict.fromkeys(native, False)
+    elif not cand_info.native:
+        report.speed_assessed = False
         report.speed_not_assessed_reason = (
             f"{cand_info.name} is not native on {backend} (it runs interpreted; native on "
             f"{cand_info.target_platform}); latency is recorded for information only")
-    shapes = list(perf_shapes) if perf_shapes is not None else default_shapes(backend)
-    perf = measure_performance(fns, shapes, baseline="baseline", repeats=repeats, warmup=warmup,
-                               progress=bar(len(shapes), "performance"))
-    report.performance = perf
-    failed = [s.shape.label for s in perf.shapes if not s.implementations["candidate"].ok]
-    if failed:
-        # Not "not assessed": a kernel that cannot run a benchmark shape fails speed,
-        # which the gate sees as missing speed metrics.
-        logger.error("candidate failed on benchmark shapes %s; no speed metrics", failed)
-    report.speedups = {role: x for role in fns if role != "baseline"
-                       if (x := perf.speedup(role)) is not None}
+    else:
+        report.speed_assessed = True
+    if measure_speed:
+        shapes = list(perf_shapes) if perf_shapes is not None else default_shapes(backend)
+        perf = measure_performance(fns, shapes, baseline="baseline", repeats=repeats,
+                                   warmup=warmup, progress=bar(len(shapes), "performance"))
+        report.performance = perf
+        if native["candidate"] and perf.common_shapes("candidate") is None:
+            failed = [s.shape.label for s in perf.shapes if not s.implementations["candidate"].ok]
+            report.speed_assessed = False
+            report.speed_not_assessed_reason = f"candidate failed on benchmark shapes {failed}"
 
     def flat(role: str, speed: bool) -> dict[str, float]:
         out = report.accuracy[role].metrics()
         if role in report.model_accuracy:
             out.update(report.model_accuracy[role].metrics())
-        if speed:
+        if speed and perf is not None:
             out.update(perf.metrics(role))
         return out
 

@@ -40,6 +40,7 @@ build = stage_task(stages.build_candidate, name="build")
 prepare_testset = stage_task(stages.prepare_testset, name="prepare-testset")
 evaluate = stage_task(stages.evaluate_build, name="evaluate")
 gate = stage_task(stages.gate, name="gate")
+confirm = stage_task(stages.confirm, name="confirm")
 shadow = stage_task(stages.run_shadow, name="shadow")
 canary_step = stage_task(stages.run_canary_step, name="canary-step")
 enter_canary = stage_task(stages.enter_canary, name="enter-canary")
@@ -201,6 +202,12 @@ def _rollout_stages(ctx: RolloutContext, settings: RolloutSettings, state: dict)
                              decision_run_id=decision_run_id, progress=_progress(step.name))
         if not result.passed:
             return stop(step.name, f"{step.name}: {'; '.join(result.breaches)}")
+
+    confirmation, _ = confirm(ctx, settings, version, registration=registration,
+                              build_run_id=build_run_id, testset_dir=testset_dir,
+                              config=settings.config, model=model)
+    if not confirmation.passed:
+        return stop("confirmation", f"confirmation split: {confirmation.summary}")
 
     ok, approval_run_id = approved("canary->production")
     if not ok:

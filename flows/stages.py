@@ -340,9 +340,15 @@ def source_drift(ctx: RolloutContext, version: str) -> str | None:
 def evaluate_build(ctx: RolloutContext, settings: RolloutSettings, *, registration: Registration,
                    build_run_id: str, testset_dir: Path, implementation: str | None = None,
                    config: kernels.BlockSizes | None = None, compare_production: bool = True,
-                   model=None, stage: tags.Stage = "evaluation") -> tuple[EvaluationReport, str]:
-    """Evaluate a build on the held-out split against naive (and production) and log
-    the report, plots, GX validation result and test-set dataset to an evaluation run.
+                   model=None, stage: tags.Stage = "evaluation", split: str = "heldout",
+                   measure_speed: bool = True) -> tuple[EvaluationReport, str]:
+    """Evaluate a build on one split (default ``heldout``) against naive (and production)
+    and log the report, plots, GX validation result and test-set dataset to an
+    evaluation run.
+
+    Raises:
+        FileNotFoundError: no test set in ``testset_dir``.
+        ValueError: unknown implementation or split.
 
     Returns:
         ``(report, evaluation_run_id)``.
@@ -353,14 +359,15 @@ def evaluate_build(ctx: RolloutContext, settings: RolloutSettings, *, registrati
     implementation = implementation or ctx.implementation
     _, production, production_config = (production_implementation(ctx) if compare_production
                                          else (None, None, None))
-    out = ctx.work_dir / stage
+    out = ctx.work_dir / f"{stage}-{split}"
     manifest = load_manifest(testset_dir)
-    run_tags = {tags.BUILD_RUN_ID: build_run_id, tags.REGISTRATION_ID: registration.registration_id}
+    run_tags = {tags.BUILD_RUN_ID: build_run_id, tags.REGISTRATION_ID: registration.registration_id,
+                "kernelgate.split": split}
     with tr.stage_run(ctx.tracking, ctx.family, stage, parent_run_id=ctx.rollout_run_id,
-                      run_name=f"{stage}-{implementation}", run_tags=run_tags) as run_id:
+                      run_name=f"{stage}-{split}-{implementation}", run_tags=run_tags) as run_id:
         tr.log_dataset(ctx.tracking, run_id, name=f"kernelgate-testset-{manifest.profile}",
                        digest=manifest.digest, source_uri=str(Path(testset_dir).resolve()),
-                       context="heldout")
+                       context=split)
         if model is not None:
             tr.log_dataset(ctx.tracking, run_id, name="all-MiniLM-L6-v2-weights",
                            digest=model.weights_sha256, source_uri=str(model.path),
@@ -368,7 +375,8 @@ def evaluate_build(ctx: RolloutContext, settings: RolloutSettings, *, registrati
             tr.set_tags(ctx.tracking, run_id, {"kernelgate.model_weights_sha256": model.weights_sha256})
         try:
             report = evaluate_candidate(implementation, testset_dir=testset_dir, out_dir=out,
-                                        split="heldout", production=production, config=config,
+                                        split=split, production=production, config=config,
+                                        measure_speed=measure_speed,
                                         production_config=production_config,
                                         model=model if settings.model_check else None,
                                         repeats=settings.perf_repeats,
@@ -410,6 +418,38 @@ def gate(ctx: RolloutContext, report: EvaluationReport, *, thresholds_path: Path
                                    parent_run_id=ctx.rollout_run_id)
     logger.info("gate: %s — %s", decision.verdict, decision.summary)
     return decision, decision_run_id, thresholds
+
+
+CONFIRMATION_TAG = "kernelgate.confirmation_decision_run_id"
+
+
+def confirm(ctx: RolloutContext, settings: RolloutSettings, version: str, *,
+            registration: Registration, build_run_id: str, testset_dir: Path,
+            config: kernels.BlockSizes | None, model=None) -> tuple[GateDecision, str]:
+    """Judge the candidate once on the ``confirmation`` split, kept back until now.
+
+    Accuracy criteria only (speed was judged on held-out data and in canary), under
+    the same preregistered thresholds. The decision is logged as a gate run and linked
+    from the version (``kernelgate.confirmation_decision_run_id``).
+
+    Returns:
+        ``(decision, decision_run_id)``.
+    """
+    report, evaluation_run_id = evaluate_build(
+        ctx, settings, registration=registration, build_run_id=build_run_id,
+        testset_dir=testset_dir, config=config, compare_production=False,
+        model=model if settings.model_check else None, split="confirmation",
+        measure_speed=False)
+    verify_registration(registration.registration_id, settings.thresholds, report.started_at,
+                        tracking=ctx.tracking)
+    decision = decide(report, load_thresholds(settings.thresholds), registration,
+                      kinds={"accuracy"})
+    decision_run_id = log_decision(ctx.tracking, ctx.family, decision, build_run_id=build_run_id,
+                                   evaluation_run_id=evaluation_run_id,
+                                   parent_run_id=ctx.rollout_run_id)
+    tag_version(ctx, version, {CONFIRMATION_TAG: decision_run_id})
+    logger.info("confirmation split: %s — %s", decision.verdict, decision.summary)
+    return decision, decision_run_id
 
 
 def reject(ctx: RolloutContext, version: str, reason: str) -> None:

@@ -24,7 +24,7 @@ imported), so any object with those attributes can be judged.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from datetime import UTC, datetime
 from typing import Literal, Protocol
 
@@ -106,6 +106,9 @@ class GateDecision(BaseModel):
     evaluation_started_at: AwareDatetime
     decided_at: AwareDatetime
     approval_policy: ApprovalPolicy
+    scope: list[str] | None = Field(
+        default=None, description="Criterion kinds judged; None means every criterion."
+    )
 
     @property
     def passed(self) -> bool:
@@ -262,6 +265,7 @@ def decide(
     registration: Registration,
     *,
     now: datetime | None = None,
+    kinds: Collection[str] | None = None,
 ) -> GateDecision:
     """Judge ``report`` against the criteria for ``report.target_platform``.
 
@@ -272,6 +276,9 @@ def decide(
         registration: from :func:`gates.preregistration.verify_registration` or
             :func:`gates.preregistration.preregister`.
         now: decision time (UTC), for tests; defaults to the current time.
+        kinds: judge only criteria of these kinds (e.g. ``{"accuracy"}`` on the
+            confirmation split, whose speed was judged on the held-out split); ``None``
+            judges every criterion. The decision records the scope.
 
     Returns:
         A :class:`GateDecision`; verdict ``promote`` only when no criterion failed or was
@@ -292,7 +299,10 @@ def decide(
     results = [
         _judge(c, report, thresholds.min_cases_per_category)
         for c in (*criteria.value, *criteria.change)
+        if kinds is None or c.kind in kinds
     ]
+    if not results:
+        raise ValueError(f"no criterion of kinds {sorted(kinds or [])} for {report.target_platform}")
     blocks = thresholds.not_assessed_blocks_promotion
     verdict: Verdict = "reject" if any(_blocking(r, blocks) for r in results) else "promote"
     not_assessed = [r.name for r in results if r.status == "not_assessed"]
@@ -324,4 +334,5 @@ def decide(
         evaluation_started_at=report.started_at,
         decided_at=now or datetime.now(UTC),
         approval_policy=thresholds.approval,
+        scope=sorted(kinds) if kinds is not None else None,
     )

@@ -111,8 +111,13 @@ def test_passing_candidate_is_promoted_with_full_lineage(seeded, make_settings, 
     assert outcome.version != seeded["production"]
     mv_tags = version_tags(tracking, outcome.version)
     assert mv_tags[stages.IMPLEMENTATION_TAG] == "test_good"
-    for link in (tags.DECISION_RUN_ID, tags.EVALUATION_RUN_ID, tags.REGISTRATION_ID):
+    for link in (tags.DECISION_RUN_ID, tags.EVALUATION_RUN_ID, tags.REGISTRATION_ID,
+                 stages.CONFIRMATION_TAG):
         assert link in mv_tags
+    from lineage.records import load_decision
+
+    confirmation = load_decision(tracking, mv_tags[stages.CONFIRMATION_TAG]).decision
+    assert confirmation.passed and confirmation.scope == ["accuracy"]
     from lineage.audit import audit
 
     report = audit(tracking, FAMILY, "production")

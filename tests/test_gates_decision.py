@@ -185,3 +185,20 @@ def test_bad_platform_and_naive_time_are_value_errors():
         decide(_report(target_platform="fpga"), thresholds, registration)
     with pytest.raises(ValueError, match="timezone"):
         decide(_report(started_at=datetime(2026, 1, 2)), thresholds, registration)
+
+
+def test_accuracy_scope_judges_only_accuracy_criteria_and_records_it():
+    """The confirmation split is judged on accuracy alone: without speed metrics the
+    full gate rejects (missing metrics fail), the accuracy-scoped one does not, and a
+    broken accuracy metric still fails it."""
+    thresholds, registration = _frozen(thresholds_yaml())
+    accuracy_only = {k: v for k, v in passing_metrics().items()
+                     if not k.startswith(("latency.", "memory.", "throughput.", "compile."))}
+    report = _report(accuracy_only)
+    assert decide(report, thresholds, registration).verdict == "reject"
+    scoped = decide(report, thresholds, registration, kinds={"accuracy"})
+    assert scoped.verdict == "promote" and scoped.scope == ["accuracy"]
+    assert {c.kind for c in scoped.criteria} == {"accuracy"}
+    broken = decide(_report({**accuracy_only, "accuracy.all.nan_count": 3.0}), thresholds,
+                    registration, kinds={"accuracy"})
+    assert broken.verdict == "reject"
