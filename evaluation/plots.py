@@ -144,6 +144,9 @@ def plot_speedup_vs_seq_len(perf: PerformanceResult, path: str | Path) -> Path:
                 color=_color(role, roles.index(role)), label=f"{role}: {family}")
     ax.axhline(1.0, color="grey", linestyle="--", linewidth=1, label=f"{perf.baseline} (1x)")
     ax.set_xscale("log", base=2)
+    # Speedups span orders of magnitude (an interpreted kernel is ~0.01x, a native one
+    # several x): a log axis keeps both readable around the 1x line.
+    ax.set_yscale("log")
     lengths = sorted({s.shape.kv_len for s in perf.shapes})
     ax.set_xticks(lengths, [str(n) for n in lengths])
     ax.minorticks_off()

@@ -1,8 +1,10 @@
-"""``kernelgate`` command line: rollout, evaluate, revalidate, audit, ui, testset, serve.
+"""Governed rollout of flash-attention kernels: build, evaluate, gate, shadow, canary, promote.
 
-Run ``kernelgate --help``. Defaults are the embedded local setup: Prefect's
-temporary server, MLflow on SQLite under ``.kernelgate/``, whatever device JAX sees.
-Point at shared servers with ``PREFECT_API_URL`` and ``MLFLOW_TRACKING_URI``.
+Defaults are the embedded local setup: Prefect's temporary server, MLflow on SQLite
+under .kernelgate/, whatever device JAX sees. Point at shared servers with
+PREFECT_API_URL and MLFLOW_TRACKING_URI. Exit codes: 0 the command did its job (a
+rejection or rollback is a result, printed), 1 an error, 2 bad arguments or a
+re-validation that rolled back.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS",
                       "kernelgate,kernels,evaluation,gates,lineage,flows")
 
+import importlib  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
 import subprocess  # noqa: E402
@@ -44,11 +47,23 @@ BlockKV = Annotated[int | None, typer.Option(help="key/value block size (tokens)
 
 def _settings(implementation: str, thresholds: Path, store_dir: Path, block_q: int | None,
               block_kv: int | None, **extra) -> RolloutSettings:
-    from kernels import BlockSizes
+    import kernels
+    from flows.stages import candidate_implementation
+    from gates.thresholds import load_thresholds
 
-    config = None
-    if block_q or block_kv:
-        config = BlockSizes(**{k: v for k, v in (("block_q", block_q), ("block_kv", block_kv)) if v})
+    # Fail on bad arguments before anything is logged or evaluated.
+    try:
+        name = candidate_implementation(implementation, kernels.default_backend())
+        load_thresholds(thresholds)
+        config = None
+        if block_q or block_kv:
+            config = kernels.BlockSizes(**{k: v for k, v in (("block_q", block_q),
+                                                             ("block_kv", block_kv)) if v})
+            module = importlib.import_module(kernels.IMPLEMENTATIONS[name].module)
+            if hasattr(module, "check_block_sizes"):
+                module.check_block_sizes(config)
+    except ValueError as err:
+        raise typer.BadParameter(f"{err}") from None
     return RolloutSettings(implementation=implementation, thresholds=thresholds.resolve(),
                            store_dir=store_dir, config=config, **extra)
 
@@ -61,8 +76,7 @@ def rollout(implementation: Implementation = "auto",
             documents_dir: Annotated[Path | None, typer.Option(
                 help="folder of real documents (*.txt, *.md); default: installed packages' descriptions")] = None,
             block_q: BlockQ = None, block_kv: BlockKV = None) -> None:
-    """Run a full governed rollout: preregister, build, evaluate, gate, shadow, approval,
-    canary, then promote or roll back."""
+    """Run a full governed rollout (preregister, build, evaluate, gate, shadow, approval, canary, confirm, then promote or roll back)."""
     from flows.rollout import rollout as rollout_flow
 
     settings = _settings(implementation, thresholds, store_dir, block_q, block_kv,
@@ -99,13 +113,20 @@ def revalidate(family: Annotated[str, typer.Option(help="kernel family (auto: na
 
 @app.command()
 def audit(target: Annotated[str, typer.Argument(help="alias (production, canary, shadow) or version number")] = "production",
-          family: Annotated[str, typer.Option(help="kernel family")] = "pallas_tpu",
+          family: Annotated[str, typer.Option(help="kernel family (auto: native flash kernel)")] = "auto",
           store_dir: StoreDir = Path(".kernelgate")) -> None:
-    """Print the lineage chain of a version and re-verify every logged artifact's sha256.
-    Exits non-zero, naming the artifact or link, on any mismatch or broken link."""
+    """Print the lineage chain of a version and re-verify every logged artifact's sha256 (exit 1 on any mismatch or broken link)."""
     from lineage import tracking as tr
     from lineage.audit import audit as run_audit
 
+    if not os.environ.get("MLFLOW_TRACKING_URI") and not (store_dir / "mlflow.db").exists():
+        raise typer.BadParameter(f"no MLflow store at {store_dir.resolve()} (run a rollout first, "
+                                 "or pass --store-dir / set MLFLOW_TRACKING_URI)")
+    if family == "auto":
+        import kernels
+        from flows.stages import NATIVE_FAMILY
+
+        family = NATIVE_FAMILY.get(kernels.default_backend(), "pallas_tpu")
     tracking = tr.default_tracking() if os.environ.get("MLFLOW_TRACKING_URI") else tr.local_tracking(store_dir)
     result = run_audit(tracking, family, target)
     typer.echo(result.render())
@@ -115,12 +136,13 @@ def audit(target: Annotated[str, typer.Argument(help="alias (production, canary,
 @app.command()
 def ui(store_dir: StoreDir = Path(".kernelgate"),
        port: Annotated[int, typer.Option(help="port of the MLflow UI")] = 5000) -> None:
-    """Open the MLflow UI on the local store (the Prefect UI: `prefect server start`)."""
+    """Open the MLflow UI on the local store (for the Prefect UI run `prefect server start`)."""
     from lineage import tracking as tr
 
     tracking = tr.local_tracking(store_dir)
     cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", tracking.tracking_uri,
-           "--default-artifact-root", tracking.artifact_root or "", "--port", str(port)]
+           "--default-artifact-root", tracking.artifact_root or "", "--port", str(port),
+           "--workers", "1"]
     typer.echo(f"MLflow UI on http://127.0.0.1:{port}  ({' '.join(cmd)})")
     raise typer.Exit(subprocess.call(cmd))
 
@@ -141,8 +163,7 @@ def testset(out: Annotated[Path, typer.Option(help="output folder")] = Path(".ke
 
 @app.command()
 def serve() -> None:
-    """Serve the deployments from this process: nightly re-validation (cron 02:00 UTC)
-    and on-demand rollout. Needs a Prefect server (`prefect server start`)."""
+    """Serve the deployments from this process: nightly re-validation (02:00 UTC) and on-demand rollout (needs `prefect server start`)."""
     from prefect import serve as prefect_serve
 
     from flows.revalidate import revalidate_production

@@ -600,11 +600,18 @@ def enter_canary(ctx: RolloutContext, version: str, *, decision_run_id: str,
 
 def promote_version(ctx: RolloutContext, version: str, *, decision_run_id: str,
                     approval_run_id: str | None) -> None:
-    """Move ``production`` (verified decision and approval) and retire ``shadow``."""
+    """Move ``production`` (verified decision and approval) and retire the version's
+    ``shadow`` alias, whose job is done.
+
+    Raises:
+        PromotionRefused: no passing, intact decision for this build, or a missing approval.
+    """
     change = registry.promote(ctx.tracking, ctx.family, version, decision_run_id=decision_run_id,
                               approval_run_id=approval_run_id)
     log_alias_change(ctx.tracking, change, parent_run_id=ctx.rollout_run_id)
-    registry.clear_stale(ctx.tracking, ctx.family, "shadow", reason=f"v{version} promoted")
+    if registry.alias_version(ctx.tracking, ctx.family, "shadow") == version:
+        ctx.tracking.client().delete_registered_model_alias(
+            registry.registered_model_name(ctx.family), "shadow")
     logger.info("promoted v%s to production (previous: %s)", version, change.previous_version)
 
 

@@ -47,6 +47,19 @@ def compare(observed: float, op: Op, threshold: float) -> bool:
     return _OPS[op](observed, threshold)
 
 
+_CATEGORY_METRICS = ("max_rel_error", "median_rel_error", "max_error_ratio_to_baseline",
+                     "max_abs_error", "nan_count", "inf_count", "n_cases")
+KNOWN_METRICS: frozenset[str] = frozenset(
+    {f"accuracy.{cat}.{m}" for cat in ("ordinary", "hard", "adversarial", "all")
+     for m in _CATEGORY_METRICS}
+    | {"model.min_cosine_similarity", "model.mean_cosine_similarity", "latency.p50_s",
+       "latency.p95_s", "latency.p99_s", "throughput.tflops", "memory.peak_bytes",
+       "compile.time_s"})
+"""Metric names an evaluation report carries (ARCHITECTURE.md, "evaluation"): a
+criterion naming anything else is a typo, refused when the file is loaded rather
+than failed as "missing" after minutes of evaluation."""
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -55,6 +68,14 @@ class _Criterion(_Strict):
     name: str = Field(description="Stable identifier shown in decisions, e.g. 'all-nan-free'.")
     metric: str = Field(description="Metric name from the evaluation report (ARCHITECTURE.md).")
     kind: CriterionKind
+
+    @field_validator("metric")
+    @classmethod
+    def _known_metric(cls, metric: str) -> str:
+        if metric not in KNOWN_METRICS:
+            close = sorted(m for m in KNOWN_METRICS if m.split(".")[0] == metric.split(".")[0])
+            raise ValueError(f"unknown metric {metric!r}; known metrics of that family: {close}")
+        return metric
     native_only: bool | None = Field(
         default=None,
         description="Judge only when the candidate ran natively (report.speed_assessed); "

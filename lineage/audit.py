@@ -199,7 +199,13 @@ def audit(tracking: Tracking, family: str, alias_or_version: str) -> AuditReport
         )
 
     if version is None:
-        walk.link("version", None, False, f"{alias_or_version!r} is neither an alias nor a version")
+        try:
+            tracking.client().get_registered_model(name)
+            why = (f"{alias_or_version!r} is not a version number and no such alias is set; "
+                   f"aliases now: {current or 'none'}")
+        except MlflowException:
+            why = f"registered model {name!r} does not exist in this store (family {family!r})"
+        walk.link("version", None, False, why)
         return report()
     try:
         mv = tracking.client().get_model_version(name, version)
@@ -344,6 +350,18 @@ def _traffic_stages(walk: _Walk, version_tags: dict[str, str]) -> None:
     if tags.ROLLOUT_RUN_ID not in version_tags:
         walk.link("traffic stages", None, True, "none recorded (not promoted by a rollout flow)")
         return
+    rollout = walk.run("rollout run", version_tags[tags.ROLLOUT_RUN_ID], "rollout")
+    if rollout is not None:
+        # Every stage run of that rollout (alias moves, outcome, traffic records) has its
+        # artifacts re-verified too, not only the runs the chain links to.
+        children = walk.tracking.client().search_runs(
+            [rollout.info.experiment_id],
+            filter_string=f"tags.`{tags.PARENT}` = '{rollout.info.run_id}'")
+        for child in children:
+            walk.runs.append((f"{child.data.tags.get(tags.STAGE, 'stage')} run", child.info.run_id))
+        walk.link("rollout run", rollout.info.run_id, True,
+                  f"{rollout.data.tags.get('kernelgate.result', 'unfinished')}; "
+                  f"{len(children)} stage runs")
     promoted = tags.PROMOTED_AT in version_tags
     shadow = walk.run("shadow run", version_tags.get(tags.SHADOW_RUN_ID), "shadow")
     if shadow is not None:

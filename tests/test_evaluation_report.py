@@ -68,6 +68,10 @@ def test_flat_metrics_carry_the_architecture_names(report):
     assert set(report.production_metrics) == expected
     assert all(isinstance(v, float) and math.isfinite(v) for v in report.metrics.values())
     assert report.speed_assessed and report.speed_not_assessed_reason is None
+    # the gate's schema accepts exactly the names an evaluation emits
+    from gates.thresholds import KNOWN_METRICS
+
+    assert set(report.metrics) <= KNOWN_METRICS
 
 
 def test_baseline_metrics_are_the_naive_kernels_own(report):

@@ -107,3 +107,11 @@ def test_hash_tracks_bytes_not_meaning():
     b = parse_thresholds((text + "# a comment\n").encode())
     assert a.model_dump() == b.model_dump()  # same content...
     assert a.source_sha256 != b.source_sha256  # ...but a different file: preregistration notices
+
+
+def test_a_misspelled_metric_is_refused_when_the_file_is_loaded():
+    text = (ROOT / "thresholds" / "local-dry-run.yaml").read_text()
+    assert "accuracy.all.nan_count" in text
+    with pytest.raises(ValueError, match="unknown metric 'accuracy.all.nan_cout'"):
+        parse_thresholds(text.replace("accuracy.all.nan_count", "accuracy.all.nan_cout", 1).encode(),
+                         source="typo.yaml")
