@@ -150,7 +150,7 @@ def test_forged_decision_document_is_caught(tracking, promoted):
 def test_unknown_alias_and_unpromoted_version(tracking, promoted, tmp_path):
     family, chain, _ = promoted
     report = audit(tracking, family, "canary")
-    assert report.exit_code == 1 and "neither an alias nor a version" in report.problems[0]
+    assert report.exit_code == 1 and "no such alias is set" in report.problems[0]
     # a version that was only registered needs no decision and audits clean
     path = tmp_path / "t2.yaml"
     path.write_text(thresholds_yaml())
