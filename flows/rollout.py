@@ -215,7 +215,7 @@ def _rollout_stages(ctx: RolloutContext, settings: RolloutSettings, state: dict)
     promote(ctx, version, decision_run_id=decision_run_id, approval_run_id=approval_run_id)
     state["promoted"] = True
     return _finish(ctx, result="promoted", stage="promotion",
-                   reason="every gate, shadow and canary criterion passed", version=version,
+                   reason="every gate, shadow, canary and confirmation criterion passed", version=version,
                    decision=decision)
 
 
