@@ -10,7 +10,6 @@ jax/jaxlib upgrade that breaks a kernel that once passed.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Literal
 
 from prefect import flow, get_run_logger
@@ -109,24 +108,15 @@ def _revalidate(ctx: RolloutContext, settings: RolloutSettings) -> RevalidationO
     if passed:
         return _finish(ctx, version, "passed",
                        f"v{version} still meets its preregistered thresholds", drift)
-    target = _roll_back(ctx, version, f"nightly re-validation failed: {why}")
+    target = _roll_back(ctx, f"nightly re-validation failed: {why}")
     return _finish(ctx, version, "rolled_back",
                    f"v{version} failed re-validation ({why}); rolled back to {target}", drift)
 
 
-def _roll_back(ctx: RolloutContext, version: str, reason: str) -> str:
+def _roll_back(ctx: RolloutContext, reason: str) -> str:
     """Restore the previous production, or retire the alias so the native baseline
     serves when no earlier version is usable. Returns what serves now."""
-    try:
-        change = registry.rollback(ctx.tracking, ctx.family, reason=reason)
-    except registry.PromotionRefused as err:
-        client = ctx.tracking.client()
-        client.delete_registered_model_alias(registry.registered_model_name(ctx.family),
-                                             "production")
-        stages.tag_version(ctx, version, {tags.ROLLBACK_REASON: f"{reason}; {err}"})
-        change = registry.AliasChange(family=ctx.family, alias="production", version=None,
-                                      previous_version=version, at=datetime.now(UTC),
-                                      action="rollback", reason=f"{reason}; {err}")
+    change = registry.rollback(ctx.tracking, ctx.family, reason=reason, retire_if_unusable=True)
     log_alias_change(ctx.tracking, change, parent_run_id=ctx.rollout_run_id)
     return (f"previous production v{change.version}" if change.version
             else f"the native baseline ({stages.NATIVE_BASELINE}); no earlier usable production")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import sys
 import time
@@ -216,16 +217,13 @@ def _clear_if_stale(ctx: RolloutContext, alias: str, lease_s: float) -> None:
 
 
 def version_tags(ctx: RolloutContext, version: str) -> dict[str, str]:
-    """The tags of one model version of the family."""
-    name = registry.registered_model_name(ctx.family)
-    return dict(ctx.tracking.client().get_model_version(name, version).tags)
+    """The tags of one model version of this rollout's family."""
+    return registry.version_tags(ctx.tracking, ctx.family, version)
 
 
 def tag_version(ctx: RolloutContext, version: str, values: dict[str, str]) -> None:
-    """Set tags on one model version of the family (links from the version to runs)."""
-    name = registry.registered_model_name(ctx.family)
-    for key, value in values.items():
-        ctx.tracking.client().set_model_version_tag(name, version, key, value)
+    """Set tags on one model version of this rollout's family."""
+    registry.tag_version(ctx.tracking, ctx.family, version, values)
 
 
 def preregister_thresholds(ctx: RolloutContext, thresholds_path: Path) -> Registration:
@@ -272,11 +270,8 @@ def build_candidate(ctx: RolloutContext, config: kernels.BlockSizes | None) -> t
                 client.log_metric(run_id, "build.temp_bytes", build.local.memory.temp_bytes)
         tr.log_directory(ctx.tracking, run_id, out, "build")
     version = registry.register_build(ctx.tracking, ctx.family, run_id, artifact_path="build")
-    client = ctx.tracking.client()
-    name = registry.registered_model_name(ctx.family)
-    client.set_model_version_tag(name, version, IMPLEMENTATION_TAG, ctx.implementation)
-    client.set_model_version_tag(name, version, CONFIG_TAG,
-                                 config.model_dump_json() if config else "null")
+    tag_version(ctx, version, {IMPLEMENTATION_TAG: ctx.implementation,
+                               CONFIG_TAG: config.model_dump_json() if config else "null"})
     logger.info("built %s: build run %s, registered as v%s", ctx.implementation, run_id, version)
     return run_id, version
 
@@ -387,7 +382,7 @@ def evaluate_build(ctx: RolloutContext, settings: RolloutSettings, *, registrati
             tr.log_file(ctx.tracking, run_id, Path(testset_dir) / "manifest.json", "testset")
         client = ctx.tracking.client()
         for name, value in report.metrics.items():
-            if value == value and abs(value) != float("inf"):
+            if math.isfinite(value):  # MLflow metrics are finite; the report keeps the rest
                 client.log_metric(run_id, name, float(value))
         tr.set_tags(ctx.tracking, run_id, {
             "kernelgate.speed_assessed": str(report.speed_assessed).lower(),
@@ -454,9 +449,7 @@ def confirm(ctx: RolloutContext, settings: RolloutSettings, version: str, *,
 
 def reject(ctx: RolloutContext, version: str, reason: str) -> None:
     """Record why a version stops here; aliases pointing at it are removed (rollback)."""
-    client = ctx.tracking.client()
-    client.set_model_version_tag(registry.registered_model_name(ctx.family), version,
-                                 REJECTION_TAG, reason)
+    tag_version(ctx, version, {REJECTION_TAG: reason})
     for alias in ("shadow", "canary"):
         if registry.alias_version(ctx.tracking, ctx.family, alias) == version:
             change = registry.rollback(ctx.tracking, ctx.family, reason=reason, alias=alias)
@@ -600,8 +593,8 @@ def enter_canary(ctx: RolloutContext, version: str, *, decision_run_id: str,
 
 def promote_version(ctx: RolloutContext, version: str, *, decision_run_id: str,
                     approval_run_id: str | None) -> None:
-    """Move ``production`` (verified decision and approval) and retire the version's
-    ``shadow`` alias, whose job is done.
+    """Move ``production`` (verified decision and approval; the version's ``shadow`` and
+    ``canary`` aliases retire with it).
 
     Raises:
         PromotionRefused: no passing, intact decision for this build, or a missing approval.
@@ -609,9 +602,6 @@ def promote_version(ctx: RolloutContext, version: str, *, decision_run_id: str,
     change = registry.promote(ctx.tracking, ctx.family, version, decision_run_id=decision_run_id,
                               approval_run_id=approval_run_id)
     log_alias_change(ctx.tracking, change, parent_run_id=ctx.rollout_run_id)
-    if registry.alias_version(ctx.tracking, ctx.family, "shadow") == version:
-        ctx.tracking.client().delete_registered_model_alias(
-            registry.registered_model_name(ctx.family), "shadow")
     logger.info("promoted v%s to production (previous: %s)", version, change.previous_version)
 
 

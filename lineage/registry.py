@@ -205,7 +205,13 @@ def _check_approval(
         raise PromotionRefused(f"approval run {approval_run_id} refused: {'; '.join(reasons)}")
 
 
-def _tag_version(tracking: Tracking, family: str, version: str, values: dict[str, str]) -> None:
+def version_tags(tracking: Tracking, family: str, version: str) -> dict[str, str]:
+    """The tags of one model version of the family's registered model."""
+    return dict(tracking.client().get_model_version(registered_model_name(family), version).tags)
+
+
+def tag_version(tracking: Tracking, family: str, version: str, values: dict[str, str]) -> None:
+    """Set tags on one model version (the links from a version to the runs that judged it)."""
     client = tracking.client()
     for key, value in values.items():
         client.set_model_version_tag(registered_model_name(family), version, key, value)
@@ -244,7 +250,7 @@ def assign_canary(
     _check_approval(tracking, record, version, _TRANSITION["canary"], approval_run_id)
     previous = alias_version(tracking, family, "canary")
     tracking.client().set_registered_model_alias(registered_model_name(family), "canary", version)
-    _tag_version(tracking, family, version, {tags.DECISION_RUN_ID: decision_run_id})
+    tag_version(tracking, family, version, {tags.DECISION_RUN_ID: decision_run_id})
     return AliasChange(
         family=family,
         alias="canary",
@@ -267,8 +273,8 @@ def promote(
 ) -> AliasChange:
     """Move ``production`` to ``version`` after verifying its passing decision and approval.
 
-    Records the previous production version on the registered model and clears a
-    ``canary`` alias that pointed at ``version``.
+    Records the previous production version on the registered model and clears the
+    ``canary`` and ``shadow`` aliases that pointed at ``version`` (their job is done).
 
     Raises:
         PromotionRefused: no passing, intact decision for this build; approval missing or
@@ -296,9 +302,10 @@ def promote(
     }
     if approval_run_id:
         version_tags[tags.APPROVAL_RUN_ID] = approval_run_id
-    _tag_version(tracking, family, version, version_tags)
-    if current.get("canary") == version:
-        client.delete_registered_model_alias(name, "canary")
+    tag_version(tracking, family, version, version_tags)
+    for done in ("canary", "shadow"):
+        if current.get(done) == version:
+            client.delete_registered_model_alias(name, done)
     return AliasChange(
         family=family,
         alias="production",
@@ -312,16 +319,28 @@ def promote(
 
 
 def rollback(
-    tracking: Tracking, family: str, *, reason: str, alias: Alias = "production"
+    tracking: Tracking,
+    family: str,
+    *,
+    reason: str,
+    alias: Alias = "production",
+    retire_if_unusable: bool = False,
 ) -> AliasChange:
     """Undo the version behind ``alias`` and tag it with ``reason``.
 
     For ``production``: restore the previously promoted version (its decision re-verified)
     or remove the alias when there is none. For ``canary``/``shadow``: remove the alias.
 
+    Args:
+        retire_if_unusable: when the previous production version no longer has a usable
+            decision, remove ``production`` (the native baseline serves) instead of
+            raising; the reason records why. For recovery paths that must not leave a
+            failing version in production.
+
     Raises:
         ValueError: empty reason, or ``alias`` points at nothing.
-        PromotionRefused: the previous production version no longer has a usable decision.
+        PromotionRefused: the previous production version no longer has a usable decision
+            (and ``retire_if_unusable`` is False).
     """
     if not reason.strip():
         raise ValueError("rollback needs a reason")
@@ -335,11 +354,16 @@ def rollback(
         history = [v for v in production_history(tracking, family) if v != current]
         if history:
             restored = history[-1]
-            mv = client.get_model_version(name, restored)
-            decision_run_id = mv.tags.get(tags.DECISION_RUN_ID)
-            if decision_run_id is None:
-                raise PromotionRefused(f"{name} v{restored} has no decision; not restored")
-            _passing_decision(tracking, family, restored, decision_run_id)
+            try:
+                decision_run_id = version_tags(tracking, family, restored).get(tags.DECISION_RUN_ID)
+                if decision_run_id is None:
+                    raise PromotionRefused(f"{name} v{restored} has no decision; not restored")
+                _passing_decision(tracking, family, restored, decision_run_id)
+            except PromotionRefused as exc:
+                if not retire_if_unusable:
+                    raise
+                reason = f"{reason}; previous production not restored ({exc})"
+                restored = None
         if restored:
             client.set_registered_model_alias(name, "production", restored)
         else:
@@ -351,7 +375,7 @@ def rollback(
     else:
         client.delete_registered_model_alias(name, alias)
     at = _now()
-    _tag_version(
+    tag_version(
         tracking,
         family,
         current,
@@ -379,5 +403,5 @@ def clear_stale(tracking: Tracking, family: str, alias: Alias, *, reason: str) -
     version = alias_version(tracking, family, alias)
     if version is not None:
         tracking.client().delete_registered_model_alias(registered_model_name(family), alias)
-        _tag_version(tracking, family, version, {tags.STALE_REASON: f"{alias}: {reason}"})
+        tag_version(tracking, family, version, {tags.STALE_REASON: f"{alias}: {reason}"})
     return version

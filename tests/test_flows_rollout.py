@@ -194,7 +194,6 @@ def test_approved_rollout_continues_to_production(seeded, make_settings, trackin
     outcome = _rollout_answered(settings, "shadow->canary",
                                 {"approve": True, "approver": "rm@example.com", "comment": "ok"})
     assert outcome.result == "promoted"
-    approval_run = version_tags(tracking, outcome.version)
     assert registry.alias_version(tracking, FAMILY, "production") == outcome.version
     from lineage.records import load_approval
 
@@ -204,7 +203,6 @@ def test_approved_rollout_continues_to_production(seeded, make_settings, trackin
     assert len(runs) == 1
     record, _ = load_approval(tracking, runs[0].info.run_id)
     assert (record.approved, record.approver) == (True, "rm@example.com")
-    del approval_run
 
 
 def test_rejected_approval_rolls_back(seeded, make_settings, tracking, tmp_path):

@@ -321,3 +321,27 @@ def test_canary_step_is_recorded_with_its_link(tracking, family, tmp_path):
     assert run.data.tags["kernelgate.canary_passed"] == "false"
     assert run.data.metrics["canary.p_value"] == pytest.approx(result.p_value)
     assert tr.recorded_digests(tracking, run_id).keys() == {f"canary/{result.step}.json"}
+
+
+def test_rollback_to_an_unusable_previous_version_raises_or_retires(tracking, family, tmp_path):
+    """The previous production's decision was altered after it served: a plain rollback
+    refuses to restore it; a recovery rollback retires production and says why."""
+    path = _write(tmp_path, thresholds_yaml())
+    first = build_chain(tracking, family, path, passing_metrics())
+    registry.promote(tracking, family, first.version, decision_run_id=first.decision_run_id)
+    second = build_chain(
+        tracking, family, path, passing_metrics(), production_metrics=passing_metrics()
+    )
+    registry.promote(tracking, family, second.version, decision_run_id=second.decision_run_id)
+    run = tracking.client().get_run(first.decision_run_id)
+    local = Path(run.info.artifact_uri.removeprefix("file://")) / tags.DECISION_ARTIFACT
+    local.write_text(local.read_text() + " ")
+
+    with pytest.raises(PromotionRefused):
+        registry.rollback(tracking, family, reason="nightly failure")
+    assert registry.alias_version(tracking, family, "production") == second.version
+
+    change = registry.rollback(tracking, family, reason="nightly failure", retire_if_unusable=True)
+    assert change.version is None and registry.alias_version(tracking, family, "production") is None
+    reason = registry.version_tags(tracking, family, second.version)[tags.ROLLBACK_REASON]
+    assert reason.startswith("nightly failure; previous production not restored")
