@@ -83,3 +83,21 @@ def case_digest(arrays: dict[str, np.ndarray], *, causal: bool, scale: float | N
         h.update(f"{name}:{a.dtype.name}:{a.shape}".encode())
         h.update(a.tobytes())
     return h.hexdigest()
+
+
+def make_case(*, case_id: str, category: Category, tags: tuple[str, ...], q, k, v,
+              q_lengths=None, kv_lengths=None, causal: bool = False,
+              scale: float | None = None, source: str) -> TestCase:
+    """A ``TestCase`` whose spec (shapes, dtype, digest) is derived from its arrays."""
+    arrays = {"q": q, "k": k, "v": v}
+    if q_lengths is not None:
+        arrays["q_lengths"] = np.asarray(q_lengths, np.int32)
+    if kv_lengths is not None:
+        arrays["kv_lengths"] = np.asarray(kv_lengths, np.int32)
+    spec = CaseSpec(
+        case_id=case_id, category=category, tags=tuple(tags), q_shape=q.shape,
+        kv_shape=k.shape, dtype=np.dtype(q.dtype).name, causal=causal, scale=scale,
+        has_lengths=q_lengths is not None or kv_lengths is not None, source=source,
+        digest=case_digest(arrays, causal=causal, scale=scale))
+    return TestCase(spec=spec, q=q, k=k, v=v, q_lengths=arrays.get("q_lengths"),
+                    kv_lengths=arrays.get("kv_lengths"))

@@ -13,7 +13,8 @@ import jax
 import kernels
 from evaluation.accuracy import evaluate_accuracy, float64_attention, model_accuracy
 from evaluation.cases import SPLITS
-from evaluation.performance import BenchShape, default_shapes, measure_performance
+from evaluation.documents import assign_splits, load_documents
+from evaluation.performance import default_shapes, measure_performance
 from evaluation.plots import write_plots
 from evaluation.report import (
     REPORT_FILENAME,
@@ -22,8 +23,11 @@ from evaluation.report import (
     ValidationSummary,
     utc_now,
 )
+from evaluation.testset import MANIFEST_FILE, load_manifest, load_split
+from evaluation.validation import validate_testset as run_validation
 from kernels.api import AttentionFn, default_backend
 from kernels.config import BlockSizes
+from kernels.shapes import AttentionShape
 
 logger = logging.getLogger(__name__)
 
@@ -65,35 +69,16 @@ VALIDATION_FILENAME = "testset_validation.json"
 def validate_testset(testset_dir: Path, split: str, result_path: Path) -> ValidationSummary:
     """Run the test set's Great Expectations suite (``evaluation.validation``) and
     summarise it; the full outcome with GX's results is written to ``result_path``."""
-    from evaluation.validation import validate_testset as validate
-
-    outcome = validate(testset_dir, split, result_path=result_path, raise_on_failure=False)
+    outcome = run_validation(testset_dir, split, result_path=result_path, raise_on_failure=False)
     return ValidationSummary(success=outcome.success, result_path=str(result_path),
                              reason=None if outcome.success else "; ".join(outcome.reasons()),
                              testset_digest=outcome.testset_digest,
                              split_digest=outcome.split_digest)
 
 
-def load_cases(testset_dir: Path, split: str) -> list:
-    """The split's ``TestCase``s (``evaluation.testset.load_split``)."""
-    from evaluation.testset import load_split
-
-    return load_split(testset_dir, split)
-
-
-def manifest_path(testset_dir: Path) -> Path:
-    """Where the test set's manifest lives."""
-    from evaluation.testset import MANIFEST_FILE
-
-    return testset_dir / MANIFEST_FILE
-
-
 def split_documents(testset_dir: Path, split: str) -> list:
     """The first ``MODEL_DOCUMENTS_PER_SPLIT`` documents of ``split`` from the source the
     test set was built from (its manifest's ``document_source``)."""
-    from evaluation.documents import assign_splits, load_documents
-    from evaluation.testset import load_manifest
-
     source = load_manifest(testset_dir).document_source
     docs = load_documents(None if source == "installed-distributions" else source)
     return assign_splits(docs, per_split=MODEL_DOCUMENTS_PER_SPLIT)[split]
@@ -125,7 +110,7 @@ def evaluate_candidate(
     production_config: BlockSizes | None = None,
     model=None,
     documents: Sequence | None = None,
-    perf_shapes: Sequence[BenchShape] | None = None,
+    perf_shapes: Sequence[AttentionShape] | None = None,
     repeats: int | None = None,
     warmup: int | None = None,
     error_threshold: float | None = None,
@@ -184,7 +169,7 @@ def evaluate_candidate(
         candidate=cand_info, baseline=base_info, production=prod[1] if prod else None,
         split=split, testset_dir=str(testset_dir),
         testset_digest=validation.testset_digest, split_digest=validation.split_digest,
-        manifest_path=str(manifest_path(testset_dir)),
+        manifest_path=str(testset_dir / MANIFEST_FILE),
         started_at=started_at, target_platform=cand_info.target_platform,
         device_platform=backend, device_kind=device.device_kind,
         device_count=jax.device_count(), jax_version=jax.__version__, validation=validation,
@@ -197,7 +182,7 @@ def evaluate_candidate(
         logger.error("evaluation stopped: %s", report.failure_reason)
         return report
 
-    cases = load_cases(testset_dir, split)
+    cases = load_split(testset_dir, split)
     bar = (lambda n, desc: _progress_bar(n, desc)) if progress else (lambda n, desc: None)
     report.accuracy = evaluate_accuracy(cases, fns, baseline="baseline",
                                         progress=bar(len(cases), f"accuracy {split}"))

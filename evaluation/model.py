@@ -14,6 +14,9 @@ Attention is pluggable: every layer calls an ``AttentionFn`` (see
 ``kernels.api``) with ``q``/``k``/``v`` of shape ``[batch, seq, 12, 32]`` and
 ``kv_lengths`` masking the padding, so the same model serves as the model-level
 accuracy check and as the serving path for shadow and canary.
+
+Kept in one module (over 350 lines) because the forward pass, the weights layout and
+the tokenizer wrapper are one model and change together.
 """
 
 from __future__ import annotations
@@ -296,6 +299,15 @@ class MiniLM:
             out[index] = np.asarray(emb, dtype=np.float32)[: len(index)]
         return out
 
+    def one_text_per_bucket(self, texts: Sequence[str],
+                            max_length: int = DEFAULT_MAX_LENGTH) -> list[str]:
+        """One text per padded length bucket among ``texts`` (the last of each): serving
+        each once compiles every shape the stream will need."""
+        _, lengths = self.tokenize(texts, max_length)
+        by_bucket = {bucket_length(int(n), max_length): t
+                     for n, t in zip(lengths, texts, strict=True)}
+        return list(by_bucket.values())
+
     def capture_qkv(self, texts: Sequence[str], *, layer: int, max_length: int = DEFAULT_MAX_LENGTH,
                     batch_size: int | None = None,
                     attention_fn: AttentionFn | None = None) -> list[QKVCapture]:
@@ -355,13 +367,3 @@ def _load_cached(path: str) -> MiniLM:
     tokenizer.no_padding()
     tokenizer.no_truncation()
     return MiniLM(params, tokenizer, config, _file_sha256(files["model.safetensors"]), folder)
-
-
-def cosine_similarity(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Row-wise cosine similarity of two ``[n, d]`` arrays, float64 ``[n]``."""
-    a = np.asarray(a, dtype=np.float64)
-    b = np.asarray(b, dtype=np.float64)
-    return np.sum(a * b, axis=-1) / np.maximum(
-        np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1), 1e-300)
-
-

@@ -19,8 +19,7 @@ when every implementation raised the mark; otherwise the whole shape falls back 
 the compiler's figure. ``peak_bytes_source`` says which, and one shape never mixes
 sources, so candidate and baseline are compared like with like.
 
-FLOPs follow the FlashAttention-2 convention: ``4 * B * H * Sq * Skv * D``, halved
-when causal.
+FLOPs are ``kernels.shapes.AttentionShape.flops`` (the FlashAttention-2 convention).
 """
 
 from __future__ import annotations
@@ -31,51 +30,24 @@ from collections.abc import Mapping, Sequence
 from typing import Literal
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import scipy.stats
 from pydantic import BaseModel, ConfigDict, Field
 
 from kernels.api import AttentionFn
+from kernels.shapes import AttentionShape, random_inputs
 
 logger = logging.getLogger(__name__)
 
 MemorySource = Literal["device_peak_bytes_in_use", "compiler_memory_analysis"]
 
 
-class BenchShape(BaseModel):
-    """One benchmark shape (sizes in elements)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    batch: int = Field(gt=0)
-    q_len: int = Field(gt=0)
-    kv_len: int = Field(gt=0)
-    num_heads: int = Field(gt=0)
-    num_kv_heads: int = Field(gt=0)
-    head_dim: int = Field(gt=0)
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    causal: bool = False
-
-    def flops(self) -> float:
-        """Forward FLOPs ``4 * B * H * Sq * Skv * D``, halved when causal."""
-        f = 4.0 * self.batch * self.num_heads * self.q_len * self.kv_len * self.head_dim
-        return f / 2 if self.causal else f
-
-    @property
-    def label(self) -> str:
-        """Short human label, e.g. ``b1 s1024x1024 h4/4 d64 float32 causal``."""
-        heads = f"h{self.num_heads}/{self.num_kv_heads}"
-        return (f"b{self.batch} s{self.q_len}x{self.kv_len} {heads} d{self.head_dim} {self.dtype}"
-                + (" causal" if self.causal else ""))
-
-
 def _shapes(dtype: str, sizes: Sequence[tuple[int, int, bool]], heads: int, head_dim: int):
-    return tuple(BenchShape(batch=b, q_len=s, kv_len=s, num_heads=heads, num_kv_heads=heads,
+    return tuple(AttentionShape(batch=b, q_len=s, kv_len=s, num_heads=heads, num_kv_heads=heads,
                             head_dim=head_dim, dtype=dtype, causal=c) for b, s, c in sizes)
 
 
-DEFAULT_SHAPES: dict[str, tuple[BenchShape, ...]] = {
+DEFAULT_SHAPES: dict[str, tuple[AttentionShape, ...]] = {
     # 2 CPU cores: small, so the whole evaluation stays in minutes.
     "cpu": _shapes("float32", [(1, 256, False), (1, 512, False), (1, 1024, False),
                                (1, 1024, True)], heads=4, head_dim=64),
@@ -87,7 +59,7 @@ DEFAULT_SHAPES: dict[str, tuple[BenchShape, ...]] = {
 }
 
 
-def default_shapes(platform: str) -> list[BenchShape]:
+def default_shapes(platform: str) -> list[AttentionShape]:
     """The default benchmark shapes of a platform (cpu/gpu/tpu; unknown -> cpu)."""
     return list(DEFAULT_SHAPES.get(platform, DEFAULT_SHAPES["cpu"]))
 
@@ -127,7 +99,7 @@ class ShapePerformance(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    shape: BenchShape
+    shape: AttentionShape
     flops: float
     implementations: dict[str, ImplementationPerformance]
     speedup_vs_baseline: dict[str, float] = Field(default_factory=dict)
@@ -186,15 +158,6 @@ def _gmean(values) -> float:
     return float(scipy.stats.gmean(values))
 
 
-def _inputs(shape: BenchShape, seed: int):
-    kq, kk, kv = jax.random.split(jax.random.key(seed), 3)
-    dtype = jnp.dtype(shape.dtype)
-    q = jax.random.normal(kq, (shape.batch, shape.q_len, shape.num_heads, shape.head_dim), dtype)
-    kv_shape = (shape.batch, shape.kv_len, shape.num_kv_heads, shape.head_dim)
-    return jax.block_until_ready((q, jax.random.normal(kk, kv_shape, dtype),
-                                  jax.random.normal(kv, kv_shape, dtype)))
-
-
 def _compiler_bytes(compiled) -> int | None:
     try:
         m = compiled.memory_analysis()
@@ -219,9 +182,9 @@ def _error(err: Exception) -> str:
     return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
 
 
-def _measure_shape(implementations: Mapping[str, AttentionFn], shape: BenchShape, *,
+def _measure_shape(implementations: Mapping[str, AttentionFn], shape: AttentionShape, *,
                    baseline: str, repeats: int, warmup: int, seed: int, device) -> ShapePerformance:
-    q, k, v = _inputs(shape, seed)
+    q, k, v = random_inputs(shape, seed)
     arg_bytes = sum(x.nbytes for x in (q, k, v))
     results = {role: ImplementationPerformance(role=role) for role in implementations}
     compiled = {}
@@ -289,7 +252,7 @@ def _measure_shape(implementations: Mapping[str, AttentionFn], shape: BenchShape
 
 
 def measure_performance(implementations: Mapping[str, AttentionFn],
-                        shapes: Sequence[BenchShape] | None = None, *,
+                        shapes: Sequence[AttentionShape] | None = None, *,
                         baseline: str = "baseline", repeats: int | None = None,
                         warmup: int | None = None, seed: int = 0,
                         progress=None) -> PerformanceResult:

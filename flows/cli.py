@@ -16,7 +16,6 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS",
                       "kernelgate,kernels,evaluation,gates,lineage,flows")
 
-import importlib  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
 import subprocess  # noqa: E402
@@ -26,7 +25,7 @@ from typing import Annotated  # noqa: E402
 
 import typer  # noqa: E402
 
-from flows.stages import DEFAULT_THRESHOLDS, RolloutSettings  # noqa: E402
+from flows.settings import DEFAULT_THRESHOLDS, RolloutSettings  # noqa: E402
 
 # Prefect attaches its handlers to the extra loggers but leaves their level at the
 # root's WARNING; the stage summaries are INFO.
@@ -48,20 +47,16 @@ BlockKV = Annotated[int | None, typer.Option(help="key/value block size (tokens)
 def _settings(implementation: str, thresholds: Path, store_dir: Path, block_q: int | None,
               block_kv: int | None, **extra) -> RolloutSettings:
     import kernels
-    from flows.stages import candidate_implementation
     from gates.thresholds import load_thresholds
 
     # Fail on bad arguments before anything is logged or evaluated.
     try:
-        name = candidate_implementation(implementation, kernels.default_backend())
+        name = kernels.native_flash_kernel(implementation, kernels.default_backend())
         load_thresholds(thresholds)
         config = None
-        if block_q or block_kv:
-            config = kernels.BlockSizes(**{k: v for k, v in (("block_q", block_q),
-                                                             ("block_kv", block_kv)) if v})
-            module = importlib.import_module(kernels.IMPLEMENTATIONS[name].module)
-            if hasattr(module, "check_block_sizes"):
-                module.check_block_sizes(config)
+        if block_q is not None or block_kv is not None:
+            config = kernels.BlockSizes(block_q=block_q, block_kv=block_kv)
+        kernels.IMPLEMENTATIONS[name].check_config(config)
     except ValueError as err:
         raise typer.BadParameter(f"{err}") from None
     return RolloutSettings(implementation=implementation, thresholds=thresholds.resolve(),
@@ -116,6 +111,7 @@ def audit(target: Annotated[str, typer.Argument(help="alias (production, canary,
           family: Annotated[str, typer.Option(help="kernel family (auto: native flash kernel)")] = "auto",
           store_dir: StoreDir = Path(".kernelgate")) -> None:
     """Print the lineage chain of a version and re-verify every logged artifact's sha256 (exit 1 on any mismatch or broken link)."""
+    import kernels
     from lineage import tracking as tr
     from lineage.audit import audit as run_audit
 
@@ -123,11 +119,8 @@ def audit(target: Annotated[str, typer.Argument(help="alias (production, canary,
         raise typer.BadParameter(f"no MLflow store at {store_dir.resolve()} (run a rollout first, "
                                  "or pass --store-dir / set MLFLOW_TRACKING_URI)")
     if family == "auto":
-        import kernels
-        from flows.stages import NATIVE_FAMILY
-
-        family = NATIVE_FAMILY.get(kernels.default_backend(), "pallas_tpu")
-    tracking = tr.default_tracking() if os.environ.get("MLFLOW_TRACKING_URI") else tr.local_tracking(store_dir)
+        family = kernels.native_flash_kernel("auto", kernels.default_backend())
+    tracking = tr.tracking_for(store_dir)
     result = run_audit(tracking, family, target)
     typer.echo(result.render())
     raise typer.Exit(result.exit_code)

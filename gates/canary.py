@@ -85,6 +85,7 @@ def analyse_canary_step(
     *,
     latency_not_assessed_reason: str | None = None,
     memory_not_assessed_reason: str | None = None,
+    production_error_count: int = 0,
 ) -> CanaryStepResult:
     """Judge one canary step against ``plan``.
 
@@ -101,6 +102,8 @@ def analyse_canary_step(
             natively), the latency test is still computed and reported but cannot breach;
             the reason is recorded, as for speed criteria at the gate.
         memory_not_assessed_reason: likewise for memory growth.
+        production_error_count: requests production failed; without production's outputs
+            nothing was compared, so any such request breaches.
 
     Raises:
         ValueError: malformed latencies or negative counts.
@@ -112,7 +115,8 @@ def analyse_canary_step(
     cand = _latencies(candidate_latencies_s, "candidate_latencies_s")
     prod = _latencies(production_latencies_s, "production_latencies_s")
     drift = np.asarray(output_drift, dtype=np.float64).ravel()
-    if min(error_count, nan_count, memory_start_bytes, memory_end_bytes) < 0:
+    if min(error_count, nan_count, memory_start_bytes, memory_end_bytes,
+           production_error_count) < 0:
         raise ValueError("counts and memory bytes must be non-negative")
 
     test = plan.latency
@@ -156,6 +160,10 @@ def analyse_canary_step(
             f"errors: {error_count} > {plan.max_error_count}",
         ),
         (nan_count > plan.max_nan_count, f"NaN outputs: {nan_count} > {plan.max_nan_count}"),
+        (
+            production_error_count > 0,
+            f"production endpoint failed {production_error_count} request(s); nothing to compare",
+        ),
         (
             growth > plan.max_memory_growth_bytes and memory_not_assessed_reason is None,
             f"memory: grew {growth} bytes > {plan.max_memory_growth_bytes}",

@@ -3,12 +3,14 @@
 from kernels.api import (
     AUTO_ORDER,
     IMPLEMENTATIONS,
+    NATIVE_FLASH,
     AttentionFn,
     Implementation,
     Resolution,
     attention,
     default_backend,
     get_attention_fn,
+    native_flash_kernel,
     resolve,
 )
 
@@ -18,9 +20,11 @@ from kernels.build import build
 from kernels.config import BlockSizes
 from kernels.contract import AttentionSpec, validate
 from kernels.reference import attention_reference, relative_error
+from kernels.shapes import AttentionShape, random_inputs
 
 __all__ = [
-    "AUTO_ORDER", "IMPLEMENTATIONS", "AttentionFn", "AttentionSpec", "BlockSizes",
-    "Implementation", "Resolution", "attention", "attention_reference", "build",
-    "default_backend", "get_attention_fn", "relative_error", "resolve", "validate",
+    "AUTO_ORDER", "IMPLEMENTATIONS", "NATIVE_FLASH", "AttentionFn", "AttentionShape",
+    "AttentionSpec", "BlockSizes", "Implementation", "Resolution", "attention",
+    "attention_reference", "build", "default_backend", "get_attention_fn",
+    "native_flash_kernel", "random_inputs", "relative_error", "resolve", "validate",
 ]

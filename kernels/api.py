@@ -2,7 +2,10 @@
 
 ``attention(...)`` validates the call (``kernels.contract``), resolves the
 implementation and dispatches to its kernel. Swapping implementations never
-changes callers (design note "Native, not forced").
+changes callers (design note "Native, not forced"). Every kernel module exposes the
+same three functions: the kernel ``fn(q, k, v, *, causal, scale, q_lengths,
+kv_lengths, config)``, ``check_supported(spec, backend, config)`` and (for tiled
+kernels) ``resolve_config(spec, config)``.
 """
 
 from __future__ import annotations
@@ -16,23 +19,14 @@ from dataclasses import dataclass
 import jax
 from pydantic import BaseModel, Field
 
-from kernels.config import BlockSizes
+from kernels import selection
+from kernels.config import BlockSizes, refuse_block_sizes
 from kernels.contract import AttentionSpec, validate
 
 logger = logging.getLogger(__name__)
 
 AttentionFn = Callable[..., jax.Array]
 """``fn(q, k, v, *, causal, scale, q_lengths, kv_lengths) -> Array`` (see ARCHITECTURE.md)."""
-
-
-def _runs_anywhere(spec: AttentionSpec, backend: str) -> None:
-    del spec, backend
-
-
-def _module_check(module: str, function: str = "check_supported"):
-    def check(spec: AttentionSpec, backend: str) -> None:
-        getattr(importlib.import_module(module), function)(spec, backend)
-    return check
 
 
 @dataclass(frozen=True)
@@ -43,10 +37,11 @@ class Implementation:
         name: registry key.
         module, function: where the kernel lives (imported lazily, so GPU-only
             modules cost nothing on other hosts).
+        check_function: the module's capability check
+            ``check_supported(spec, backend, config)``.
         native_platforms: backends where it is compiled natively ("cpu", "gpu", "tpu");
-            elsewhere it either runs interpreted or not at all (``check`` says).
-        check: raises ``NotImplementedError`` with the reason when it cannot run
-            a given spec on a given backend.
+            elsewhere it either runs interpreted or not at all (the check says).
+        tiled: whether it takes block sizes (``resolve_config`` in its module).
     """
 
     name: str
@@ -54,11 +49,34 @@ class Implementation:
     function: str
     native_platforms: tuple[str, ...]
     description: str
-    check: Callable[[AttentionSpec, str], None] = _runs_anywhere
+    check_function: str = "check_supported"
+    tiled: bool = False
+
+    def _module(self):
+        return importlib.import_module(self.module)
 
     def kernel(self) -> Callable[..., jax.Array]:
-        """The kernel function ``fn(q, k, v, *, causal, scale, q_lengths, kv_lengths, config)``."""
-        return getattr(importlib.import_module(self.module), self.function)
+        """The kernel ``fn(q, k, v, *, causal, scale, q_lengths, kv_lengths, config)``."""
+        return getattr(self._module(), self.function)
+
+    def check(self, spec: AttentionSpec, backend: str, config: BlockSizes | None = None) -> None:
+        """Raise ``NotImplementedError`` (cannot run ``spec`` on ``backend``) or
+        ``ValueError`` (``config`` is illegal for this kernel), naming the reason."""
+        getattr(self._module(), self.check_function)(spec, backend, config)
+
+    def check_config(self, config: BlockSizes | None) -> None:
+        """Raise ``ValueError`` naming the constraint when ``config`` is not legal for
+        this implementation whatever the call (untiled kernels take no block sizes)."""
+        if not self.tiled:
+            refuse_block_sizes(self.name, config)
+        elif config is not None:
+            self._module().check_block_sizes(config)
+
+    def resolve_config(self, spec: AttentionSpec, config: BlockSizes | None) -> BlockSizes | None:
+        """The concrete block sizes a call runs with (``None`` for untiled kernels)."""
+        if not self.tiled:
+            return None
+        return self._module().resolve_config(spec, config)
 
     def is_native(self, backend: str) -> bool:
         return backend in self.native_platforms
@@ -73,13 +91,11 @@ IMPLEMENTATIONS: dict[str, Implementation] = {
                        "jax.nn.dot_product_attention(implementation='xla')"),
         Implementation("cudnn", "kernels.xla", "cudnn_attention", ("gpu",),
                        "jax.nn.dot_product_attention(implementation='cudnn')",
-                       _module_check("kernels.xla", "check_cudnn")),
+                       check_function="check_cudnn"),
         Implementation("pallas_tpu", "kernels.pallas_tpu", "pallas_tpu_attention", ("tpu",),
-                       "flash attention in Pallas/Mosaic TPU (interpreted off-TPU)",
-                       _module_check("kernels.pallas_tpu")),
+                       "flash attention in Pallas/Mosaic TPU (interpreted off-TPU)", tiled=True),
         Implementation("pallas_gpu", "kernels.pallas_gpu", "pallas_gpu_attention", ("gpu",),
-                       "flash attention in Pallas for NVIDIA GPUs",
-                       _module_check("kernels.pallas_gpu")),
+                       "flash attention in Pallas for NVIDIA GPUs", tiled=True),
     )
 }
 
@@ -89,6 +105,11 @@ AUTO_ORDER: dict[str, tuple[str, ...]] = {
     "cpu": ("xla", "naive"),
 }
 """Fallback order of ``auto`` per backend: the native kernel first."""
+
+NATIVE_FLASH: dict[str, str] = {"tpu": "pallas_tpu", "gpu": "pallas_gpu", "cpu": "pallas_tpu"}
+"""The flash kernel a rollout builds by default per backend. A CPU host has no flash
+kernel of its own: it rolls out the TPU kernel in interpret mode (accuracy judged,
+speed not assessed)."""
 
 
 class Resolution(BaseModel):
@@ -100,7 +121,7 @@ class Resolution(BaseModel):
     native: bool = Field(description="compiled natively on this backend (not interpreted)")
     reason: str
     skipped: dict[str, str] = Field(default_factory=dict, description="name -> why it was skipped")
-    config: BlockSizes | None = None
+    config: BlockSizes | None = Field(None, description="the resolved block sizes (None: untiled)")
 
 
 def default_backend() -> str:
@@ -109,68 +130,89 @@ def default_backend() -> str:
     return "gpu" if backend in ("cuda", "rocm") else backend
 
 
-def _gpu_preference(spec: AttentionSpec | None) -> tuple[tuple[str, ...], BlockSizes | None, str]:
+def check_implementation_name(implementation: str) -> str:
+    """Return ``implementation`` if it is a registry name or ``auto``.
+
+    Raises:
+        ValueError: naming the choices.
+    """
+    if implementation != "auto" and implementation not in IMPLEMENTATIONS:
+        raise ValueError(f"unknown implementation {implementation!r}; choose one of "
+                         f"{sorted(IMPLEMENTATIONS)} or 'auto'")
+    return implementation
+
+
+def native_flash_kernel(implementation: str, backend: str) -> str:
+    """The registry name a rollout builds: ``implementation`` itself, or for ``auto``
+    the native flash kernel of ``backend`` (``NATIVE_FLASH``).
+
+    Raises:
+        ValueError: unknown implementation name.
+    """
+    check_implementation_name(implementation)
+    return NATIVE_FLASH.get(backend, "pallas_tpu") if implementation == "auto" else implementation
+
+
+def _gpu_order(spec: AttentionSpec | None) -> tuple[tuple[str, ...], BlockSizes | None, str]:
     """Order GPU candidates by the measured selection table when one applies."""
     order = AUTO_ORDER["gpu"]
     if spec is None:
         return order, None, "default GPU order"
     try:
-        autotune = importlib.import_module("kernels.autotune")
-        name, config, why = autotune.select_gpu_implementation(
-            (spec.batch, spec.q_len, spec.num_heads, spec.head_dim),
-            (spec.batch, spec.kv_len, spec.num_kv_heads, spec.head_dim),
-            spec.dtype, spec.causal,
-        )
-    except (ImportError, AttributeError, FileNotFoundError) as err:
-        return order, None, f"no GPU selection table ({err}); default order"
-    block = BlockSizes(**config) if config else None
-    return (name, *[n for n in order if n != name]), block, why
+        name, config, why = selection.select_gpu_implementation(spec.shape)
+    except (OSError, ValueError) as err:
+        return order, None, f"no usable GPU selection table ({err}); default order"
+    return (name, *[n for n in order if n != name]), config, why
 
 
 def resolve(implementation: str = "auto", spec: AttentionSpec | None = None,
-            backend: str | None = None) -> Resolution:
-    """Pick the implementation for ``spec`` on ``backend``.
+            backend: str | None = None, config: BlockSizes | None = None) -> Resolution:
+    """Pick the implementation for ``spec`` on ``backend`` and resolve its block sizes.
 
     Args:
         implementation: a registry name or ``"auto"`` (the native kernel of the
             backend, falling back in ``AUTO_ORDER``).
         spec: the validated call; ``None`` checks nothing shape-specific.
         backend: "cpu", "gpu" or "tpu"; default ``jax.default_backend()``.
+        config: requested block sizes (unset fields: the table's or the kernel's default).
 
     Raises:
-        ValueError: unknown implementation name.
+        ValueError: unknown implementation name, or ``config`` illegal for it.
         NotImplementedError: the named implementation cannot run this call (the
             reason says why), or ``auto`` found none.
     """
     backend = backend or default_backend()
+    check_implementation_name(implementation)
     if implementation != "auto":
-        if implementation not in IMPLEMENTATIONS:
-            raise ValueError(f"unknown implementation {implementation!r}; choose one of "
-                             f"{sorted(IMPLEMENTATIONS)} or 'auto'")
         impl = IMPLEMENTATIONS[implementation]
+        resolved = config
         if spec is not None:
-            impl.check(spec, backend)
+            impl.check(spec, backend, config)
+            resolved = impl.resolve_config(spec, config)
         return Resolution(requested=implementation, name=implementation, backend=backend,
-                          native=impl.is_native(backend), reason="requested explicitly")
-    order, table_config, why = ((*_gpu_preference(spec),) if backend == "gpu"
+                          native=impl.is_native(backend), reason="requested explicitly",
+                          config=resolved)
+    order, table_config, why = (_gpu_order(spec) if backend == "gpu"
                                 else (AUTO_ORDER.get(backend, AUTO_ORDER["cpu"]), None, ""))
     skipped: dict[str, str] = {}
     for name in order:
         impl = IMPLEMENTATIONS[name]
+        # A caller's block sizes win; the table's tiling applies to the table's pick only.
+        wanted = config if config is not None else (table_config if name == order[0] else None)
         try:
             if spec is not None:
-                impl.check(spec, backend)
-        except (NotImplementedError, ImportError) as err:
+                impl.check(spec, backend, wanted)
+        except (NotImplementedError, ImportError, ValueError) as err:
             skipped[name] = str(err)
             continue
         reason = f"first supported implementation for {backend} in order {list(order)}"
         if why:
             reason += f"; {why}"
-        resolution = Resolution(requested="auto", name=name, backend=backend,
-                                native=impl.is_native(backend), reason=reason, skipped=skipped,
-                                config=table_config if name == order[0] else None)
+        resolved = impl.resolve_config(spec, wanted) if spec is not None else wanted
         logger.info("attention auto -> %s (%s)", name, reason)
-        return resolution
+        return Resolution(requested="auto", name=name, backend=backend,
+                          native=impl.is_native(backend), reason=reason, skipped=skipped,
+                          config=resolved)
     raise NotImplementedError(f"no implementation supports this call on {backend}: {skipped}")
 
 
@@ -188,22 +230,23 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None,
         scale: logit scale, default ``1/sqrt(head_dim)``.
         q_lengths, kv_lengths: optional int ``[batch]`` valid lengths (padding masked).
         implementation: registry name or ``"auto"``.
-        config: block sizes for tiled kernels (``None``: the kernel's default or
-            the measured table's entry).
+        config: block sizes for tiled kernels (``None``: the measured table's entry or
+            the kernel's default).
 
     Returns:
         ``[batch, q_len, num_heads, head_dim]`` in ``q.dtype``; rows that see no key are 0.
 
     Raises:
-        ValueError: invalid input (the message names the constraint) or unknown implementation.
+        ValueError: invalid input (the message names the constraint), unknown
+            implementation, or block sizes the implementation does not accept.
         NotImplementedError: the named implementation cannot run this call.
     """
     spec, q_lengths, kv_lengths = validate(q, k, v, causal=causal, scale=scale,
                                            q_lengths=q_lengths, kv_lengths=kv_lengths)
-    resolution = resolve(implementation, spec)
+    resolution = resolve(implementation, spec, config=config)
     kernel = IMPLEMENTATIONS[resolution.name].kernel()
     return kernel(q, k, v, causal=spec.causal, scale=spec.scale, q_lengths=q_lengths,
-                  kv_lengths=kv_lengths, config=config or resolution.config)
+                  kv_lengths=kv_lengths, config=resolution.config)
 
 
 @functools.lru_cache(maxsize=64)
@@ -214,7 +257,11 @@ def get_attention_fn(implementation: str = "auto", config: BlockSizes | None = N
 
     Cached: the same arguments return the same function object, so a model that takes
     the function as a static argument of ``jax.jit`` compiles once per kernel.
+
+    Raises:
+        ValueError: unknown implementation name.
     """
+    check_implementation_name(implementation)
     fn = functools.partial(attention, implementation=implementation, config=config)
     fn = functools.update_wrapper(fn, attention)
     return jax.jit(fn, static_argnames=("causal", "scale")) if jit else fn

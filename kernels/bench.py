@@ -8,13 +8,16 @@ causal), the ratio to cuDNN, the fraction of the bf16 matrix-product ceiling mea
 the same run, memory, correctness against float64 and against naive, and the longest
 causal context (B=1, H=16, D=128) naive and flash reach on one device.
 
-Timing (METHOD.md): compile and warm up first; each repeat enqueues ``n`` calls
-back-to-back and blocks on the last, so host dispatch overlaps device work and the
-device is synchronised around the timed region; the median over repeats is reported, and
-a second, identical pass shows the noise. Inputs are random normal, never zeros.
+Timing is ``kernels.timing`` (the method the autotuner uses too): compile and warm up
+first; each repeat enqueues ``n`` calls back-to-back and blocks on the last; the median
+over repeats is reported, and a second, identical pass shows the noise. Inputs are
+random normal (``kernels.shapes.random_inputs``), never zeros.
 
 Off-GPU (``--quick`` or no GPU) it runs tiny shapes, pallas_gpu in Pallas interpret
 mode; those timings keep the code from rotting and are never quoted as performance.
+
+Kept in one module (over 350 lines) because it is one command: the grid, the checks,
+the timing passes and the table it prints belong to one run and one report schema.
 """
 
 from __future__ import annotations
@@ -23,10 +26,8 @@ import argparse
 import datetime as dt
 import functools
 import math
-import statistics
 import sys
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,15 @@ import jax.numpy as jnp
 import numpy as np
 from pydantic import BaseModel, Field
 
+from kernels.api import IMPLEMENTATIONS as REGISTRY
+from kernels.api import attention, default_backend
+from kernels.config import BlockSizes
+from kernels.contract import validate
+from kernels.reference import attention_reference, relative_error
+from kernels.selection import select_pallas_config
+from kernels.shapes import AttentionShape, random_inputs
+from kernels.timing import DEFAULT_WARMUP_S, Timing, compile_and_warm, time_call
+
 SCHEMA_VERSION = 1
 IMPLEMENTATIONS = ("naive", "xla", "cudnn", "pallas_gpu", "tokamax")
 GPU_SEQS = (1024, 2048, 4096, 8192, 16384)
@@ -42,41 +52,11 @@ TOKENS = 16384
 MODEL_WIDTH = 2048  # heads * head_dim
 
 
-class BenchShape(BaseModel):
-    """One benchmark shape: q/k/v are ``[batch, seq, num_heads, head_dim]``."""
-
-    dtype: str
-    batch: int
-    seq: int
-    num_heads: int
-    head_dim: int
-    causal: bool
-
-    def flops(self) -> float:
-        """Forward FLOPs, ``4 * B * H * S^2 * D``, halved when causal."""
-        f = 4.0 * self.batch * self.num_heads * self.seq**2 * self.head_dim
-        return f / 2 if self.causal else f
-
-    def label(self) -> str:
-        return (f"{self.dtype} d{self.head_dim} {'causal' if self.causal else 'full'} "
-                f"B{self.batch} S{self.seq} H{self.num_heads}")
-
-
-class Timing(BaseModel):
-    """Seconds per call: median of ``repeats`` repeats of ``calls_per_repeat`` calls."""
-
-    median_s: float
-    min_s: float
-    max_s: float
-    repeats: int
-    calls_per_repeat: int
-
-
 class BenchRow(BaseModel):
     """One (shape, implementation) measurement. TFLOP/s from the first timing pass;
     ``tflops_pass2`` is the same version timed again (noise)."""
 
-    shape: BenchShape
+    shape: AttentionShape
     implementation: str
     config: dict[str, Any] | None = None
     ok: bool = False
@@ -134,66 +114,8 @@ class BenchReport(BaseModel):
 # --------------------------------------------------------------------------- timing
 
 
-def _block(x: Any) -> None:
-    jax.block_until_ready(x)
-
-
-def time_call(fn: Callable[..., Any], args: Sequence[Any], *, repeats: int = 11,
-              target_repeat_s: float = 0.02, max_calls: int = 200,
-              warmup_s: float = 0.25) -> Timing:
-    """Time ``fn(*args)`` (already compiled) in seconds per call.
-
-    Warm-up runs for ``warmup_s`` of wall time first: an H200 idles at ~345 MHz and
-    needs a busy stretch to reach its 1980 MHz clock. The calls per repeat come from
-    the fastest of the last warm-up calls, so that one repeat lasts about
-    ``target_repeat_s``; each repeat enqueues them back-to-back and synchronises on
-    the last result, and the host clock is read after synchronisation only.
-    """
-    singles: list[float] = []
-    deadline = time.perf_counter() + warmup_s
-    while len(singles) < 3 or time.perf_counter() < deadline:
-        t0 = time.perf_counter()
-        _block(fn(*args))
-        singles.append(time.perf_counter() - t0)
-    single = max(min(singles[-3:]), 1e-6)
-    calls = int(min(max_calls, max(1, math.ceil(target_repeat_s / single))))
-    samples = []
-    for _ in range(repeats):
-        _block(args)
-        t0 = time.perf_counter()
-        out = None
-        for _ in range(calls):
-            out = fn(*args)
-        _block(out)
-        samples.append((time.perf_counter() - t0) / calls)
-    return Timing(median_s=statistics.median(samples), min_s=min(samples),
-                  max_s=max(samples), repeats=repeats, calls_per_repeat=calls)
-
-
-def compile_and_warm(fn: Callable[..., Any], args: Sequence[Any]):
-    """``jax.jit`` ``fn``, run it once on ``args`` (compiling); return (jitted,
-    seconds, temp_bytes, peak_bytes), memory from the compiler's memory analysis.
-
-    The jitted function (not the ``Compiled`` object) is what gets timed: its C++
-    dispatch path costs microseconds, where ``Compiled.__call__`` costs ~0.2 ms and
-    would dominate the 0.1 ms kernels of the small shapes."""
-    jitted = jax.jit(fn)
-    t0 = time.perf_counter()
-    _block(jitted(*args))
-    seconds = time.perf_counter() - t0
-    temp = peak = None
-    try:
-        mem = jitted.lower(*args).compile().memory_analysis()
-        temp = int(mem.temp_size_in_bytes)
-        peak = int(mem.temp_size_in_bytes + mem.argument_size_in_bytes
-                   + mem.output_size_in_bytes)
-    except Exception:  # noqa: BLE001 - not every backend reports memory analysis
-        pass
-    return jitted, seconds, temp, peak
-
-
 def matmul_ceiling(size: int, dtype: Any = jnp.bfloat16, repeats: int = 11,
-                   warmup_s: float = 0.25) -> float:
+                   warmup_s: float = DEFAULT_WARMUP_S) -> float:
     """Measured TFLOP/s of a ``size^3`` matrix product (random inputs) on the device."""
     ka, kb = jax.random.split(jax.random.key(7))
     a = jax.random.normal(ka, (size, size), dtype)
@@ -206,74 +128,41 @@ def matmul_ceiling(size: int, dtype: Any = jnp.bfloat16, repeats: int = 11,
 # --------------------------------------------------------------------------- implementations
 
 
-def attention_fn(name: str, shape: BenchShape, config: dict[str, Any] | None):
+def attention_fn(name: str, shape: AttentionShape, config: BlockSizes | None):
     """A jittable ``fn(q, k, v) -> out`` for one implementation, or raise
     ``NotImplementedError`` / ``ImportError`` when it cannot run here."""
     scale = 1.0 / math.sqrt(shape.head_dim)
     if name == "tokamax":
-        import tokamax  # noqa: PLC0415 - optional
+        import tokamax  # noqa: PLC0415 - optional, absent on most hosts
 
         return functools.partial(tokamax.dot_product_attention, is_causal=shape.causal,
                                  scale=scale)
-    from kernels.api import IMPLEMENTATIONS as REGISTRY  # noqa: PLC0415
-    from kernels.api import attention, default_backend  # noqa: PLC0415
-    from kernels.config import BlockSizes  # noqa: PLC0415
-    from kernels.contract import validate  # noqa: PLC0415
-
-    impl = REGISTRY[name]
-    probe = jax.ShapeDtypeStruct((shape.batch, shape.seq, shape.num_heads, shape.head_dim),
-                                 jnp.dtype(shape.dtype))
-    spec, _, _ = validate(probe, probe, probe, causal=shape.causal, scale=scale)
+    spec, _, _ = validate(*shape.structs(), causal=shape.causal, scale=scale)
     backend = default_backend()
     if not (name == "pallas_gpu" and backend == "cpu"):  # interpreted off-GPU on purpose
-        impl.check(spec, backend)
-    block = BlockSizes(**config) if config else None
+        REGISTRY[name].check(spec, backend, config)
     return functools.partial(attention, causal=shape.causal, scale=scale,
-                             implementation=name, config=block)
-
-
-def pallas_config(shape: BenchShape) -> dict[str, Any] | None:
-    """The tuned pallas_gpu config for ``shape`` from gpu_table.json (None: default)."""
-    from kernels.autotune import select_pallas_config  # noqa: PLC0415
-
-    dims = (shape.batch, shape.seq, shape.num_heads, shape.head_dim)
-    return select_pallas_config(dims, dims, shape.dtype, shape.causal)
+                             implementation=name, config=config)
 
 
 # --------------------------------------------------------------------------- correctness
 
 
-def reference_rows(q, k, v, *, causal: bool, scale: float, pairs, rows) -> np.ndarray:
-    """Float64 NumPy attention for selected query rows of selected (batch, head) pairs.
-
-    Returns ``[len(pairs), len(rows), head_dim]``. Every key is used (causal masks
-    ``j > i`` with the absolute row index ``i``), so it is exact attention for those
-    rows, at a cost linear in ``seq`` per row; large shapes stay cheap to check.
-    """
-    out = []
-    for b, h in pairs:
-        qs = np.asarray(q[b, rows, h], np.float64)
-        ks = np.asarray(k[b, :, h], np.float64)
-        vs = np.asarray(v[b, :, h], np.float64)
-        logits = (qs @ ks.T) * scale
-        if causal:
-            logits = np.where(np.arange(ks.shape[0])[None, :] <= rows[:, None], logits,
-                              -np.inf)
-        logits -= logits.max(axis=1, keepdims=True)
-        p = np.exp(logits)
-        out.append((p / p.sum(axis=1, keepdims=True)) @ vs)
-    return np.stack(out)
-
-
-def _rel(a: np.ndarray, b: np.ndarray) -> float:
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    if not np.all(np.isfinite(a)):
-        return float("inf")
-    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
-
-
 def _sampled(out, pairs, rows) -> np.ndarray:
     return np.stack([np.asarray(out[b, rows, h].astype(jnp.float32)) for b, h in pairs])
+
+
+def sampled_reference(q, k, v, *, causal: bool, scale: float, pairs, rows) -> np.ndarray:
+    """Float64 reference (``kernels.reference``) for query ``rows`` of the (batch,
+    head) ``pairs``, each against every key: ``[len(pairs), len(rows), head_dim]``.
+    The benchmark grid is multi-head (num_kv_heads = num_heads), so head ``h`` of k/v
+    belongs to query head ``h``."""
+    out = []
+    for b, h in pairs:
+        ref = attention_reference(q[b:b + 1, :, h:h + 1], k[b:b + 1, :, h:h + 1],
+                                  v[b:b + 1, :, h:h + 1], causal=causal, scale=scale, rows=rows)
+        out.append(ref[0, :, 0])
+    return np.stack(out)
 
 
 ERROR_RATIO_LIMIT = 2.0
@@ -287,7 +176,7 @@ TOLERANCE_TEXT = (f"finite, and rel. error vs float64 <= {ERROR_RATIO_LIMIT} x m
 
 def grid(quick: bool, seqs: Sequence[int] | None = None,
          dtypes: Sequence[str] = ("bfloat16", "float16"),
-         head_dims: Sequence[int] = (64, 128)) -> list[BenchShape]:
+         head_dims: Sequence[int] = (64, 128)) -> list[AttentionShape]:
     """Benchmark shapes. GPU: ``batch * seq = 16384``, ``heads = 2048 / head_dim``.
     Quick/CPU: ``batch = 2``, ``heads = 2``, seq 64/128 (correctness smoke only)."""
     shapes = []
@@ -297,52 +186,48 @@ def grid(quick: bool, seqs: Sequence[int] | None = None,
                 for seq in seqs or ((64, 128) if quick else GPU_SEQS):
                     batch = 2 if quick else max(1, TOKENS // seq)
                     heads = 2 if quick else MODEL_WIDTH // head_dim
-                    shapes.append(BenchShape(dtype=dtype, batch=batch, seq=seq,
-                                             num_heads=heads, head_dim=head_dim,
-                                             causal=causal))
+                    shapes.append(AttentionShape(dtype=dtype, batch=batch, q_len=seq,
+                                                 kv_len=seq, num_heads=heads,
+                                                 num_kv_heads=heads, head_dim=head_dim,
+                                                 causal=causal))
     return shapes
-
-
-def _inputs(shape: BenchShape, seed: int):
-    keys = jax.random.split(jax.random.key(seed), 3)
-    dims = (shape.batch, shape.seq, shape.num_heads, shape.head_dim)
-    return tuple(jax.random.normal(key, dims, jnp.dtype(shape.dtype)) for key in keys)
 
 
 def _short(err: BaseException) -> str:
     return f"{type(err).__name__}: {str(err).splitlines()[0][:300] if str(err) else ''}"
 
 
-def bench_shape(shape: BenchShape, implementations: Sequence[str], *, seed: int,
+def bench_shape(shape: AttentionShape, implementations: Sequence[str], *, seed: int,
                 ceiling: float, repeats: int, target_repeat_s: float,
-                warmup_s: float = 0.25, sample_pairs: int = 2,
+                warmup_s: float = DEFAULT_WARMUP_S, sample_pairs: int = 2,
                 sample_rows: int = 128) -> list[BenchRow]:
     """Compile, check and time every implementation on one shape (fresh random inputs)."""
-    q, k, v = _inputs(shape, seed)
+    q, k, v = random_inputs(shape, seed)
     rng = np.random.default_rng(seed)
     pairs = [(int(rng.integers(shape.batch)), int(rng.integers(shape.num_heads)))
              for _ in range(sample_pairs)]
-    rows = np.sort(rng.choice(shape.seq, size=min(sample_rows, shape.seq), replace=False))
+    rows = np.sort(rng.choice(shape.q_len, size=min(sample_rows, shape.q_len), replace=False))
     q_h, k_h, v_h = (np.asarray(x.astype(jnp.float32)) for x in (q, k, v))
-    ref = reference_rows(q_h, k_h, v_h, causal=shape.causal,
-                         scale=1.0 / math.sqrt(shape.head_dim), pairs=pairs, rows=rows)
+    ref = sampled_reference(q_h, k_h, v_h, causal=shape.causal,
+                            scale=1.0 / math.sqrt(shape.head_dim), pairs=pairs, rows=rows)
     del q_h, k_h, v_h
     naive_out = None
     results: list[BenchRow] = []
     for name in implementations:
-        config = pallas_config(shape) if name == "pallas_gpu" else None
-        row = BenchRow(shape=shape, implementation=name, config=config)
+        config = select_pallas_config(shape) if name == "pallas_gpu" else None
+        row = BenchRow(shape=shape, implementation=name,
+                       config=config.model_dump() if config else None)
         try:
             fn = attention_fn(name, shape, config)
             compiled, row.compile_s, row.temp_bytes, row.peak_bytes = compile_and_warm(
                 fn, (q, k, v))
             out = compiled(q, k, v)
-            row.rel_error_vs_reference = _rel(_sampled(out, pairs, rows), ref)
+            row.rel_error_vs_reference = relative_error(_sampled(out, pairs, rows), ref)
             if name == "naive":
                 naive_out = out
             elif naive_out is not None:
-                row.rel_error_vs_naive = _rel(out.astype(jnp.float32),
-                                              naive_out.astype(jnp.float32))
+                row.rel_error_vs_naive = relative_error(out.astype(jnp.float32),
+                                                        naive_out.astype(jnp.float32))
             del out
             timing = functools.partial(time_call, compiled, (q, k, v), repeats=repeats,
                                        target_repeat_s=target_repeat_s, warmup_s=warmup_s)
@@ -379,16 +264,17 @@ def long_context(implementations: Sequence[str], seqs: Sequence[int], *, heads: 
     results = []
     for name in implementations:
         for seq in seqs:
-            shape = BenchShape(dtype="bfloat16", batch=1, seq=seq, num_heads=heads,
-                               head_dim=head_dim, causal=True)
+            shape = AttentionShape(dtype="bfloat16", batch=1, q_len=seq, kv_len=seq,
+                                   num_heads=heads, num_kv_heads=heads, head_dim=head_dim,
+                                   causal=True)
             row = LongContextRow(implementation=name, seq=seq, ok=False)
             try:
-                config = pallas_config(shape) if name == "pallas_gpu" else None
+                config = select_pallas_config(shape) if name == "pallas_gpu" else None
                 fn = attention_fn(name, shape, config)
-                q, k, v = _inputs(shape, seed=seq)
+                q, k, v = random_inputs(shape, seed=seq)
                 compiled, _, row.temp_bytes, _ = compile_and_warm(fn, (q, k, v))
                 timing = time_call(compiled, (q, k, v), repeats=repeats, max_calls=3,
-                                   warmup_s=0.0 if quick else 0.25)
+                                   warmup_s=0.0 if quick else DEFAULT_WARMUP_S)
                 row.median_s = timing.median_s
                 row.tflops = shape.flops() / timing.median_s / 1e12
                 stats = jax.devices()[0].memory_stats() or {}
@@ -429,7 +315,7 @@ def format_table(report: BenchReport) -> str:
     lines = [head]
     by_shape: dict[str, dict[str, BenchRow]] = {}
     for r in report.rows:
-        by_shape.setdefault(r.shape.label(), {})[r.implementation] = r
+        by_shape.setdefault(r.shape.label, {})[r.implementation] = r
     for label, cells in by_shape.items():
         line = f"{label:38s}"
         for n in impls:
@@ -471,14 +357,14 @@ def run(args: argparse.Namespace) -> BenchReport:
     quick = args.quick or not on_gpu
     impls = [n for n in args.implementations if n in IMPLEMENTATIONS]
     ceiling = matmul_ceiling(256 if quick else 8192, jnp.float32 if quick else jnp.bfloat16,
-                             warmup_s=0.0 if quick else 0.25)
+                             warmup_s=0.0 if quick else DEFAULT_WARMUP_S)
     rows: list[BenchRow] = []
     for i, shape in enumerate(grid(quick, args.seqs, args.dtypes, args.head_dims)):
         rows += bench_shape(shape, impls, seed=args.seed + i, ceiling=ceiling,
                             repeats=3 if quick else args.repeats,
                             target_repeat_s=0.0 if quick else args.target_repeat_s,
-                            warmup_s=0.0 if quick else 0.25)
-        print(f"[bench] {shape.label()} done", file=sys.stderr, flush=True)
+                            warmup_s=0.0 if quick else DEFAULT_WARMUP_S)
+        print(f"[bench] {shape.label} done", file=sys.stderr, flush=True)
     long_seqs = args.long_seqs or ([128, 256] if quick else
                                    [16384 * 2**i for i in range(4)])
     flash = [n for n in ("pallas_gpu", "cudnn", "naive") if n in impls]

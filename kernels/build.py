@@ -5,6 +5,9 @@ for the local backend, recording compile time and the compiler's memory and cost
 analysis; fingerprint the lowered module and the kernel's source; and serialise
 it with ``jax.export`` for each target platform it supports (a TPU kernel lowers
 for ``tpu`` from any host). Everything lands in one pydantic ``KernelBuild``.
+
+Kept in one module (over 350 lines) because compiling, fingerprinting and exporting
+share the same bound function and their results form one ``KernelBuild`` record.
 """
 
 from __future__ import annotations
@@ -23,11 +26,12 @@ from typing import Literal
 import jax
 import jax.numpy as jnp
 from jax import export as jax_export
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
+from pydantic import BaseModel, Field
 
 from kernels.api import IMPLEMENTATIONS, Resolution, default_backend, resolve
 from kernels.config import BlockSizes
 from kernels.contract import validate
+from kernels.shapes import AttentionShape
 
 EXPORT_PLATFORMS = ("cpu", "cuda", "tpu")
 """``jax.export`` platform names a build targets by default."""
@@ -43,35 +47,10 @@ _NEEDS_TARGET_DEVICE = frozenset({"cudnn"})
 """Implementations whose lowering queries the target device (cuDNN's version), so
 they export only from a host that has it."""
 
-_SHARED_SOURCES = ("contract.py", "config.py")
-"""Kernel-package files every implementation's behaviour depends on."""
-
-
-class ExampleShapes(BaseModel):
-    """The problem a build is compiled and exported for (sizes in elements)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    batch: PositiveInt
-    q_len: PositiveInt
-    kv_len: PositiveInt
-    num_heads: PositiveInt
-    num_kv_heads: PositiveInt
-    head_dim: PositiveInt
-
-    @model_validator(mode="after")
-    def _gqa(self) -> ExampleShapes:
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of "
-                             f"num_kv_heads ({self.num_kv_heads})")
-        return self
-
-    def structs(self, dtype) -> tuple[jax.ShapeDtypeStruct, ...]:
-        """``(q, k, v)`` as ``jax.ShapeDtypeStruct`` in the contract's layout."""
-        q = jax.ShapeDtypeStruct((self.batch, self.q_len, self.num_heads, self.head_dim), dtype)
-        kv = jax.ShapeDtypeStruct((self.batch, self.kv_len, self.num_kv_heads, self.head_dim),
-                                  dtype)
-        return q, kv, kv
+PACKAGE_DIR = Path(__file__).resolve().parent
+SOURCE_PATTERNS = ("*.py", "*.json")
+"""Files of the kernels package whose content can change what a kernel computes or
+which kernel ``auto`` picks (the selection table is JSON): all of them are fingerprinted."""
 
 
 class CompilerMemory(BaseModel):
@@ -122,15 +101,16 @@ class KernelBuild(BaseModel):
     implementation: str
     resolution: Resolution | None = Field(
         description="how the name resolved on the local backend; None if it cannot run here")
-    config: BlockSizes | None
-    shapes: ExampleShapes
-    dtype: str
-    causal: bool
+    requested_config: BlockSizes | None = Field(description="block sizes asked for")
+    config: BlockSizes | None = Field(
+        description="the block sizes the build ran with (defaults filled in); None: untiled")
+    shape: AttentionShape
     with_lengths: bool
     jax_version: str
     jaxlib_version: str
     source_sha256: str = Field(description="sha256 over the per-file digests below")
-    source_files: dict[str, str] = Field(description="file name -> sha256")
+    source_files: dict[str, str] = Field(
+        description="path relative to the kernels package -> sha256, every source file")
     local: LocalCompile | None
     local_skipped_reason: str | None = None
     artifacts: list[ExportArtifact]
@@ -152,14 +132,18 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def source_digests(implementation: str) -> dict[str, str]:
-    """sha256 of the implementation's module file and the shared contract files."""
-    module = importlib.import_module(IMPLEMENTATIONS[implementation].module)
-    files = [Path(module.__file__)]
-    # The contract files every kernel relies on live beside kernels/api.py (a kernel
-    # registered from elsewhere, e.g. a plug-in, still depends on them).
-    files += [Path(__file__).with_name(n) for n in _SHARED_SOURCES]
-    return {f.name: _sha256(f.read_bytes()) for f in sorted(set(files))}
+def source_digests(package_dir: Path = PACKAGE_DIR) -> dict[str, str]:
+    """sha256 of every source file of the kernels package (``SOURCE_PATTERNS``), keyed
+    by path relative to the package. A change anywhere in it (the dispatch in
+    ``api.py`` included) changes the build's fingerprint."""
+    files = sorted({f for pattern in SOURCE_PATTERNS for f in package_dir.rglob(pattern)
+                    if "__pycache__" not in f.parts and "bench_results" not in f.parts})
+    return {f.relative_to(package_dir).as_posix(): _sha256(f.read_bytes()) for f in files}
+
+
+def combined_digest(files: dict[str, str]) -> str:
+    """One sha256 over ``path sha256`` lines in path order."""
+    return _sha256("".join(f"{k} {v}\n" for k, v in sorted(files.items())).encode())
 
 
 def _memory(compiled) -> CompilerMemory:
@@ -212,10 +196,10 @@ def _bound_fn(implementation: str, config: BlockSizes | None, causal: bool,
     return lambda q, k, v: attention_fn(q, k, v)
 
 
-def _example_args(shapes: ExampleShapes, dtype, with_lengths: bool):
-    args = shapes.structs(dtype)
+def _example_args(shape: AttentionShape, with_lengths: bool):
+    args = shape.structs()
     if with_lengths:
-        lengths = jax.ShapeDtypeStruct((shapes.batch,), jnp.int32)
+        lengths = jax.ShapeDtypeStruct((shape.batch,), jnp.int32)
         args = (*args, lengths, lengths)
     return args
 
@@ -236,14 +220,13 @@ def _reproducible_locations():
         yield
 
 
-def compile_local(implementation: str, config: BlockSizes | None, shapes: ExampleShapes,
-                  dtype, causal: bool, backend: str, native: bool,
-                  with_lengths: bool = False) -> LocalCompile:
+def compile_local(implementation: str, config: BlockSizes | None, shape: AttentionShape,
+                  backend: str, native: bool, with_lengths: bool = False) -> LocalCompile:
     """Lower and compile for the local backend; times in seconds, sizes in bytes."""
-    jitted = jax.jit(_bound_fn(implementation, config, causal, with_lengths))
+    jitted = jax.jit(_bound_fn(implementation, config, shape.causal, with_lengths))
     start = time.perf_counter()
     with _reproducible_locations():
-        lowered = jitted.lower(*_example_args(shapes, dtype, with_lengths))
+        lowered = jitted.lower(*_example_args(shape, with_lengths))
     lower_time = time.perf_counter() - start
     text = lowered.as_text()
     start = time.perf_counter()
@@ -292,9 +275,9 @@ def _write_atomic(path: Path, data: bytes) -> None:
         raise
 
 
-def export_for(implementation: str, config: BlockSizes | None, shapes: ExampleShapes, dtype,
-               causal: bool, platform: str, output_dir: Path | None,
-               local_backend: str, with_lengths: bool = False) -> ExportArtifact:
+def export_for(implementation: str, config: BlockSizes | None, shape: AttentionShape,
+               platform: str, output_dir: Path | None, local_backend: str,
+               with_lengths: bool = False) -> ExportArtifact:
     """Serialise the kernel with ``jax.export`` for one platform.
 
     The bytes are deterministic for the same source, config, shapes and JAX
@@ -302,7 +285,7 @@ def export_for(implementation: str, config: BlockSizes | None, shapes: ExampleSh
     no timestamps. Failures are recorded (``status="failed"``), not raised, so a
     compile failure after a library upgrade is itself a build result.
     """
-    spec, _, _ = validate(*shapes.structs(dtype), causal=causal)
+    spec, _, _ = validate(*shape.structs(), causal=shape.causal)
     reason = _export_skip_reason(implementation, platform, spec, local_backend)
     if reason is not None:
         return ExportArtifact(platform=platform, status="skipped", reason=reason)
@@ -311,11 +294,11 @@ def export_for(implementation: str, config: BlockSizes | None, shapes: ExampleSh
     # A kernel whose lowering embeds a version-bound custom call (e.g. Triton IR) says
     # which safety checks its export must waive; the waiver is recorded as the reason.
     disabled = getattr(module, "export_disabled_checks", lambda _p: [])(platform)
-    fn = jax.jit(_bound_fn(implementation, config, causal, with_lengths))
+    fn = jax.jit(_bound_fn(implementation, config, shape.causal, with_lengths))
     try:
         with context(platform), _reproducible_locations():
             exported = jax_export.export(fn, platforms=[platform], disabled_checks=disabled)(
-                *_example_args(shapes, dtype, with_lengths))
+                *_example_args(shape, with_lengths))
         data = bytes(exported.serialize())
     except Exception as err:  # noqa: BLE001 - every lowering error is a build result
         return ExportArtifact(platform=platform, status="failed",
@@ -331,20 +314,18 @@ def export_for(implementation: str, config: BlockSizes | None, shapes: ExampleSh
                           size_bytes=len(data), path=path)
 
 
-def build(implementation: str, config: BlockSizes | None, example_shapes: ExampleShapes | dict,
-          platforms: Sequence[str] = EXPORT_PLATFORMS, *, causal: bool = False,
-          dtype="bfloat16", with_lengths: bool = False,
+def build(implementation: str, config: BlockSizes | None, shape: AttentionShape | dict,
+          platforms: Sequence[str] = EXPORT_PLATFORMS, *, with_lengths: bool = False,
           output_dir: str | Path | None = None) -> KernelBuild:
     """Compile, fingerprint and export one kernel.
 
     Args:
         implementation: a registry name or ``"auto"`` (resolved on the local backend).
-        config: block sizes for tiled kernels; ``None`` = the kernel's default.
-        example_shapes: ``ExampleShapes``, a dict of its fields, or any object with
-            those attributes.
+        config: block sizes for tiled kernels; ``None`` (or unset fields) = the kernel's
+            default, filled in and recorded as ``KernelBuild.config``.
+        shape: the example problem (``AttentionShape`` or a dict of its fields): shapes,
+            dtype and causal flag the build is compiled and exported for.
         platforms: ``jax.export`` platform names ("cpu", "cuda", "rocm", "tpu").
-        causal: build the causal variant.
-        dtype: input dtype (float32, bfloat16, float16).
         with_lengths: the compiled/exported function also takes int32 ``[batch]``
             ``q_lengths`` and ``kv_lengths`` (padding); otherwise only ``q, k, v``.
         output_dir: where the serialised artifacts (``{impl}.{platform}.jax_exported``)
@@ -355,18 +336,17 @@ def build(implementation: str, config: BlockSizes | None, example_shapes: Exampl
         as ``skipped`` with the reason; a lowering error as ``failed``.
 
     Raises:
-        ValueError: unknown implementation, invalid shapes/dtype or illegal block sizes.
+        ValueError: unknown implementation, invalid shape or illegal block sizes.
     """
-    shapes = ExampleShapes.model_validate(example_shapes, from_attributes=True)
-    dtype = jnp.dtype(dtype)
-    spec, _, _ = validate(*shapes.structs(dtype), causal=causal)
+    shape = AttentionShape.model_validate(shape)
+    spec, _, _ = validate(*shape.structs(), causal=shape.causal)
     backend = default_backend()
     name = implementation
     resolution: Resolution | None = None
     local: LocalCompile | None = None
     local_skipped = None
     try:
-        resolution = resolve(implementation, spec, backend)
+        resolution = resolve(implementation, spec, backend, config=config)
         name = resolution.name
     except NotImplementedError as err:
         if implementation == "auto":
@@ -374,24 +354,24 @@ def build(implementation: str, config: BlockSizes | None, example_shapes: Exampl
         local_skipped = str(err)
     if name not in IMPLEMENTATIONS:
         raise ValueError(f"unknown implementation {implementation!r}")
-    module = importlib.import_module(IMPLEMENTATIONS[name].module)
-    checker = getattr(module, "check_block_sizes", None)
-    if config is not None and checker is not None:
-        checker(config)
+    impl = IMPLEMENTATIONS[name]
+    if resolution is None:
+        # Not runnable here (e.g. a GPU kernel on a CPU host): the block sizes must still
+        # be legal for it, checked on a backend where it exists.
+        impl.check(spec, impl.native_platforms[0], config)
+    resolved = resolution.config if resolution is not None else impl.resolve_config(spec, config)
     if resolution is not None:
-        local = compile_local(name, config, shapes, dtype, causal, backend, resolution.native,
-                              with_lengths)
+        local = compile_local(name, resolved, shape, backend, resolution.native, with_lengths)
     out = Path(output_dir) if output_dir is not None else None
-    artifacts = [export_for(name, config, shapes, dtype, causal, p, out, backend, with_lengths)
+    artifacts = [export_for(name, resolved, shape, p, out, backend, with_lengths)
                  for p in platforms]
-    sources = source_digests(name)
+    sources = source_digests()
     result = KernelBuild(
-        implementation=name, resolution=resolution, config=config, shapes=shapes,
-        dtype=dtype.name, causal=causal, with_lengths=with_lengths, jax_version=jax.__version__,
+        implementation=name, resolution=resolution, requested_config=config, config=resolved,
+        shape=shape, with_lengths=with_lengths, jax_version=jax.__version__,
         jaxlib_version=importlib.metadata.version("jaxlib"),
-        source_sha256=_sha256("".join(f"{k} {v}\n" for k, v in sources.items()).encode()),
-        source_files=sources, local=local, local_skipped_reason=local_skipped,
-        artifacts=artifacts)
+        source_sha256=combined_digest(sources), source_files=sources, local=local,
+        local_skipped_reason=local_skipped, artifacts=artifacts)
     if out is not None:
         _write_atomic(out / "kernel_build.json", result.model_dump_json(indent=2).encode())
     return result

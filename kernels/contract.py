@@ -19,6 +19,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from kernels.shapes import AttentionShape
+
 SUPPORTED_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
 
 
@@ -42,10 +44,16 @@ class AttentionSpec:
         """Query heads per key/value head (1 = multi-head, num_heads = multi-query)."""
         return self.num_heads // self.num_kv_heads
 
+    @property
+    def shape(self) -> AttentionShape:
+        """The call's problem shape (the single shape type, with the FLOP formula)."""
+        return AttentionShape(batch=self.batch, q_len=self.q_len, kv_len=self.kv_len,
+                              num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
+                              head_dim=self.head_dim, dtype=self.dtype.name, causal=self.causal)
+
     def flops(self) -> float:
-        """Forward FLOPs, ``4 * B * H * Sq * Skv * D``, halved when causal (FlashAttention-2 convention)."""
-        f = 4.0 * self.batch * self.num_heads * self.q_len * self.kv_len * self.head_dim
-        return f / 2 if self.causal else f
+        """Forward FLOPs (``AttentionShape.flops``)."""
+        return self.shape.flops()
 
 
 def _check_lengths(name: str, lengths, batch: int, limit: int):

@@ -9,7 +9,18 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from kernels.contract import row_has_key, visibility_mask
+from kernels.config import BlockSizes, refuse_block_sizes
+from kernels.contract import AttentionSpec, row_has_key, visibility_mask
+
+
+def check_supported(spec: AttentionSpec, backend: str, config: BlockSizes | None = None) -> None:
+    """Naive runs every call the contract accepts on every backend.
+
+    Raises:
+        ValueError: block sizes were given (naive does not tile).
+    """
+    del spec, backend
+    refuse_block_sizes("naive", config)
 
 
 def naive_attention(q, k, v, *, causal, scale, q_lengths, kv_lengths, config=None):

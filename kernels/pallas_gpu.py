@@ -25,6 +25,9 @@ sees no key returns zeros; output shaped and typed like q.
 Off-GPU the kernel runs in Pallas interpret mode (tests); ``export_context("cuda")`` and
 ``export_disabled_checks("cuda")`` let ``jax.export`` serialise the native Triton kernel
 from a CPU-only host.
+
+Kept in one module (over 350 lines) because a kernel file holds the kernel, its tiling
+config and its capability check, and nothing else.
 """
 
 from __future__ import annotations
@@ -32,14 +35,14 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-from collections.abc import Mapping
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from kernels.config import BlockSizes
+from kernels.contract import AttentionSpec
 
 KERNEL_NAME = "kernelgate_flash_attention_fwd_gpu"
 """Name of the ``pallas_call``: visible in HLO dumps and profiler traces."""
@@ -86,31 +89,7 @@ def export_disabled_checks(platform: str) -> list:
     return [jax_export.DisabledSafetyCheck.custom_call(TRITON_CUSTOM_CALL)]
 
 
-class GpuFlashConfig(BaseModel):
-    """Tiling of the GPU flash-attention kernel.
-
-    ``block_q``/``block_kv``: query/key rows per tile (powers of two, >= 16, a Triton
-    constraint on tensor shapes and ``tl.dot``). ``num_warps``: warps per program;
-    ``num_stages``: Triton software-pipelining depth of the key/value loop (``None``:
-    Triton's default). Values per shape come from ``kernels.autotune`` (gpu_table.json).
-    """
-
-    model_config = ConfigDict(frozen=True, extra="ignore")
-
-    block_q: int = Field(128, ge=16, le=256)
-    block_kv: int = Field(64, ge=16, le=256)
-    num_warps: int | None = Field(None, ge=1, le=16)
-    num_stages: int | None = Field(None, ge=1, le=8)
-
-    @field_validator("block_q", "block_kv")
-    @classmethod
-    def _power_of_two(cls, value: int) -> int:
-        if value & (value - 1):
-            raise ValueError(f"block size must be a power of two (Triton tiles), got {value}")
-        return value
-
-
-def default_config(head_dim: int) -> GpuFlashConfig:
+def default_config(head_dim: int) -> BlockSizes:
     """Documented default tiling when no measured entry applies.
 
     The winners of the first H200 sweep (JAX 0.11.2, bf16, seq 1024..16384; see
@@ -121,31 +100,33 @@ def default_config(head_dim: int) -> GpuFlashConfig:
     """
     padded = _padded_head_dim(head_dim)
     if padded <= 64:
-        return GpuFlashConfig(block_q=64, block_kv=64, num_warps=4, num_stages=3)
+        return BlockSizes(block_q=64, block_kv=64, num_warps=4, num_stages=3)
     if padded <= 128:
-        return GpuFlashConfig(block_q=128, block_kv=128, num_warps=8, num_stages=3)
-    return GpuFlashConfig(block_q=64, block_kv=32, num_warps=4, num_stages=2)
+        return BlockSizes(block_q=128, block_kv=128, num_warps=8, num_stages=3)
+    return BlockSizes(block_q=64, block_kv=32, num_warps=4, num_stages=2)
 
 
-def as_config(config: Any, head_dim: int) -> GpuFlashConfig:
-    """Coerce ``None``, a mapping, or any object with block fields (e.g.
-    ``kernels.config.BlockSizes``) to :class:`GpuFlashConfig`; missing warps/stages
-    keep the head_dim default. Raises ``pydantic.ValidationError`` on bad values."""
-    base = default_config(head_dim)
-    if config is None:
-        return base
-    if isinstance(config, GpuFlashConfig):
-        return config
-    if isinstance(config, Mapping):
-        fields = dict(config)
-    elif isinstance(config, BaseModel):
-        fields = config.model_dump()
-    else:
-        fields = {name: getattr(config, name) for name in GpuFlashConfig.model_fields
-                  if hasattr(config, name)}
-    merged = base.model_dump()
-    merged.update({k: v for k, v in fields.items() if v is not None and k in merged})
-    return GpuFlashConfig(**merged)
+def resolve_config(spec: AttentionSpec, config: BlockSizes | None = None) -> BlockSizes:
+    """The tiling a call runs with: ``config``'s values where set, the head_dim
+    default (:func:`default_config`) elsewhere."""
+    return (config or BlockSizes()).merged_over(default_config(spec.head_dim))
+
+
+def check_block_sizes(config: BlockSizes) -> None:
+    """Raise ``ValueError`` naming the Triton constraint ``config`` breaks: block sizes
+    are powers of two in [16, 256] (Triton tensor extents; ``tl.dot`` needs >= 16),
+    ``num_warps`` in [1, 16], ``num_stages`` in [1, 8]."""
+    for name in ("block_q", "block_kv"):
+        value = getattr(config, name)
+        if value is None:
+            continue
+        if value & (value - 1) or not 16 <= value <= 256:
+            raise ValueError(f"pallas_gpu: {name} must be a power of two in [16, 256] "
+                             f"(Triton tiles), got {value}")
+    if config.num_warps is not None and not 1 <= config.num_warps <= 16:
+        raise ValueError(f"pallas_gpu: num_warps must lie in [1, 16], got {config.num_warps}")
+    if config.num_stages is not None and not 1 <= config.num_stages <= 8:
+        raise ValueError(f"pallas_gpu: num_stages must lie in [1, 8], got {config.num_stages}")
 
 
 def _padded_head_dim(head_dim: int) -> int:
@@ -157,42 +138,31 @@ def _is_gpu_backend() -> bool:
     return jax.default_backend() in _GPU_PLATFORMS
 
 
-def check_supported(q_shape: Any, kv_shape: Any = None, dtype: Any = None,
-                    backend: str | None = None) -> None:
-    """Raise ``NotImplementedError`` with the reason when this kernel cannot run natively.
+def check_supported(spec: AttentionSpec, backend: str, config: BlockSizes | None = None) -> None:
+    """Raise when this kernel cannot run ``spec`` on ``backend`` with ``config``.
 
-    Two call forms: ``check_supported(q_shape, kv_shape, dtype, backend)`` and the
-    registry's ``check_supported(spec, backend)`` with a ``kernels.contract.AttentionSpec``.
+    ``"gpu"``/``"cuda"`` run natively, ``"cpu"`` in Pallas interpret mode (slow; for
+    tests). The registry keeps ``auto`` off pallas_gpu on CPU through its native
+    platforms, not through this check.
 
-    Args:
-      q_shape: ``(batch, q_len, num_heads, head_dim)``.
-      kv_shape: ``(batch, kv_len, num_kv_heads, head_dim)``.
-      dtype: input dtype (bfloat16, float16 or float32).
-      backend: JAX backend or platform name: ``"gpu"``/``"cuda"`` run natively, ``"cpu"``
-        in Pallas interpret mode (slow; for tests). The registry keeps ``auto`` off
-        pallas_gpu on CPU through its native platforms, not through this check.
+    Raises:
+        NotImplementedError: another backend, an unsupported dtype, or head_dim above
+            ``MAX_HEAD_DIM``.
+        ValueError: ``config`` breaks a Triton tiling constraint (:func:`check_block_sizes`).
     """
-    if hasattr(q_shape, "head_dim") and hasattr(q_shape, "kv_len"):
-        spec, backend = q_shape, kv_shape if backend is None else backend
-        q_shape = (spec.batch, spec.q_len, spec.num_heads, spec.head_dim)
-        kv_shape = (spec.batch, spec.kv_len, spec.num_kv_heads, spec.head_dim)
-        dtype = spec.dtype
     if backend not in _RUNNABLE_PLATFORMS:
         raise NotImplementedError(
             f"pallas_gpu is native to NVIDIA GPUs (Triton lowering) and runs interpreted "
             f"on the CPU for tests; backend {backend!r} is neither")
-    name = jnp.dtype(dtype).name
+    name = jnp.dtype(spec.dtype).name
     if name not in SUPPORTED_DTYPES:
         raise NotImplementedError(f"pallas_gpu supports {SUPPORTED_DTYPES}, got {name}")
-    head_dim = q_shape[-1]
-    if head_dim > MAX_HEAD_DIM:
+    if spec.head_dim > MAX_HEAD_DIM:
         raise NotImplementedError(
             f"pallas_gpu supports head_dim <= {MAX_HEAD_DIM} (accumulator must fit "
-            f"registers), got {head_dim}")
-    if kv_shape[-1] != head_dim:
-        raise NotImplementedError(
-            f"pallas_gpu needs the same head_dim for q and k/v, got {head_dim} and "
-            f"{kv_shape[-1]}")
+            f"registers), got {spec.head_dim}")
+    if config is not None:
+        check_block_sizes(config)
 
 
 def _dot(a, b, *, contract_rhs: int, precision):
@@ -307,7 +277,7 @@ def _round_up(x: int, multiple: int) -> int:
 
 def pallas_gpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool,
                          scale: float, q_lengths: jax.Array | None,
-                         kv_lengths: jax.Array | None, config: Any = None,
+                         kv_lengths: jax.Array | None, config: BlockSizes | None = None,
                          interpret: bool | None = None) -> jax.Array:
     """Flash-attention forward (FlashAttention-2) on an NVIDIA GPU through Pallas/Triton.
 
@@ -319,8 +289,8 @@ def pallas_gpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bo
       scale: logit scale (the contract resolves ``None`` to ``1/sqrt(head_dim)``).
       q_lengths, kv_lengths: optional int32 ``[batch]``; rows/keys at or past them are
         padding (padded query rows return zeros).
-      config: :class:`GpuFlashConfig`, ``kernels.config.BlockSizes``, a mapping, or
-        ``None`` for :func:`default_config`.
+      config: ``kernels.config.BlockSizes``; unset fields (or ``None``) take
+        :func:`default_config` for the head_dim.
       interpret: run in Pallas interpret mode; ``None`` means "when the default backend
         is not a GPU and no :func:`triton_lowering` context is active".
 
@@ -333,7 +303,8 @@ def pallas_gpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bo
     """
     batch, q_len, num_heads, head_dim = q.shape
     _, kv_len, num_kv_heads, _ = k.shape
-    cfg = as_config(config, head_dim)
+    check_block_sizes(config or BlockSizes())
+    cfg = (config or BlockSizes()).merged_over(default_config(head_dim))
     if interpret is None:
         interpret = not (_is_gpu_backend() or _TRITON_LOWERING.value)
     group = num_heads // num_kv_heads

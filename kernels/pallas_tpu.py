@@ -33,6 +33,9 @@ Off-TPU the kernel runs in Pallas' TPU interpret mode (slow, exact, with
 out-of-bounds checks; see ``pltpu.force_tpu_interpret_mode``). The choice is
 made when tracing; inside ``mosaic_lowering()`` a CPU host traces the real Mosaic
 kernel, which is how ``jax.export(..., platforms=["tpu"])`` validates it here.
+
+Kept in one module (over 350 lines) because a kernel file holds the kernel, its tiling
+config and its capability check, and nothing else.
 """
 
 from __future__ import annotations
@@ -135,13 +138,25 @@ class Tiling:
         return blocks + scratch + tile
 
 
+def resolve_config(spec: AttentionSpec | None = None, config: BlockSizes | None = None) -> BlockSizes:
+    """The block sizes a call runs with: ``config``'s values where set, else
+    ``DEFAULT_BLOCK_SIZES`` (``spec`` is accepted for the registry's common signature)."""
+    del spec
+    return (config or BlockSizes()).merged_over(DEFAULT_BLOCK_SIZES)
+
+
 def check_block_sizes(config: BlockSizes) -> None:
     """Raise ``ValueError`` naming the TPU tiling constraint ``config`` breaks.
 
     ``block_q`` must be a multiple of ``SUBLANES`` (8) and ``block_kv`` a multiple
     of ``LANES`` (128): a ``block_q x block_kv`` logits tile then maps onto whole
-    vregs and ``block_kv`` rows of K/V onto whole sublane tiles.
+    vregs and ``block_kv`` rows of K/V onto whole sublane tiles. ``num_warps`` and
+    ``num_stages`` are GPU launch parameters a TPU kernel has not.
     """
+    if config.num_warps is not None or config.num_stages is not None:
+        raise ValueError("pallas_tpu: num_warps/num_stages are GPU launch parameters; a TPU "
+                         "kernel takes only block_q and block_kv")
+    config = resolve_config(None, config)
     if config.block_q % SUBLANES:
         raise ValueError(
             f"pallas_tpu: block_q must be a multiple of {SUBLANES} (TPU sublanes), "
@@ -160,8 +175,8 @@ def plan_tiling(q_len: int, kv_len: int, head_dim: int, config: BlockSizes | Non
         ValueError: illegal block sizes (``check_block_sizes``) or tiles whose VMEM
             need exceeds ``VMEM_BUDGET_BYTES``.
     """
-    config = config or DEFAULT_BLOCK_SIZES
-    check_block_sizes(config)
+    check_block_sizes(config or BlockSizes())
+    config = resolve_config(None, config)
     block_q = min(config.block_q, _round_up(q_len, SUBLANES))
     block_kv = min(config.block_kv, _round_up(kv_len, LANES))
     tiling = Tiling(block_q=block_q, block_kv=block_kv,
@@ -369,6 +384,6 @@ def pallas_tpu_attention(q, k, v, *, causal: bool, scale: float, q_lengths=None,
 __all__ = [
     "DEFAULT_BLOCK_SIZES", "KERNEL_NAME", "LANES", "SUBLANES", "Tiling", "VMEM_BUDGET_BYTES",
     "check_block_sizes", "check_supported", "export_context", "kv_block_index",
-    "mosaic_lowering", "pallas_tpu_attention",
+    "mosaic_lowering", "pallas_tpu_attention", "resolve_config",
     "plan_tiling",
 ]

@@ -10,7 +10,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from kernels.contract import row_has_key
+from kernels.config import BlockSizes, refuse_block_sizes
+from kernels.contract import AttentionSpec, row_has_key
 
 
 def _dot_product_attention(q, k, v, *, causal, scale, q_lengths, kv_lengths, implementation):
@@ -55,8 +56,25 @@ def cudnn_attention(q, k, v, *, causal, scale, q_lengths, kv_lengths, config=Non
                                   kv_lengths=kv_lengths, implementation="cudnn")
 
 
-def check_cudnn(spec, backend: str) -> None:
-    """Raise ``NotImplementedError`` with the reason when cuDNN cannot run ``spec``."""
+def check_supported(spec: AttentionSpec, backend: str, config: BlockSizes | None = None) -> None:
+    """XLA runs every call the contract accepts on every backend.
+
+    Raises:
+        ValueError: block sizes were given (XLA picks its own tiling).
+    """
+    del spec, backend
+    refuse_block_sizes("xla", config)
+
+
+def check_cudnn(spec: AttentionSpec, backend: str, config: BlockSizes | None = None) -> None:
+    """Raise ``NotImplementedError`` with the reason when cuDNN cannot run ``spec``.
+
+    Raises:
+        NotImplementedError: not a GPU, a dtype other than bf16/f16, or a head_dim cuDNN
+            does not take (a multiple of 8, at most 256).
+        ValueError: block sizes were given (cuDNN picks its own tiling).
+    """
+    refuse_block_sizes("cudnn", config)
     if backend != "gpu":
         raise NotImplementedError(f"cudnn needs an NVIDIA GPU; the backend is {backend}")
     if spec.dtype not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):

@@ -1,38 +1,32 @@
 """Audit: why is this version where it is? Walk the chain and re-verify every artifact.
 
 For an alias (``production``, ``canary``, ``shadow``) or a version number, :func:`audit`
-follows the links of :mod:`lineage.tags`::
-
-    version -> build run -> gate (decision) run -> evaluation run -> preregistration run
-            -> approval run
-
-checking that each run exists and has the expected stage, that the links agree (the
-decision judged this build, the evaluation ran this build, the registration predates the
-evaluation run and the evaluation start, the thresholds hash matches, the approval
-approves this decision and version), and re-hashing every artifact of every run in the
-chain against the sha256 recorded when it was logged (an artifact without a recorded
-digest cannot be verified and is a problem too). A version that holds ``production`` or
-``canary`` or was ever promoted must have a passing decision.
+reads the version's evidence with :func:`lineage.chain.collect` and judges it with
+:func:`lineage.chain.problems`, the same definition of a complete chain that
+``lineage.registry`` enforces before an alias moves (gate decision, shadow, approvals,
+canary steps, confirmation). It also checks what only the record can show: the version
+points at its build run, each evaluation ran this build under this registration, the
+registration predates the evaluation run's creation (the store's clock, not the
+report's claim); and it re-hashes every artifact of every run in the chain, and of every
+stage run of the rollout behind it, against the sha256 recorded when it was logged (an
+artifact without a recorded digest cannot be verified and is a problem too).
 
 The result is an :class:`AuditReport`; ``exit_code`` is 0 when nothing is wrong and 1
-otherwise, and every problem names the run and artifact or link involved. The CLI
-(``flows/cli.py``) prints :meth:`AuditReport.render` and exits with ``exit_code``.
+otherwise, and every problem names the run and artifact or link involved.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 from datetime import UTC, datetime, timedelta
 
 from mlflow.entities import Run
 from mlflow.exceptions import MlflowException
 from pydantic import BaseModel
 
-from gates.preregistration import PreregistrationError, load_registration
-from lineage import tags
+from lineage import chain, tags
 from lineage import tracking as tr
-from lineage.records import LineageError, load_approval, load_decision
+from lineage.records import DecisionRecord
 from lineage.registry import aliases, registered_model_name
 from lineage.tracking import Tracking
 
@@ -108,14 +102,14 @@ class _Walk:
         self.problems: list[str] = []
         self.runs: list[tuple[str, str]] = []  # (link name, run id) whose artifacts to verify
 
-    def link(self, name: str, ref: str | None, ok: bool, detail: str) -> None:
+    def link(self, name: str, ref: str | None, ok: bool, detail: str, *,
+             problem: bool = True) -> None:
         self.chain.append(AuditLink(name=name, ref=ref, ok=ok, detail=detail))
-        if not ok:
+        if not ok and problem:
             self.problems.append(f"{name} {ref or ''}: {detail}".replace("  ", " "))
 
     def run(self, name: str, run_id: str | None, stage: str) -> Run | None:
         if not run_id:
-            self.link(name, None, False, "link missing")
             return None
         try:
             run = self.tracking.client().get_run(run_id)
@@ -142,61 +136,65 @@ class _Walk:
                 expected = recorded.get(path)
                 actual = None
                 if path in stored:
-                    actual = hashlib.sha256(
-                        tr.read_artifact(self.tracking, run_id, path)
-                    ).hexdigest()
+                    actual = hashlib.sha256(tr.read_artifact(self.tracking, run_id, path)).hexdigest()
                 ok = expected is not None and expected == actual
-                checks.append(
-                    ArtifactCheck(
-                        link=name,
-                        run_id=run_id,
-                        path=path,
-                        expected_sha256=expected,
-                        actual_sha256=actual,
-                        ok=ok,
-                    )
-                )
+                checks.append(ArtifactCheck(link=name, run_id=run_id, path=path,
+                                            expected_sha256=expected, actual_sha256=actual, ok=ok))
                 if ok:
                     continue
-                why = (
-                    "missing from the artifact store"
-                    if actual is None
-                    else "has no recorded sha256"
-                    if expected is None
-                    else "sha256 mismatch (altered after logging)"
-                )
+                why = ("missing from the artifact store" if actual is None
+                       else "has no recorded sha256" if expected is None
+                       else "sha256 mismatch (altered after logging)")
                 self.problems.append(f"artifact {path!r} of {name} {run_id}: {why}")
         return checks
 
 
-def _resolve(tracking: Tracking, family: str, target: str, current: dict[str, str]) -> str | None:
+def _resolve(target: str, current: dict[str, str]) -> str | None:
     if target in current:
         return current[target]
     return target if target.isdigit() else None
+
+
+def _evaluation_links(walk: _Walk, name: str, record: DecisionRecord, build_run_id: str,
+                      registered_at: datetime | None) -> None:
+    """The evaluation run behind a decision: this build, this registration, created
+    after the registration."""
+    evaluation = walk.run(name, record.evaluation_run_id, "evaluation")
+    if evaluation is None:
+        if not record.evaluation_run_id:
+            walk.link(name, None, False, "link missing")
+        return
+    eval_tags = evaluation.data.tags
+    created = datetime.fromtimestamp(evaluation.info.start_time / 1000, UTC)
+    bad = [why for cond, why in (
+        (eval_tags.get(tags.BUILD_RUN_ID) != build_run_id, "evaluated another build"),
+        (eval_tags.get(tags.REGISTRATION_ID) != record.registration_id,
+         "its registration tag disagrees with the decision"),
+        # run start times are stored in whole milliseconds
+        (registered_at is not None and registered_at > created + timedelta(milliseconds=1),
+         "the preregistration run was registered after the evaluation run was created"),
+    ) if cond]
+    walk.link(name, record.evaluation_run_id, not bad,
+              "; ".join(bad) or f"split {eval_tags.get(tags.SPLIT, '?')}, this build, "
+              "under this registration")
 
 
 def audit(tracking: Tracking, family: str, alias_or_version: str) -> AuditReport:
     """Audit the version behind ``alias_or_version`` of ``family`` (never raises on bad lineage).
 
     Returns:
-        :class:`AuditReport`; ``exit_code`` 1 when any link is broken or artifact altered.
+        :class:`AuditReport`; ``exit_code`` 1 when any link is broken, evidence is
+        missing, or an artifact was altered.
     """
     name = registered_model_name(family)
     current = aliases(tracking, family)
     walk = _Walk(tracking)
-    version = _resolve(tracking, family, alias_or_version, current)
+    version = _resolve(alias_or_version, current)
 
     def report() -> AuditReport:
-        return AuditReport(
-            family=family,
-            target=alias_or_version,
-            model_name=name,
-            version=version,
-            aliases=current,
-            chain=walk.chain,
-            artifacts=walk.verify_artifacts(),
-            problems=walk.problems,
-        )
+        return AuditReport(family=family, target=alias_or_version, model_name=name,
+                           version=version, aliases=current, chain=walk.chain,
+                           artifacts=walk.verify_artifacts(), problems=walk.problems)
 
     if version is None:
         try:
@@ -213,167 +211,77 @@ def audit(tracking: Tracking, family: str, alias_or_version: str) -> AuditReport
         walk.link("version", version, False, f"{name} has no version {version}")
         return report()
     walk.link("version", version, True, f"source {mv.source}")
+    if walk.run("build run", mv.run_id, "build") is not None:
+        consistent = (mv.tags.get(tags.BUILD_RUN_ID) == mv.run_id
+                      and mv.source.startswith(f"runs:/{mv.run_id}/"))
+        walk.link("build run", mv.run_id, consistent,
+                  "version source and tag point at this run" if consistent
+                  else "version source/tag do not point at the build run")
 
-    build = walk.run("build run", mv.run_id, "build")
-    if build is not None:
-        consistent = mv.tags.get(tags.BUILD_RUN_ID) == mv.run_id and mv.source.startswith(
-            f"runs:/{mv.run_id}/"
-        )
-        walk.link(
-            "build run",
-            mv.run_id,
-            consistent,
-            "version source and tag point at this run"
-            if consistent
-            else "version source/tag do not point at the build run",
-        )
-
-    held = [a for a, v in current.items() if v == version and a in ("production", "canary")]
-    decision_run_id = mv.tags.get(tags.DECISION_RUN_ID)
-    needs_decision = bool(held) or tags.PROMOTED_AT in mv.tags
-    if decision_run_id is None:
-        walk.link(
-            "gate decision",
-            None,
-            not needs_decision,
-            f"none, but the version holds {held or 'a past promotion'}"
-            if needs_decision
-            else "none (never promoted)",
-        )
+    held = [a for a, v in current.items() if v == version]
+    transition = ("canary->production" if "production" in held or tags.PROMOTED_AT in mv.tags
+                  else "shadow->canary" if "canary" in held else None)
+    evidence = chain.collect(tracking, family, version)
+    if transition is None and evidence.decision is None:
+        walk.link("gate decision", None, True, "none (never promoted)")
         return report()
-    if walk.run("gate decision", decision_run_id, "gate") is None:
-        return report()
-    try:
-        record = load_decision(tracking, decision_run_id)
-    except LineageError as exc:
-        walk.link("gate decision", decision_run_id, False, str(exc))
-        return report()
-    decision = record.decision
-    verdict_ok = decision.verdict == "promote" or not needs_decision
-    walk.link(
-        "gate decision",
-        decision_run_id,
-        verdict_ok and record.build_run_id == mv.run_id,
-        f"verdict {decision.verdict} ({decision.profile}); judged build {record.build_run_id}",
-    )
-
-    evaluation = walk.run("evaluation run", record.evaluation_run_id, "evaluation")
-    if evaluation is not None:
-        eval_tags = evaluation.data.tags
-        ok = (
-            eval_tags.get(tags.BUILD_RUN_ID) == mv.run_id
-            and eval_tags.get(tags.REGISTRATION_ID) == record.registration_id
-        )
-        walk.link(
-            "evaluation run",
-            record.evaluation_run_id,
-            ok,
-            "evaluated this build under this registration"
-            if ok
-            else "its build/registration tags disagree with the decision",
-        )
-
-    if walk.run("preregistration run", record.registration_id, "preregistration") is not None:
-        try:
-            registration = load_registration(record.registration_id, tracking=tracking)
-        except PreregistrationError as exc:
-            walk.link("preregistration run", record.registration_id, False, str(exc))
-        else:
-            eval_start = (
-                datetime.fromtimestamp(evaluation.info.start_time / 1000, UTC)
-                if evaluation is not None
-                else decision.evaluation_started_at
-            )
-            problems = [
-                (
-                    registration.thresholds_sha256 != decision.thresholds_sha256,
-                    "thresholds hash differs from the decision's",
-                ),
-                (
-                    registration.registered_at > decision.evaluation_started_at,
-                    "registered after the evaluation started",
-                ),
-                (
-                    # run start times are stored in whole milliseconds
-                    registration.registered_at > eval_start + timedelta(milliseconds=1),
-                    "registered after the evaluation run was created",
-                ),
-            ]
-            bad = [why for cond, why in problems if cond]
-            walk.link(
-                "preregistration run",
-                record.registration_id,
-                not bad,
-                "; ".join(bad)
-                or f"profile {registration.profile}, thresholds sha256 "
-                f"{registration.thresholds_sha256[:12]}, registered {registration.registered_at:%Y-%m-%dT%H:%M:%SZ}",
-            )
-
-    approval_run_id = mv.tags.get(tags.APPROVAL_RUN_ID)
-    approval_needed = (
-        tags.PROMOTED_AT in mv.tags
-        and "canary->production" in decision.approval_policy.required_for
-    )
-    if approval_run_id is None:
-        walk.link(
-            "approval",
-            None,
-            not approval_needed,
-            "missing, but the preregistered policy requires one"
-            if approval_needed
-            else "none required",
-        )
-    elif walk.run("approval", approval_run_id, "approval") is not None:
-        try:
-            approval, approved_decision = load_approval(tracking, approval_run_id)
-        except LineageError as exc:
-            walk.link("approval", approval_run_id, False, str(exc))
-        else:
-            ok = approval.approved and approved_decision == decision_run_id
-            walk.link(
-                "approval",
-                approval_run_id,
-                ok,
-                f"{'approved' if approval.approved else 'rejected'} by {approval.approver} "
-                f"at {approval.at:%Y-%m-%dT%H:%M:%SZ}: {approval.comment}",
-            )
-    _traffic_stages(walk, mv.tags)
+    missing = chain.problems(evidence, transition) if transition else []
+    _display(walk, evidence, missing)
+    walk.problems += missing
+    _rollout_runs(walk, mv.tags.get(tags.ROLLOUT_RUN_ID))
     return report()
 
 
-def _traffic_stages(walk: _Walk, version_tags: dict[str, str]) -> None:
-    """Shadow and canary runs of the rollout that judged the version, each passed.
+def _display(walk: _Walk, evidence: chain.ChainEvidence, missing: list[str]) -> None:
+    """The chain's links for the reader (their problems come from ``chain.problems``),
+    plus the record-only checks of the evaluations behind each decision."""
+    def named(word: str) -> list[str]:
+        return [p for p in missing if word in p]
 
-    Required once the version records a rollout run (the flows always run shadow and
-    canary before promoting); versions promoted by other means show "none recorded".
-    """
-    if tags.ROLLOUT_RUN_ID not in version_tags:
-        walk.link("traffic stages", None, True, "none recorded (not promoted by a rollout flow)")
+    registered_at = evidence.registration.registered_at if evidence.registration else None
+    for label, record in (("gate decision", evidence.decision),
+                          ("confirmation decision", evidence.confirmation)):
+        if record is None:
+            walk.link(label, None, not named(f"no {label}"), "none recorded", problem=False)
+            continue
+        walk.run(label, record.decision_run_id, "gate")
+        decision = record.decision
+        walk.link(label, record.decision_run_id, not named(label),
+                  f"verdict {decision.verdict} ({decision.profile}, scope "
+                  f"{decision.scope or 'all'}); judged build {record.build_run_id}", problem=False)
+        _evaluation_links(walk, f"{label.split()[0]} evaluation run", record,
+                          evidence.build_run_id, registered_at)
+    if evidence.decision is not None:  # its artifacts are verified even when unusable
+        walk.run("preregistration run", evidence.decision.registration_id, "preregistration")
+    if evidence.registration is not None:
+        reg = evidence.registration
+        walk.link("preregistration run", reg.registration_id, True,
+                  f"profile {reg.profile}, thresholds sha256 {reg.thresholds_sha256[:12]}, "
+                  f"registered {reg.registered_at:%Y-%m-%dT%H:%M:%SZ}", problem=False)
+    for transition, found in evidence.approvals.items():
+        walk.run("approval", found.run_id, "approval")
+        a = found.record
+        walk.link(f"approval {transition}", found.run_id, not named(f"approval {transition}"),
+                  f"{'approved' if a.approved else 'rejected'} by {a.approver} at "
+                  f"{a.at:%Y-%m-%dT%H:%M:%SZ}: {a.comment}", problem=False)
+    for stage in ([evidence.shadow] if evidence.shadow else []) + evidence.canary:
+        kind = "shadow" if stage is evidence.shadow else "canary"
+        walk.run(f"{kind} run", stage.run_id, kind)
+        walk.link(f"{kind} run", stage.run_id, stage.passed,
+                  f"{stage.name}: {'passed' if stage.passed else 'did not pass'}", problem=False)
+
+
+def _rollout_runs(walk: _Walk, rollout_run_id: str | None) -> None:
+    """Every stage run of the rollout behind the version has its artifacts re-verified
+    too (alias moves, outcome, traffic records), not only the runs the chain links to."""
+    rollout = walk.run("rollout run", rollout_run_id, "rollout")
+    if rollout is None:
         return
-    rollout = walk.run("rollout run", version_tags[tags.ROLLOUT_RUN_ID], "rollout")
-    if rollout is not None:
-        # Every stage run of that rollout (alias moves, outcome, traffic records) has its
-        # artifacts re-verified too, not only the runs the chain links to.
-        children = walk.tracking.client().search_runs(
-            [rollout.info.experiment_id],
-            filter_string=f"tags.`{tags.PARENT}` = '{rollout.info.run_id}'")
-        for child in children:
-            walk.runs.append((f"{child.data.tags.get(tags.STAGE, 'stage')} run", child.info.run_id))
-        walk.link("rollout run", rollout.info.run_id, True,
-                  f"{rollout.data.tags.get('kernelgate.result', 'unfinished')}; "
-                  f"{len(children)} stage runs")
-    promoted = tags.PROMOTED_AT in version_tags
-    shadow = walk.run("shadow run", version_tags.get(tags.SHADOW_RUN_ID), "shadow")
-    if shadow is not None:
-        passed = shadow.data.tags.get(tags.SHADOW_PASSED) == "true"
-        walk.link("shadow run", shadow.info.run_id, passed or not promoted,
-                  "passed" if passed else "did not pass")
-    canary_ids = json.loads(version_tags.get(tags.CANARY_RUN_IDS, "[]"))
-    if promoted and not canary_ids:
-        walk.link("canary runs", None, False, "promoted without a recorded canary step")
-    for run_id in canary_ids:
-        run = walk.run("canary run", run_id, "canary")
-        if run is not None:
-            passed = run.data.tags.get(tags.CANARY_PASSED) == "true"
-            walk.link("canary run", run_id, passed or not promoted,
-                      f"{run.info.run_name}: {'passed' if passed else 'did not pass'}")
+    children = walk.tracking.client().search_runs(
+        [rollout.info.experiment_id],
+        filter_string=f"tags.`{tags.PARENT}` = '{rollout.info.run_id}'")
+    for child in children:
+        walk.runs.append((f"{child.data.tags.get(tags.STAGE, 'stage')} run", child.info.run_id))
+    walk.link("rollout run", rollout.info.run_id, True,
+              f"{rollout.data.tags.get(tags.RESULT, 'unfinished')}; {len(children)} stage runs",
+              problem=False)

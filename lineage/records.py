@@ -11,6 +11,8 @@ JSON artifact (sha256 recorded) and the link tags of :mod:`lineage.tags`:
   ``kernelgate.approved``; artifact ``approvals/approval.json``;
 * canary run: ``kernelgate.decision_run_id``; artifact ``canary/<step>.json`` and the
   step's statistics as metrics;
+* shadow run: ``kernelgate.decision_run_id``, ``kernelgate.shadow_passed``; artifacts
+  ``shadow/traffic.json`` and ``shadow/analysis.json``;
 * promotion / rollback run: ``kernelgate.model_version``, ``kernelgate.decision_run_id``
   (promotion); artifact ``registry/alias_change.json`` (a ``lineage.registry.AliasChange``).
 
@@ -62,7 +64,7 @@ def log_decision(
         tags.REGISTRATION_ID: decision.registration_id,
         tags.THRESHOLDS_SHA256: decision.thresholds_sha256,
         tags.VERDICT: decision.verdict,
-        "mlflow.note.content": decision.summary,
+        tags.NOTE: decision.summary,
     }
     with tr.stage_run(
         tracking,
@@ -136,8 +138,8 @@ def log_approval(
         tags.DECISION_RUN_ID: decision_run_id,
         tags.TRANSITION: record.transition,
         tags.APPROVED: str(record.approved).lower(),
-        "kernelgate.approver": record.approver,
-        "kernelgate.model_version": record.version,
+        tags.APPROVER: record.approver,
+        tags.MODEL_VERSION: record.version,
     }
     with tr.stage_run(
         tracking,
@@ -203,6 +205,33 @@ def log_canary_step(
     return run_id
 
 
+def log_shadow(
+    tracking: Tracking,
+    family: str,
+    version: str,
+    traffic: BaseModel,
+    result: CanaryStepResult,
+    *,
+    decision_run_id: str,
+    parent_run_id: str | None = None,
+) -> str:
+    """Log the shadow stage (mirrored traffic and its analysis) as a ``shadow`` run."""
+    with tr.stage_run(
+        tracking,
+        family,
+        "shadow",
+        parent_run_id=parent_run_id,
+        run_name=f"shadow-v{version}",
+        run_tags={
+            tags.DECISION_RUN_ID: decision_run_id,
+            tags.SHADOW_PASSED: str(result.passed).lower(),
+        },
+    ) as run_id:
+        tr.log_model_json(tracking, run_id, traffic, "shadow/traffic.json")
+        tr.log_model_json(tracking, run_id, result, "shadow/analysis.json")
+    return run_id
+
+
 def log_alias_change(
     tracking: Tracking, change: BaseModel, *, parent_run_id: str | None = None
 ) -> str:
@@ -214,9 +243,9 @@ def log_alias_change(
     data = change.model_dump(mode="json")
     stage = "rollback" if data["action"] == "rollback" else "promotion"
     run_tags = {
-        "kernelgate.alias": data["alias"],
-        "kernelgate.model_version": str(data["version"] or data["previous_version"]),
-        "mlflow.note.content": data.get("reason") or f"{data['action']} {data['alias']}",
+        tags.ALIAS: data["alias"],
+        tags.MODEL_VERSION: str(data["version"] or data["previous_version"]),
+        tags.NOTE: data.get("reason") or f"{data['action']} {data['alias']}",
     }
     if data.get("decision_run_id"):
         run_tags[tags.DECISION_RUN_ID] = data["decision_run_id"]
@@ -228,5 +257,5 @@ def log_alias_change(
         run_name=f"{data['action']}-{data['alias']}",
         run_tags=run_tags,
     ) as run_id:
-        tr.log_model_json(tracking, run_id, change, "registry/alias_change.json")
+        tr.log_model_json(tracking, run_id, change, tags.ALIAS_CHANGE_ARTIFACT)
     return run_id

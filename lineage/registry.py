@@ -1,55 +1,52 @@
 """Model registry: one registered model per kernel family, aliases for rollout stages.
 
 * Registered model ``kernelgate-<family>``; a version is one build, created from the build
-  run (``source = runs:/<build run id>/<artifact path>``, ``run_id`` = build run id, version
-  tag ``kernelgate.build_run_id``).
+  run (``source = runs:/<build run id>/build``, ``run_id`` = build run id) and tagged with
+  what it serves (``kernelgate.implementation``, the resolved ``kernelgate.config``).
 * Aliases ``shadow``, ``canary``, ``production``. ``shadow`` needs nothing (its output is
-  never served). ``canary`` and ``production`` need a passing gate decision for *this*
-  build, read back from MLflow and verified (:func:`lineage.records.load_decision`), whose
-  preregistration is intact and predates the evaluation; where the decision's
-  preregistered approval policy lists the transition, an approving approval run too.
-  Otherwise :class:`PromotionRefused` is raised and no alias moves — ``production`` never
-  points at a version without a passing decision.
-* Promotion tags the version with ``kernelgate.decision_run_id``,
-  ``kernelgate.evaluation_run_id``, ``kernelgate.registration_id``,
-  ``kernelgate.approval_run_id`` (when any) and ``kernelgate.promoted_at``; the registered
-  model keeps ``kernelgate.previous_production_version`` and the JSON list
+  never served). ``canary`` and ``production`` need a complete chain of evidence for the
+  version (:mod:`lineage.chain`: gate decision, shadow, approvals, and for production the
+  canary steps and the confirmation decision); otherwise :class:`PromotionRefused` is
+  raised and no alias moves. Whoever calls (a flow, the CLI, a Python shell) meets the
+  same rules.
+* Every alias move is logged as a ``promotion`` or ``rollback`` run (``lineage.records``).
+  Promotion tags the version with ``kernelgate.promoted_at``; the registered model keeps
+  ``kernelgate.previous_production_version`` and the JSON list
   ``kernelgate.production_history`` (oldest first, current last).
-* Rollback moves ``production`` back to the previous version (re-verifying its decision)
-  or, with none, removes the alias so serving falls back to the native baseline; the
+* Rollback moves ``production`` back to the previous version (its chain re-checked) or,
+  with none usable, removes the alias so serving falls back to the native baseline; the
   rolled-back version is tagged ``kernelgate.rollback_reason`` / ``kernelgate.rolled_back_at``.
 
 Aliases are read through ``get_registered_model(...).aliases`` and
 ``get_model_version_by_alias`` — the search APIs return empty aliases on SQLite.
+
+Kept in one module (over 350 lines) because every alias move and its invariant check
+live together: a move added elsewhere could bypass the check.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import time
 from datetime import UTC, datetime
 from typing import Literal
 
 from mlflow.exceptions import MlflowException
 from pydantic import AwareDatetime, BaseModel, ConfigDict
 
-from gates.preregistration import PreregistrationError, load_registration
-from gates.thresholds import Transition
-from lineage import tags
-from lineage.records import DecisionRecord, LineageError, load_approval, load_decision
+from kernels.config import BlockSizes
+from lineage import chain, tags
+from lineage.records import LineageError, log_alias_change
 from lineage.tracking import Tracking, experiment_name
 
 Alias = Literal["shadow", "canary", "production"]
 ALIASES: tuple[Alias, ...] = ("shadow", "canary", "production")
 _HISTORY_KEEP = 50
-_TRANSITION: dict[Alias, Transition] = {
-    "shadow": "candidate->shadow",
-    "canary": "shadow->canary",
-    "production": "canary->production",
-}
 
 
 class PromotionRefused(RuntimeError):
-    """An alias move was refused: no passing, intact decision (or approval) for the version."""
+    """An alias move was refused: the version's chain of evidence is incomplete."""
 
 
 class AliasChange(BaseModel):
@@ -65,7 +62,6 @@ class AliasChange(BaseModel):
     action: Literal["assign", "promote", "rollback", "clear"]
     reason: str = ""
     decision_run_id: str | None = None
-    approval_run_id: str | None = None
 
 
 def registered_model_name(family: str) -> str:
@@ -85,17 +81,17 @@ def ensure_registered_model(tracking: Tracking, family: str) -> str:
         client.get_registered_model(name)
     except MlflowException:
         client.create_registered_model(
-            name,
-            tags={tags.FAMILY: family},
-            description=f"Attention kernel family {family!r} (kernelgate).",
-        )
+            name, tags={tags.FAMILY: family},
+            description=f"Attention kernel family {family!r} (kernelgate).")
     return name
 
 
-def register_build(
-    tracking: Tracking, family: str, build_run_id: str, *, artifact_path: str = "build"
-) -> str:
+def register_build(tracking: Tracking, family: str, build_run_id: str, *, implementation: str,
+                   config: BlockSizes | None, artifact_path: str = "build") -> str:
     """Create a model version for a build run; returns the version number (as str).
+
+    The version is tagged with what it serves: ``implementation`` and its resolved
+    block sizes (``null`` for untiled kernels).
 
     Raises:
         LineageError: the run does not exist or is not a ``build`` run.
@@ -109,11 +105,10 @@ def register_build(
         raise LineageError(f"run {build_run_id} is not a build run")
     name = ensure_registered_model(tracking, family)
     version = client.create_model_version(
-        name,
-        source=f"runs:/{build_run_id}/{artifact_path}",
-        run_id=build_run_id,
-        tags={tags.BUILD_RUN_ID: build_run_id, tags.FAMILY: family},
-    )
+        name, source=f"runs:/{build_run_id}/{artifact_path}", run_id=build_run_id,
+        tags={tags.BUILD_RUN_ID: build_run_id, tags.FAMILY: family,
+              tags.IMPLEMENTATION: implementation,
+              tags.CONFIG: config.model_dump_json() if config else "null"})
     return str(version.version)
 
 
@@ -141,70 +136,6 @@ def production_history(tracking: Tracking, family: str) -> list[str]:
     return [str(v) for v in json.loads(raw)]
 
 
-def _passing_decision(
-    tracking: Tracking, family: str, version: str, decision_run_id: str
-) -> DecisionRecord:
-    """Load and check a decision for ``version``; raise PromotionRefused if it does not hold."""
-    client = tracking.client()
-    name = registered_model_name(family)
-    try:
-        mv = client.get_model_version(name, version)
-    except MlflowException as exc:
-        raise PromotionRefused(f"{name} has no version {version}") from exc
-    try:
-        record = load_decision(tracking, decision_run_id)
-        registration = load_registration(record.registration_id, tracking=tracking)
-    except (LineageError, PreregistrationError) as exc:
-        raise PromotionRefused(f"{name} v{version}: decision not usable: {exc}") from exc
-    if record.decision.verdict != "promote":
-        raise PromotionRefused(
-            f"{name} v{version}: decision {decision_run_id} rejects the candidate:\n"
-            f"{record.decision.summary}"
-        )
-    if record.build_run_id != mv.run_id:
-        raise PromotionRefused(
-            f"{name} v{version}: decision {decision_run_id} judged build {record.build_run_id}, "
-            f"but the version is build {mv.run_id}"
-        )
-    if record.decision.thresholds_sha256 != registration.thresholds_sha256:
-        raise PromotionRefused(f"decision {decision_run_id}: thresholds hash != registration's")
-    if record.decision.evaluation_started_at < registration.registered_at:
-        raise PromotionRefused(f"decision {decision_run_id}: evaluation predates registration")
-    return record
-
-
-def _check_approval(
-    tracking: Tracking,
-    record: DecisionRecord,
-    version: str,
-    transition: Transition,
-    approval_run_id: str | None,
-) -> None:
-    policy = record.decision.approval_policy
-    if transition not in policy.required_for:
-        return
-    if approval_run_id is None:
-        raise PromotionRefused(f"{transition} needs an approval run (preregistered policy)")
-    try:
-        approval, approved_decision = load_approval(tracking, approval_run_id)
-    except LineageError as exc:
-        raise PromotionRefused(f"approval not usable: {exc}") from exc
-    problems = [
-        (not approval.approved, "it does not approve"),
-        (approval.timed_out, "it timed out"),
-        (approval.transition != transition, f"it is for {approval.transition}"),
-        (approval.version != version, f"it is for version {approval.version}"),
-        (approved_decision != record.decision_run_id, "it approves another decision"),
-        (
-            approval.auto_approved and not policy.auto_approve,
-            "it was auto-approved but the policy requires a person",
-        ),
-    ]
-    reasons = [why for bad, why in problems if bad]
-    if reasons:
-        raise PromotionRefused(f"approval run {approval_run_id} refused: {'; '.join(reasons)}")
-
-
 def version_tags(tracking: Tracking, family: str, version: str) -> dict[str, str]:
     """The tags of one model version of the family's registered model."""
     return dict(tracking.client().get_model_version(registered_model_name(family), version).tags)
@@ -217,71 +148,87 @@ def tag_version(tracking: Tracking, family: str, version: str, values: dict[str,
         client.set_model_version_tag(registered_model_name(family), version, key, value)
 
 
-def assign_shadow(tracking: Tracking, family: str, version: str) -> AliasChange:
-    """Point ``shadow`` at ``version`` (mirrored traffic only; no decision needed)."""
+def version_kernel(tracking: Tracking, family: str, version: str
+                   ) -> tuple[str, BlockSizes | None]:
+    """``(implementation, block sizes)`` a model version was built with."""
+    vtags = version_tags(tracking, family, version)
+    raw = vtags.get(tags.CONFIG, "null")
+    return vtags[tags.IMPLEMENTATION], (None if raw == "null"
+                                        else BlockSizes.model_validate_json(raw))
+
+
+def link_traffic_run(tracking: Tracking, family: str, version: str, stage: Literal["shadow", "canary"],
+                     run_id: str) -> None:
+    """Link a shadow run, or append a canary-step run, to the version it judged."""
+    if stage == "shadow":
+        tag_version(tracking, family, version, {tags.SHADOW_RUN_ID: run_id})
+        return
+    runs = json.loads(version_tags(tracking, family, version).get(tags.CANARY_RUN_IDS, "[]"))
+    tag_version(tracking, family, version, {tags.CANARY_RUN_IDS: json.dumps([*runs, run_id])})
+
+
+def _refuse_incomplete(tracking: Tracking, family: str, version: str, transition,
+                       decision_run_id: str | None) -> chain.ChainEvidence:
+    evidence = chain.collect(tracking, family, version, decision_run_id=decision_run_id)
+    found = chain.problems(evidence, transition)
+    if found:
+        raise PromotionRefused(f"{registered_model_name(family)} v{version}: {transition} refused: "
+                               + "; ".join(found))
+    return evidence
+
+
+def _log(tracking: Tracking, change: AliasChange, parent_run_id: str | None) -> AliasChange:
+    log_alias_change(tracking, change, parent_run_id=parent_run_id)
+    return change
+
+
+def assign_shadow(tracking: Tracking, family: str, version: str, *,
+                  owner_run_id: str | None = None) -> AliasChange:
+    """Point ``shadow`` at ``version`` (mirrored traffic only; no decision needed); the
+    owning rollout run is recorded on the version (its lease on the alias)."""
     name = registered_model_name(family)
     previous = alias_version(tracking, family, "shadow")
     tracking.client().get_model_version(name, version)  # raises if absent
     tracking.client().set_registered_model_alias(name, "shadow", version)
-    return AliasChange(
-        family=family,
-        alias="shadow",
-        version=version,
-        previous_version=previous,
-        at=_now(),
-        action="assign",
-    )
+    if owner_run_id:
+        tag_version(tracking, family, version, {tags.alias_owner("shadow"): owner_run_id,
+                                                tags.ROLLOUT_RUN_ID: owner_run_id})
+    return _log(tracking, AliasChange(family=family, alias="shadow", version=version,
+                                      previous_version=previous, at=_now(), action="assign"),
+                owner_run_id)
 
 
-def assign_canary(
-    tracking: Tracking,
-    family: str,
-    version: str,
-    *,
-    decision_run_id: str,
-    approval_run_id: str | None = None,
-) -> AliasChange:
-    """Point ``canary`` at ``version``; needs a passing decision (and approval if listed).
+def assign_canary(tracking: Tracking, family: str, version: str, *, decision_run_id: str,
+                  owner_run_id: str | None = None) -> AliasChange:
+    """Point ``canary`` at ``version``; needs the chain up to ``shadow->canary``.
 
     Raises:
-        PromotionRefused: see the module docstring.
+        PromotionRefused: naming every missing or wrong piece of evidence.
     """
-    record = _passing_decision(tracking, family, version, decision_run_id)
-    _check_approval(tracking, record, version, _TRANSITION["canary"], approval_run_id)
+    _refuse_incomplete(tracking, family, version, "shadow->canary", decision_run_id)
     previous = alias_version(tracking, family, "canary")
     tracking.client().set_registered_model_alias(registered_model_name(family), "canary", version)
-    tag_version(tracking, family, version, {tags.DECISION_RUN_ID: decision_run_id})
-    return AliasChange(
-        family=family,
-        alias="canary",
-        version=version,
-        previous_version=previous,
-        at=_now(),
-        action="assign",
-        decision_run_id=decision_run_id,
-        approval_run_id=approval_run_id,
-    )
+    values = {tags.DECISION_RUN_ID: decision_run_id}
+    if owner_run_id:
+        values[tags.alias_owner("canary")] = owner_run_id
+    tag_version(tracking, family, version, values)
+    return _log(tracking, AliasChange(family=family, alias="canary", version=version,
+                                      previous_version=previous, at=_now(), action="assign",
+                                      decision_run_id=decision_run_id), owner_run_id)
 
 
-def promote(
-    tracking: Tracking,
-    family: str,
-    version: str,
-    *,
-    decision_run_id: str,
-    approval_run_id: str | None = None,
-) -> AliasChange:
-    """Move ``production`` to ``version`` after verifying its passing decision and approval.
+def promote(tracking: Tracking, family: str, version: str, *, decision_run_id: str,
+            parent_run_id: str | None = None) -> AliasChange:
+    """Move ``production`` to ``version`` after checking its complete chain.
 
-    Records the previous production version on the registered model and clears the
-    ``canary`` and ``shadow`` aliases that pointed at ``version`` (their job is done).
+    Records the previous production version on the registered model and retires the
+    ``canary`` and ``shadow`` aliases that pointed at ``version`` (their job is done),
+    with the owner tags they carried.
 
     Raises:
-        PromotionRefused: no passing, intact decision for this build; approval missing or
-            not approving where the preregistered policy requires it.
+        PromotionRefused: naming every missing or wrong piece of evidence.
     """
-    record = _passing_decision(tracking, family, version, decision_run_id)
-    _check_approval(tracking, record, version, _TRANSITION["production"], approval_run_id)
+    evidence = _refuse_incomplete(tracking, family, version, "canary->production", decision_run_id)
     client = tracking.client()
     name = registered_model_name(family)
     current = aliases(tracking, family)
@@ -289,58 +236,46 @@ def promote(
     at = _now()
     client.set_registered_model_alias(name, "production", version)
     history = [v for v in production_history(tracking, family) if v != version] + [version]
-    client.set_registered_model_tag(
-        name, tags.PRODUCTION_HISTORY, json.dumps(history[-_HISTORY_KEEP:])
-    )
+    client.set_registered_model_tag(name, tags.PRODUCTION_HISTORY,
+                                    json.dumps(history[-_HISTORY_KEEP:]))
     if previous and previous != version:
         client.set_registered_model_tag(name, tags.PREVIOUS_PRODUCTION, previous)
-    version_tags = {
+    tag_version(tracking, family, version, {
         tags.DECISION_RUN_ID: decision_run_id,
-        tags.EVALUATION_RUN_ID: record.evaluation_run_id,
-        tags.REGISTRATION_ID: record.registration_id,
-        tags.PROMOTED_AT: at.isoformat(),
-    }
-    if approval_run_id:
-        version_tags[tags.APPROVAL_RUN_ID] = approval_run_id
-    tag_version(tracking, family, version, version_tags)
+        tags.EVALUATION_RUN_ID: evidence.decision.evaluation_run_id,
+        tags.REGISTRATION_ID: evidence.decision.registration_id,
+        tags.PROMOTED_AT: at.isoformat()})
     for done in ("canary", "shadow"):
         if current.get(done) == version:
             client.delete_registered_model_alias(name, done)
-    return AliasChange(
-        family=family,
-        alias="production",
-        version=version,
-        previous_version=previous,
-        at=at,
-        action="promote",
-        decision_run_id=decision_run_id,
-        approval_run_id=approval_run_id,
-    )
+        _drop_version_tag(tracking, family, version, tags.alias_owner(done))
+    return _log(tracking, AliasChange(family=family, alias="production", version=version,
+                                      previous_version=previous, at=at, action="promote",
+                                      decision_run_id=decision_run_id), parent_run_id)
 
 
-def rollback(
-    tracking: Tracking,
-    family: str,
-    *,
-    reason: str,
-    alias: Alias = "production",
-    retire_if_unusable: bool = False,
-) -> AliasChange:
+def _drop_version_tag(tracking: Tracking, family: str, version: str, key: str) -> None:
+    with contextlib.suppress(MlflowException):  # not set
+        tracking.client().delete_model_version_tag(registered_model_name(family), version, key)
+
+
+def rollback(tracking: Tracking, family: str, *, reason: str, alias: Alias = "production",
+             retire_if_unusable: bool = False, parent_run_id: str | None = None) -> AliasChange:
     """Undo the version behind ``alias`` and tag it with ``reason``.
 
-    For ``production``: restore the previously promoted version (its decision re-verified)
+    For ``production``: restore the previously promoted version (its chain re-checked)
     or remove the alias when there is none. For ``canary``/``shadow``: remove the alias.
 
     Args:
-        retire_if_unusable: when the previous production version no longer has a usable
-            decision, remove ``production`` (the native baseline serves) instead of
+        retire_if_unusable: when the previous production version no longer has a
+            complete chain, remove ``production`` (the native baseline serves) instead of
             raising; the reason records why. For recovery paths that must not leave a
             failing version in production.
 
     Raises:
         ValueError: empty reason, or ``alias`` points at nothing.
-        PromotionRefused: the previous production version no longer has a usable decision
-            (and ``retire_if_unusable`` is False).
+        PromotionRefused: the previous production version's chain is incomplete (and
+            ``retire_if_unusable`` is False).
     """
     if not reason.strip():
         raise ValueError("rollback needs a reason")
@@ -355,10 +290,7 @@ def rollback(
         if history:
             restored = history[-1]
             try:
-                decision_run_id = version_tags(tracking, family, restored).get(tags.DECISION_RUN_ID)
-                if decision_run_id is None:
-                    raise PromotionRefused(f"{name} v{restored} has no decision; not restored")
-                _passing_decision(tracking, family, restored, decision_run_id)
+                _refuse_incomplete(tracking, family, restored, "canary->production", None)
             except PromotionRefused as exc:
                 if not retire_if_unusable:
                     raise
@@ -369,31 +301,30 @@ def rollback(
         else:
             client.delete_registered_model_alias(name, "production")
         client.set_registered_model_tag(name, tags.PRODUCTION_HISTORY, json.dumps(history))
-        client.set_registered_model_tag(
-            name, tags.PREVIOUS_PRODUCTION, history[-2] if len(history) > 1 else ""
-        )
+        client.set_registered_model_tag(name, tags.PREVIOUS_PRODUCTION,
+                                        history[-2] if len(history) > 1 else "")
     else:
         client.delete_registered_model_alias(name, alias)
     at = _now()
-    tag_version(
-        tracking,
-        family,
-        current,
-        {tags.ROLLBACK_REASON: reason, tags.ROLLED_BACK_AT: at.isoformat()},
-    )
-    return AliasChange(
-        family=family,
-        alias=alias,
-        version=restored,
-        previous_version=current,
-        at=at,
-        action="rollback",
-        reason=reason,
-    )
+    tag_version(tracking, family, current,
+                {tags.ROLLBACK_REASON: reason, tags.ROLLED_BACK_AT: at.isoformat()})
+    return _log(tracking, AliasChange(family=family, alias=alias, version=restored,
+                                      previous_version=current, at=at, action="rollback",
+                                      reason=reason), parent_run_id)
 
 
-def clear_stale(tracking: Tracking, family: str, alias: Alias, *, reason: str) -> str | None:
-    """Remove an alias that no longer means anything (e.g. ``shadow`` after a promotion).
+def reject(tracking: Tracking, family: str, version: str, reason: str, *,
+           parent_run_id: str | None = None) -> list[AliasChange]:
+    """Record why a version stops here (``kernelgate.rejection_reason``); a ``shadow`` or
+    ``canary`` alias pointing at it is rolled back. ``production`` is never touched."""
+    tag_version(tracking, family, version, {tags.REJECTION_REASON: reason})
+    return [rollback(tracking, family, reason=reason, alias=alias, parent_run_id=parent_run_id)
+            for alias in ("shadow", "canary") if alias_version(tracking, family, alias) == version]
+
+
+def clear_stale(tracking: Tracking, family: str, alias: Alias, *, reason: str,
+                parent_run_id: str | None = None) -> str | None:
+    """Remove an alias that no longer means anything (left by a rollout that died).
 
     Returns the version it pointed at (tagged ``kernelgate.stale_reason``), or None.
     ``production`` is never cleared here: use :func:`rollback`.
@@ -404,4 +335,46 @@ def clear_stale(tracking: Tracking, family: str, alias: Alias, *, reason: str) -
     if version is not None:
         tracking.client().delete_registered_model_alias(registered_model_name(family), alias)
         tag_version(tracking, family, version, {tags.STALE_REASON: f"{alias}: {reason}"})
+        _log(tracking, AliasChange(family=family, alias=alias, version=None,
+                                   previous_version=version, at=_now(), action="clear",
+                                   reason=reason), parent_run_id)
     return version
+
+
+def clear_stale_aliases(tracking: Tracking, family: str, *, lease_s: float,
+                        cleared_by_run_id: str) -> list[str]:
+    """Clear ``canary``/``shadow`` aliases left by rollouts that did not finish.
+
+    An alias whose owning rollout run is still RUNNING and younger than ``lease_s``
+    seconds is left alone (that rollout is live). Returns the aliases cleared.
+    """
+    cleared = []
+    for alias in ("canary", "shadow"):
+        version = alias_version(tracking, family, alias)
+        if version is None:
+            continue
+        owner = version_tags(tracking, family, version).get(tags.alias_owner(alias))
+        if owner:
+            try:
+                run = tracking.client().get_run(owner)
+            except MlflowException:
+                run = None
+            if (run is not None and run.info.status == "RUNNING"
+                    and time.time() - run.info.start_time / 1000 < lease_s):
+                continue
+        clear_stale(tracking, family, alias, parent_run_id=cleared_by_run_id,
+                    reason=(f"left by rollout run {owner or '(unknown)'}, which did not finish; "
+                            f"cleared by {cleared_by_run_id}"))
+        cleared.append(alias)
+    return cleared
+
+
+def link_confirmation(tracking: Tracking, family: str, version: str, decision_run_id: str) -> None:
+    """Link the confirmation-split decision to the version it judged."""
+    tag_version(tracking, family, version, {tags.CONFIRMATION_RUN_ID: decision_run_id})
+
+
+def link_approval(tracking: Tracking, family: str, version: str, transition: str,
+                  approval_run_id: str) -> None:
+    """Link an approval run (approval, rejection or timeout) to the version it is about."""
+    tag_version(tracking, family, version, {tags.approval_run_id(transition): approval_run_id})

@@ -1,4 +1,4 @@
-"""The run-linking scheme: tag names that tie MLflow runs and registry entries together.
+"""Every tag name of the record, in one place: how MLflow runs and registry entries link.
 
 An auditor starts at an alias and follows these tags (see ``lineage/audit.py``)::
 
@@ -6,13 +6,14 @@ An auditor starts at an alias and follows these tags (see ``lineage/audit.py``):
     model version ──kernelgate.decision_run_id──> gate run (stage "gate")
     gate run ──kernelgate.evaluation_run_id──> evaluation run ──kernelgate.build_run_id──> build run
     gate run / evaluation run ──kernelgate.registration_id──> preregistration run
-    model version ──kernelgate.approval_run_id──> approval run (stage "approval")
+    model version ──kernelgate.approval_run_id.<transition>──> approval run
+    model version ──kernelgate.confirmation_decision_run_id──> gate run (confirmation split)
 
 Every run carries ``kernelgate.stage`` and ``kernelgate.family``; runs of one rollout
 share a parent (``mlflow.parentRunId``) so the MLflow UI shows the rollout as one tree.
 Every artifact logged through :mod:`lineage.tracking` has its sha256 recorded as the run
-tag ``kernelgate.sha256/<artifact path>``: tags live in the tracking database, artifacts
-in the artifact store, so an edit to one is caught by the other.
+tag ``kernelgate.sha256/<artifact path>``. ARCHITECTURE.md's record table lists which run
+carries which tag.
 """
 
 from __future__ import annotations
@@ -32,17 +33,23 @@ Stage = Literal[
     "rollback",
     "revalidation",
 ]
+STAGES: tuple[Stage, ...] = Stage.__args__  # type: ignore[attr-defined]
 
+# MLflow's own tags
+PARENT: Final = "mlflow.parentRunId"
+NOTE: Final = "mlflow.note.content"  # run / version description shown in the UI
+
+# on every run
 STAGE: Final = "kernelgate.stage"
 FAMILY: Final = "kernelgate.family"
-PARENT: Final = "mlflow.parentRunId"
 
 # links between runs (run tags) and from a model version to runs (version tags)
 BUILD_RUN_ID: Final = "kernelgate.build_run_id"
 EVALUATION_RUN_ID: Final = "kernelgate.evaluation_run_id"
 REGISTRATION_ID: Final = "kernelgate.registration_id"
 DECISION_RUN_ID: Final = "kernelgate.decision_run_id"
-APPROVAL_RUN_ID: Final = "kernelgate.approval_run_id"
+CONFIRMATION_RUN_ID: Final = "kernelgate.confirmation_decision_run_id"
+APPROVAL_RUN_ID: Final = "kernelgate.approval_run_id"  # + "." + approval key per transition
 
 # links from a model version to the traffic stages of the rollout that judged it
 ROLLOUT_RUN_ID: Final = "kernelgate.rollout_run_id"
@@ -52,18 +59,41 @@ ALIAS_OWNER: Final = "kernelgate.alias_owner."  # + alias: the rollout run that 
 SHADOW_PASSED: Final = "kernelgate.shadow_passed"
 CANARY_PASSED: Final = "kernelgate.canary_passed"
 
+# what a model version serves
+IMPLEMENTATION: Final = "kernelgate.implementation"
+CONFIG: Final = "kernelgate.config"  # resolved BlockSizes JSON, "null" for untiled kernels
+SOURCE_SHA256: Final = "kernelgate.source_sha256"  # combined digest of the kernels package
+SOURCE_FILE_PREFIX: Final = "kernelgate.source_sha256/"  # + file path (build run)
+SOURCE_DRIFT_PREFIX: Final = "kernelgate.source_drift."  # + alias (rollout run)
+
 # preregistration run
 THRESHOLDS_SHA256: Final = "kernelgate.thresholds_sha256"
 THRESHOLDS_ARTIFACT: Final = "kernelgate.thresholds_artifact"
 REGISTERED_AT: Final = "kernelgate.registered_at"
+PROFILE: Final = "kernelgate.profile"
 
-# gate / approval runs
+# evaluation run
+SPLIT: Final = "kernelgate.split"
+SPEED_ASSESSED: Final = "kernelgate.speed_assessed"
+EVALUATION_STATUS: Final = "kernelgate.evaluation_status"
+PRODUCTION_IMPLEMENTATION: Final = "kernelgate.production_implementation"
+MODEL_WEIGHTS_SHA256: Final = "kernelgate.model_weights_sha256"
+
+# gate / approval / alias-change runs
 VERDICT: Final = "kernelgate.verdict"
 APPROVED: Final = "kernelgate.approved"
+APPROVER: Final = "kernelgate.approver"
 TRANSITION: Final = "kernelgate.transition"
+MODEL_VERSION: Final = "kernelgate.model_version"
+ALIAS: Final = "kernelgate.alias"
+
+# rollout / revalidation (parent) runs
+RESULT: Final = "kernelgate.result"
+DECIDED_AT_STAGE: Final = "kernelgate.decided_at_stage"
 
 # model version and registered model
 PROMOTED_AT: Final = "kernelgate.promoted_at"
+REJECTION_REASON: Final = "kernelgate.rejection_reason"
 ROLLED_BACK_AT: Final = "kernelgate.rolled_back_at"
 ROLLBACK_REASON: Final = "kernelgate.rollback_reason"
 STALE_REASON: Final = "kernelgate.stale_reason"
@@ -76,6 +106,34 @@ DIGEST_PREFIX: Final = "kernelgate.sha256/"
 # environment facts (lineage.environment): ENV_PREFIX + field name
 ENV_PREFIX: Final = "kernelgate.env."
 
+# dataset input tags
+DATASET_CONTEXT: Final = "mlflow.data.context"
+DATASET_SHA256: Final = "kernelgate.sha256"
+
 # well-known artifact paths
 DECISION_ARTIFACT: Final = "decisions/gate_decision.json"
 APPROVAL_ARTIFACT: Final = "approvals/approval.json"
+ALIAS_CHANGE_ARTIFACT: Final = "registry/alias_change.json"
+OUTCOME_ARTIFACT: Final = "rollout/outcome.json"
+REVALIDATION_ARTIFACT: Final = "revalidation/outcome.json"
+
+
+def alias_owner(alias: str) -> str:
+    """Version tag naming the rollout run that assigned ``alias`` to it."""
+    return ALIAS_OWNER + alias
+
+
+def approval_key(transition: str) -> str:
+    """A transition as a key fit for tags and Prefect pause keys:
+    ``canary->production`` -> ``approval-canary-to-production``."""
+    return f"approval-{transition.replace('->', '-to-')}"
+
+
+def approval_run_id(transition: str) -> str:
+    """Version tag naming the approval run of ``transition``."""
+    return f"{APPROVAL_RUN_ID}.{approval_key(transition)}"
+
+
+def source_drift(alias: str) -> str:
+    """Rollout-run tag recording that the checkout differs from ``alias``'s build."""
+    return SOURCE_DRIFT_PREFIX + alias

@@ -85,6 +85,13 @@ def default_tracking(project_dir: str | Path | None = None) -> Tracking:
     return local_tracking(Path(project_dir or Path.cwd()) / STORE_DIR)
 
 
+def tracking_for(store_dir: str | Path) -> Tracking:
+    """The store a command uses: ``MLFLOW_TRACKING_URI`` when set (a tracking server),
+    else the embedded SQLite store in ``store_dir``."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI")
+    return Tracking(tracking_uri=uri) if uri else local_tracking(store_dir)
+
+
 def experiment_name(family: str) -> str:
     """The experiment (and registered model) name of a kernel family: ``kernelgate-<family>``."""
     if not family or not family.replace("_", "").replace("-", "").isalnum():
@@ -295,8 +302,8 @@ def log_dataset(
         run_id,
         datasets=[
             DatasetInput(
-                dataset._to_mlflow_entity(), tags=[InputTag("mlflow.data.context", context),
-                      InputTag("kernelgate.sha256", digest)]
+                dataset._to_mlflow_entity(),
+                tags=[InputTag(tags.DATASET_CONTEXT, context), InputTag(tags.DATASET_SHA256, digest)],
             )
         ],
     )

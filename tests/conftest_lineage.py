@@ -12,14 +12,18 @@ import re
 from datetime import UTC, datetime
 from pathlib import Path
 
+import numpy as np
 from pydantic import BaseModel
 
+from gates.approval import ApprovalInput, record_answer, record_auto_approval
+from gates.canary import analyse_canary_step
 from gates.decision import GateDecision, decide
-from gates.preregistration import Registration, preregister
-from gates.thresholds import load_thresholds
-from lineage import tags
+from gates.preregistration import Registration
+from gates.thresholds import CanaryStep, load_thresholds
+from lineage import registry, tags
 from lineage import tracking as tr
-from lineage.records import log_decision
+from lineage.records import log_approval, log_canary_step, log_decision, log_shadow
+from lineage.registration import preregister, registered_thresholds
 from lineage.registry import register_build
 from lineage.tracking import Tracking
 
@@ -160,7 +164,7 @@ def build_chain(
         build_run_id=build_run_id,
         evaluation_run_id=evaluation_run_id,
     )
-    version = register_build(tracking, family, build_run_id)
+    version = register_build(tracking, family, build_run_id, implementation="xla", config=None)
     return Chain(
         registration=registration,
         build_run_id=build_run_id,
@@ -169,3 +173,61 @@ def build_chain(
         version=version,
         decision=decision,
     )
+
+
+def _passing_step(step, plan):
+    """A traffic-stage analysis that passes: equal latency distributions, no drift."""
+    rng = np.random.default_rng(len(step.name))
+    latencies = rng.lognormal(np.log(0.01), 0.05, 40)
+    return analyse_canary_step(step, latencies, latencies * 1.0, np.zeros(10), error_count=0,
+                               nan_count=0, memory_start_bytes=0, memory_end_bytes=0, plan=plan)
+
+
+def complete_chain(tracking: Tracking, family: str, chain: Chain, *,
+                   approve: dict[str, ApprovalInput] | None = None,
+                   confirmation_metrics: dict[str, float] | None = None) -> Chain:
+    """Log the rest of the evidence promotion needs for ``chain.version``: a passed
+    shadow stage, every approval the registered policy requires (a person's approval,
+    or ``approve[transition]``; auto-approval where the policy says so), one passed
+    canary run per registered step, and a confirmation decision (accuracy criteria) on
+    ``confirmation_metrics`` (default: the passing metrics)."""
+    thresholds = registered_thresholds(chain.registration, tracking=tracking)
+    plan, policy = thresholds.canary, thresholds.approval
+    shadow = _passing_step(CanaryStep(name="shadow", traffic_fraction=1.0, requests=10), plan)
+    shadow_run = log_shadow(tracking, family, chain.version, shadow, shadow,
+                            decision_run_id=chain.decision_run_id)
+    registry.link_traffic_run(tracking, family, chain.version, "shadow", shadow_run)
+    for transition in policy.required_for:
+        about = dict(transition=transition, family=family, version=chain.version)
+        if policy.auto_approve:
+            record = record_auto_approval(policy, **about)
+        else:
+            answer = (approve or {}).get(transition) or ApprovalInput(
+                approve=True, approver="rm@example.com", comment="evidence reviewed")
+            record = record_answer(answer, **about)
+        run_id = log_approval(tracking, record, decision_run_id=chain.decision_run_id)
+        registry.link_approval(tracking, family, chain.version, transition, run_id)
+    for step in plan.steps:
+        run_id = log_canary_step(tracking, family, _passing_step(step, plan),
+                                 decision_run_id=chain.decision_run_id)
+        registry.link_traffic_run(tracking, family, chain.version, "canary", run_id)
+    started = datetime.now(UTC)
+    with tr.stage_run(tracking, family, "evaluation", run_tags={
+            tags.BUILD_RUN_ID: chain.build_run_id,
+            tags.REGISTRATION_ID: chain.registration.registration_id,
+            tags.SPLIT: "confirmation"}) as evaluation_run_id:
+        report = StandInReport(metrics=confirmation_metrics or passing_metrics(),
+                               baseline_metrics=baseline_metrics(), started_at=started)
+        tr.log_model_json(tracking, evaluation_run_id, report, "reports/evaluation.json")
+    confirmation = decide(report, thresholds, chain.registration, kinds={"accuracy"})
+    decision_run_id = log_decision(tracking, family, confirmation, build_run_id=chain.build_run_id,
+                                   evaluation_run_id=evaluation_run_id)
+    registry.link_confirmation(tracking, family, chain.version, decision_run_id)
+    return chain
+
+
+def promotable_chain(tracking: Tracking, family: str, thresholds_path: Path,
+                     metrics: dict[str, float] | None = None, **kwargs) -> Chain:
+    """``build_chain`` plus ``complete_chain``: a version ``registry.promote`` accepts."""
+    chain = build_chain(tracking, family, thresholds_path, metrics or passing_metrics(), **kwargs)
+    return complete_chain(tracking, family, chain)

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from kernels.api import IMPLEMENTATIONS, Implementation
+from kernels.xla import check_supported as check_supported  # runs wherever XLA runs
 from kernels.xla import xla_attention
 
 

@@ -9,15 +9,15 @@ import pytest
 
 import kernels
 from evaluation.performance import (
-    BenchShape,
     PerformanceResult,
     default_shapes,
     measure_performance,
 )
+from kernels.shapes import AttentionShape
 
 SHAPES = [
-    BenchShape(batch=1, q_len=64, kv_len=64, num_heads=2, num_kv_heads=2, head_dim=32),
-    BenchShape(batch=1, q_len=128, kv_len=128, num_heads=2, num_kv_heads=2, head_dim=32,
+    AttentionShape(batch=1, q_len=64, kv_len=64, num_heads=2, num_kv_heads=2, head_dim=32),
+    AttentionShape(batch=1, q_len=128, kv_len=128, num_heads=2, num_kv_heads=2, head_dim=32,
                causal=True),
 ]
 REPEATS = 7

@@ -15,11 +15,11 @@ import pytest
 import kernels
 from evaluation import evaluate as evaluate_mod
 from evaluation.evaluate import evaluate_candidate
-from evaluation.performance import BenchShape
 from evaluation.report import REPORT_FILENAME, EvaluationReport, ValidationSummary
+from kernels.shapes import AttentionShape
 from tests.test_evaluation_accuracy import synthetic_cases, wrong_scale
 
-SHAPES = [BenchShape(batch=1, q_len=n, kv_len=n, num_heads=2, num_kv_heads=2, head_dim=32)
+SHAPES = [AttentionShape(batch=1, q_len=n, kv_len=n, num_heads=2, num_kv_heads=2, head_dim=32)
           for n in (64, 128)]
 ACCURACY_STATS = ("max_rel_error", "median_rel_error", "max_error_ratio_to_baseline",
                   "max_abs_error", "nan_count", "inf_count", "n_cases")
@@ -34,7 +34,7 @@ def _patch_testset(mp: pytest.MonkeyPatch) -> list:
                                                                       "hard-2", "adv-0")]
     mp.setattr(evaluate_mod, "validate_testset", lambda d, s, p: ValidationSummary(
         success=True, result_path=str(p), testset_digest="t" * 64, split_digest="s" * 64))
-    mp.setattr(evaluate_mod, "load_cases", lambda d, s: cases)
+    mp.setattr(evaluate_mod, "load_split", lambda d, s: cases)
     return cases
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import kernels
-from evaluation.cases import SPLITS, case_digest
+from evaluation.cases import SPLITS, case_digest, make_case
 from evaluation.documents import (
     Document,
     assign_splits,
@@ -25,7 +25,6 @@ from evaluation.testset import (
     check_disjoint,
     load_manifest,
     load_split,
-    make_case,
     split_digest,
 )
 

@@ -44,13 +44,35 @@ def test_every_entrypoint_loads_as_a_flow(monkeypatch):
                      "candidate-rollout": "kernelgate-rollout"}
 
 
-def test_cli_exposes_the_documented_commands():
-    result = CliRunner().invoke(app, ["--help"])
-    assert result.exit_code == 0
-    for command in ("rollout", "evaluate", "revalidate", "audit", "ui"):
-        assert command in result.output
+def _readme_commands() -> list[str]:
+    """The subcommands README's command-line section documents (``kernelgate <cmd> ...``)."""
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## The command line", 1)[1].split("\n## ", 1)[0]
+    return sorted({line.split()[1] for line in section.splitlines()
+                   if line.startswith("kernelgate ")})
 
 
-def test_cli_rejects_a_missing_thresholds_file(tmp_path):
-    result = CliRunner().invoke(app, ["rollout", "--thresholds", str(tmp_path / "nope.yaml")])
-    assert result.exit_code != 0
+def test_every_documented_command_exists():
+    documented = _readme_commands()
+    assert {"rollout", "evaluate", "revalidate", "audit", "ui"} <= set(documented)
+    for command in documented:
+        result = CliRunner().invoke(app, [command, "--help"])
+        assert result.exit_code == 0, (command, result.output)
+        assert f"{command} [OPTIONS]" in result.output, (command, result.output)
+
+
+def test_cli_refuses_a_missing_thresholds_file_before_writing_anything(tmp_path):
+    store = tmp_path / "store"
+    result = CliRunner().invoke(app, ["rollout", "--thresholds", str(tmp_path / "nope.yaml"),
+                                      "--store-dir", str(store)])
+    assert result.exit_code == 2, result.output  # a usage error, not a crash
+    assert "nope.yaml" in result.output and "does not exist" in result.output
+    assert not store.exists()
+
+
+def test_cli_refuses_block_sizes_for_an_untiled_kernel(tmp_path):
+    store = tmp_path / "store"
+    result = CliRunner().invoke(app, ["rollout", "--implementation", "xla", "--block-q", "64",
+                                      "--store-dir", str(store)])
+    assert result.exit_code == 2 and "xla has no block sizes" in result.output, result.output
+    assert not store.exists()

@@ -24,17 +24,19 @@ from prefect.client.schemas.objects import StateType
 from prefect.flow_runs import resume_flow_run
 from prefect.testing.utilities import prefect_test_harness
 
-from evaluation.performance import BenchShape
-from flows import serving, stages
-from flows.rollout import approval_key, rollout
-from flows.stages import RolloutSettings
+from evaluation import serving
+from flows import judge, promotion, tasks, traffic
+from flows.rollout import rollout
+from flows.settings import RolloutSettings
+from kernels.shapes import AttentionShape
 from lineage import registry, tags
+from lineage.rollout import close_rollout
 from tests import faulty_kernels
 from tests.faulty_kernels import Fault
 
 FAMILY = "attention-test"
 THRESHOLDS = Path(__file__).parent / "data" / "thresholds-flow-test.yaml"
-SMALL_SHAPE = [BenchShape(batch=1, q_len=128, kv_len=128, num_heads=4, num_kv_heads=4,
+SMALL_SHAPE = [AttentionShape(batch=1, q_len=128, kv_len=128, num_heads=4, num_kv_heads=4,
                           head_dim=32, dtype="float32", causal=False)]
 
 
@@ -110,13 +112,13 @@ def test_passing_candidate_is_promoted_with_full_lineage(seeded, make_settings, 
     assert registry.alias_version(tracking, FAMILY, "production") == outcome.version
     assert outcome.version != seeded["production"]
     mv_tags = version_tags(tracking, outcome.version)
-    assert mv_tags[stages.IMPLEMENTATION_TAG] == "test_good"
+    assert mv_tags[tags.IMPLEMENTATION] == "test_good"
     for link in (tags.DECISION_RUN_ID, tags.EVALUATION_RUN_ID, tags.REGISTRATION_ID,
-                 stages.CONFIRMATION_TAG):
+                 tags.CONFIRMATION_RUN_ID):
         assert link in mv_tags
     from lineage.records import load_decision
 
-    confirmation = load_decision(tracking, mv_tags[stages.CONFIRMATION_TAG]).decision
+    confirmation = load_decision(tracking, mv_tags[tags.CONFIRMATION_RUN_ID]).decision
     assert confirmation.passed and confirmation.scope == ["accuracy"]
     from lineage.audit import audit
 
@@ -131,7 +133,7 @@ def test_numerically_wrong_candidate_stops_at_the_gate(seeded, make_settings, tr
     assert (outcome.result, outcome.stage) == ("rejected", "gate")
     assert "error-ratio" in outcome.reason or "error" in outcome.reason
     assert_production_unchanged(tracking, seeded, outcome.version)
-    assert "gate" in version_tags(tracking, outcome.version)[stages.REJECTION_TAG]
+    assert "gate" in version_tags(tracking, outcome.version)[tags.REJECTION_REASON]
 
 
 def test_candidate_returning_nan_during_canary_is_rolled_back(seeded, make_settings, tracking,
@@ -163,7 +165,7 @@ def test_slow_candidate_is_rejected_by_the_canary_latency_test(seeded, make_sett
 
 def _answer_when_paused(transition: str, run_input: dict, timeout_s: float = 240) -> None:
     """Resume the paused rollout through the Prefect API once its form schema exists."""
-    schema_key = f"paused-{approval_key(transition)}-schema"
+    schema_key = f"paused-{tags.approval_key(transition)}-schema"
     paused = FlowRunFilter(state=FlowRunFilterState(
         type=FlowRunFilterStateType(any_=[StateType.PAUSED])))
     deadline = time.monotonic() + timeout_s
@@ -228,33 +230,33 @@ def test_approval_timeout_rolls_back(seeded, make_settings, tracking, tmp_path):
 def test_rollout_killed_mid_canary_leaves_registry_consistent(seeded, make_settings, tracking):
     settings = make_settings("good")
     before = registry.aliases(tracking, FAMILY)
-    # Run the stages by hand and stop after entering canary: the process "dies" there.
-    ctx = stages.open_rollout(settings)
-    registration = stages.preregister_thresholds(ctx, settings.thresholds)
-    build_run_id, version = stages.build_candidate(ctx, None)
-    report, evaluation_run_id = stages.evaluate_build(
-        ctx, settings, registration=registration, build_run_id=build_run_id,
-        testset_dir=settings.testset_dir)
-    _, decision_run_id, _ = stages.gate(ctx, report, thresholds_path=settings.thresholds,
-                                        registration=registration, build_run_id=build_run_id,
-                                        evaluation_run_id=evaluation_run_id)
-    stages.enter_canary(ctx, version, decision_run_id=decision_run_id, approval_run_id=None)
+    # Run the stages' functions by hand and stop after entering canary: the process
+    # "dies" there, so nothing closes its record or its aliases.
+    state = tasks.open_rollout.fn(settings)
+    tasks.preregister.fn(state)
+    judge.build.fn(state)
+    tasks.prepare_testset.fn(state)
+    judge.evaluate.fn(state)
+    judge.gate.fn(state, thresholds_path=settings.thresholds)
+    plan = traffic.record_traffic.fn(state)
+    assert traffic.shadow.fn(state, plan.shadow).passed
+    promotion.enter_canary.fn(state)
     killed = registry.aliases(tracking, FAMILY)
-    assert killed["canary"] == version
+    assert killed["canary"] == state.version
     assert killed["production"] == before["production"]
 
     # While its owner may still be running (within the lease), a new run leaves it alone.
-    live_ctx = stages.open_rollout(settings, clear_stale_aliases=True)
-    assert registry.alias_version(tracking, FAMILY, "canary") == version
-    stages.close_rollout(live_ctx, result="rejected", stage="open", reason="test", version=None)
+    live = tasks.open_rollout.fn(settings, clear_stale_aliases=True)
+    assert registry.alias_version(tracking, FAMILY, "canary") == state.version
+    close_rollout(live.record, result="rejected", stage="open", reason="test", version=None)
 
     # Once the lease is over, the next run clears the stale canary and says why.
     expired = settings.model_copy(update={"stale_alias_after_s": 0})
-    next_ctx = stages.open_rollout(expired, clear_stale_aliases=True)
+    next_state = tasks.open_rollout.fn(expired, clear_stale_aliases=True)
     after = registry.aliases(tracking, FAMILY)
     assert "canary" not in after and after["production"] == before["production"]
-    assert "did not finish" in version_tags(tracking, version)[tags.STALE_REASON]
-    stages.close_rollout(next_ctx, result="rejected", stage="open", reason="test", version=None)
+    assert "did not finish" in version_tags(tracking, state.version)[tags.STALE_REASON]
+    close_rollout(next_state.record, result="rejected", stage="open", reason="test", version=None)
 
 
 def test_nightly_revalidation_rolls_back_a_production_version_that_broke(
@@ -278,3 +280,54 @@ def test_nightly_revalidation_rolls_back_a_production_version_that_broke(
     assert registry.alias_version(tracking, FAMILY, "production") == history[-2]
     assert f"v{history[-2]}" in broken.now_serving and "nan" in broken.reason.lower()
     assert "re-validation" in version_tags(tracking, promoted.version)[tags.ROLLBACK_REASON]
+
+
+def _record_table() -> list[dict]:
+    text = (Path(__file__).parents[1] / "ARCHITECTURE.md").read_text()
+    table = text.split("<!-- record-table")[1].split("<!-- end record-table")[0]
+    rows = [line.strip().strip("|").split("|") for line in table.splitlines()
+            if line.startswith("| ") and not line.startswith("| stage")]
+    return [{"stage": r[0].strip(), "count": r[1].strip(),
+             "tags": [t.strip() for t in r[2].split(",")],
+             "artifacts": [a.strip() for a in r[3].split(",")]} for r in rows]
+
+
+def test_record_matches_architecture_table(seeded, tracking):
+    """The promoted rollout's MLflow record has exactly the runs, tags and artifacts
+    ARCHITECTURE.md's record table says (later changes to the record update both)."""
+    import fnmatch
+
+    from lineage import tracking as tr
+    from lineage.records import load_decision
+    from lineage.registration import registered_thresholds
+
+    version = seeded["production"]
+    vtags = version_tags(tracking, version)
+    rollout_run = tracking.client().get_run(vtags[tags.ROLLOUT_RUN_ID])
+    children = tracking.client().search_runs(
+        [rollout_run.info.experiment_id],
+        filter_string=f"tags.`{tags.PARENT}` = '{rollout_run.info.run_id}'")
+    registration = load_decision(tracking, vtags[tags.DECISION_RUN_ID]).registration_id
+    from lineage.registration import load_registration
+
+    thresholds = registered_thresholds(load_registration(registration, tracking=tracking),
+                                       tracking=tracking)
+    counts = {"steps": len(thresholds.canary.steps),
+              "approvals": len(thresholds.approval.required_for)}
+    table = _record_table()
+    assert {row["stage"] for row in table} >= {"rollout", "build", "gate", "canary"}
+    by_stage: dict[str, list] = {}
+    for run in children:
+        by_stage.setdefault(run.data.tags[tags.STAGE], []).append(run)
+    assert set(by_stage) <= {row["stage"] for row in table}, sorted(by_stage)
+    for row in table:
+        runs = [rollout_run] if row["stage"] == "rollout" else by_stage.get(row["stage"], [])
+        expected = counts.get(row["count"]) if row["count"] in counts else int(row["count"])
+        assert len(runs) == expected, (row["stage"], len(runs), expected)
+        for run in runs:
+            missing = [t for t in row["tags"] if t not in run.data.tags]
+            assert not missing, (row["stage"], missing)
+            files = tr.list_artifact_files(tracking, run.info.run_id)
+            for pattern in row["artifacts"]:
+                assert any(fnmatch.fnmatch(f, pattern) for f in files), (row["stage"], pattern, files)
+            assert set(tr.recorded_digests(tracking, run.info.run_id)) == set(files)

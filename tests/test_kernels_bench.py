@@ -9,12 +9,20 @@ import math
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernels import autotune, bench
+from kernels import autotune, bench, selection
+from kernels.config import BlockSizes
+from kernels.pallas_gpu import check_block_sizes
 from kernels.reference import attention_reference
+from kernels.shapes import AttentionShape
+from kernels.timing import time_call
+
+
+def mha(dtype: str, batch: int, seq: int, heads: int, head_dim: int, causal: bool) -> AttentionShape:
+    return AttentionShape(dtype=dtype, batch=batch, q_len=seq, kv_len=seq, num_heads=heads,
+                          num_kv_heads=heads, head_dim=head_dim, causal=causal)
 
 
 def test_quick_bench_cli_writes_a_correct_report(tmp_path):
@@ -49,13 +57,13 @@ def test_gpu_grid_follows_the_issue():
     shapes = bench.grid(quick=False)
     assert len(shapes) == 2 * 2 * 2 * 5
     for s in shapes:
-        assert s.batch * s.seq == 16384 and s.num_heads * s.head_dim == 2048
-    assert {s.seq for s in shapes} == {1024, 2048, 4096, 8192, 16384}
+        assert s.batch * s.q_len == 16384 and s.num_heads * s.head_dim == 2048
+        assert s.q_len == s.kv_len and s.num_kv_heads == s.num_heads
+    assert {s.q_len for s in shapes} == {1024, 2048, 4096, 8192, 16384}
 
 
 def test_flops_formula():
-    shape = bench.BenchShape(dtype="bfloat16", batch=2, seq=1024, num_heads=16, head_dim=128,
-                             causal=False)
+    shape = mha("bfloat16", 2, 1024, 16, 128, False)
     assert shape.flops() == 17_179_869_184  # 4*2*16*1024^2*128, by hand
     assert shape.model_copy(update={"causal": True}).flops() == 8_589_934_592
 
@@ -66,7 +74,7 @@ def test_sampled_row_reference_equals_full_reference(causal):
     q, k, v = (rng.standard_normal((2, 40, 3, 16)) for _ in range(3))
     rows = np.array([0, 7, 39])
     pairs = [(0, 2), (1, 0)]
-    got = bench.reference_rows(q, k, v, causal=causal, scale=0.25, pairs=pairs, rows=rows)
+    got = bench.sampled_reference(q, k, v, causal=causal, scale=0.25, pairs=pairs, rows=rows)
     full = attention_reference(q, k, v, causal=causal, scale=0.25)
     want = np.stack([full[b, rows, h] for b, h in pairs])
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
@@ -77,7 +85,7 @@ def test_time_call_measures_seconds_per_call():
         time.sleep(0.004)
         return x
 
-    timing = bench.time_call(sleepy, (np.ones(3),), repeats=3, target_repeat_s=0.02,
+    timing = time_call(sleepy, (np.ones(3),), repeats=3, target_repeat_s=0.02,
                              warmup_s=0.0)
     assert timing.calls_per_repeat >= 4
     assert 0.004 <= timing.median_s < 0.012
@@ -94,8 +102,7 @@ def test_bench_flags_a_wrong_kernel(monkeypatch):
         return lambda q, k, v: fn(q, k[:, :-1], v[:, :-1])
 
     monkeypatch.setattr(bench, "attention_fn", fake)
-    shape = bench.BenchShape(dtype="float32", batch=1, seq=64, num_heads=2, head_dim=32,
-                             causal=False)
+    shape = mha("float32", 1, 64, 2, 32, False)
     rows = bench.bench_shape(shape, ["naive", "pallas_gpu"], seed=3, ceiling=1.0, repeats=1,
                              target_repeat_s=0.0, warmup_s=0.0)
     wrong = next(r for r in rows if r.implementation == "pallas_gpu")
@@ -105,8 +112,7 @@ def test_bench_flags_a_wrong_kernel(monkeypatch):
 
 def test_geomean_of_ratios():
     def row(ratio, causal):
-        shape = bench.BenchShape(dtype="bfloat16", batch=1, seq=1024, num_heads=1,
-                                 head_dim=64, causal=causal)
+        shape = mha("bfloat16", 1, 1024, 1, 64, causal)
         return bench.BenchRow(shape=shape, implementation="pallas_gpu", ok=True,
                               ratio_to_cudnn=ratio)
 
@@ -120,7 +126,7 @@ def test_geomean_of_ratios():
 
 
 def _entry(seq, causal, best, dtype="bfloat16", head_dim=128, block_q=64):
-    return autotune.TableEntry(
+    return selection.TableEntry(
         dtype=dtype, batch=16384 // seq, seq=seq, num_heads=2048 // head_dim,
         head_dim=head_dim, causal=causal, best=best,
         tflops={"cudnn": 500.0, "pallas_gpu": 520.0 if best == "pallas_gpu" else 400.0},
@@ -129,7 +135,7 @@ def _entry(seq, causal, best, dtype="bfloat16", head_dim=128, block_q=64):
 
 @pytest.fixture
 def table_path(tmp_path):
-    table = autotune.SelectionTable(
+    table = selection.SelectionTable(
         jax_version="0.11.2", device_kind="NVIDIA H200", created_at="2026-11-29T00:00:00+00:00",
         command="test", tuning_data="synthetic",
         entries=[_entry(1024, True, "cudnn", block_q=32), _entry(16384, True, "pallas_gpu"),
@@ -140,26 +146,26 @@ def table_path(tmp_path):
 
 
 def test_select_uses_the_nearest_measured_shape(table_path):
-    select = functools.partial(autotune.select_gpu_implementation, table_path=table_path)
-    name, config, reason = select((1, 12000, 16, 128), (1, 12000, 16, 128), jnp.bfloat16, True)
-    assert name == "pallas_gpu" and config["block_q"] == 64
+    select = functools.partial(selection.select_gpu_implementation, table_path=table_path)
+    name, config, reason = select(mha("bfloat16", 1, 12000, 16, 128, True))
+    assert name == "pallas_gpu" and config.block_q == 64
     assert "S16384" in reason and "NVIDIA H200" in reason
-    name, config, _ = select((8, 1500, 16, 128), (8, 1500, 16, 128), jnp.float16, True)
+    name, config, _ = select(mha("float16", 8, 1500, 16, 128, True))
     assert (name, config) == ("cudnn", None)
-    name, _, _ = select((1, 12000, 16, 128), (1, 12000, 16, 128), jnp.bfloat16, False)
+    name, _, _ = select(mha("bfloat16", 1, 12000, 16, 128, False))
     assert name == "cudnn"  # causal and full never mix
-    name, config, reason = select((8, 1500, 16, 128), (8, 1500, 16, 128), jnp.float32, True)
-    assert name == "pallas_gpu" and config["block_q"] == 32 and "float32" in reason
+    name, config, reason = select(mha("float32", 8, 1500, 16, 128, True))
+    assert name == "pallas_gpu" and config.block_q == 32 and "float32" in reason
 
 
 def test_select_without_a_table_uses_the_documented_default(tmp_path):
     missing = tmp_path / "none.json"
-    name, config, reason = autotune.select_gpu_implementation(
-        (1, 64, 2, 64), (1, 64, 2, 64), jnp.bfloat16, False, table_path=missing)
+    name, config, reason = selection.select_gpu_implementation(
+        mha("bfloat16", 1, 64, 2, 64, False), table_path=missing)
     assert (name, config) == ("cudnn", None) and "default" in reason
-    name, config, _ = autotune.select_gpu_implementation(
-        (1, 64, 2, 64), (1, 64, 2, 64), jnp.float32, False, table_path=missing)
-    assert name == "pallas_gpu" and config["block_q"] in (16, 32, 64, 128)
+    name, config, _ = selection.select_gpu_implementation(
+        mha("float32", 1, 64, 2, 64, False), table_path=missing)
+    assert name == "pallas_gpu" and config.block_q in (16, 32, 64, 128)
 
 
 def test_unknown_schema_version_is_refused(table_path):
@@ -167,31 +173,53 @@ def test_unknown_schema_version_is_refused(table_path):
     data["schema_version"] = 99
     table_path.write_text(json.dumps(data))
     with pytest.raises(ValueError, match="schema_version"):
-        autotune.load_table(table_path)
+        selection.load_table(table_path)
 
 
 def test_quick_autotune_writes_a_table_select_can_read(tmp_path):
     out = tmp_path / "gpu_table.json"
     assert autotune.main(["--quick", "--out", str(out), "--dtypes", "float32",
                           "--head-dims", "32", "--seqs", "64"]) == 0
-    table = autotune.load_table(out)
+    table = selection.load_table(out)
     assert table.device_kind == jax.devices()[0].device_kind
     assert len(table.entries) == 2  # causal and not
     for entry in table.entries:
         assert entry.best == "pallas_gpu"  # no cuDNN on the CPU
         assert all(c.rel_diff_to_baseline < 1e-5 for c in entry.candidates if c.tflops)
-    name, config, _ = autotune.select_gpu_implementation(
-        (2, 64, 2, 32), (2, 64, 2, 32), jnp.float32, True, table_path=out)
-    assert name == "pallas_gpu" and config in [e.pallas_config for e in table.entries]
+    name, config, _ = selection.select_gpu_implementation(
+        mha("float32", 2, 64, 2, 32, True), table_path=out)
+    assert name == "pallas_gpu" and config.model_dump() in [e.pallas_config for e in table.entries]
 
 
-def test_committed_table_is_measured_on_a_gpu_and_covers_the_grid():
-    table = autotune.load_table()
-    assert table is not None and "H200" in table.device_kind
+def test_autotune_reads_shapes_from_the_tuning_split_only(tmp_path):
+    manifest = {"splits": {
+        "tuning": {"cases": [
+            {"q_shape": [2, 64, 4, 32], "kv_shape": [2, 96, 2, 32], "dtype": "float16", "causal": True},
+            {"q_shape": [2, 64, 4, 32], "kv_shape": [2, 96, 2, 32], "dtype": "float16", "causal": True},
+        ]},
+        "heldout": {"cases": [
+            {"q_shape": [1, 8, 1, 16], "kv_shape": [1, 8, 1, 16], "dtype": "float32", "causal": False}]},
+    }}
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    assert autotune.tuning_shapes(tmp_path) == [AttentionShape(
+        batch=2, q_len=64, kv_len=96, num_heads=4, num_kv_heads=2, head_dim=32,
+        dtype="float16", causal=True)]
+
+
+def test_committed_table_is_consistent_and_covers_the_grid():
+    """The table is data a GPU run wrote: each entry's winner is its fastest
+    implementation, the pallas tiling it records is the fastest correct candidate it
+    measured, and every tiling is legal for the kernel."""
+    table = selection.load_table()
+    assert table is not None
     covered = {(e.dtype, e.head_dim, e.causal) for e in table.entries}
     assert covered == {(d, h, c) for d in ("bfloat16", "float16") for h in (64, 128)
                        for c in (False, True)}
     for e in table.entries:
         assert set(e.tflops) == {"cudnn", "pallas_gpu"}
         assert e.best == max(e.tflops, key=e.tflops.get)
-        assert math.isfinite(e.tflops["pallas_gpu"])
+        measured = [c for c in e.candidates if c.tflops]
+        fastest = max(measured, key=lambda c: c.tflops)
+        assert fastest.config == e.pallas_config
+        assert math.isclose(fastest.tflops, e.tflops["pallas_gpu"])
+        check_block_sizes(BlockSizes(**e.pallas_config))

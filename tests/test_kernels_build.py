@@ -6,16 +6,18 @@ import hashlib
 from pathlib import Path
 
 import jax.numpy as jnp
-import numpy as np
 import pytest
 from jax import export as jax_export
 
 import kernels
-from kernels.build import ExampleShapes, KernelBuild
+from kernels.build import KernelBuild, source_digests
 from kernels.config import BlockSizes
+from kernels.shapes import AttentionShape
 from tests.kernels_helpers import Case, random_inputs, reference_for
 
-SHAPES = ExampleShapes(batch=1, q_len=136, kv_len=200, num_heads=4, num_kv_heads=2, head_dim=64)
+SHAPES = AttentionShape(batch=1, q_len=136, kv_len=200, num_heads=4, num_kv_heads=2, head_dim=64,
+                        dtype="bfloat16", causal=True)
+F32 = SHAPES.model_copy(update={"dtype": "float32", "causal": False})
 KERNELS_DIR = Path(kernels.__file__).parent
 
 
@@ -24,9 +26,8 @@ def tpu_builds(tmp_path_factory):
     """Two independent builds of pallas_tpu (the second with an output folder)."""
     out = tmp_path_factory.mktemp("build")
     config = BlockSizes(block_q=64, block_kv=128)
-    first = kernels.build("pallas_tpu", config, SHAPES, causal=True, dtype="bfloat16")
-    second = kernels.build("pallas_tpu", config, SHAPES.model_dump(), causal=True,
-                           dtype="bfloat16", output_dir=out)
+    first = kernels.build("pallas_tpu", config, SHAPES)
+    second = kernels.build("pallas_tpu", config, SHAPES.model_dump(), output_dir=out)
     return first, second, out
 
 
@@ -58,13 +59,18 @@ def test_exported_artifact_is_deterministic_and_deserialises(tpu_builds):
 
 def test_fingerprints(tpu_builds):
     first, second, _ = tpu_builds
-    assert first.source_files["pallas_tpu.py"] == hashlib.sha256(
-        (KERNELS_DIR / "pallas_tpu.py").read_bytes()).hexdigest()
-    assert {"contract.py", "config.py"} <= set(first.source_files)
+    # every file of the kernels package, the dispatch in api.py and the table included
+    on_disk = {p.relative_to(KERNELS_DIR).as_posix() for pattern in ("*.py", "*.json")
+               for p in KERNELS_DIR.rglob(pattern)
+               if "__pycache__" not in p.parts and "bench_results" not in p.parts}
+    assert set(first.source_files) == on_disk
+    assert {"api.py", "pallas_tpu.py", "contract.py", "gpu_table.json"} <= on_disk
+    assert first.source_files["api.py"] == hashlib.sha256(
+        (KERNELS_DIR / "api.py").read_bytes()).hexdigest()
     assert first.source_sha256 == second.source_sha256
     assert first.local.lowered_sha256 == second.local.lowered_sha256
     other = kernels.build("pallas_tpu", BlockSizes(block_q=32, block_kv=128), SHAPES,
-                          causal=True, dtype="bfloat16", platforms=("tpu",))
+                          platforms=("tpu",))
     assert other.local.lowered_sha256 != first.local.lowered_sha256
     assert other.artifact("tpu").sha256 != first.artifact("tpu").sha256
 
@@ -80,10 +86,8 @@ def test_local_compile_facts(tpu_builds):
 
 
 def test_naive_build_cost_counts_the_matmuls():
-    build = kernels.build("naive", None, SHAPES, dtype="float32", platforms=("cpu",))
-    spec, _, _ = kernels.validate(*(np.zeros(s.shape, np.float32)
-                                    for s in SHAPES.structs(jnp.float32)))
-    assert build.local.cost.flops >= spec.flops()
+    build = kernels.build("naive", None, F32, platforms=("cpu",))
+    assert build.local.cost.flops >= 4 * 1 * 4 * 136 * 200 * 64  # two matmuls, 2 FLOPs/MAC
     # The materialised logits and probabilities: at least one f32 [B, H, Sq, Skv].
     assert build.local.memory.temp_bytes >= 4 * 4 * 136 * 200
 
@@ -91,7 +95,7 @@ def test_naive_build_cost_counts_the_matmuls():
 def test_exported_cpu_artifact_runs_and_is_exact(tmp_path):
     """An exported artifact is the kernel: deserialised and called, it matches
     the float64 reference (lengths included)."""
-    build = kernels.build("xla", None, SHAPES, dtype="float32", platforms=("cpu", "tpu"),
+    build = kernels.build("xla", None, F32, platforms=("cpu", "tpu"),
                           with_lengths=True, output_dir=tmp_path)
     assert [a.status for a in build.artifacts] == ["exported", "exported"]
     exported = jax_export.deserialize(bytearray(Path(build.artifact("cpu").path).read_bytes()))
@@ -103,8 +107,7 @@ def test_exported_cpu_artifact_runs_and_is_exact(tmp_path):
 
 
 def test_unsupported_targets_are_skipped_with_reason():
-    build = kernels.build("cudnn", None, SHAPES, dtype="bfloat16",
-                          platforms=("cpu", "cuda", "tpu", "metal"))
+    build = kernels.build("cudnn", None, SHAPES, platforms=("cpu", "cuda", "tpu", "metal"))
     assert build.local is None and "NVIDIA GPU" in build.local_skipped_reason
     reasons = {a.platform: (a.status, a.reason) for a in build.artifacts}
     assert all(status == "skipped" for status, _ in reasons.values())
@@ -114,7 +117,7 @@ def test_unsupported_targets_are_skipped_with_reason():
 
 
 def test_auto_records_its_resolution():
-    build = kernels.build("auto", None, SHAPES, dtype="float32", platforms=())
+    build = kernels.build("auto", None, F32, platforms=())
     assert build.implementation == "xla"
     assert build.resolution.requested == "auto" and build.resolution.reason
 
@@ -122,11 +125,14 @@ def test_auto_records_its_resolution():
 @pytest.mark.parametrize(("kwargs", "match"), [
     ({"implementation": "flash9000"}, "unknown implementation"),
     ({"config": BlockSizes(block_q=10, block_kv=128)}, "block_q must be a multiple of 8"),
-    ({"dtype": "int8"}, "dtype must be one of"),
-    ({"example_shapes": {**SHAPES.model_dump(), "num_kv_heads": 3}}, "multiple of num_kv_heads"),
+    ({"config": BlockSizes(block_q=64, num_warps=4)}, "GPU launch parameters"),
+    ({"implementation": "xla", "config": BlockSizes(block_q=64)}, "xla has no block sizes"),
+    ({"implementation": "pallas_gpu", "config": BlockSizes(block_q=48)}, "power of two"),
+    ({"shape": {**SHAPES.model_dump(), "dtype": "int8"}}, "dtype"),
+    ({"shape": {**SHAPES.model_dump(), "num_kv_heads": 3}}, "multiple of num_kv_heads"),
 ])
 def test_invalid_build_requests(kwargs, match):
-    args = {"implementation": "pallas_tpu", "config": None, "example_shapes": SHAPES,
+    args = {"implementation": "pallas_tpu", "config": None, "shape": SHAPES,
             "platforms": ("tpu",), **kwargs}
     with pytest.raises(ValueError, match=match):
         kernels.build(**args)
@@ -136,13 +142,29 @@ def test_pallas_gpu_exports_for_cuda_from_a_cpu_host_and_records_the_waiver():
     """The Triton custom call is version-bound: the export waives that check and says so."""
     import jax
 
-    import kernels
-    from kernels.build import ExampleShapes
-
-    shapes = ExampleShapes(batch=1, q_len=128, kv_len=128, num_heads=2, num_kv_heads=2,
-                           head_dim=64)
-    build = kernels.build("pallas_gpu", None, shapes, platforms=("cuda",))
+    shape = AttentionShape(batch=1, q_len=128, kv_len=128, num_heads=2, num_kv_heads=2,
+                           head_dim=64, dtype="bfloat16")
+    build = kernels.build("pallas_gpu", None, shape, platforms=("cuda",))
     (artifact,) = build.artifacts
     assert artifact.status == "exported", artifact.reason
     assert "triton" in artifact.reason and jax.__version__ in artifact.reason
     assert len(artifact.sha256) == 64 and artifact.size_bytes > 0
+
+
+def test_resolved_config_is_recorded_never_null():
+    build = kernels.build("pallas_gpu", BlockSizes(block_q=32), SHAPES, platforms=())
+    assert build.requested_config == BlockSizes(block_q=32)
+    assert build.config.block_q == 32 and None not in build.config.model_dump().values()
+    untiled = kernels.build("xla", None, F32, platforms=())
+    assert untiled.config is None
+
+
+def test_source_digest_changes_with_any_file_of_the_package(tmp_path):
+    import shutil
+
+    copy = tmp_path / "kernels"
+    shutil.copytree(KERNELS_DIR, copy, ignore=shutil.ignore_patterns("__pycache__", "bench_results"))
+    before = source_digests(copy)
+    (copy / "api.py").write_text((copy / "api.py").read_text() + "\n# edited\n")
+    after = source_digests(copy)
+    assert [f for f in before if before[f] != after[f]] == ["api.py"]

@@ -13,18 +13,18 @@ import zlib
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pydantic
 import pytest
 
 from kernels.config import BlockSizes
+from kernels.contract import validate
 from kernels.pallas_gpu import (
     KERNEL_NAME,
-    GpuFlashConfig,
-    as_config,
     check_supported,
     pallas_gpu_attention,
+    resolve_config,
 )
 from kernels.reference import attention_reference, relative_error
+from kernels.shapes import AttentionShape
 
 ON_GPU = jax.default_backend() in ("gpu", "cuda")
 gpu = pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
@@ -42,6 +42,8 @@ def _run(q, k, v, *, causal=False, q_lengths=None, kv_lengths=None, config=None)
     scale = 1.0 / math.sqrt(q.shape[-1])
     ql = None if q_lengths is None else jnp.asarray(q_lengths, jnp.int32)
     kl = None if kv_lengths is None else jnp.asarray(kv_lengths, jnp.int32)
+    if isinstance(config, dict):
+        config = BlockSizes(**config)
     out = pallas_gpu_attention(q, k, v, causal=causal, scale=scale, q_lengths=ql,
                                kv_lengths=kl, config=config)
     assert out.shape == q.shape and out.dtype == q.dtype
@@ -97,7 +99,7 @@ def test_half_precision_error_within_small_factor_of_naive(dtype):
 def test_rows_without_keys_and_query_padding_are_zero():
     q, k, v = _inputs(5, 2, 32, 32, 2, 2, 32, jnp.float32)
     out = np.asarray(_run(q, k, v, q_lengths=[32, 20], kv_lengths=[0, 32],
-                          config={"block_q": 16, "block_kv": 16}))
+                          config=BlockSizes(block_q=16, block_kv=16)))
     assert np.all(out[0] == 0.0)  # example 0 sees no key
     assert np.all(out[1, 20:] == 0.0)  # query padding
     assert np.all(np.abs(out[1, :20]).sum(axis=-1) > 0)
@@ -114,7 +116,7 @@ def test_padding_and_future_keys_are_never_read():
     pad[1, 32:] = True  # keys beyond every causal query of example 1
     k_bad, v_bad = (jnp.where(pad, jnp.nan, x) for x in (k, v))
     out = _run(q, k_bad, v_bad, causal=True, kv_lengths=kv_lengths,
-               config={"block_q": 16, "block_kv": 16})
+               config=BlockSizes(block_q=16, block_kv=16))
     assert np.all(np.isfinite(np.asarray(out)))
     assert relative_error(out, ref) < 1e-5
 
@@ -122,14 +124,14 @@ def test_padding_and_future_keys_are_never_read():
 def test_huge_logits_do_not_overflow():
     q, k, v = _inputs(11, 1, 32, 32, 1, 1, 32, jnp.float32)
     q = q * 300.0  # logits ~ 1e3-1e4: exp overflows without the running max
-    out = _run(q, k, v, causal=True, config={"block_q": 16, "block_kv": 16})
+    out = _run(q, k, v, causal=True, config=BlockSizes(block_q=16, block_kv=16))
     assert relative_error(out, _ref(q, k, v, causal=True)) < 1e-5
 
 
 def test_gqa_reads_kv_heads_without_repeating_them():
     q, k, v = _inputs(13, 1, 32, 32, 8, 2, 32, jnp.float32)
     fn = functools.partial(pallas_gpu_attention, causal=False, scale=0.1, q_lengths=None,
-                           kv_lengths=None, config={"block_q": 16, "block_kv": 16})
+                           kv_lengths=None, config=BlockSizes(block_q=16, block_kv=16))
     jaxpr = jax.make_jaxpr(fn)(q, k, v)
     calls = [e for e in jaxpr.eqns if e.primitive.name == "pallas_call"]
     assert len(calls) == 1
@@ -171,34 +173,31 @@ def test_export_for_cuda_from_a_cpu_host_carries_the_triton_kernel():
     assert exported.platforms == ("cuda",) and len(exported.serialize()) > 0
 
 
+def _spec(q_shape, kv_shape, dtype):
+    return validate(jax.ShapeDtypeStruct(q_shape, dtype), jax.ShapeDtypeStruct(kv_shape, dtype),
+                    jax.ShapeDtypeStruct(kv_shape, dtype))[0]
+
+
 def test_check_supported_reasons():
-    shape, kv = (1, 128, 4, 128), (1, 128, 2, 128)
-    check_supported(shape, kv, jnp.bfloat16, "gpu")
-    check_supported(shape, kv, jnp.float32, "cpu")  # interpret mode
+    spec = _spec((1, 128, 4, 128), (1, 128, 2, 128), jnp.bfloat16)
+    check_supported(spec, "gpu")
+    check_supported(_spec((1, 128, 4, 128), (1, 128, 2, 128), jnp.float32), "cpu")  # interpreted
     with pytest.raises(NotImplementedError, match="tpu"):
-        check_supported(shape, kv, jnp.bfloat16, "tpu")
+        check_supported(spec, "tpu")
     with pytest.raises(NotImplementedError, match="head_dim"):
-        check_supported((1, 128, 4, 512), (1, 128, 2, 512), jnp.bfloat16, "gpu")
-    with pytest.raises(NotImplementedError, match="int8"):
-        check_supported(shape, kv, jnp.int8, "gpu")
+        check_supported(_spec((1, 128, 4, 512), (1, 128, 2, 512), jnp.bfloat16), "gpu")
+    with pytest.raises(ValueError, match="power of two"):
+        check_supported(spec, "gpu", BlockSizes(block_q=48))
+    with pytest.raises(ValueError, match="num_stages"):
+        check_supported(spec, "gpu", BlockSizes(num_stages=9))
 
 
-def test_check_supported_accepts_registry_spec():
-    from kernels.contract import validate
-
-    q = jax.ShapeDtypeStruct((1, 64, 4, 320), jnp.bfloat16)
-    spec, _, _ = validate(q, q, q)
-    with pytest.raises(NotImplementedError, match="head_dim"):
-        check_supported(spec, "gpu")
-
-
-def test_config_validation_and_coercion():
-    with pytest.raises(pydantic.ValidationError, match="power of two"):
-        GpuFlashConfig(block_q=48)
-    cfg = as_config(BlockSizes(block_q=64, block_kv=32, num_warps=4), head_dim=128)
+def test_config_defaults_are_filled_in():
+    spec = _spec((1, 128, 4, 128), (1, 128, 2, 128), jnp.bfloat16)
+    cfg = resolve_config(spec, BlockSizes(block_q=64, block_kv=32, num_warps=4))
     assert (cfg.block_q, cfg.block_kv, cfg.num_warps) == (64, 32, 4)
     assert cfg.num_stages is not None  # filled from the head_dim default
-    assert as_config({"block_kv": 128}, 64).block_kv == 128
+    assert resolve_config(spec, None) == resolve_config(spec, BlockSizes())
 
 
 @pytest.mark.slow
@@ -220,8 +219,9 @@ def test_interpret_larger_shapes(head_dim):
 def test_gpu_benchmark_shapes_match_reference_and_naive(dtype, head_dim, causal):
     from kernels import bench
 
-    shape = bench.BenchShape(dtype=dtype, batch=4, seq=4096, num_heads=2048 // head_dim,
-                             head_dim=head_dim, causal=causal)
+    shape = AttentionShape(dtype=dtype, batch=4, q_len=4096, kv_len=4096,
+                           num_heads=2048 // head_dim, num_kv_heads=2048 // head_dim,
+                           head_dim=head_dim, causal=causal)
     rows = bench.bench_shape(shape, ["naive", "pallas_gpu"], seed=head_dim, ceiling=1.0,
                              repeats=1, target_repeat_s=0.0, warmup_s=0.0)
     pallas = next(r for r in rows if r.implementation == "pallas_gpu")

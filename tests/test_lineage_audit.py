@@ -9,19 +9,21 @@ from pathlib import Path
 
 import pytest
 
-from gates.approval import ApprovalInput, record_answer
 from gates.decision import decide
-from gates.preregistration import preregister
 from gates.thresholds import load_thresholds
 from lineage import registry, tags
 from lineage import tracking as tr
 from lineage.audit import audit
-from lineage.records import log_approval, log_decision
+from lineage.records import log_decision
+from lineage.registration import preregister
 from tests.conftest_lineage import (
+    Chain,
     StandInReport,
     baseline_metrics,
     build_chain,
+    complete_chain,
     passing_metrics,
+    promotable_chain,
     slug,
     thresholds_yaml,
 )
@@ -34,23 +36,15 @@ def tracking(tmp_path_factory):
 
 @pytest.fixture
 def promoted(tracking, request, tmp_path):
-    """A version promoted under a policy that needs an approval; returns (family, chain, approval)."""
+    """A version promoted under a policy that needs an approval; returns (family, chain,
+    approval run id)."""
     family = slug(request.node.name)
     path = tmp_path / "thresholds.yaml"
     path.write_text(thresholds_yaml(profile="prod", required_for=("canary->production",)))
-    chain = build_chain(tracking, family, path, passing_metrics())
-    answer = ApprovalInput(approve=True, approver="rm@example.com", comment="canary clean")
-    record = record_answer(
-        answer, transition="canary->production", family=family, version=chain.version
-    )
-    approval_run_id = log_approval(tracking, record, decision_run_id=chain.decision_run_id)
-    registry.promote(
-        tracking,
-        family,
-        chain.version,
-        decision_run_id=chain.decision_run_id,
-        approval_run_id=approval_run_id,
-    )
+    chain = promotable_chain(tracking, family, path)
+    registry.promote(tracking, family, chain.version, decision_run_id=chain.decision_run_id)
+    approval_run_id = registry.version_tags(tracking, family, chain.version)[
+        tags.approval_run_id("canary->production")]
     return family, chain, approval_run_id
 
 
@@ -65,15 +59,22 @@ def test_audit_of_promoted_version_passes(tracking, promoted):
     assert report.ok and report.exit_code == 0, report.render()
     assert report.version == chain.version
     refs = {link.name: link.ref for link in report.chain}
-    assert refs == {
+    vtags = registry.version_tags(tracking, family, chain.version)
+    assert {k: refs[k] for k in ("version", "build run", "gate decision", "gate evaluation run",
+                                 "preregistration run", "approval canary->production",
+                                 "shadow run", "confirmation decision")} == {
         "version": chain.version,
         "build run": chain.build_run_id,
         "gate decision": chain.decision_run_id,
-        "evaluation run": chain.evaluation_run_id,
+        "gate evaluation run": chain.evaluation_run_id,
         "preregistration run": chain.registration.registration_id,
-        "approval": approval_run_id,
-        "traffic stages": None,  # promoted directly through the registry, not by a rollout
+        "approval canary->production": approval_run_id,
+        "shadow run": vtags[tags.SHADOW_RUN_ID],
+        "confirmation decision": vtags[tags.CONFIRMATION_RUN_ID],
     }
+    canary = [link for link in report.chain if link.name == "canary run"]
+    assert [link.ref for link in canary] == json.loads(vtags[tags.CANARY_RUN_IDS])
+    assert all(link.ok for link in report.chain)
     paths = {(a.run_id, a.path) for a in report.artifacts}
     assert (chain.build_run_id, "build/export/gpu.bin") in paths
     assert (chain.evaluation_run_id, "reports/evaluation.json") in paths
@@ -136,6 +137,20 @@ def test_broken_link_is_named(tracking, promoted):
     assert any("gate decision" in p and "f" * 32 in p and "not found" in p for p in report.problems)
 
 
+@pytest.mark.parametrize("evidence", ["shadow", "canary", "confirmation", "approval"])
+def test_production_without_its_full_chain_fails_the_audit(tracking, promoted, evidence):
+    """The audit holds a production version to the registry's definition of a
+    complete chain: missing shadow, canary, confirmation or approval is named."""
+    family, chain, _ = promoted
+    key = {"shadow": tags.SHADOW_RUN_ID, "canary": tags.CANARY_RUN_IDS,
+           "confirmation": tags.CONFIRMATION_RUN_ID,
+           "approval": tags.approval_run_id("canary->production")}[evidence]
+    tracking.client().delete_model_version_tag(registry.registered_model_name(family),
+                                               chain.version, key)
+    report = audit(tracking, family, "production")
+    assert report.exit_code == 1 and any(evidence in p for p in report.problems), report.render()
+
+
 def test_forged_decision_document_is_caught(tracking, promoted):
     family, chain, _ = promoted
     local = _local_artifact(tracking, chain.decision_run_id, tags.DECISION_ARTIFACT)
@@ -182,11 +197,16 @@ def test_registration_after_evaluation_run_is_flagged(tracking, request, tmp_pat
     decision_run_id = log_decision(
         tracking, family, decision, build_run_id=build_run_id, evaluation_run_id=evaluation_run_id
     )
-    version = registry.register_build(tracking, family, build_run_id)
+    version = registry.register_build(tracking, family, build_run_id, implementation="xla",
+                                      config=None)
+    chain = Chain(registration=registration, build_run_id=build_run_id,
+                  evaluation_run_id=evaluation_run_id, decision_run_id=decision_run_id,
+                  version=version, decision=decision)
+    complete_chain(tracking, family, chain)
     registry.promote(tracking, family, version, decision_run_id=decision_run_id)
     result = audit(tracking, family, "production")
     assert result.exit_code == 1
     assert any(
-        "preregistration run" in p and "after the evaluation run was created" in p
+        "evaluation run" in p and "after the evaluation run was created" in p
         for p in result.problems
-    )
+    ), result.render()

@@ -9,25 +9,29 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gates.approval import ApprovalInput, record_answer, record_auto_approval, record_timeout
+from gates.approval import (
+    ApprovalInput,
+    ApprovalRecord,
+    record_answer,
+    record_auto_approval,
+    record_timeout,
+)
 from gates.canary import analyse_canary_step
 from gates.decision import decide
-from gates.preregistration import (
-    PreregistrationError,
-    preregister,
-    registered_thresholds,
-    verify_registration,
-)
+from gates.preregistration import PreregistrationError
 from gates.thresholds import load_thresholds
 from lineage import registry, tags
 from lineage import tracking as tr
-from lineage.records import load_decision, log_alias_change, log_approval, log_canary_step
+from lineage.records import load_approval, load_decision, log_approval, log_canary_step
+from lineage.registration import preregister, registered_thresholds, verify_registration
 from lineage.registry import PromotionRefused
 from tests.conftest_lineage import (
     StandInReport,
     baseline_metrics,
     build_chain,
+    complete_chain,
     passing_metrics,
+    promotable_chain,
     slug,
     thresholds_yaml,
 )
@@ -117,7 +121,7 @@ def test_unknown_registration_is_refused(tracking, tmp_path):
 
 def test_passing_report_promotes_failing_does_not(tracking, family, tmp_path):
     path = _write(tmp_path, thresholds_yaml())
-    good = build_chain(tracking, family, path, passing_metrics())
+    good = promotable_chain(tracking, family, path)
     assert good.decision.passed
     change = registry.promote(tracking, family, good.version, decision_run_id=good.decision_run_id)
     assert change.previous_version is None
@@ -129,11 +133,12 @@ def test_passing_report_promotes_failing_does_not(tracking, family, tmp_path):
     assert mv.source == f"runs:/{good.build_run_id}/build" and mv.run_id == good.build_run_id
 
     bad_metrics = passing_metrics() | {"accuracy.all.nan_count": math.nan}
-    bad = build_chain(tracking, family, path, bad_metrics, production_metrics=passing_metrics())
+    bad = complete_chain(tracking, family, build_chain(
+        tracking, family, path, bad_metrics, production_metrics=passing_metrics()))
     assert bad.decision.verdict == "reject"
-    with pytest.raises(PromotionRefused, match="accuracy.all.nan_count"):
+    with pytest.raises(PromotionRefused, match="gate decision .* rejects"):
         registry.promote(tracking, family, bad.version, decision_run_id=bad.decision_run_id)
-    with pytest.raises(PromotionRefused):
+    with pytest.raises(PromotionRefused, match="rejects"):
         registry.assign_canary(tracking, family, bad.version, decision_run_id=bad.decision_run_id)
     assert registry.aliases(tracking, family) == {"production": good.version}
     # a passing decision for another build does not carry over to this version
@@ -143,13 +148,36 @@ def test_passing_report_promotes_failing_does_not(tracking, family, tmp_path):
     assert _production_has_passing_decision(tracking, family)
 
 
+@pytest.mark.parametrize("missing", ["shadow", "canary", "confirmation", "approval"])
+def test_promotion_needs_the_complete_chain(tracking, family, tmp_path, missing):
+    """Whoever calls promote (a flow, the CLI, a shell) meets the same rule: gate,
+    shadow, approvals, every canary step and the confirmation split."""
+    path = _write(tmp_path, thresholds_yaml(required_for=("canary->production",)))
+    chain = promotable_chain(tracking, family, path)
+    key = {"shadow": tags.SHADOW_RUN_ID, "canary": tags.CANARY_RUN_IDS,
+           "confirmation": tags.CONFIRMATION_RUN_ID,
+           "approval": tags.approval_run_id("canary->production")}[missing]
+    tracking.client().delete_model_version_tag(registry.registered_model_name(family),
+                                               chain.version, key)
+    with pytest.raises(PromotionRefused, match=missing):
+        registry.promote(tracking, family, chain.version, decision_run_id=chain.decision_run_id)
+    assert registry.alias_version(tracking, family, "production") is None
+
+
+def test_failing_confirmation_blocks_promotion(tracking, family, tmp_path):
+    path = _write(tmp_path, thresholds_yaml())
+    chain = complete_chain(tracking, family, build_chain(tracking, family, path, passing_metrics()),
+                           confirmation_metrics=passing_metrics()
+                           | {"accuracy.hard.max_error_ratio_to_baseline": 9.0})
+    with pytest.raises(PromotionRefused, match="confirmation decision .* rejects"):
+        registry.promote(tracking, family, chain.version, decision_run_id=chain.decision_run_id)
+
+
 def test_rollback_restores_previous_production(tracking, family, tmp_path):
     path = _write(tmp_path, thresholds_yaml())
-    first = build_chain(tracking, family, path, passing_metrics())
+    first = promotable_chain(tracking, family, path)
     registry.promote(tracking, family, first.version, decision_run_id=first.decision_run_id)
-    second = build_chain(
-        tracking, family, path, passing_metrics(), production_metrics=passing_metrics()
-    )
+    second = promotable_chain(tracking, family, path, production_metrics=passing_metrics())
     registry.assign_canary(tracking, family, second.version, decision_run_id=second.decision_run_id)
     change = registry.promote(
         tracking, family, second.version, decision_run_id=second.decision_run_id
@@ -158,9 +186,12 @@ def test_rollback_restores_previous_production(tracking, family, tmp_path):
     model = tracking.client().get_registered_model(registry.registered_model_name(family))
     assert model.tags[tags.PREVIOUS_PRODUCTION] == first.version
     assert registry.aliases(tracking, family) == {"production": second.version}  # canary cleared
+    assert tags.alias_owner("canary") not in registry.version_tags(tracking, family, second.version)
     assert _production_has_passing_decision(tracking, family)
 
-    back = registry.rollback(tracking, family, reason="p99 regression in canary replay")
+    parent = tr.start_run(tracking, family, "rollout")
+    back = registry.rollback(tracking, family, reason="p99 regression in canary replay",
+                             parent_run_id=parent)
     assert back.version == first.version and back.previous_version == second.version
     assert registry.alias_version(tracking, family, "production") == first.version
     rolled = tracking.client().get_model_version(
@@ -169,10 +200,12 @@ def test_rollback_restores_previous_production(tracking, family, tmp_path):
     assert rolled.tags[tags.ROLLBACK_REASON] == "p99 regression in canary replay"
     assert _production_has_passing_decision(tracking, family)
 
-    run = tracking.client().get_run(log_alias_change(tracking, back))
+    (run,) = tracking.client().search_runs(
+        [tracking.client().get_run(parent).info.experiment_id],
+        filter_string=f"tags.`{tags.PARENT}` = '{parent}'")
     assert run.data.tags[tags.STAGE] == "rollback"
-    assert run.data.tags["mlflow.note.content"] == "p99 regression in canary replay"
-    logged = tr.read_verified_artifact(tracking, run.info.run_id, "registry/alias_change.json")
+    assert run.data.tags[tags.NOTE] == "p99 regression in canary replay"
+    logged = tr.read_verified_artifact(tracking, run.info.run_id, tags.ALIAS_CHANGE_ARTIFACT)
     assert registry.AliasChange.model_validate_json(logged) == back
 
     # rolling back the first-ever production leaves no production: serve the native baseline
@@ -184,7 +217,7 @@ def test_rollback_restores_previous_production(tracking, family, tmp_path):
 
 def test_altered_decision_artifact_cannot_promote(tracking, family, tmp_path):
     path = _write(tmp_path, thresholds_yaml())
-    chain = build_chain(tracking, family, path, passing_metrics())
+    chain = promotable_chain(tracking, family, path)
     # overwrite the logged decision with a different (still "promote") document
     run = tracking.client().get_run(chain.decision_run_id)
     local = Path(run.info.artifact_uri.removeprefix("file://")) / tags.DECISION_ARTIFACT
@@ -194,58 +227,40 @@ def test_altered_decision_artifact_cannot_promote(tracking, family, tmp_path):
     assert registry.alias_version(tracking, family, "production") is None
 
 
-def test_approval_required_by_policy(tracking, family, tmp_path):
+@pytest.mark.parametrize("answer", ["rejected", "timed_out", "wrong_version", "auto"])
+def test_approval_required_by_policy(tracking, family, tmp_path, answer):
     path = _write(tmp_path, thresholds_yaml(profile="prod", required_for=("canary->production",)))
-    chain = build_chain(tracking, family, path, passing_metrics())
+    chain = promotable_chain(tracking, family, path)
     policy = chain.decision.approval_policy
-    with pytest.raises(PromotionRefused, match="needs an approval run"):
-        registry.promote(tracking, family, chain.version, decision_run_id=chain.decision_run_id)
     with pytest.raises(PermissionError):
         record_auto_approval(policy, transition="canary->production", family=family, version="1")
-
-    def approval(record):
-        return log_approval(tracking, record, decision_run_id=chain.decision_run_id)
-
     ids = dict(transition="canary->production", family=family, version=chain.version)
-    rejected = approval(
-        record_answer(ApprovalInput(approve=False, approver="rm", comment="no"), **ids)
-    )
-    timed_out = approval(record_timeout(policy, **ids))
-    wrong_version = approval(
-        record_answer(
-            ApprovalInput(approve=True, approver="rm", comment="ok"), **(ids | {"version": "999"})
-        )
-    )
-    for run_id, why in [
-        (rejected, "does not approve"),
-        (timed_out, "timed out"),
-        (wrong_version, "version 999"),
-    ]:
-        with pytest.raises(PromotionRefused, match=why):
-            registry.promote(
-                tracking,
-                family,
-                chain.version,
-                decision_run_id=chain.decision_run_id,
-                approval_run_id=run_id,
-            )
+    record, why = {
+        "rejected": (record_answer(ApprovalInput(approve=False, approver="rm", comment="no"), **ids),
+                     "does not approve"),
+        "timed_out": (record_timeout(policy, **ids), "timed out"),
+        "wrong_version": (record_answer(ApprovalInput(approve=True, approver="rm", comment="ok"),
+                                        **(ids | {"version": "999"})), "version 999"),
+        "auto": (ApprovalRecord(**ids, approved=True, approver="(auto)", comment="forged",
+                                at=datetime.now(UTC), auto_approved=True), "requires a person"),
+    }[answer]
+    run_id = log_approval(tracking, record, decision_run_id=chain.decision_run_id)
+    registry.link_approval(tracking, family, chain.version, "canary->production", run_id)
+    with pytest.raises(PromotionRefused, match=why):
+        registry.promote(tracking, family, chain.version, decision_run_id=chain.decision_run_id)
     assert registry.alias_version(tracking, family, "production") is None
-    approved = approval(
-        record_answer(ApprovalInput(approve=True, approver="rm@example.com", comment="lgtm"), **ids)
-    )
-    registry.promote(
-        tracking,
-        family,
-        chain.version,
-        decision_run_id=chain.decision_run_id,
-        approval_run_id=approved,
-    )
+
+
+def test_a_persons_approval_promotes(tracking, family, tmp_path):
+    path = _write(tmp_path, thresholds_yaml(profile="prod", required_for=("canary->production",)))
+    chain = promotable_chain(tracking, family, path)
+    registry.promote(tracking, family, chain.version, decision_run_id=chain.decision_run_id)
     assert registry.alias_version(tracking, family, "production") == chain.version
-    run = tracking.client().get_run(approved)
-    assert (
-        run.data.tags[tags.APPROVED] == "true"
-        and run.data.tags["kernelgate.approver"] == "rm@example.com"
-    )
+    approval_run = registry.version_tags(tracking, family, chain.version)[
+        tags.approval_run_id("canary->production")]
+    run = tracking.client().get_run(approval_run)
+    assert run.data.tags[tags.APPROVED] == "true"
+    assert run.data.tags[tags.APPROVER] == "rm@example.com"
 
 
 def test_auto_approval_allowed_only_with_a_reason_in_policy(tracking, family, tmp_path):
@@ -253,22 +268,12 @@ def test_auto_approval_allowed_only_with_a_reason_in_policy(tracking, family, tm
         tmp_path,
         thresholds_yaml(profile="dry", required_for=("canary->production",), auto_approve=True),
     )
-    chain = build_chain(tracking, family, path, passing_metrics())
-    record = record_auto_approval(
-        chain.decision.approval_policy,
-        transition="canary->production",
-        family=family,
-        version=chain.version,
-    )
+    chain = promotable_chain(tracking, family, path)
+    run_id = registry.version_tags(tracking, family, chain.version)[
+        tags.approval_run_id("canary->production")]
+    record, _ = load_approval(tracking, run_id)
     assert record.auto_approved and "test dry run" in record.comment
-    run_id = log_approval(tracking, record, decision_run_id=chain.decision_run_id)
-    registry.promote(
-        tracking,
-        family,
-        chain.version,
-        decision_run_id=chain.decision_run_id,
-        approval_run_id=run_id,
-    )
+    registry.promote(tracking, family, chain.version, decision_run_id=chain.decision_run_id)
     assert registry.alias_version(tracking, family, "production") == chain.version
 
 
@@ -318,7 +323,7 @@ def test_canary_step_is_recorded_with_its_link(tracking, family, tmp_path):
     run = tracking.client().get_run(run_id)
     assert run.data.tags[tags.STAGE] == "canary"
     assert run.data.tags[tags.DECISION_RUN_ID] == chain.decision_run_id
-    assert run.data.tags["kernelgate.canary_passed"] == "false"
+    assert run.data.tags[tags.CANARY_PASSED] == "false"
     assert run.data.metrics["canary.p_value"] == pytest.approx(result.p_value)
     assert tr.recorded_digests(tracking, run_id).keys() == {f"canary/{result.step}.json"}
 
@@ -327,11 +332,9 @@ def test_rollback_to_an_unusable_previous_version_raises_or_retires(tracking, fa
     """The previous production's decision was altered after it served: a plain rollback
     refuses to restore it; a recovery rollback retires production and says why."""
     path = _write(tmp_path, thresholds_yaml())
-    first = build_chain(tracking, family, path, passing_metrics())
+    first = promotable_chain(tracking, family, path)
     registry.promote(tracking, family, first.version, decision_run_id=first.decision_run_id)
-    second = build_chain(
-        tracking, family, path, passing_metrics(), production_metrics=passing_metrics()
-    )
+    second = promotable_chain(tracking, family, path, production_metrics=passing_metrics())
     registry.promote(tracking, family, second.version, decision_run_id=second.decision_run_id)
     run = tracking.client().get_run(first.decision_run_id)
     local = Path(run.info.artifact_uri.removeprefix("file://")) / tags.DECISION_ARTIFACT

@@ -1,8 +1,6 @@
 """The serving path used for shadow and canary: document embedding with MiniLM
-whose attention implementation comes from a registry alias, and a recorded request
-stream replayed through it.
-
-Plain functions (no Prefect): the flows call them.
+through one attention implementation, and a recorded request stream replayed through
+two endpoints (production and the candidate).
 
 * Shadow: production serves every request; the candidate gets a mirrored copy;
   outputs and latencies are compared; the candidate's output is never returned.
@@ -26,7 +24,9 @@ from pathlib import Path
 import numpy as np
 from pydantic import BaseModel, Field
 
+from evaluation.model import MiniLM
 from kernels.api import AttentionFn
+from kernels.reference import relative_error
 
 NON_FINITE = "non-finite output"
 
@@ -132,12 +132,12 @@ class Endpoint:
     Attributes:
         name: what serves (e.g. ``pallas_tpu@v3`` or ``xla (native baseline)``).
         attention_fn: the ``AttentionFn`` the model's attention goes through.
-        model: an object with ``embed(texts, attention_fn=...) -> np.ndarray [n, d]``.
+        model: the sentence encoder (``embed(texts, attention_fn=...) -> [n, 384]``).
     """
 
     name: str
     attention_fn: AttentionFn
-    model: object
+    model: MiniLM
 
     def serve(self, text: str) -> tuple[np.ndarray | None, float, str | None]:
         """Embed one request. Returns ``(embedding [d] or None, latency seconds, error)``;
@@ -202,9 +202,7 @@ class TrafficResult(BaseModel):
 
 
 def _drift(a: np.ndarray | None, b: np.ndarray | None) -> float | None:
-    if a is None or b is None:
-        return None
-    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+    return None if a is None or b is None else relative_error(a, b)
 
 
 def _replay(stage: str, requests: Sequence[Request], fraction: float, production: Endpoint,
@@ -256,18 +254,12 @@ def replay_canary_step(requests: Sequence[Request], fraction: float, production:
 def warm_up(requests: Sequence[Request], *endpoints: Endpoint) -> int:
     """Serve one request per padded length bucket on each endpoint, so compilation
     stays out of every latency that is later compared. Returns requests served."""
-    texts = [r.text for r in requests]
-    model = endpoints[0].model if endpoints else None
-    if hasattr(model, "tokenize"):
-        from evaluation.model import DEFAULT_MAX_LENGTH, bucket_length
-
-        _, lengths = model.tokenize(texts)
-        by_bucket = {bucket_length(int(n), DEFAULT_MAX_LENGTH): t for n, t in zip(lengths, texts, strict=True)}
-        texts = list(by_bucket.values())
+    served = 0
     for endpoint in endpoints:
-        for text in texts:
+        for text in endpoint.model.one_text_per_bucket([r.text for r in requests]):
             endpoint.serve(text)
-    return len(texts) * len(endpoints)
+            served += 1
+    return served
 
 
 def traffic_summary(result: TrafficResult) -> str:
@@ -279,3 +271,19 @@ def traffic_summary(result: TrafficResult) -> str:
         "candidate_errors": result.errors("candidate"),
         "max_drift": max(result.drifts(), default=None),
     })
+
+
+def split_traffic(traffic: RecordedTraffic, sizes: Sequence[int]) -> list[RecordedTraffic]:
+    """Consecutive, disjoint slices of a recorded stream, ``sizes[i]`` requests each.
+
+    Raises:
+        ValueError: the sizes ask for more requests than the stream has.
+    """
+    if sum(sizes) > len(traffic.requests):
+        raise ValueError(f"segments of {list(sizes)} requests need {sum(sizes)}, the stream "
+                         f"has {len(traffic.requests)}")
+    out, start = [], 0
+    for n in sizes:
+        out.append(traffic.model_copy(update={"requests": traffic.requests[start:start + n]}))
+        start += n
+    return out

@@ -1,0 +1,116 @@
+"""Approval, promotion and roll-back: the tasks that move aliases (or refuse to)."""
+
+from __future__ import annotations
+
+import math
+
+from prefect.exceptions import FlowPauseTimeout
+from prefect.flow_runs import pause_flow_run
+from prefect.input import RunInput
+
+from flows.settings import RolloutState
+from flows.tasks import finish, run_logger, stage_task
+from gates.approval import ApprovalInput, record_answer, record_auto_approval, record_timeout
+from gates.decision import GateDecision
+from gates.thresholds import Transition
+from lineage import registry, tags
+from lineage.records import log_approval
+from lineage.rollout import RolloutOutcome
+
+APPROVAL_POLL_S = 2
+
+
+class ApprovalForm(RunInput, ApprovalInput):
+    """The release manager's form in the Prefect UI: approve, approver, comment."""
+
+
+def decision_markdown(decision: GateDecision, version: str, transition: str) -> str:
+    """The gate decision as markdown, shown above the approval form."""
+    rows = "\n".join(
+        f"| {c.name} | {c.status} | {c.observed if c.observed is not None else '-'} "
+        f"| {c.op} {c.threshold:g} | {c.reason} |" for c in decision.criteria)
+    note = f"\n\n**Not assessed:** {decision.not_assessed_note}" if decision.not_assessed_note else ""
+    return (f"## Approve `{transition}` for v{version}?\n\n"
+            f"Gate verdict: **{decision.verdict}** — {decision.summary}{note}\n\n"
+            "| criterion | status | observed | threshold | reason |\n|---|---|---|---|---|\n"
+            f"{rows}\n")
+
+
+def approve(state: RolloutState, transition: Transition) -> bool:
+    """Ask a person (pause with a typed form) where the preregistered policy requires it;
+    a timeout rejects. Whatever happens is logged as an approval run and linked from the
+    version. Returns whether the transition may go ahead.
+
+    A flow-level step, not a task: Prefect pauses flow runs, not task runs.
+    """
+    logger = run_logger()
+    policy = state.thresholds.approval
+    record = state.record
+    if transition not in policy.required_for:
+        return True
+    about = dict(transition=transition, family=record.family, version=state.version)
+    if policy.auto_approve:
+        answer = record_auto_approval(policy, **about)
+        logger.info("approval %s auto-approved: %s", transition, policy.auto_approve_reason)
+    else:
+        logger.info("waiting up to %ss for a release manager to approve %s in the Prefect UI",
+                    policy.timeout_s, transition)
+        form = ApprovalForm.with_initial_data(
+            description=decision_markdown(state.decision, state.version, transition),
+            approve=False, approver="", comment="")
+        try:
+            given = pause_flow_run(wait_for_input=form, timeout=max(1, math.ceil(policy.timeout_s)),
+                                   poll_interval=APPROVAL_POLL_S, key=tags.approval_key(transition))
+            answer = record_answer(given, **about)
+        except FlowPauseTimeout:
+            answer = record_timeout(policy, **about)
+    run_id = log_approval(record.tracking, answer, decision_run_id=state.decision_run_id,
+                          parent_run_id=record.rollout_run_id)
+    registry.link_approval(record.tracking, record.family, state.version, transition, run_id)
+    logger.info("approval %s: %s by %s (%s)", transition,
+                "approved" if answer.approved else "rejected", answer.approver, answer.comment)
+    return answer.approved
+
+
+@stage_task(name="enter-canary")
+def enter_canary(state: RolloutState) -> None:
+    """Point ``canary`` at the candidate (the registry checks its chain); this rollout owns it.
+
+    Raises:
+        PromotionRefused: the chain up to ``shadow->canary`` is incomplete.
+    """
+    record = state.record
+    registry.assign_canary(record.tracking, record.family, state.version,
+                           decision_run_id=state.decision_run_id,
+                           owner_run_id=record.rollout_run_id)
+
+
+@stage_task(name="promote")
+def promote(state: RolloutState) -> None:
+    """Move ``production`` to the candidate (the registry checks its complete chain).
+
+    Raises:
+        PromotionRefused: the chain is incomplete.
+    """
+    record = state.record
+    change = registry.promote(record.tracking, record.family, state.version,
+                              decision_run_id=state.decision_run_id,
+                              parent_run_id=record.rollout_run_id)
+    state.promoted = True
+    run_logger().info("promoted v%s to production (previous: %s)", state.version,
+                          change.previous_version)
+
+
+@stage_task(name="roll-back")
+def reject(state: RolloutState, reason: str) -> None:
+    """Record why the candidate stops here; its ``shadow``/``canary`` aliases are rolled back."""
+    record = state.record
+    registry.reject(record.tracking, record.family, state.version, reason,
+                    parent_run_id=record.rollout_run_id)
+    run_logger().warning("v%s rejected: %s", state.version, reason)
+
+
+def roll_back(state: RolloutState, stage: str, reason: str) -> RolloutOutcome:
+    """Reject the candidate and close the rollout as rolled back at ``stage``."""
+    reject(state, reason)
+    return finish(state, "rolled_back", stage, reason)

@@ -1,0 +1,88 @@
+"""The rollout's parameters (a typed Prefect form) and the state its stages share."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from evaluation.model import MiniLM
+from evaluation.report import EvaluationReport
+from gates.decision import GateDecision
+from gates.preregistration import Registration
+from gates.thresholds import Thresholds
+from kernels.config import BlockSizes
+from kernels.shapes import AttentionShape
+from lineage.rollout import RolloutRecord
+
+PROJECT_DIR = Path(__file__).resolve().parents[1]
+DEFAULT_THRESHOLDS = PROJECT_DIR / "thresholds" / "local-dry-run.yaml"
+
+
+class RolloutSettings(BaseModel):
+    """Everything a rollout needs; defaults are the embedded local dry run.
+
+    Attributes:
+        implementation: candidate kernel (registry name) or ``auto`` (the native flash
+            kernel of this backend, ``kernels.NATIVE_FLASH``).
+        family: kernel family = MLflow experiment and registered model (default: the
+            implementation's name).
+        thresholds: the thresholds file to preregister (profile inside).
+        config: block sizes for the candidate (``None``: kernel default / tuned table).
+        testset_profile: ``ci`` (short sequences, CPU-friendly) or ``gpu``; ``auto`` picks by backend.
+        testset_dir: test-set folder; default ``<store>/testsets/<profile>`` (built if missing).
+        documents_dir: folder of real documents (``*.txt``/``*.md``); default: the
+            long descriptions of installed Python distributions.
+        store_dir: local store for MLflow (when ``MLFLOW_TRACKING_URI`` is unset) and work files.
+        shadow_requests: recorded requests replayed in shadow.
+        perf_repeats: timed repeats per implementation and shape in evaluation.
+        perf_shapes: benchmark shapes of the evaluation (``None``: the platform's defaults).
+        model_check: embed held-out documents with the candidate and float64 attention
+            (the ``model.*`` metrics); a profile whose criteria use them needs it.
+        stale_alias_after_s: lease of a running rollout on its ``shadow``/``canary`` alias.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    implementation: str = "auto"
+    family: str | None = None
+    thresholds: Path = DEFAULT_THRESHOLDS
+    config: BlockSizes | None = None
+    testset_profile: Literal["auto", "ci", "gpu"] = "auto"
+    testset_dir: Path | None = None
+    documents_dir: Path | None = None
+    store_dir: Path = Path(".kernelgate")
+    shadow_requests: int = Field(24, ge=2)
+    perf_repeats: int | None = Field(None, ge=1)
+    perf_shapes: list[AttentionShape] | None = None
+    model_check: bool = True
+    stale_alias_after_s: float = Field(6 * 3600, ge=0, description=(
+        "a shadow/canary alias whose owning rollout run is still RUNNING after this many "
+        "seconds is taken as left by a killed process and cleared"))
+
+    def testset_profile_for(self, backend: str) -> Literal["ci", "gpu"]:
+        """``ci`` on a CPU host, ``gpu`` on an accelerator, unless set."""
+        if self.testset_profile != "auto":
+            return self.testset_profile
+        return "ci" if backend == "cpu" else "gpu"
+
+
+class RolloutState(BaseModel):
+    """What the stages of one rollout have established so far (filled in stage by stage)."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    settings: RolloutSettings
+    record: RolloutRecord
+    model: MiniLM | None = None
+    testset_dir: Path | None = None
+    registration: Registration | None = None
+    thresholds: Thresholds | None = None
+    build_run_id: str | None = None
+    version: str | None = None
+    report: EvaluationReport | None = None
+    evaluation_run_id: str | None = None
+    decision: GateDecision | None = None
+    decision_run_id: str | None = None
+    promoted: bool = False

@@ -1,0 +1,105 @@
+"""Traffic: the recorded request stream, the shadow stage and the canary steps."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+from evaluation import serving
+from evaluation.documents import assign_splits, load_documents
+from flows.settings import RolloutState
+from flows.tasks import run_logger, stage_task
+from gates.canary import CanaryStepResult, analyse_canary_step
+from gates.thresholds import CanaryStep
+from lineage import evidence, registry, versions
+from lineage.records import log_canary_step, log_shadow
+
+
+class TrafficPlan(BaseModel):
+    """The recorded stream cut into consecutive, disjoint segments: shadow first, then
+    one per canary step of the registered plan."""
+
+    shadow: serving.RecordedTraffic
+    canary: list[tuple[CanaryStep, serving.RecordedTraffic]]
+
+
+@stage_task(name="record-traffic")
+def record_traffic(state: RolloutState) -> TrafficPlan:
+    """Cut the request stream from held-out documents only and log it to the rollout run."""
+    steps = state.thresholds.canary.steps
+    sizes = [state.settings.shadow_requests, *(s.requests for s in steps)]
+    documents = assign_splits(load_documents(state.settings.documents_dir))["heldout"]
+    traffic = serving.record_traffic(documents, sum(sizes), seed=0)
+    evidence.log_traffic(state.record,
+                         traffic.write(state.record.work_dir / "traffic" / "requests-0.json"))
+    shadow, *canary = serving.split_traffic(traffic, sizes)
+    return TrafficPlan(shadow=shadow, canary=list(zip(steps, canary, strict=True)))
+
+
+def _progress(label: str):
+    logger = run_logger()
+
+    def report(done: int, total: int) -> None:
+        if done == total or done % max(1, total // 4) == 0:
+            logger.info("%s: %d/%d requests", label, done, total)
+    return report
+
+
+def _judged(state: RolloutState, result: serving.TrafficResult, step: CanaryStep) -> CanaryStepResult:
+    # Latency and memory in traffic are judged only where the candidate runs natively.
+    reason = None if state.report.speed_assessed else state.report.speed_not_assessed_reason
+    return analyse_canary_step(
+        step, result.latencies("candidate"), result.latencies("production"), result.drifts(),
+        result.errors("candidate"), result.nan_count("candidate"), result.memory_start_bytes,
+        result.memory_end_bytes, state.thresholds.canary, latency_not_assessed_reason=reason,
+        memory_not_assessed_reason=reason, production_error_count=result.errors("production"))
+
+
+def _endpoints(state: RolloutState, alias: registry.Alias) -> tuple[serving.Endpoint, serving.Endpoint]:
+    record = state.record
+    production = versions.endpoint(record.tracking, record.family, "production", state.model,
+                                   note_run_id=record.rollout_run_id)
+    candidate = versions.endpoint(record.tracking, record.family, alias, state.model,
+                                  expect_version=state.version, note_run_id=record.rollout_run_id)
+    return production, candidate
+
+
+@stage_task(name="shadow")
+def shadow(state: RolloutState, traffic: serving.RecordedTraffic) -> CanaryStepResult:
+    """Shadow stage: production serves, the candidate (alias ``shadow``) is mirrored and
+    judged with the canary plan's limits (drift, errors, NaN, latency where native)."""
+    record = state.record
+    registry.assign_shadow(record.tracking, record.family, state.version,
+                           owner_run_id=record.rollout_run_id)
+    production, candidate = _endpoints(state, "shadow")
+    serving.warm_up(traffic.requests, production, candidate)  # compile outside timing
+    result = serving.replay_shadow(traffic.requests, production, candidate,
+                                   progress=_progress("shadow"))
+    # The candidate sees every shadow request (mirrored) but serves none of them.
+    judged = _judged(state, result, CanaryStep(name="shadow", traffic_fraction=1.0,
+                                               requests=len(traffic.requests)))
+    run_id = log_shadow(record.tracking, record.family, state.version, result, judged,
+                        decision_run_id=state.decision_run_id, parent_run_id=record.rollout_run_id)
+    registry.link_traffic_run(record.tracking, record.family, state.version, "shadow", run_id)
+    run_logger().info("shadow: %s", serving.traffic_summary(result))
+    return judged
+
+
+@stage_task(name="canary-step")
+def canary_step(state: RolloutState, step: CanaryStep,
+                traffic: serving.RecordedTraffic) -> CanaryStepResult:
+    """One canary step: ``step.traffic_fraction`` of the step's requests served by the
+    candidate (alias ``canary``), then analysed against the preregistered plan."""
+    record = state.record
+    production, candidate = _endpoints(state, "canary")
+    serving.warm_up(traffic.requests, production, candidate)
+    result = serving.replay_canary_step(traffic.requests, step.traffic_fraction, production,
+                                        candidate, salt=f"{record.rollout_run_id}:{step.name}",
+                                        progress=_progress(step.name))
+    judged = _judged(state, result, step)
+    run_id = log_canary_step(record.tracking, record.family, judged,
+                             decision_run_id=state.decision_run_id,
+                             parent_run_id=record.rollout_run_id)
+    registry.link_traffic_run(record.tracking, record.family, state.version, "canary", run_id)
+    run_logger().info("%s: %s -> %s", step.name, serving.traffic_summary(result),
+                          "pass" if judged.passed else f"breach: {judged.breaches}")
+    return judged

@@ -1,0 +1,76 @@
+"""One attention problem shape, its FLOP count, and the random inputs every timing uses.
+
+``AttentionShape`` is the single shape type of the project: the build's example
+problem, the benchmark grid, the autotuner's shapes and the evaluation's latency
+shapes are all instances of it.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+from pydantic import BaseModel, ConfigDict, PositiveInt, model_validator
+
+DType = Literal["float32", "bfloat16", "float16"]
+DTYPES: tuple[DType, ...] = ("float32", "bfloat16", "float16")
+
+
+class AttentionShape(BaseModel):
+    """q ``[batch, q_len, num_heads, head_dim]``, k/v ``[batch, kv_len, num_kv_heads,
+    head_dim]`` in ``dtype``, optionally causal (sizes in elements)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    batch: PositiveInt
+    q_len: PositiveInt
+    kv_len: PositiveInt
+    num_heads: PositiveInt
+    num_kv_heads: PositiveInt
+    head_dim: PositiveInt
+    dtype: DType = "float32"
+    causal: bool = False
+
+    @model_validator(mode="after")
+    def _gqa(self) -> AttentionShape:
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of "
+                             f"num_kv_heads ({self.num_kv_heads}) for grouped-query attention")
+        return self
+
+    @property
+    def q_shape(self) -> tuple[int, int, int, int]:
+        return (self.batch, self.q_len, self.num_heads, self.head_dim)
+
+    @property
+    def kv_shape(self) -> tuple[int, int, int, int]:
+        return (self.batch, self.kv_len, self.num_kv_heads, self.head_dim)
+
+    def flops(self) -> float:
+        """Forward FLOPs ``4 * B * H * Sq * Skv * D``, halved when causal (the
+        FlashAttention-2 convention, Dao 2023): two matmuls of 2 FLOPs per MAC."""
+        f = 4.0 * self.batch * self.num_heads * self.q_len * self.kv_len * self.head_dim
+        return f / 2 if self.causal else f
+
+    @property
+    def label(self) -> str:
+        """A short readable name, e.g. ``bfloat16 d128 causal B1 S4096x4096 H16/16``."""
+        return (f"{self.dtype} d{self.head_dim} {'causal' if self.causal else 'full'} "
+                f"B{self.batch} S{self.q_len}x{self.kv_len} H{self.num_heads}/{self.num_kv_heads}")
+
+    def structs(self) -> tuple[jax.ShapeDtypeStruct, ...]:
+        """``(q, k, v)`` as ``jax.ShapeDtypeStruct``."""
+        dtype = jnp.dtype(self.dtype)
+        kv = jax.ShapeDtypeStruct(self.kv_shape, dtype)
+        return jax.ShapeDtypeStruct(self.q_shape, dtype), kv, kv
+
+
+def random_inputs(shape: AttentionShape, seed: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Fresh standard-normal ``(q, k, v)`` for ``shape`` on the default device (never
+    zeros: zeros hide unwritten outputs and run faster than real data)."""
+    kq, kk, kv = jax.random.split(jax.random.key(seed), 3)
+    dtype = jnp.dtype(shape.dtype)
+    return jax.block_until_ready((jax.random.normal(kq, shape.q_shape, dtype),
+                                  jax.random.normal(kk, shape.kv_shape, dtype),
+                                  jax.random.normal(kv, shape.kv_shape, dtype)))

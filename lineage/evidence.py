@@ -1,0 +1,112 @@
+"""The measured evidence of a rollout as MLflow runs: the build and the evaluations.
+
+* build run (stage ``build``): params (implementation, resolved block sizes), environment
+  tags, one ``kernelgate.source_sha256/<file>`` tag per kernels-package file, compile
+  metrics, and the build folder (``kernel_build.json``, the ``jax.export`` artifacts)
+  under ``build/``;
+* evaluation run (stage ``evaluation``): links to the build and the registration, the
+  split, the test-set and weights dataset inputs, the report, plots and GX result under
+  ``evaluation/``, the test-set manifest under ``testset/``, and the report's finite
+  metrics.
+
+Every artifact is logged through :mod:`lineage.tracking`, so its sha256 is recorded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+from evaluation.model import MiniLM
+from evaluation.report import EvaluationReport
+from evaluation.testset import MANIFEST_FILE, load_manifest
+from kernels.build import KernelBuild
+from lineage import tags
+from lineage import tracking as tr
+from lineage.environment import collect_environment
+from lineage.rollout import PROJECT_DIR, RolloutRecord
+
+
+def log_build(record: RolloutRecord, build: KernelBuild, build_dir: Path) -> str:
+    """Log a finished build as a ``build`` run of the rollout; returns its run id."""
+    with tr.stage_run(record.tracking, record.family, "build",
+                      parent_run_id=record.rollout_run_id,
+                      run_name=f"build-{build.implementation}") as run_id:
+        tr.log_params(record.tracking, run_id, {
+            "implementation": build.implementation,
+            "config": build.config.model_dump() if build.config else "untiled",
+            "shape": build.shape.model_dump(),
+        })
+        tr.set_tags(record.tracking, run_id, {
+            **collect_environment(PROJECT_DIR).as_tags(),
+            tags.SOURCE_SHA256: build.source_sha256,
+            **{tags.SOURCE_FILE_PREFIX + name: digest
+               for name, digest in build.source_files.items()},
+        })
+        if build.local is not None:
+            client = record.tracking.client()
+            client.log_metric(run_id, "build.compile_time_s", build.local.compile_time_s)
+            if build.local.memory.temp_bytes is not None:
+                client.log_metric(run_id, "build.temp_bytes", build.local.memory.temp_bytes)
+        tr.log_directory(record.tracking, run_id, build_dir, "build")
+    return run_id
+
+
+@contextlib.contextmanager
+def evaluation_run(record: RolloutRecord, *, build_run_id: str, registration_id: str,
+                   split: str, implementation: str) -> Iterator[str]:
+    """An ``evaluation`` run of the rollout, open while the evaluation runs (the audit
+    checks that the registration predates its creation); yields the run id."""
+    run_tags = {tags.BUILD_RUN_ID: build_run_id, tags.REGISTRATION_ID: registration_id,
+                tags.SPLIT: split}
+    with tr.stage_run(record.tracking, record.family, "evaluation",
+                      parent_run_id=record.rollout_run_id,
+                      run_name=f"evaluation-{split}-{implementation}",
+                      run_tags=run_tags) as run_id:
+        yield run_id
+
+
+def log_evaluation_inputs(record: RolloutRecord, run_id: str, *, testset_dir: Path, split: str,
+                          model: MiniLM | None) -> None:
+    """The test set (by digest) and the model weights as dataset inputs of the run."""
+    manifest = load_manifest(testset_dir)
+    tr.log_dataset(record.tracking, run_id, name=f"kernelgate-testset-{manifest.profile}",
+                   digest=manifest.digest, source_uri=str(Path(testset_dir).resolve()),
+                   context=split)
+    if model is not None:
+        tr.log_dataset(record.tracking, run_id, name="all-MiniLM-L6-v2-weights",
+                       digest=model.weights_sha256, source_uri=str(model.path),
+                       context="model-weights")
+        tr.set_tags(record.tracking, run_id, {tags.MODEL_WEIGHTS_SHA256: model.weights_sha256})
+
+
+def log_evaluation_files(record: RolloutRecord, run_id: str, *, out_dir: Path,
+                         testset_dir: Path) -> None:
+    """Whatever the evaluation wrote (report, plots, GX result) and the test-set manifest.
+    Called also when the evaluation failed, so partial evidence is kept (and the run
+    ends FAILED)."""
+    if out_dir.exists():
+        tr.log_directory(record.tracking, run_id, out_dir, "evaluation")
+    tr.log_file(record.tracking, run_id, Path(testset_dir) / MANIFEST_FILE, "testset")
+
+
+def log_evaluation_result(record: RolloutRecord, run_id: str, report: EvaluationReport,
+                          *, production_implementation: str | None) -> None:
+    """The report's finite metrics (MLflow metrics must be finite; the report JSON keeps
+    the rest) and its status tags."""
+    client = record.tracking.client()
+    for name, value in report.metrics.items():
+        if math.isfinite(value):
+            client.log_metric(run_id, name, float(value))
+    tr.set_tags(record.tracking, run_id, {
+        tags.SPEED_ASSESSED: str(report.speed_assessed).lower(),
+        tags.EVALUATION_STATUS: report.status,
+        tags.PRODUCTION_IMPLEMENTATION: production_implementation or "none",
+    })
+
+
+def log_traffic(record: RolloutRecord, path: Path) -> None:
+    """The recorded request stream of the rollout (``traffic/<file>`` on the parent run)."""
+    tr.log_file(record.tracking, record.rollout_run_id, path, "traffic")

@@ -1,0 +1,124 @@
+"""The layering of ARCHITECTURE.md, checked from the source: who may import whom.
+
+kernels and gates import nothing of ours above them and neither MLflow nor Prefect;
+evaluation imports kernels (and neither MLflow nor Prefect); lineage imports gates,
+kernels and evaluation, and MLflow but not Prefect; flows import everything; nothing
+imports flows. Function-local imports count: a circle hidden inside a function is
+still a circle. Modules stay small, or say in their docstring why not.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("kernels", "evaluation", "gates", "lineage", "flows")
+ALLOWED = {
+    "kernels": {"kernels"},
+    "gates": {"gates"},
+    "evaluation": {"evaluation", "kernels"},
+    "lineage": {"lineage", "gates", "kernels", "evaluation"},
+    "flows": set(PACKAGES),
+}
+FORBIDDEN_LIBRARIES = {
+    "kernels": {"mlflow", "prefect"},
+    "gates": {"mlflow", "prefect"},
+    "evaluation": {"mlflow", "prefect"},
+    "lineage": {"prefect"},
+    "flows": set(),
+}
+MAX_LINES = 350
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            rel = path.relative_to(ROOT).with_suffix("")
+            parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+            out[".".join(parts)] = path
+    return out
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module name imported anywhere in the file (top level or inside functions)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names |= {f"{node.module}.{alias.name}" for alias in node.names}
+    return names
+
+
+MODULES = _modules()
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_layering(module):
+    package = module.split(".")[0]
+    ours = {name.split(".")[0] for name in _imports(MODULES[module])} & set(PACKAGES)
+    assert ours <= ALLOWED[package], f"{module} imports {sorted(ours - ALLOWED[package])}"
+    libraries = {name.split(".")[0] for name in _imports(MODULES[module])}
+    assert not libraries & FORBIDDEN_LIBRARIES[package], \
+        f"{module} imports {sorted(libraries & FORBIDDEN_LIBRARIES[package])}"
+
+
+def test_no_import_cycles_between_modules():
+    """Edges to a package's ``__init__`` (``from kernels import x``) are left out: an
+    ``__init__`` that re-exports its submodules is the normal shape of a package."""
+    packages = {m for m, p in MODULES.items() if p.name == "__init__.py"}
+    graph = {m: {n for n in _imports(p) if n in MODULES and n != m and n not in packages}
+             for m, p in MODULES.items()}
+    done, stack, cycles = set(), [], []
+
+    def visit(node):
+        if node in stack:
+            cycles.append(" -> ".join(stack[stack.index(node):] + [node]))
+            return
+        if node in done:
+            return
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            visit(nxt)
+        stack.pop()
+        done.add(node)
+
+    for module in sorted(graph):
+        visit(module)
+    assert not cycles, cycles
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_modules_are_small_or_say_why(module):
+    path = MODULES[module]
+    lines = len(path.read_text().splitlines())
+    if lines <= MAX_LINES:
+        return
+    doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+    assert f"over {MAX_LINES} lines" in doc, (
+        f"{module} has {lines} lines; split it or say in its docstring why it is "
+        f"kept 'over {MAX_LINES} lines'")
+
+
+def test_the_rollout_flow_body_fits_on_a_screen():
+    tree = ast.parse((ROOT / "flows" / "rollout.py").read_text())
+    (body,) = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "rollout"]
+    assert body.end_lineno - body.lineno <= 40
+
+
+def test_tag_names_live_in_one_module():
+    """No ``kernelgate.*`` or ``mlflow.*`` tag literal outside lineage/tags.py."""
+    offenders = []
+    for module, path in MODULES.items():
+        if module == "lineage.tags":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Constant) and isinstance(node.value, str)
+                    and node.value.startswith(("kernelgate.", "mlflow.note", "mlflow.parent"))):
+                offenders.append(f"{module}: {node.value!r}")
+    assert not offenders, offenders
