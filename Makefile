@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 STAMP := $(VENV)/.installed
 
-.PHONY: help venv run test test-slow lint bench ui clean
+.PHONY: help venv run test test-slow attacks lint bench ui clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -29,6 +29,11 @@ test: $(STAMP)  ## the test suite (CPU; slow tests excluded)
 
 test-slow: $(STAMP)  ## only the slow tests (large interpret-mode shapes)
 	$(PY) -m pytest -q -m slow
+
+attacks: $(STAMP)  ## replay the attacks on the evidence; writes reliability/attacks.json (RELIABILITY.md)
+	mkdir -p reliability
+	KERNELGATE_ATTACK_REPORT=reliability/attacks.json $(PY) -m pytest -q tests/test_attacks.py
+	$(PY) -m tests.attack_table reliability/attacks.json
 
 lint: $(STAMP)  ## ruff
 	$(VENV)/bin/ruff check .

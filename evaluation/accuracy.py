@@ -313,18 +313,21 @@ def cosine_similarities(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return np.sum(a * b, axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
 
 
-def model_accuracy(model, documents, attention_fn: AttentionFn, *, name: str = "candidate",
-                   reference_embeddings: np.ndarray | None = None) -> ModelAccuracy:
-    """Cosine similarity of sentence embeddings: ``attention_fn`` vs float64 attention.
+def model_accuracy(documents, embed: Callable[[list[str]], np.ndarray], *,
+                   reference_embeddings: np.ndarray, name: str = "candidate",
+                   weights_sha256: str | None = None) -> ModelAccuracy:
+    """Cosine similarity of sentence embeddings: an implementation vs float64 attention.
 
     Args:
-        model: an ``evaluation.model.MiniLM`` (``embed(texts, attention_fn=...) -> [n, 384]``).
         documents: strings or objects with a ``.text``.
-        attention_fn: the implementation under test.
+        embed: ``texts -> [n, 384]`` embeddings with the implementation under test (a
+            runner's ``embed``; for a kernel of this process, ``lambda t:
+            model.embed(t, attention_fn=fn)``).
+        reference_embeddings: the same documents embedded with float64 attention
+            (``model.embed(texts, attention_fn=float64_attention)``), shared between
+            candidate, baseline and production.
         name: label stored in the result.
-        reference_embeddings: float64-attention embeddings already computed for the same
-            documents (``model.embed(texts, attention_fn=float64_attention)``), to share
-            them between candidate, baseline and production.
+        weights_sha256: the encoder weights' digest, for the record.
 
     Returns:
         ``ModelAccuracy``; a NaN embedding gives a NaN similarity and a NaN minimum.
@@ -333,12 +336,9 @@ def model_accuracy(model, documents, attention_fn: AttentionFn, *, name: str = "
         ValueError: no documents, or embeddings of mismatched shape.
     """
     texts = _texts(documents)
-    if reference_embeddings is None:
-        reference_embeddings = model.embed(texts, attention_fn=float64_attention)
-    cos = cosine_similarities(model.embed(texts, attention_fn=attention_fn), reference_embeddings)
+    cos = cosine_similarities(embed(texts), reference_embeddings)
     return ModelAccuracy(
-        implementation=name, n_documents=len(texts),
-        weights_sha256=getattr(model, "weights_sha256", None),
+        implementation=name, n_documents=len(texts), weights_sha256=weights_sha256,
         cosine_similarities=[float(c) for c in cos],
         # np.min propagates NaN, so one broken document fails the whole check
         min_cosine_similarity=float(np.min(cos)), mean_cosine_similarity=float(np.mean(cos)),

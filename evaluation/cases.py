@@ -7,6 +7,7 @@ the accuracy/performance evaluators.
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -17,6 +18,28 @@ Category = Literal["ordinary", "hard", "adversarial"]
 CATEGORIES: tuple[Category, ...] = ("ordinary", "hard", "adversarial")
 Split = Literal["tuning", "heldout", "confirmation"]
 SPLITS: tuple[Split, ...] = ("tuning", "heldout", "confirmation")
+SPLIT_NAME_PATTERN = r"^(?:tuning|heldout|confirmation(?:-[1-9][0-9]{0,3})?)$"
+"""A split's name: one of ``SPLITS``, or ``confirmation-<k>`` for the k-th fresh
+confirmation draw (``evaluation.testset.draws``)."""
+
+
+def confirmation_draw_name(k: int) -> str:
+    """The name of confirmation draw ``k``: ``confirmation`` for 0, else ``confirmation-<k>``."""
+    if not 0 <= k <= 9999:
+        raise ValueError(f"confirmation draw must be in [0, 9999], got {k}")
+    return "confirmation" if k == 0 else f"confirmation-{k}"
+
+
+def split_kind(name: str) -> Split:
+    """The split ``name`` is one of: ``tuning``, ``heldout`` or ``confirmation`` (any draw).
+
+    Raises:
+        ValueError: ``name`` is not a split name (``SPLIT_NAME_PATTERN``).
+    """
+    if not re.match(SPLIT_NAME_PATTERN, name):
+        raise ValueError(f"split must be one of {list(SPLITS)} or confirmation-<k> (k >= 1), "
+                         f"got {name!r}")
+    return "confirmation" if name.startswith("confirmation") else name
 ARRAY_NAMES = ("q", "k", "v", "q_lengths", "kv_lengths")
 
 

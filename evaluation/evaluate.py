@@ -3,17 +3,16 @@ report and plots. A plain function (no Prefect), so flows and tests call it alik
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import jax
 
-import kernels
 from evaluation.accuracy import evaluate_accuracy, float64_attention, model_accuracy
-from evaluation.cases import SPLITS
+from evaluation.cases import split_kind
 from evaluation.documents import assign_splits, load_documents
+from evaluation.model import MiniLM
 from evaluation.performance import default_shapes, measure_performance
 from evaluation.plots import write_plots
 from evaluation.report import (
@@ -23,6 +22,7 @@ from evaluation.report import (
     ValidationSummary,
     utc_now,
 )
+from evaluation.runners import LocalRunner, Runner
 from evaluation.testset import MANIFEST_FILE, load_manifest, load_split
 from evaluation.validation import validate_testset as run_validation
 from kernels.api import AttentionFn, default_backend
@@ -39,28 +39,23 @@ def _callable_name(fn: Callable) -> str:
     return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
 
 
-def _implementation(role: str, impl: AttentionFn | str, config: BlockSizes | None,
-                    backend: str) -> tuple[AttentionFn, ImplementationInfo]:
-    """Bind a registry name or a callable to an ``AttentionFn`` and describe it."""
-    if not isinstance(impl, str):
-        return impl, ImplementationInfo(role=role, name=_callable_name(impl), native=True,
-                                        target_platform=backend)
-    resolution = kernels.resolve(impl, backend=backend)
-    registry = kernels.IMPLEMENTATIONS[resolution.name]
-    target = backend if resolution.native else registry.native_platforms[0]
-    info = ImplementationInfo(
-        role=role, name=resolution.name, implementation=resolution.name,
-        config=config.model_dump() if config is not None else None,
-        resolution=resolution.model_dump(mode="json"), native=resolution.native,
-        target_platform=target)
-    return _bound(impl, config), info
+def as_runner(impl: Runner | AttentionFn | str, config: BlockSizes | None = None,
+              model: MiniLM | None = None) -> Runner:
+    """A :class:`evaluation.runners.Runner` for a registry name (bound with ``config``),
+    a plain ``AttentionFn`` of this process, or a runner as given.
+
+    Raises:
+        ValueError: unknown implementation name or illegal block sizes.
+    """
+    if isinstance(impl, str):
+        return LocalRunner.for_implementation(impl, config, model)
+    if isinstance(impl, Runner):
+        return impl
+    return LocalRunner(_callable_name(impl), impl, model)
 
 
-@functools.lru_cache(maxsize=32)
-def _bound(implementation: str, config: BlockSizes | None) -> AttentionFn:
-    # One jitted function per (name, config): a candidate that is also the baseline or
-    # production then compiles each case once, not once per role.
-    return kernels.get_attention_fn(implementation, config)
+def _info(role: str, runner: Runner) -> ImplementationInfo:
+    return ImplementationInfo(role=role, name=runner.name, **runner.describe())
 
 
 VALIDATION_FILENAME = "testset_validation.json"
@@ -77,11 +72,19 @@ def validate_testset(testset_dir: Path, split: str, result_path: Path) -> Valida
 
 
 def split_documents(testset_dir: Path, split: str) -> list:
-    """The first ``MODEL_DOCUMENTS_PER_SPLIT`` documents of ``split`` from the source the
-    test set was built from (its manifest's ``document_source``)."""
-    source = load_manifest(testset_dir).document_source
+    """Documents for the model-level check of ``split``, from the source the test set was
+    built from (its manifest's ``document_source``): for a confirmation split or draw,
+    exactly the documents its cases were made from (later draws use the following
+    confirmation documents, which must stay unseen); otherwise the first
+    ``MODEL_DOCUMENTS_PER_SPLIT`` documents assigned to the split."""
+    manifest = load_manifest(testset_dir)
+    source = manifest.document_source
     docs = load_documents(None if source == "installed-distributions" else source)
-    return assign_splits(docs, per_split=MODEL_DOCUMENTS_PER_SPLIT)[split]
+    kind = split_kind(split)
+    if kind == "confirmation":
+        names = {d.name for d in manifest.split(split).documents}
+        return [d for d in assign_splits(docs)[kind] if d.name in names]
+    return assign_splits(docs, per_split=MODEL_DOCUMENTS_PER_SPLIT)[kind]
 
 
 def _progress_bar(total: int, desc: str):
@@ -99,13 +102,13 @@ def _progress_bar(total: int, desc: str):
 
 
 def evaluate_candidate(
-    candidate: AttentionFn | str,
+    candidate: Runner | AttentionFn | str,
     *,
     testset_dir: str | Path,
     out_dir: str | Path,
     split: str = "heldout",
-    baseline: AttentionFn | str = "naive",
-    production: AttentionFn | str | None = None,
+    baseline: Runner | AttentionFn | str = "naive",
+    production: Runner | AttentionFn | str | None = None,
     config: BlockSizes | None = None,
     production_config: BlockSizes | None = None,
     model=None,
@@ -125,15 +128,18 @@ def evaluate_candidate(
     performance on this device; report JSON and plots under ``out_dir``.
 
     Args:
-        candidate: a registry name (bound with ``config``) or an ``AttentionFn``.
+        candidate: a registry name (bound with ``config``), an ``AttentionFn`` of this
+            process, or a ``Runner`` (e.g. a registered version in its own process).
         testset_dir: folder written by ``evaluation.testset.build_testset``.
         out_dir: where ``evaluation_report.json`` and the PNGs go.
-        split: ``tuning``, ``heldout`` or ``confirmation``.
+        split: ``tuning``, ``heldout``, ``confirmation`` or a confirmation draw
+            ``confirmation-<k>`` (``evaluation.testset.draws``).
         baseline: the naive baseline (registry name or ``AttentionFn``).
         production: the current production implementation, if any.
         config: block sizes for a named candidate.
         production_config: block sizes production was registered with (named production).
-        model: an ``evaluation.model.MiniLM`` for the model-level check (skipped if None).
+        model: an ``evaluation.model.MiniLM`` for the model-level check (skipped if None);
+            local runners embed with it, a version's runner with its own encoder.
         documents: texts or ``Document``s for it; default: the first
             ``MODEL_DOCUMENTS_PER_SPLIT`` installed documents assigned to ``split``.
         perf_shapes, repeats, warmup: performance settings (defaults per platform,
@@ -151,22 +157,23 @@ def evaluate_candidate(
         ValueError: unknown implementation name or split.
         FileNotFoundError: ``testset_dir`` has no test set.
     """
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    split_kind(split)
     started_at = utc_now()
     out_dir = Path(out_dir)
     testset_dir = Path(testset_dir)
     backend = default_backend()
     device = jax.devices()[0]
 
-    cand_fn, cand_info = _implementation("candidate", candidate, config, backend)
-    base_fn, base_info = _implementation("baseline", baseline, None, backend)
-    prod = _implementation("production", production, production_config, backend) if production is not None else None
-    fns = {"candidate": cand_fn, "baseline": base_fn, **({"production": prod[0]} if prod else {})}
+    runners = {"candidate": as_runner(candidate, config, model),
+               "baseline": as_runner(baseline, None, model)}
+    if production is not None:
+        runners["production"] = as_runner(production, production_config, model)
+    infos = {role: _info(role, runner) for role, runner in runners.items()}
+    cand_info = infos["candidate"]
 
     validation = validate_testset(testset_dir, split, out_dir / VALIDATION_FILENAME)
     report = EvaluationReport(
-        candidate=cand_info, baseline=base_info, production=prod[1] if prod else None,
+        candidate=cand_info, baseline=infos["baseline"], production=infos.get("production"),
         split=split, testset_dir=str(testset_dir),
         testset_digest=validation.testset_digest, split_digest=validation.split_digest,
         manifest_path=str(testset_dir / MANIFEST_FILE),
@@ -184,7 +191,7 @@ def evaluate_candidate(
 
     cases = load_split(testset_dir, split)
     bar = (lambda n, desc: _progress_bar(n, desc)) if progress else (lambda n, desc: None)
-    report.accuracy = evaluate_accuracy(cases, fns, baseline="baseline",
+    report.accuracy = evaluate_accuracy(cases, runners, baseline="baseline",
                                         progress=bar(len(cases), f"accuracy {split}"))
 
     if model is not None:
@@ -192,12 +199,13 @@ def evaluate_candidate(
             documents = split_documents(testset_dir, split)
         texts = [d if isinstance(d, str) else d.text for d in documents]
         ref = model.embed(texts, attention_fn=float64_attention)
-        report.model_accuracy = {role: model_accuracy(model, texts, fn, name=role,
-                                                      reference_embeddings=ref)
-                                 for role, fn in fns.items()}
+        report.model_accuracy = {
+            role: model_accuracy(texts, lambda t, r=runner: r.embed(t)[0], name=role,
+                                 reference_embeddings=ref, weights_sha256=model.weights_sha256)
+            for role, runner in runners.items()}
 
-    native = {"candidate": cand_info.native, "baseline": base_info.native,
-              "production": prod[1].native if prod else False}
+    native = {role: infos[role].native if role in infos else False
+              for role in ("candidate", "baseline", "production")}
     perf = None
     if not measure_speed:
         report.speed_assessed = False
@@ -212,7 +220,7 @@ def evaluate_candidate(
         report.speed_assessed = True
     if measure_speed:
         shapes = list(perf_shapes) if perf_shapes is not None else default_shapes(backend)
-        perf = measure_performance(fns, shapes, baseline="baseline", repeats=repeats,
+        perf = measure_performance(runners, shapes, baseline="baseline", repeats=repeats,
                                    warmup=warmup, progress=bar(len(shapes), "performance"))
         report.performance = perf
         if native["candidate"] and perf.common_shapes("candidate") is None:
@@ -230,7 +238,8 @@ def evaluate_candidate(
 
     report.metrics = flat("candidate", report.speed_assessed)
     report.baseline_metrics = flat("baseline", native["baseline"])
-    report.production_metrics = flat("production", native["production"]) if prod else None
+    report.production_metrics = (flat("production", native["production"])
+                                 if "production" in runners else None)
     report.plots = [str(p) for p in write_plots(report.accuracy, perf, out_dir,
                                                 threshold=error_threshold)]
     report.finished_at = utc_now()

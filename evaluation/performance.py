@@ -1,8 +1,10 @@
 """Performance of attention implementations on the current device.
 
-All implementations (candidate, naive baseline, production) are measured in one
-process on the same random inputs, and their timed calls are interleaved (the order
-rotates every repeat) so that they share the machine's noise. Per benchmark shape and
+All implementations (candidate, naive baseline, production) are measured on the same
+random inputs (``kernels.shapes.random_inputs`` with one seed per shape), each in its
+runner (``evaluation.runners``: this process, or a version's own process), and their
+timed calls are interleaved (the order rotates every repeat) so that they share the
+machine's noise. Each latency is taken inside the runner around a blocking call. Per benchmark shape and
 implementation: compile time, a latency distribution (p50/p95/p99 over ``repeats``
 calls after ``warmup`` calls, ``block_until_ready`` inside the timed region), TFLOP/s
 at the median latency, and peak memory.
@@ -25,7 +27,6 @@ FLOPs are ``kernels.shapes.AttentionShape.flops`` (the FlashAttention-2 conventi
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Mapping, Sequence
 from typing import Literal
 
@@ -34,8 +35,9 @@ import numpy as np
 import scipy.stats
 from pydantic import BaseModel, ConfigDict, Field
 
+from evaluation.runners import LocalRunner, Runner
 from kernels.api import AttentionFn
-from kernels.shapes import AttentionShape, random_inputs
+from kernels.shapes import AttentionShape
 
 logger = logging.getLogger(__name__)
 
@@ -158,44 +160,24 @@ def _gmean(values) -> float:
     return float(scipy.stats.gmean(values))
 
 
-def _compiler_bytes(compiled) -> int | None:
-    try:
-        m = compiled.memory_analysis()
-    except Exception:  # noqa: BLE001 - not every backend implements it
-        return None
-    if m is None:
-        return None
-    peak = getattr(m, "peak_memory_in_bytes", 0) or 0
-    total = (m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
-             - m.alias_size_in_bytes)
-    return int(max(peak, total))
-
-
-def _device_stats(device) -> dict | None:
-    try:
-        return device.memory_stats()
-    except Exception:  # noqa: BLE001 - CPU and some plugins do not keep statistics
-        return None
-
-
 def _error(err: Exception) -> str:
     return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
 
 
-def _measure_shape(implementations: Mapping[str, AttentionFn], shape: AttentionShape, *,
-                   baseline: str, repeats: int, warmup: int, seed: int, device) -> ShapePerformance:
-    q, k, v = random_inputs(shape, seed)
-    arg_bytes = sum(x.nbytes for x in (q, k, v))
-    results = {role: ImplementationPerformance(role=role) for role in implementations}
-    compiled = {}
-    for role, fn in implementations.items():
-        def call(q, k, v, fn=fn):
-            return fn(q, k, v, causal=shape.causal, scale=None, q_lengths=None, kv_lengths=None)
+def _argument_bytes(shape: AttentionShape) -> int:
+    itemsize = np.dtype(jax.numpy.dtype(shape.dtype)).itemsize
+    return itemsize * (int(np.prod(shape.q_shape)) + 2 * int(np.prod(shape.kv_shape)))
+
+
+def _measure_shape(runners: Mapping[str, Runner], shape: AttentionShape, *,
+                   baseline: str, repeats: int, warmup: int, seed: int) -> ShapePerformance:
+    results = {role: ImplementationPerformance(role=role) for role in runners}
+    ready: dict[str, Runner] = {}
+    for role, runner in runners.items():
         try:
-            start = time.perf_counter()
-            compiled[role] = jax.jit(call).lower(q, k, v).compile()
-            results[role].compile_time_s = time.perf_counter() - start
-            results[role].compiler_peak_bytes = _compiler_bytes(compiled[role])
+            results[role].compile_time_s, results[role].compiler_peak_bytes = (
+                runner.compile_for(shape, seed))
+            ready[role] = runner
         except Exception as err:  # noqa: BLE001 - a failure is a result (e.g. OOM at compile)
             results[role].error = _error(err)
             logger.warning("%s failed to compile %s: %s", role, shape.label, err)
@@ -203,45 +185,45 @@ def _measure_shape(implementations: Mapping[str, AttentionFn], shape: AttentionS
     # First call per implementation, in ascending order of the compiler's estimate (see
     # the module docstring), doubles as the first warm-up call.
     measured: dict[str, int] = {}
-    for role in sorted(compiled, key=lambda r: results[r].compiler_peak_bytes or 0):
-        before = _device_stats(device)
+    for role in sorted(ready, key=lambda r: results[r].compiler_peak_bytes or 0):
+        before = ready[role].memory_stats()
         try:
-            jax.block_until_ready(compiled[role](q, k, v))
+            ready[role].call_compiled(shape)
         except Exception as err:  # noqa: BLE001
             results[role].error = _error(err)
-            del compiled[role]
+            del ready[role]
             continue
-        after = _device_stats(device)
+        after = ready[role].memory_stats()
         if (before and after and "peak_bytes_in_use" in after
                 and after["peak_bytes_in_use"] > before["peak_bytes_in_use"]):
-            measured[role] = int(after["peak_bytes_in_use"] - before["bytes_in_use"] + arg_bytes)
-    use_device = bool(compiled) and set(measured) == set(compiled)
-    for role in compiled:
+            measured[role] = int(after["peak_bytes_in_use"] - before["bytes_in_use"]
+                                 + _argument_bytes(shape))
+    use_device = bool(ready) and set(measured) == set(ready)
+    for role in ready:
         r = results[role]
         r.peak_bytes = measured[role] if use_device else r.compiler_peak_bytes
         r.peak_bytes_source = ("device_peak_bytes_in_use" if use_device
                                else "compiler_memory_analysis")
 
-    order = list(compiled)
+    order = list(ready)
     for i in range(warmup - 1 + repeats):
         timed = i >= warmup - 1
         # Rotate the order so no implementation always runs right after another.
         for role in order[i % len(order):] + order[:i % len(order)]:
-            if role not in compiled:
+            if role not in ready:
                 continue
-            start = time.perf_counter()
             try:
-                jax.block_until_ready(compiled[role](q, k, v))
+                seconds = ready[role].call_compiled(shape)
             except Exception as err:  # noqa: BLE001 - e.g. out of memory on a later call
                 results[role].error = _error(err)
                 results[role].latencies_s.clear()
-                del compiled[role]
+                del ready[role]
                 continue
             if timed:
-                results[role].latencies_s.append(time.perf_counter() - start)
+                results[role].latencies_s.append(seconds)
 
     flops = shape.flops()
-    for role in compiled:
+    for role in ready:
         r = results[role]
         r.p50_s, r.p95_s, r.p99_s = (float(x) for x in np.percentile(r.latencies_s, [50, 95, 99]))
         r.tflops = flops / r.p50_s / 1e12
@@ -251,7 +233,7 @@ def _measure_shape(implementations: Mapping[str, AttentionFn], shape: AttentionS
                             speedup_vs_baseline=speedup)
 
 
-def measure_performance(implementations: Mapping[str, AttentionFn],
+def measure_performance(implementations: Mapping[str, AttentionFn | Runner],
                         shapes: Sequence[AttentionShape] | None = None, *,
                         baseline: str = "baseline", repeats: int | None = None,
                         warmup: int | None = None, seed: int = 0,
@@ -259,9 +241,9 @@ def measure_performance(implementations: Mapping[str, AttentionFn],
     """Measure compile time, latency distribution, TFLOP/s and peak memory.
 
     Args:
-        implementations: role -> ``AttentionFn`` (``fn(q, k, v, *, causal, scale,
-            q_lengths, kv_lengths)``); must contain ``baseline``. Each is wrapped in
-            ``jax.jit`` and compiled ahead of time, so it must be traceable.
+        implementations: role -> ``Runner`` (``evaluation.runners``), or an
+            ``AttentionFn`` run in this process (wrapped in ``jax.jit`` and compiled
+            ahead of time, so it must be traceable); must contain ``baseline``.
         shapes: benchmark shapes; default ``DEFAULT_SHAPES`` of the device's platform.
         baseline: key of the naive baseline (speedups are relative to it).
         repeats: timed calls per implementation and shape (default per platform:
@@ -286,12 +268,14 @@ def measure_performance(implementations: Mapping[str, AttentionFn],
                          f"got {sorted(implementations)}")
     if not shapes:
         raise ValueError("measure_performance needs at least one shape")
+    runners = {role: impl if isinstance(impl, Runner) else LocalRunner(role, impl)
+               for role, impl in implementations.items()}
     if repeats < 1 or warmup < 1:
         raise ValueError(f"repeats and warmup must be >= 1, got {repeats} and {warmup}")
     out = []
     for i, shape in enumerate(shapes):
-        out.append(_measure_shape(implementations, shape, baseline=baseline, repeats=repeats,
-                                  warmup=warmup, seed=seed + i, device=device))
+        out.append(_measure_shape(runners, shape, baseline=baseline, repeats=repeats,
+                                  warmup=warmup, seed=seed + i))
         if progress is not None:
             progress(i + 1, len(shapes), shape.label)
     return PerformanceResult(device_platform=platform, device_kind=device.device_kind,

@@ -25,7 +25,7 @@ import numpy as np
 from pydantic import BaseModel, Field
 
 from evaluation.model import MiniLM
-from kernels.api import AttentionFn
+from evaluation.runners import Runner
 from kernels.reference import relative_error
 
 NON_FINITE = "non-finite output"
@@ -127,27 +127,27 @@ def memory_in_use_bytes() -> int:
 
 @dataclass
 class Endpoint:
-    """A serving endpoint: the embedding model with one attention implementation.
+    """A serving endpoint: the embedding model behind one implementation.
 
     Attributes:
         name: what serves (e.g. ``pallas_tpu@v3`` or ``xla (native baseline)``).
-        attention_fn: the ``AttentionFn`` the model's attention goes through.
-        model: the sentence encoder (``embed(texts, attention_fn=...) -> [n, 384]``).
+        runner: where it runs (``evaluation.runners``: this process, or the version's
+            own process with its own code).
     """
 
     name: str
-    attention_fn: AttentionFn
-    model: MiniLM
+    runner: Runner
 
     def serve(self, text: str) -> tuple[np.ndarray | None, float, str | None]:
         """Embed one request. Returns ``(embedding [d] or None, latency seconds, error)``;
-        a non-finite embedding is an error (``"non-finite output"``), never served."""
+        the latency is measured inside the runner. A non-finite embedding is an error
+        (``"non-finite output"``), never served."""
         start = time.perf_counter()
         try:
-            emb = np.asarray(self.model.embed([text], attention_fn=self.attention_fn))[0]
-        except Exception as err:  # a failing kernel is an observation, not a crash
+            embeddings, latency = self.runner.embed([text])
+            emb = np.asarray(embeddings)[0]
+        except Exception as err:  # noqa: BLE001 - a failing kernel is an observation, not a crash
             return None, time.perf_counter() - start, f"{type(err).__name__}: {err}"
-        latency = time.perf_counter() - start
         if not np.all(np.isfinite(emb)):
             return None, latency, NON_FINITE
         return emb, latency, None
@@ -251,15 +251,15 @@ def replay_canary_step(requests: Sequence[Request], fraction: float, production:
                    mirror_all=False, salt=salt, progress=progress)
 
 
-def warm_up(requests: Sequence[Request], *endpoints: Endpoint) -> int:
-    """Serve one request per padded length bucket on each endpoint, so compilation
-    stays out of every latency that is later compared. Returns requests served."""
-    served = 0
+def warm_up(requests: Sequence[Request], endpoints: Sequence[Endpoint], model: MiniLM) -> int:
+    """Serve one request per padded length bucket (``model`` tokenises) on each
+    endpoint, so compilation stays out of every latency that is later compared.
+    Returns requests served."""
+    texts = model.one_text_per_bucket([r.text for r in requests])
     for endpoint in endpoints:
-        for text in endpoint.model.one_text_per_bucket([r.text for r in requests]):
+        for text in texts:
             endpoint.serve(text)
-            served += 1
-    return served
+    return len(texts) * len(endpoints)
 
 
 def traffic_summary(result: TrafficResult) -> str:

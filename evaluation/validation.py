@@ -40,7 +40,15 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
-from evaluation.cases import CATEGORIES, SPLITS, CaseSpec, Split, TestCase, case_digest
+from evaluation.cases import (
+    CATEGORIES,
+    SPLIT_NAME_PATTERN,
+    SPLITS,
+    CaseSpec,
+    TestCase,
+    case_digest,
+    split_kind,
+)
 from evaluation.testset import (
     TestSetManifest,
     load_manifest,
@@ -91,7 +99,7 @@ class ValidationOutcome(BaseModel):
 
     success: bool
     directory: str
-    split: Split
+    split: str = Field(pattern=SPLIT_NAME_PATTERN)
     testset_digest: str
     split_digest: str
     n_expectations: int
@@ -127,7 +135,7 @@ def _shape(shape) -> str:
 def manifest_table(manifest: TestSetManifest) -> pd.DataFrame:
     """One row per case of every split: identifiers, category, dtype, shape fields, digest."""
     rows = []
-    for split, entry in manifest.splits.items():
+    for split, entry in manifest.entries().items():
         for s in entry.cases:
             (b, q_len, heads, d), (kb, kv_len, kv_heads, kd) = s.q_shape, s.kv_shape
             rows.append({
@@ -143,7 +151,7 @@ def manifest_table(manifest: TestSetManifest) -> pd.DataFrame:
 def documents_table(manifest: TestSetManifest) -> pd.DataFrame:
     """One row per (split, document)."""
     rows = [{"document": f"{split}:{d.name}", "split": split, "sha256": d.sha256}
-            for split, entry in manifest.splits.items() for d in entry.documents]
+            for split, entry in manifest.entries().items() for d in entry.documents]
     return pd.DataFrame(rows, columns=["document", "split", "sha256"])
 
 
@@ -220,7 +228,7 @@ def summary_table(cases: list[TestCase], specs: list[CaseSpec] | None = None) ->
 def digest_table(manifest: TestSetManifest) -> pd.DataFrame:
     """Split and set digests as recorded next to their recomputation from the case specs."""
     rows = [{"digest_of": f"split:{name}", "recorded": entry.digest,
-             "recomputed": split_digest(entry.cases)} for name, entry in manifest.splits.items()]
+             "recomputed": split_digest(entry.cases)} for name, entry in manifest.entries().items()]
     rows.append({"digest_of": "set", "recorded": manifest.digest,
                  "recomputed": set_digest(manifest.splits)})
     return pd.DataFrame(rows)
@@ -255,8 +263,9 @@ def _suites(gxe) -> dict[str, tuple[str, list]]:
                                         description=f"category is one of {list(CATEGORIES)}"),
         gxe.ExpectColumnValuesToBeInSet(column="dtype", value_set=list(DTYPE_NAMES),
                                         description=f"dtype is one of {list(DTYPE_NAMES)}"),
-        gxe.ExpectColumnValuesToBeInSet(column="split", value_set=list(SPLITS),
-                                        description=f"split is one of {list(SPLITS)}"),
+        gxe.ExpectColumnValuesToMatchRegex(
+            column="split", regex=SPLIT_NAME_PATTERN,
+            description=f"split is one of {list(SPLITS)} or a confirmation draw confirmation-<k>"),
         *[e for col in shape_cols for e in (
             not_null(col),
             gxe.ExpectColumnValuesToBeBetween(column=col, min_value=1,
@@ -392,14 +401,14 @@ def run_suites(tables: dict[str, pd.DataFrame]) -> tuple[dict[str, Any], list[Fa
     return results, failures, n
 
 
-def validate_testset(directory: str | Path, split: Split, *, result_path: str | Path | None = None,
+def validate_testset(directory: str | Path, split: str, *, result_path: str | Path | None = None,
                      min_cases: dict[str, int] | None = None,
                      raise_on_failure: bool = True) -> ValidationOutcome:
     """Validate the manifest and one split's arrays with Great Expectations.
 
     Args:
         directory: a test set written by ``evaluation.testset.build_testset``.
-        split: the split about to be evaluated.
+        split: the split (or confirmation draw) about to be evaluated.
         result_path: where to write the outcome JSON (with the GX results), if given;
             written on success and on failure.
         min_cases: minimum cases per category (default ``MIN_CASES_PER_CATEGORY``).
@@ -416,6 +425,7 @@ def validate_testset(directory: str | Path, split: Split, *, result_path: str | 
     """
     import great_expectations as gx
 
+    split_kind(split)
     manifest = load_manifest(directory)
     cases = load_split(directory, split, manifest=manifest, skip_missing=True)
     tables = {

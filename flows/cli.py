@@ -1,10 +1,11 @@
 """Governed rollout of flash-attention kernels: build, evaluate, gate, shadow, canary, promote.
 
 Defaults are the embedded local setup: Prefect's temporary server, MLflow on SQLite
-under .kernelgate/, whatever device JAX sees. Point at shared servers with
-PREFECT_API_URL and MLFLOW_TRACKING_URI. Exit codes: 0 the command did its job (a
-rejection or rollback is a result, printed), 1 an error, 2 bad arguments or a
-re-validation that rolled back.
+under .kernelgate/, the pipeline's signing key in ~/.kernelgate/keys (created on first
+use), whatever device JAX sees. Point at shared servers with PREFECT_API_URL and
+MLFLOW_TRACKING_URI. Exit codes: 0 the command did its job (a rejection or rollback is
+a result, printed), 1 an error or a failed audit, 2 bad arguments or a re-validation
+that rolled back.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS",
 
 import json  # noqa: E402
 import logging  # noqa: E402
+import re  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -25,12 +27,14 @@ from typing import Annotated  # noqa: E402
 
 import typer  # noqa: E402
 
-from flows.settings import DEFAULT_THRESHOLDS, RolloutSettings  # noqa: E402
-
 # Prefect attaches its handlers to the extra loggers but leaves their level at the
 # root's WARNING; the stage summaries are INFO.
 for _name in os.environ["PREFECT_LOGGING_EXTRA_LOGGERS"].split(","):
     logging.getLogger(_name.strip()).setLevel(logging.INFO)
+
+# Heavy imports (JAX, MLflow, Prefect) happen inside the commands: `--help` stays fast.
+PROJECT_DIR = Path(__file__).resolve().parents[1]
+DEFAULT_THRESHOLDS = PROJECT_DIR / "thresholds" / "local-dry-run.yaml"
 
 app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False)
 
@@ -40,42 +44,102 @@ Implementation = Annotated[str, typer.Option(
 Thresholds = Annotated[Path, typer.Option(help="thresholds file to preregister",
                                           exists=True, dir_okay=False)]
 StoreDir = Annotated[Path, typer.Option(help="local store: MLflow SQLite, artifacts, test sets")]
-BlockQ = Annotated[int | None, typer.Option(help="query block size (tokens)")]
-BlockKV = Annotated[int | None, typer.Option(help="key/value block size (tokens)")]
+Family = Annotated[str | None, typer.Option(
+    help="kernel family (MLflow experiment and registered model); default: the kernel's name")]
+BlockQ = Annotated[int | None, typer.Option(min=1, help="query block size (tokens)")]
+BlockKV = Annotated[int | None, typer.Option(min=1, help="key/value block size (tokens)")]
+from flows.cli_keys import KeyDir, check_name, keys_app  # noqa: E402
+
+app.add_typer(keys_app, name="keys")
+
+
+def _tracking(store_dir: Path, *, must_exist: bool):
+    """The store, checked reachable within seconds (naming it) before any work."""
+    from lineage import tracking as tr
+
+    if not os.environ.get("MLFLOW_TRACKING_URI") and must_exist and not (store_dir / "mlflow.db").exists():
+        raise typer.BadParameter(f"no MLflow store at {store_dir.resolve()} (run a rollout first, "
+                                 "or pass --store-dir / set MLFLOW_TRACKING_URI)")
+    tracking = tr.tracking_for(store_dir)
+    try:
+        tr.check_reachable(tracking)
+    except tr.StoreUnreachable as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(1) from None
+    return tracking
+
+
+def _families(tracking) -> list[str]:
+    return sorted(e.name.removeprefix("kernelgate-")
+                  for e in tracking.client().search_experiments(max_results=1000)
+                  if e.name.startswith("kernelgate-"))
+
+
+def _existing_family(tracking, family: str | None) -> str:
+    import kernels
+
+    family = check_name(family or kernels.native_flash_kernel("auto", kernels.default_backend()))
+    known = _families(tracking)
+    if family not in known:
+        raise typer.BadParameter(f"no family {family!r} in this store; families: {known or 'none'}",
+                                 param_hint="--family")
+    return family
 
 
 def _settings(implementation: str, thresholds: Path, store_dir: Path, block_q: int | None,
-              block_kv: int | None, **extra) -> RolloutSettings:
+              block_kv: int | None, family: str | None, new_family: bool,
+              key_dir: Path | None, **extra):
     import kernels
+    from flows.judge import BUILD_SHAPE
+    from flows.settings import RolloutSettings
     from gates.thresholds import load_thresholds
 
-    # Fail on bad arguments before anything is logged or evaluated.
+    # Fail on bad arguments before anything is logged, built or evaluated.
     try:
         name = kernels.native_flash_kernel(implementation, kernels.default_backend())
         load_thresholds(thresholds)
         config = None
         if block_q is not None or block_kv is not None:
             config = kernels.BlockSizes(block_q=block_q, block_kv=block_kv)
-        kernels.IMPLEMENTATIONS[name].check_config(config)
-    except ValueError as err:
+        impl = kernels.IMPLEMENTATIONS[name]
+        impl.check_config(config)
+        spec, _, _ = kernels.validate(*BUILD_SHAPE.structs(), causal=BUILD_SHAPE.causal)
+        impl.check(spec, kernels.default_backend(), config)
+    except (ValueError, NotImplementedError) as err:
         raise typer.BadParameter(f"{err}") from None
+    if family is not None:
+        check_name(family)
+        tracking = _tracking(store_dir, must_exist=False)
+        if family not in _families(tracking) and family != name and not new_family:
+            raise typer.BadParameter(
+                f"no family {family!r} in this store yet (families: {_families(tracking) or 'none'}); "
+                "pass --new-family to start one", param_hint="--family")
+    else:
+        _tracking(store_dir, must_exist=False)
     return RolloutSettings(implementation=implementation, thresholds=thresholds.resolve(),
-                           store_dir=store_dir, config=config, **extra)
+                           store_dir=store_dir, config=config, family=family, key_dir=key_dir,
+                           **extra)
 
 
 @app.command()
 def rollout(implementation: Implementation = "auto",
             thresholds: Thresholds = DEFAULT_THRESHOLDS,
             store_dir: StoreDir = Path(".kernelgate"),
+            family: Family = None,
+            new_family: Annotated[bool, typer.Option(help="allow --family to name a new family")] = False,
             testset_profile: Annotated[str, typer.Option(help="auto, ci or gpu")] = "auto",
             documents_dir: Annotated[Path | None, typer.Option(
                 help="folder of real documents (*.txt, *.md); default: installed packages' descriptions")] = None,
-            block_q: BlockQ = None, block_kv: BlockKV = None) -> None:
+            block_q: BlockQ = None, block_kv: BlockKV = None, key_dir: KeyDir = None,
+            loosening_approval: Annotated[Path | None, typer.Option(
+                exists=True, dir_okay=False,
+                help="a signed approval of looser thresholds (kernelgate approve-loosening)")] = None) -> None:
     """Run a full governed rollout (preregister, build, evaluate, gate, shadow, approval, canary, confirm, then promote or roll back)."""
+    settings = _settings(implementation, thresholds, store_dir, block_q, block_kv, family,
+                         new_family, key_dir, testset_profile=testset_profile,
+                         documents_dir=documents_dir, loosening_approval=loosening_approval)
     from flows.rollout import rollout as rollout_flow
 
-    settings = _settings(implementation, thresholds, store_dir, block_q, block_kv,
-                         testset_profile=testset_profile, documents_dir=documents_dir)
     outcome = rollout_flow(settings)
     typer.echo("\n" + outcome.markdown().replace("**", ""))
     raise typer.Exit(0 if outcome.result in ("promoted", "rejected", "rolled_back") else 1)
@@ -85,45 +149,128 @@ def rollout(implementation: Implementation = "auto",
 def evaluate(implementation: Implementation = "auto",
              thresholds: Thresholds = DEFAULT_THRESHOLDS,
              store_dir: StoreDir = Path(".kernelgate"),
+             family: Family = None,
+             new_family: Annotated[bool, typer.Option(help="allow --family to name a new family")] = False,
              report: Annotated[Path | None, typer.Option(help="also write the report JSON here")] = None,
-             block_q: BlockQ = None, block_kv: BlockKV = None) -> None:
-    """Preregister, build and evaluate a candidate and log the gate decision; moves no alias."""
+             block_q: BlockQ = None, block_kv: BlockKV = None, key_dir: KeyDir = None) -> None:
+    """Preregister, build and evaluate a candidate and log the gate decision. It registers the build as a model version (the record of what was judged) and moves no alias."""
+    settings = _settings(implementation, thresholds, store_dir, block_q, block_kv, family,
+                         new_family, key_dir)
     from flows.rollout import evaluate_candidate
 
-    result = evaluate_candidate(_settings(implementation, thresholds, store_dir, block_q, block_kv),
-                                report_path=report)
+    result = evaluate_candidate(settings, report_path=report)
     typer.echo(json.dumps({k: v for k, v in sorted(result.metrics.items())}, indent=1))
 
 
 @app.command()
-def revalidate(family: Annotated[str, typer.Option(help="kernel family (auto: native flash kernel)")] = "auto",
-               store_dir: StoreDir = Path(".kernelgate")) -> None:
-    """Re-evaluate what `production` points at; roll back on failure (the nightly job)."""
+def revalidate(family: Family = None, store_dir: StoreDir = Path(".kernelgate"),
+               key_dir: KeyDir = None) -> None:
+    """Re-evaluate what `production` points at, running the version's own code; roll back on failure (the nightly job)."""
+    tracking = _tracking(store_dir, must_exist=True)
+    family = _existing_family(tracking, family)
     from flows.revalidate import revalidate_production
+    from flows.settings import RolloutSettings
 
-    outcome = revalidate_production(family, RolloutSettings(store_dir=store_dir))
+    outcome = revalidate_production(family, RolloutSettings(store_dir=store_dir, key_dir=key_dir))
     typer.echo(outcome.model_dump_json(indent=1))
     raise typer.Exit(0 if outcome.result != "rolled_back" else 2)
 
 
 @app.command()
 def audit(target: Annotated[str, typer.Argument(help="alias (production, canary, shadow) or version number")] = "production",
-          family: Annotated[str, typer.Option(help="kernel family (auto: native flash kernel)")] = "auto",
-          store_dir: StoreDir = Path(".kernelgate")) -> None:
-    """Print the lineage chain of a version and re-verify every logged artifact's sha256 (exit 1 on any mismatch or broken link)."""
-    import kernels
-    from lineage import tracking as tr
+          family: Family = None,
+          store_dir: StoreDir = Path(".kernelgate"),
+          trusted_key: Annotated[list[Path] | None, typer.Option(
+              exists=True, dir_okay=False, help="a public key (*.pub.json) you trust; repeat for several "
+              "(default: the pipeline's key folder, said so)")] = None,
+          revoked_key: Annotated[list[Path] | None, typer.Option(
+              exists=True, dir_okay=False, help="a public key whose signatures never count")] = None,
+          export: Annotated[Path | None, typer.Option(
+              help="also write a self-contained bundle to this (new) folder for offline checking")] = None,
+          bundle: Annotated[Path | None, typer.Option(
+              exists=True, file_okay=False, help="audit an exported bundle instead of the store")] = None,
+          load_model: Annotated[bool, typer.Option(
+              help="load the version's model in its own process and check its code")] = True,
+          key_dir: KeyDir = None) -> None:
+    """Re-derive why a version is where it is: verify every signed attestation, the alias history, the complete chain, each decision and every artifact (exit 1 on any problem)."""
+    from lineage import keys
     from lineage.audit import audit as run_audit
+    from lineage.audit import export_bundle
+    from lineage.sources import BundleSource
 
-    if not os.environ.get("MLFLOW_TRACKING_URI") and not (store_dir / "mlflow.db").exists():
-        raise typer.BadParameter(f"no MLflow store at {store_dir.resolve()} (run a rollout first, "
-                                 "or pass --store-dir / set MLFLOW_TRACKING_URI)")
-    if family == "auto":
-        family = kernels.native_flash_kernel("auto", kernels.default_backend())
-    tracking = tr.tracking_for(store_dir)
-    result = run_audit(tracking, family, target)
+    try:
+        if trusted_key:
+            trust = keys.trust_from_files(list(trusted_key), list(revoked_key or []))
+            trust_files = list(trusted_key)
+        else:
+            folder = key_dir or keys.default_key_dir()
+            trust = keys.folder_trust(folder)
+            if revoked_key:
+                trust.revoked |= {keys.load_public_key(p).keyid for p in revoked_key}
+            trust_files = sorted(folder.glob("*.pub.json"))
+            typer.echo(f"trusting the public keys in {folder} ({len(trust.public_keys)}); pass "
+                       "--trusted-key to choose your own", err=True)
+    except keys.KeyFileError as err:
+        raise typer.BadParameter(str(err)) from None
+    if bundle is not None:
+        source = BundleSource(bundle, trust)
+        result = run_audit(None, check_name(family or source.family), target, source=source)
+    else:
+        tracking = _tracking(store_dir, must_exist=True)
+        fam = _existing_family(tracking, family)
+        result = run_audit(tracking, fam, target, trust=trust, load_model=load_model)
+        if export is not None:
+            typer.echo(f"bundle written to {export_bundle(tracking, fam, result, trust_files, export)}")
     typer.echo(result.render())
     raise typer.Exit(result.exit_code)
+
+
+@app.command()
+def approve(flow_run_id: Annotated[str, typer.Argument(help="the paused rollout's flow run id")],
+            key: Annotated[Path, typer.Option(exists=True, dir_okay=False, help="your private key (PEM)")],
+            comment: Annotated[str, typer.Option(help="why; shown to auditors")],
+            reject: Annotated[bool, typer.Option(help="answer no")] = False,
+            name: Annotated[str | None, typer.Option(help="your name (default: from the policy)")] = None) -> None:
+    """Answer a paused approval with your own key: signs the answer and resumes the flow run (needs PREFECT_API_URL)."""
+    from prefect.client.orchestration import get_client
+    from prefect.flow_runs import resume_flow_run
+
+    from lineage import keys
+    from lineage.approvals import sign_approval
+
+    with get_client(sync_client=True) as client:
+        run = client.read_flow_run(flow_run_id)
+    details = run.state.state_details if run.state else None
+    pause_key = getattr(details, "pause_key", None) or ""
+    if not run.state or not run.state.is_paused() or not pause_key.startswith("approval-"):
+        raise typer.BadParameter(f"flow run {flow_run_id} is not waiting for an approval "
+                                 f"(state {run.state.name if run.state else None})")
+    transition = re.sub(r"-retry\d+$", "", pause_key).removeprefix("approval-").replace("-to-", "->")
+    signer = keys.load_signer(key)
+    envelope = sign_approval(signer, flow_run_id=flow_run_id, transition=transition,
+                             approve=not reject, comment=comment)
+    resume_flow_run(flow_run_id, run_input={"approve": not reject,
+                                            "approver": name or f"key {signer.public_key.keyid[:12]}",
+                                            "comment": comment,
+                                            "signed_approval": envelope.decode()})
+    typer.echo(f"{'rejected' if reject else 'approved'} {transition} of flow run {flow_run_id}, "
+               f"signed with key {signer.public_key.keyid}")
+
+
+@app.command(name="approve-loosening")
+def approve_loosening(thresholds: Thresholds, family: Annotated[str, typer.Option(help="kernel family")],
+                      key: Annotated[Path, typer.Option(exists=True, dir_okay=False, help="your private key (PEM)")],
+                      reason: Annotated[str, typer.Option(help="who asked and why the bounds may be looser")],
+                      out: Annotated[Path, typer.Option(help="where to write the signed approval")]) -> None:
+    """Sign an approval of thresholds looser than the family's previous registration (pass it to `rollout --loosening-approval`)."""
+    from lineage import keys
+    from lineage.registration import sign_loosening
+
+    if not reason.strip():
+        raise typer.BadParameter("a loosening needs a reason")
+    envelope = sign_loosening(keys.load_signer(key), check_name(family), thresholds, reason)
+    out.write_bytes(envelope)
+    typer.echo(f"wrote {out}")
 
 
 @app.command()

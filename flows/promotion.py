@@ -2,18 +2,30 @@
 
 from __future__ import annotations
 
+import itertools
 import math
+import time
 
 from prefect.exceptions import FlowPauseTimeout
 from prefect.flow_runs import pause_flow_run
 from prefect.input import RunInput
+from prefect.runtime import flow_run
+from pydantic import Field, ValidationError
 
 from flows.settings import RolloutState
 from flows.tasks import finish, run_logger, stage_task
-from gates.approval import ApprovalInput, record_answer, record_auto_approval, record_timeout
+from gates.approval import (
+    ApprovalInput,
+    ApprovalRecord,
+    record_answer,
+    record_auto_approval,
+    record_timeout,
+)
 from gates.decision import GateDecision
 from gates.thresholds import Transition
 from lineage import registry, tags
+from lineage.approvals import verify_approval
+from lineage.attestations import AttestationError
 from lineage.records import log_approval
 from lineage.rollout import RolloutOutcome
 
@@ -21,7 +33,12 @@ APPROVAL_POLL_S = 2
 
 
 class ApprovalForm(RunInput, ApprovalInput):
-    """The release manager's form in the Prefect UI: approve, approver, comment."""
+    """The release manager's form in the Prefect UI: approve, approver and comment are
+    required; ``signed_approval`` takes the output of ``kernelgate approve`` (an answer
+    signed with the approver's own key)."""
+
+    signed_approval: str = Field(
+        "", description="Optional: paste the output of `kernelgate approve` to sign this answer.")
 
 
 def decision_markdown(decision: GateDecision, version: str, transition: str) -> str:
@@ -36,10 +53,62 @@ def decision_markdown(decision: GateDecision, version: str, transition: str) -> 
             f"{rows}\n")
 
 
+def pause_key(transition: str, attempt: int) -> str:
+    """The Prefect pause key of one ask (a re-ask needs a new key: Prefect skips a pause
+    whose key it has seen)."""
+    return tags.approval_key(transition) + (f"-retry{attempt}" if attempt else "")
+
+
+def _ask(state: RolloutState, transition: Transition) -> ApprovalRecord:
+    """Pause until a valid answer or the timeout; a bad answer is re-asked, never recorded
+    as an approval."""
+    policy = state.thresholds.approval
+    about = dict(transition=transition, family=state.record.family, version=state.version)
+    deadline = time.monotonic() + policy.timeout_s
+    notice = ""
+    for attempt in itertools.count():
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return record_timeout(policy, **about)
+        form = ApprovalForm.with_initial_data(
+            description=notice + decision_markdown(state.decision, state.version, transition))
+        try:
+            given = pause_flow_run(wait_for_input=form, timeout=max(1, math.ceil(remaining)),
+                                   poll_interval=APPROVAL_POLL_S, key=pause_key(transition, attempt))
+        except FlowPauseTimeout:
+            return record_timeout(policy, **about)
+        try:  # the form's rules, again: a client can resume with any JSON
+            typed = ApprovalInput.model_validate(given.model_dump(include={"approve", "approver",
+                                                                           "comment"}))
+        except ValidationError as err:
+            notice = f"**Your answer was not accepted** ({_errors(err)}); answer again.\n\n"
+            continue
+        authenticated, how = False, "unauthenticated: typed into the Prefect UI"
+        if given.signed_approval.strip():
+            try:
+                name, how = verify_approval(given.signed_approval.encode(), policy,
+                                            flow_run_id=str(flow_run.get_id()),
+                                            transition=transition, approve=typed.approve)
+            except AttestationError as err:
+                notice = f"**The signed approval was not accepted:** {err}. Answer again.\n\n"
+                continue
+            typed, authenticated = typed.model_copy(update={"approver": name}), True
+        if policy.require_signed and not authenticated:
+            notice = ("**This policy requires a signed approval:** run `kernelgate approve "
+                      f"{flow_run.get_id()} --key <your key>` and paste its output.\n\n")
+            continue
+        return record_answer(typed, authenticated=authenticated, authentication=how, **about)
+    raise AssertionError("unreachable")
+
+
+def _errors(err: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors())
+
+
 def approve(state: RolloutState, transition: Transition) -> bool:
     """Ask a person (pause with a typed form) where the preregistered policy requires it;
-    a timeout rejects. Whatever happens is logged as an approval run and linked from the
-    version. Returns whether the transition may go ahead.
+    a timeout rejects. Whatever happens is logged as a signed approval run and linked
+    from the version. Returns whether the transition may go ahead.
 
     A flow-level step, not a task: Prefect pauses flow runs, not task runs.
     """
@@ -48,27 +117,20 @@ def approve(state: RolloutState, transition: Transition) -> bool:
     record = state.record
     if transition not in policy.required_for:
         return True
-    about = dict(transition=transition, family=record.family, version=state.version)
     if policy.auto_approve:
-        answer = record_auto_approval(policy, **about)
+        answer = record_auto_approval(policy, transition=transition, family=record.family,
+                                      version=state.version)
         logger.info("approval %s auto-approved: %s", transition, policy.auto_approve_reason)
     else:
         logger.info("waiting up to %ss for a release manager to approve %s in the Prefect UI",
                     policy.timeout_s, transition)
-        form = ApprovalForm.with_initial_data(
-            description=decision_markdown(state.decision, state.version, transition),
-            approve=False, approver="", comment="")
-        try:
-            given = pause_flow_run(wait_for_input=form, timeout=max(1, math.ceil(policy.timeout_s)),
-                                   poll_interval=APPROVAL_POLL_S, key=tags.approval_key(transition))
-            answer = record_answer(given, **about)
-        except FlowPauseTimeout:
-            answer = record_timeout(policy, **about)
+        answer = _ask(state, transition)
     run_id = log_approval(record.tracking, answer, decision_run_id=state.decision_run_id,
-                          parent_run_id=record.rollout_run_id)
+                          signing=record.signing, parent_run_id=record.rollout_run_id)
     registry.link_approval(record.tracking, record.family, state.version, transition, run_id)
-    logger.info("approval %s: %s by %s (%s)", transition,
-                "approved" if answer.approved else "rejected", answer.approver, answer.comment)
+    logger.info("approval %s: %s by %s (%s; %s)", transition,
+                "approved" if answer.approved else "rejected", answer.approver,
+                answer.authentication, answer.comment)
     return answer.approved
 
 
@@ -81,7 +143,7 @@ def enter_canary(state: RolloutState) -> None:
     """
     record = state.record
     registry.assign_canary(record.tracking, record.family, state.version,
-                           decision_run_id=state.decision_run_id,
+                           decision_run_id=state.decision_run_id, signing=record.signing,
                            owner_run_id=record.rollout_run_id)
 
 
@@ -95,6 +157,7 @@ def promote(state: RolloutState) -> None:
     record = state.record
     change = registry.promote(record.tracking, record.family, state.version,
                               decision_run_id=state.decision_run_id,
+                              expected_previous=state.judged_against, signing=record.signing,
                               parent_run_id=record.rollout_run_id)
     state.promoted = True
     run_logger().info("promoted v%s to production (previous: %s)", state.version,
@@ -106,7 +169,7 @@ def reject(state: RolloutState, reason: str) -> None:
     """Record why the candidate stops here; its ``shadow``/``canary`` aliases are rolled back."""
     record = state.record
     registry.reject(record.tracking, record.family, state.version, reason,
-                    parent_run_id=record.rollout_run_id)
+                    signing=record.signing, parent_run_id=record.rollout_run_id)
     run_logger().warning("v%s rejected: %s", state.version, reason)
 
 

@@ -14,14 +14,16 @@ from typing import Literal
 
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 import kernels
 from flows.judge import evaluate, gate
 from flows.settings import RolloutSettings, RolloutState
-from flows.tasks import open_rollout, prepare_testset, run_logger
-from lineage import chain, registry, tags, versions
+from flows.tasks import prepare_testset, rollout_session, run_logger
+from lineage import chain, registry, tags, version_runners
 from lineage import tracking as tr
+from lineage.attestations import attest
+from lineage.sources import StoreSource
 
 
 class RevalidationOutcome(BaseModel):
@@ -31,7 +33,9 @@ class RevalidationOutcome(BaseModel):
     version: str | None
     result: Literal["passed", "rolled_back", "nothing_in_production", "error"]
     reason: str
-    source_drift: str | None = None
+    loaded: str | None = Field(None, description=(
+        "how the version ran: in this process (its code is this checkout's, by digest) or "
+        "in its own process from its logged code snapshot; and any JAX drift"))
     now_serving: str
     revalidation_run_id: str
 
@@ -44,25 +48,33 @@ def revalidate_production(family: str = "auto", settings: RolloutSettings | None
     settings = settings or RolloutSettings()
     if family == "auto":
         family = kernels.native_flash_kernel("auto", kernels.default_backend())
-    state = open_rollout(settings, stage="revalidation", family=family)
-    try:
-        return _revalidate(state)
-    except BaseException as err:
-        _finish(state, "error", f"re-validation could not finish: {type(err).__name__}: {err}")
-        raise
+    with rollout_session(settings, stage="revalidation", family=family,
+                         clear_stale_aliases=False) as state:
+        try:
+            return _revalidate(state)
+        except Exception as err:
+            _finish(state, "error", f"re-validation could not finish: {type(err).__name__}: {err}")
+            raise
 
 
 def _finish(state: RolloutState, result: str, reason: str,
-            drift: str | None = None) -> RevalidationOutcome:
+            loaded: str | None = None) -> RevalidationOutcome:
     record = state.record
+    if state.versions is not None:
+        state.versions.close()
+    state.closed = True
     now = registry.alias_version(record.tracking, record.family, "production")
     serving = (f"{record.family} v{now}" if now
-               else f"{versions.NATIVE_BASELINE} (native baseline)")
+               else f"{version_runners.NATIVE_BASELINE} (native baseline)")
     outcome = RevalidationOutcome(family=record.family, version=state.version, result=result,
-                                  reason=reason, source_drift=drift, now_serving=serving,
+                                  reason=reason, loaded=loaded, now_serving=serving,
                                   revalidation_run_id=record.rollout_run_id)
     tr.log_model_json(record.tracking, record.rollout_run_id, outcome, tags.REVALIDATION_ARTIFACT)
-    tr.set_tags(record.tracking, record.rollout_run_id, {tags.RESULT: result, tags.NOTE: reason})
+    run_tags = {tags.RESULT: result, tags.NOTE: reason}
+    tr.set_tags(record.tracking, record.rollout_run_id, run_tags)
+    attest(record.tracking, record.rollout_run_id, "outcome",
+           {"family": record.family, "version": state.version, "result": result,
+            "reason": reason, "tags": run_tags}, record.signing.signer)
     tr.end_run(record.tracking, record.rollout_run_id, "FAILED" if result == "error" else "FINISHED")
     try:
         create_markdown_artifact(
@@ -78,21 +90,23 @@ def _finish(state: RolloutState, result: str, reason: str,
 
 def _revalidate(state: RolloutState) -> RevalidationOutcome:
     record = state.record
-    version, implementation, config = versions.production_kernel(record.tracking, record.family)
+    version = version_runners.production_version(record.tracking, record.family)
     if version is None:
         return _finish(state, "nothing_in_production",
                        "no production alias; the native baseline serves")
     state.version = version
-    evidence = chain.collect(record.tracking, record.family, version)
+    evidence = chain.collect(StoreSource(record.tracking, record.family, record.signing.trust),
+                             version)
     if evidence.registration is None:
         raise RuntimeError(f"v{version} has no usable registration to re-judge it by: "
                            f"{evidence.read_problems}")
     state.registration, state.build_run_id = evidence.registration, evidence.build_run_id
-    drift = versions.source_drift(record.tracking, record.family, version)
     prepare_testset(state)
+    loaded = None
     try:
-        evaluate(state, split="heldout", compare_production=False,
-                 implementation=implementation, config=config)
+        runner = state.versions.runner(version)
+        loaded = _how_loaded(runner)
+        evaluate(state, split="heldout", compare_production=False)
         # Judged under the registered bytes themselves (no file in hand to compare).
         decision = gate(state, thresholds_path=None)
         passed, why = decision.passed, decision.summary
@@ -100,11 +114,19 @@ def _revalidate(state: RolloutState) -> RevalidationOutcome:
         passed, why = False, f"evaluation failed: {type(err).__name__}: {err}"
     if passed:
         return _finish(state, "passed", f"v{version} still meets its preregistered thresholds",
-                       drift)
+                       loaded)
     change = registry.rollback(record.tracking, record.family,
                                reason=f"nightly re-validation failed: {why}",
-                               retire_if_unusable=True, parent_run_id=record.rollout_run_id)
+                               signing=record.signing, parent_run_id=record.rollout_run_id)
     target = (f"previous production v{change.version}" if change.version else
-              f"the native baseline ({versions.NATIVE_BASELINE}); no earlier usable production")
+              f"the native baseline ({version_runners.NATIVE_BASELINE}); no earlier usable production")
     return _finish(state, "rolled_back",
-                   f"v{version} failed re-validation ({why}); rolled back to {target}", drift)
+                   f"v{version} failed re-validation ({why}); rolled back to {target}", loaded)
+
+
+def _how_loaded(runner) -> str:
+    if isinstance(runner, version_runners.VersionWorker):
+        drift = runner.info.get("jax_drift")
+        return (f"in its own process from its logged code (sha256 {runner.info['code_sha256'][:12]})"
+                + (f"; {drift}" if drift else ""))
+    return "in this process: its logged code is this checkout's code (same sha256)"

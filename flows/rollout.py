@@ -18,17 +18,15 @@ from evaluation.report import EvaluationReport
 from flows.judge import build, confirm, evaluate, gate
 from flows.promotion import approve, enter_canary, promote, reject, roll_back
 from flows.settings import RolloutSettings
-from flows.tasks import closed_on_failure, finish, open_rollout, prepare_testset, preregister
+from flows.tasks import finish, prepare_testset, preregister, rollout_session
 from flows.traffic import canary_step, record_traffic, shadow
-from lineage import rollout as rollout_record
 from lineage.rollout import RolloutOutcome
 
 
 @flow(name="kernelgate-rollout", log_prints=True)
 def rollout(settings: RolloutSettings | None = None) -> RolloutOutcome:
     """Governed rollout of one candidate kernel; ends promoted, rejected or rolled back."""
-    state = open_rollout(settings or RolloutSettings(), clear_stale_aliases=True)
-    with closed_on_failure(state):
+    with rollout_session(settings or RolloutSettings()) as state:
         preregister(state)
         build(state)
         prepare_testset(state)
@@ -59,11 +57,10 @@ def rollout(settings: RolloutSettings | None = None) -> RolloutOutcome:
 @flow(name="kernelgate-build-kernel")
 def build_kernel(settings: RolloutSettings | None = None) -> str:
     """Build, export and register the candidate (no evaluation); returns the model version."""
-    state = open_rollout(settings or RolloutSettings(), stage="build")
-    with closed_on_failure(state):
+    with rollout_session(settings or RolloutSettings(), stage="build",
+                         clear_stale_aliases=False) as state:
         version = build(state)
-        rollout_record.close_rollout(state.record, result="built", stage="build", version=version,
-                                     reason="built and registered only; not evaluated, no alias moved")
+        finish(state, "built", "build", "built and registered only; not evaluated, no alias moved")
     return version
 
 
@@ -73,8 +70,7 @@ def evaluate_candidate(settings: RolloutSettings | None = None,
     """Preregister, build and evaluate a candidate and log the gate decision, without
     moving any alias. The version is registered (it is the record of what was built),
     and tagged as rejected when the gate says so."""
-    state = open_rollout(settings or RolloutSettings())
-    with closed_on_failure(state):
+    with rollout_session(settings or RolloutSettings(), clear_stale_aliases=False) as state:
         preregister(state)
         build(state)
         prepare_testset(state)

@@ -15,6 +15,7 @@ from gates.thresholds import Thresholds
 from kernels.config import BlockSizes
 from kernels.shapes import AttentionShape
 from lineage.rollout import RolloutRecord
+from lineage.version_runners import VersionPool
 
 PROJECT_DIR = Path(__file__).resolve().parents[1]
 DEFAULT_THRESHOLDS = PROJECT_DIR / "thresholds" / "local-dry-run.yaml"
@@ -40,7 +41,14 @@ class RolloutSettings(BaseModel):
         perf_shapes: benchmark shapes of the evaluation (``None``: the platform's defaults).
         model_check: embed held-out documents with the candidate and float64 attention
             (the ``model.*`` metrics); a profile whose criteria use them needs it.
-        stale_alias_after_s: lease of a running rollout on its ``shadow``/``canary`` alias.
+        stale_alias_after_s: lease of a running rollout on its ``shadow``/``canary`` alias
+            (on a tracking server; on the embedded store the family's lock says exactly
+            whether the owner is alive).
+        key_dir: the pipeline's key folder (its signing key ``pipeline.pem``, created on
+            first use, and the public keys it trusts); default ``~/.kernelgate/keys`` or
+            ``KERNELGATE_KEY_DIR``. Never inside the MLflow store.
+        loosening_approval: a person's signed approval (``kernelgate approve-loosening``)
+            of thresholds looser than the family's previous registration.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -57,9 +65,11 @@ class RolloutSettings(BaseModel):
     perf_repeats: int | None = Field(None, ge=1)
     perf_shapes: list[AttentionShape] | None = None
     model_check: bool = True
-    stale_alias_after_s: float = Field(6 * 3600, ge=0, description=(
+    stale_alias_after_s: float = Field(6 * 3600, ge=0, le=30 * 24 * 3600, description=(
         "a shadow/canary alias whose owning rollout run is still RUNNING after this many "
         "seconds is taken as left by a killed process and cleared"))
+    key_dir: Path | None = None
+    loosening_approval: Path | None = None
 
     def testset_profile_for(self, backend: str) -> Literal["ci", "gpu"]:
         """``ci`` on a CPU host, ``gpu`` on an accelerator, unless set."""
@@ -76,6 +86,7 @@ class RolloutState(BaseModel):
     settings: RolloutSettings
     record: RolloutRecord
     model: MiniLM | None = None
+    versions: VersionPool | None = None
     testset_dir: Path | None = None
     registration: Registration | None = None
     thresholds: Thresholds | None = None
@@ -85,4 +96,8 @@ class RolloutState(BaseModel):
     evaluation_run_id: str | None = None
     decision: GateDecision | None = None
     decision_run_id: str | None = None
+    judged_against: str | None = Field(
+        None, description="the production version the candidate was evaluated against (the "
+        "promotion's compare-and-swap refuses if production moved since)")
     promoted: bool = False
+    closed: bool = Field(False, description="the record's outcome is written")

@@ -1,6 +1,6 @@
 """Tasks both flows use: opening and closing a rollout's record, preregistration, the
-test set and model, and the failure guard. Each task calls plain functions of the
-packages below; the flows order them."""
+test set and model, and the session that holds the family's lock and closes the record
+on failure. Each task calls plain functions of the packages below; the flows order them."""
 
 from __future__ import annotations
 
@@ -17,9 +17,11 @@ import kernels
 from evaluation.model import MiniLM
 from evaluation.testset import ensure_testset
 from flows.settings import RolloutSettings, RolloutState
-from lineage import registration, registry, rollout, tags
+from lineage import keys, registration, registry, rollout, tags
 from lineage import tracking as tr
+from lineage.attestations import Signing
 from lineage.rollout import Result, RolloutOutcome
+from lineage.version_runners import VersionPool
 
 # Arguments include models and clients that do not hash; results are logged to MLflow.
 stage_task = task(cache_policy=NO_CACHE, persist_result=False)
@@ -34,11 +36,33 @@ def run_logger() -> logging.Logger | logging.LoggerAdapter:
         return logging.getLogger("flows")
 
 
+def signing_for(settings: RolloutSettings) -> Signing:
+    """The pipeline's signer (its key created on first use in the key folder) and the
+    keys it trusts when it reads its own records back (current and retired, minus
+    revoked).
+
+    Raises:
+        lineage.keys.KeyFileError: the key file is unusable.
+    """
+    key_dir = settings.key_dir or keys.default_key_dir()
+    signer = keys.load_signer(keys.ensure_pipeline_key(key_dir))
+    return Signing(signer=signer, trust=keys.folder_trust(key_dir))
+
+
+def family_of(settings: RolloutSettings) -> str:
+    """The family a rollout works on: ``settings.family``, else the kernel's name."""
+    return settings.family or kernels.native_flash_kernel(settings.implementation,
+                                                          kernels.default_backend())
+
+
 @stage_task(name="open")
 def open_rollout(settings: RolloutSettings, *, stage: str = "rollout", family: str | None = None,
-                 clear_stale_aliases: bool = False) -> RolloutState:
-    """Start the parent MLflow run; a new rollout first clears ``shadow``/``canary``
-    aliases left by rollouts that died (their lease over).
+                 clear_stale_aliases: bool = False, owner_is_dead: bool = False,
+                 run_name: str | None = None) -> RolloutState:
+    """Start the parent MLflow run, then tidy what crashed rollouts left: their RUNNING
+    runs end as KILLED with the reason, the aliases are reconciled with the signed
+    history, and (for a new rollout) ``shadow``/``canary`` aliases whose owner is dead
+    are cleared. ``owner_is_dead``: the caller holds the family's lock.
 
     Raises:
         ValueError: unknown implementation or bad family name.
@@ -46,36 +70,99 @@ def open_rollout(settings: RolloutSettings, *, stage: str = "rollout", family: s
     backend = kernels.default_backend()
     implementation = kernels.native_flash_kernel(settings.implementation, backend)
     tracking = tr.tracking_for(settings.store_dir)
-    record = rollout.open_rollout(tracking, family=family or settings.family or implementation,
-                                  implementation=implementation, backend=backend,
-                                  work_root=settings.store_dir / "runs", stage=stage)
+    family = family or family_of(settings)
+    record = rollout.open_rollout(tracking, family=family, implementation=implementation,
+                                  backend=backend, work_root=settings.store_dir / "runs",
+                                  signing=signing_for(settings), stage=stage, run_name=run_name)
+    logger = run_logger()
+    for run_id in rollout.close_dead_runs(tracking, family, alive_run_id=record.rollout_run_id,
+                                          lease_s=settings.stale_alias_after_s,
+                                          owner_is_dead=owner_is_dead):
+        logger.warning("closed run %s of a rollout that died as KILLED", run_id)
+    for change in registry.reconcile(tracking, family, record.signing):
+        logger.warning("reconciled %s with its signed alias history: %s", family, change)
     if clear_stale_aliases:
-        for alias in registry.clear_stale_aliases(tracking, record.family,
-                                                  lease_s=settings.stale_alias_after_s,
-                                                  cleared_by_run_id=record.rollout_run_id):
-            run_logger().warning("cleared the stale %s alias of %s", alias, record.family)
+        for alias in registry.clear_stale_aliases(
+                tracking, family, lease_s=settings.stale_alias_after_s,
+                cleared_by_run_id=record.rollout_run_id, signing=record.signing,
+                owner_is_dead=owner_is_dead):
+            logger.warning("cleared the stale %s alias of %s", alias, family)
     return RolloutState(settings=settings, record=record)
+
+
+@contextlib.contextmanager
+def rollout_session(settings: RolloutSettings, *, stage: str = "rollout",
+                    family: str | None = None, clear_stale_aliases: bool = True,
+                    run_name: str | None = None) -> Iterator[RolloutState]:
+    """A rollout's whole life: the family's lock held (on an embedded store), the record
+    opened, and on any exception the record closed before the exception propagates
+    (production untouched, no alias left on the unfinished version, the parent run
+    FAILED — or, after a completed promotion, a note that only bookkeeping failed)."""
+    family = family or family_of(settings)
+    with rollout.family_lock(settings.store_dir, family) as locked:
+        state = open_rollout(settings, stage=stage, family=family, owner_is_dead=locked,
+                             clear_stale_aliases=clear_stale_aliases, run_name=run_name)
+        try:
+            yield state
+        except BaseException as err:
+            _close_failed(state, f"{type(err).__name__}: {err}")
+            raise
+        finally:
+            if state.versions is not None:
+                state.versions.close()
+
+
+def _close_failed(state: RolloutState, reason: str) -> None:
+    record = state.record
+    if state.closed:
+        return
+    state.closed = True
+    if state.promoted:
+        rollout.close_rollout(record, result="promoted", stage="promotion", version=state.version,
+                              reason=f"promoted; a step after the promotion failed: {reason}")
+        return
+    try:
+        if state.version is not None:
+            registry.reject(record.tracking, record.family, state.version,
+                            f"rollout failed: {reason}", signing=record.signing,
+                            parent_run_id=record.rollout_run_id)
+    finally:
+        rollout.close_rollout(record, result="failed", stage="error", reason=reason,
+                              version=state.version)
 
 
 @stage_task(name="preregister")
 def preregister(state: RolloutState) -> None:
-    """Freeze the thresholds file in MLflow before anything is evaluated.
+    """Freeze the thresholds file in MLflow, signed, before anything is evaluated.
 
     Raises:
         ValueError: the file does not parse against the thresholds schema.
+        lineage.registration.LooseningRefused: it loosens the family's thresholds after a
+            rejection without a named approval.
     """
-    record = state.record
+    record, settings = state.record, state.settings
+    approval = settings.loosening_approval.read_bytes() if settings.loosening_approval else None
     state.registration = registration.preregister(
-        state.settings.thresholds, tracking=record.tracking, family=record.family,
-        parent_run_id=record.rollout_run_id)
+        settings.thresholds, tracking=record.tracking, family=record.family,
+        signing=record.signing, parent_run_id=record.rollout_run_id, loosening_approval=approval)
     rollout.link(record, {tags.REGISTRATION_ID: state.registration.registration_id})
+
+
+def encoder(state: RolloutState) -> MiniLM:
+    """The serving model, loaded once per rollout, and the pool of versions that run
+    with it (closed when the rollout's session ends)."""
+    if state.model is None:
+        state.model = MiniLM.load()
+        state.versions = VersionPool(state.record.tracking, state.record.family, state.model,
+                                     state.record.signing.trust)
+    return state.model
 
 
 @stage_task(name="prepare-testset")
 def prepare_testset(state: RolloutState) -> None:
     """Load the serving model and the test set (built, deterministically, when missing)."""
     settings = state.settings
-    state.model = MiniLM.load()
+    encoder(state)
     profile = settings.testset_profile_for(state.record.backend)
     folder = settings.testset_dir or settings.store_dir / "testsets" / profile
     state.testset_dir = ensure_testset(folder, profile=profile,
@@ -84,7 +171,10 @@ def prepare_testset(state: RolloutState) -> None:
 
 def finish(state: RolloutState, result: Result, stage: str, reason: str) -> RolloutOutcome:
     """Close the rollout's record with its outcome, and show it in the Prefect UI."""
+    if state.versions is not None:
+        state.versions.close()
     decision = state.decision
+    state.closed = True
     outcome = rollout.close_rollout(
         state.record, result=result, stage=stage, reason=reason, version=state.version,
         decision_summary=decision.summary if decision else None,
@@ -99,28 +189,3 @@ def finish(state: RolloutState, result: Result, stage: str, reason: str) -> Roll
     logger.info("rollout %s: %s at %s — %s", outcome.family, outcome.result, outcome.stage,
                 outcome.reason)
     return outcome
-
-
-@contextlib.contextmanager
-def closed_on_failure(state: RolloutState) -> Iterator[None]:
-    """Any exception closes the rollout's record before it propagates: production is
-    untouched, no alias is left on the unfinished version, the parent run ends FAILED
-    (or, after a completed promotion, records that only bookkeeping failed)."""
-    try:
-        yield
-    except BaseException as err:
-        reason = f"{type(err).__name__}: {err}"
-        record = state.record
-        if state.promoted:
-            rollout.close_rollout(record, result="promoted", stage="promotion",
-                                  version=state.version,
-                                  reason=f"promoted; a step after the promotion failed: {reason}")
-            raise
-        try:
-            if state.version is not None:
-                registry.reject(record.tracking, record.family, state.version,
-                                f"rollout failed: {reason}", parent_run_id=record.rollout_run_id)
-        finally:
-            rollout.close_rollout(record, result="failed", stage="error", reason=reason,
-                                  version=state.version)
-        raise

@@ -10,7 +10,7 @@ from flows.settings import RolloutState
 from flows.tasks import run_logger, stage_task
 from gates.canary import CanaryStepResult, analyse_canary_step
 from gates.thresholds import CanaryStep
-from lineage import evidence, registry, versions
+from lineage import evidence, registry, version_runners
 from lineage.records import log_canary_step, log_shadow
 
 
@@ -55,11 +55,8 @@ def _judged(state: RolloutState, result: serving.TrafficResult, step: CanaryStep
 
 
 def _endpoints(state: RolloutState, alias: registry.Alias) -> tuple[serving.Endpoint, serving.Endpoint]:
-    record = state.record
-    production = versions.endpoint(record.tracking, record.family, "production", state.model,
-                                   note_run_id=record.rollout_run_id)
-    candidate = versions.endpoint(record.tracking, record.family, alias, state.model,
-                                  expect_version=state.version, note_run_id=record.rollout_run_id)
+    production = version_runners.endpoint(state.versions, "production")
+    candidate = version_runners.endpoint(state.versions, alias, expect_version=state.version)
     return production, candidate
 
 
@@ -69,16 +66,17 @@ def shadow(state: RolloutState, traffic: serving.RecordedTraffic) -> CanaryStepR
     judged with the canary plan's limits (drift, errors, NaN, latency where native)."""
     record = state.record
     registry.assign_shadow(record.tracking, record.family, state.version,
-                           owner_run_id=record.rollout_run_id)
+                           signing=record.signing, owner_run_id=record.rollout_run_id)
     production, candidate = _endpoints(state, "shadow")
-    serving.warm_up(traffic.requests, production, candidate)  # compile outside timing
+    serving.warm_up(traffic.requests, [production, candidate], state.model)  # compile first
     result = serving.replay_shadow(traffic.requests, production, candidate,
                                    progress=_progress("shadow"))
     # The candidate sees every shadow request (mirrored) but serves none of them.
     judged = _judged(state, result, CanaryStep(name="shadow", traffic_fraction=1.0,
                                                requests=len(traffic.requests)))
     run_id = log_shadow(record.tracking, record.family, state.version, result, judged,
-                        decision_run_id=state.decision_run_id, parent_run_id=record.rollout_run_id)
+                        decision_run_id=state.decision_run_id, signing=record.signing,
+                        parent_run_id=record.rollout_run_id)
     registry.link_traffic_run(record.tracking, record.family, state.version, "shadow", run_id)
     run_logger().info("shadow: %s", serving.traffic_summary(result))
     return judged
@@ -91,13 +89,13 @@ def canary_step(state: RolloutState, step: CanaryStep,
     candidate (alias ``canary``), then analysed against the preregistered plan."""
     record = state.record
     production, candidate = _endpoints(state, "canary")
-    serving.warm_up(traffic.requests, production, candidate)
+    serving.warm_up(traffic.requests, [production, candidate], state.model)
     result = serving.replay_canary_step(traffic.requests, step.traffic_fraction, production,
                                         candidate, salt=f"{record.rollout_run_id}:{step.name}",
                                         progress=_progress(step.name))
     judged = _judged(state, result, step)
-    run_id = log_canary_step(record.tracking, record.family, judged,
-                             decision_run_id=state.decision_run_id,
+    run_id = log_canary_step(record.tracking, record.family, judged, version=state.version,
+                             decision_run_id=state.decision_run_id, signing=record.signing,
                              parent_run_id=record.rollout_run_id)
     registry.link_traffic_run(record.tracking, record.family, state.version, "canary", run_id)
     run_logger().info("%s: %s -> %s", step.name, serving.traffic_summary(result),

@@ -10,18 +10,30 @@ that is logged to MLflow (``lineage.records.log_approval``).
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Annotated
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    model_validator,
+)
 
 from gates.thresholds import ApprovalPolicy, Transition
+
+Text = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
+"""Non-blank text: Prefect's server checks the form's JSON schema (``minLength``), which
+lets ``"   "`` through; the flow validates the answer again with this."""
 
 
 class ApprovalInput(BaseModel):
     """The release manager's answer in the approval form."""
 
-    approve: bool = Field(description="Approve the transition (False rejects).")
-    approver: str = Field(min_length=1, description="Who decided (name or e-mail).")
-    comment: str = Field(default="", description="Why; shown to auditors.")
+    approve: bool = Field(description="Approve the transition (unchecked rejects).")
+    approver: Text = Field(description="Who decided (name or e-mail).")
+    comment: Text = Field(description="Why; shown to auditors.")
 
 
 class ApprovalRecord(BaseModel):
@@ -38,6 +50,11 @@ class ApprovalRecord(BaseModel):
     at: AwareDatetime
     timed_out: bool = False
     auto_approved: bool = False
+    authenticated: bool = Field(
+        default=False, description="the approver proved who they are (a signature by a key "
+        "the registration's policy names); an answer typed into the UI is not")
+    authentication: str = Field(
+        default="none", description="how the approver was identified, in words")
 
     @model_validator(mode="after")
     def _consistent(self) -> ApprovalRecord:
@@ -47,9 +64,12 @@ class ApprovalRecord(BaseModel):
 
 
 def record_answer(
-    answer: ApprovalInput, *, transition: Transition, family: str, version: str
+    answer: ApprovalInput, *, transition: Transition, family: str, version: str,
+    authenticated: bool = False,
+    authentication: str = "unauthenticated: typed into the Prefect UI",
 ) -> ApprovalRecord:
-    """The record of a person's answer (``at`` = now, UTC)."""
+    """The record of a person's answer (``at`` = now, UTC); ``authenticated`` only when
+    the caller verified the approver's signature."""
     return ApprovalRecord(
         transition=transition,
         family=family,
@@ -58,6 +78,8 @@ def record_answer(
         approver=answer.approver,
         comment=answer.comment,
         at=datetime.now(UTC),
+        authenticated=authenticated,
+        authentication=authentication,
     )
 
 

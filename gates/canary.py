@@ -24,7 +24,7 @@ from numpy.typing import ArrayLike
 from pydantic import BaseModel, ConfigDict
 from scipy import stats
 
-from gates.thresholds import CanaryPlan, CanaryStep
+from gates.thresholds import CanaryPlan, CanaryStep, smallest_p_value
 
 
 class CanaryStepResult(BaseModel):
@@ -120,10 +120,18 @@ def analyse_canary_step(
         raise ValueError("counts and memory bytes must be non-negative")
 
     test = plan.latency
+    reachable = smallest_p_value(int(cand.size), int(prod.size))
     if min(cand.size, prod.size) < MIN_LATENCY_SAMPLES:
         latency_not_assessed_reason = latency_not_assessed_reason or (
             f"too few requests for the latency test (candidate {cand.size}, production "
             f"{prod.size}; {MIN_LATENCY_SAMPLES} each needed)")
+        u = p = cles = math.nan
+    elif reachable >= test.alpha:
+        # With these sample sizes no ordering of the latencies gives p < alpha: a test
+        # that cannot fire must not count as assessed.
+        latency_not_assessed_reason = latency_not_assessed_reason or (
+            f"the latency test cannot reach alpha={test.alpha:g} with {cand.size} candidate "
+            f"and {prod.size} production requests (smallest possible p {reachable:.3g})")
         u = p = cles = math.nan
     else:
         res = stats.mannwhitneyu(cand, prod, alternative=test.alternative, method="auto")

@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import math
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
@@ -40,6 +40,17 @@ _OPS = {
     ">": lambda a, b: a > b,
     "==": lambda a, b: a == b,
 }
+
+
+def smallest_p_value(n1: int, n2: int) -> float:
+    """The smallest one-sided p-value an exact Mann-Whitney U test can give with samples
+    of ``n1`` and ``n2``: one ordering out of ``C(n1 + n2, n1)`` (1.0 when a side is empty).
+    With 3 vs 3 it is 1/20 = 0.05, so a test at alpha = 0.05 can never reject."""
+    if n1 < 1 or n2 < 1:
+        return 1.0
+    orderings = math.comb(n1 + n2, n1)
+    # a float holds up to ~1e308; beyond it the p-value is 0 for every purpose here
+    return 1.0 / orderings if orderings < 10**300 else 0.0
 
 
 def compare(observed: float, op: Op, threshold: float) -> bool:
@@ -64,8 +75,18 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+"""Criterion and canary-step names become MLflow metric/tag keys and Prefect keys: letters,
+digits, ``_``, ``.``, ``-`` (no ``%``, spaces or slashes), at most 64 characters."""
+
+Name = Annotated[str, Field(pattern=NAME_PATTERN)]
+Finite = Annotated[float, Field(allow_inf_nan=False)]
+MAX_TIMEOUT_S = 30 * 24 * 3600
+"""An approval can wait at most 30 days: a pause longer than that is not a decision."""
+
+
 class _Criterion(_Strict):
-    name: str = Field(description="Stable identifier shown in decisions, e.g. 'all-nan-free'.")
+    name: Name = Field(description="Stable identifier shown in decisions, e.g. 'all-nan-free'.")
     metric: str = Field(description="Metric name from the evaluation report (ARCHITECTURE.md).")
     kind: CriterionKind
 
@@ -115,9 +136,9 @@ class ChangeCriterion(_Criterion):
 
     against: Literal["baseline", "production"]
     better: Literal["lower", "higher"]
-    min_improvement: float | None = Field(default=None, gt=0)
-    max_regression: float | None = Field(default=None, ge=1)
-    floor: float = Field(default=0.0, ge=0)
+    min_improvement: Finite | None = Field(default=None, gt=0, le=1000)
+    max_regression: Finite | None = Field(default=None, ge=1, le=1000)
+    floor: Finite = Field(default=0.0, ge=0)
 
     @model_validator(mode="after")
     def _exactly_one_bound(self) -> ChangeCriterion:
@@ -156,9 +177,10 @@ class PlatformCriteria(_Strict):
 class CanaryStep(_Strict):
     """One canary step: a deterministic fraction of traffic routed to the candidate."""
 
-    name: str
-    traffic_fraction: float = Field(gt=0, le=1)
-    requests: int = Field(gt=0, description="Requests served during the step (both arms).")
+    name: Name
+    traffic_fraction: Finite = Field(gt=0, le=1)
+    requests: int = Field(gt=0, le=1_000_000,
+                          description="Requests served during the step (both arms).")
 
 
 class LatencyTest(_Strict):
@@ -172,8 +194,8 @@ class LatencyTest(_Strict):
 
     test: Literal["mannwhitneyu"] = "mannwhitneyu"
     alternative: Literal["greater"] = "greater"
-    alpha: float = Field(gt=0, lt=0.5)
-    min_slowdown_ratio: float = Field(default=1.0, ge=1.0)
+    alpha: Finite = Field(ge=1e-6, lt=0.5)
+    min_slowdown_ratio: Finite = Field(default=1.0, ge=1.0, le=10.0)
 
 
 class CanaryPlan(_Strict):
@@ -182,11 +204,11 @@ class CanaryPlan(_Strict):
     steps: list[CanaryStep] = Field(min_length=1)
     max_error_count: int = Field(ge=0)
     max_nan_count: int = Field(ge=0)
-    max_output_drift: float = Field(
-        gt=0, description="Max rel. L2 between candidate and production embeddings, per request."
+    max_output_drift: Finite = Field(
+        gt=0, lt=1, description="Max rel. L2 between candidate and production embeddings, per request."
     )
     latency: LatencyTest
-    max_memory_growth_bytes: int = Field(ge=0)
+    max_memory_growth_bytes: int = Field(ge=0, le=2**40)
 
     @field_validator("steps")
     @classmethod
@@ -194,16 +216,51 @@ class CanaryPlan(_Strict):
         fractions = [s.traffic_fraction for s in steps]
         if fractions != sorted(set(fractions)):
             raise ValueError(f"canary traffic fractions must strictly increase, got {fractions}")
+        names = [s.name for s in steps]
+        if len(set(names)) != len(names):
+            raise ValueError(f"canary step names must be unique, got {names}")
         return steps
+
+    @model_validator(mode="after")
+    def _limits_and_power(self) -> CanaryPlan:
+        fewest = min(s.requests for s in self.steps)
+        for name in ("max_error_count", "max_nan_count"):
+            if getattr(self, name) > fewest:
+                raise ValueError(f"{name} ({getattr(self, name)}) exceeds the requests of the "
+                                 f"smallest step ({fewest}): the limit could never be reached")
+        for step in self.steps:
+            n_candidate = math.floor(step.traffic_fraction * step.requests)
+            smallest = smallest_p_value(n_candidate, step.requests)
+            if smallest >= self.latency.alpha:
+                raise ValueError(
+                    f"canary step {step.name!r}: with about {n_candidate} candidate and "
+                    f"{step.requests} production latencies the smallest one-sided Mann-Whitney "
+                    f"p-value is {smallest:.3g}, never below alpha={self.latency.alpha:g}: the "
+                    "latency test could never fire; serve more requests in the step")
+        return self
+
+
+class Approver(_Strict):
+    """A person who may approve with their own key (``kernelgate approve``)."""
+
+    name: str = Field(min_length=1)
+    keyid: str = Field(pattern=r"^[0-9a-f]{64}$")
+    public_key: dict = Field(description="securesystemslib key dict: keytype, scheme, keyval")
 
 
 class ApprovalPolicy(_Strict):
     """Which stage transitions need a person, and how long to wait for one."""
 
     required_for: list[Transition] = Field(default_factory=list)
-    timeout_s: float = Field(gt=0, description="Seconds to wait; a timeout rejects.")
+    timeout_s: Finite = Field(gt=0, le=MAX_TIMEOUT_S,
+                              description="Seconds to wait (at most 30 days); a timeout rejects.")
     auto_approve: bool = False
     auto_approve_reason: str | None = None
+    require_signed: bool = Field(
+        default=False, description="Only an approval signed with one of `approvers`' keys "
+        "counts; an answer typed into the Prefect UI is recorded and refused.")
+    approvers: list[Approver] = Field(
+        default_factory=list, description="People whose signed approvals are trusted.")
 
     @model_validator(mode="after")
     def _reason_for_auto(self) -> ApprovalPolicy:

@@ -98,3 +98,18 @@ def compile_and_warm(fn: Callable[..., Any], args: Sequence[Any]
     except Exception:  # noqa: BLE001 - not every backend reports memory analysis
         pass
     return jitted, seconds, temp, peak
+
+
+def compiler_peak_bytes(compiled) -> int | None:
+    """``Compiled.memory_analysis()`` as one number in bytes: its peak where reported,
+    else argument + output + temp - alias bytes; ``None`` where the backend has none."""
+    try:
+        m = compiled.memory_analysis()
+    except Exception:  # noqa: BLE001 - not every backend implements it
+        return None
+    if m is None:
+        return None
+    peak = getattr(m, "peak_memory_in_bytes", 0) or 0
+    total = (m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
+             - m.alias_size_in_bytes)
+    return int(max(peak, total))

@@ -1,9 +1,10 @@
 """The measured evidence of a rollout as MLflow runs: the build and the evaluations.
 
 * build run (stage ``build``): params (implementation, resolved block sizes), environment
-  tags, one ``kernelgate.source_sha256/<file>`` tag per kernels-package file, compile
-  metrics, and the build folder (``kernel_build.json``, the ``jax.export`` artifacts)
-  under ``build/``;
+  tags, one ``kernelgate.source_sha256/<file>`` tag per kernels-package file, the code
+  digest of the version's snapshot, compile metrics, the build folder
+  (``kernel_build.json``, the ``jax.export`` artifacts) under ``build/``, and the version
+  as an MLflow model under ``model/``;
 * evaluation run (stage ``evaluation``): links to the build and the registration, the
   split, the test-set and weights dataset inputs, the report, plots and GX result under
   ``evaluation/``, the test-set manifest under ``testset/``, and the report's finite
@@ -15,43 +16,53 @@ Every artifact is logged through :mod:`lineage.tracking`, so its sha256 is recor
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import math
 from collections.abc import Iterator
 from pathlib import Path
 
 from evaluation.model import MiniLM
-from evaluation.report import EvaluationReport
+from evaluation.report import REPORT_FILENAME, EvaluationReport
 from evaluation.testset import MANIFEST_FILE, load_manifest
 from kernels.build import KernelBuild
 from lineage import tags
 from lineage import tracking as tr
+from lineage.attestations import attest
 from lineage.environment import collect_environment
 from lineage.rollout import PROJECT_DIR, RolloutRecord
+from lineage.versions import LoggedModel, build_params, log_version_model, register_version
 
 
-def log_build(record: RolloutRecord, build: KernelBuild, build_dir: Path) -> str:
-    """Log a finished build as a ``build`` run of the rollout; returns its run id."""
+def log_build(record: RolloutRecord, build: KernelBuild, build_dir: Path,
+              encoder: MiniLM) -> tuple[str, str, LoggedModel]:
+    """Log a finished build as a ``build`` run of the rollout, with the build as an
+    MLflow model of what serves (``lineage.versions.log_version_model``), register it
+    as a model version, and sign a ``build`` attestation (subjects: every file of the
+    run, the model's code included; predicate: what serves and its version number).
+    Returns ``(run id, version, what was logged)``."""
     with tr.stage_run(record.tracking, record.family, "build",
                       parent_run_id=record.rollout_run_id,
                       run_name=f"build-{build.implementation}") as run_id:
-        tr.log_params(record.tracking, run_id, {
-            "implementation": build.implementation,
-            "config": build.config.model_dump() if build.config else "untiled",
-            "shape": build.shape.model_dump(),
-        })
+        tr.log_params(record.tracking, run_id, build_params(build))
         tr.set_tags(record.tracking, run_id, {
             **collect_environment(PROJECT_DIR).as_tags(),
             tags.SOURCE_SHA256: build.source_sha256,
             **{tags.SOURCE_FILE_PREFIX + name: digest
                for name, digest in build.source_files.items()},
         })
+        client = record.tracking.client()
         if build.local is not None:
-            client = record.tracking.client()
             client.log_metric(run_id, "build.compile_time_s", build.local.compile_time_s)
             if build.local.memory.temp_bytes is not None:
                 client.log_metric(run_id, "build.temp_bytes", build.local.memory.temp_bytes)
         tr.log_directory(record.tracking, run_id, build_dir, "build")
-    return run_id
+        logged = log_version_model(record.tracking, run_id, build, build_dir, encoder)
+        client.log_metric(run_id, "model.log_seconds", logged.seconds)
+        client.log_metric(run_id, "model.size_bytes", logged.size_bytes)
+        tr.set_tags(record.tracking, run_id, {tags.CODE_SHA256: logged.code_sha256})
+        version = register_version(record.tracking, record.family, run_id, build, logged,
+                                   record.signing)
+    return run_id, version, logged
 
 
 @contextlib.contextmanager
@@ -72,9 +83,12 @@ def log_evaluation_inputs(record: RolloutRecord, run_id: str, *, testset_dir: Pa
                           model: MiniLM | None) -> None:
     """The test set (by digest) and the model weights as dataset inputs of the run."""
     manifest = load_manifest(testset_dir)
-    tr.log_dataset(record.tracking, run_id, name=f"kernelgate-testset-{manifest.profile}",
-                   digest=manifest.digest, source_uri=str(Path(testset_dir).resolve()),
-                   context=split)
+    source = str(Path(testset_dir).resolve())
+    # MLflow keeps one dataset entity per (name, digest) with the first source it saw;
+    # the source in the name makes a copy read from another folder a dataset of its own.
+    where = hashlib.sha256(source.encode()).hexdigest()[:8]
+    tr.log_dataset(record.tracking, run_id, name=f"kernelgate-testset-{manifest.profile}@{where}",
+                   digest=manifest.digest, source_uri=source, context=split)
     if model is not None:
         tr.log_dataset(record.tracking, run_id, name="all-MiniLM-L6-v2-weights",
                        digest=model.weights_sha256, source_uri=str(model.path),
@@ -93,18 +107,31 @@ def log_evaluation_files(record: RolloutRecord, run_id: str, *, out_dir: Path,
 
 
 def log_evaluation_result(record: RolloutRecord, run_id: str, report: EvaluationReport,
-                          *, production_implementation: str | None) -> None:
+                          *, build_run_id: str, registration_id: str, version: str | None,
+                          production_implementation: str | None) -> None:
     """The report's finite metrics (MLflow metrics must be finite; the report JSON keeps
-    the rest) and its status tags."""
+    the rest) and its status tags, then the signed ``evaluation`` attestation: subjects
+    every file the run holds (report, plots, GX result, manifest), predicate the metrics
+    and tags MLflow shows, so an edit to either is caught."""
     client = record.tracking.client()
-    for name, value in report.metrics.items():
-        if math.isfinite(value):
-            client.log_metric(run_id, name, float(value))
-    tr.set_tags(record.tracking, run_id, {
-        tags.SPEED_ASSESSED: str(report.speed_assessed).lower(),
-        tags.EVALUATION_STATUS: report.status,
-        tags.PRODUCTION_IMPLEMENTATION: production_implementation or "none",
-    })
+    metrics = {name: float(value) for name, value in report.metrics.items()
+               if math.isfinite(value)}
+    for name, value in metrics.items():
+        client.log_metric(run_id, name, value)
+    run_tags = {tags.SPEED_ASSESSED: str(report.speed_assessed).lower(),
+                tags.EVALUATION_STATUS: report.status,
+                tags.PRODUCTION_IMPLEMENTATION: production_implementation or "none",
+                tags.BUILD_RUN_ID: build_run_id, tags.REGISTRATION_ID: registration_id,
+                tags.SPLIT: report.split}
+    tr.set_tags(record.tracking, run_id, run_tags)
+    attest(record.tracking, run_id, "evaluation", {
+        "family": record.family, "version": version, "build_run_id": build_run_id,
+        "registration_id": registration_id, "split": report.split,
+        "split_digest": report.split_digest, "testset_digest": report.testset_digest,
+        "started_at": report.started_at.isoformat(), "status": report.status,
+        "speed_assessed": report.speed_assessed, "metrics": metrics,
+        "report_artifact": f"evaluation/{REPORT_FILENAME}", "tags": run_tags},
+        record.signing.signer)
 
 
 def log_traffic(record: RolloutRecord, path: Path) -> None:

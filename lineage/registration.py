@@ -1,35 +1,104 @@
-"""Preregistration in MLflow: freeze a thresholds file before any evaluation.
+"""Preregistration in MLflow: freeze a thresholds file before any evaluation, signed,
+in an append-only chain per family.
 
 :func:`preregister` validates the file, logs its exact bytes as the artifact
-``thresholds/<file name>`` of a run tagged ``kernelgate.stage=preregistration`` in the
-family's experiment, and tags the run with the file's sha256
-(``kernelgate.thresholds_sha256``) and the UTC registration time
-(``kernelgate.registered_at``). The run id is the registration id. The rules of a valid
-registration are ``gates.preregistration``'s.
+``thresholds/<file name>`` of a ``preregistration`` run, and signs a ``registration``
+attestation naming the file's sha256, the UTC registration time and the family's
+previous registration (so the chain shows every registration in order). A
+registration that loosens any criterion of the previous one (``gates.loosening``) after
+a candidate of the family was rejected or rolled back is refused unless a person named
+in the previous registration's approval policy signed an approval of exactly that
+loosening (``kernelgate approve-loosening``); the audit shows the chain. The run id is
+the registration id. The rules of a valid registration are ``gates.preregistration``'s.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 from datetime import UTC, datetime
 from pathlib import Path
 
-from mlflow.exceptions import MlflowException
+from securesystemslib.signer import SSlibKey
 
+from gates.loosening import loosenings
 from gates.preregistration import PreregistrationError, Registration, check_registration
 from gates.thresholds import Thresholds, parse_thresholds
 from lineage import tags
 from lineage import tracking as tr
+from lineage.attestations import (
+    Attestation,
+    AttestationError,
+    Signing,
+    TrustPolicy,
+    attest,
+    make_envelope,
+    verify_envelope,
+)
+from lineage.sources import EvidenceSource, StoreSource, signed_artifact
 from lineage.tracking import Tracking
 
-__all__ = ["PreregistrationError", "Registration", "load_registration", "preregister",
-           "registered_thresholds", "verify_registration"]
+__all__ = ["LooseningRefused", "PreregistrationError", "Registration", "had_rejection",
+           "latest_registration",
+           "load_registration", "preregister", "registered_thresholds", "thresholds_for_gate",
+           "verify_registration"]
 
 
-def preregister(
-    path: str | Path, *, tracking: Tracking, family: str, parent_run_id: str | None = None
-) -> Registration:
-    """Freeze the thresholds file at ``path`` in MLflow and return its registration.
+class LooseningRefused(PreregistrationError):
+    """A registration loosens thresholds after a rejection without a named approval."""
+
+
+def _registration_of(attestation: Attestation) -> Registration:
+    p = attestation.predicate
+    return Registration(registration_id=p["registration_id"], family=p["family"],
+                        profile=p["profile"], thresholds_sha256=p["thresholds_sha256"],
+                        thresholds_artifact=p["thresholds_artifact"],
+                        registered_at=datetime.fromisoformat(p["registered_at"]))
+
+
+def latest_registration(source: EvidenceSource) -> tuple[Attestation, Thresholds] | None:
+    """The family's newest verified registration and its thresholds, or None."""
+    registrations = sorted((a for a in source.attestations() if a.kind == "registration"),
+                           key=lambda a: a.predicate["registered_at"])
+    if not registrations:
+        return None
+    newest = registrations[-1]
+    return newest, registered_thresholds(source, _registration_of(newest))
+
+
+def had_rejection(source: EvidenceSource) -> bool:
+    """Whether any candidate of the family was rejected or rolled back (signed)."""
+    return any((a.kind == "decision" and a.predicate.get("verdict") == "reject")
+               or (a.kind in ("shadow", "canary") and a.predicate.get("passed") is False)
+               or (a.kind == "alias" and a.predicate.get("action") == "rollback")
+               for a in source.attestations())
+
+
+def _check_loosening_approval(envelope: bytes, previous: Thresholds, family: str,
+                              thresholds_sha256: str, loosened: list[str]) -> dict:
+    """A person's signed approval of exactly this loosening, by a key the previous
+    registration's policy names. Returns its predicate."""
+    approvers = {a.keyid: a for a in previous.approval.approvers}
+    trust = TrustPolicy(public_keys={k: SSlibKey.from_dict(k, dict(a.public_key))
+                              for k, a in approvers.items()})
+    try:
+        approval = verify_envelope(envelope, trust, path="loosening approval")
+    except AttestationError as err:
+        raise LooseningRefused(f"loosening approval not accepted: {err} (the previous "
+                               f"registration trusts {sorted(a.name for a in approvers.values()) or 'no approver keys'})") from err
+    p = approval.predicate
+    if (approval.kind != "loosening" or p.get("family") != family
+            or p.get("thresholds_sha256") != thresholds_sha256 or not str(p.get("reason", "")).strip()):
+        raise LooseningRefused("the loosening approval is for another family or file, or gives "
+                               "no reason")
+    return {**p, "approver": approvers[approval.keyid].name, "keyid": approval.keyid,
+            "loosened": loosened}
+
+
+def preregister(path: str | Path, *, tracking: Tracking, family: str, signing: Signing,
+                parent_run_id: str | None = None,
+                loosening_approval: bytes | None = None) -> Registration:
+    """Freeze the thresholds file at ``path`` in MLflow, signed; return its registration.
 
     Call it before the candidate is evaluated: the gate later refuses evaluations that
     started before ``registered_at``.
@@ -37,99 +106,97 @@ def preregister(
     Raises:
         FileNotFoundError: no such file.
         ValueError: the file is not a valid thresholds file (nothing is registered then).
+        LooseningRefused: it loosens the family's previous registration after a
+            rejection, and no valid approval of that loosening was given.
     """
     path = Path(path)
     data = path.read_bytes()
     thresholds = parse_thresholds(data, source=str(path))  # never freeze an invalid file
     digest = hashlib.sha256(data).hexdigest()
+    source = StoreSource(tracking, family, signing.trust)
+    previous = latest_registration(source)
+    loosened = loosenings(previous[1], thresholds) if previous else []
+    approved = None
+    if loosened and had_rejection(source):
+        if loosening_approval is None:
+            raise LooseningRefused(
+                f"{path} loosens the family's previous registration "
+                f"{previous[0].predicate['registration_id']} after a rejection: "
+                + "; ".join(loosened)
+                + ". A person named in that registration's approval policy must approve it "
+                "(kernelgate approve-loosening), or keep the thresholds")
+        approved = _check_loosening_approval(loosening_approval, previous[1], family, digest,
+                                             loosened)
     artifact = f"thresholds/{path.name}"
-    with tr.stage_run(
-        tracking,
-        family,
-        "preregistration",
-        parent_run_id=parent_run_id,
-        run_name=f"preregistration-{thresholds.profile}",
-    ) as run_id:
-        logged = tr.log_bytes(tracking, run_id, data, artifact)
-        assert logged == digest
+    with tr.stage_run(tracking, family, "preregistration", parent_run_id=parent_run_id,
+                      run_name=f"preregistration-{thresholds.profile}") as run_id:
+        tr.log_bytes(tracking, run_id, data, artifact)
+        if loosening_approval is not None and approved is not None:
+            tr.log_bytes(tracking, run_id, loosening_approval, "thresholds/loosening-approval.dsse.json")
         registered_at = datetime.now(UTC)
-        tr.set_tags(
-            tracking,
-            run_id,
-            {
-                tags.THRESHOLDS_SHA256: digest,
-                tags.THRESHOLDS_ARTIFACT: artifact,
-                tags.REGISTERED_AT: registered_at.isoformat(),
-                tags.PROFILE: thresholds.profile,
-            },
-        )
-    return Registration(
-        registration_id=run_id,
-        family=family,
-        profile=thresholds.profile,
-        thresholds_sha256=digest,
-        thresholds_artifact=artifact,
-        registered_at=registered_at,
-    )
+        run_tags = {tags.THRESHOLDS_SHA256: digest, tags.THRESHOLDS_ARTIFACT: artifact,
+                    tags.REGISTERED_AT: registered_at.isoformat(), tags.PROFILE: thresholds.profile}
+        tr.set_tags(tracking, run_id, run_tags)
+        attest(tracking, run_id, "registration", {
+            "registration_id": run_id, "family": family, "profile": thresholds.profile,
+            "thresholds_sha256": digest, "thresholds_artifact": artifact,
+            "registered_at": registered_at.isoformat(),
+            "previous_registration_id": previous[0].predicate["registration_id"] if previous else None,
+            "previous_envelope": previous[0].envelope_sha256 if previous else None,
+            "loosened": loosened, "loosening_approval": approved, "tags": run_tags},
+            signing.signer)
+    return Registration(registration_id=run_id, family=family, profile=thresholds.profile,
+                        thresholds_sha256=digest, thresholds_artifact=artifact,
+                        registered_at=registered_at)
 
 
-def load_registration(registration_id: str, *, tracking: Tracking) -> Registration:
-    """Read a registration back from MLflow and check its frozen artifact is intact.
+def load_registration(source: EvidenceSource, registration_id: str) -> Registration:
+    """A registration as its signed attestation says, its thresholds bytes intact.
 
     Raises:
-        PreregistrationError: no such run, not a preregistration run, missing tags, or the
-            stored thresholds artifact no longer has the registered sha256.
+        PreregistrationError: no verified registration attestation in that run (or it
+            names another run), or the stored thresholds differ from the signed digest.
+    """
+    signed = [a for a in source.attestations()
+              if a.run_id == registration_id and a.kind == "registration"]
+    if not signed:
+        gone = " (its run was deleted)" if registration_id in source.deleted() else ""
+        raise PreregistrationError(f"registration {registration_id}: no verified registration "
+                                   f"attestation{gone}")
+    registration = _registration_of(signed[-1])
+    if registration.registration_id != registration_id:
+        raise PreregistrationError(f"registration {registration_id}: its attestation names "
+                                   f"{registration.registration_id}")
+    registered_thresholds(source, registration)  # the frozen bytes must be intact
+    return registration
+
+
+def registered_thresholds(source: EvidenceSource, registration: Registration) -> Thresholds:
+    """Parse the thresholds exactly as frozen (bytes checked against the signed digest).
+
+    Raises:
+        PreregistrationError: the stored bytes are not the registered ones.
     """
     try:
-        run = tracking.client().get_run(registration_id)
-    except MlflowException as exc:
-        raise PreregistrationError(f"registration {registration_id!r} not found: {exc}") from exc
-    run_tags = run.data.tags
-    if run_tags.get(tags.STAGE) != "preregistration":
+        _, data = signed_artifact(source, registration.registration_id, "registration",
+                                  registration.thresholds_artifact)
+    except AttestationError as exc:
+        raise PreregistrationError(str(exc)) from exc
+    if hashlib.sha256(data).hexdigest() != registration.thresholds_sha256:
         raise PreregistrationError(
-            f"run {registration_id} is not a preregistration run "
-            f"({tags.STAGE}={run_tags.get(tags.STAGE)!r})"
-        )
-    needed = (tags.THRESHOLDS_SHA256, tags.THRESHOLDS_ARTIFACT, tags.REGISTERED_AT)
-    missing = [k for k in needed if k not in run_tags]
-    if missing:
-        raise PreregistrationError(f"registration {registration_id} lacks tags {missing}")
-    artifact = run_tags[tags.THRESHOLDS_ARTIFACT]
-    try:
-        stored = tr.read_artifact(tracking, registration_id, artifact)
-    except (MlflowException, OSError) as exc:
-        raise PreregistrationError(
-            f"registration {registration_id}: thresholds artifact {artifact!r} unreadable: {exc}"
-        ) from exc
-    if hashlib.sha256(stored).hexdigest() != run_tags[tags.THRESHOLDS_SHA256]:
-        raise PreregistrationError(
-            f"registration {registration_id}: stored artifact {artifact!r} no longer matches "
-            "the registered sha256 (the record was altered)"
-        )
-    return Registration(
-        registration_id=registration_id,
-        family=run_tags.get(tags.FAMILY, ""),
-        profile=run_tags.get(tags.PROFILE, ""),
-        thresholds_sha256=run_tags[tags.THRESHOLDS_SHA256],
-        thresholds_artifact=artifact,
-        registered_at=datetime.fromisoformat(run_tags[tags.REGISTERED_AT]),
-    )
+            f"registration {registration.registration_id}: stored thresholds were altered")
+    return parse_thresholds(data, source=f"registration {registration.registration_id}")
 
 
-def verify_registration(
-    registration_id: str,
-    thresholds_path: str | Path,
-    evaluation_started_at: datetime,
-    *,
-    tracking: Tracking,
-) -> Registration:
+def verify_registration(source: EvidenceSource, registration_id: str,
+                        thresholds_path: str | Path, evaluation_started_at: datetime) -> Registration:
     """Load a registration and check the file at ``thresholds_path`` and the evaluation time.
 
     Raises:
-        PreregistrationError: see :func:`load_registration` and :func:`check_registration`.
-        ValueError: naive ``evaluation_started_at``.
+        PreregistrationError: see :func:`load_registration` and
+            ``gates.preregistration.check_registration``.
     """
-    registration = load_registration(registration_id, tracking=tracking)
+    registration = load_registration(source, registration_id)
     try:
         digest = hashlib.sha256(Path(thresholds_path).read_bytes()).hexdigest()
     except OSError as exc:
@@ -138,32 +205,36 @@ def verify_registration(
     return registration
 
 
-def registered_thresholds(registration: Registration, *, tracking: Tracking) -> Thresholds:
-    """Parse the thresholds exactly as frozen in the registration run's artifact."""
-    data = tr.read_artifact(
-        tracking, registration.registration_id, registration.thresholds_artifact
-    )
-    if hashlib.sha256(data).hexdigest() != registration.thresholds_sha256:
-        raise PreregistrationError(
-            f"registration {registration.registration_id}: stored thresholds were altered"
-        )
-    return parse_thresholds(data, source=f"registration {registration.registration_id}")
-
-
-def thresholds_for_gate(registration: Registration, thresholds_path: str | Path | None,
-                        evaluation_started_at: datetime, *, tracking: Tracking) -> Thresholds:
-    """The thresholds a gate judges by: the registered bytes, read back from MLflow.
-
-    Checks that the registration is intact, that the file in hand (when given) is still
-    the registered file, and that the evaluation started after the registration.
+def thresholds_for_gate(source: EvidenceSource, registration: Registration,
+                        thresholds_path: str | Path | None,
+                        evaluation_started_at: datetime) -> Thresholds:
+    """The thresholds a gate judges by: the registered bytes, read back and checked
+    against the signature, the file in hand (when given) still the registered file, the
+    evaluation started after the registration.
 
     Raises:
         PreregistrationError: any of those fails (a refusal to judge, not a verdict).
     """
     if thresholds_path is not None:
-        verify_registration(registration.registration_id, thresholds_path,
-                            evaluation_started_at, tracking=tracking)
+        registration = verify_registration(source, registration.registration_id,
+                                           thresholds_path, evaluation_started_at)
     else:
-        check_registration(load_registration(registration.registration_id, tracking=tracking),
-                           registration.thresholds_sha256, evaluation_started_at)
-    return registered_thresholds(registration, tracking=tracking)
+        registration = load_registration(source, registration.registration_id)
+        check_registration(registration, registration.thresholds_sha256, evaluation_started_at)
+    return registered_thresholds(source, registration)
+
+
+def loosening_predicate(family: str, thresholds_path: Path, reason: str) -> dict:
+    """What a person signs to approve a loosening (``kernelgate approve-loosening``)."""
+    data = Path(thresholds_path).read_bytes()
+    return {"family": family, "thresholds_sha256": hashlib.sha256(data).hexdigest(),
+            "reason": reason, "file": Path(thresholds_path).name,
+            "thresholds": json.loads(json.dumps(parse_thresholds(data).model_dump(mode="json")))}
+
+
+def sign_loosening(signer, family: str, thresholds_path: Path, reason: str) -> bytes:
+    """A person's signed approval of exactly this thresholds file for ``family``; the
+    file's bytes are its subject."""
+    predicate = loosening_predicate(family, thresholds_path, reason)
+    return make_envelope("loosening", {f"thresholds/{Path(thresholds_path).name}":
+                                       predicate["thresholds_sha256"]}, predicate, signer)

@@ -1,27 +1,26 @@
 """Model registry: one registered model per kernel family, aliases for rollout stages.
 
 * Registered model ``kernelgate-<family>``; a version is one build, created from the build
-  run (``source = runs:/<build run id>/build``, ``run_id`` = build run id) and tagged with
-  what it serves (``kernelgate.implementation``, the resolved ``kernelgate.config``).
+  run (``source = runs:/<build run id>/model``, the build logged as an MLflow model).
 * Aliases ``shadow``, ``canary``, ``production``. ``shadow`` needs nothing (its output is
-  never served). ``canary`` and ``production`` need a complete chain of evidence for the
-  version (:mod:`lineage.chain`: gate decision, shadow, approvals, and for production the
-  canary steps and the confirmation decision); otherwise :class:`PromotionRefused` is
-  raised and no alias moves. Whoever calls (a flow, the CLI, a Python shell) meets the
-  same rules.
-* Every alias move is logged as a ``promotion`` or ``rollback`` run (``lineage.records``).
-  Promotion tags the version with ``kernelgate.promoted_at``; the registered model keeps
-  ``kernelgate.previous_production_version`` and the JSON list
-  ``kernelgate.production_history`` (oldest first, current last).
-* Rollback moves ``production`` back to the previous version (its chain re-checked) or,
-  with none usable, removes the alias so serving falls back to the native baseline; the
-  rolled-back version is tagged ``kernelgate.rollback_reason`` / ``kernelgate.rolled_back_at``.
+  never served). ``canary`` and ``production`` need a complete, signed chain of evidence
+  for the version (:mod:`lineage.chain`); otherwise :class:`PromotionRefused` is raised
+  and no alias moves. Whoever calls (a flow, the CLI, a Python shell) meets the same rules.
+* Promotion is a compare-and-swap: it is refused when ``production`` is no longer the
+  version the candidate was judged against.
+* MLflow has no transactions across calls, so every alias move is first a signed intent
+  (an ``alias`` attestation, numbered per family and hash-chained to the previous one,
+  logged as a ``promotion``/``rollback`` run), then the move itself. :func:`reconcile`
+  replays the signed history and makes the aliases say what it says (finishing a move a
+  crash interrupted, undoing one made by hand); the audit reads the history from the
+  attestations, never from a tag.
+* Rollback restores the newest earlier production version whose chain is still complete
+  and that still exists, or takes ``production`` down (the native baseline serves), and
+  says why either way.
 
-Aliases are read through ``get_registered_model(...).aliases`` and
-``get_model_version_by_alias`` — the search APIs return empty aliases on SQLite.
-
-Kept in one module (over 350 lines) because every alias move and its invariant check
-live together: a move added elsewhere could bypass the check.
+Aliases are read through ``get_registered_model(...).aliases`` — the search APIs return
+empty aliases on SQLite. Kept in one module (over 350 lines) because every alias move
+and its invariant check live together: a move added elsewhere could bypass the check.
 """
 
 from __future__ import annotations
@@ -37,7 +36,9 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict
 
 from kernels.config import BlockSizes
 from lineage import chain, tags
+from lineage.attestations import Attestation, Signing, TrustPolicy
 from lineage.records import LineageError, log_alias_change
+from lineage.sources import EvidenceSource, StoreSource
 from lineage.tracking import Tracking, experiment_name
 
 Alias = Literal["shadow", "canary", "production"]
@@ -46,7 +47,7 @@ _HISTORY_KEEP = 50
 
 
 class PromotionRefused(RuntimeError):
-    """An alias move was refused: the version's chain of evidence is incomplete."""
+    """An alias move was refused: incomplete evidence, or production moved meanwhile."""
 
 
 class AliasChange(BaseModel):
@@ -59,7 +60,7 @@ class AliasChange(BaseModel):
     version: str | None  # None: alias removed
     previous_version: str | None
     at: AwareDatetime
-    action: Literal["assign", "promote", "rollback", "clear"]
+    action: Literal["assign", "promote", "rollback", "clear", "reconcile"]
     reason: str = ""
     decision_run_id: str | None = None
 
@@ -87,11 +88,12 @@ def ensure_registered_model(tracking: Tracking, family: str) -> str:
 
 
 def register_build(tracking: Tracking, family: str, build_run_id: str, *, implementation: str,
-                   config: BlockSizes | None, artifact_path: str = "build") -> str:
+                   config: BlockSizes | None, artifact_path: str = "model") -> str:
     """Create a model version for a build run; returns the version number (as str).
 
     The version is tagged with what it serves: ``implementation`` and its resolved
-    block sizes (``null`` for untiled kernels).
+    block sizes (``null`` for untiled kernels) — for people; what serves is read from
+    the signed build.
 
     Raises:
         LineageError: the run does not exist or is not a ``build`` run.
@@ -108,7 +110,7 @@ def register_build(tracking: Tracking, family: str, build_run_id: str, *, implem
         name, source=f"runs:/{build_run_id}/{artifact_path}", run_id=build_run_id,
         tags={tags.BUILD_RUN_ID: build_run_id, tags.FAMILY: family,
               tags.IMPLEMENTATION: implementation,
-              tags.CONFIG: config.model_dump_json() if config else "null"})
+              tags.CONFIG: json.dumps(config.model_dump(exclude_none=True) if config else None)})
     return str(version.version)
 
 
@@ -126,14 +128,13 @@ def alias_version(tracking: Tracking, family: str, alias: Alias) -> str | None:
     return aliases(tracking, family).get(alias)
 
 
-def _model_tags(tracking: Tracking, family: str) -> dict[str, str]:
-    return tracking.client().get_registered_model(registered_model_name(family)).tags
-
-
-def production_history(tracking: Tracking, family: str) -> list[str]:
-    """Versions promoted to production, oldest first (the current one last)."""
-    raw = _model_tags(tracking, family).get(tags.PRODUCTION_HISTORY, "[]")
-    return [str(v) for v in json.loads(raw)]
+def version_exists(tracking: Tracking, family: str, version: str) -> bool:
+    """Whether the registered model still has ``version``."""
+    try:
+        tracking.client().get_model_version(registered_model_name(family), version)
+    except MlflowException:
+        return False
+    return True
 
 
 def version_tags(tracking: Tracking, family: str, version: str) -> dict[str, str]:
@@ -142,116 +143,10 @@ def version_tags(tracking: Tracking, family: str, version: str) -> dict[str, str
 
 
 def tag_version(tracking: Tracking, family: str, version: str, values: dict[str, str]) -> None:
-    """Set tags on one model version (the links from a version to the runs that judged it)."""
+    """Set tags on one model version (links for people reading the MLflow UI)."""
     client = tracking.client()
     for key, value in values.items():
         client.set_model_version_tag(registered_model_name(family), version, key, value)
-
-
-def version_kernel(tracking: Tracking, family: str, version: str
-                   ) -> tuple[str, BlockSizes | None]:
-    """``(implementation, block sizes)`` a model version was built with."""
-    vtags = version_tags(tracking, family, version)
-    raw = vtags.get(tags.CONFIG, "null")
-    return vtags[tags.IMPLEMENTATION], (None if raw == "null"
-                                        else BlockSizes.model_validate_json(raw))
-
-
-def link_traffic_run(tracking: Tracking, family: str, version: str, stage: Literal["shadow", "canary"],
-                     run_id: str) -> None:
-    """Link a shadow run, or append a canary-step run, to the version it judged."""
-    if stage == "shadow":
-        tag_version(tracking, family, version, {tags.SHADOW_RUN_ID: run_id})
-        return
-    runs = json.loads(version_tags(tracking, family, version).get(tags.CANARY_RUN_IDS, "[]"))
-    tag_version(tracking, family, version, {tags.CANARY_RUN_IDS: json.dumps([*runs, run_id])})
-
-
-def _refuse_incomplete(tracking: Tracking, family: str, version: str, transition,
-                       decision_run_id: str | None) -> chain.ChainEvidence:
-    evidence = chain.collect(tracking, family, version, decision_run_id=decision_run_id)
-    found = chain.problems(evidence, transition)
-    if found:
-        raise PromotionRefused(f"{registered_model_name(family)} v{version}: {transition} refused: "
-                               + "; ".join(found))
-    return evidence
-
-
-def _log(tracking: Tracking, change: AliasChange, parent_run_id: str | None) -> AliasChange:
-    log_alias_change(tracking, change, parent_run_id=parent_run_id)
-    return change
-
-
-def assign_shadow(tracking: Tracking, family: str, version: str, *,
-                  owner_run_id: str | None = None) -> AliasChange:
-    """Point ``shadow`` at ``version`` (mirrored traffic only; no decision needed); the
-    owning rollout run is recorded on the version (its lease on the alias)."""
-    name = registered_model_name(family)
-    previous = alias_version(tracking, family, "shadow")
-    tracking.client().get_model_version(name, version)  # raises if absent
-    tracking.client().set_registered_model_alias(name, "shadow", version)
-    if owner_run_id:
-        tag_version(tracking, family, version, {tags.alias_owner("shadow"): owner_run_id,
-                                                tags.ROLLOUT_RUN_ID: owner_run_id})
-    return _log(tracking, AliasChange(family=family, alias="shadow", version=version,
-                                      previous_version=previous, at=_now(), action="assign"),
-                owner_run_id)
-
-
-def assign_canary(tracking: Tracking, family: str, version: str, *, decision_run_id: str,
-                  owner_run_id: str | None = None) -> AliasChange:
-    """Point ``canary`` at ``version``; needs the chain up to ``shadow->canary``.
-
-    Raises:
-        PromotionRefused: naming every missing or wrong piece of evidence.
-    """
-    _refuse_incomplete(tracking, family, version, "shadow->canary", decision_run_id)
-    previous = alias_version(tracking, family, "canary")
-    tracking.client().set_registered_model_alias(registered_model_name(family), "canary", version)
-    values = {tags.DECISION_RUN_ID: decision_run_id}
-    if owner_run_id:
-        values[tags.alias_owner("canary")] = owner_run_id
-    tag_version(tracking, family, version, values)
-    return _log(tracking, AliasChange(family=family, alias="canary", version=version,
-                                      previous_version=previous, at=_now(), action="assign",
-                                      decision_run_id=decision_run_id), owner_run_id)
-
-
-def promote(tracking: Tracking, family: str, version: str, *, decision_run_id: str,
-            parent_run_id: str | None = None) -> AliasChange:
-    """Move ``production`` to ``version`` after checking its complete chain.
-
-    Records the previous production version on the registered model and retires the
-    ``canary`` and ``shadow`` aliases that pointed at ``version`` (their job is done),
-    with the owner tags they carried.
-
-    Raises:
-        PromotionRefused: naming every missing or wrong piece of evidence.
-    """
-    evidence = _refuse_incomplete(tracking, family, version, "canary->production", decision_run_id)
-    client = tracking.client()
-    name = registered_model_name(family)
-    current = aliases(tracking, family)
-    previous = current.get("production")
-    at = _now()
-    client.set_registered_model_alias(name, "production", version)
-    history = [v for v in production_history(tracking, family) if v != version] + [version]
-    client.set_registered_model_tag(name, tags.PRODUCTION_HISTORY,
-                                    json.dumps(history[-_HISTORY_KEEP:]))
-    if previous and previous != version:
-        client.set_registered_model_tag(name, tags.PREVIOUS_PRODUCTION, previous)
-    tag_version(tracking, family, version, {
-        tags.DECISION_RUN_ID: decision_run_id,
-        tags.EVALUATION_RUN_ID: evidence.decision.evaluation_run_id,
-        tags.REGISTRATION_ID: evidence.decision.registration_id,
-        tags.PROMOTED_AT: at.isoformat()})
-    for done in ("canary", "shadow"):
-        if current.get(done) == version:
-            client.delete_registered_model_alias(name, done)
-        _drop_version_tag(tracking, family, version, tags.alias_owner(done))
-    return _log(tracking, AliasChange(family=family, alias="production", version=version,
-                                      previous_version=previous, at=at, action="promote",
-                                      decision_run_id=decision_run_id), parent_run_id)
 
 
 def _drop_version_tag(tracking: Tracking, family: str, version: str, key: str) -> None:
@@ -259,70 +154,286 @@ def _drop_version_tag(tracking: Tracking, family: str, version: str, key: str) -
         tracking.client().delete_model_version_tag(registered_model_name(family), version, key)
 
 
-def rollback(tracking: Tracking, family: str, *, reason: str, alias: Alias = "production",
-             retire_if_unusable: bool = False, parent_run_id: str | None = None) -> AliasChange:
+def link_traffic_run(tracking: Tracking, family: str, version: str,
+                     stage: Literal["shadow", "canary"], run_id: str) -> None:
+    """Link a shadow run, or append a canary-step run, to the version (for people)."""
+    if stage == "shadow":
+        tag_version(tracking, family, version, {tags.SHADOW_RUN_ID: run_id})
+        return
+    runs = json.loads(version_tags(tracking, family, version).get(tags.CANARY_RUN_IDS, "[]"))
+    tag_version(tracking, family, version, {tags.CANARY_RUN_IDS: json.dumps([*runs, run_id])})
+
+
+def link_confirmation(tracking: Tracking, family: str, version: str, decision_run_id: str) -> None:
+    """Link the confirmation-split decision to the version it judged (for people)."""
+    tag_version(tracking, family, version, {tags.CONFIRMATION_RUN_ID: decision_run_id})
+
+
+def link_approval(tracking: Tracking, family: str, version: str, transition: str,
+                  approval_run_id: str) -> None:
+    """Link an approval run to the version it is about (for people)."""
+    tag_version(tracking, family, version, {tags.approval_run_id(transition): approval_run_id})
+
+
+# --- the signed alias history ----------------------------------------------------------
+
+
+def alias_history(source: EvidenceSource) -> tuple[list[Attestation], list[str]]:
+    """The family's verified alias moves in sequence order, and problems with the
+    history itself (gaps, broken hash links)."""
+    problems: list[str] = []
+    moves = sorted((a for a in source.attestations() if a.kind == "alias"),
+                   key=lambda a: int(a.predicate.get("sequence", 0)))
+    for i, move in enumerate(moves, start=1):
+        sequence = int(move.predicate.get("sequence", 0))
+        if sequence != i:
+            problems.append(f"signed alias history: move {i} is missing (next signed move is "
+                            f"number {sequence}); its run was deleted or never signed")
+            break
+        expected = moves[i - 2].envelope_sha256 if i > 1 else None
+        if move.predicate.get("previous_envelope") != expected:
+            problems.append(f"signed alias history: move {i} does not chain to move {i - 1}")
+    return moves, problems
+
+
+def signed_aliases(moves: list[Attestation]) -> dict[str, str]:
+    """The aliases as the signed history leaves them (alias -> version)."""
+    state: dict[str, str] = {}
+    for move in moves:
+        alias, version = move.predicate["alias"], move.predicate.get("version")
+        if version is None:
+            state.pop(alias, None)
+        else:
+            state[alias] = str(version)
+    return state
+
+
+def _move(tracking: Tracking, family: str, change: AliasChange, signing: Signing, *,
+          parent_run_id: str | None, chain_links: dict | None = None) -> AliasChange:
+    """Sign the intent, then move the alias (the order that lets reconcile finish it)."""
+    moves, _ = alias_history(_moves_source(tracking, family, signing.trust))
+    log_alias_change(tracking, change, signing=signing, sequence=len(moves) + 1,
+                     previous_envelope=moves[-1].envelope_sha256 if moves else None,
+                     chain=chain_links, parent_run_id=parent_run_id)
+    _apply(tracking, family, change.alias, change.version)
+    return change
+
+
+def _moves_source(tracking: Tracking, family: str, trust: TrustPolicy) -> StoreSource:
+    return StoreSource(tracking, family, trust, stages=("promotion", "rollback"))
+
+
+def _apply(tracking: Tracking, family: str, alias: str, version: str | None) -> None:
+    client = tracking.client()
+    name = ensure_registered_model(tracking, family)
+    if version is None:
+        with contextlib.suppress(MlflowException):  # already gone
+            client.delete_registered_model_alias(name, alias)
+    else:
+        client.set_registered_model_alias(name, alias, version)
+
+
+def reconcile(tracking: Tracking, family: str, signing: Signing) -> list[str]:
+    """Make the aliases say what the signed history says; returns what was changed.
+
+    Finishes a move whose intent was signed but whose alias move a crash interrupted,
+    and undoes an alias moved outside the pipeline; the caller logs what changed.
+    """
+    moves, _ = alias_history(_moves_source(tracking, family, signing.trust))
+    wanted, actual = signed_aliases(moves), aliases(tracking, family)
+    changed = []
+    for alias in sorted(set(wanted) | set(actual)):
+        if wanted.get(alias) != actual.get(alias):
+            _apply(tracking, family, alias, wanted.get(alias))
+            changed.append(f"{alias}: {actual.get(alias)} -> {wanted.get(alias)} (as signed)")
+    return changed
+
+
+def _refuse_incomplete(tracking: Tracking, family: str, version: str, transition,
+                       decision_run_id: str | None, trust: TrustPolicy) -> chain.ChainEvidence:
+    evidence = chain.collect(StoreSource(tracking, family, trust), version,
+                             decision_run_id=decision_run_id)
+    found = chain.problems(evidence, transition)
+    if found:
+        raise PromotionRefused(f"{registered_model_name(family)} v{version}: {transition} refused: "
+                               + "; ".join(found))
+    return evidence
+
+
+def assign_shadow(tracking: Tracking, family: str, version: str, *, signing: Signing,
+                  owner_run_id: str | None = None) -> AliasChange:
+    """Point ``shadow`` at ``version`` (mirrored traffic only; no decision needed); the
+    owning rollout run is recorded on the version (its lease on the alias).
+
+    Raises:
+        PromotionRefused: no such version.
+    """
+    if not version_exists(tracking, family, version):
+        raise PromotionRefused(f"{registered_model_name(family)} has no version {version}")
+    change = AliasChange(family=family, alias="shadow", version=version,
+                         previous_version=alias_version(tracking, family, "shadow"), at=_now(),
+                         action="assign")
+    _move(tracking, family, change, signing, parent_run_id=owner_run_id)
+    if owner_run_id:
+        tag_version(tracking, family, version, {tags.alias_owner("shadow"): owner_run_id,
+                                                tags.ROLLOUT_RUN_ID: owner_run_id})
+    return change
+
+
+def assign_canary(tracking: Tracking, family: str, version: str, *, decision_run_id: str,
+                  signing: Signing, owner_run_id: str | None = None) -> AliasChange:
+    """Point ``canary`` at ``version``; needs the signed chain up to ``shadow->canary``.
+
+    Raises:
+        PromotionRefused: naming every missing or wrong piece of evidence.
+    """
+    _refuse_incomplete(tracking, family, version, "shadow->canary", decision_run_id, signing.trust)
+    change = AliasChange(family=family, alias="canary", version=version,
+                         previous_version=alias_version(tracking, family, "canary"), at=_now(),
+                         action="assign", decision_run_id=decision_run_id)
+    _move(tracking, family, change, signing, parent_run_id=owner_run_id)
+    values = {tags.DECISION_RUN_ID: decision_run_id}
+    if owner_run_id:
+        values[tags.alias_owner("canary")] = owner_run_id
+    tag_version(tracking, family, version, values)
+    return change
+
+
+def promote(tracking: Tracking, family: str, version: str, *, decision_run_id: str,
+            expected_previous: str | None, signing: Signing,
+            parent_run_id: str | None = None) -> AliasChange:
+    """Move ``production`` to ``version`` after checking its complete signed chain — a
+    compare-and-swap against ``expected_previous``, the production the candidate was
+    judged against.
+
+    Retires the ``canary`` and ``shadow`` aliases that pointed at ``version`` (their job
+    is done) and their owner tags.
+
+    Raises:
+        PromotionRefused: naming every missing or wrong piece of evidence, or production
+            is no longer ``expected_previous`` (in the registry or in the signed history).
+    """
+    moves, _ = alias_history(_moves_source(tracking, family, signing.trust))
+    current = aliases(tracking, family)
+    signed_production = signed_aliases(moves).get("production")
+    if current.get("production") != expected_previous or signed_production != expected_previous:
+        raise PromotionRefused(
+            f"{registered_model_name(family)} v{version}: production is v{current.get('production')} "
+            f"(signed history: v{signed_production}), not the v{expected_previous} this candidate "
+            "was judged against; evaluate it again against the current production")
+    evidence = _refuse_incomplete(tracking, family, version, "canary->production",
+                                  decision_run_id, signing.trust)
+    change = AliasChange(family=family, alias="production", version=version,
+                         previous_version=expected_previous, at=_now(), action="promote",
+                         decision_run_id=decision_run_id)
+    links = {"build_run_id": evidence.build_run_id, "decision_run_id": decision_run_id,
+             "evaluation_run_id": evidence.decision.evaluation_run_id,
+             "registration_id": evidence.decision.registration_id,
+             "confirmation_run_id": evidence.confirmation.decision_run_id,
+             "shadow_run_id": evidence.shadow.run_id,
+             "canary_run_ids": [c.run_id for c in evidence.canary],
+             "approval_run_ids": {t: a.run_id for t, a in evidence.approvals.items()}}
+    _move(tracking, family, change, signing, parent_run_id=parent_run_id, chain_links=links)
+    for done in ("canary", "shadow"):
+        if current.get(done) == version:
+            _move(tracking, family, AliasChange(
+                family=family, alias=done, version=None, previous_version=version, at=_now(),
+                action="clear", reason=f"{done} retired: v{version} was promoted"),
+                signing, parent_run_id=parent_run_id)
+        _drop_version_tag(tracking, family, version, tags.alias_owner(done))
+    client = tracking.client()
+    name = registered_model_name(family)
+    history = [v for v in _promoted(moves) if v != version] + [version]
+    client.set_registered_model_tag(name, tags.PRODUCTION_HISTORY,
+                                    json.dumps(history[-_HISTORY_KEEP:]))
+    if expected_previous:
+        client.set_registered_model_tag(name, tags.PREVIOUS_PRODUCTION, expected_previous)
+    tag_version(tracking, family, version, {
+        tags.DECISION_RUN_ID: decision_run_id,
+        tags.EVALUATION_RUN_ID: evidence.decision.evaluation_run_id,
+        tags.REGISTRATION_ID: evidence.decision.registration_id,
+        tags.PROMOTED_AT: change.at.isoformat()})
+    return change
+
+
+def _promoted(moves: list[Attestation]) -> list[str]:
+    """Versions promoted to production and not rolled back since, oldest first, as
+    signed (a rolled-back version is never restored by a later rollback)."""
+    out: list[str] = []
+    for move in moves:
+        p = move.predicate
+        if p["alias"] != "production":
+            continue
+        if p["action"] == "promote" and p.get("version"):
+            out = [v for v in out if v != str(p["version"])] + [str(p["version"])]
+        elif p["action"] == "rollback" and p.get("previous_version"):
+            out = [v for v in out if v != str(p["previous_version"])]
+    return out
+
+
+def production_history(tracking: Tracking, family: str, trust: TrustPolicy) -> list[str]:
+    """Versions promoted to production, oldest first, from the signed history."""
+    moves, _ = alias_history(_moves_source(tracking, family, trust))
+    return _promoted(moves)
+
+
+def rollback(tracking: Tracking, family: str, *, reason: str, signing: Signing,
+             alias: Alias = "production", parent_run_id: str | None = None) -> AliasChange:
     """Undo the version behind ``alias`` and tag it with ``reason``.
 
-    For ``production``: restore the previously promoted version (its chain re-checked)
-    or remove the alias when there is none. For ``canary``/``shadow``: remove the alias.
-
-    Args:
-        retire_if_unusable: when the previous production version no longer has a
-            complete chain, remove ``production`` (the native baseline serves) instead of
-            raising; the reason records why. For recovery paths that must not leave a
-            failing version in production.
+    For ``production``: restore the newest earlier production version that still exists
+    and whose chain is still complete (the signed history says which were promoted), or
+    remove the alias when none is usable; the reason records which versions were passed
+    over and why. For ``canary``/``shadow``: remove the alias.
 
     Raises:
         ValueError: empty reason, or ``alias`` points at nothing.
-        PromotionRefused: the previous production version's chain is incomplete (and
-            ``retire_if_unusable`` is False).
     """
     if not reason.strip():
         raise ValueError("rollback needs a reason")
-    client = tracking.client()
-    name = registered_model_name(family)
     current = alias_version(tracking, family, alias)
     if current is None:
-        raise ValueError(f"{name}: alias {alias!r} points at nothing; nothing to roll back")
+        raise ValueError(f"{registered_model_name(family)}: alias {alias!r} points at nothing; "
+                         "nothing to roll back")
     restored: str | None = None
     if alias == "production":
-        history = [v for v in production_history(tracking, family) if v != current]
-        if history:
-            restored = history[-1]
+        passed_over = []
+        for candidate in reversed([v for v in production_history(tracking, family, signing.trust)
+                                   if v != current]):
+            if not version_exists(tracking, family, candidate):
+                passed_over.append(f"v{candidate} no longer exists")
+                continue
             try:
-                _refuse_incomplete(tracking, family, restored, "canary->production", None)
+                _refuse_incomplete(tracking, family, candidate, "canary->production", None,
+                                   signing.trust)
             except PromotionRefused as exc:
-                if not retire_if_unusable:
-                    raise
-                reason = f"{reason}; previous production not restored ({exc})"
-                restored = None
-        if restored:
-            client.set_registered_model_alias(name, "production", restored)
-        else:
-            client.delete_registered_model_alias(name, "production")
-        client.set_registered_model_tag(name, tags.PRODUCTION_HISTORY, json.dumps(history))
-        client.set_registered_model_tag(name, tags.PREVIOUS_PRODUCTION,
-                                        history[-2] if len(history) > 1 else "")
-    else:
-        client.delete_registered_model_alias(name, alias)
-    at = _now()
+                passed_over.append(f"v{candidate} unusable ({exc})")
+                continue
+            restored = candidate
+            break
+        if passed_over:
+            reason = f"{reason}; passed over: {'; '.join(passed_over)}"
+        if restored is None:
+            reason = f"{reason}; no earlier usable production: production taken down"
+    change = AliasChange(family=family, alias=alias, version=restored, previous_version=current,
+                         at=_now(), action="rollback", reason=reason)
+    _move(tracking, family, change, signing, parent_run_id=parent_run_id)
     tag_version(tracking, family, current,
-                {tags.ROLLBACK_REASON: reason, tags.ROLLED_BACK_AT: at.isoformat()})
-    return _log(tracking, AliasChange(family=family, alias=alias, version=restored,
-                                      previous_version=current, at=at, action="rollback",
-                                      reason=reason), parent_run_id)
+                {tags.ROLLBACK_REASON: reason, tags.ROLLED_BACK_AT: change.at.isoformat()})
+    return change
 
 
-def reject(tracking: Tracking, family: str, version: str, reason: str, *,
+def reject(tracking: Tracking, family: str, version: str, reason: str, *, signing: Signing,
            parent_run_id: str | None = None) -> list[AliasChange]:
     """Record why a version stops here (``kernelgate.rejection_reason``); a ``shadow`` or
     ``canary`` alias pointing at it is rolled back. ``production`` is never touched."""
     tag_version(tracking, family, version, {tags.REJECTION_REASON: reason})
-    return [rollback(tracking, family, reason=reason, alias=alias, parent_run_id=parent_run_id)
+    return [rollback(tracking, family, reason=reason, alias=alias, signing=signing,
+                     parent_run_id=parent_run_id)
             for alias in ("shadow", "canary") if alias_version(tracking, family, alias) == version]
 
 
-def clear_stale(tracking: Tracking, family: str, alias: Alias, *, reason: str,
+def clear_stale(tracking: Tracking, family: str, alias: Alias, *, reason: str, signing: Signing,
                 parent_run_id: str | None = None) -> str | None:
     """Remove an alias that no longer means anything (left by a rollout that died).
 
@@ -333,20 +444,22 @@ def clear_stale(tracking: Tracking, family: str, alias: Alias, *, reason: str,
         raise ValueError("production is only moved by promote/rollback")
     version = alias_version(tracking, family, alias)
     if version is not None:
-        tracking.client().delete_registered_model_alias(registered_model_name(family), alias)
+        _move(tracking, family, AliasChange(family=family, alias=alias, version=None,
+                                            previous_version=version, at=_now(), action="clear",
+                                            reason=reason), signing, parent_run_id=parent_run_id)
         tag_version(tracking, family, version, {tags.STALE_REASON: f"{alias}: {reason}"})
-        _log(tracking, AliasChange(family=family, alias=alias, version=None,
-                                   previous_version=version, at=_now(), action="clear",
-                                   reason=reason), parent_run_id)
     return version
 
 
 def clear_stale_aliases(tracking: Tracking, family: str, *, lease_s: float,
-                        cleared_by_run_id: str) -> list[str]:
+                        cleared_by_run_id: str, signing: Signing,
+                        owner_is_dead: bool = False) -> list[str]:
     """Clear ``canary``/``shadow`` aliases left by rollouts that did not finish.
 
     An alias whose owning rollout run is still RUNNING and younger than ``lease_s``
-    seconds is left alone (that rollout is live). Returns the aliases cleared.
+    seconds is left alone (that rollout is live) — unless ``owner_is_dead`` (the caller
+    holds the family's lock, so no other rollout of it can be running). Returns the
+    aliases cleared.
     """
     cleared = []
     for alias in ("canary", "shadow"):
@@ -354,7 +467,7 @@ def clear_stale_aliases(tracking: Tracking, family: str, *, lease_s: float,
         if version is None:
             continue
         owner = version_tags(tracking, family, version).get(tags.alias_owner(alias))
-        if owner:
+        if owner and not owner_is_dead:
             try:
                 run = tracking.client().get_run(owner)
             except MlflowException:
@@ -362,19 +475,8 @@ def clear_stale_aliases(tracking: Tracking, family: str, *, lease_s: float,
             if (run is not None and run.info.status == "RUNNING"
                     and time.time() - run.info.start_time / 1000 < lease_s):
                 continue
-        clear_stale(tracking, family, alias, parent_run_id=cleared_by_run_id,
+        clear_stale(tracking, family, alias, signing=signing, parent_run_id=cleared_by_run_id,
                     reason=(f"left by rollout run {owner or '(unknown)'}, which did not finish; "
                             f"cleared by {cleared_by_run_id}"))
         cleared.append(alias)
     return cleared
-
-
-def link_confirmation(tracking: Tracking, family: str, version: str, decision_run_id: str) -> None:
-    """Link the confirmation-split decision to the version it judged."""
-    tag_version(tracking, family, version, {tags.CONFIRMATION_RUN_ID: decision_run_id})
-
-
-def link_approval(tracking: Tracking, family: str, version: str, transition: str,
-                  approval_run_id: str) -> None:
-    """Link an approval run (approval, rejection or timeout) to the version it is about."""
-    tag_version(tracking, family, version, {tags.approval_run_id(transition): approval_run_id})

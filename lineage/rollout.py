@@ -9,14 +9,20 @@ FINISHED otherwise).
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
 
+from filelock import FileLock
 from pydantic import BaseModel, ConfigDict, Field
 
 from lineage import registry, tags
 from lineage import tracking as tr
+from lineage.attestations import Signing, attest
 from lineage.environment import collect_environment
 from lineage.tracking import Tracking
 
@@ -26,11 +32,13 @@ Result = Literal["promoted", "rejected", "rolled_back", "failed", "built", "eval
 
 
 class RolloutRecord(BaseModel):
-    """Identity of one rollout's record: store, family, kernel, parent run, work folder."""
+    """Identity of one rollout's record: store, family, kernel, parent run, work folder,
+    and who signs its evidence."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
 
     tracking: Tracking
+    signing: Signing
     family: str
     implementation: str = Field(description="the registry name being rolled out")
     backend: str = Field(description="cpu / gpu / tpu: where this process runs")
@@ -39,18 +47,70 @@ class RolloutRecord(BaseModel):
 
 
 def open_rollout(tracking: Tracking, *, family: str, implementation: str, backend: str,
-                 work_root: Path, stage: tags.Stage = "rollout") -> RolloutRecord:
+                 work_root: Path, signing: Signing, stage: tags.Stage = "rollout",
+                 run_name: str | None = None) -> RolloutRecord:
     """Start the parent run (status RUNNING) tagged with the environment facts.
 
     Raises:
         ValueError: ``family`` is not a valid family name.
     """
-    run_id = tr.start_run(tracking, family, stage, run_name=f"{stage}-{implementation}")
+    run_id = tr.start_run(tracking, family, stage, run_name=run_name or f"{stage} {implementation}")
     tr.set_tags(tracking, run_id, collect_environment(PROJECT_DIR).as_tags())
     work_dir = (Path(work_root) / run_id).resolve()
     work_dir.mkdir(parents=True, exist_ok=True)
-    return RolloutRecord(tracking=tracking, family=family, implementation=implementation,
-                         backend=backend, rollout_run_id=run_id, work_dir=work_dir)
+    return RolloutRecord(tracking=tracking, signing=signing, family=family,
+                         implementation=implementation, backend=backend, rollout_run_id=run_id,
+                         work_dir=work_dir)
+
+
+@contextlib.contextmanager
+def family_lock(store_dir: Path, family: str, *, timeout_s: float = -1) -> Iterator[bool]:
+    """Hold the family's lock on an embedded (local) store for a whole rollout.
+
+    ``filelock`` takes an OS-level lock on ``<store>/locks/<family>.lock``, released when
+    the holder exits or dies, so two rollouts of one family never overlap on one store
+    and whoever holds it knows every other RUNNING run of the family is dead. Yields True
+    when a lock is held (on a tracking server the Prefect concurrency limit queues
+    rollouts instead, and this yields False).
+
+    Raises:
+        filelock.Timeout: the lock was not free within ``timeout_s`` (``-1``: wait).
+    """
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        yield False
+        return
+    path = Path(store_dir) / "locks" / f"{family}.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(path), timeout=timeout_s):
+        yield True
+
+
+def close_dead_runs(tracking: Tracking, family: str, *, alive_run_id: str, lease_s: float,
+                    owner_is_dead: bool) -> list[str]:
+    """End the RUNNING runs a crashed rollout of ``family`` left behind as KILLED, with
+    the reason as their description. With ``owner_is_dead`` (the caller holds the
+    family's lock) every other RUNNING run is dead; otherwise only those older than
+    ``lease_s`` seconds. Returns their ids."""
+    experiment = tracking.client().get_experiment_by_name(tr.experiment_name(family))
+    if experiment is None:
+        return []
+    runs = tracking.client().search_runs([experiment.experiment_id],
+                                         filter_string="attributes.status = 'RUNNING'",
+                                         max_results=1000)
+    closed = []
+    for run in runs:
+        if run.info.run_id == alive_run_id:
+            continue
+        age_s = time.time() - run.info.start_time / 1000
+        if not owner_is_dead and age_s < lease_s:
+            continue
+        why = ("its rollout died (the family's lock was free)" if owner_is_dead
+               else f"RUNNING for {age_s:.0f} s, past the {lease_s:.0f} s lease")
+        tr.set_tags(tracking, run.info.run_id,
+                    {tags.NOTE: f"closed as KILLED by {alive_run_id}: {why}"})
+        tr.end_run(tracking, run.info.run_id, "KILLED")
+        closed.append(run.info.run_id)
+    return closed
 
 
 def link(record: RolloutRecord, values: dict[str, str]) -> None:
@@ -106,6 +166,11 @@ def close_rollout(record: RolloutRecord, *, result: Result, stage: str, reason: 
                     f"{record.tracking.tracking_uri}"),
     )
     tr.log_model_json(record.tracking, record.rollout_run_id, outcome, tags.OUTCOME_ARTIFACT)
-    link(record, {tags.RESULT: result, tags.DECIDED_AT_STAGE: stage, tags.NOTE: reason})
+    run_tags = {tags.RESULT: result, tags.DECIDED_AT_STAGE: stage, tags.NOTE: reason}
+    link(record, run_tags)
+    attest(record.tracking, record.rollout_run_id, "outcome",
+           {"family": record.family, "version": version, "result": result, "stage": stage,
+            "reason": reason, "aliases": outcome.aliases, "tags": run_tags},
+           record.signing.signer)
     tr.end_run(record.tracking, record.rollout_run_id, "FAILED" if result == "failed" else "FINISHED")
     return outcome

@@ -64,7 +64,7 @@ IMPLEMENTATION: Final = "kernelgate.implementation"
 CONFIG: Final = "kernelgate.config"  # resolved BlockSizes JSON, "null" for untiled kernels
 SOURCE_SHA256: Final = "kernelgate.source_sha256"  # combined digest of the kernels package
 SOURCE_FILE_PREFIX: Final = "kernelgate.source_sha256/"  # + file path (build run)
-SOURCE_DRIFT_PREFIX: Final = "kernelgate.source_drift."  # + alias (rollout run)
+CODE_SHA256: Final = "kernelgate.code_sha256"  # the version's code snapshot (build run)
 
 # preregistration run
 THRESHOLDS_SHA256: Final = "kernelgate.thresholds_sha256"
@@ -98,7 +98,7 @@ ROLLED_BACK_AT: Final = "kernelgate.rolled_back_at"
 ROLLBACK_REASON: Final = "kernelgate.rollback_reason"
 STALE_REASON: Final = "kernelgate.stale_reason"
 PREVIOUS_PRODUCTION: Final = "kernelgate.previous_production_version"
-PRODUCTION_HISTORY: Final = "kernelgate.production_history"
+PRODUCTION_HISTORY: Final = "kernelgate.production_history"  # for people in the UI; never read
 
 # artifact digests: DIGEST_PREFIX + artifact path -> sha256 hex
 DIGEST_PREFIX: Final = "kernelgate.sha256/"
@@ -113,6 +113,7 @@ DATASET_SHA256: Final = "kernelgate.sha256"
 # well-known artifact paths
 DECISION_ARTIFACT: Final = "decisions/gate_decision.json"
 APPROVAL_ARTIFACT: Final = "approvals/approval.json"
+PERSON_APPROVAL_ARTIFACT: Final = "approvals/person.dsse.json"  # a person's own signature
 ALIAS_CHANGE_ARTIFACT: Final = "registry/alias_change.json"
 OUTCOME_ARTIFACT: Final = "rollout/outcome.json"
 REVALIDATION_ARTIFACT: Final = "revalidation/outcome.json"
@@ -132,8 +133,3 @@ def approval_key(transition: str) -> str:
 def approval_run_id(transition: str) -> str:
     """Version tag naming the approval run of ``transition``."""
     return f"{APPROVAL_RUN_ID}.{approval_key(transition)}"
-
-
-def source_drift(alias: str) -> str:
-    """Rollout-run tag recording that the checkout differs from ``alias``'s build."""
-    return SOURCE_DRIFT_PREFIX + alias

@@ -17,79 +17,30 @@ these helpers: an artifact without a recorded digest fails the audit.
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
-import os
 import tempfile
 import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from mlflow import MlflowClient
 from mlflow.data.dataset_source_registry import resolve_dataset_source
 from mlflow.data.meta_dataset import MetaDataset
 from mlflow.entities import DatasetInput, InputTag, RunStatus
 from mlflow.exceptions import MlflowException
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel
 
 from lineage import tags
+from lineage.store import (  # noqa: F401 - re-exported: the store's location and client
+    STORE_DIR,
+    StoreUnreachable,
+    Tracking,
+    check_reachable,
+    default_tracking,
+    local_tracking,
+    tracking_for,
+)
 from lineage.tags import Stage
-
-# Background logging would let a run end before its tags are written; off for a record store.
-os.environ.setdefault("MLFLOW_ENABLE_ASYNC_LOGGING", "false")
-os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-
-STORE_DIR = ".kernelgate"
-
-
-class Tracking(BaseModel):
-    """Where runs, artifacts and the model registry live.
-
-    Attributes:
-        tracking_uri: MLflow tracking (and registry) URI, e.g. ``sqlite:////abs/mlflow.db``.
-        artifact_root: directory URI under which each family's experiment stores artifacts
-            (``<root>/<experiment name>``); ``None`` leaves it to the tracking server.
-    """
-
-    model_config = ConfigDict(frozen=True)
-
-    tracking_uri: str
-    artifact_root: str | None = None
-
-    def client(self) -> MlflowClient:
-        """A client for this store (cached per URI)."""
-        return _client(self.tracking_uri)
-
-
-@functools.lru_cache(maxsize=16)
-def _client(uri: str) -> MlflowClient:
-    return MlflowClient(tracking_uri=uri, registry_uri=uri)
-
-
-def local_tracking(store_dir: str | Path) -> Tracking:
-    """An SQLite store at ``<store_dir>/mlflow.db`` with artifacts in ``<store_dir>/mlartifacts``."""
-    store = Path(store_dir).resolve()
-    store.mkdir(parents=True, exist_ok=True)
-    return Tracking(
-        tracking_uri=f"sqlite:///{store / 'mlflow.db'}",
-        artifact_root=(store / "mlartifacts").as_uri(),
-    )
-
-
-def default_tracking(project_dir: str | Path | None = None) -> Tracking:
-    """``MLFLOW_TRACKING_URI`` when set, else the embedded store under ``<project>/.kernelgate``."""
-    uri = os.environ.get("MLFLOW_TRACKING_URI")
-    if uri:
-        return Tracking(tracking_uri=uri)
-    return local_tracking(Path(project_dir or Path.cwd()) / STORE_DIR)
-
-
-def tracking_for(store_dir: str | Path) -> Tracking:
-    """The store a command uses: ``MLFLOW_TRACKING_URI`` when set (a tracking server),
-    else the embedded SQLite store in ``store_dir``."""
-    uri = os.environ.get("MLFLOW_TRACKING_URI")
-    return Tracking(tracking_uri=uri) if uri else local_tracking(store_dir)
 
 
 def experiment_name(family: str) -> str:
@@ -173,6 +124,12 @@ def log_params(tracking: Tracking, run_id: str, params: BaseModel | Mapping[str,
     client = tracking.client()
     for key, value in _flatten(data).items():
         client.log_param(run_id, key, value)
+
+
+def flat_params(params: BaseModel | Mapping[str, Any]) -> dict[str, Any]:
+    """The names and values :func:`log_params` logs for ``params``."""
+    data = params.model_dump(mode="json") if isinstance(params, BaseModel) else dict(params)
+    return _flatten(data)
 
 
 def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -1,72 +1,181 @@
-"""What serves behind an alias: the kernel a model version was built with, as a serving
-endpoint, and whether the checkout still holds the code it was built from."""
+"""Versions that serve: each build logged as an MLflow model and registered.
+
+At build time :func:`log_version_model` saves the build as a pyfunc model
+(``lineage.model.KernelgateEncoder``) with its code snapshot, block config, exported
+artifacts, weights reference, signature, input example and pinned requirements, and
+logs it as the artifact folder ``model/`` of the build run (every file's sha256
+recorded); the registered version's source is ``runs:/<build run>/model``, so
+``models:/kernelgate-<family>@<alias>`` loads the thing itself.
+
+:mod:`lineage.version_runners` runs a registered version's own code.
+"""
 
 from __future__ import annotations
 
-import logging
+import importlib.metadata
+import json
+import shutil
+import tempfile
+import time
+from pathlib import Path
 
-import kernels
+import mlflow.pyfunc
+import numpy as np
+import pandas as pd
+from mlflow.models import ModelSignature
+from mlflow.types import ColSpec, Schema, TensorSpec
+from pydantic import BaseModel
+
 from evaluation.model import MiniLM
-from evaluation.serving import Endpoint
-from kernels.build import source_digests
-from kernels.config import BlockSizes
+from kernels.build import KernelBuild
+from lineage import model as version_model
 from lineage import registry, tags
 from lineage import tracking as tr
+from lineage.attestations import AttestationError, Signing, attest
+from lineage.sources import EvidenceSource, signed_artifact
 from lineage.tracking import Tracking
 
-logger = logging.getLogger(__name__)
+MODEL_ARTIFACT = "model"
+KERNEL_JSON = f"{MODEL_ARTIFACT}/artifacts/kernel.json"
+INPUT_EXAMPLE = ["Flash attention computes exact attention by tiling.",
+                 "A release manager approves the canary."]
+SIGNATURE = ModelSignature(inputs=Schema([ColSpec("string", "text")]),
+                           outputs=Schema([TensorSpec(np.dtype(np.float32), (-1, 384))]))
 
-NATIVE_BASELINE = "xla"
 """What serves when a family has no ``production`` version (the recovery target of a
 rollback with no earlier production): XLA's attention, native on every backend and
 able to run every dtype and shape the serving model uses (cuDNN, for one, refuses
 the model's float32)."""
 
 
-def production_kernel(tracking: Tracking, family: str
-                      ) -> tuple[str | None, str | None, BlockSizes | None]:
-    """``(version, implementation, block sizes)`` behind ``production``, or Nones."""
-    version = registry.alias_version(tracking, family, "production")
-    if version is None:
-        return None, None, None
-    return (version, *registry.version_kernel(tracking, family, version))
+class LoggedModel(BaseModel):
+    """What :func:`log_version_model` logged: where, its code identity, its cost."""
+
+    artifact_path: str
+    code_sha256: str
+    files: int
+    size_bytes: int
+    seconds: float
 
 
-def source_drift(tracking: Tracking, family: str, version: str) -> str | None:
-    """Why the checked-out kernels package differs from what ``version`` was built from
-    (sha256 per file, recorded on its build run), or None when it is the same."""
-    build_run_id = registry.version_tags(tracking, family, version)[tags.BUILD_RUN_ID]
-    run_tags = tracking.client().get_run(build_run_id).data.tags
-    n = len(tags.SOURCE_FILE_PREFIX)
-    built = {k[n:]: v for k, v in run_tags.items() if k.startswith(tags.SOURCE_FILE_PREFIX)}
-    now = source_digests()
-    changed = sorted(f for f in set(built) | set(now) if built.get(f) != now.get(f))
-    return f"source of v{version} changed since its build: {changed}" if changed else None
+def _requirements() -> list[str]:
+    # Pinned to what built the version: a load under another JAX says so (describe()).
+    pins = ["jax", "jaxlib", "numpy", "pandas", "safetensors", "tokenizers", "pydantic",
+            version_model.WEIGHTS_PACKAGE]
+    out = [f"{name}=={importlib.metadata.version(name)}" for name in pins]
+    mlflow_dist = "mlflow" if _installed("mlflow") else "mlflow-skinny"
+    return [*out, f"{mlflow_dist}=={importlib.metadata.version(mlflow_dist)}"]
 
 
-def endpoint(tracking: Tracking, family: str, alias: registry.Alias, model: MiniLM, *,
-             expect_version: str | None = None, note_run_id: str | None = None) -> Endpoint:
-    """The serving endpoint behind ``alias``; ``NATIVE_BASELINE`` when it points at nothing.
+def _installed(distribution: str) -> bool:
+    try:
+        importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
 
-    A source drift is logged and, with ``note_run_id``, tagged on that run
-    (``kernelgate.source_drift.<alias>``).
+
+def this_process_code() -> tuple[str, dict[str, str]]:
+    """``(code digest, file digests)`` of the snapshot files this process runs."""
+    files = version_model.snapshot_digests(version_model.loaded_code_root())
+    return version_model.code_digest(files), files
+
+
+def log_version_model(tracking: Tracking, run_id: str, build: KernelBuild, build_dir: Path,
+                      encoder: MiniLM) -> LoggedModel:
+    """Save ``build`` as a pyfunc model and log it under ``model/`` of the build run.
 
     Raises:
-        RuntimeError: ``expect_version`` is given and the alias no longer points at it
-            (another run moved it): stop rather than judge the wrong kernel.
+        importlib.metadata.PackageNotFoundError: the weights package is not installed.
     """
-    version = registry.alias_version(tracking, family, alias)
-    if expect_version is not None and version != expect_version:
-        raise RuntimeError(f"{alias} alias of {family} points at v{version}, not at the "
-                           f"v{expect_version} this rollout is judging; another run moved it")
-    if version is None:
-        return Endpoint(f"{NATIVE_BASELINE} (native baseline)",
-                        kernels.get_attention_fn(NATIVE_BASELINE), model)
-    drift = source_drift(tracking, family, version)
-    if drift:
-        logger.warning("%s: serving from the checkout although %s", alias, drift)
-        if note_run_id:
-            tr.set_tags(tracking, note_run_id, {tags.source_drift(alias): drift})
-    implementation, config = registry.version_kernel(tracking, family, version)
-    return Endpoint(f"{implementation}@v{version}",
-                    kernels.get_attention_fn(implementation, config), model)
+    start = time.perf_counter()
+    code_sha256, code_files = this_process_code()
+    root = version_model.loaded_code_root()
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        staged = tmp / "code"
+        for name, path in version_model.snapshot_files(root).items():
+            (staged / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, staged / name)
+        kernel = {"implementation": build.implementation,
+                  "config": serving_config(build),
+                  "build_config": build.config.model_dump() if build.config else None,
+                  "jax_version": build.jax_version, "jaxlib_version": build.jaxlib_version,
+                  "source_sha256": build.source_sha256, "code_sha256": code_sha256,
+                  "code_files": code_files}
+        weights = {"package": version_model.WEIGHTS_PACKAGE,
+                   "version": importlib.metadata.version(version_model.WEIGHTS_PACKAGE),
+                   "sha256": encoder.weights_sha256, "file": "model/model.safetensors",
+                   "size_bytes": (encoder.path / "model.safetensors").stat().st_size}
+        (tmp / "kernel.json").write_text(json.dumps(kernel, indent=2))
+        (tmp / "weights.json").write_text(json.dumps(weights, indent=2))
+        out = tmp / MODEL_ARTIFACT
+        mlflow.pyfunc.save_model(
+            str(out), python_model=version_model.KernelgateEncoder(),
+            code_paths=[str(staged / package) for package in version_model.SNAPSHOT_PACKAGES],
+            artifacts={version_model.KERNEL_ARTIFACT: str(tmp / "kernel.json"),
+                       version_model.WEIGHTS_ARTIFACT: str(tmp / "weights.json"),
+                       version_model.BUILD_ARTIFACT: str(build_dir)},
+            signature=SIGNATURE, input_example=pd.DataFrame({"text": INPUT_EXAMPLE}),
+            pip_requirements=_requirements())
+        files = [p for p in out.rglob("*") if p.is_file()]
+        tr.log_directory(tracking, run_id, out, MODEL_ARTIFACT)
+        size = sum(p.stat().st_size for p in files)
+    return LoggedModel(artifact_path=MODEL_ARTIFACT, code_sha256=code_sha256, files=len(files),
+                       size_bytes=size, seconds=time.perf_counter() - start)
+
+
+def serving_config(build: KernelBuild) -> dict | None:
+    """The block sizes the version serves with: the ones asked for (``None``: the
+    kernel's per-call choice, e.g. the measured GPU table for each shape). The tiling
+    the build resolved for its example shape is evidence, not a setting for every
+    shape: a bf16 head_dim-128 tiling does not fit a float32 call or suit a head_dim-32
+    one."""
+    return build.requested_config.model_dump(exclude_none=True) if build.requested_config else None
+
+
+def build_params(build: KernelBuild) -> dict:
+    """The params a build run logs (and its signed build vouches for)."""
+    return {"implementation": build.implementation,
+            "config": build.config.model_dump() if build.config else "untiled",
+            "shape": build.shape.model_dump()}
+
+
+def register_version(tracking: Tracking, family: str, run_id: str, build: KernelBuild,
+                     logged: LoggedModel, signing: Signing) -> str:
+    """Register the logged model as a version and sign the ``build`` attestation: its
+    subjects are every file of the build run (the model's code included), its predicate
+    what serves and the version number. Returns the version."""
+    config = serving_config(build)
+    version = registry.register_build(tracking, family, run_id,
+                                      implementation=build.implementation,
+                                      config=build.requested_config,
+                                      artifact_path=logged.artifact_path)
+    attest(tracking, run_id, "build", {
+        "family": family, "version": version, "build_run_id": run_id,
+        "implementation": build.implementation, "config": config,
+        "build_config": build.config.model_dump() if build.config else None,
+        "shape": build.shape.model_dump(), "source_sha256": build.source_sha256,
+        "code_sha256": logged.code_sha256, "jax_version": build.jax_version,
+        "jaxlib_version": build.jaxlib_version, "model_artifact": logged.artifact_path,
+        "params": {k: str(v) for k, v in tr.flat_params(build_params(build)).items()},
+        "version_tags": {tags.IMPLEMENTATION: build.implementation,
+                         tags.CONFIG: json.dumps(config)}},
+        signing.signer)
+    return version
+
+
+def recorded_kernel(source: EvidenceSource, version: str) -> dict:
+    """The version's ``kernel.json`` (implementation, resolved config, code digest, JAX
+    it was built with), read from its model and checked against the signed build — never
+    from an editable tag.
+
+    Raises:
+        AttestationError: no signed build for the version, or the file was altered.
+    """
+    builds = [a for a in source.attestations()
+              if a.kind == "build" and str(a.predicate.get("version")) == str(version)]
+    if not builds:
+        raise AttestationError(f"v{version} of {source.family} has no signed build")
+    _, data = signed_artifact(source, builds[0].run_id, "build", KERNEL_JSON)
+    return json.loads(data)

@@ -9,22 +9,26 @@ from __future__ import annotations
 
 import json
 import re
+import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
 from pydantic import BaseModel
 
-from gates.approval import ApprovalInput, record_answer, record_auto_approval
+from evaluation.report import EvaluationReport, ImplementationInfo, ValidationSummary
+from gates.approval import ApprovalInput, ApprovalRecord, record_answer, record_auto_approval
 from gates.canary import analyse_canary_step
 from gates.decision import GateDecision, decide
 from gates.preregistration import Registration
 from gates.thresholds import CanaryStep, load_thresholds
 from lineage import registry, tags
 from lineage import tracking as tr
+from lineage.attestations import Signing, attest
 from lineage.records import log_approval, log_canary_step, log_decision, log_shadow
 from lineage.registration import preregister, registered_thresholds
 from lineage.registry import register_build
+from lineage.sources import StoreSource
 from lineage.tracking import Tracking
 
 
@@ -39,6 +43,23 @@ class StandInReport(BaseModel):
     target_platform: str = "gpu"
     device_platform: str = "gpu"
     started_at: datetime
+
+
+def evaluation_report(metrics: dict[str, float], *, production_metrics=None,
+                      started_at: datetime | None = None, split: str = "heldout",
+                      split_digest: str = "d" * 64) -> EvaluationReport:
+    """A real ``EvaluationReport`` carrying the given metrics (what the audit re-derives
+    decisions from), for a GPU kernel evaluated on a GPU."""
+    info = {"name": "x", "native": True, "target_platform": "gpu"}
+    return EvaluationReport(
+        candidate=ImplementationInfo(role="candidate", **info),
+        baseline=ImplementationInfo(role="baseline", **info),
+        production=ImplementationInfo(role="production", **info) if production_metrics else None,
+        split=split, testset_dir="/nowhere", testset_digest="t" * 64, split_digest=split_digest,
+        started_at=started_at or datetime.now(UTC), target_platform="gpu", device_platform="gpu",
+        device_kind="test", jax_version="0", speed_assessed=True,
+        validation=ValidationSummary(success=True), metrics=metrics,
+        baseline_metrics=baseline_metrics(), production_metrics=production_metrics)
 
 
 def thresholds_yaml(
@@ -125,54 +146,67 @@ class Chain(BaseModel):
     decision: GateDecision
 
 
+def signed_build(tracking: Tracking, family: str, signing: Signing, *,
+                 implementation: str = "xla") -> tuple[str, str]:
+    """A build run with stand-in artifacts, registered and signed: ``(run id, version)``."""
+    with tr.stage_run(tracking, family, "build") as build_run_id:
+        tr.log_text(tracking, build_run_id, '{"block_q": 128}', "build/config.json")
+        tr.log_bytes(tracking, build_run_id, b"\x00exported-module\x01", "build/export/gpu.bin")
+        version = register_build(tracking, family, build_run_id, implementation=implementation,
+                                 config=None, artifact_path="build")
+        attest(tracking, build_run_id, "build", {
+            "family": family, "version": version, "build_run_id": build_run_id,
+            "implementation": implementation, "config": None, "code_sha256": "0" * 64,
+            "version_tags": {tags.IMPLEMENTATION: implementation, tags.CONFIG: "null"}},
+            signing.signer)
+    return build_run_id, version
+
+
+def signed_evaluation(tracking: Tracking, family: str, signing: Signing, *, build_run_id: str,
+                      registration_id: str, version: str, report: EvaluationReport) -> str:
+    """An evaluation run holding ``report``, its metrics and tags, signed; returns its id."""
+    run_tags = {tags.BUILD_RUN_ID: build_run_id, tags.REGISTRATION_ID: registration_id,
+                tags.SPLIT: report.split}
+    with tr.stage_run(tracking, family, "evaluation", run_tags=run_tags) as run_id:
+        tr.log_model_json(tracking, run_id, report, "evaluation/evaluation_report.json")
+        for name, value in report.metrics.items():
+            tracking.client().log_metric(run_id, name, value)
+        attest(tracking, run_id, "evaluation", {
+            "family": family, "version": version, "build_run_id": build_run_id,
+            "registration_id": registration_id, "split": report.split,
+            "split_digest": report.split_digest, "metrics": report.metrics,
+            "report_artifact": "evaluation/evaluation_report.json", "tags": run_tags},
+            signing.signer)
+    return run_id
+
+
 def build_chain(
     tracking: Tracking,
     family: str,
     thresholds_path: Path,
     metrics: dict[str, float],
     *,
+    signing: Signing,
     production_metrics: dict[str, float] | None = None,
     registration: Registration | None = None,
+    built: tuple[str, str] | None = None,
 ) -> Chain:
-    """Preregister (unless given), build, evaluate, decide and register one candidate."""
-    registration = registration or preregister(thresholds_path, tracking=tracking, family=family)
-    with tr.stage_run(tracking, family, "build") as build_run_id:
-        tr.log_text(tracking, build_run_id, '{"block_q": 128}', "build/config.json")
-        tr.log_bytes(tracking, build_run_id, b"\x00exported-module\x01", "build/export/gpu.bin")
-    started = datetime.now(UTC)
-    with tr.stage_run(
-        tracking,
-        family,
-        "evaluation",
-        run_tags={
-            tags.BUILD_RUN_ID: build_run_id,
-            tags.REGISTRATION_ID: registration.registration_id,
-        },
-    ) as evaluation_run_id:
-        report = StandInReport(
-            metrics=metrics,
-            baseline_metrics=baseline_metrics(),
-            production_metrics=production_metrics,
-            started_at=started,
-        )
-        tr.log_model_json(tracking, evaluation_run_id, report, "reports/evaluation.json")
+    """Preregister (unless given), build (unless ``built`` gives an already registered and
+    signed ``(build run id, version)``), evaluate, decide: all signed."""
+    registration = registration or preregister(thresholds_path, tracking=tracking, family=family,
+                                               signing=signing)
+    build_run_id, version = built or signed_build(tracking, family, signing)
+    report = evaluation_report(metrics, production_metrics=production_metrics)
+    evaluation_run_id = signed_evaluation(tracking, family, signing, build_run_id=build_run_id,
+                                          registration_id=registration.registration_id,
+                                          version=version, report=report)
     decision = decide(report, load_thresholds(thresholds_path), registration)
-    decision_run_id = log_decision(
-        tracking,
-        family,
-        decision,
-        build_run_id=build_run_id,
-        evaluation_run_id=evaluation_run_id,
-    )
-    version = register_build(tracking, family, build_run_id, implementation="xla", config=None)
-    return Chain(
-        registration=registration,
-        build_run_id=build_run_id,
-        evaluation_run_id=evaluation_run_id,
-        decision_run_id=decision_run_id,
-        version=version,
-        decision=decision,
-    )
+    decision_run_id = log_decision(tracking, family, decision, build_run_id=build_run_id,
+                                   evaluation_run_id=evaluation_run_id, version=version,
+                                   signing=signing)
+    return Chain(registration=registration, build_run_id=build_run_id,
+                 evaluation_run_id=evaluation_run_id, decision_run_id=decision_run_id,
+                 version=version, decision=decision)
 
 
 def _passing_step(step, plan):
@@ -183,51 +217,62 @@ def _passing_step(step, plan):
                                nan_count=0, memory_start_bytes=0, memory_end_bytes=0, plan=plan)
 
 
-def complete_chain(tracking: Tracking, family: str, chain: Chain, *,
-                   approve: dict[str, ApprovalInput] | None = None,
-                   confirmation_metrics: dict[str, float] | None = None) -> Chain:
-    """Log the rest of the evidence promotion needs for ``chain.version``: a passed
-    shadow stage, every approval the registered policy requires (a person's approval,
-    or ``approve[transition]``; auto-approval where the policy says so), one passed
-    canary run per registered step, and a confirmation decision (accuracy criteria) on
-    ``confirmation_metrics`` (default: the passing metrics)."""
-    thresholds = registered_thresholds(chain.registration, tracking=tracking)
+def complete_chain(tracking: Tracking, family: str, chain: Chain, *, signing: Signing,
+                   approve: dict[str, ApprovalRecord] | None = None,
+                   confirmation_metrics: dict[str, float] | None = None,
+                   confirmation_digest: str | None = None) -> Chain:
+    """Log the rest of the signed evidence promotion needs for ``chain.version``: a passed
+    shadow stage, every approval the registered policy requires (a person's approval, or
+    ``approve[transition]``; auto-approval where the policy says so), one passed canary
+    run per registered step, and a confirmation decision (accuracy criteria) on
+    ``confirmation_metrics`` (default: the passing metrics) over a fresh split."""
+    source = StoreSource(tracking, family, signing.trust)
+    thresholds = registered_thresholds(source, chain.registration)
     plan, policy = thresholds.canary, thresholds.approval
     shadow = _passing_step(CanaryStep(name="shadow", traffic_fraction=1.0, requests=10), plan)
     shadow_run = log_shadow(tracking, family, chain.version, shadow, shadow,
-                            decision_run_id=chain.decision_run_id)
+                            decision_run_id=chain.decision_run_id, signing=signing)
     registry.link_traffic_run(tracking, family, chain.version, "shadow", shadow_run)
     for transition in policy.required_for:
         about = dict(transition=transition, family=family, version=chain.version)
-        if policy.auto_approve:
+        if (approve or {}).get(transition) is not None:
+            record = approve[transition]
+        elif policy.auto_approve:
             record = record_auto_approval(policy, **about)
         else:
-            answer = (approve or {}).get(transition) or ApprovalInput(
-                approve=True, approver="rm@example.com", comment="evidence reviewed")
-            record = record_answer(answer, **about)
-        run_id = log_approval(tracking, record, decision_run_id=chain.decision_run_id)
+            record = record_answer(ApprovalInput(approve=True, approver="rm@example.com",
+                                                 comment="evidence reviewed"), **about)
+        run_id = log_approval(tracking, record, decision_run_id=chain.decision_run_id,
+                              signing=signing)
         registry.link_approval(tracking, family, chain.version, transition, run_id)
     for step in plan.steps:
-        run_id = log_canary_step(tracking, family, _passing_step(step, plan),
-                                 decision_run_id=chain.decision_run_id)
+        run_id = log_canary_step(tracking, family, _passing_step(step, plan), version=chain.version,
+                                 decision_run_id=chain.decision_run_id, signing=signing)
         registry.link_traffic_run(tracking, family, chain.version, "canary", run_id)
-    started = datetime.now(UTC)
-    with tr.stage_run(tracking, family, "evaluation", run_tags={
-            tags.BUILD_RUN_ID: chain.build_run_id,
-            tags.REGISTRATION_ID: chain.registration.registration_id,
-            tags.SPLIT: "confirmation"}) as evaluation_run_id:
-        report = StandInReport(metrics=confirmation_metrics or passing_metrics(),
-                               baseline_metrics=baseline_metrics(), started_at=started)
-        tr.log_model_json(tracking, evaluation_run_id, report, "reports/evaluation.json")
+    report = evaluation_report(confirmation_metrics or passing_metrics(), split="confirmation",
+                               split_digest=confirmation_digest or uuid.uuid4().hex * 2)
+    evaluation_run_id = signed_evaluation(tracking, family, signing, build_run_id=chain.build_run_id,
+                                          registration_id=chain.registration.registration_id,
+                                          version=chain.version, report=report)
     confirmation = decide(report, thresholds, chain.registration, kinds={"accuracy"})
     decision_run_id = log_decision(tracking, family, confirmation, build_run_id=chain.build_run_id,
-                                   evaluation_run_id=evaluation_run_id)
+                                   evaluation_run_id=evaluation_run_id, version=chain.version,
+                                   signing=signing)
     registry.link_confirmation(tracking, family, chain.version, decision_run_id)
     return chain
 
 
 def promotable_chain(tracking: Tracking, family: str, thresholds_path: Path,
-                     metrics: dict[str, float] | None = None, **kwargs) -> Chain:
+                     metrics: dict[str, float] | None = None, *, signing: Signing,
+                     **kwargs) -> Chain:
     """``build_chain`` plus ``complete_chain``: a version ``registry.promote`` accepts."""
-    chain = build_chain(tracking, family, thresholds_path, metrics or passing_metrics(), **kwargs)
-    return complete_chain(tracking, family, chain)
+    chain = build_chain(tracking, family, thresholds_path, metrics or passing_metrics(),
+                        signing=signing, **kwargs)
+    return complete_chain(tracking, family, chain, signing=signing)
+
+
+def promote(tracking: Tracking, family: str, chain: Chain, signing: Signing):
+    """Promote ``chain.version`` against whatever production is now."""
+    return registry.promote(tracking, family, chain.version, decision_run_id=chain.decision_run_id,
+                            expected_previous=registry.alias_version(tracking, family, "production"),
+                            signing=signing)

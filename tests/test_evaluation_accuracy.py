@@ -279,18 +279,24 @@ class _AttentionProbe:
         return np.asarray(out, np.float32).mean(axis=1).reshape(3, -1)[: len(texts)]
 
 
+def _model_accuracy(model, texts, fn, name="candidate"):
+    ref = model.embed(texts, attention_fn=float64_attention) if texts else None
+    return model_accuracy(texts, lambda t: model.embed(t, attention_fn=fn), name=name,
+                          reference_embeddings=ref, weights_sha256=model.weights_sha256)
+
+
 def test_model_accuracy_separates_correct_from_wrong_attention():
     model = _AttentionProbe()
     texts = ["a", "b", "c"]
-    good = model_accuracy(model, texts, _xla)
-    bad = model_accuracy(model, texts, wrong_scale, name="wrong")
+    good = _model_accuracy(model, texts, _xla)
+    bad = _model_accuracy(model, texts, wrong_scale, name="wrong")
     assert good.n_documents == 3 and len(good.cosine_similarities) == 3
     assert good.min_cosine_similarity > 1 - 1e-9
     assert bad.min_cosine_similarity < 0.999
     assert good.metrics() == {"model.min_cosine_similarity": good.min_cosine_similarity,
                               "model.mean_cosine_similarity": good.mean_cosine_similarity}
     with pytest.raises(ValueError, match="document"):
-        model_accuracy(model, [], _xla)
+        _model_accuracy(model, [], _xla)
 
 
 @pytest.fixture(scope="module")
@@ -305,8 +311,8 @@ def minilm():
 def test_model_accuracy_on_minilm_xla_matches_float64(minilm):
     texts = ["The cat sat on the mat.", "Quarterly revenue grew by twelve percent.",
              "Attention computes a weighted average of values."]
-    good = model_accuracy(minilm, texts, _xla)
-    bad = model_accuracy(minilm, texts, wrong_scale, name="wrong_scale")
+    good = _model_accuracy(minilm, texts, _xla)
+    bad = _model_accuracy(minilm, texts, wrong_scale, name="wrong_scale")
     assert good.weights_sha256 == minilm.weights_sha256
     assert good.min_cosine_similarity > 0.99999
     assert bad.min_cosine_similarity < good.min_cosine_similarity

@@ -35,6 +35,9 @@ from tests import faulty_kernels
 from tests.faulty_kernels import Fault
 
 FAMILY = "attention-test"
+APPROVAL_FAMILY = "attention-approval"
+"""The approval tests register stricter thresholds; in a family of their own, so the
+family's registration chain (no loosening after a rejection) does not bind the others."""
 THRESHOLDS = Path(__file__).parent / "data" / "thresholds-flow-test.yaml"
 SMALL_SHAPE = [AttentionShape(batch=1, q_len=128, kv_len=128, num_heads=4, num_kv_heads=4,
                           head_dim=32, dtype="float32", causal=False)]
@@ -62,8 +65,9 @@ def make_settings(store, tmp_path, monkeypatch):
     faulty_kernels.register(monkeypatch)
     monkeypatch.setattr(Fault, "active", False)
 
-    def make(implementation: str, thresholds: Path = THRESHOLDS, **overrides) -> RolloutSettings:
-        return RolloutSettings(implementation=f"test_{implementation}", family=FAMILY,
+    def make(implementation: str, thresholds: Path = THRESHOLDS, family: str = FAMILY,
+             **overrides) -> RolloutSettings:
+        return RolloutSettings(implementation=f"test_{implementation}", family=family,
                                thresholds=thresholds, testset_dir=store / "testset",
                                store_dir=store / "store", shadow_requests=8, perf_repeats=3,
                                perf_shapes=SMALL_SHAPE, model_check=False, **overrides)
@@ -75,6 +79,14 @@ def tracking(store):
     from lineage.tracking import local_tracking
 
     return local_tracking(store / "store")
+
+
+@pytest.fixture
+def source(tracking, signing):
+    """The family's signed record, read with the pipeline's keys."""
+    from lineage.sources import StoreSource
+
+    return StoreSource(tracking, FAMILY, signing.trust)
 
 
 @pytest.fixture
@@ -99,14 +111,15 @@ def version_tags(tracking, version: str) -> dict[str, str]:
     return mv.tags
 
 
-def assert_production_unchanged(tracking, before: dict[str, str], rejected_version: str):
-    after = registry.aliases(tracking, FAMILY)
-    assert after.get("production") == before["production"]
+def assert_production_unchanged(tracking, before: dict[str, str], rejected_version: str,
+                                family: str = FAMILY):
+    after = registry.aliases(tracking, family)
+    assert after.get("production") == before.get("production")
     assert rejected_version not in {after.get("canary"), after.get("shadow")}
     assert after.get("production") != rejected_version
 
 
-def test_passing_candidate_is_promoted_with_full_lineage(seeded, make_settings, tracking):
+def test_passing_candidate_is_promoted_with_full_lineage(seeded, make_settings, tracking, signing):
     outcome = rollout(make_settings("good"))
     assert outcome.result == "promoted"
     assert registry.alias_version(tracking, FAMILY, "production") == outcome.version
@@ -117,12 +130,16 @@ def test_passing_candidate_is_promoted_with_full_lineage(seeded, make_settings, 
                  tags.CONFIRMATION_RUN_ID):
         assert link in mv_tags
     from lineage.records import load_decision
+    from lineage.sources import StoreSource
 
-    confirmation = load_decision(tracking, mv_tags[tags.CONFIRMATION_RUN_ID]).decision
+    source = StoreSource(tracking, FAMILY, signing.trust)
+    confirmation = load_decision(source, mv_tags[tags.CONFIRMATION_RUN_ID]).decision
     assert confirmation.passed and confirmation.scope == ["accuracy"]
     from lineage.audit import audit
 
-    report = audit(tracking, FAMILY, "production")
+    # The test kernels exist only in this process (monkeypatched registry), so the
+    # loaded-model check runs in test_lineage_versions with real kernels.
+    report = audit(tracking, FAMILY, "production", trust=signing.trust, load_model=False)
     assert report.exit_code == 0, report.render()
     stages_seen = [link.name for link in report.chain if link.ok]
     assert "shadow run" in stages_seen and stages_seen.count("canary run") >= 2
@@ -163,9 +180,11 @@ def test_slow_candidate_is_rejected_by_the_canary_latency_test(seeded, make_sett
     assert_production_unchanged(tracking, seeded, outcome.version)
 
 
-def _answer_when_paused(transition: str, run_input: dict, timeout_s: float = 240) -> None:
-    """Resume the paused rollout through the Prefect API once its form schema exists."""
-    schema_key = f"paused-{tags.approval_key(transition)}-schema"
+def _answer_when_paused(transition: str, run_input: dict, timeout_s: float = 240,
+                        attempt: int = 0) -> None:
+    """Resume the paused rollout through the Prefect API once its form schema exists
+    (``attempt``: the how-many-th time the flow asks)."""
+    schema_key = f"paused-{promotion.pause_key(transition, attempt)}-schema"
     paused = FlowRunFilter(state=FlowRunFilterState(
         type=FlowRunFilterStateType(any_=[StateType.PAUSED])))
     deadline = time.monotonic() + timeout_s
@@ -182,49 +201,69 @@ def _answer_when_paused(transition: str, run_input: dict, timeout_s: float = 240
     raise AssertionError("the rollout never paused for approval")
 
 
-def _rollout_answered(settings, transition: str, run_input: dict):
-    answer = threading.Thread(target=_answer_when_paused, args=(transition, run_input), daemon=True)
+def _rollout_answered(settings, transition: str, *run_inputs: dict):
+    """Run the rollout while another thread answers its pauses with ``run_inputs`` in turn."""
+    errors: list[BaseException] = []
+
+    def answer_all():
+        try:
+            for attempt, run_input in enumerate(run_inputs):
+                _answer_when_paused(transition, run_input, attempt=attempt)
+        except BaseException as err:  # noqa: BLE001 - re-raised in the test's thread
+            errors.append(err)
+
+    answer = threading.Thread(target=answer_all, daemon=True)
     answer.start()
     outcome = rollout(settings)
     answer.join(timeout=5)
+    if errors:
+        raise errors[0]
     return outcome
 
 
-def test_approved_rollout_continues_to_production(seeded, make_settings, tracking, tmp_path):
-    settings = make_settings("good", thresholds=thresholds_with(
+def test_blank_approver_is_asked_again_then_approved(
+        seeded, make_settings, tracking, tmp_path, signing):
+    """An answer Prefect's server accepts but whose approver is blank is asked again,
+    never recorded; the next, complete answer continues to production. (An answer
+    without the approver field at all is refused by the server: the form keeps its
+    required fields and ``minLength``.)"""
+    from lineage.records import load_approval
+    from lineage.sources import StoreSource
+
+    settings = make_settings("good", family=APPROVAL_FAMILY, thresholds=thresholds_with(
         tmp_path, required_for=["shadow->canary"], timeout_s=240))
     outcome = _rollout_answered(settings, "shadow->canary",
+                                {"approve": True, "approver": "   ", "comment": "ok"},
                                 {"approve": True, "approver": "rm@example.com", "comment": "ok"})
-    assert outcome.result == "promoted"
-    assert registry.alias_version(tracking, FAMILY, "production") == outcome.version
-    from lineage.records import load_approval
-
+    assert outcome.result == "promoted", outcome.reason
+    assert registry.alias_version(tracking, APPROVAL_FAMILY, "production") == outcome.version
     runs = tracking.client().search_runs(
-        [tracking.client().get_experiment_by_name(f"kernelgate-{FAMILY}").experiment_id],
-        filter_string=f"tags.`{tags.STAGE}` = 'approval' and tags.`kernelgate.model_version` = '{outcome.version}'")
+        [tracking.client().get_experiment_by_name(f"kernelgate-{APPROVAL_FAMILY}").experiment_id],
+        filter_string=f"tags.`{tags.STAGE}` = 'approval' and tags.`{tags.MODEL_VERSION}` = '{outcome.version}'")
     assert len(runs) == 1
-    record, _ = load_approval(tracking, runs[0].info.run_id)
-    assert (record.approved, record.approver) == (True, "rm@example.com")
+    record, _ = load_approval(StoreSource(tracking, APPROVAL_FAMILY, signing.trust), runs[0].info.run_id)
+    assert record.authentication.startswith("unauthenticated")
+    assert (record.approved, record.approver, record.comment) == (True, "rm@example.com", "ok")
 
 
 def test_rejected_approval_rolls_back(seeded, make_settings, tracking, tmp_path):
-    settings = make_settings("good", thresholds=thresholds_with(
+    settings = make_settings("good", family=APPROVAL_FAMILY, thresholds=thresholds_with(
         tmp_path, required_for=["shadow->canary"], timeout_s=240))
-    before = registry.aliases(tracking, FAMILY)
+    before = registry.aliases(tracking, APPROVAL_FAMILY)
     outcome = _rollout_answered(settings, "shadow->canary",
                                 {"approve": False, "approver": "rm@example.com",
                                  "comment": "not this week"})
     assert (outcome.result, outcome.stage) == ("rolled_back", "approval")
-    assert_production_unchanged(tracking, before, outcome.version)
+    assert_production_unchanged(tracking, before, outcome.version, APPROVAL_FAMILY)
 
 
 def test_approval_timeout_rolls_back(seeded, make_settings, tracking, tmp_path):
-    settings = make_settings("good", thresholds=thresholds_with(
+    settings = make_settings("good", family=APPROVAL_FAMILY, thresholds=thresholds_with(
         tmp_path, required_for=["shadow->canary"], timeout_s=3))
-    before = registry.aliases(tracking, FAMILY)
+    before = registry.aliases(tracking, APPROVAL_FAMILY)
     outcome = rollout(settings)
     assert (outcome.result, outcome.stage) == ("rolled_back", "approval")
-    assert_production_unchanged(tracking, before, outcome.version)
+    assert_production_unchanged(tracking, before, outcome.version, APPROVAL_FAMILY)
 
 
 def test_rollout_killed_mid_canary_leaves_registry_consistent(seeded, make_settings, tracking):
@@ -260,14 +299,14 @@ def test_rollout_killed_mid_canary_leaves_registry_consistent(seeded, make_setti
 
 
 def test_nightly_revalidation_rolls_back_a_production_version_that_broke(
-        seeded, make_settings, tracking, monkeypatch):
+        seeded, make_settings, tracking, monkeypatch, signing):
     """A kernel that passed its rollout starts returning NaN (say, after a library
     upgrade): the nightly run fails it and restores the previous production."""
     from flows.revalidate import revalidate_production
 
     promoted = rollout(make_settings("nan_under_fault"))
     assert promoted.result == "promoted", promoted.reason
-    history = registry.production_history(tracking, FAMILY)
+    history = registry.production_history(tracking, FAMILY, signing.trust)
     assert history[-1] == promoted.version
 
     healthy = revalidate_production(FAMILY, make_settings("nan_under_fault"))
@@ -292,7 +331,7 @@ def _record_table() -> list[dict]:
              "artifacts": [a.strip() for a in r[3].split(",")]} for r in rows]
 
 
-def test_record_matches_architecture_table(seeded, tracking):
+def test_record_matches_architecture_table(seeded, tracking, source):
     """The promoted rollout's MLflow record has exactly the runs, tags and artifacts
     ARCHITECTURE.md's record table says (later changes to the record update both)."""
     import fnmatch
@@ -307,11 +346,10 @@ def test_record_matches_architecture_table(seeded, tracking):
     children = tracking.client().search_runs(
         [rollout_run.info.experiment_id],
         filter_string=f"tags.`{tags.PARENT}` = '{rollout_run.info.run_id}'")
-    registration = load_decision(tracking, vtags[tags.DECISION_RUN_ID]).registration_id
+    registration = load_decision(source, vtags[tags.DECISION_RUN_ID]).registration_id
     from lineage.registration import load_registration
 
-    thresholds = registered_thresholds(load_registration(registration, tracking=tracking),
-                                       tracking=tracking)
+    thresholds = registered_thresholds(source, load_registration(source, registration))
     counts = {"steps": len(thresholds.canary.steps),
               "approvals": len(thresholds.approval.required_for)}
     table = _record_table()

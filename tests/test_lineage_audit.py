@@ -1,8 +1,10 @@
-"""Audit of a promoted version against a real MLflow SQLite store; tampering is caught."""
+"""The audit re-derives from signed evidence: a real MLflow SQLite store, stand-in
+builds, every record signed; each kind of tampering is named. (tests/test_attacks.py
+replays the attacks on stores written by real rollouts.)"""
 
 from __future__ import annotations
 
-import hashlib
+import contextlib
 import json
 from datetime import UTC, datetime
 from pathlib import Path
@@ -11,19 +13,19 @@ import pytest
 
 from gates.decision import decide
 from gates.thresholds import load_thresholds
-from lineage import registry, tags
+from lineage import keys, registry, tags
 from lineage import tracking as tr
 from lineage.audit import audit
 from lineage.records import log_decision
 from lineage.registration import preregister
 from tests.conftest_lineage import (
     Chain,
-    StandInReport,
-    baseline_metrics,
-    build_chain,
     complete_chain,
+    evaluation_report,
     passing_metrics,
     promotable_chain,
+    promote,
+    signed_build,
     slug,
     thresholds_yaml,
 )
@@ -35,178 +37,193 @@ def tracking(tmp_path_factory):
 
 
 @pytest.fixture
-def promoted(tracking, request, tmp_path):
-    """A version promoted under a policy that needs an approval; returns (family, chain,
-    approval run id)."""
+def promoted(tracking, request, tmp_path, signing):
+    """A version promoted under a policy that needs an approval; returns (family, chain)."""
     family = slug(request.node.name)
     path = tmp_path / "thresholds.yaml"
     path.write_text(thresholds_yaml(profile="prod", required_for=("canary->production",)))
-    chain = promotable_chain(tracking, family, path)
-    registry.promote(tracking, family, chain.version, decision_run_id=chain.decision_run_id)
-    approval_run_id = registry.version_tags(tracking, family, chain.version)[
-        tags.approval_run_id("canary->production")]
-    return family, chain, approval_run_id
+    chain = promotable_chain(tracking, family, path, signing=signing)
+    promote(tracking, family, chain, signing)
+    return family, chain
 
 
-def _local_artifact(tracking, run_id: str, artifact_path: str) -> Path:
+def _audit(tracking, family, signing, target="production", trust=None):
+    return audit(tracking, family, target, trust=trust or signing.trust, load_model=False)
+
+
+def _local(tracking, run_id: str, artifact_path: str) -> Path:
     uri = tracking.client().get_run(run_id).info.artifact_uri
     return Path(uri.removeprefix("file://")) / artifact_path
 
 
-def test_audit_of_promoted_version_passes(tracking, promoted):
-    family, chain, approval_run_id = promoted
-    report = audit(tracking, family, "production")
+def test_untouched_store_passes_and_says_what_it_verified(tracking, promoted, signing):
+    family, chain = promoted
+    report = _audit(tracking, family, signing)
     assert report.ok and report.exit_code == 0, report.render()
     assert report.version == chain.version
-    refs = {link.name: link.ref for link in report.chain}
-    vtags = registry.version_tags(tracking, family, chain.version)
-    assert {k: refs[k] for k in ("version", "build run", "gate decision", "gate evaluation run",
-                                 "preregistration run", "approval canary->production",
-                                 "shadow run", "confirmation decision")} == {
-        "version": chain.version,
-        "build run": chain.build_run_id,
-        "gate decision": chain.decision_run_id,
-        "gate evaluation run": chain.evaluation_run_id,
-        "preregistration run": chain.registration.registration_id,
-        "approval canary->production": approval_run_id,
-        "shadow run": vtags[tags.SHADOW_RUN_ID],
-        "confirmation decision": vtags[tags.CONFIRMATION_RUN_ID],
-    }
-    canary = [link for link in report.chain if link.name == "canary run"]
-    assert [link.ref for link in canary] == json.loads(vtags[tags.CANARY_RUN_IDS])
-    assert all(link.ok for link in report.chain)
-    paths = {(a.run_id, a.path) for a in report.artifacts}
-    assert (chain.build_run_id, "build/export/gpu.bin") in paths
-    assert (chain.evaluation_run_id, "reports/evaluation.json") in paths
-    assert (chain.registration.registration_id, "thresholds/thresholds.yaml") in paths
-    assert (chain.decision_run_id, tags.DECISION_ARTIFACT) in paths
-    assert (approval_run_id, tags.APPROVAL_ARTIFACT) in paths
-    # each verified digest is the sha256 of the stored bytes, recomputed here
-    for check in report.artifacts:
-        data = _local_artifact(tracking, check.run_id, check.path).read_bytes()
-        assert check.actual_sha256 == check.expected_sha256 == hashlib.sha256(data).hexdigest()
-    assert "AUDIT PASSED" in report.render()
-    # the version number audits the same way as its alias
-    assert audit(tracking, family, chain.version).ok
+    assert report.attestations_verified >= 10 and report.artifacts_verified == report.artifacts_checked
+    names = {link.name: link.ref for link in report.chain}
+    assert names["gate decision"] == chain.decision_run_id
+    assert names["registration"] == chain.registration.registration_id
+    assert names["gate evaluation"] == chain.evaluation_run_id
+    for name in ("approval canary->production", "shadow run", "confirmation decision", "promotion"):
+        assert name in names
+    assert sum(link.name == "canary run" for link in report.chain) == 2
+    assert "re-derived verdict promote" in next(link.detail for link in report.chain
+                                                if link.name == "gate evaluation")
+    assert report.summary().startswith("AUDIT PASSED")
+    assert audit(tracking, family, chain.version, trust=signing.trust, load_model=False).ok
 
 
-@pytest.mark.parametrize(
-    ("which", "artifact"),
-    [
-        ("build_run_id", "build/export/gpu.bin"),
-        ("evaluation_run_id", "reports/evaluation.json"),
-        ("registration", "thresholds/thresholds.yaml"),
-    ],
-)
-def test_altered_artifact_fails_the_audit_and_is_named(tracking, promoted, which, artifact):
-    family, chain, _ = promoted
-    run_id = (
-        chain.registration.registration_id if which == "registration" else getattr(chain, which)
-    )
-    local = _local_artifact(tracking, run_id, artifact)
+@pytest.mark.parametrize(("which", "artifact"), [
+    ("build_run_id", "build/export/gpu.bin"),
+    ("evaluation_run_id", "evaluation/evaluation_report.json"),
+    ("registration", "thresholds/thresholds.yaml"),
+])
+def test_altered_artifact_is_named(tracking, promoted, signing, which, artifact):
+    family, chain = promoted
+    run_id = chain.registration.registration_id if which == "registration" else getattr(chain, which)
+    local = _local(tracking, run_id, artifact)
     local.write_bytes(local.read_bytes() + b" ")
-    report = audit(tracking, family, "production")
-    assert not report.ok and report.exit_code == 1
-    assert any(artifact in p and run_id in p and "sha256 mismatch" in p for p in report.problems)
-    bad = [a for a in report.artifacts if not a.ok]
-    assert [(a.run_id, a.path) for a in bad] == [(run_id, artifact)]
-    assert "AUDIT FAILED" in report.render() and artifact in report.render()
-
-
-def test_artifact_without_digest_or_missing_is_named(tracking, promoted):
-    family, chain, _ = promoted
-    # logged behind lineage.tracking's back: no recorded digest
-    extra = Path(
-        tracking.client().get_run(chain.evaluation_run_id).info.artifact_uri.removeprefix("file://")
-    )
-    (extra / "plots").mkdir()
-    (extra / "plots" / "latency.png").write_bytes(b"png")
-    _local_artifact(tracking, chain.build_run_id, "build/config.json").unlink()
-    report = audit(tracking, family, "production")
+    report = _audit(tracking, family, signing)
     assert report.exit_code == 1
-    assert any("'plots/latency.png'" in p and "no recorded sha256" in p for p in report.problems)
-    assert any("'build/config.json'" in p and "missing" in p for p in report.problems)
+    assert any(artifact in p and (run_id in p) and ("signed digest" in p) for p in report.problems), \
+        report.render()
 
 
-def test_broken_link_is_named(tracking, promoted):
-    family, chain, _ = promoted
-    name = registry.registered_model_name(family)
-    tracking.client().set_model_version_tag(name, chain.version, tags.DECISION_RUN_ID, "f" * 32)
-    report = audit(tracking, family, "production")
-    assert report.exit_code == 1
-    assert any("gate decision" in p and "f" * 32 in p and "not found" in p for p in report.problems)
+def test_rewritten_decision_with_its_digest_tag_updated_is_caught(tracking, promoted, signing):
+    """Rewrite the gate decision to something else and update its sha256 tag: the tag is
+    not what protects it, the signature is."""
+    import hashlib
 
-
-@pytest.mark.parametrize("evidence", ["shadow", "canary", "confirmation", "approval"])
-def test_production_without_its_full_chain_fails_the_audit(tracking, promoted, evidence):
-    """The audit holds a production version to the registry's definition of a
-    complete chain: missing shadow, canary, confirmation or approval is named."""
-    family, chain, _ = promoted
-    key = {"shadow": tags.SHADOW_RUN_ID, "canary": tags.CANARY_RUN_IDS,
-           "confirmation": tags.CONFIRMATION_RUN_ID,
-           "approval": tags.approval_run_id("canary->production")}[evidence]
-    tracking.client().delete_model_version_tag(registry.registered_model_name(family),
-                                               chain.version, key)
-    report = audit(tracking, family, "production")
-    assert report.exit_code == 1 and any(evidence in p for p in report.problems), report.render()
-
-
-def test_forged_decision_document_is_caught(tracking, promoted):
-    family, chain, _ = promoted
-    local = _local_artifact(tracking, chain.decision_run_id, tags.DECISION_ARTIFACT)
+    family, chain = promoted
+    local = _local(tracking, chain.decision_run_id, tags.DECISION_ARTIFACT)
     decision = json.loads(local.read_text())
     decision["criteria"][0]["threshold"] = 1e9
     local.write_text(json.dumps(decision))
-    report = audit(tracking, family, "production")
+    tracking.client().set_tag(chain.decision_run_id, tags.DIGEST_PREFIX + tags.DECISION_ARTIFACT,
+                              hashlib.sha256(local.read_bytes()).hexdigest())
+    report = _audit(tracking, family, signing)
     assert report.exit_code == 1
-    assert any(tags.DECISION_ARTIFACT in p for p in report.problems)
+    assert any(tags.DECISION_ARTIFACT in p and "signed digest" in p for p in report.problems)
 
 
-def test_unknown_alias_and_unpromoted_version(tracking, promoted, tmp_path):
-    family, chain, _ = promoted
-    report = audit(tracking, family, "canary")
-    assert report.exit_code == 1 and "no such alias is set" in report.problems[0]
-    # a version that was only registered needs no decision and audits clean
+def test_unsigned_extra_artifact_and_missing_artifact_are_named(tracking, promoted, signing):
+    family, chain = promoted
+    extra = _local(tracking, chain.evaluation_run_id, "plots/latency.png")
+    extra.parent.mkdir(parents=True, exist_ok=True)
+    extra.write_bytes(b"png")
+    _local(tracking, chain.build_run_id, "build/config.json").unlink()
+    report = _audit(tracking, family, signing)
+    assert any("'plots/latency.png'" in p and "not covered by any signature" in p
+               for p in report.problems)
+    assert any("'build/config.json'" in p and "missing" in p for p in report.problems)
+
+
+def test_production_moved_by_hand_is_named(tracking, promoted, signing, tmp_path):
+    family, chain = promoted
     path = tmp_path / "t2.yaml"
     path.write_text(thresholds_yaml())
-    other = build_chain(tracking, family, path, passing_metrics())
-    report = audit(tracking, family, other.version)
-    assert report.ok, report.render()
+    other_run, other = signed_build(tracking, family, signing)
+    tracking.client().set_registered_model_alias(registry.registered_model_name(family),
+                                                 "production", other)
+    report = _audit(tracking, family, signing)
+    assert report.exit_code == 1
+    assert any("alias production points at v" + other in p and "signed history" in p
+               for p in report.problems), report.render()
 
 
-def test_registration_after_evaluation_run_is_flagged(tracking, request, tmp_path):
+def test_version_tag_edits_and_metric_edits_are_named(tracking, promoted, signing):
+    family, chain = promoted
+    name = registry.registered_model_name(family)
+    tracking.client().set_model_version_tag(name, chain.version, tags.IMPLEMENTATION, "naive")
+    tracking.client().log_metric(chain.evaluation_run_id, "accuracy.hard.max_error_ratio_to_baseline",
+                                 0.5)
+    report = _audit(tracking, family, signing)
+    assert any(tags.IMPLEMENTATION in p and "signed build says 'xla'" in p for p in report.problems)
+    assert any("accuracy.hard.max_error_ratio_to_baseline" in p and "signed" in p
+               for p in report.problems)
+
+
+def test_tags_cannot_switch_checks_off(tracking, promoted, signing):
+    """Deleting the version's link tags used to turn the shadow/canary/approval checks
+    off; the audit reads the chain from signatures now, and names the links the UI lost."""
+    family, chain = promoted
+    name = registry.registered_model_name(family)
+    for key in (tags.ROLLOUT_RUN_ID, tags.PROMOTED_AT, tags.SHADOW_RUN_ID, tags.CANARY_RUN_IDS,
+                tags.CONFIRMATION_RUN_ID, tags.DECISION_RUN_ID):
+        with contextlib.suppress(Exception):  # not every key is set on a registry-only promotion
+            tracking.client().delete_model_version_tag(name, chain.version, key)
+    report = _audit(tracking, family, signing)
+    checked = {link.name for link in report.chain if link.ok}
+    assert {"shadow run", "canary run", "confirmation decision", "promotion"} <= checked, report.render()
+    assert report.problems and all("the UI's link is wrong" in p for p in report.problems), report.render()
+    assert any(tags.DECISION_RUN_ID in p for p in report.problems)
+
+
+def test_deleted_evidence_is_missing_evidence(tracking, promoted, signing):
+    family, chain = promoted
+    experiment = tracking.client().get_experiment_by_name(f"kernelgate-{family}").experiment_id
+    (shadow,) = tracking.client().search_runs([experiment], f"tags.`{tags.STAGE}` = 'shadow'")
+    tracking.client().delete_run(shadow.info.run_id)  # what the UI's Delete does
+    import shutil
+
+    shutil.rmtree(_local(tracking, shadow.info.run_id, "attestations"))
+    report = _audit(tracking, family, signing)
+    assert report.exit_code == 1
+    assert any("shadow" in p for p in report.problems), report.render()
+
+
+def test_untrusted_and_revoked_keys_do_not_count(tracking, promoted, signing, tmp_path):
+    family, _ = promoted
+    stranger = keys.create_key(tmp_path / "stranger.pem")
+    untrusted = keys.trust_from_files([keys.public_path(tmp_path / "stranger.pem")])
+    assert stranger.keyid in untrusted.public_keys
+    report = _audit(tracking, family, signing, trust=untrusted)
+    assert report.exit_code == 1
+    assert any("no valid signature by a trusted key" in p for p in report.problems)
+    revoked = signing.trust.model_copy(update={"revoked": {signing.signer.public_key.keyid}})
+    report = _audit(tracking, family, signing, trust=revoked)
+    assert any("revoked" in p for p in report.problems)
+
+
+def test_unknown_alias(tracking, promoted, signing):
+    family, _ = promoted
+    report = _audit(tracking, family, signing, target="canary")
+    assert report.exit_code == 1 and "no such alias is set" in report.problems[0]
+
+
+def test_registration_after_evaluation_run_is_flagged(tracking, request, tmp_path, signing):
     """An evaluation run opened before the thresholds were frozen passes decide() (its
     reported start is later) but not the audit, which trusts the store's run start time."""
     family = slug(request.node.name)
     path = tmp_path / "thresholds.yaml"
     path.write_text(thresholds_yaml())
-    with tr.stage_run(tracking, family, "build") as build_run_id:
-        tr.log_text(tracking, build_run_id, "{}", "build/config.json")
+    build_run_id, version = signed_build(tracking, family, signing)
     evaluation_run_id = tr.start_run(tracking, family, "evaluation")
-    registration = preregister(path, tracking=tracking, family=family)
-    tr.set_tags(
-        tracking,
-        evaluation_run_id,
-        {tags.BUILD_RUN_ID: build_run_id, tags.REGISTRATION_ID: registration.registration_id},
-    )
+    registration = preregister(path, tracking=tracking, family=family, signing=signing)
+    report = evaluation_report(passing_metrics(), started_at=datetime.now(UTC))
+    tags_ = {tags.BUILD_RUN_ID: build_run_id, tags.REGISTRATION_ID: registration.registration_id,
+             tags.SPLIT: "heldout"}
+    tr.set_tags(tracking, evaluation_run_id, tags_)
+    tr.log_model_json(tracking, evaluation_run_id, report, "evaluation/evaluation_report.json")
+    from lineage.attestations import attest
+
+    attest(tracking, evaluation_run_id, "evaluation", {
+        "family": family, "version": version, "build_run_id": build_run_id,
+        "registration_id": registration.registration_id, "split": "heldout",
+        "split_digest": "d" * 64, "report_artifact": "evaluation/evaluation_report.json",
+        "tags": tags_}, signing.signer)
     tr.end_run(tracking, evaluation_run_id)
-    report = StandInReport(
-        metrics=passing_metrics(), baseline_metrics=baseline_metrics(), started_at=datetime.now(UTC)
-    )
     decision = decide(report, load_thresholds(path), registration)
-    decision_run_id = log_decision(
-        tracking, family, decision, build_run_id=build_run_id, evaluation_run_id=evaluation_run_id
-    )
-    version = registry.register_build(tracking, family, build_run_id, implementation="xla",
-                                      config=None)
+    decision_run_id = log_decision(tracking, family, decision, build_run_id=build_run_id,
+                                   evaluation_run_id=evaluation_run_id, version=version,
+                                   signing=signing)
     chain = Chain(registration=registration, build_run_id=build_run_id,
                   evaluation_run_id=evaluation_run_id, decision_run_id=decision_run_id,
                   version=version, decision=decision)
-    complete_chain(tracking, family, chain)
-    registry.promote(tracking, family, version, decision_run_id=decision_run_id)
-    result = audit(tracking, family, "production")
+    complete_chain(tracking, family, chain, signing=signing)
+    promote(tracking, family, chain, signing)
+    result = _audit(tracking, family, signing)
     assert result.exit_code == 1
-    assert any(
-        "evaluation run" in p and "after the evaluation run was created" in p
-        for p in result.problems
-    ), result.render()
+    assert any("after the evaluation run was created" in p for p in result.problems), result.render()

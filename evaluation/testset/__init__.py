@@ -6,10 +6,13 @@ Layout of a built test set (``build_testset``)::
                              documents (name + sha256), seed and digest
     <dir>/tuning.npz         arrays of the tuning split (the GPU autotuner's shapes)
     <dir>/heldout.npz        ... used only by the gate
-    <dir>/confirmation.npz   ... used once, before production
+    <dir>/confirmation.npz   ... used once per family, before production
+    <dir>/confirmation-<k>.npz  fresh confirmation draws (``draws``), made when a
+                             family has spent the earlier ones
 
 Modules: ``recipes`` (synthetic cases), ``capture`` (ordinary cases from the real
-model), ``manifest`` (digests and disjointness), ``store`` (arrays on disk). Splits use
+model), ``manifest`` (digests and disjointness), ``store`` (arrays on disk), ``draws``
+(fresh confirmation splits). Splits use
 different seeds and different documents, so no case can appear in two splits;
 ``check_disjoint`` proves it from the case digests.
 """
@@ -21,7 +24,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from evaluation.cases import SPLITS, Split, TestCase
+from evaluation.cases import SPLITS, Split, TestCase, split_kind
 from evaluation.documents import Document, assign_splits, load_documents
 from evaluation.testset.capture import ordinary_cases
 from evaluation.testset.manifest import (
@@ -51,12 +54,13 @@ __all__ = [
 ]
 
 
-def build_split(split: Split, *, profile: Profile = "ci", documents: list[Document],
+def build_split(split: str, *, profile: Profile = "ci", documents: list[Document],
                 seed: int, model=None) -> tuple[SplitManifest, list[TestCase]]:
     """Build one split in memory.
 
     Args:
-        split: ``tuning``, ``heldout`` or ``confirmation``.
+        split: ``tuning``, ``heldout``, ``confirmation`` or a confirmation draw
+            ``confirmation-<k>`` (the name prefixes the case ids).
         profile: ``ci`` (short sequences, at most 2048) or ``gpu`` (up to 16384).
         documents: this split's documents (see ``evaluation.documents.assign_splits``).
         seed: the split's seed; case ``i`` (in recipe order, ordinary last) draws
@@ -71,8 +75,7 @@ def build_split(split: Split, *, profile: Profile = "ci", documents: list[Docume
     """
     if profile not in PROFILES:
         raise ValueError(f"profile must be one of {sorted(PROFILES)}, got {profile!r}")
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    split_kind(split)
     spec = PROFILES[profile]
     recipes = spec.hard + spec.adversarial
     cases = [synthetic_case(r, split, seed * 1000 + i) for i, r in enumerate(recipes)]
@@ -153,7 +156,7 @@ def ensure_testset(folder: str | Path, *, profile: Profile, documents_dir: str |
     return folder
 
 
-def load_split(directory: str | Path, split: Split, *,
+def load_split(directory: str | Path, split: str, *,
                manifest: TestSetManifest | None = None,
                skip_missing: bool = False) -> list[TestCase]:
     """The cases of one split with their arrays, in manifest order (``store.read_cases``).

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from evaluation.cases import SPLITS, CaseSpec, Split
+from evaluation.cases import SPLIT_NAME_PATTERN, SPLITS, CaseSpec, Split
 from evaluation.documents import DocumentRef
 from evaluation.testset.recipes import Profile
 from evaluation.testset.store import atomic_write
@@ -42,7 +42,8 @@ class SplitManifest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: Split
+    name: str = Field(pattern=SPLIT_NAME_PATTERN,
+                      description="one of SPLITS, or confirmation-<k> for a fresh draw")
     seed: int
     arrays_file: str
     documents: list[DocumentRef]
@@ -64,16 +65,25 @@ class TestSetManifest(BaseModel):
     document_source: str = Field(description="'installed-distributions' or the folder path")
     model: ModelRef
     splits: dict[Split, SplitManifest]
+    draws: dict[str, SplitManifest] = Field(
+        default_factory=dict,
+        description="fresh confirmation draws (confirmation-<k>), added as rollouts spend "
+                    "confirmation splits; not part of the set digest")
     digest: str
     numpy_version: str
     jax_version: str
     jax_backend: str
 
-    def split(self, name: Split) -> SplitManifest:
-        """The split called ``name``; ``KeyError`` naming the available splits otherwise."""
-        if name not in self.splits:
-            raise KeyError(f"split {name!r} is not in this test set; it has {sorted(self.splits)}")
-        return self.splits[name]
+    def entries(self) -> dict[str, SplitManifest]:
+        """Every split and confirmation draw, by name."""
+        return {**self.splits, **self.draws}
+
+    def split(self, name: str) -> SplitManifest:
+        """The split or draw called ``name``; ``KeyError`` naming those available otherwise."""
+        entries = self.entries()
+        if name not in entries:
+            raise KeyError(f"split {name!r} is not in this test set; it has {sorted(entries)}")
+        return entries[name]
 
 
 def split_digest(cases: list[CaseSpec]) -> str:
@@ -119,7 +129,7 @@ def split_overlaps(manifest: TestSetManifest) -> dict[str, list[str]]:
         empty when the splits are disjoint.
     """
     seen: dict[str, list[tuple[str, str]]] = {}
-    for split, entry in manifest.splits.items():
+    for split, entry in manifest.entries().items():
         for spec in entry.cases:
             seen.setdefault(f"case:{spec.digest}", []).append((split, spec.case_id))
         for doc in entry.documents:
@@ -129,7 +139,8 @@ def split_overlaps(manifest: TestSetManifest) -> dict[str, list[str]]:
 
 
 def check_disjoint(manifest: TestSetManifest) -> None:
-    """Prove that no case (by digest) and no document (by sha256) serves two splits.
+    """Prove that no case (by digest) and no document (by sha256) serves two splits
+    (confirmation draws count as splits of their own).
 
     Raises:
         ValueError: listing every shared case and document.
@@ -143,7 +154,7 @@ def check_disjoint(manifest: TestSetManifest) -> None:
 def describe(manifest: TestSetManifest) -> dict[str, dict[str, int]]:
     """Per split: number of cases per category and token totals (for reports/BENCHMARKS)."""
     out = {}
-    for split, entry in manifest.splits.items():
+    for split, entry in manifest.entries().items():
         counts = {c: sum(s.category == c for s in entry.cases) for c in ("ordinary", "hard", "adversarial")}
         out[split] = {"cases": len(entry.cases), **counts, "q_tokens": entry.total_q_tokens,
                       "kv_tokens": entry.total_kv_tokens}

@@ -1,0 +1,226 @@
+"""Where signed evidence is read from: the MLflow store, or an exported audit bundle.
+
+Everything that *reads* the record to decide something — the registry's checks before
+an alias moves, the audit, the offline verification of a bundle — reads it through an
+:class:`EvidenceSource`: the verified attestations of one family, the artifact bytes
+they sign, and which build run each registered version points at. Only a verified
+signature makes an attestation; a signed artifact is only returned when its bytes match
+the signed digest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Protocol
+
+from mlflow.entities import ViewType
+from mlflow.exceptions import MlflowException
+
+from lineage import tags
+from lineage import tracking as tr
+from lineage.attestations import (
+    ATTESTATION_DIR,
+    Attestation,
+    AttestationError,
+    TrustPolicy,
+    subject_name,
+    verify_envelope,
+)
+from lineage.tracking import Tracking, experiment_name
+
+
+class EvidenceSource(Protocol):
+    """The signed record of one family, from wherever it is kept."""
+
+    family: str
+    trust: TrustPolicy
+
+    def attestations(self) -> list[Attestation]:
+        """Every verified attestation of the family."""
+
+    def problems(self) -> list[str]:
+        """Envelopes that did not verify (tampered, unsigned, revoked or untrusted keys)."""
+
+    def deleted(self) -> set[str]:
+        """Runs that exist but were deleted (soft delete): their evidence is missing."""
+
+    def artifact(self, run_id: str, path: str) -> bytes:
+        """An artifact's bytes as stored. Raises ``FileNotFoundError`` when absent."""
+
+    def version_run(self, version: str) -> str | None:
+        """The build run a registered version points at (None: no such version)."""
+
+    def run_created(self, run_id: str) -> datetime | None:
+        """When the store created a run (its own clock; None where unknown)."""
+
+    def children(self, parent_run_id: str) -> set[str]:
+        """Runs that name ``parent_run_id`` as their parent (a hint for finding them)."""
+
+
+def signed_artifact(source: EvidenceSource, run_id: str, kind: str, path: str
+                    ) -> tuple[Attestation, bytes]:
+    """A run's newest attestation of ``kind`` and one artifact whose bytes equal the
+    signed subject digest.
+
+    Raises:
+        AttestationError: no verified attestation of that kind in the run, the artifact
+            is not a subject of it, missing, or its bytes differ from the signed digest.
+    """
+    matches = [a for a in source.attestations() if a.run_id == run_id and a.kind == kind]
+    if not matches:
+        gone = " (the run was deleted)" if run_id in source.deleted() else ""
+        raise AttestationError(f"run {run_id}: no verified {kind} attestation{gone}")
+    attestation = max(matches, key=lambda a: a.predicate.get("attested_at", ""))
+    name = subject_name(run_id, path)
+    if name not in attestation.subjects:
+        raise AttestationError(f"run {run_id}: {path} is not signed by its {kind} attestation")
+    try:
+        data = source.artifact(run_id, path)
+    except (FileNotFoundError, MlflowException, OSError) as err:
+        raise AttestationError(f"run {run_id}: signed artifact {path} is missing") from err
+    if hashlib.sha256(data).hexdigest() != attestation.subjects[name]:
+        raise AttestationError(f"run {run_id}: {path} differs from its signed digest "
+                               "(altered after signing)")
+    return attestation, data
+
+
+class StoreSource:
+    """The family's signed record in an MLflow store (runs found by stage tag — a hint —
+    deleted runs included; read once, on first use).
+
+    Args:
+        stages: only runs of these stages (``None``: every run of the family).
+    """
+
+    def __init__(self, tracking: Tracking, family: str, trust: TrustPolicy, *,
+                 stages: tuple[str, ...] | None = None):
+        self.tracking, self.family, self.trust, self.stages = tracking, family, trust, stages
+        self._found: list[Attestation] | None = None
+        self._problems: list[str] = []
+        self._deleted: set[str] = set()
+        self.runs: dict = {}
+
+    def _load(self) -> None:
+        if self._found is not None:
+            return
+        self._found = []
+        client = self.tracking.client()
+        experiment = client.get_experiment_by_name(experiment_name(self.family))
+        if experiment is None:
+            return
+        token = None
+        while True:  # MLflow's filter has no IN for tags: the stage filter is applied here
+            page = client.search_runs([experiment.experiment_id], run_view_type=ViewType.ALL,
+                                      max_results=1000, page_token=token)
+            for run in page:
+                if not self.stages or run.data.tags.get(tags.STAGE) in self.stages:
+                    self.runs[run.info.run_id] = run
+            token = page.token
+            if not token:
+                break
+        for run_id, run in self.runs.items():
+            if run.info.lifecycle_stage == "deleted":
+                self._deleted.add(run_id)
+            self._read_run(run_id)
+
+    def _read_run(self, run_id: str) -> None:
+        try:
+            paths = [p for p in tr.list_artifact_files(self.tracking, run_id, ATTESTATION_DIR)
+                     if p.endswith(".dsse.json")]
+        except (MlflowException, OSError) as err:
+            self._problems.append(f"run {run_id}: attestations unreadable ({err})")
+            return
+        for path in paths:
+            try:
+                data = tr.read_artifact(self.tracking, run_id, path)
+                self._found.append(verify_envelope(data, self.trust, run_id=run_id, path=path))
+            except (AttestationError, MlflowException, OSError) as err:
+                self._problems.append(str(err))
+
+    def attestations(self) -> list[Attestation]:
+        self._load()
+        return list(self._found)
+
+    def problems(self) -> list[str]:
+        self._load()
+        return list(self._problems)
+
+    def deleted(self) -> set[str]:
+        self._load()
+        return set(self._deleted)
+
+    def artifact(self, run_id: str, path: str) -> bytes:
+        try:
+            return tr.read_artifact(self.tracking, run_id, path)
+        except (MlflowException, OSError) as err:
+            raise FileNotFoundError(f"{run_id}/{path}") from err
+
+    def version_run(self, version: str) -> str | None:
+        try:
+            return self.tracking.client().get_model_version(experiment_name(self.family),
+                                                            version).run_id
+        except MlflowException:
+            return None
+
+    def run_created(self, run_id: str) -> datetime | None:
+        self._load()
+        run = self.runs.get(run_id)
+        return None if run is None else datetime.fromtimestamp(run.info.start_time / 1000, UTC)
+
+    def children(self, parent_run_id: str) -> set[str]:
+        self._load()
+        return {run_id for run_id, run in self.runs.items()
+                if run.data.tags.get(tags.PARENT) == parent_run_id}
+
+    def parent(self, run_id: str) -> str | None:
+        """The run ``run_id`` names as its parent (a hint)."""
+        self._load()
+        run = self.runs.get(run_id)
+        return None if run is None else run.data.tags.get(tags.PARENT)
+
+
+class BundleSource:
+    """An exported audit bundle (``kernelgate audit --export DIR``): envelopes under
+    ``attestations/<run id>/``, signed artifacts under ``artifacts/<run id>/``, and
+    ``store_view.json`` (the registry as it was at export)."""
+
+    def __init__(self, folder: Path, trust: TrustPolicy):
+        self.folder, self.trust = Path(folder), trust
+        view = json.loads((self.folder / "store_view.json").read_text())
+        self.family = view["family"]
+        self.view = view
+        self._found, self._problems = [], []
+        for path in sorted((self.folder / "attestations").rglob("*.dsse.json")):
+            run_id = path.parent.name
+            try:
+                self._found.append(verify_envelope(path.read_bytes(), trust, run_id=run_id,
+                                                   path=f"{ATTESTATION_DIR}/{path.name}"))
+            except AttestationError as err:
+                self._problems.append(str(err))
+
+    def attestations(self) -> list[Attestation]:
+        return list(self._found)
+
+    def problems(self) -> list[str]:
+        return list(self._problems)
+
+    def deleted(self) -> set[str]:
+        return set(self.view.get("deleted_runs", []))
+
+    def artifact(self, run_id: str, path: str) -> bytes:
+        file = self.folder / "artifacts" / run_id / path
+        if not file.is_file():
+            raise FileNotFoundError(f"{run_id}/{path}")
+        return file.read_bytes()
+
+    def version_run(self, version: str) -> str | None:
+        return self.view.get("versions", {}).get(str(version))
+
+    def run_created(self, run_id: str) -> datetime | None:
+        return None
+
+    def children(self, parent_run_id: str) -> set[str]:
+        return set()

@@ -1,0 +1,206 @@
+"""Runners that execute a registered version's own code.
+
+:class:`VersionPool` gives a :class:`evaluation.runners.Runner` per version for
+evaluation, shadow, canary, rollback checks and re-validation. A version whose logged
+code is byte-for-byte this process's code (same snapshot digest) runs here; any other
+version runs in a process of its own (:class:`VersionWorker`, ``model_worker.py``)
+that loaded its snapshot, and that process's loaded-code digest must equal the one
+recorded at build. Source drift cannot happen on these paths: code either is the
+version's, proven by digest, or runs from the version's snapshot.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from evaluation.model import MiniLM
+from evaluation.runners import LocalRunner, Runner
+from evaluation.serving import Endpoint
+from kernels.config import BlockSizes
+from kernels.shapes import AttentionShape
+from lineage import model as version_model
+from lineage import registry
+from lineage.attestations import TrustPolicy
+from lineage.sources import StoreSource
+from lineage.tracking import Tracking
+from lineage.versions import recorded_kernel, this_process_code
+
+WORKER_SCRIPT = Path(version_model.__file__).with_name("model_worker.py")
+NATIVE_BASELINE = "xla"
+"""What serves when no version is in production: XLA's fused attention, this process."""
+
+
+class VersionWorker:
+    """A registered version loaded in a process of its own, as a ``Runner``.
+
+    Raises (at construction):
+        RuntimeError: the process could not load the version (the message carries its
+            error), or the code it loaded is not the code recorded at build.
+    """
+
+    def __init__(self, tracking: Tracking, family: str, version: str, *, expected_code: str):
+        self.family, self.version = family, version
+        env = {**os.environ, "MLFLOW_TRACKING_URI": tracking.tracking_uri,
+               "MLFLOW_REGISTRY_URI": tracking.tracking_uri}
+        # Two JAX processes share one accelerator: neither may take it all up front.
+        env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+        # Kept open for the process's lifetime (its errors are read on failure); closed in close().
+        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115
+        self._cwd = tempfile.mkdtemp(prefix="kernelgate-worker-")
+        uri = f"models:/{registry.registered_model_name(family)}/{version}"
+        self._proc = subprocess.Popen([sys.executable, "-P", str(WORKER_SCRIPT), uri],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      stderr=self._stderr, cwd=self._cwd, env=env)
+        hello = self._receive()
+        if not hello["ok"]:
+            self.close()
+            raise RuntimeError(f"v{version} of {family} could not be loaded in its own process: "
+                               f"{hello['error']}")
+        self.info = hello["describe"]
+        self.name = f"{self.info['implementation']}@v{version}"
+        if self.info["code_sha256"] != expected_code:
+            self.close()
+            raise RuntimeError(f"v{version} loaded code {self.info['code_sha256']}, but its build "
+                               f"recorded {expected_code}: the logged model was altered")
+
+    def _receive(self) -> dict:
+        header = self._proc.stdout.read(8)
+        if len(header) < 8:
+            self._stderr.seek(0)
+            tail = self._stderr.read().decode(errors="replace")[-3000:]
+            raise RuntimeError(f"the process serving v{self.version} of {self.family} exited "
+                               f"(code {self._proc.poll()}): {tail}")
+        (size,) = struct.unpack("<Q", header)
+        return pickle.loads(self._proc.stdout.read(size))
+
+    def _ask(self, op: str, **fields) -> dict:
+        data = pickle.dumps({"op": op, **fields}, protocol=pickle.HIGHEST_PROTOCOL)
+        self._proc.stdin.write(struct.pack("<Q", len(data)) + data)
+        self._proc.stdin.flush()
+        reply = self._receive()
+        if not reply["ok"]:
+            raise RuntimeError(f"{self.name}: {reply['error']}")
+        return reply
+
+    def __call__(self, q, k, v, *, causal: bool, scale: float | None, q_lengths=None,
+                 kv_lengths=None) -> np.ndarray:
+        def host(x):
+            return None if x is None else np.asarray(x)
+        return self._ask("attention", q=host(q), k=host(k), v=host(v), causal=causal,
+                         scale=scale, q_lengths=host(q_lengths), kv_lengths=host(kv_lengths))["out"]
+
+    def embed(self, texts: Sequence[str]) -> tuple[np.ndarray, float]:
+        reply = self._ask("embed", texts=list(texts))
+        return reply["embeddings"], reply["seconds"]
+
+    def compile_for(self, shape: AttentionShape, seed: int) -> tuple[float, int | None]:
+        reply = self._ask("compile_for", shape=shape.model_dump(), seed=seed)
+        return reply["seconds"], reply["compiler_bytes"]
+
+    def call_compiled(self, shape: AttentionShape) -> float:
+        return self._ask("call_compiled", shape=shape.model_dump())["seconds"]
+
+    def memory_stats(self) -> dict | None:
+        return self._ask("memory_stats")["stats"]
+
+    def describe(self) -> dict:
+        return {"implementation": self.info["implementation"], "config": self.info["config"],
+                "resolution": None, "native": self.info["native"],
+                "target_platform": self.info["target_platform"]}
+
+    def close(self) -> None:
+        """Ask the process to stop, then make sure it has."""
+        if self._proc.poll() is None:
+            with contextlib.suppress(RuntimeError, OSError, ValueError):
+                self._ask("shutdown")
+            try:
+                self._proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+        self._stderr.close()
+        shutil.rmtree(self._cwd, ignore_errors=True)
+
+
+class VersionPool:
+    """One runner per registered version of a family, closed together (a context manager).
+
+    Args:
+        tracking, family: the registry.
+        encoder: this process's encoder (for versions that run here).
+        trust: the keys whose signed builds say what a version is.
+    """
+
+    def __init__(self, tracking: Tracking, family: str, encoder: MiniLM, trust: TrustPolicy):
+        self.tracking, self.family, self.encoder, self.trust = tracking, family, encoder, trust
+        self._runners: dict[str, Runner] = {}
+        self._here, _ = this_process_code()
+
+    def runner(self, version: str) -> Runner:
+        """The version's runner: here when its logged code is this process's code,
+        else its own process. Raises what :class:`VersionWorker` raises."""
+        if version not in self._runners:
+            source = StoreSource(self.tracking, self.family, self.trust, stages=("build",))
+            kernel = recorded_kernel(source, version)
+            if kernel["code_sha256"] == self._here:
+                config = kernel["config"]
+                local = LocalRunner.for_implementation(
+                    kernel["implementation"], None if config is None else BlockSizes(**config),
+                    self.encoder)
+                local.name = f"{kernel['implementation']}@v{version}"
+                self._runners[version] = local
+            else:
+                self._runners[version] = VersionWorker(self.tracking, self.family, version,
+                                                       expected_code=kernel["code_sha256"])
+        return self._runners[version]
+
+    def in_own_process(self, version: str) -> bool:
+        """Whether the version runs in a process of its own (its code differs from ours)."""
+        return isinstance(self.runner(version), VersionWorker)
+
+    def close(self) -> None:
+        for runner in self._runners.values():
+            if isinstance(runner, VersionWorker):
+                runner.close()
+        self._runners.clear()
+
+    def __enter__(self) -> VersionPool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def production_version(tracking: Tracking, family: str) -> str | None:
+    """The version behind ``production``, or None."""
+    return registry.alias_version(tracking, family, "production")
+
+
+def endpoint(pool: VersionPool, alias: registry.Alias, *,
+             expect_version: str | None = None) -> Endpoint:
+    """The serving endpoint behind ``alias`` of the pool's family: the version's runner,
+    or ``NATIVE_BASELINE`` (this process) when the alias points at nothing.
+
+    Raises:
+        RuntimeError: ``expect_version`` is given and the alias no longer points at it
+            (another run moved it): stop rather than judge the wrong kernel.
+    """
+    version = registry.alias_version(pool.tracking, pool.family, alias)
+    if expect_version is not None and version != expect_version:
+        raise RuntimeError(f"{alias} alias of {pool.family} points at v{version}, not at the "
+                           f"v{expect_version} this rollout is judging; another run moved it")
+    if version is None:
+        return Endpoint(f"{NATIVE_BASELINE} (native baseline)",
+                        LocalRunner.for_implementation(NATIVE_BASELINE, None, pool.encoder))
+    runner = pool.runner(version)
+    return Endpoint(runner.name, runner)

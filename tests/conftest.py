@@ -1,0 +1,29 @@
+"""Test-wide settings: signing keys live in a throwaway folder, never in ~/.kernelgate."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _key_folder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("keys")
+    previous = os.environ.get("KERNELGATE_KEY_DIR")
+    os.environ["KERNELGATE_KEY_DIR"] = str(folder)
+    yield folder
+    if previous is None:
+        os.environ.pop("KERNELGATE_KEY_DIR", None)
+    else:
+        os.environ["KERNELGATE_KEY_DIR"] = previous
+
+
+@pytest.fixture
+def signing(_key_folder):
+    """The pipeline's signer and trust, as a rollout in this test session would have."""
+    from lineage import keys
+    from lineage.attestations import Signing
+
+    return Signing(signer=keys.load_signer(keys.ensure_pipeline_key(_key_folder)),
+                   trust=keys.folder_trust(_key_folder))

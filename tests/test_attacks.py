@@ -1,0 +1,715 @@
+"""Replays every kind of attack on the evidence (issue 10's nine kinds) on copies of a
+real store, and asserts each is refused or detected with a message naming it.
+
+The pristine store is made once by real rollouts (Prefect flow runs, MLflow on SQLite,
+signed attestations): v1 and v2 promoted in turn, v3 rejected at the gate, v4 rolled
+back in canary, v5 stopped after canary and before its confirmation. Each attack gets
+a copy of that store of its own; the attacker writes anything in the store, but not
+the pipeline's key folder.
+
+``KERNELGATE_ATTACK_REPORT=<file.json> pytest tests/test_attacks.py`` also writes the
+table of attacks tried and caught by kind (RELIABILITY.md records it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import yaml
+
+from lineage import registry, tags
+from lineage import tracking as tr
+from tests import faulty_kernels
+from tests.faulty_kernels import Fault
+
+FAMILY = "attacked"
+PROJECT = Path(__file__).resolve().parents[1]
+THRESHOLDS = Path(__file__).parent / "data" / "thresholds-flow-test.yaml"
+
+KINDS = {
+    1: "the audit decides what to check from editable tags",
+    2: "integrity rests on digests kept in the same writable store",
+    3: "threshold shopping",
+    4: "registry changes are not atomic, and recovery breaks",
+    5: "source drift sees only the kernel module",
+    6: "input that fails late, or unclearly",
+    7: "the approval form loses its rules",
+    8: "a canary test that cannot fire counts as assessed",
+    9: "a dataset logged again from another folder keeps the first source",
+}
+
+
+@dataclass(frozen=True)
+class Attack:
+    kind: int
+    name: str
+    expect: str  # a phrase the refusal or the audit's problem must contain
+    run: Callable[[Lab], str]
+
+
+ATTACKS: list[Attack] = []
+
+
+def attack(kind: int, expect: str):
+    def register(fn):
+        ATTACKS.append(Attack(kind, fn.__name__, expect, fn))
+        return fn
+    return register
+
+
+# --- the lab: a pristine store and a fresh copy per attack ---------------------------------
+
+
+class Lab:
+    """One attack's copy of the pristine store."""
+
+    def __init__(self, root: Path, pristine: Path, versions: dict[str, str], name: str):
+        self.root = root / "attacks" / name
+        self.store = self.root / "store"
+        shutil.copytree(pristine, self.store)
+        _relocate(self.store / "mlflow.db", str(pristine), str(self.store))
+        self.testset = root / "testset"
+        self.tracking = tr.local_tracking(self.store)
+        self.versions = versions
+        self.client = self.tracking.client()
+        self.model = registry.registered_model_name(FAMILY)
+        from lineage import keys
+        from lineage.attestations import Signing
+
+        self.signing = Signing(signer=keys.load_signer(keys.ensure_pipeline_key()),
+                               trust=keys.folder_trust())
+
+    def audit(self, target: str = "production"):
+        from lineage.audit import audit
+
+        return audit(self.tracking, FAMILY, target, trust=self.signing.trust, load_model=False)
+
+    def source(self, **kw):
+        from lineage.sources import StoreSource
+
+        return StoreSource(self.tracking, FAMILY, self.signing.trust, **kw)
+
+    def mv(self, version: str):
+        return self.client.get_model_version(self.model, version)
+
+    def sql(self, statement: str, *args) -> int:
+        with sqlite3.connect(self.store / "mlflow.db") as db:
+            return db.execute(statement, args).rowcount
+
+
+def _relocate(db: Path, old: str, new: str) -> None:
+    """Point every stored path of a copied store at the copy (artifact URIs are absolute)."""
+    with sqlite3.connect(db) as conn:
+        for (table,) in conn.execute("SELECT name FROM sqlite_master WHERE type='table'").fetchall():
+            for column in conn.execute(f"PRAGMA table_info('{table}')").fetchall():
+                if column[2].upper() in ("TEXT", "VARCHAR") or column[2].upper().startswith("VARCHAR"):
+                    conn.execute(f'UPDATE "{table}" SET "{column[1]}" = replace("{column[1]}", ?, ?) '
+                                 f'WHERE "{column[1]}" LIKE ?', (old, new, f"%{old}%"))
+
+
+def _detected(report) -> str:
+    assert report.exit_code != 0, "the audit passed:\n" + report.render()
+    return "\n".join(report.problems)
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory):
+    """Rollouts v1..v5 (see the module docstring) in a store kept as the pristine copy."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    from evaluation import serving
+    from evaluation.testset import build_testset
+    from flows import rollout as rollout_module
+    from flows.rollout import rollout
+    from flows.settings import RolloutSettings
+    from kernels.shapes import AttentionShape
+
+    root = tmp_path_factory.mktemp("attacks")
+    build_testset(root / "testset", profile="ci")
+    shape = AttentionShape(batch=1, q_len=128, kv_len=128, num_heads=4, num_kv_heads=4,
+                           head_dim=32, dtype="float32", causal=False)
+
+    def settings(implementation: str) -> RolloutSettings:
+        return RolloutSettings(implementation=f"test_{implementation}", family=FAMILY,
+                               thresholds=THRESHOLDS, testset_dir=root / "testset",
+                               store_dir=root / "store", shadow_requests=8, perf_repeats=3,
+                               perf_shapes=[shape], model_check=False)
+
+    versions = {}
+    with prefect_test_harness(server_startup_timeout=120), pytest.MonkeyPatch.context() as mp:
+        mp.delenv("MLFLOW_TRACKING_URI", raising=False)
+        faulty_kernels.register(mp)
+        mp.setattr(Fault, "active", False)
+        for label in ("v1", "v2"):
+            outcome = rollout(settings("good"))
+            assert outcome.result == "promoted", outcome.reason
+            versions[label] = outcome.version
+        outcome = rollout(settings("wrong_scale"))
+        assert (outcome.result, outcome.stage) == ("rejected", "gate"), outcome
+        versions["rejected_at_gate"] = outcome.version
+
+        real_step = serving.replay_canary_step
+
+        def fault_in_canary(*args, **kwargs):
+            Fault.active = True
+            return real_step(*args, **kwargs)
+
+        with pytest.MonkeyPatch.context() as canary:
+            canary.setattr(serving, "replay_canary_step", fault_in_canary)
+            outcome = rollout(settings("nan_under_fault"))
+        Fault.active = False
+        assert outcome.result == "rolled_back" and outcome.stage.startswith("canary"), outcome
+        versions["failed_canary"] = outcome.version
+
+        def stopped(state):
+            versions["unconfirmed"] = state.version
+            versions["unconfirmed_decision"] = state.decision_run_id
+            raise RuntimeError("stopped before confirmation")
+
+        with pytest.MonkeyPatch.context() as cut:
+            cut.setattr(rollout_module, "confirm", stopped)
+            with pytest.raises(RuntimeError, match="stopped before confirmation"):
+                rollout(settings("good"))
+    pristine = root / "pristine"
+    shutil.copytree(root / "store", pristine)
+    return SimpleNamespace(root=root, path=pristine, versions=versions)
+
+
+@pytest.fixture(scope="module")
+def results():
+    found: list[dict] = []
+    yield found
+    out = os.environ.get("KERNELGATE_ATTACK_REPORT")
+    if out:
+        by_kind = {k: {"kind": k, "what": KINDS[k], "tried": 0, "caught": 0} for k in KINDS}
+        for row in found:
+            by_kind[row["kind"]]["tried"] += 1
+            by_kind[row["kind"]]["caught"] += row["caught"]
+        Path(out).write_text(json.dumps({"attacks": found, "by_kind": list(by_kind.values())},
+                                        indent=1))
+
+
+def test_the_untouched_store_passes_the_audit(pristine):
+    lab = Lab(pristine.root, pristine.path, pristine.versions, "untouched")
+    report = lab.audit()
+    assert report.exit_code == 0, report.render()
+    assert report.attestations_verified > 20 and report.artifacts_verified > 20
+    assert f"{report.attestations_verified} attestations" in report.summary()
+
+
+@pytest.mark.parametrize("case", ATTACKS, ids=lambda a: f"kind{a.kind}-{a.name}")
+def test_attack_is_refused_or_detected(case: Attack, pristine, results):
+    lab = Lab(pristine.root, pristine.path, pristine.versions, case.name)
+    caught = False
+    try:
+        message = case.run(lab)
+        assert case.expect.lower() in message.lower(), (
+            f"caught, but the message does not name it ({case.expect!r}):\n{message}")
+        caught = True
+    finally:
+        results.append({"kind": case.kind, "attack": case.name, "caught": caught})
+
+
+# --- kind 1: the audit decides what to check from editable tags ----------------------------
+
+
+@attack(1, "signed history leaves it")
+def production_moved_by_hand_to_a_version_killed_in_canary(lab: Lab) -> str:
+    lab.client.set_registered_model_alias(lab.model, "production", lab.versions["failed_canary"])
+    return _detected(lab.audit())
+
+
+@attack(1, "signed history leaves it")
+def passing_tags_copied_onto_a_version_that_failed(lab: Lab) -> str:
+    bad = lab.versions["failed_canary"]
+    for key, value in lab.mv(lab.versions["v2"]).tags.items():
+        lab.client.set_model_version_tag(lab.model, bad, key, value)
+    lab.client.delete_model_version_tag(lab.model, bad, tags.ROLLBACK_REASON)
+    lab.client.set_registered_model_alias(lab.model, "production", bad)
+    return _detected(lab.audit())
+
+
+@attack(1, "shadow")
+def link_tags_deleted_to_switch_the_checks_off(lab: Lab) -> str:
+    """Deleting the link tags must neither switch checks off nor pass unnoticed."""
+    v2 = lab.versions["v2"]
+    for key in list(lab.mv(v2).tags):
+        lab.client.delete_model_version_tag(lab.model, v2, key)
+    report = lab.audit()
+    checked = {link.name for link in report.chain if link.ok}
+    assert {"shadow run", "canary run", "confirmation decision", "promotion"} <= checked, report.render()
+    return _detected(report) + "\n" + " ".join(sorted(checked))
+
+
+@attack(1, "confirmation")
+def promote_without_confirmation(lab: Lab) -> str:
+    from lineage.registry import PromotionRefused
+
+    with pytest.raises(PromotionRefused) as refused:
+        registry.promote(lab.tracking, FAMILY, lab.versions["unconfirmed"],
+                         decision_run_id=lab.versions["unconfirmed_decision"],
+                         expected_previous=lab.versions["v2"], signing=lab.signing)
+    assert registry.alias_version(lab.tracking, FAMILY, "production") == lab.versions["v2"]
+    return str(refused.value)
+
+
+@attack(1, "rolled back")
+def rolled_back_version_promoted_again_by_its_old_decision(lab: Lab) -> str:
+    """A rollback is read: a version the signed history rolled back cannot come back
+    through `promote` on its old evidence."""
+    from lineage.registry import PromotionRefused
+
+    bad = lab.versions["failed_canary"]
+    decision = lab.mv(bad).tags.get(tags.DECISION_RUN_ID)
+    with pytest.raises(PromotionRefused) as refused:
+        registry.promote(lab.tracking, FAMILY, bad, decision_run_id=decision,
+                         expected_previous=lab.versions["v2"], signing=lab.signing)
+    return str(refused.value)
+
+
+# --- kind 2: integrity rests on digests kept in the same writable store --------------------
+
+
+def _artifact_file(lab: Lab, run_id: str, path: str) -> Path:
+    uri = lab.client.get_run(run_id).info.artifact_uri
+    return Path(uri.removeprefix("file://")) / path
+
+
+@attack(2, "differs from its signed digest")
+def decision_json_rewritten_and_its_digest_tag_updated(lab: Lab) -> str:
+    import hashlib
+
+    version = lab.versions["rejected_at_gate"]
+    build_run = lab.mv(version).run_id
+    run_id = next(a.run_id for a in lab.source().attestations()
+                  if a.kind == "decision" and a.predicate.get("build_run_id") == build_run)
+    path = _artifact_file(lab, run_id, tags.DECISION_ARTIFACT)
+    data = json.loads(path.read_text())
+    assert data["verdict"] == "reject"
+    data["verdict"] = "promote"
+    path.write_text(json.dumps(data))
+    lab.client.set_tag(run_id, f"{tags.DIGEST_PREFIX}{tags.DECISION_ARTIFACT}",
+                       hashlib.sha256(path.read_bytes()).hexdigest())
+    return _detected(lab.audit(version))
+
+
+@attack(2, "metric")
+def accuracy_metric_edited(lab: Lab) -> str:
+    run_id = lab.mv(lab.versions["v2"]).tags[tags.EVALUATION_RUN_ID]
+    metric = next(k for k in lab.client.get_run(run_id).data.metrics if "error_ratio" in k)
+    lab.sql("UPDATE latest_metrics SET value = value / 10 WHERE run_uuid = ? AND key = ?", run_id, metric)
+    lab.sql("UPDATE metrics SET value = value / 10 WHERE run_uuid = ? AND key = ?", run_id, metric)
+    return _detected(lab.audit())
+
+
+@attack(2, "param")
+def build_param_edited(lab: Lab) -> str:
+    run_id = lab.mv(lab.versions["v2"]).run_id
+    key = next(iter(lab.client.get_run(run_id).data.params))
+    assert lab.sql("UPDATE params SET value = 'edited' WHERE run_uuid = ? AND key = ?", run_id, key) == 1
+    return _detected(lab.audit())
+
+
+@attack(2, tags.IMPLEMENTATION)
+def version_tag_implementation_switched_to_naive(lab: Lab) -> str:
+    from lineage.versions import recorded_kernel
+
+    v2 = lab.versions["v2"]
+    lab.client.set_model_version_tag(lab.model, v2, tags.IMPLEMENTATION, "naive")
+    # what runs the version is its signed build, never the tag
+    assert recorded_kernel(lab.source(stages=("build",)), v2)["implementation"] == "test_good"
+    return _detected(lab.audit())
+
+
+@attack(2, "deleted")
+def every_lineage_run_soft_deleted(lab: Lab) -> str:
+    experiment = lab.client.get_experiment_by_name(tr.experiment_name(FAMILY))
+    for run in lab.client.search_runs([experiment.experiment_id], max_results=1000):
+        lab.client.delete_run(run.info.run_id)
+    return _detected(lab.audit())
+
+
+@attack(2, "mismatch with its signed digest")
+def canary_record_flipped_to_passed_on_disk(lab: Lab) -> str:
+    version = lab.versions["failed_canary"]
+    source = lab.source()
+    run_id = next(a.run_id for a in source.attestations()
+                  if a.kind == "canary" and str(a.predicate.get("version")) == version
+                  and a.predicate.get("passed") is False)
+    files = [p for p in tr.list_artifact_files(lab.tracking, run_id) if p.endswith(".json")
+             and not p.startswith("attestations/")]
+    path = _artifact_file(lab, run_id, files[0])
+    path.write_text(path.read_text().replace('"passed": false', '"passed": true'))
+    return _detected(lab.audit(version))
+
+
+@attack(2, "does not verify")
+def attestation_forged_with_the_attackers_own_key(lab: Lab) -> str:
+    """The attacker can write the store, not the key folder: a statement signed with
+    their own key is not trusted."""
+    from lineage import keys
+    from lineage.attestations import attest
+
+    stranger = keys.load_signer(_stranger_key(lab))
+    run_id = lab.mv(lab.versions["failed_canary"]).run_id
+    attest(lab.tracking, run_id, "alias", {"family": FAMILY, "alias": "production",
+                                           "version": lab.versions["failed_canary"],
+                                           "action": "promote", "sequence": 99}, stranger)
+    lab.client.set_registered_model_alias(lab.model, "production", lab.versions["failed_canary"])
+    return _detected(lab.audit())
+
+
+def _stranger_key(lab: Lab) -> Path:
+    from lineage import keys
+
+    path = lab.root / "attacker" / "attacker.pem"
+    keys.create_key(path)
+    return path
+
+
+# --- kind 3: threshold shopping ---------------------------------------------------------
+
+
+def _thresholds_with(lab: Lab, edit: Callable[[dict], None]) -> Path:
+    data = yaml.safe_load(THRESHOLDS.read_text())
+    edit(data)
+    path = lab.root / "thresholds.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def _load_refused(path: Path) -> str:
+    from gates.thresholds import load_thresholds
+
+    with pytest.raises(ValueError) as refused:
+        load_thresholds(path)
+    return str(refused.value)
+
+
+@attack(3, "finite")
+def infinite_bound_switches_the_latency_test_off(lab: Lab) -> str:
+    return _load_refused(_thresholds_with(
+        lab, lambda d: d["canary"]["latency"].update(min_slowdown_ratio=float("inf"))))
+
+
+@attack(3, "max_error_count")
+def error_count_bound_of_a_billion(lab: Lab) -> str:
+    return _load_refused(_thresholds_with(lab, lambda d: d["canary"].update(max_error_count=1e9)))
+
+
+@attack(3, "alpha")
+def alpha_of_1e_300(lab: Lab) -> str:
+    return _load_refused(_thresholds_with(lab, lambda d: d["canary"]["latency"].update(alpha=1e-300)))
+
+
+@attack(3, "loosens")
+def looser_registration_after_a_rejection(lab: Lab) -> str:
+    from lineage.registration import LooseningRefused, preregister
+
+    def loosen(d):
+        for criterion in d["platforms"]["cpu"]["value"]:
+            if criterion["name"] == "hard-error-ratio":
+                criterion["value"] = 50.0
+    path = _thresholds_with(lab, loosen)
+    with pytest.raises(LooseningRefused) as refused:
+        preregister(path, tracking=lab.tracking, family=FAMILY, signing=lab.signing)
+    assert "hard-error-ratio" in str(refused.value)
+    return str(refused.value)
+
+
+# --- kind 4: registry changes are not atomic, and recovery breaks ----------------------------
+
+
+@attack(4, "no longer exists")
+def previous_production_deleted_before_the_nightly_rollback(lab: Lab) -> str:
+    lab.client.delete_model_version(lab.model, lab.versions["v1"])
+    change = registry.rollback(lab.tracking, FAMILY, reason="nightly re-validation failed",
+                               signing=lab.signing)
+    assert change.version is None
+    assert registry.alias_version(lab.tracking, FAMILY, "production") is None
+    report = lab.audit(lab.versions["v2"])
+    assert not any("signed history" in p for p in report.problems), report.render()
+    return change.reason
+
+
+@attack(4, "restored")
+def corrupted_history_tag_before_a_rollback(lab: Lab) -> str:
+    lab.client.set_registered_model_tag(lab.model, tags.PRODUCTION_HISTORY, "{not json")
+    change = registry.rollback(lab.tracking, FAMILY, reason="nightly re-validation failed",
+                               signing=lab.signing)
+    assert change.version == lab.versions["v1"]
+    assert registry.alias_version(lab.tracking, FAMILY, "production") == lab.versions["v1"]
+    return f"restored v{change.version}"
+
+
+@attack(4, "KILLED")
+def sigkilled_rollout_leaves_a_running_run(lab: Lab) -> str:
+    from lineage.rollout import close_dead_runs, family_lock
+
+    script = textwrap.dedent(f"""
+        import os, signal
+        from lineage import tracking as tr
+        t = tr.local_tracking({str(lab.store)!r})
+        run = tr.start_run(t, {FAMILY!r}, "rollout", run_name="doomed")
+        print(run, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], cwd=PROJECT, capture_output=True,
+                          text=True, timeout=120)
+    doomed = done.stdout.strip().splitlines()[-1]
+    assert lab.client.get_run(doomed).info.status == "RUNNING"
+    with family_lock(lab.store, FAMILY, timeout_s=5) as held:
+        closed = close_dead_runs(lab.tracking, FAMILY, alive_run_id="", lease_s=3600,
+                                 owner_is_dead=held)
+    run = lab.client.get_run(doomed)
+    assert doomed in closed and run.info.status == "KILLED"
+    return f"{run.info.status}: {run.data.tags.get(tags.NOTE)}"
+
+
+@attack(4, "not the v")
+def second_rollout_promotes_against_a_stale_production(lab: Lab) -> str:
+    """The second of two overlapping rollouts was judged against v1; v2 was promoted
+    meanwhile: compare-and-swap refuses."""
+    from lineage.registry import PromotionRefused
+
+    v2 = lab.versions["v2"]
+    with pytest.raises(PromotionRefused) as refused:
+        registry.promote(lab.tracking, FAMILY, v2, decision_run_id=lab.mv(v2).tags[tags.DECISION_RUN_ID],
+                         expected_previous=lab.versions["v1"], signing=lab.signing)
+    return str(refused.value)
+
+
+@attack(4, "lock")
+def two_rollouts_of_one_family_at_once(lab: Lab) -> str:
+    import filelock
+
+    from lineage.rollout import family_lock
+
+    script = textwrap.dedent(f"""
+        import time
+        from pathlib import Path
+        from lineage.rollout import family_lock
+        with family_lock(Path({str(lab.store)!r}), {FAMILY!r}):
+            print("held", flush=True)
+            time.sleep(60)
+    """)
+    holder = subprocess.Popen([sys.executable, "-c", script], cwd=PROJECT, stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(filelock.Timeout) as blocked, family_lock(lab.store, FAMILY, timeout_s=1):
+            pass
+        holder.kill()  # the lock goes with its owner
+        holder.wait()
+        with family_lock(lab.store, FAMILY, timeout_s=10) as held:
+            assert held
+    finally:
+        holder.kill()
+    return f"second rollout blocked on the family lock: {blocked.value}"
+
+
+@attack(4, "0 errors")
+def four_processes_write_version_tags_at_once(lab: Lab) -> str:
+    script = textwrap.dedent(f"""
+        import sys
+        from lineage import registry
+        from lineage import tracking as tr
+        t = tr.local_tracking({str(lab.store)!r})
+        for i in range(40):
+            registry.tag_version(t, {FAMILY!r}, {lab.versions['v2']!r},
+                                 {{f"kernelgate.load.{{sys.argv[1]}}.{{i % 5}}": str(i)}})
+    """)
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(n)], cwd=PROJECT,
+                              stderr=subprocess.PIPE, text=True) for n in range(4)]
+    errors = [p.communicate(timeout=300)[1] for p in procs]
+    failed = [e for p, e in zip(procs, errors, strict=True) if p.returncode != 0]
+    assert not failed, failed[0][-2000:]
+    return f"160 concurrent tag writes, {len(failed)} errors"
+
+
+# --- kind 5: source drift sees only the kernel module -----------------------------------------
+
+
+@attack(5, "own process")
+def dispatch_edited_outside_the_kernel_module(lab: Lab) -> str:
+    from lineage.versions import recorded_kernel
+
+    checkout = lab.root / "checkout"
+    shutil.copytree(PROJECT, checkout, ignore=shutil.ignore_patterns(
+        ".venv", ".git", ".kernelgate", "__pycache__", "*.egg-info", "tests"))
+    api = checkout / "kernels" / "api.py"
+    api.write_text(api.read_text() + "\n# dispatch edited: pallas_tpu -> naive\n")
+    digest = subprocess.run(
+        [sys.executable, "-c", "from lineage.versions import this_process_code; "
+         "print(this_process_code()[0])"], cwd=checkout, capture_output=True, text=True,
+        timeout=300, check=True).stdout.strip()
+    recorded = recorded_kernel(lab.source(stages=("build",)), lab.versions["v2"])["code_sha256"]
+    assert digest != recorded
+    return (f"kernels/api.py edited: this checkout's code is {digest[:12]}, v2 recorded "
+            f"{recorded[:12]}: v2 runs from its own snapshot in its own process")
+
+
+# --- kind 6: input that fails late, or unclearly ----------------------------------------------
+
+
+@attack(6, "timeout_s")
+def infinite_approval_timeout(lab: Lab) -> str:
+    return _load_refused(_thresholds_with(lab, lambda d: d["approval"].update(timeout_s=float("inf"))))
+
+
+@attack(6, "canary-5%")
+def canary_step_name_mlflow_refuses(lab: Lab) -> str:
+    return _load_refused(_thresholds_with(
+        lab, lambda d: d["canary"]["steps"][0].update(name="canary-5%")))
+
+
+def _cli(lab: Lab, *args: str, env: dict | None = None) -> tuple[int, str]:
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    result = CliRunner().invoke(app, [*args], env=env, catch_exceptions=False)
+    return result.exit_code, result.output
+
+
+def _versions(lab: Lab) -> int:
+    return len(lab.client.search_model_versions(f"name='{lab.model}'"))
+
+
+@attack(6, "greater than or equal to 1")
+def block_q_of_zero(lab: Lab) -> str:
+    code, out = _cli(lab, "rollout", "--implementation", "xla", "--block-q", "0",
+                     "--store-dir", str(lab.store), "--family", FAMILY)
+    assert code == 2
+    return out
+
+
+@attack(6, "block")
+def block_sizes_for_a_kernel_without_tiles(lab: Lab) -> str:
+    before = _versions(lab)
+    code, out = _cli(lab, "rollout", "--implementation", "xla", "--block-q", "64",
+                     "--store-dir", str(lab.store), "--family", FAMILY)
+    assert code == 2 and _versions(lab) == before
+    return out
+
+
+@attack(6, "cudnn")
+def implementation_that_cannot_run_here(lab: Lab) -> str:
+    before = _versions(lab)
+    code, out = _cli(lab, "rollout", "--implementation", "cudnn", "--store-dir", str(lab.store),
+                     "--family", FAMILY)
+    assert code == 2 and _versions(lab) == before
+    return out
+
+
+@attack(6, "letters, digits")
+def family_with_a_path_in_it(lab: Lab) -> str:
+    code, out = _cli(lab, "audit", "--family", "../x", "--store-dir", str(lab.store))
+    assert code == 2 and "Traceback" not in out
+    return out
+
+
+@attack(6, FAMILY)
+def family_typo(lab: Lab) -> str:
+    experiments = len(lab.client.search_experiments())
+    code, out = _cli(lab, "revalidate", "--family", "atacked", "--store-dir", str(lab.store))
+    assert code == 2 and len(lab.client.search_experiments()) == experiments
+    return out
+
+
+@attack(6, "heldout.npz")
+def truncated_arrays_file(lab: Lab) -> str:
+    from evaluation.testset import load_split
+
+    copy = shutil.copytree(lab.testset, lab.root / "testset")
+    arrays = copy / "heldout.npz"
+    arrays.write_bytes(arrays.read_bytes()[: arrays.stat().st_size // 2])
+    with pytest.raises(ValueError) as refused:
+        load_split(copy, "heldout")
+    return str(refused.value)
+
+
+@attack(6, "http://127.0.0.1:9")
+def tracking_server_down(lab: Lab) -> str:
+    started = time.monotonic()
+    code, out = _cli(lab, "audit", "--family", FAMILY,
+                     env={"MLFLOW_TRACKING_URI": "http://127.0.0.1:9"})
+    seconds = time.monotonic() - started
+    assert code != 0 and seconds < 30, (code, seconds)
+    return out
+
+
+# --- kind 7: the approval form loses its rules -----------------------------------------------
+
+
+@attack(7, "approver")
+def resume_without_approver_or_with_a_blank_one(lab: Lab) -> str:
+    """The form's schema (what Prefect's server checks on resume) keeps approver and
+    comment required; a blank approver passes the schema's minLength, so the flow
+    validates the answer again and asks again (tests/test_flows_rollout.py replays
+    that through a real pause)."""
+    from pydantic import ValidationError
+
+    from flows.promotion import ApprovalForm
+    from gates.approval import ApprovalInput
+
+    schema = ApprovalForm.with_initial_data(description="approve?").model_json_schema()
+    assert {"approve", "approver", "comment"} <= set(schema["required"])
+    assert schema["properties"]["approver"]["minLength"] == 1
+    with pytest.raises(ValidationError) as refused:
+        ApprovalInput.model_validate({"approve": True, "approver": "   ", "comment": "ok"})
+    return str(refused.value)
+
+
+# --- kind 8: a canary test that cannot fire counts as assessed -------------------------------
+
+
+@attack(8, "alpha")
+def three_versus_three_requests_plan(lab: Lab) -> str:
+    def tiny(d):
+        for step in d["canary"]["steps"]:
+            step["requests"] = 6  # ~3 per side at 50%
+    return _load_refused(_thresholds_with(lab, tiny))
+
+
+@attack(8, "cannot reach alpha")
+def three_versus_three_at_runtime(lab: Lab) -> str:
+    from gates.canary import analyse_canary_step
+    from gates.thresholds import load_thresholds
+
+    plan = load_thresholds(THRESHOLDS).canary
+    ten_times_slower = analyse_canary_step(
+        plan.steps[0], [1.0, 1.1, 1.2], [0.1, 0.11, 0.12], [0.0, 0.0, 0.0], 0, 0, 0, 0, plan)
+    assert not ten_times_slower.latency_assessed
+    return str(ten_times_slower.latency_not_assessed_reason)
+
+
+# --- kind 9: a dataset logged again from another folder keeps the first source ---------------
+
+
+@attack(9, "testset-copy")
+def same_test_set_from_another_folder(lab: Lab) -> str:
+    from lineage.evidence import log_evaluation_inputs
+
+    copy = shutil.copytree(lab.testset, lab.root / "testset-copy")
+    record = SimpleNamespace(tracking=lab.tracking)
+    sources = []
+    for folder in (lab.testset, copy):
+        with tr.stage_run(lab.tracking, FAMILY, "evaluation", run_name="dataset") as run_id:
+            log_evaluation_inputs(record, run_id, testset_dir=folder, split="heldout", model=None)
+        run = lab.client.get_run(run_id)
+        sources.append(json.loads(run.inputs.dataset_inputs[0].dataset.source)["uri"])
+    assert sources[0] != sources[1]
+    return " vs ".join(sources)

@@ -1,0 +1,20 @@
+"""Figures in the docs come from committed outputs of commands."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.attack_table import table
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_reliability_attack_table_is_the_committed_make_attacks_output():
+    report = json.loads((ROOT / "reliability" / "attacks.json").read_text())
+    text = (ROOT / "RELIABILITY.md").read_text()
+    shown = text.split("<!-- attacks-table: from reliability/attacks.json -->")[1].split("\n\n")[0]
+    assert shown.strip() == table(report).strip()
+    assert all(row["caught"] for row in report["attacks"]), "an attack was not caught"
+    kinds = {row["kind"] for row in report["attacks"]}
+    assert kinds == set(range(1, 10)), f"kinds without an attack: {set(range(1, 10)) - kinds}"
