@@ -364,7 +364,7 @@ INTERPRET_CASES = [
     # 40 -> 64, q_len < kv_len, a 3-deep ring.
     Case("lengths_empty_example_padded_head_dim", batch=2, q_len=200, kv_len=330,
          num_heads=4, num_kv_heads=2, head_dim=40, dtype="float16", causal=True,
-         q_lengths=(150, 200), kv_lengths=(0, 301),
+         q_lengths=(150, 120), kv_lengths=(0, 301),
          config=BlockSizes(block_q=64, block_kv=64, num_stages=3)),
     # Non-causal with kv_lengths: the masked tail starts mid-tile (dynamic n_full).
     Case("full_kv_length_mid_tile", batch=1, q_len=100, kv_len=400, num_heads=2,
