@@ -223,3 +223,20 @@ def test_committed_table_is_consistent_and_covers_the_grid():
         assert fastest.config == e.pallas_config
         assert math.isclose(fastest.tflops, e.tflops["pallas_gpu"])
         check_block_sizes(BlockSizes(**e.pallas_config))
+
+
+def test_without_naive_the_error_bound_is_cudnns_own_error(monkeypatch):
+    """A run with naive off (the long-sequence GPU runs) judges each kernel by cuDNN's
+    error on the same inputs; the bf16 floor alone (2 x 1e-3) would fail correct kernels,
+    whose error is about 2e-3 from rounding P to bf16."""
+    real = bench.attention_fn
+    monkeypatch.setattr(bench, "attention_fn", lambda name, shape, config: real(
+        "xla" if name == "cudnn" else name, shape, None if name == "cudnn" else config))
+    shape = mha("bfloat16", 1, 128, 2, 64, True)
+    rows = bench.bench_shape(shape, ["cudnn", "pallas_gpu"], seed=5, ceiling=1.0, repeats=1,
+                             target_repeat_s=0.0, warmup_s=0.0)
+    stand_in, pallas = rows
+    assert stand_in.rel_error_vs_reference > bench.ERROR_FLOOR["bfloat16"]
+    assert pallas.error_baseline == "cudnn" and pallas.correct
+    assert pallas.error_ratio_to_naive == pytest.approx(
+        pallas.rel_error_vs_reference / stand_in.rel_error_vs_reference)
