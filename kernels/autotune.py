@@ -41,6 +41,7 @@ from kernels.selection import (
     CandidateResult,
     SelectionTable,
     TableEntry,
+    load_table,
 )
 from kernels.shapes import AttentionShape, random_inputs
 from kernels.timing import DEFAULT_WARMUP_S, compile_and_warm, time_call
@@ -215,6 +216,30 @@ def autotune(shapes: Sequence[AttentionShape], *, quick: bool, repeats: int,
         tuning_data=tuning_data, entries=entries)
 
 
+def _key(entry: TableEntry) -> tuple:
+    return (entry.dtype, entry.batch, entry.seq, entry.num_heads, entry.head_dim, entry.causal)
+
+
+def merge_tables(old: SelectionTable, new: SelectionTable) -> SelectionTable:
+    """``old``'s entries with ``new``'s added (a re-measured shape replaces the old
+    entry), so that a sweep too long for one run can be done in parts. Both must come
+    from the same device kind and JAX version: one table, one measurement setting.
+
+    Raises:
+        ValueError: the device kind or JAX version differ.
+    """
+    if (old.device_kind, old.jax_version) != (new.device_kind, new.jax_version):
+        raise ValueError(f"cannot merge a table from {new.device_kind} / jax {new.jax_version} "
+                         f"into one from {old.device_kind} / jax {old.jax_version}; "
+                         "re-tune every shape instead")
+    fresh = {_key(e) for e in new.entries}
+    data = old.tuning_data if old.tuning_data == new.tuning_data else \
+        f"{old.tuning_data}; then {new.tuning_data}"
+    return new.model_copy(update={
+        "entries": [e for e in old.entries if _key(e) not in fresh] + new.entries,
+        "command": f"{old.command} ; {new.command}", "tuning_data": data})
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI: tune and write the table (atomically: a temp file, then rename)."""
     parser = argparse.ArgumentParser(prog="python -m kernels.autotune",
@@ -231,12 +256,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--target-repeat-s", type=float, default=0.01)
     parser.add_argument("--no-mosaic", action="store_true",
                         help="do not tune pallas_mosaic_gpu (the table then never picks it)")
+    parser.add_argument("--with-grid", action="store_true",
+                        help="with --testset: also tune the benchmark grid's shapes")
+    parser.add_argument("--merge", action="store_true",
+                        help="add to the table at --out (same device and JAX) instead of "
+                             "replacing it; re-measured shapes replace their entries")
     args = parser.parse_args(argv)
     quick = args.quick or jax.default_backend() not in ("gpu", "cuda")
     if args.testset is not None:
         shapes = tuning_shapes(args.testset)
         data = (f"shapes of the tuning split of {args.testset} (random normal inputs); "
                 "no held-out or confirmation data")
+        if args.with_grid:
+            shapes += [s for s in grid(quick, args.seqs, args.dtypes, args.head_dims)
+                       if s not in shapes]
+            data += "; and the benchmark grid's shapes (kernels.bench.grid)"
     else:
         shapes = grid(quick, args.seqs, args.dtypes, args.head_dims)
         data = ("random normal q/k/v with the benchmark grid's shapes and dtypes "
@@ -245,6 +279,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                      target_repeat_s=0.0 if quick else args.target_repeat_s,
                      command=" ".join(["python -m kernels.autotune", *sys.argv[1:]]),
                      tuning_data=data, mosaic=not args.no_mosaic)
+    if args.merge and (old := load_table(args.out)) is not None:
+        table = merge_tables(old, table)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_suffix(".tmp")
     tmp.write_text(json.dumps(table.model_dump(mode="json"), indent=1))

@@ -240,3 +240,19 @@ def test_without_naive_the_error_bound_is_cudnns_own_error(monkeypatch):
     assert pallas.error_baseline == "cudnn" and pallas.correct
     assert pallas.error_ratio_to_naive == pytest.approx(
         pallas.rel_error_vs_reference / stand_in.rel_error_vs_reference)
+
+
+def test_autotune_merge_adds_shapes_and_replaces_remeasured_ones(tmp_path):
+    out = tmp_path / "gpu_table.json"
+    common = ["--quick", "--out", str(out), "--dtypes", "float32", "--head-dims", "32",
+              "--no-mosaic"]
+    assert autotune.main([*common, "--seqs", "64"]) == 0
+    first = selection.load_table(out)
+    assert autotune.main([*common, "--seqs", "64", "96", "--merge"]) == 0
+    merged = selection.load_table(out)
+    assert sorted((e.seq, e.causal) for e in merged.entries) == [
+        (64, False), (64, True), (96, False), (96, True)]  # S=64 re-measured, not duplicated
+    assert merged.command.count(" ; ") == 1
+    other = merged.model_copy(update={"device_kind": "NVIDIA H200"})
+    with pytest.raises(ValueError, match="cannot merge"):
+        autotune.merge_tables(other, first)
