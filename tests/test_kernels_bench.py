@@ -12,7 +12,7 @@ import jax
 import numpy as np
 import pytest
 
-from kernels import autotune, bench, selection
+from kernels import autotune, bench, pallas_mosaic_gpu, selection
 from kernels.config import BlockSizes
 from kernels.pallas_gpu import check_block_sizes
 from kernels.reference import attention_reference
@@ -216,13 +216,19 @@ def test_committed_table_is_consistent_and_covers_the_grid():
     assert covered == {(d, h, c) for d in ("bfloat16", "float16") for h in (64, 128)
                        for c in (False, True)}
     for e in table.entries:
-        assert set(e.tflops) == {"cudnn", "pallas_gpu"}
+        assert {"cudnn", "pallas_gpu"} <= set(e.tflops) <= {"cudnn", *selection.TUNED}
         assert e.best == max(e.tflops, key=e.tflops.get)
-        measured = [c for c in e.candidates if c.tflops]
-        fastest = max(measured, key=lambda c: c.tflops)
-        assert fastest.config == e.pallas_config
-        assert math.isclose(fastest.tflops, e.tflops["pallas_gpu"])
-        check_block_sizes(BlockSizes(**e.pallas_config))
+        kernels = [("pallas_gpu", e.candidates, e.pallas_config, check_block_sizes)]
+        if e.mosaic_config is not None:  # tables written since issue 14
+            kernels.append(("pallas_mosaic_gpu", e.mosaic_candidates, e.mosaic_config,
+                            pallas_mosaic_gpu.check_block_sizes))
+        else:
+            assert "pallas_mosaic_gpu" not in e.tflops
+        for name, candidates, config, check in kernels:
+            fastest = max((c for c in candidates if c.tflops), key=lambda c: c.tflops)
+            assert fastest.config == config
+            assert math.isclose(fastest.tflops, e.tflops[name])
+            check(BlockSizes(**config))
 
 
 def test_without_naive_the_error_bound_is_cudnns_own_error(monkeypatch):

@@ -450,16 +450,28 @@ def test_gpu_contract_sweep_matches_float64_within_twice_naive(case):
 
 @gpu
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", autotune.mosaic_candidate_configs(128), ids=str)
-def test_gpu_every_candidate_tiling_and_a_small_persistent_grid_are_correct(config):
-    case = Case("tilings", batch=1, q_len=1536, kv_len=1536, num_heads=4, num_kv_heads=2,
-                head_dim=128, dtype="bfloat16", causal=True, config=config)
-    q, k, v, ql, kl = random_inputs(case, seed=5)
-    ref = attention_reference(q, k, v, causal=True)
-    naive_err = _naive_error(case, q, k, v, ql, kl, ref)
-    assert_accurate(_run(case, q, k, v, ql, kl), ref, "bfloat16", naive_err)
-    # 5 CTAs for 24-48 tiles of uneven causal work: CTAs run different tile counts.
-    assert_accurate(_run(case, q, k, v, ql, kl, num_sms=5), ref, "bfloat16", naive_err)
+def test_gpu_long_causal_context_131072_on_sampled_rows():
+    """B=1, H=16, D=128 bf16 causal at S=131072 (naive cannot run it): sampled rows of
+    two heads against the float64 reference, within twice cuDNN's own error there."""
+    shape = AttentionShape(dtype="bfloat16", batch=1, q_len=131072, kv_len=131072,
+                           num_heads=16, num_kv_heads=16, head_dim=128, causal=True)
+    q, k, v = shape_inputs(shape, seed=23)
+    scale = 128 ** -0.5
+    fn = functools.partial(pallas_mosaic_gpu_attention, causal=True, scale=scale,
+                           q_lengths=None, kv_lengths=None)
+    out = jax.jit(fn)(q, k, v)
+    rows = np.array([0, 1, 4097, 65535, 100003, 131071])
+    pairs = [(0, 3), (0, 12)]
+    q_h, k_h, v_h = (np.asarray(x.astype(jnp.float32)) for x in (q, k, v))
+    ref = bench.sampled_reference(q_h, k_h, v_h, causal=True, scale=scale, pairs=pairs, rows=rows)
+
+    def sampled(x):
+        return np.stack([np.asarray(x[b, rows, h].astype(jnp.float32)) for b, h in pairs])
+
+    err = relative_error(sampled(out), ref)
+    cudnn_err = relative_error(sampled(api.attention(q, k, v, causal=True,
+                                                     implementation="cudnn")), ref)
+    assert math.isfinite(err) and err <= 2.0 * max(cudnn_err, 1e-3), (err, cudnn_err)
 
 
 @gpu
@@ -491,25 +503,13 @@ def test_gpu_benchmark_shapes_are_correct(dtype, causal):
 
 @gpu
 @pytest.mark.gpu
-def test_gpu_long_causal_context_131072_on_sampled_rows():
-    """B=1, H=16, D=128 bf16 causal at S=131072 (naive cannot run it): sampled rows of
-    two heads against the float64 reference, within twice cuDNN's own error there."""
-    shape = AttentionShape(dtype="bfloat16", batch=1, q_len=131072, kv_len=131072,
-                           num_heads=16, num_kv_heads=16, head_dim=128, causal=True)
-    q, k, v = shape_inputs(shape, seed=23)
-    scale = 128 ** -0.5
-    fn = functools.partial(pallas_mosaic_gpu_attention, causal=True, scale=scale,
-                           q_lengths=None, kv_lengths=None)
-    out = jax.jit(fn)(q, k, v)
-    rows = np.array([0, 1, 4097, 65535, 100003, 131071])
-    pairs = [(0, 3), (0, 12)]
-    q_h, k_h, v_h = (np.asarray(x.astype(jnp.float32)) for x in (q, k, v))
-    ref = bench.sampled_reference(q_h, k_h, v_h, causal=True, scale=scale, pairs=pairs, rows=rows)
-
-    def sampled(x):
-        return np.stack([np.asarray(x[b, rows, h].astype(jnp.float32)) for b, h in pairs])
-
-    err = relative_error(sampled(out), ref)
-    cudnn_err = relative_error(sampled(api.attention(q, k, v, causal=True,
-                                                     implementation="cudnn")), ref)
-    assert math.isfinite(err) and err <= 2.0 * max(cudnn_err, 1e-3), (err, cudnn_err)
+@pytest.mark.parametrize("config", autotune.mosaic_candidate_configs(128), ids=str)
+def test_gpu_every_candidate_tiling_and_a_small_persistent_grid_are_correct(config):
+    case = Case("tilings", batch=1, q_len=1536, kv_len=1536, num_heads=4, num_kv_heads=2,
+                head_dim=128, dtype="bfloat16", causal=True, config=config)
+    q, k, v, ql, kl = random_inputs(case, seed=5)
+    ref = attention_reference(q, k, v, causal=True)
+    naive_err = _naive_error(case, q, k, v, ql, kl, ref)
+    assert_accurate(_run(case, q, k, v, ql, kl), ref, "bfloat16", naive_err)
+    # 5 CTAs for 24-48 tiles of uneven causal work: CTAs run different tile counts.
+    assert_accurate(_run(case, q, k, v, ql, kl, num_sms=5), ref, "bfloat16", naive_err)
