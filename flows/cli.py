@@ -40,6 +40,7 @@ app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False)
 
 Implementation = Annotated[str, typer.Option(
     help="candidate kernel: auto (native flash kernel of this device), pallas_tpu, pallas_gpu, "
+         "pallas_mosaic_gpu (Hopper, bf16/f16), "
          "xla, cudnn, naive")]
 Thresholds = Annotated[Path, typer.Option(help="thresholds file to preregister",
                                           exists=True, dir_okay=False)]

@@ -96,15 +96,21 @@ IMPLEMENTATIONS: dict[str, Implementation] = {
                        "flash attention in Pallas/Mosaic TPU (interpreted off-TPU)", tiled=True),
         Implementation("pallas_gpu", "kernels.pallas_gpu", "pallas_gpu_attention", ("gpu",),
                        "flash attention in Pallas for NVIDIA GPUs", tiled=True),
+        Implementation("pallas_mosaic_gpu", "kernels.pallas_mosaic_gpu",
+                       "pallas_mosaic_gpu_attention", ("gpu",),
+                       "warp-specialised flash attention in Pallas/Mosaic GPU for Hopper "
+                       "(FlashAttention-3 design; bf16/f16)", tiled=True),
     )
 }
 
 AUTO_ORDER: dict[str, tuple[str, ...]] = {
     "tpu": ("pallas_tpu", "xla", "naive"),
-    "gpu": ("pallas_gpu", "cudnn", "xla", "naive"),
+    "gpu": ("pallas_gpu", "cudnn", "pallas_mosaic_gpu", "xla", "naive"),
     "cpu": ("xla", "naive"),
 }
-"""Fallback order of ``auto`` per backend: the native kernel first."""
+"""Fallback order of ``auto`` per backend: the native kernel first. On a GPU the measured
+selection table (``kernels.selection``) moves its pick for the call's shape to the
+front; pallas_mosaic_gpu comes first only where that table measured it fastest."""
 
 NATIVE_FLASH: dict[str, str] = {"tpu": "pallas_tpu", "gpu": "pallas_gpu", "cpu": "pallas_tpu"}
 """The flash kernel a rollout builds by default per backend. A CPU host has no flash
@@ -153,16 +159,21 @@ def native_flash_kernel(implementation: str, backend: str) -> str:
     return NATIVE_FLASH.get(backend, "pallas_tpu") if implementation == "auto" else implementation
 
 
-def _gpu_order(spec: AttentionSpec | None) -> tuple[tuple[str, ...], BlockSizes | None, str]:
-    """Order GPU candidates by the measured selection table when one applies."""
+def _gpu_order(spec: AttentionSpec | None
+               ) -> tuple[tuple[str, ...], dict[str, BlockSizes], str]:
+    """Order GPU candidates by the measured selection table when one applies; also the
+    tilings the table measured per implementation for the nearest shape."""
     order = AUTO_ORDER["gpu"]
     if spec is None:
-        return order, None, "default GPU order"
+        return order, {}, "default GPU order"
     try:
         name, config, why = selection.select_gpu_implementation(spec.shape)
+        configs = selection.measured_configs(spec.shape)
     except (OSError, ValueError) as err:
-        return order, None, f"no usable GPU selection table ({err}); default order"
-    return (name, *[n for n in order if n != name]), config, why
+        return order, {}, f"no usable GPU selection table ({err}); default order"
+    if config is not None:
+        configs[name] = config
+    return (name, *[n for n in order if n != name]), configs, why
 
 
 def resolve(implementation: str = "auto", spec: AttentionSpec | None = None,
@@ -192,13 +203,14 @@ def resolve(implementation: str = "auto", spec: AttentionSpec | None = None,
         return Resolution(requested=implementation, name=implementation, backend=backend,
                           native=impl.is_native(backend), reason="requested explicitly",
                           config=resolved)
-    order, table_config, why = (_gpu_order(spec) if backend == "gpu"
-                                else (AUTO_ORDER.get(backend, AUTO_ORDER["cpu"]), None, ""))
+    order, table_configs, why = (_gpu_order(spec) if backend == "gpu"
+                                 else (AUTO_ORDER.get(backend, AUTO_ORDER["cpu"]), {}, ""))
     skipped: dict[str, str] = {}
     for name in order:
         impl = IMPLEMENTATIONS[name]
-        # A caller's block sizes win; the table's tiling applies to the table's pick only.
-        wanted = config if config is not None else (table_config if name == order[0] else None)
+        # A caller's block sizes win; else the tiling the table measured for this
+        # implementation at the nearest shape; else the kernel's default.
+        wanted = config if config is not None else table_configs.get(name)
         try:
             if spec is not None:
                 impl.check(spec, backend, wanted)

@@ -1,11 +1,14 @@
 """GPU autotuning: write the measured selection table behind ``auto`` on a GPU.
 
 ``python -m kernels.autotune --testset DIR --out kernels/gpu_table.json`` times, per
-shape, every candidate tiling (block_q, block_kv, num_warps, num_stages) of
-``pallas_gpu`` and the cuDNN kernel (``kernels.timing``, the benchmark's method), keeps
+shape, every candidate tiling of ``pallas_gpu`` (block_q, block_kv, num_warps,
+num_stages) and of ``pallas_mosaic_gpu`` (block_q, block_kv and the K/V ring depth
+num_stages), and the cuDNN kernel (``kernels.timing``, the benchmark's method), keeps
 only candidates whose output matches cuDNN/XLA, and writes a versioned table (schema
-version, JAX version, device kind, date, per shape: the faster implementation, its
-TFLOP/s and the pallas_gpu config) that ``kernels.selection`` reads.
+version, JAX version, device kind, date, per shape: the fastest implementation, its
+TFLOP/s and each Pallas kernel's best config) that ``kernels.selection`` reads.
+pallas_mosaic_gpu is tried only where it runs (bf16/f16 on a Hopper GPU); elsewhere its
+candidates are recorded with the reason and the entry has no ``mosaic_config``.
 
 Tuning data: the shapes of the test set's ``tuning`` split (``--testset``; the split
 exists for this and is never used by a gate), or the benchmark grid's shapes
@@ -26,6 +29,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
+from kernels import pallas_mosaic_gpu
 from kernels.api import IMPLEMENTATIONS, attention, default_backend
 from kernels.bench import grid
 from kernels.config import BlockSizes
@@ -37,6 +41,7 @@ from kernels.selection import (
     CandidateResult,
     SelectionTable,
     TableEntry,
+    load_table,
 )
 from kernels.shapes import AttentionShape, random_inputs
 from kernels.timing import DEFAULT_WARMUP_S, compile_and_warm, time_call
@@ -69,6 +74,26 @@ def candidate_configs(head_dim: int, quick: bool = False) -> list[BlockSizes]:
     return configs
 
 
+def mosaic_candidate_configs(head_dim: int, quick: bool = False) -> list[BlockSizes]:
+    """pallas_mosaic_gpu tilings to try, the default first: 64- or 128-row consumer tiles,
+    64..256-row K/V tiles, ring depth 2..4 (FlashAttention-3 and tokamax's SM90 sweep
+    bracket these). Tilings over the shared-memory limit are left out; at head_dim 128
+    a 256-row K/V tile does not fit, nor does a 3-deep ring of 128 rows with separate
+    output buffers (the kernel then stages the output in the query buffers)."""
+    grid = [(64, 128, 2), (64, 128, 3), (64, 64, 2), (64, 64, 3), (64, 64, 4),
+            (128, 64, 2), (128, 128, 2), (64, 256, 2)]
+    if quick:
+        grid = grid[:2]
+    configs = [pallas_mosaic_gpu.default_config(head_dim)]
+    for bq, bkv, stages in grid:
+        cfg = BlockSizes(block_q=bq, block_kv=bkv, num_warps=pallas_mosaic_gpu.NUM_WARPS,
+                         num_stages=stages)
+        fits = pallas_mosaic_gpu.smem_bytes(cfg, head_dim) <= pallas_mosaic_gpu.SMEM_LIMIT_BYTES
+        if fits and cfg not in configs:
+            configs.append(cfg)
+    return configs
+
+
 def _bound(name: str, shape: AttentionShape, config: BlockSizes | None):
     spec, _, _ = validate(*shape.structs(), causal=shape.causal)
     if not (name == "pallas_gpu" and default_backend() == "cpu"):  # interpreted off-GPU
@@ -83,9 +108,32 @@ def _short(err: BaseException) -> str:
     return f"{type(err).__name__}: {str(err).splitlines()[0][:300] if str(err) else ''}"
 
 
+def _tune(name: str, configs: Sequence[BlockSizes], shape: AttentionShape, args, baseline,
+          **timing) -> list[CandidateResult]:
+    """Check each tiling of ``name`` against ``baseline`` and time the correct ones."""
+    results = []
+    for cfg in configs:
+        result = CandidateResult(config=cfg.model_dump())
+        try:
+            compiled, *_ = compile_and_warm(_bound(name, shape, cfg), args)
+            out = compiled(*args).astype(jnp.float32)
+            result.rel_diff_to_baseline = relative_error(out, baseline)
+            if not result.rel_diff_to_baseline <= AGREEMENT_LIMIT[shape.dtype]:
+                raise ValueError(f"output differs from baseline by "
+                                 f"{result.rel_diff_to_baseline:.2e}")
+            result.tflops = shape.flops() / time_call(compiled, args, **timing).median_s / 1e12
+        except (NotImplementedError, ImportError) as err:
+            result.error = "unsupported: " + _short(err)
+        except Exception as err:  # noqa: BLE001 - a failing tiling is a tuning result
+            result.error = _short(err)
+        results.append(result)
+    return results
+
+
 def tune_shape(shape: AttentionShape, *, quick: bool, seed: int, repeats: int,
-               target_repeat_s: float) -> TableEntry:
-    """Time cudnn and every candidate tiling of pallas_gpu on one shape."""
+               target_repeat_s: float, mosaic: bool = True) -> TableEntry:
+    """Time cudnn and every candidate tiling of pallas_gpu (and of pallas_mosaic_gpu
+    unless ``mosaic`` is False) on one shape; the fastest correct one wins."""
     q, k, v = random_inputs(shape, seed)
     warmup_s = 0.0 if quick else DEFAULT_WARMUP_S
     flops = shape.flops()
@@ -102,33 +150,30 @@ def tune_shape(shape: AttentionShape, *, quick: bool, seed: int, repeats: int,
             break
         except (NotImplementedError, ImportError):
             continue
-    results = []
-    for cfg in candidate_configs(shape.head_dim, quick):
-        result = CandidateResult(config=cfg.model_dump())
-        try:
-            compiled, *_ = compile_and_warm(_bound("pallas_gpu", shape, cfg), (q, k, v))
-            out = compiled(q, k, v).astype(jnp.float32)
-            result.rel_diff_to_baseline = relative_error(out, baseline)
-            if not result.rel_diff_to_baseline <= AGREEMENT_LIMIT[shape.dtype]:
-                raise ValueError(f"output differs from baseline by "
-                                 f"{result.rel_diff_to_baseline:.2e}")
-            timing = time_call(compiled, (q, k, v), repeats=repeats,
-                               target_repeat_s=target_repeat_s, warmup_s=warmup_s)
-            result.tflops = flops / timing.median_s / 1e12
-        except Exception as err:  # noqa: BLE001 - a failing tiling is a tuning result
-            result.error = _short(err)
-        results.append(result)
+    timing = dict(repeats=repeats, target_repeat_s=target_repeat_s, warmup_s=warmup_s)
+    results = _tune("pallas_gpu", candidate_configs(shape.head_dim, quick), shape, (q, k, v),
+                    baseline, **timing)
     good = [r for r in results if r.tflops]
     if not good:
         raise RuntimeError(f"no pallas_gpu tiling ran correctly for {shape.label}: "
                            + "; ".join(str(r.error) for r in results))
     best = max(good, key=lambda r: r.tflops)
     tflops["pallas_gpu"] = best.tflops
-    winner = "cudnn" if tflops.get("cudnn", 0.0) > best.tflops else "pallas_gpu"
+    mosaic_results: list[CandidateResult] = []
+    mosaic_config = None
+    if mosaic:
+        mosaic_results = _tune("pallas_mosaic_gpu",
+                               mosaic_candidate_configs(shape.head_dim, quick), shape,
+                               (q, k, v), baseline, **timing)
+        if good_mosaic := [r for r in mosaic_results if r.tflops]:
+            best_mosaic = max(good_mosaic, key=lambda r: r.tflops)
+            tflops["pallas_mosaic_gpu"] = best_mosaic.tflops
+            mosaic_config = best_mosaic.config
     return TableEntry(dtype=shape.dtype, batch=shape.batch, seq=shape.q_len,
                       num_heads=shape.num_heads, head_dim=shape.head_dim,
-                      causal=shape.causal, best=winner, tflops=tflops,
-                      pallas_config=best.config, candidates=results)
+                      causal=shape.causal, best=max(tflops, key=tflops.get), tflops=tflops,
+                      pallas_config=best.config, candidates=results,
+                      mosaic_config=mosaic_config, mosaic_candidates=mosaic_results)
 
 
 def tuning_shapes(testset_dir: Path) -> list[AttentionShape]:
@@ -153,20 +198,46 @@ def tuning_shapes(testset_dir: Path) -> list[AttentionShape]:
 
 
 def autotune(shapes: Sequence[AttentionShape], *, quick: bool, repeats: int,
-             target_repeat_s: float, command: str, tuning_data: str) -> SelectionTable:
+             target_repeat_s: float, command: str, tuning_data: str,
+             mosaic: bool = True) -> SelectionTable:
     """Tune every shape; return the table (not yet written)."""
     entries = []
     for i, shape in enumerate(shapes):
         entry = tune_shape(shape, quick=quick, seed=1000 + i, repeats=repeats,
-                           target_repeat_s=target_repeat_s)
+                           target_repeat_s=target_repeat_s, mosaic=mosaic)
         print(f"[autotune] {shape.label}: best {entry.best} "
               + " ".join(f"{k}={v:.1f}" for k, v in entry.tflops.items())
-              + f" config={entry.pallas_config}", file=sys.stderr, flush=True)
+              + f" pallas_gpu={entry.pallas_config} pallas_mosaic_gpu={entry.mosaic_config}",
+              file=sys.stderr, flush=True)
         entries.append(entry)
     return SelectionTable(
         jax_version=jax.__version__, device_kind=jax.devices()[0].device_kind,
         created_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), command=command,
         tuning_data=tuning_data, entries=entries)
+
+
+def _key(entry: TableEntry) -> tuple:
+    return (entry.dtype, entry.batch, entry.seq, entry.num_heads, entry.head_dim, entry.causal)
+
+
+def merge_tables(old: SelectionTable, new: SelectionTable) -> SelectionTable:
+    """``old``'s entries with ``new``'s added (a re-measured shape replaces the old
+    entry), so that a sweep too long for one run can be done in parts. Both must come
+    from the same device kind and JAX version: one table, one measurement setting.
+
+    Raises:
+        ValueError: the device kind or JAX version differ.
+    """
+    if (old.device_kind, old.jax_version) != (new.device_kind, new.jax_version):
+        raise ValueError(f"cannot merge a table from {new.device_kind} / jax {new.jax_version} "
+                         f"into one from {old.device_kind} / jax {old.jax_version}; "
+                         "re-tune every shape instead")
+    fresh = {_key(e) for e in new.entries}
+    data = old.tuning_data if old.tuning_data == new.tuning_data else \
+        f"{old.tuning_data}; then {new.tuning_data}"
+    return new.model_copy(update={
+        "entries": [e for e in old.entries if _key(e) not in fresh] + new.entries,
+        "command": f"{old.command} ; {new.command}", "tuning_data": data})
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -183,12 +254,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seqs", nargs="+", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--target-repeat-s", type=float, default=0.01)
+    parser.add_argument("--no-mosaic", action="store_true",
+                        help="do not tune pallas_mosaic_gpu (the table then never picks it)")
+    parser.add_argument("--with-grid", action="store_true",
+                        help="with --testset: also tune the benchmark grid's shapes")
+    parser.add_argument("--merge", action="store_true",
+                        help="add to the table at --out (same device and JAX) instead of "
+                             "replacing it; re-measured shapes replace their entries")
     args = parser.parse_args(argv)
     quick = args.quick or jax.default_backend() not in ("gpu", "cuda")
     if args.testset is not None:
         shapes = tuning_shapes(args.testset)
         data = (f"shapes of the tuning split of {args.testset} (random normal inputs); "
                 "no held-out or confirmation data")
+        if args.with_grid:
+            shapes += [s for s in grid(quick, args.seqs, args.dtypes, args.head_dims)
+                       if s not in shapes]
+            data += "; and the benchmark grid's shapes (kernels.bench.grid)"
     else:
         shapes = grid(quick, args.seqs, args.dtypes, args.head_dims)
         data = ("random normal q/k/v with the benchmark grid's shapes and dtypes "
@@ -196,7 +278,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     table = autotune(shapes, quick=quick, repeats=3 if quick else args.repeats,
                      target_repeat_s=0.0 if quick else args.target_repeat_s,
                      command=" ".join(["python -m kernels.autotune", *sys.argv[1:]]),
-                     tuning_data=data)
+                     tuning_data=data, mosaic=not args.no_mosaic)
+    if args.merge and (old := load_table(args.out)) is not None:
+        table = merge_tables(old, table)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_suffix(".tmp")
     tmp.write_text(json.dumps(table.model_dump(mode="json"), indent=1))

@@ -1,10 +1,15 @@
 """The measured GPU selection table behind ``implementation="auto"`` on a GPU.
 
 ``kernels/gpu_table.json`` is written by ``python -m kernels.autotune`` on a GPU: per
-tuned shape, which of pallas_gpu and cuDNN was faster and pallas_gpu's best tiling.
+tuned shape, which of pallas_gpu, pallas_mosaic_gpu and cuDNN was fastest (among the
+candidates whose output agreed with cuDNN) and the best tiling of each Pallas kernel.
 This module only reads it; :func:`select_gpu_implementation` picks the entry of the
 nearest measured shape. Data, not code: re-running the autotuner on another device or
 JAX version rewrites the table and ``auto`` follows it.
+
+Schema version 1 throughout: ``mosaic_config`` and ``mosaic_candidates`` (issue 14) are
+optional, so a table written before pallas_mosaic_gpu existed reads unchanged (no
+pallas_mosaic_gpu entry: ``auto`` never picks it from that table).
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import math
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from kernels.config import BlockSizes
 from kernels.pallas_gpu import default_config
@@ -23,10 +28,14 @@ from kernels.shapes import AttentionShape
 TABLE_SCHEMA_VERSION = 1
 DEFAULT_TABLE_PATH = Path(__file__).with_name("gpu_table.json")
 CUDNN_DTYPES = ("bfloat16", "float16")
+MOSAIC_DTYPES = ("bfloat16", "float16")
+TUNED = ("pallas_gpu", "pallas_mosaic_gpu")
+"""The implementations whose tilings the table records."""
 
 
 class CandidateResult(BaseModel):
-    """One pallas_gpu tiling timed on one shape."""
+    """One tiling of a Pallas kernel timed on one shape (``error`` says why it has no
+    figure: a failed compile, a wrong output, an unsupported call)."""
 
     config: dict[str, Any]
     tflops: float | None = None
@@ -44,10 +53,26 @@ class TableEntry(BaseModel):
     num_heads: int
     head_dim: int
     causal: bool
-    best: Literal["pallas_gpu", "cudnn"]
+    best: Literal["pallas_gpu", "cudnn", "pallas_mosaic_gpu"]
     tflops: dict[str, float] = Field(description="implementation -> TFLOP/s (best tiling)")
     pallas_config: dict[str, Any]
     candidates: list[CandidateResult] = Field(default_factory=list)
+    mosaic_config: dict[str, Any] | None = Field(
+        None, description="pallas_mosaic_gpu's fastest correct tiling; None: not measured")
+    mosaic_candidates: list[CandidateResult] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _best_is_measured(self) -> TableEntry:
+        if self.best not in self.tflops:
+            raise ValueError(f"best={self.best!r} has no TFLOP/s figure in {sorted(self.tflops)}")
+        if self.best == "pallas_mosaic_gpu" and self.mosaic_config is None:
+            raise ValueError("best='pallas_mosaic_gpu' needs its mosaic_config")
+        return self
+
+    def config_of(self, name: str) -> BlockSizes | None:
+        """The measured tiling of ``name`` ("pallas_gpu" or "pallas_mosaic_gpu"), if any."""
+        raw = {"pallas_gpu": self.pallas_config, "pallas_mosaic_gpu": self.mosaic_config}.get(name)
+        return None if raw is None else BlockSizes(**raw)
 
 
 class SelectionTable(BaseModel):
@@ -107,15 +132,17 @@ def nearest_entry(shape: AttentionShape, table: SelectionTable | None) -> TableE
 
 def select_gpu_implementation(shape: AttentionShape, *, table_path: Path | str | None = None
                               ) -> tuple[str, BlockSizes | None, str]:
-    """The faster of pallas_gpu and cudnn for a call, from the measured table.
+    """The fastest of pallas_gpu, pallas_mosaic_gpu and cudnn for a call, from the
+    measured table.
 
     Returns:
-        ``(name, config, reason)``: ``config`` is pallas_gpu's tiling when ``name ==
-        "pallas_gpu"``, else ``None``. The nearest measured shape decides. Without a
-        table the documented default applies: cudnn for bf16/f16 (the anchors measured
-        it at 480-630 TFLOP/s against 316-430 for a Pallas Triton kernel on the H200),
-        pallas_gpu with :func:`kernels.pallas_gpu.default_config` for float32, which
-        cuDNN does not run.
+        ``(name, config, reason)``: ``config`` is the Pallas kernel's tiling when
+        ``name`` is one of them, else ``None``. The nearest measured shape decides.
+        Without a table the documented default applies: cudnn for bf16/f16 (the anchors
+        measured it at 480-630 TFLOP/s against 316-430 for a Pallas Triton kernel on the
+        H200; pallas_mosaic_gpu is not preferred before it is measured), pallas_gpu with
+        :func:`kernels.pallas_gpu.default_config` for float32, which neither cuDNN nor
+        pallas_mosaic_gpu runs.
     """
     table = load_table(table_path)
     entry = nearest_entry(shape, table)
@@ -129,17 +156,25 @@ def select_gpu_implementation(shape: AttentionShape, *, table_path: Path | str |
              f"{table.device_kind} (jax {table.jax_version}, {table.created_at}): "
              + ", ".join(f"{k} {v:.0f} TFLOP/s" for k, v in entry.tflops.items()))
     name = entry.best
-    if shape.dtype not in CUDNN_DTYPES:
+    if shape.dtype not in CUDNN_DTYPES + MOSAIC_DTYPES:
         name = "pallas_gpu"
-        where += f"; cuDNN does not run {shape.dtype}"
-    if name == "pallas_gpu":
-        return name, BlockSizes(**entry.pallas_config), where
-    return name, None, where
+        where += f"; neither cuDNN nor pallas_mosaic_gpu runs {shape.dtype}"
+    return name, entry.config_of(name), where
 
 
-def select_pallas_config(shape: AttentionShape, *, table_path: Path | str | None = None
-                         ) -> BlockSizes | None:
-    """The tuned pallas_gpu tiling of the nearest measured shape (whichever
-    implementation won there), or ``None`` when there is no table."""
+def measured_configs(shape: AttentionShape, *, table_path: Path | str | None = None
+                     ) -> dict[str, BlockSizes]:
+    """Per Pallas kernel, the tiling measured at the shape nearest ``shape`` (empty
+    without a table); ``auto`` uses it for whichever of them it falls back to."""
     entry = nearest_entry(shape, load_table(table_path))
-    return None if entry is None else BlockSizes(**entry.pallas_config)
+    if entry is None:
+        return {}
+    return {name: cfg for name in TUNED if (cfg := entry.config_of(name)) is not None}
+
+
+def select_pallas_config(shape: AttentionShape, *, table_path: Path | str | None = None,
+                         implementation: str = "pallas_gpu") -> BlockSizes | None:
+    """The tuned tiling of ``implementation`` ("pallas_gpu" or "pallas_mosaic_gpu") at
+    the nearest measured shape (whichever implementation won there), or ``None`` when
+    there is no table or it has no measurement of that kernel."""
+    return measured_configs(shape, table_path=table_path).get(implementation)

@@ -1,0 +1,679 @@
+"""Flash-attention forward for NVIDIA Hopper GPUs, written with Pallas' Mosaic GPU backend.
+
+Algorithm: FlashAttention-3 forward (Shah, Bikshandi, Zhang, Thakkar, Ramani, Dao, 2024,
+arXiv:2407.08608), exact attention with an online softmax (FlashAttention-2, Dao 2023):
+
+- **Warp specialisation.** Each CTA runs three warpgroups (``plgpu.kernel(num_threads=3)``).
+  Warpgroup 2 is the *producer*: it lowers its register budget to 40 and issues TMA
+  copies (``plgpu.copy_gmem_to_smem``) of the query tiles and of the key/value tiles into
+  a ring of ``num_stages`` shared-memory slots. Warpgroups 0 and 1 are *consumers*
+  (232 registers each): each owns ``block_q`` query rows, runs ``wgmma`` for
+  ``S = Q Kᵀ`` and ``O += P V`` with float32 accumulators, and keeps the softmax state
+  (running max ``m``, running sum ``l``) in registers.
+- **Barrier discipline.** Per ring slot, ``k_ready``/``v_ready`` barriers complete when
+  the TMA bytes have landed, and ``k_free``/``v_free`` (two arrivals: one per consumer)
+  when both consumers are done with the slot; the producer waits ``*_free`` before
+  refilling a slot. Per consumer, ``q_ready`` completes when its query tile has landed
+  and ``q_free`` is arrived at once per tile, right after its last ``Q Kᵀ``, so the
+  producer loads the next tile's queries while the consumer still finishes the current
+  one. Mosaic GPU tracks barrier parity per thread, so every waiter waits every phase
+  of its barriers exactly once, in order; the block counter ``g`` carried across tiles
+  keeps the ring's slot and phase continuous over the persistent loop.
+- **Ping-pong.** A two-arrival ``schedule`` barrier orders the two consumers' tensor-core
+  work: consumer 1 starts one phase behind, and each consumer passes the barrier once
+  after issuing ``Q Kᵀ`` and once at the end of its softmax, so one consumer's softmax
+  (exp2, max, sum on the CUDA cores) overlaps the other's ``P V`` and next ``Q Kᵀ``.
+  Both consumers iterate over the same key/value blocks of a tile (the pair's bound),
+  so their barrier counts always match.
+- **Persistent grid.** ``min(#SMs, #tiles)`` CTAs walk the tiles (batch, head, query
+  pair of ``2 * block_q`` rows) with ``plgpu.nd_loop``; the key/value ring keeps
+  streaming across tile boundaries. Tiles of one head are consecutive (they share K/V
+  in L2); with ``causal`` the query blocks of a head run heaviest (bottom) first.
+- **Causal** (top-left): blocks above the diagonal are never loaded; blocks every row
+  of a consumer sees run without a mask; the rest apply ``col <= row``. Within a pair,
+  consumer 0 also runs the (fully masked, p = 0) block(s) only consumer 1 needs, to keep
+  the ping-pong in step (at most ``ceil(block_q / block_kv)`` blocks per tile).
+- **Softmax.** ``m`` is kept in ``scale * log2(e)`` units so ``p = exp2(s * c - m)`` is
+  one FMA; ``exp2(-inf) = 0`` with ``approx_math``. Block 0 always contains key 0, which
+  every row sees, so ``m`` is finite after the first block and ``-inf - -inf`` never
+  occurs. ``P`` is rounded to the input dtype (bf16 or f16) for the second ``wgmma``.
+- **Contract.** GQA by index mapping (query head ``h`` streams K/V head
+  ``h // group``; nothing is repeated). ``kv_lengths``: keys at or past the length are
+  masked and the blocks past it never loaded; V rows past it are zeroed before the
+  kernel (one pass over V, only when ``kv_lengths`` is given) because ``0 * NaN`` in
+  ``P V`` would leak garbage from padding. ``q_lengths``: query pairs past the length are
+  skipped and padded rows written as zeros. A row that sees no key (``l = 0``) returns
+  zeros. Lengths that are not multiples of the tiles, and head_dim that is not a
+  multiple of 64, are zero-padded here and masked (head_dim padding is exact: zero
+  columns add nothing to ``Q Kᵀ`` and are sliced off the output).
+
+Sources. The paper above for the design. From JAX's own example
+(``jax/experimental/pallas/ops/gpu/attention_mgpu.py``) I learned the Mosaic GPU API
+(``plgpu.kernel`` with a warpgroup axis, ``plgpu.ACC``/``run_state`` for ``wgmma``,
+``Layout.WGMMA`` row reductions, the two-arrival schedule barrier, the ``(8, 64)`` tiling
+with a 128-byte swizzle); its shared-memory scratch is hard-coded ``float16``, which is
+why it fails on bf16 inputs ("src had type bfloat16 and dst had type float16"): here
+every buffer takes the input dtype. From tokamax's SM90 kernel
+(``tokamax/_src/ops/attention/pallas_mosaic_gpu_kernel_sm90.py``) I took the ideas of a
+persistent ``nd_loop`` over (head, query-pair) tiles with a block counter carried across
+tiles, a separate output staging buffer so the next query tile can load early, and
+key ranges (``k_end``) for padding; tokamax synchronises with named hardware barriers
+(inline PTX); this kernel keeps to ``plgpu.Barrier`` (mbarriers) only.
+
+Block config (``kernels.config.BlockSizes``):
+    ``block_q``: query rows per consumer warpgroup (64 or 128; a CTA tile is
+    ``2 * block_q`` rows); ``block_kv``: key/value rows per ring slot (64, 128 or 256);
+    ``num_stages``: depth of the K/V ring (2..4); ``num_warps``: always 12 (three
+    warpgroups), recorded for lineage. Shared memory (``smem_bytes``) must fit 227 KiB.
+
+Limits: NVIDIA Hopper (compute capability 9.x: ``wgmma`` and TMA; not Blackwell, whose
+MMA is ``tcgen05``); bf16 and f16 only (float32 stays with ``pallas_gpu``); head_dim
+<= 256; forward only. The persistent grid size comes from the device's SM count on a
+GPU host and defaults to ``DEFAULT_NUM_SMS`` (the H100/H200 SXM's 132) when exporting
+from a host without one. JAX's GPU interpret mode (private in 0.10.2:
+``jax._src.pallas.mosaic_gpu.interpret``) runs the kernel on a CPU for tests with the
+two ``wgmma`` replaced by ``lax.dot_general`` on the shared-memory tiles (its ``wgmma``
+takes neither register operands nor transposed refs), so the protocol, indices and
+masking are tested without a GPU; the ``wgmma`` path is checked by lowering only.
+
+Kept in one module (over 350 lines) because the producer, the consumers and their
+barrier protocol are one kernel whose halves must agree on every count.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from kernels.config import BlockSizes
+from kernels.contract import AttentionSpec
+
+KERNEL_NAME = "kernelgate_flash_fwd_mosaic_gpu"
+"""Name of the Mosaic GPU kernel (visible in profiles)."""
+
+SUPPORTED_DTYPES = ("bfloat16", "float16")
+MAX_HEAD_DIM = 256
+HEAD_DIM_MULTIPLE = 64
+"""head_dim is padded to a multiple of this (a 128-byte swizzled row of bf16/f16)."""
+NUM_WARPS = 12
+"""Three warpgroups of four warps: one producer, two consumers."""
+DEFAULT_NUM_SMS = 132
+"""Persistent grid size when no GPU is attached (H100/H200 SXM: 132 SMs)."""
+SMEM_LIMIT_BYTES = 227 * 1024
+"""Largest dynamic shared memory of one CTA on sm_90."""
+BLOCK_Q_CHOICES = (64, 128)
+BLOCK_KV_CHOICES = (64, 128, 256)
+STAGE_RANGE = (2, 4)
+_GPU_PLATFORMS = ("gpu", "cuda")
+_LOG2_E = math.log2(math.e)
+_CONSUMER_REGISTERS = 232
+_PRODUCER_REGISTERS = 40
+
+
+# ----------------------------------------------------------------------------- config
+
+
+def default_config(head_dim: int) -> BlockSizes:
+    """Documented default tiling (not yet measured; ``gpu_table.json`` takes precedence
+    once the autotuner has run on a GPU): 64-row consumer tiles (one ``wgmma`` M-tile per
+    warpgroup), 128-row K/V tiles with a 2-deep ring at head_dim <= 128, 64-row K/V tiles
+    at 256 so the float32 accumulator and logits fit the consumers' registers."""
+    padded = _padded_head_dim(head_dim)
+    block_kv = 128 if padded <= 128 else 64
+    return BlockSizes(block_q=64, block_kv=block_kv, num_warps=NUM_WARPS, num_stages=2)
+
+
+def resolve_config(spec: AttentionSpec, config: BlockSizes | None = None) -> BlockSizes:
+    """The tiling a call runs with: ``config``'s values where set, the head_dim default
+    (:func:`default_config`) elsewhere."""
+    return (config or BlockSizes()).merged_over(default_config(spec.head_dim))
+
+
+def check_block_sizes(config: BlockSizes) -> None:
+    """Raise ``ValueError`` naming the Mosaic GPU constraint ``config`` breaks:
+    ``block_q`` in ``BLOCK_Q_CHOICES`` (a ``wgmma`` M-tile is 64 rows per warpgroup),
+    ``block_kv`` in ``BLOCK_KV_CHOICES`` (``wgmma`` N <= 256, TMA tiles of 64 rows),
+    ``num_stages`` in ``STAGE_RANGE`` (a ring needs two slots to overlap), ``num_warps``
+    unset or ``NUM_WARPS`` (the warpgroup layout is fixed)."""
+    if config.block_q is not None and config.block_q not in BLOCK_Q_CHOICES:
+        raise ValueError(f"pallas_mosaic_gpu: block_q must be one of {BLOCK_Q_CHOICES} "
+                         f"(wgmma M-tiles of 64 rows per consumer warpgroup), got {config.block_q}")
+    if config.block_kv is not None and config.block_kv not in BLOCK_KV_CHOICES:
+        raise ValueError(f"pallas_mosaic_gpu: block_kv must be one of {BLOCK_KV_CHOICES} "
+                         f"(wgmma N <= 256 in steps of 64), got {config.block_kv}")
+    lo, hi = STAGE_RANGE
+    if config.num_stages is not None and not lo <= config.num_stages <= hi:
+        raise ValueError(f"pallas_mosaic_gpu: num_stages (the K/V ring depth) must lie in "
+                         f"[{lo}, {hi}], got {config.num_stages}")
+    if config.num_warps is not None and config.num_warps != NUM_WARPS:
+        raise ValueError(f"pallas_mosaic_gpu: num_warps is fixed at {NUM_WARPS} (one producer "
+                         f"and two consumer warpgroups), got {config.num_warps}")
+
+
+def _smem(config: BlockSizes, head_dim: int, itemsize: int, separate_output: bool) -> int:
+    d = _padded_head_dim(head_dim)
+    q_and_o = 2 * config.block_q * d * (2 if separate_output else 1)
+    tiles = (q_and_o + 2 * config.num_stages * config.block_kv * d) * itemsize
+    barriers = 8 * (4 + 4 * config.num_stages + 1)
+    return tiles + barriers
+
+
+def separate_output(config: BlockSizes, head_dim: int, itemsize: int = 2) -> bool:
+    """Whether the output is staged in its own buffers (so the next query tile can load
+    while a consumer finishes the current one) or in the query buffers (when the
+    separate ones would not fit shared memory, e.g. at head_dim 256)."""
+    return _smem(config, head_dim, itemsize, True) <= SMEM_LIMIT_BYTES
+
+
+def smem_bytes(config: BlockSizes, head_dim: int, itemsize: int = 2) -> int:
+    """Shared memory one CTA allocates for ``config`` (bytes): two query tiles, two
+    output staging tiles unless they must share the query tiles
+    (:func:`separate_output`), the K and V rings, and the barriers (8 bytes each).
+    ``config`` must be resolved (every field set)."""
+    return _smem(config, head_dim, itemsize, separate_output(config, head_dim, itemsize))
+
+
+def _padded_head_dim(head_dim: int) -> int:
+    return -(-head_dim // HEAD_DIM_MULTIPLE) * HEAD_DIM_MULTIPLE
+
+
+def _device_capability() -> str | None:
+    """``"9.0"``-style compute capability of the default device, None off-GPU."""
+    if jax.default_backend() not in _GPU_PLATFORMS:
+        return None
+    return getattr(jax.devices()[0], "compute_capability", None)
+
+
+def check_supported(spec: AttentionSpec, backend: str, config: BlockSizes | None = None) -> None:
+    """Raise when this kernel cannot run ``spec`` on ``backend`` with ``config``.
+
+    Raises:
+        NotImplementedError: a backend other than an NVIDIA GPU (there is no public GPU
+            interpret mode, so unlike ``pallas_gpu`` it does not run on a CPU), a GPU
+            that is not Hopper (compute capability 9.x), a dtype other than bf16/f16
+            (float32 stays with ``pallas_gpu``), or head_dim above ``MAX_HEAD_DIM``.
+        ValueError: ``config`` breaks a tiling constraint (:func:`check_block_sizes`)
+            or its buffers exceed ``SMEM_LIMIT_BYTES``.
+    """
+    if backend not in _GPU_PLATFORMS:
+        raise NotImplementedError(
+            f"pallas_mosaic_gpu is native to NVIDIA Hopper GPUs (Mosaic GPU: wgmma and TMA) "
+            f"and has no CPU mode (JAX's GPU interpret mode is private); backend {backend!r}")
+    capability = _device_capability()
+    if capability is not None and not str(capability).startswith("9."):
+        raise NotImplementedError(
+            f"pallas_mosaic_gpu needs an sm_90 (Hopper) GPU for wgmma; this device has "
+            f"compute capability {capability}")
+    name = jnp.dtype(spec.dtype).name
+    if name not in SUPPORTED_DTYPES:
+        raise NotImplementedError(
+            f"pallas_mosaic_gpu supports {SUPPORTED_DTYPES} (wgmma with bf16/f16 operands); "
+            f"got {name} (pallas_gpu runs float32)")
+    if spec.head_dim > MAX_HEAD_DIM:
+        raise NotImplementedError(
+            f"pallas_mosaic_gpu supports head_dim <= {MAX_HEAD_DIM} (the float32 output "
+            f"accumulator must fit a consumer's registers), got {spec.head_dim}")
+    if config is not None:
+        check_block_sizes(config)
+    resolved = resolve_config(spec, config)
+    need = smem_bytes(resolved, spec.head_dim, jnp.dtype(spec.dtype).itemsize)
+    if need > SMEM_LIMIT_BYTES:
+        raise ValueError(
+            f"pallas_mosaic_gpu: block_q={resolved.block_q}, block_kv={resolved.block_kv}, "
+            f"num_stages={resolved.num_stages} at head_dim {spec.head_dim} need {need} bytes "
+            f"of shared memory, over the {SMEM_LIMIT_BYTES} of an sm_90 CTA")
+
+
+def export_context(platform: str):
+    """``kernels.build`` hook: nothing to switch, the kernel always traces natively."""
+    del platform
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
+def export_disabled_checks(platform: str) -> list:
+    """``kernels.build`` hook: none. ``mosaic_gpu_v2`` is on ``jax.export``'s list of
+    custom calls with a compatibility guarantee (JAX 0.10.2 and 0.11)."""
+    del platform
+    return []
+
+
+# ----------------------------------------------------------------------------- the kernel
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """Static facts of one launch (sizes in elements)."""
+
+    batch: int
+    num_heads: int
+    group: int
+    q_len: int
+    kv_len: int
+    q_pad: int
+    kv_pad: int
+    head_dim: int  # padded
+    block_q: int
+    block_kv: int
+    stages: int
+    causal: bool
+    qk_scale_log2: float
+    has_q_lengths: bool
+    has_kv_lengths: bool
+    num_ctas: int
+    dtype: Any
+    interpret: bool
+    separate_output: bool
+
+    @property
+    def num_q_pairs(self) -> int:
+        return self.q_pad // (2 * self.block_q)
+
+
+def _min(a, b):
+    return min(a, b) if isinstance(a, int) and isinstance(b, int) else jnp.minimum(a, b)
+
+
+def _div(a, d: int):
+    return a // d if isinstance(a, int) else lax.div(a, jnp.int32(d))
+
+
+def _cdiv(a, d: int):
+    return _div(a + d - 1, d)
+
+
+class _Ops:
+    """The few operations that differ between the native kernel and its CPU interpretation:
+    the two matrix products (``wgmma`` natively; ``lax.dot_general`` on the shared-memory
+    tiles in JAX's GPU interpreter, whose ``wgmma`` accepts neither register operands nor
+    transposed refs) and layout annotations (which the interpreter has no rule for)."""
+
+    def __init__(self, interpret: bool):
+        self.interpret = interpret
+        import jax.experimental.pallas as pl
+        import jax.experimental.pallas.mosaic_gpu as plgpu
+
+        self.pl, self.plgpu = pl, plgpu
+
+    def layout(self, x, layout):
+        return x if self.interpret else self.plgpu.layout_cast(x, layout)
+
+    def iota(self, shape, dim):
+        if self.interpret:
+            return lax.broadcasted_iota(jnp.int32, shape, dim)
+        return self.plgpu.broadcasted_iota(jnp.int32, shape, dim, layout=self.plgpu.Layout.WGMMA)
+
+    def qk(self, q_tile, k_tile, block_kv: int, after_issue):
+        """``q_tile @ k_tileᵀ`` in float32; ``after_issue()`` runs while it is in flight."""
+        if self.interpret:
+            after_issue()
+            return lax.dot_general(q_tile[...], k_tile[...], (((1,), (1,)), ((), ())),
+                                   preferred_element_type=jnp.float32)
+        plgpu, pl = self.plgpu, self.pl
+
+        def body(acc_ref):
+            plgpu.wgmma(acc_ref, q_tile, plgpu.transpose_ref(k_tile, (1, 0)))
+            after_issue()
+            return acc_ref[...]
+
+        return pl.run_scoped(body, plgpu.ACC((q_tile.shape[0], block_kv), jnp.float32))
+
+    def pv(self, acc, p, v_tile, after_issue):
+        """``acc + p @ v_tile`` in float32; ``after_issue()`` runs while it is in flight."""
+        if self.interpret:
+            after_issue()
+            return acc + lax.dot_general(p, v_tile[...], (((1,), (0,)), ((), ())),
+                                         preferred_element_type=jnp.float32)
+        plgpu, pl = self.plgpu, self.pl
+
+        def body(acc_ref):
+            plgpu.wgmma(acc_ref, p, v_tile)
+            after_issue()
+
+        return pl.run_state(body)(plgpu.ACC.init(acc))
+
+
+def _tile_coords(plan: _Plan, index):
+    """(batch, head, query pair) of an ``nd_loop`` index; causal pairs heaviest first."""
+    b, h, qi = index
+    if plan.causal:
+        qi = plan.num_q_pairs - 1 - qi
+    return b, h, qi
+
+
+def _tile_bounds(plan: _Plan, b, qi, q_len_ref, kv_len_ref):
+    """``(pair_row0, kv_end, q_end, ub)`` of one tile, computed identically by every
+    warpgroup: the pair's first query row, the end of its example's keys and of its
+    query rows, and the number of K/V blocks the pair streams (0 for a pair wholly past
+    ``q_lengths``). Python ints where everything is static, int32 scalars otherwise."""
+    pair_row0 = qi * (2 * plan.block_q)
+    kv_end = jnp.minimum(kv_len_ref[b], plan.kv_len) if plan.has_kv_lengths else plan.kv_len
+    q_end = jnp.minimum(q_len_ref[b], plan.q_len) if plan.has_q_lengths else plan.q_len
+    limit = kv_end
+    if plan.causal:
+        # Rows at or past q_end are written as zeros, so their keys need not be read.
+        limit = _min(limit, _min(pair_row0 + 2 * plan.block_q, q_end))
+    ub = _cdiv(limit, plan.block_kv)
+    if plan.has_q_lengths:
+        ub = jnp.where(pair_row0 < q_end, ub, 0)
+    return pair_row0, kv_end, q_end, ub
+
+
+def _build_kernel(plan: _Plan):
+    import jax.experimental.pallas as pl
+    import jax.experimental.pallas.mosaic_gpu as plgpu
+
+    ops = _Ops(plan.interpret)
+    block_q, block_kv, stages, d = plan.block_q, plan.block_kv, plan.stages, plan.head_dim
+    c = plan.qk_scale_log2
+    row_layout = plgpu.Layout.WGMMA.reduce(1)
+    loop_grid = (plan.batch, plan.num_heads, plan.num_q_pairs)
+
+    def kernel(*refs, q_smem, k_smem, v_smem, q_ready, q_free, k_ready, v_ready, k_free,
+               v_free, schedule, o_smem=None):
+        refs = list(refs)
+        q_len_ref = refs.pop(0) if plan.has_q_lengths else None
+        kv_len_ref = refs.pop(0) if plan.has_kv_lengths else None
+        q_ref, k_ref, v_ref, o_ref = refs
+        wg = lax.axis_index("wg")
+
+        def schedule_sync():
+            plgpu.barrier_arrive(schedule)
+            plgpu.barrier_wait(schedule)
+
+        def slot_of(step):
+            return lax.rem(step, jnp.int32(stages))
+
+        # ------------------------------------------------------------------ consumers
+        def consumer():
+            plgpu.set_max_registers(_CONSUMER_REGISTERS, action="increase")
+            q_tile = q_smem.at[wg]
+            o_tile = o_smem.at[wg] if plan.separate_output else q_tile
+            early_q_free = plan.separate_output
+
+            @plgpu.nd_loop(loop_grid, collective_axes="sm", init_carry=jnp.int32(0))
+            def tile(info, carry):
+                g0 = carry
+                b, h, qi = _tile_coords(plan, info.index)
+                pair_row0, kv_end, q_end, ub = _tile_bounds(plan, b, qi, q_len_ref, kv_len_ref)
+                row0 = pair_row0 + wg * block_q
+                # Blocks [0, n_full) are visible to every row of this warpgroup.
+                n_full = _div(kv_end, block_kv)
+                if plan.causal:
+                    n_full = _min(n_full, _div(row0 + 1, block_kv))
+                n_full = _min(n_full, ub)
+
+                plgpu.barrier_wait(q_ready.at[wg])
+
+                if early_q_free:
+                    @pl.when(ub == 0)
+                    def _():  # nothing to stream: the query tile is free at once
+                        plgpu.barrier_arrive(q_free.at[wg])
+
+                @pl.when(ub > 0)
+                def _():
+                    plgpu.barrier_wait(k_ready.at[slot_of(g0)])
+
+                pl.when(wg == 1)(schedule_sync)  # consumer 1 runs one phase behind
+
+                def kv_step(ki, state, *, masked):
+                    acc, m_i, l_i = state
+                    step = g0 + ki
+                    slot = slot_of(step)
+                    s = ops.qk(q_tile, k_smem.at[slot], block_kv, schedule_sync)
+
+                    if early_q_free:
+                        @pl.when(ki == ub - 1)
+                        def _():  # last Q K^T of this tile done: the producer may reload Q
+                            plgpu.barrier_arrive(q_free.at[wg])
+
+                    plgpu.barrier_arrive(k_free.at[slot])
+                    if masked:
+                        cols = ki * block_kv + ops.iota((block_q, block_kv), 1)
+                        visible = cols < kv_end
+                        if plan.causal:
+                            rows = row0 + ops.iota((block_q, block_kv), 0)
+                            visible = jnp.logical_and(visible, cols <= rows)
+                        s = jnp.where(visible, s, -jnp.inf)
+                    m_new = jnp.maximum(m_i, s.max(axis=1) * c)
+                    alpha = jnp.exp2(m_i - m_new)
+                    p = jnp.exp2(s * c - lax.broadcast_in_dim(m_new, s.shape, [0]))
+                    acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
+                    l_i = l_i * alpha
+                    p_lo = p.astype(plan.dtype)
+                    if d <= 128:
+                        # Finish the row sums and rescaling before the hand-over, so this
+                        # consumer's next turn on the tensor core starts right away (the
+                        # order JAX's example found fastest for head_dim <= 128).
+                        l_i = l_i + p.sum(axis=1)
+                        acc, l_i, m_new, p_lo = lax.optimization_barrier((acc, l_i, m_new, p_lo))
+                    plgpu.barrier_arrive(schedule)  # softmax done
+                    plgpu.barrier_wait(v_ready.at[slot])
+                    plgpu.barrier_wait(schedule)  # the other consumer has issued its Q K^T
+                    if d > 128:
+                        l_i = l_i + p.sum(axis=1)
+
+                    def prefetch_wait():
+                        @pl.when(ki + 1 < ub)
+                        def _():
+                            plgpu.barrier_wait(k_ready.at[slot_of(step + 1)])
+
+                    acc = ops.pv(acc, p_lo, v_smem.at[slot], prefetch_wait)
+                    plgpu.barrier_arrive(v_free.at[slot])
+                    return acc, m_new, l_i
+
+                state = (ops.layout(jnp.zeros((block_q, d), jnp.float32), plgpu.Layout.WGMMA),
+                         ops.layout(jnp.full((block_q,), -jnp.inf, jnp.float32), row_layout),
+                         ops.layout(jnp.zeros((block_q,), jnp.float32), row_layout))
+                state = lax.fori_loop(0, n_full, functools.partial(kv_step, masked=False), state)
+                static_done = isinstance(n_full, int) and isinstance(ub, int) and n_full == ub
+                if not static_done:
+                    state = lax.fori_loop(n_full, ub, functools.partial(kv_step, masked=True),
+                                          state)
+                acc, _, l_i = state
+                pl.when(wg == 0)(schedule_sync)  # closes consumer 1's last phase
+
+                inv_l = jnp.where(l_i > 0.0, 1.0 / jnp.where(l_i > 0.0, l_i, 1.0), 0.0)
+                out = acc * lax.broadcast_in_dim(inv_l, acc.shape, [0])
+                if plan.has_q_lengths:
+                    rows = row0 + ops.iota((block_q, d), 0)
+                    out = jnp.where(rows < q_end, out, 0.0)
+                plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # previous tile's store
+                o_tile[...] = out.astype(plan.dtype)
+                plgpu.commit_smem()
+                plgpu.copy_smem_to_gmem(o_tile, o_ref.at[b, pl.ds(row0, block_q), h])
+                if not early_q_free:  # the output was staged in the query tile
+                    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+                    plgpu.barrier_arrive(q_free.at[wg])
+                return g0 + ub
+
+            plgpu.wait_smem_to_gmem(0)
+
+        # ------------------------------------------------------------------ producer
+        def producer():
+            plgpu.set_max_registers(_PRODUCER_REGISTERS, action="decrease")
+
+            @plgpu.nd_loop(loop_grid, collective_axes="sm",
+                           init_carry=(jnp.int32(0), jnp.int32(0)))
+            def tiles(info, carry):
+                g0, tiles_done = carry
+                b, h, qi = _tile_coords(plan, info.index)
+                pair_row0, _, _, ub = _tile_bounds(plan, b, qi, q_len_ref, kv_len_ref)
+                for w in range(2):
+                    # Consumer w has finished reading its previous query tile.
+                    pl.when(info.local_index > 0)(
+                        functools.partial(plgpu.barrier_wait, q_free.at[w]))
+                    plgpu.copy_gmem_to_smem(
+                        q_ref.at[b, pl.ds(pair_row0 + w * block_q, block_q), h],
+                        q_smem.at[w], q_ready.at[w])
+                kv_head = lax.div(h, jnp.int32(plan.group))
+
+                @pl.loop(0, ub)
+                def _(ki):
+                    step = g0 + ki
+                    slot = slot_of(step)
+                    rows = pl.ds(ki * block_kv, block_kv)
+                    for src, dst, ready, free in ((k_ref, k_smem, k_ready, k_free),
+                                                  (v_ref, v_smem, v_ready, v_free)):
+                        # Both consumers are done with this slot's previous tenant.
+                        pl.when(step >= stages)(
+                            functools.partial(plgpu.barrier_wait, free.at[slot]))
+                        plgpu.copy_gmem_to_smem(src.at[b, rows, kv_head], dst.at[slot],
+                                                ready.at[slot])
+
+                return g0 + ub, tiles_done + 1
+
+            # Drain: observe the phases no refill waited for (the last tenant of each
+            # slot, the last query tiles), so every barrier ends with all phases seen.
+            total, tiles_done = tiles
+
+            @pl.loop(jnp.maximum(total - stages, 0), total)
+            def _(step):
+                plgpu.barrier_wait(k_free.at[slot_of(step)])
+                plgpu.barrier_wait(v_free.at[slot_of(step)])
+
+            @pl.when(tiles_done > 0)
+            def _():
+                for w in range(2):
+                    plgpu.barrier_wait(q_free.at[w])
+
+        pl.when(wg < 2)(consumer)
+        pl.when(wg == 2)(producer)
+
+    return kernel
+
+
+def _scratch(plan: _Plan) -> dict[str, Any]:
+    import jax.experimental.pallas.mosaic_gpu as plgpu
+
+    swizzle = 128  # bytes: one 64-element row of bf16/f16
+    transforms = (plgpu.TilingTransform((8, swizzle // jnp.dtype(plan.dtype).itemsize)),
+                  plgpu.SwizzleTransform(swizzle))
+
+    def tiles(n, rows):
+        return plgpu.SMEM((n, rows, plan.head_dim), plan.dtype, transforms=transforms)
+
+    scratch = dict(
+        q_smem=tiles(2, plan.block_q),
+        k_smem=tiles(plan.stages, plan.block_kv),
+        v_smem=tiles(plan.stages, plan.block_kv),
+        q_ready=plgpu.Barrier(num_barriers=2),
+        q_free=plgpu.Barrier(num_barriers=2),
+        k_ready=plgpu.Barrier(num_barriers=plan.stages),
+        v_ready=plgpu.Barrier(num_barriers=plan.stages),
+        k_free=plgpu.Barrier(num_arrivals=2, num_barriers=plan.stages),
+        v_free=plgpu.Barrier(num_arrivals=2, num_barriers=plan.stages),
+        schedule=plgpu.Barrier(num_arrivals=2),
+    )
+    if plan.separate_output:
+        scratch["o_smem"] = tiles(2, plan.block_q)
+    return scratch
+
+
+def _num_sms() -> int:
+    if jax.default_backend() in _GPU_PLATFORMS:
+        count = getattr(jax.devices()[0], "core_count", None)
+        if count:
+            return int(count)
+    return DEFAULT_NUM_SMS
+
+
+def _round_up(x: int, multiple: int) -> int:
+    return -(-x // multiple) * multiple
+
+
+def pallas_mosaic_gpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool,
+                                scale: float, q_lengths: jax.Array | None,
+                                kv_lengths: jax.Array | None, config: BlockSizes | None = None,
+                                interpret: Any = False, num_sms: int | None = None
+                                ) -> jax.Array:
+    """Flash-attention forward (FlashAttention-3 design) on a Hopper GPU via Mosaic GPU.
+
+    Args:
+      q: ``[batch, q_len, num_heads, head_dim]`` bfloat16 or float16.
+      k, v: ``[batch, kv_len, num_kv_heads, head_dim]``, same dtype;
+        ``num_heads % num_kv_heads == 0`` (GQA by index mapping).
+      causal: mask key ``j > i`` for query ``i`` (top-left aligned).
+      scale: logit scale (the contract resolves ``None`` to ``1/sqrt(head_dim)``).
+      q_lengths, kv_lengths: optional int32 ``[batch]``; rows/keys at or past them are
+        padding (padded query rows and rows that see no key return zeros).
+      config: ``kernels.config.BlockSizes``; unset fields take :func:`default_config`.
+      interpret: run in JAX's (private) GPU interpret mode on the CPU, with
+        ``lax.dot_general`` in place of ``wgmma`` and one CTA (tests only): ``True``,
+        or the interpreter's ``InterpretGPUParams`` (e.g. ``detect_races=True``).
+      num_sms: persistent CTAs to launch; default the device's SM count
+        (``DEFAULT_NUM_SMS`` off-GPU, e.g. when exporting from a CPU host).
+
+    Returns:
+      Array shaped and typed like ``q``; logits, softmax state and accumulator float32.
+
+    Raises:
+      NotImplementedError: a dtype other than bf16/f16, or head_dim > ``MAX_HEAD_DIM``.
+      ValueError: ``config`` breaks a tiling or shared-memory constraint.
+    """
+    import jax.experimental.pallas.mosaic_gpu as plgpu
+
+    batch, q_len, num_heads, head_dim = q.shape
+    _, kv_len, num_kv_heads, _ = k.shape
+    if jnp.dtype(q.dtype).name not in SUPPORTED_DTYPES:
+        raise NotImplementedError(f"pallas_mosaic_gpu supports {SUPPORTED_DTYPES}, got {q.dtype}")
+    if head_dim > MAX_HEAD_DIM:
+        raise NotImplementedError(f"pallas_mosaic_gpu supports head_dim <= {MAX_HEAD_DIM}, "
+                                  f"got {head_dim}")
+    check_block_sizes(config or BlockSizes())
+    cfg = (config or BlockSizes()).merged_over(default_config(head_dim))
+    need = smem_bytes(cfg, head_dim, jnp.dtype(q.dtype).itemsize)
+    if need > SMEM_LIMIT_BYTES:
+        raise ValueError(f"pallas_mosaic_gpu: {cfg.model_dump()} at head_dim {head_dim} needs "
+                         f"{need} bytes of shared memory, over {SMEM_LIMIT_BYTES}")
+
+    d_pad = _padded_head_dim(head_dim)
+    q_pad = _round_up(q_len, 2 * cfg.block_q)
+    kv_pad = _round_up(kv_len, cfg.block_kv)
+    if kv_lengths is not None:
+        # 0 * NaN is NaN: padding rows of V must hold finite values for P V.
+        keep = jnp.arange(kv_len)[None, :, None, None] < kv_lengths[:, None, None, None]
+        v = jnp.where(keep, v, jnp.zeros_like(v))
+    if (q_pad, d_pad) != (q_len, head_dim):
+        q = jnp.pad(q, ((0, 0), (0, q_pad - q_len), (0, 0), (0, d_pad - head_dim)))
+    if (kv_pad, d_pad) != (kv_len, head_dim):
+        widths = ((0, 0), (0, kv_pad - kv_len), (0, 0), (0, d_pad - head_dim))
+        k, v = jnp.pad(k, widths), jnp.pad(v, widths)
+
+    num_tiles = batch * num_heads * (q_pad // (2 * cfg.block_q))
+    num_ctas = 1 if interpret else min(num_sms or _num_sms(), num_tiles)
+    plan = _Plan(batch=batch, num_heads=num_heads, group=num_heads // num_kv_heads,
+                 q_len=q_len, kv_len=kv_len, q_pad=q_pad, kv_pad=kv_pad, head_dim=d_pad,
+                 block_q=cfg.block_q, block_kv=cfg.block_kv, stages=cfg.num_stages,
+                 causal=causal, qk_scale_log2=float(scale) * _LOG2_E,
+                 has_q_lengths=q_lengths is not None, has_kv_lengths=kv_lengths is not None,
+                 num_ctas=num_ctas, dtype=q.dtype, interpret=bool(interpret),
+                 separate_output=separate_output(cfg, head_dim, jnp.dtype(q.dtype).itemsize))
+    operands = [jnp.asarray(x, jnp.int32) for x in (q_lengths, kv_lengths) if x is not None]
+    interpret_params = interpret
+    if interpret is True:
+        from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
+
+        interpret_params = InterpretGPUParams()
+    out = plgpu.kernel(
+        _build_kernel(plan),
+        out_type=jax.ShapeDtypeStruct(q.shape, q.dtype),
+        scratch_types=_scratch(plan),
+        grid=(num_ctas,),
+        grid_names=("sm",),
+        num_threads=3,
+        thread_name="wg",
+        compiler_params=plgpu.CompilerParams(approx_math=True),
+        interpret=interpret_params,
+        kernel_name=KERNEL_NAME,
+    )(*operands, q, k, v)
+    if (q_pad, d_pad) != (q_len, head_dim):
+        out = out[:, :q_len, :, :head_dim]
+    return out
