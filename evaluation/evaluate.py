@@ -236,6 +236,9 @@ def evaluate_candidate(
             out.update(perf.metrics(role))
         return out
 
+    for role, runner in runners.items():  # fallbacks happen during the calls above
+        infos[role].runtime_fallbacks = dict(runner.describe().get("runtime_fallbacks", {}))
+
     report.metrics = flat("candidate", report.speed_assessed)
     report.baseline_metrics = flat("baseline", native["baseline"])
     report.production_metrics = (flat("production", native["production"])

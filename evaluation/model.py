@@ -189,7 +189,7 @@ def bucket_length(n: int, max_length: int) -> int:
 def _default_attention_fn() -> AttentionFn:
     # Cached: a fresh jitted function per call would be a new static argument
     # and recompile the forward every time.
-    from kernels.api import get_attention_fn
+    from kernels.dispatch import get_attention_fn
 
     return get_attention_fn("auto")
 

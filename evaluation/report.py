@@ -34,6 +34,14 @@ class ImplementationInfo(BaseModel):
     resolution: dict[str, Any] | None = Field(None, description="kernels.Resolution as a dict")
     native: bool = Field(description="compiled natively on this device (not interpreted)")
     target_platform: str = Field(description="tpu/gpu/cpu: where the implementation is native")
+    float32_matmul_precision: str | None = Field(
+        None, description="jax.lax.Precision of its float32 matrix products as the registry "
+                          "declares it ('highest' = full float32); None: runs no float32 call, "
+                          "or a plain callable")
+    runtime_fallbacks: dict[str, dict[str, str]] = Field(
+        default_factory=dict,
+        description="call shape -> {implementation auto skipped: why}, for calls whose "
+                    "compile ran out of a device resource (kernels.dispatch)")
 
 
 class ValidationSummary(BaseModel):

@@ -65,7 +65,8 @@ class Runner(Protocol):
     def describe(self) -> dict:
         """What runs, as the fields of ``evaluation.report.ImplementationInfo`` other
         than ``role`` and ``name``: ``implementation``, ``config``, ``resolution``,
-        ``native``, ``target_platform``."""
+        ``native``, ``target_platform``, and where known ``float32_matmul_precision``
+        and ``runtime_fallbacks``."""
 
 
 class LocalRunner:
@@ -107,10 +108,14 @@ class LocalRunner:
             "implementation": resolution.name,
             "config": config.model_dump() if config is not None else None,
             "resolution": resolution.model_dump(mode="json"), "native": resolution.native,
-            "target_platform": target})
+            "target_platform": target,
+            "float32_matmul_precision": registry.float32_matmul_precision})
 
     def describe(self) -> dict:
-        return dict(self._description)
+        # kernels.dispatch records, per call shape, what auto skipped for want of a
+        # device resource; read live, since it grows with the calls.
+        return {**self._description,
+                "runtime_fallbacks": dict(getattr(self.attention_fn, "fallbacks", {}))}
 
     def __call__(self, q, k, v, *, causal: bool, scale: float | None, q_lengths=None,
                  kv_lengths=None) -> np.ndarray:

@@ -77,6 +77,9 @@ def _ask(state: RolloutState, transition: Transition) -> ApprovalRecord:
                                    poll_interval=APPROVAL_POLL_S, key=pause_key(transition, attempt))
         except FlowPauseTimeout:
             return record_timeout(policy, **about)
+        except ValidationError as err:  # the server took it; the form's own rules did not
+            notice = f"**Your answer was not accepted** ({_errors(err)}); answer again.\n\n"
+            continue
         try:  # the form's rules, again: a client can resume with any JSON
             typed = ApprovalInput.model_validate(given.model_dump(include={"approve", "approver",
                                                                            "comment"}))

@@ -9,7 +9,6 @@ from kernels.api import (
     Resolution,
     attention,
     default_backend,
-    get_attention_fn,
     native_flash_kernel,
     resolve,
 )
@@ -19,12 +18,14 @@ from kernels.api import (
 from kernels.build import build
 from kernels.config import BlockSizes
 from kernels.contract import AttentionSpec, validate
+from kernels.dispatch import GuardedAttention, ResourceLimitError, get_attention_fn
 from kernels.reference import attention_reference, relative_error
 from kernels.shapes import AttentionShape, random_inputs
 
 __all__ = [
     "AUTO_ORDER", "IMPLEMENTATIONS", "NATIVE_FLASH", "AttentionFn", "AttentionShape",
-    "AttentionSpec", "BlockSizes", "Implementation", "Resolution", "attention",
-    "attention_reference", "build", "default_backend", "get_attention_fn",
-    "native_flash_kernel", "random_inputs", "relative_error", "resolve", "validate",
+    "AttentionSpec", "BlockSizes", "GuardedAttention", "Implementation", "Resolution",
+    "ResourceLimitError", "attention", "attention_reference", "build", "default_backend",
+    "get_attention_fn", "native_flash_kernel", "random_inputs", "relative_error", "resolve",
+    "validate",
 ]

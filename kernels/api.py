@@ -5,15 +5,16 @@ implementation and dispatches to its kernel. Swapping implementations never
 changes callers (design note "Native, not forced"). Every kernel module exposes the
 same three functions: the kernel ``fn(q, k, v, *, causal, scale, q_lengths,
 kv_lengths, config)``, ``check_supported(spec, backend, config)`` and (for tiled
-kernels) ``resolve_config(spec, config)``.
+kernels) ``resolve_config(spec, config)``. ``kernels.dispatch.get_attention_fn`` binds
+``attention`` to one implementation under ``jax.jit`` and falls back when a compile runs
+out of a device resource.
 """
 
 from __future__ import annotations
 
-import functools
 import importlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import jax
@@ -42,6 +43,12 @@ class Implementation:
         native_platforms: backends where it is compiled natively ("cpu", "gpu", "tpu");
             elsewhere it either runs interpreted or not at all (the check says).
         tiled: whether it takes block sizes (``resolve_config`` in its module).
+        float32_matmul_precision: the ``jax.lax.Precision`` its float32 matrix products
+            run at on every backend (``"highest"``: full float32; recorded in the
+            evaluation report and lineage), or ``None`` when it runs no float32 call.
+        trace_name: the name its kernel carries in HLO and profiler traces (a Pallas
+            kernel's ``name=``, or the ``jax.named_call`` around an XLA kernel), which
+            ``evaluation.profiling`` looks for; ``None`` when it has none.
     """
 
     name: str
@@ -51,6 +58,8 @@ class Implementation:
     description: str
     check_function: str = "check_supported"
     tiled: bool = False
+    float32_matmul_precision: str | None = None
+    trace_name: str | None = None
 
     def _module(self):
         return importlib.import_module(self.module)
@@ -86,20 +95,28 @@ IMPLEMENTATIONS: dict[str, Implementation] = {
     impl.name: impl
     for impl in (
         Implementation("naive", "kernels.naive", "naive_attention", ("cpu", "gpu", "tpu"),
-                       "materialised logits, softmax, matmul (the baseline)"),
+                       "materialised logits, softmax, matmul (the baseline)",
+                       float32_matmul_precision="highest",
+                       trace_name="kernelgate_naive_attention"),
         Implementation("xla", "kernels.xla", "xla_attention", ("cpu", "gpu", "tpu"),
-                       "jax.nn.dot_product_attention(implementation='xla')"),
+                       "jax.nn.dot_product_attention(implementation='xla')",
+                       float32_matmul_precision="highest", trace_name="kernelgate_xla_attention"),
         Implementation("cudnn", "kernels.xla", "cudnn_attention", ("gpu",),
                        "jax.nn.dot_product_attention(implementation='cudnn')",
-                       check_function="check_cudnn"),
+                       check_function="check_cudnn", trace_name="kernelgate_cudnn_attention"),
         Implementation("pallas_tpu", "kernels.pallas_tpu", "pallas_tpu_attention", ("tpu",),
-                       "flash attention in Pallas/Mosaic TPU (interpreted off-TPU)", tiled=True),
+                       "flash attention in Pallas/Mosaic TPU (interpreted off-TPU)", tiled=True,
+                       float32_matmul_precision="highest",
+                       trace_name="kernelgate_flash_attention_tpu"),
         Implementation("pallas_gpu", "kernels.pallas_gpu", "pallas_gpu_attention", ("gpu",),
-                       "flash attention in Pallas for NVIDIA GPUs", tiled=True),
+                       "flash attention in Pallas for NVIDIA GPUs", tiled=True,
+                       float32_matmul_precision="highest",
+                       trace_name="kernelgate_flash_attention_fwd_gpu"),
         Implementation("pallas_mosaic_gpu", "kernels.pallas_mosaic_gpu",
                        "pallas_mosaic_gpu_attention", ("gpu",),
                        "warp-specialised flash attention in Pallas/Mosaic GPU for Hopper "
-                       "(FlashAttention-3 design; bf16/f16)", tiled=True),
+                       "(FlashAttention-3 design; bf16/f16)", tiled=True,
+                       trace_name="kernelgate_flash_fwd_mosaic_gpu"),
     )
 }
 
@@ -177,7 +194,8 @@ def _gpu_order(spec: AttentionSpec | None
 
 
 def resolve(implementation: str = "auto", spec: AttentionSpec | None = None,
-            backend: str | None = None, config: BlockSizes | None = None) -> Resolution:
+            backend: str | None = None, config: BlockSizes | None = None,
+            exclude: Mapping[str, str] | None = None) -> Resolution:
     """Pick the implementation for ``spec`` on ``backend`` and resolve its block sizes.
 
     Args:
@@ -186,6 +204,10 @@ def resolve(implementation: str = "auto", spec: AttentionSpec | None = None,
         spec: the validated call; ``None`` checks nothing shape-specific.
         backend: "cpu", "gpu" or "tpu"; default ``jax.default_backend()``.
         config: requested block sizes (unset fields: the table's or the kernel's default).
+        exclude: for ``auto``, implementations not to pick, name -> why (e.g. its compile
+            ran out of a device resource for this call: ``kernels.dispatch``); they
+            appear in ``Resolution.skipped`` with that reason. Ignored for a named
+            implementation.
 
     Raises:
         ValueError: unknown implementation name, or ``config`` illegal for it.
@@ -196,20 +218,29 @@ def resolve(implementation: str = "auto", spec: AttentionSpec | None = None,
     check_implementation_name(implementation)
     if implementation != "auto":
         impl = IMPLEMENTATIONS[implementation]
-        resolved = config
+        resolved, reason = config, "requested explicitly"
         if spec is not None:
             impl.check(spec, backend, config)
-            resolved = impl.resolve_config(spec, config)
+            wanted = config
+            if implementation in selection.TUNED and backend == "gpu" and (
+                    config is None or config.is_empty()):
+                # No tiling given: the measured table's, as for auto (fitted to the device).
+                wanted = selection.select_pallas_config(spec.shape, implementation=implementation)
+                if wanted is not None:
+                    reason += "; tiling of the nearest measured shape (kernels/gpu_table.json)"
+            resolved = impl.resolve_config(spec, wanted)
         return Resolution(requested=implementation, name=implementation, backend=backend,
-                          native=impl.is_native(backend), reason="requested explicitly",
-                          config=resolved)
+                          native=impl.is_native(backend), reason=reason, config=resolved)
     order, table_configs, why = (_gpu_order(spec) if backend == "gpu"
                                  else (AUTO_ORDER.get(backend, AUTO_ORDER["cpu"]), {}, ""))
     skipped: dict[str, str] = {}
     for name in order:
         impl = IMPLEMENTATIONS[name]
+        if exclude and name in exclude:
+            skipped[name] = exclude[name]
+            continue
         # A caller's block sizes win; else the tiling the table measured for this
-        # implementation at the nearest shape; else the kernel's default.
+        # implementation at the nearest shape (fitted to the device); else the default.
         wanted = config if config is not None else table_configs.get(name)
         try:
             if spec is not None:
@@ -230,7 +261,8 @@ def resolve(implementation: str = "auto", spec: AttentionSpec | None = None,
 
 def attention(q, k, v, *, causal: bool = False, scale: float | None = None,
               q_lengths=None, kv_lengths=None, implementation: str = "auto",
-              config: BlockSizes | None = None) -> jax.Array:
+              config: BlockSizes | None = None,
+              exclude: tuple[tuple[str, str], ...] = ()) -> jax.Array:
     """Exact scaled dot-product attention behind one contract.
 
     Args:
@@ -244,6 +276,8 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None,
         implementation: registry name or ``"auto"``.
         config: block sizes for tiled kernels (``None``: the measured table's entry or
             the kernel's default).
+        exclude: ``(name, reason)`` pairs ``auto`` must skip (see :func:`resolve`); a
+            tuple so that it can be a static argument of ``jax.jit``.
 
     Returns:
         ``[batch, q_len, num_heads, head_dim]`` in ``q.dtype``; rows that see no key are 0.
@@ -255,25 +289,7 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None,
     """
     spec, q_lengths, kv_lengths = validate(q, k, v, causal=causal, scale=scale,
                                            q_lengths=q_lengths, kv_lengths=kv_lengths)
-    resolution = resolve(implementation, spec, config=config)
+    resolution = resolve(implementation, spec, config=config, exclude=dict(exclude))
     kernel = IMPLEMENTATIONS[resolution.name].kernel()
     return kernel(q, k, v, causal=spec.causal, scale=spec.scale, q_lengths=q_lengths,
                   kv_lengths=kv_lengths, config=resolution.config)
-
-
-@functools.lru_cache(maxsize=64)
-def get_attention_fn(implementation: str = "auto", config: BlockSizes | None = None,
-                     *, jit: bool = True) -> AttentionFn:
-    """An ``AttentionFn`` bound to one implementation and config (jitted by default;
-    ``causal`` and ``scale`` are static).
-
-    Cached: the same arguments return the same function object, so a model that takes
-    the function as a static argument of ``jax.jit`` compiles once per kernel.
-
-    Raises:
-        ValueError: unknown implementation name.
-    """
-    check_implementation_name(implementation)
-    fn = functools.partial(attention, implementation=implementation, config=config)
-    fn = functools.update_wrapper(fn, attention)
-    return jax.jit(fn, static_argnames=("causal", "scale")) if jit else fn

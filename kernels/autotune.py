@@ -15,12 +15,19 @@ exists for this and is never used by a gate), or the benchmark grid's shapes
 (``kernels.bench.grid``) without one. Inputs are fresh random normal arrays of those
 shapes: no held-out or confirmation case is ever read, so tuning cannot leak into the
 gate's evidence.
+
+Only tilings that fit the device's shared memory for the shape's dtype and head_dim are
+tried (``kernels.gpu_limits``). ``--serving`` tunes MiniLM's serving shapes
+(``kernels.bench_serving``: 12 heads x head_dim 32, float32 and bf16) with a grid for
+small head_dim and short sequences, in two passes (tile shape and warps at 2 stages, then
+1 and 3 stages around the three fastest), and merges the entries into the existing table.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import itertools
 import json
 import sys
 from collections.abc import Sequence
@@ -29,12 +36,13 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from kernels import pallas_mosaic_gpu
+from kernels import bench_serving, pallas_mosaic_gpu
 from kernels.api import IMPLEMENTATIONS, attention, default_backend
 from kernels.bench import grid
 from kernels.config import BlockSizes
 from kernels.contract import validate
-from kernels.pallas_gpu import default_config
+from kernels.gpu_limits import shared_memory_budget, shared_memory_bytes
+from kernels.pallas_gpu import default_config, fitted_config
 from kernels.reference import relative_error
 from kernels.selection import (
     DEFAULT_TABLE_PATH,
@@ -42,6 +50,7 @@ from kernels.selection import (
     SelectionTable,
     TableEntry,
     load_table,
+    merge_tables,
 )
 from kernels.shapes import AttentionShape, random_inputs
 from kernels.timing import DEFAULT_WARMUP_S, compile_and_warm, time_call
@@ -51,11 +60,17 @@ AGREEMENT_LIMIT = {"bfloat16": 2e-2, "float16": 5e-3, "float32": 1e-4}
 are flash kernels with float32 softmax; bf16 rounding of P dominates the difference)."""
 
 
-def candidate_configs(head_dim: int, quick: bool = False) -> list[BlockSizes]:
+def candidate_configs(head_dim: int, quick: bool = False,
+                      dtype: str | None = None) -> list[BlockSizes]:
     """Tilings to try (FlashAttention-2 style: 64/128-row query tiles, 32..128-row key
-    tiles, 4 or 8 warps, 2..4 pipeline stages), the default first."""
+    tiles, 4 or 8 warps, 2..4 pipeline stages), the default first. With ``dtype``, only
+    tilings that fit the device's shared memory for ``dtype`` and ``head_dim``
+    (``kernels.gpu_limits``), the fitted default first. Head dims up to 32 (MiniLM, the
+    serving workload) get :func:`serving_candidate_configs`."""
     if quick:
         return [BlockSizes(block_q=16, block_kv=16), BlockSizes(block_q=32, block_kv=16)]
+    if head_dim <= 32:
+        return serving_candidate_configs(head_dim, dtype or "bfloat16")
     # Pruned with the first H200 sweep (NOTES-gpu.md): 64-row tiles with 4 warps lead
     # at head_dim 64, 128x128 with 8 warps and 3 stages at 128; the rest bracket them.
     if head_dim <= 64:
@@ -66,12 +81,64 @@ def candidate_configs(head_dim: int, quick: bool = False) -> list[BlockSizes]:
                 (64, 64, 4, 4), (128, 64, 4, 3), (128, 128, 8, 2)]
     else:
         grid = [(64, 32, 4, 2), (64, 64, 4, 2), (128, 32, 8, 2), (64, 32, 4, 3)]
+    return _fitting([default_config(head_dim), *(_tiling(*t) for t in grid)], head_dim, dtype)
+
+
+SERVING_HEAD_DIM = 32
+"""Head dims up to this are tuned with the serving grid (MiniLM: 32)."""
+
+
+def serving_candidate_configs(head_dim: int, dtype: str) -> list[BlockSizes]:
+    """Tilings for small head_dim and short sequences (MiniLM: head_dim 32, S <= 512),
+    first pass: block_q in {16, 32, 64, 128} x block_kv in {16, 32, 64, 128} x warps in
+    {1, 2, 4} (at least 16 query rows per warp), 2 stages; 36 tilings plus the default.
+
+    Short sequences give few programs per (batch, head), so smaller query tiles and fewer
+    warps can keep the GPU's 132 SMs busy where 64-128-row tiles leave them idle. The key
+    loop has 1-16 iterations here, so the pipeline depth is tuned second, around the
+    fastest tilings only (:func:`stage_variants`).
+    """
     configs = [default_config(head_dim)]
-    for bq, bkv, warps, stages in grid:
-        cfg = BlockSizes(block_q=bq, block_kv=bkv, num_warps=warps, num_stages=stages)
-        if cfg not in configs:
-            configs.append(cfg)
-    return configs
+    for bq, bkv, warps in itertools.product((16, 32, 64, 128), (16, 32, 64, 128), (1, 2, 4)):
+        if warps * 16 <= bq:
+            configs.append(_tiling(bq, bkv, warps, 2))
+    return _fitting(configs, head_dim, dtype)
+
+
+def stage_variants(results: Sequence[CandidateResult], shape: AttentionShape,
+                   top: int = 3) -> list[BlockSizes]:
+    """Second pass of the serving search: the ``top`` fastest tilings of ``results`` with
+    1 and 3 pipeline stages, those not yet tried and that fit the device."""
+    ranked = sorted((r for r in results if r.tflops), key=lambda r: -r.tflops)[:top]
+    tried = [BlockSizes(**r.config) for r in results]
+    out = []
+    for r in ranked:
+        for stages in (1, 3):
+            cfg = BlockSizes(**r.config).model_copy(update={"num_stages": stages})
+            if cfg not in tried and cfg not in out:
+                out.append(cfg)
+    return _fitting(out, shape.head_dim, shape.dtype, with_default=False)
+
+
+def _tiling(bq: int, bkv: int, warps: int, stages: int) -> BlockSizes:
+    return BlockSizes(block_q=bq, block_kv=bkv, num_warps=warps, num_stages=stages)
+
+
+def _fitting(configs: Sequence[BlockSizes], head_dim: int, dtype: str | None,
+             with_default: bool = True) -> list[BlockSizes]:
+    """Distinct tilings in order; with a dtype, only those that fit the device (and, with
+    ``with_default``, the fitted default first)."""
+    if dtype is not None:
+        budget = shared_memory_budget()
+        fitted = fitted_config(dtype, head_dim, 4096, 4096, budget=budget)
+        configs = [c for c in configs if shared_memory_bytes(c, dtype=dtype, head_dim=head_dim)
+                   <= budget.bytes]
+        configs = ([fitted] if fitted is not None and with_default else []) + configs
+    out: list[BlockSizes] = []
+    for cfg in configs:
+        if cfg not in out:
+            out.append(cfg)
+    return out
 
 
 def mosaic_candidate_configs(head_dim: int, quick: bool = False) -> list[BlockSizes]:
@@ -151,8 +218,11 @@ def tune_shape(shape: AttentionShape, *, quick: bool, seed: int, repeats: int,
         except (NotImplementedError, ImportError):
             continue
     timing = dict(repeats=repeats, target_repeat_s=target_repeat_s, warmup_s=warmup_s)
-    results = _tune("pallas_gpu", candidate_configs(shape.head_dim, quick), shape, (q, k, v),
-                    baseline, **timing)
+    results = _tune("pallas_gpu", candidate_configs(shape.head_dim, quick, dtype=shape.dtype),
+                    shape, (q, k, v), baseline, **timing)
+    if not quick and shape.head_dim <= SERVING_HEAD_DIM:
+        results += _tune("pallas_gpu", stage_variants(results, shape), shape, (q, k, v),
+                         baseline, **timing)
     good = [r for r in results if r.tflops]
     if not good:
         raise RuntimeError(f"no pallas_gpu tiling ran correctly for {shape.label}: "
@@ -216,30 +286,6 @@ def autotune(shapes: Sequence[AttentionShape], *, quick: bool, repeats: int,
         tuning_data=tuning_data, entries=entries)
 
 
-def _key(entry: TableEntry) -> tuple:
-    return (entry.dtype, entry.batch, entry.seq, entry.num_heads, entry.head_dim, entry.causal)
-
-
-def merge_tables(old: SelectionTable, new: SelectionTable) -> SelectionTable:
-    """``old``'s entries with ``new``'s added (a re-measured shape replaces the old
-    entry), so that a sweep too long for one run can be done in parts. Both must come
-    from the same device kind and JAX version: one table, one measurement setting.
-
-    Raises:
-        ValueError: the device kind or JAX version differ.
-    """
-    if (old.device_kind, old.jax_version) != (new.device_kind, new.jax_version):
-        raise ValueError(f"cannot merge a table from {new.device_kind} / jax {new.jax_version} "
-                         f"into one from {old.device_kind} / jax {old.jax_version}; "
-                         "re-tune every shape instead")
-    fresh = {_key(e) for e in new.entries}
-    data = old.tuning_data if old.tuning_data == new.tuning_data else \
-        f"{old.tuning_data}; then {new.tuning_data}"
-    return new.model_copy(update={
-        "entries": [e for e in old.entries if _key(e) not in fresh] + new.entries,
-        "command": f"{old.command} ; {new.command}", "tuning_data": data})
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI: tune and write the table (atomically: a temp file, then rename)."""
     parser = argparse.ArgumentParser(prog="python -m kernels.autotune",
@@ -249,7 +295,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="tune on the shapes of this test set's tuning split")
     parser.add_argument("--quick", action="store_true",
                         help="tiny shapes, two tilings (always so without a GPU)")
-    parser.add_argument("--dtypes", nargs="+", default=["bfloat16", "float16"])
+    parser.add_argument("--serving", action="store_true",
+                        help="tune MiniLM's serving shapes (kernels.bench_serving: 12 heads x "
+                             "head_dim 32; default dtypes float32 bfloat16); implies --merge")
+    parser.add_argument("--dtypes", nargs="+", default=None,
+                        help="default bfloat16 float16 (--serving: float32 bfloat16)")
     parser.add_argument("--head-dims", nargs="+", type=int, default=[64, 128])
     parser.add_argument("--seqs", nargs="+", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=7)
@@ -263,7 +313,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "replacing it; re-measured shapes replace their entries")
     args = parser.parse_args(argv)
     quick = args.quick or jax.default_backend() not in ("gpu", "cuda")
-    if args.testset is not None:
+    if args.serving:
+        shapes = bench_serving.serving_shapes(quick, args.dtypes or bench_serving.SERVING_DTYPES)
+        data = ("random normal q/k/v with MiniLM's serving shapes (kernels.bench_serving); "
+                "no held-out or confirmation data")
+    elif args.testset is not None:
         shapes = tuning_shapes(args.testset)
         data = (f"shapes of the tuning split of {args.testset} (random normal inputs); "
                 "no held-out or confirmation data")
@@ -272,14 +326,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                        if s not in shapes]
             data += "; and the benchmark grid's shapes (kernels.bench.grid)"
     else:
-        shapes = grid(quick, args.seqs, args.dtypes, args.head_dims)
+        shapes = grid(quick, args.seqs, args.dtypes or ["bfloat16", "float16"], args.head_dims)
         data = ("random normal q/k/v with the benchmark grid's shapes and dtypes "
                 "(kernels.bench.grid); no held-out or confirmation data")
     table = autotune(shapes, quick=quick, repeats=3 if quick else args.repeats,
                      target_repeat_s=0.0 if quick else args.target_repeat_s,
                      command=" ".join(["python -m kernels.autotune", *sys.argv[1:]]),
                      tuning_data=data, mosaic=not args.no_mosaic)
-    if args.merge and (old := load_table(args.out)) is not None:
+    if (args.merge or args.serving) and (old := load_table(args.out)) is not None:
         table = merge_tables(old, table)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_suffix(".tmp")

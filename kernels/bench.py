@@ -10,7 +10,9 @@ timing passes) and fraction of the bf16 matrix-product ceiling measured in the s
 run, the geometric mean of the ratio to cuDNN per implementation, overall and per
 (dtype, head_dim, mask) group, memory, correctness against float64 and against naive,
 and the longest causal context (B=1, H=16, D=128) naive and the flash kernels reach on
-one device. Every column is measured in the run; nothing is quoted.
+one device. Beside it, the serving table (``kernels.bench_serving``): MiniLM's shapes
+(12 heads x head_dim 32, float32 and bf16), microseconds per call; ``--serving-only``
+runs just that. Every column is measured in the run; nothing is quoted.
 
 Timing is ``kernels.timing`` (the method the autotuner uses too): compile and warm up
 first; each repeat enqueues ``n`` calls back-to-back and blocks on the last; the median
@@ -41,6 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 from pydantic import BaseModel, Field
 
+from kernels import bench_serving
 from kernels.api import IMPLEMENTATIONS as REGISTRY
 from kernels.api import attention, default_backend
 from kernels.config import BlockSizes
@@ -133,6 +136,8 @@ class BenchReport(BaseModel):
         description="implementation -> (dtype, head_dim, mask) group -> geomean ratio, mean "
                     "of the two passes")
     correctness_tolerance: str
+    serving: list[bench_serving.ServingRow] = Field(
+        default_factory=list, description="the serving-shape table (kernels.bench_serving)")
 
 
 # --------------------------------------------------------------------------- timing
@@ -375,7 +380,7 @@ def format_table(report: BenchReport) -> str:
     head = f"{'shape':38s}" + "".join(f"{n[:10]:>11s}" for n in impls)
     head += "".join(f"{_SHORT[n] + '/cudnn':>10s}{_SHORT[n] + '/ceil':>9s}" for n in compared)
     head += f"{'err/nv':>7s}{'noise%':>7s}  ok"
-    lines = [head]
+    lines = [head] if report.rows else []
     by_shape: dict[str, dict[str, BenchRow]] = {}
     for r in report.rows:
         by_shape.setdefault(r.shape.label, {})[r.implementation] = r
@@ -414,12 +419,14 @@ def format_table(report: BenchReport) -> str:
             not_run[r.implementation] = r.error or "?"
     for name, why in not_run.items():
         lines.append(f"not run: {name}: {why}")
-    lines.append("longest causal context (B=1): " + ", ".join(
-        f"{k}={v}" for k, v in report.longest_causal_context.items()))
+    if report.long_context:
+        lines.append("longest causal context (B=1): " + ", ".join(
+            f"{k}={v}" for k, v in report.longest_causal_context.items()))
     for r in report.long_context:
         lines.append(f"  {r.implementation:17s} S={r.seq:<7d} "
                      + (f"{r.median_s * 1e3:9.2f} ms {r.tflops:7.1f} TFLOP/s temp "
                         f"{(r.temp_bytes or 0) / 1e9:.2f} GB" if r.ok else f"FAIL {r.error}"))
+    lines.append(bench_serving.format_serving(report.serving))
     return "\n".join(lines)
 
 
@@ -432,14 +439,15 @@ def run(args: argparse.Namespace) -> BenchReport:
     ceiling = matmul_ceiling(256 if quick else 8192, jnp.float32 if quick else jnp.bfloat16,
                              warmup_s=0.0 if quick else DEFAULT_WARMUP_S)
     rows: list[BenchRow] = []
-    for i, shape in enumerate(grid(quick, args.seqs, args.dtypes, args.head_dims)):
+    shapes = [] if args.serving_only else grid(quick, args.seqs, args.dtypes, args.head_dims)
+    for i, shape in enumerate(shapes):
         rows += bench_shape(shape, impls, seed=args.seed + i, ceiling=ceiling,
                             repeats=3 if quick else args.repeats,
                             target_repeat_s=0.0 if quick else args.target_repeat_s,
                             warmup_s=0.0 if quick else DEFAULT_WARMUP_S)
         print(f"[bench] {shape.label} done", file=sys.stderr, flush=True)
-    long_seqs = args.long_seqs or ([128, 256] if quick else
-                                   [16384 * 2**i for i in range(4)])
+    long_seqs = [] if args.serving_only else args.long_seqs or (
+        [128, 256] if quick else [16384 * 2**i for i in range(4)])
     flash = [n for n in (*OURS, "cudnn", "naive") if n in impls]
     longs = long_context(flash, long_seqs, heads=2 if quick else 16,
                          head_dim=32 if quick else 128, repeats=2 if quick else 3,
@@ -448,6 +456,12 @@ def run(args: argparse.Namespace) -> BenchReport:
                for n in flash}
     geo, by_group = summarize_ratios(rows)
     overall, overall_by_group = summarize_all(rows)
+    serving = [] if args.no_serving else bench_serving.bench_serving(
+        bench_serving.serving_shapes(quick, args.serving_dtypes),
+        seed=args.seed, repeats=3 if quick else args.repeats,
+        target_repeat_s=0.0 if quick else args.target_repeat_s,
+        warmup_s=0.0 if quick else DEFAULT_WARMUP_S,
+        progress=lambda s: print(f"[bench] serving {s.label} done", file=sys.stderr, flush=True))
     return BenchReport(
         created_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         command=" ".join(["python -m kernels.bench", *sys.argv[1:]]),
@@ -458,7 +472,7 @@ def run(args: argparse.Namespace) -> BenchReport:
         rows=rows, long_context=longs, longest_causal_context=longest,
         geomean_ratio_pallas_to_cudnn=geo, geomean_ratio_by_group=by_group,
         geomean_ratio_to_cudnn=overall, geomean_ratio_to_cudnn_by_group=overall_by_group,
-        correctness_tolerance=TOLERANCE_TEXT)
+        correctness_tolerance=TOLERANCE_TEXT, serving=serving)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -482,18 +496,27 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--target-repeat-s", type=float, default=0.02,
                         help="seconds of back-to-back calls per repeat")
     parser.add_argument("--seed", type=int, default=0)
+    serving = parser.add_mutually_exclusive_group()
+    serving.add_argument("--serving-only", action="store_true",
+                         help="only the serving-shape table (MiniLM: 12 heads x head_dim 32)")
+    serving.add_argument("--no-serving", action="store_true",
+                         help="skip the serving-shape table")
+    parser.add_argument("--serving-dtypes", nargs="+", default=list(bench_serving.SERVING_DTYPES),
+                        choices=["bfloat16", "float16", "float32"])
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """CLI entry point; returns 0 when every successful row is correct, else 1."""
+    """CLI entry point; returns 0 when every successful row (experiment columns of the
+    serving table aside) is correct, else 1."""
     args = build_parser().parse_args(argv)
     report = run(args)
     print(format_table(report))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(report.model_dump_json(indent=1))
-    return 0 if all(r.correct for r in report.rows if r.ok) else 1
+    serving_ok = all(r.correct for r in report.serving if r.ok and not r.experiment)
+    return 0 if all(r.correct for r in report.rows if r.ok) and serving_ok else 1
 
 
 if __name__ == "__main__":

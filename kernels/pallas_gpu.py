@@ -26,6 +26,10 @@ Off-GPU the kernel runs in Pallas interpret mode (tests); ``export_context("cuda
 ``export_disabled_checks("cuda")`` let ``jax.export`` serialise the native Triton kernel
 from a CPU-only host.
 
+Shared memory: a tiling is checked against the device's budget for the call's dtype
+and head_dim before launch (``kernels.gpu_limits``), and the default tiling is shrunk
+until it fits (:func:`resolve_config`).
+
 Kept in one module (over 350 lines) because a kernel file holds the kernel, its tiling
 config and its capability check, and nothing else.
 """
@@ -43,6 +47,14 @@ from jax.experimental import pallas as pl
 
 from kernels.config import BlockSizes
 from kernels.contract import AttentionSpec
+from kernels.gpu_limits import (
+    SharedMemoryBudget,
+    effective_config,
+    fit_config,
+    padded_head_dim,
+    shared_memory_budget,
+    shared_memory_bytes,
+)
 
 KERNEL_NAME = "kernelgate_flash_attention_fwd_gpu"
 """Name of the ``pallas_call``: visible in HLO dumps and profiler traces."""
@@ -54,6 +66,30 @@ _RUNNABLE_PLATFORMS = (*_GPU_PLATFORMS, "cpu")  # cpu: Pallas interpret mode
 _LOG2_E = math.log2(math.e)
 
 _TRITON_LOWERING = jax.make_user_context(default_value=False)
+
+FLOAT32_PRECISIONS = {
+    "highest": lax.Precision.HIGHEST,
+    "tf32x3": lax.DotAlgorithmPreset.TF32_TF32_F32_X3,
+    "bf16x6": lax.DotAlgorithmPreset.BF16_BF16_F32_X6,
+}
+"""How float32 products may be lowered by Pallas' Triton backend (JAX 0.10-0.11,
+``jax/_src/pallas/triton/lowering.py``, ``_dot_general_lowering``):
+
+* ``Precision.HIGHEST`` -> ``tt.dot(input_precision=ieee)``: Triton does not use tensor
+  cores for IEEE float32; it emits an FMA dot on the CUDA cores (about 67 TFLOP/s peak on
+  an H200), exact float32 products with float32 accumulation: the same arithmetic as
+  XLA's ``HIGHEST`` (cuBLAS FP32) baseline. This is what the kernel uses (the registry
+  declares ``highest``), so the candidate and the baseline are compared at equal precision.
+* ``TF32_TF32_F32_X3`` -> ``input_precision=tf32x3``: three TF32 tensor-core products
+  (hi*hi + hi*lo + lo*hi), relative error per product about 2^-21 instead of 2^-24.
+* ``BF16_BF16_F32_X6`` -> six bf16 tensor-core products over a three-way bf16 split of
+  each operand (Pallas emits them), close to float32 accuracy.
+* ``DEFAULT``/``HIGH`` -> ``input_precision=tf32``: one TF32 product (2^-11; the issue's
+  2-5e-4 errors), never used here.
+
+The two emulations trade accuracy for tensor-core speed; ``kernels.bench_serving`` times
+and scores them at the serving shapes so the choice is made on measurements.
+"""
 
 
 def triton_lowering():
@@ -90,15 +126,18 @@ def export_disabled_checks(platform: str) -> list:
 
 
 def default_config(head_dim: int) -> BlockSizes:
-    """Documented default tiling when no measured entry applies.
+    """Documented preferred tiling when no measured entry applies (before the
+    shared-memory fit of :func:`resolve_config`).
 
     The winners of the first H200 sweep (JAX 0.11.2, bf16, seq 1024..16384; see
     kernels/NOTES-gpu.md): 64x64 tiles with 4 warps and 3 stages at head_dim <= 64,
     128x128 tiles with 8 warps (two warpgroups of 64 rows) and 3 stages at 128; at 256
     smaller tiles so the accumulator and the K/V stages fit registers and shared
-    memory (not measured). Measured choices in gpu_table.json take precedence.
+    memory (not measured). Measured choices in gpu_table.json take precedence. For
+    float32 at head_dim 128 the 128x128 tiling does not fit an H200's shared memory
+    (issue 11); :func:`resolve_config` shrinks it.
     """
-    padded = _padded_head_dim(head_dim)
+    padded = padded_head_dim(head_dim)
     if padded <= 64:
         return BlockSizes(block_q=64, block_kv=64, num_warps=4, num_stages=3)
     if padded <= 128:
@@ -106,10 +145,43 @@ def default_config(head_dim: int) -> BlockSizes:
     return BlockSizes(block_q=64, block_kv=32, num_warps=4, num_stages=2)
 
 
+def fitted_config(dtype, head_dim: int, q_len: int, kv_len: int,
+                  config: BlockSizes | None = None,
+                  budget: SharedMemoryBudget | None = None) -> BlockSizes | None:
+    """``config``'s values where set; the other fields from :func:`default_config`,
+    shrunk until the tiling fits ``budget`` (default: this host's GPU, or the target GPU
+    without one) for ``dtype`` and ``head_dim`` (``kernels.gpu_limits.fit_config``:
+    fewer stages, then smaller tiles). ``None`` when no tiling with ``config``'s fixed
+    fields fits."""
+    return fit_config(config or BlockSizes(), default_config(head_dim), dtype=dtype,
+                      head_dim=head_dim, budget=budget or shared_memory_budget(),
+                      q_len=q_len, kv_len=kv_len)
+
+
 def resolve_config(spec: AttentionSpec, config: BlockSizes | None = None) -> BlockSizes:
-    """The tiling a call runs with: ``config``'s values where set, the head_dim
-    default (:func:`default_config`) elsewhere."""
-    return (config or BlockSizes()).merged_over(default_config(spec.head_dim))
+    """The tiling a call runs with: ``config``'s values where set, elsewhere the head_dim
+    default fitted to the GPU's shared memory for the call's dtype (:func:`fitted_config`).
+    When nothing fits, the unfitted merge (``check_supported`` refuses it with the reason).
+    """
+    cfg = config or BlockSizes()
+    fitted = fitted_config(spec.dtype, spec.head_dim, spec.q_len, spec.kv_len, cfg)
+    return fitted if fitted is not None else cfg.merged_over(default_config(spec.head_dim))
+
+
+def check_shared_memory(config: BlockSizes, *, dtype, head_dim: int, q_len: int, kv_len: int,
+                        budget: SharedMemoryBudget | None = None) -> None:
+    """Raise ``ValueError`` naming the limit when the complete tiling ``config`` (blocks
+    clamped to the sequence, as the kernel clamps them) needs more shared memory than
+    ``budget`` grants (``kernels.gpu_limits``)."""
+    budget = budget or shared_memory_budget()
+    need = shared_memory_bytes(effective_config(config, q_len, kv_len), dtype=dtype,
+                               head_dim=head_dim)
+    if need > budget.bytes:
+        raise ValueError(
+            f"pallas_gpu: tiling {config.model_dump()} needs about {need} bytes of shared "
+            f"memory for {jnp.dtype(dtype).name} at head_dim {head_dim} (model in "
+            f"kernels.gpu_limits), over the device limit of {budget.describe()}; use "
+            f"fewer num_stages or smaller blocks")
 
 
 def check_block_sizes(config: BlockSizes) -> None:
@@ -129,11 +201,6 @@ def check_block_sizes(config: BlockSizes) -> None:
         raise ValueError(f"pallas_gpu: num_stages must lie in [1, 8], got {config.num_stages}")
 
 
-def _padded_head_dim(head_dim: int) -> int:
-    # Triton tensors need power-of-two extents, and tl.dot a contraction of >= 16.
-    return max(16, 1 << (head_dim - 1).bit_length())
-
-
 def _is_gpu_backend() -> bool:
     return jax.default_backend() in _GPU_PLATFORMS
 
@@ -143,12 +210,17 @@ def check_supported(spec: AttentionSpec, backend: str, config: BlockSizes | None
 
     ``"gpu"``/``"cuda"`` run natively, ``"cpu"`` in Pallas interpret mode (slow; for
     tests). The registry keeps ``auto`` off pallas_gpu on CPU through its native
-    platforms, not through this check.
+    platforms, not through this check. On a GPU backend the resolved tiling must fit
+    the device's shared memory (``kernels.gpu_limits``; on a host without a GPU, the
+    target GPU's): interpret mode has no such limit.
 
     Raises:
-        NotImplementedError: another backend, an unsupported dtype, or head_dim above
-            ``MAX_HEAD_DIM``.
-        ValueError: ``config`` breaks a Triton tiling constraint (:func:`check_block_sizes`).
+        NotImplementedError: another backend, an unsupported dtype, head_dim above
+            ``MAX_HEAD_DIM``, or (GPU) no tiling with ``config``'s set fields fits the
+            device's shared memory.
+        ValueError: ``config`` breaks a Triton tiling constraint (:func:`check_block_sizes`),
+            or (GPU) the tiling ``config`` fixes needs more shared memory than the device
+            grants (the message names both figures).
     """
     if backend not in _RUNNABLE_PLATFORMS:
         raise NotImplementedError(
@@ -163,6 +235,21 @@ def check_supported(spec: AttentionSpec, backend: str, config: BlockSizes | None
             f"registers), got {spec.head_dim}")
     if config is not None:
         check_block_sizes(config)
+    if backend not in _GPU_PLATFORMS:
+        return
+    budget = shared_memory_budget()
+    fitted = fitted_config(spec.dtype, spec.head_dim, spec.q_len, spec.kv_len, config, budget)
+    if fitted is not None:
+        return
+    if config is None or config.is_empty():
+        raise NotImplementedError(
+            f"pallas_gpu: no tiling fits {budget.describe()} for {name} at head_dim "
+            f"{spec.head_dim} (model in kernels.gpu_limits)")
+    check_shared_memory(config.merged_over(default_config(spec.head_dim)), dtype=spec.dtype,
+                        head_dim=spec.head_dim, q_len=spec.q_len, kv_len=spec.kv_len,
+                        budget=budget)
+    raise ValueError(f"pallas_gpu: no tiling with {config.model_dump(exclude_none=True)} "
+                     f"fits {budget.describe()} for {name} at head_dim {spec.head_dim}")
 
 
 def _dot(a, b, *, contract_rhs: int, precision):
@@ -278,7 +365,8 @@ def _round_up(x: int, multiple: int) -> int:
 def pallas_gpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool,
                          scale: float, q_lengths: jax.Array | None,
                          kv_lengths: jax.Array | None, config: BlockSizes | None = None,
-                         interpret: bool | None = None) -> jax.Array:
+                         interpret: bool | None = None,
+                         float32_precision: str = "highest") -> jax.Array:
     """Flash-attention forward (FlashAttention-2) on an NVIDIA GPU through Pallas/Triton.
 
     Args:
@@ -293,10 +381,17 @@ def pallas_gpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bo
         :func:`default_config` for the head_dim.
       interpret: run in Pallas interpret mode; ``None`` means "when the default backend
         is not a GPU and no :func:`triton_lowering` context is active".
+      float32_precision: how float32 products run (:data:`FLOAT32_PRECISIONS`):
+        ``"highest"`` (the registry's choice: IEEE float32 on the CUDA cores) or the
+        tensor-core emulations ``"tf32x3"``/``"bf16x6"`` (benchmark experiments only).
 
     Returns:
       Array shaped and typed like ``q``. Logits, softmax state and the accumulator are
-      float32; float32 inputs use IEEE (not TF32) products.
+      float32; float32 inputs use IEEE (not TF32) products by default.
+
+    Raises:
+      ValueError: illegal block sizes, or (natively) a tiling that needs more shared
+        memory than the device grants (``kernels.gpu_limits``; the message names both).
 
     Lengths that are not multiples of the block sizes, and head_dim that is not a power
     of two, are zero-padded here and masked inside the kernel.
@@ -304,15 +399,18 @@ def pallas_gpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bo
     batch, q_len, num_heads, head_dim = q.shape
     _, kv_len, num_kv_heads, _ = k.shape
     check_block_sizes(config or BlockSizes())
-    cfg = (config or BlockSizes()).merged_over(default_config(head_dim))
     if interpret is None:
         interpret = not (_is_gpu_backend() or _TRITON_LOWERING.value)
+    cfg = (fitted_config(q.dtype, head_dim, q_len, kv_len, config)
+           or (config or BlockSizes()).merged_over(default_config(head_dim)))
+    if not interpret:  # a tiling that cannot fit is refused before Triton sees it
+        check_shared_memory(cfg, dtype=q.dtype, head_dim=head_dim, q_len=q_len, kv_len=kv_len)
     group = num_heads // num_kv_heads
 
     # Blocks never larger than the (padded) sequence: tiny inputs stay tiny.
     block_q = min(cfg.block_q, max(16, 1 << (q_len - 1).bit_length()))
     block_kv = min(cfg.block_kv, max(16, 1 << (kv_len - 1).bit_length()))
-    d_pad = _padded_head_dim(head_dim)
+    d_pad = padded_head_dim(head_dim)
     q_pad, kv_pad = _round_up(q_len, block_q), _round_up(kv_len, block_kv)
     if (q_pad, d_pad) != (q_len, head_dim):
         q = jnp.pad(q, ((0, 0), (0, q_pad - q_len), (0, 0), (0, d_pad - head_dim)))
@@ -321,7 +419,11 @@ def pallas_gpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bo
         k, v = jnp.pad(k, widths), jnp.pad(v, widths)
 
     num_q_blocks = q_pad // block_q
-    precision = lax.Precision.HIGHEST if q.dtype == jnp.float32 else None
+    precision = None
+    if q.dtype == jnp.float32:
+        precision = FLOAT32_PRECISIONS[float32_precision]
+        if interpret and float32_precision == "tf32x3":
+            precision = lax.Precision.HIGHEST  # XLA:CPU has no TF32; the interpreter stays IEEE
     kernel = functools.partial(
         _flash_fwd_kernel, causal=causal, qk_scale_log2=float(scale) * _LOG2_E,
         block_q=block_q, block_kv=block_kv, num_q_blocks=num_q_blocks, q_len=q_len,

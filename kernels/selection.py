@@ -10,6 +10,13 @@ JAX version rewrites the table and ``auto`` follows it.
 Schema version 1 throughout: ``mosaic_config`` and ``mosaic_candidates`` (issue 14) are
 optional, so a table written before pallas_mosaic_gpu existed reads unchanged (no
 pallas_mosaic_gpu entry: ``auto`` never picks it from that table).
+
+A pallas_gpu table tiling is applied only when it fits the device's shared memory for
+the call's dtype and head_dim (``kernels.gpu_limits``): the nearest entry may have been
+measured for another dtype or head_dim (issue 11: a bf16 head_dim-128 tiling applied to
+a float32 head_dim-256 call overflowed). Otherwise the tiling is shrunk until it fits
+(fewer stages, then smaller tiles), and the reason says so. (pallas_mosaic_gpu checks
+its own tilings against shared memory and refuses what cannot fit.)
 """
 
 from __future__ import annotations
@@ -22,7 +29,13 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, model_validator
 
 from kernels.config import BlockSizes
-from kernels.pallas_gpu import default_config
+from kernels.gpu_limits import (
+    effective_config,
+    fit_config,
+    shared_memory_budget,
+    shared_memory_bytes,
+)
+from kernels.pallas_gpu import default_config, fitted_config
 from kernels.shapes import AttentionShape
 
 TABLE_SCHEMA_VERSION = 1
@@ -130,6 +143,25 @@ def nearest_entry(shape: AttentionShape, table: SelectionTable | None) -> TableE
     return min(table.entries, key=lambda e: _distance(e, shape))
 
 
+def fitting_tiling(config: BlockSizes, shape: AttentionShape) -> tuple[BlockSizes | None, str]:
+    """``config`` when it fits the device's shared memory for ``shape``'s dtype and
+    head_dim, else the closest tiling that does (``None`` when none does), and a note
+    saying what was changed and why ("" when nothing was)."""
+    budget = shared_memory_budget()
+    full = config.merged_over(default_config(shape.head_dim))
+    fitted = fit_config(BlockSizes(), full, dtype=shape.dtype, head_dim=shape.head_dim,
+                        budget=budget, q_len=shape.q_len, kv_len=shape.kv_len)
+    if fitted == full:
+        return config, ""
+    need = shared_memory_bytes(effective_config(full, shape.q_len, shape.kv_len),
+                               dtype=shape.dtype, head_dim=shape.head_dim)
+    note = (f"table tiling {config.model_dump()} needs about {need} bytes of shared memory "
+            f"for {shape.dtype} at head_dim {shape.head_dim}, over {budget.describe()}: ")
+    if fitted is None:
+        return None, note + "no tiling fits"
+    return fitted, note + f"using {fitted.model_dump()}"
+
+
 def select_gpu_implementation(shape: AttentionShape, *, table_path: Path | str | None = None
                               ) -> tuple[str, BlockSizes | None, str]:
     """The fastest of pallas_gpu, pallas_mosaic_gpu and cudnn for a call, from the
@@ -137,11 +169,13 @@ def select_gpu_implementation(shape: AttentionShape, *, table_path: Path | str |
 
     Returns:
         ``(name, config, reason)``: ``config`` is the Pallas kernel's tiling when
-        ``name`` is one of them, else ``None``. The nearest measured shape decides.
-        Without a table the documented default applies: cudnn for bf16/f16 (the anchors
-        measured it at 480-630 TFLOP/s against 316-430 for a Pallas Triton kernel on the
-        H200; pallas_mosaic_gpu is not preferred before it is measured), pallas_gpu with
-        :func:`kernels.pallas_gpu.default_config` for float32, which neither cuDNN nor
+        ``name`` is one of them (for pallas_gpu always one that fits the device's shared
+        memory for the call, see :func:`fitting_tiling`; ``None`` when none fits), else
+        ``None``. The nearest measured shape decides. Without a table the documented
+        default applies: cudnn for bf16/f16 (the anchors measured it at 480-630 TFLOP/s
+        against 316-430 for a Pallas Triton kernel on the H200; pallas_mosaic_gpu is not
+        preferred before it is measured), pallas_gpu with its fitted default tiling
+        (``kernels.pallas_gpu.fitted_config``) for float32, which neither cuDNN nor
         pallas_mosaic_gpu runs.
     """
     table = load_table(table_path)
@@ -149,8 +183,10 @@ def select_gpu_implementation(shape: AttentionShape, *, table_path: Path | str |
     if entry is None:
         if shape.dtype in CUDNN_DTYPES:
             return "cudnn", None, "no measured GPU table; documented default cudnn for bf16/f16"
-        return ("pallas_gpu", default_config(shape.head_dim),
-                f"no measured GPU table; {shape.dtype} is not run by cuDNN, pallas_gpu default tiling")
+        return ("pallas_gpu",
+                fitted_config(shape.dtype, shape.head_dim, shape.q_len, shape.kv_len),
+                f"no measured GPU table; {shape.dtype} is not run by cuDNN, pallas_gpu "
+                "default tiling fitted to the device")
     where = (f"nearest measured shape {entry.dtype} B{entry.batch} S{entry.seq} "
              f"H{entry.num_heads} D{entry.head_dim} causal={entry.causal} on "
              f"{table.device_kind} (jax {table.jax_version}, {table.created_at}): "
@@ -159,22 +195,59 @@ def select_gpu_implementation(shape: AttentionShape, *, table_path: Path | str |
     if shape.dtype not in CUDNN_DTYPES + MOSAIC_DTYPES:
         name = "pallas_gpu"
         where += f"; neither cuDNN nor pallas_mosaic_gpu runs {shape.dtype}"
-    return name, entry.config_of(name), where
+    config = entry.config_of(name)
+    if name == "pallas_gpu" and config is not None:
+        config, note = fitting_tiling(config, shape)
+        where += f"; {note}" if note else ""
+    return name, config, where
 
 
 def measured_configs(shape: AttentionShape, *, table_path: Path | str | None = None
                      ) -> dict[str, BlockSizes]:
     """Per Pallas kernel, the tiling measured at the shape nearest ``shape`` (empty
-    without a table); ``auto`` uses it for whichever of them it falls back to."""
+    without a table; pallas_gpu's fitted to the device for ``shape``, and left out when
+    nothing fits); ``auto`` uses it for whichever of them it falls back to."""
     entry = nearest_entry(shape, load_table(table_path))
     if entry is None:
         return {}
-    return {name: cfg for name in TUNED if (cfg := entry.config_of(name)) is not None}
+    out = {name: cfg for name in TUNED if (cfg := entry.config_of(name)) is not None}
+    if "pallas_gpu" in out:
+        fitted = fitting_tiling(out["pallas_gpu"], shape)[0]
+        if fitted is None:
+            del out["pallas_gpu"]
+        else:
+            out["pallas_gpu"] = fitted
+    return out
 
 
 def select_pallas_config(shape: AttentionShape, *, table_path: Path | str | None = None,
                          implementation: str = "pallas_gpu") -> BlockSizes | None:
     """The tuned tiling of ``implementation`` ("pallas_gpu" or "pallas_mosaic_gpu") at
-    the nearest measured shape (whichever implementation won there), or ``None`` when
-    there is no table or it has no measurement of that kernel."""
+    the nearest measured shape (whichever implementation won there; pallas_gpu's fitted
+    to the device's shared memory for ``shape``), or ``None`` when there is no table,
+    it has no measurement of that kernel, or nothing fits."""
     return measured_configs(shape, table_path=table_path).get(implementation)
+
+
+def _key(entry: TableEntry) -> tuple:
+    return (entry.dtype, entry.batch, entry.seq, entry.num_heads, entry.head_dim, entry.causal)
+
+
+def merge_tables(old: SelectionTable, new: SelectionTable) -> SelectionTable:
+    """``old``'s entries with ``new``'s added (a re-measured shape replaces the old
+    entry), so that a sweep too long for one run can be done in parts. Both must come
+    from the same device kind and JAX version: one table, one measurement setting.
+
+    Raises:
+        ValueError: the device kind or JAX version differ.
+    """
+    if (old.device_kind, old.jax_version) != (new.device_kind, new.jax_version):
+        raise ValueError(f"cannot merge a table from {new.device_kind} / jax {new.jax_version} "
+                         f"into one from {old.device_kind} / jax {old.jax_version}; "
+                         "re-tune every shape instead")
+    fresh = {_key(e) for e in new.entries}
+    data = old.tuning_data if old.tuning_data == new.tuning_data else \
+        f"{old.tuning_data}; then {new.tuning_data}"
+    return new.model_copy(update={
+        "entries": [e for e in old.entries if _key(e) not in fresh] + new.entries,
+        "command": f"{old.command} ; {new.command}", "tuning_data": data})

@@ -3,15 +3,26 @@
 ``jax.nn.dot_product_attention`` already follows the layout, GQA and causal
 conventions; the adapters add the contract's rule that a query row which sees no
 key (padding) returns zeros, since the library leaves such rows unspecified.
+
+Precision: the XLA adapter computes float32 calls at full float32 precision on every
+backend: the library call runs inside ``jax.default_matmul_precision("highest")``, so its
+einsums (which take the default precision) never use TF32 on a GPU or bf16 passes on a
+TPU (issue 11: TF32 gave 2-5e-4 relative error on an H200). The context is part of
+``jax.jit``'s trace context, so it applies under ``jit`` too. cuDNN runs bf16/f16 only.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import jax
 import jax.numpy as jnp
 
 from kernels.config import BlockSizes, refuse_block_sizes
 from kernels.contract import AttentionSpec, row_has_key
+
+FLOAT32_PRECISION = "highest"
+"""``jax.default_matmul_precision`` of float32 calls (declared in the registry)."""
 
 
 def _dot_product_attention(q, k, v, *, causal, scale, q_lengths, kv_lengths, implementation):
@@ -28,10 +39,12 @@ def _dot_product_attention(q, k, v, *, causal, scale, q_lengths, kv_lengths, imp
     # The library requires both lengths when either is given.
     ql = q_lengths if q_lengths is not None or kv_lengths is None else jnp.full((batch,), q_len, jnp.int32)
     kl = kv_lengths if kv_lengths is not None or q_lengths is None else jnp.full((batch,), kv_len, jnp.int32)
-    out = jax.nn.dot_product_attention(
-        q, k, v, scale=scale, is_causal=causal,
-        query_seq_lengths=ql, key_value_seq_lengths=kl, implementation=implementation,
-    )
+    with (jax.default_matmul_precision(FLOAT32_PRECISION) if q.dtype == jnp.float32
+          else contextlib.nullcontext()):
+        out = jax.nn.dot_product_attention(
+            q, k, v, scale=scale, is_causal=causal,
+            query_seq_lengths=ql, key_value_seq_lengths=kl, implementation=implementation,
+        )
     if q_lengths is None and kv_lengths is None:
         return out
     return jnp.where(row_has_key(q_len, q_lengths=q_lengths, kv_lengths=kv_lengths), out, 0).astype(q.dtype)
@@ -41,6 +54,8 @@ def xla_attention(q, k, v, *, causal, scale, q_lengths, kv_lengths, config=None)
     """``jax.nn.dot_product_attention(implementation="xla")`` under the contract.
 
     Shapes as ``kernels.attention``; ``config`` is ignored (XLA picks its own tiling).
+    Float32 calls run under ``jax.default_matmul_precision("highest")``: full float32
+    products on every backend (never TF32/bf16).
     """
     del config
     return _dot_product_attention(q, k, v, causal=causal, scale=scale, q_lengths=q_lengths,
@@ -81,3 +96,7 @@ def check_cudnn(spec: AttentionSpec, backend: str, config: BlockSizes | None = N
         raise NotImplementedError(f"cudnn flash attention supports bf16/f16, not {spec.dtype}")
     if spec.head_dim % 8 or spec.head_dim > 256:
         raise NotImplementedError(f"cudnn needs head_dim a multiple of 8 and <= 256, got {spec.head_dim}")
+
+
+xla_attention = jax.named_call(xla_attention, name="kernelgate_xla_attention")
+cudnn_attention = jax.named_call(cudnn_attention, name="kernelgate_cudnn_attention")

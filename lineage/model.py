@@ -145,8 +145,12 @@ class KernelgateEncoder(mlflow.pyfunc.PythonModel):
         files, JAX versions (built with and running under) and any drift."""
         import jax
 
+        import kernels
+
+        registered = kernels.IMPLEMENTATIONS.get(self.kernel["implementation"])
         return {"implementation": self.kernel["implementation"], "config": self.kernel["config"],
                 "native": self.native, "target_platform": self.target_platform,
+                "float32_matmul_precision": getattr(registered, "float32_matmul_precision", None),
                 "built_with_jax": self.kernel["jax_version"], "jax_version": jax.__version__,
                 "jax_drift": self.jax_drift, "code_sha256": code_digest(self.code_files),
                 "code_files": self.code_files}

@@ -117,7 +117,8 @@ class VersionWorker:
     def describe(self) -> dict:
         return {"implementation": self.info["implementation"], "config": self.info["config"],
                 "resolution": None, "native": self.info["native"],
-                "target_platform": self.info["target_platform"]}
+                "target_platform": self.info["target_platform"],
+                "float32_matmul_precision": self.info.get("float32_matmul_precision")}
 
     def close(self) -> None:
         """Ask the process to stop, then make sure it has."""

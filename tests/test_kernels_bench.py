@@ -29,7 +29,7 @@ def test_quick_bench_cli_writes_a_correct_report(tmp_path):
     out = tmp_path / "bench.json"
     code = bench.main(["--quick", "--out", str(out), "--dtypes", "float32", "--head-dims", "32",
                        "--seqs", "64", "--implementations", "naive", "xla", "pallas_gpu",
-                       "--long-seqs", "64", "128"])
+                       "--long-seqs", "64", "128", "--no-serving"])  # serving: its own test
     assert code == 0
     report = bench.BenchReport.model_validate_json(out.read_text())
     assert report.interpret_mode and report.backend == "cpu"
@@ -213,10 +213,15 @@ def test_committed_table_is_consistent_and_covers_the_grid():
     table = selection.load_table()
     assert table is not None
     covered = {(e.dtype, e.head_dim, e.causal) for e in table.entries}
-    assert covered == {(d, h, c) for d in ("bfloat16", "float16") for h in (64, 128)
+    assert covered >= {(d, h, c) for d in ("bfloat16", "float16") for h in (64, 128)
                        for c in (False, True)}
     for e in table.entries:
-        assert {"cudnn", "pallas_gpu"} <= set(e.tflops) <= {"cudnn", *selection.TUNED}
+        # cuDNN and pallas_mosaic_gpu run bf16/f16 only: float32 entries (serving shapes)
+        # time pallas_gpu alone
+        if e.dtype == "float32":
+            assert set(e.tflops) == {"pallas_gpu"}
+        else:
+            assert {"cudnn", "pallas_gpu"} <= set(e.tflops) <= {"cudnn", *selection.TUNED}
         assert e.best == max(e.tflops, key=e.tflops.get)
         kernels = [("pallas_gpu", e.candidates, e.pallas_config, check_block_sizes)]
         if e.mosaic_config is not None:  # tables written since issue 14
@@ -261,4 +266,4 @@ def test_autotune_merge_adds_shapes_and_replaces_remeasured_ones(tmp_path):
     assert merged.command.count(" ; ") == 1
     other = merged.model_copy(update={"device_kind": "NVIDIA H200"})
     with pytest.raises(ValueError, match="cannot merge"):
-        autotune.merge_tables(other, first)
+        selection.merge_tables(other, first)

@@ -34,7 +34,7 @@ def _chunks(docs: list[Document], rng, max_words: int) -> list[str]:
 def _capture_attention():
     # The layers before the captured one use XLA's attention, never the kernel under
     # test (``auto`` would pick it on its native platform). Cached: one compilation.
-    from kernels.api import get_attention_fn
+    from kernels.dispatch import get_attention_fn
 
     return get_attention_fn("xla")
 
