@@ -210,8 +210,22 @@ def aggregate(rows: Sequence[CaseAccuracy]) -> dict[str, CategoryAccuracy]:
     return out
 
 
+ReferenceFn = Callable[[TestCase], tuple[np.ndarray, "np.ndarray | None"]]
+"""``reference(case) -> (float64 reference, rows)``; ``rows`` are the query rows it covers
+(``None``: all). ``evaluation.reference_cache.ReferenceCache`` is one."""
+
+
+def full_reference(case: TestCase) -> tuple[np.ndarray, None]:
+    """The NumPy float64 reference of every row of ``case`` (a ``ReferenceFn``)."""
+    return reference_output(case), None
+
+
+def _rows(out: np.ndarray | None, rows: np.ndarray | None) -> np.ndarray | None:
+    return out if out is None or rows is None or out.ndim != 4 else out[:, rows]
+
+
 def evaluate_accuracy(cases: Sequence[TestCase], implementations: Mapping[str, AttentionFn], *,
-                      baseline: str = "baseline",
+                      baseline: str = "baseline", reference: ReferenceFn = full_reference,
                       progress: ProgressFn | None = None) -> dict[str, AccuracyResult]:
     """Score several implementations on the same cases in one pass.
 
@@ -221,6 +235,8 @@ def evaluate_accuracy(cases: Sequence[TestCase], implementations: Mapping[str, A
             kernel), whose output and error set the per-case ratio floor for every role,
             including its own (so its ratios are <= 1).
         baseline: the key of the baseline in ``implementations``.
+        reference: where each case's float64 reference comes from; when it covers a
+            sample of query rows (long cases), every output is scored on those rows.
         progress: optional ``progress(done, total, case_id)`` callback.
 
     Returns:
@@ -236,12 +252,14 @@ def evaluate_accuracy(cases: Sequence[TestCase], implementations: Mapping[str, A
                          f"got {sorted(implementations)}")
     rows: dict[str, list[CaseAccuracy]] = {role: [] for role in implementations}
     for i, case in enumerate(cases):
-        ref = reference_output(case)
+        ref, ref_rows = reference(case)
         base_out, base_s, base_error = _timed(implementations[baseline], case)
+        base_out = _rows(base_out, ref_rows)
         base_err = relative_error(base_out, ref) if base_out is not None else math.inf
         for role, fn in implementations.items():
             out, seconds, error = ((base_out, base_s, base_error) if role == baseline
                                    else _timed(fn, case))
+            out = out if role == baseline else _rows(out, ref_rows)
             rows[role].append(_score(case, out, ref, base_out, base_err, seconds, error))
         if progress is not None:
             progress(i + 1, len(cases), case.spec.case_id)

@@ -15,6 +15,9 @@ from evaluation.documents import assign_splits, load_documents
 from evaluation.model import MiniLM
 from evaluation.performance import default_shapes, measure_performance
 from evaluation.plots import write_plots
+from evaluation.profiling import HOW_TO_VIEW, ProfileTrace, record_trace
+from evaluation.reference_cache import INDEX_FILE as REFERENCE_INDEX_FILE
+from evaluation.reference_cache import ReferenceCache
 from evaluation.report import (
     REPORT_FILENAME,
     EvaluationReport,
@@ -30,6 +33,9 @@ from kernels.config import BlockSizes
 from kernels.shapes import AttentionShape
 
 logger = logging.getLogger(__name__)
+
+PROFILE_DIR = "profile"
+"""Sub-folder of an evaluation's output with its ``jax.profiler`` trace."""
 
 MODEL_DOCUMENTS_PER_SPLIT = 16
 """Documents of the split used for the model-level check when none are given."""
@@ -119,6 +125,8 @@ def evaluate_candidate(
     error_threshold: float | None = None,
     progress: bool = True,
     measure_speed: bool = True,
+    reference_cache_dir: str | Path | None = None,
+    profile: bool | None = None,
 ) -> EvaluationReport:
     """Evaluate a candidate attention kernel on one split of a test set.
 
@@ -148,6 +156,12 @@ def evaluate_candidate(
         progress: show tqdm progress bars.
         measure_speed: time the implementations; ``False`` (e.g. on the confirmation
             split, whose speed was judged on held-out) leaves speed not assessed, saying so.
+        reference_cache_dir: where float64 references are cached between evaluations
+            (``evaluation.reference_cache``; ``None``: computed, not kept). Either way the
+            index of what was used is written to ``out_dir/reference_cache.json``.
+        profile: record a ``jax.profiler`` trace of the in-process implementations at
+            the first benchmark shape into ``out_dir/profile`` (``evaluation.profiling``);
+            default: when the candidate's speed is assessed (native hardware).
 
     Returns:
         The ``EvaluationReport`` (also written to ``out_dir/evaluation_report.json``).
@@ -191,8 +205,11 @@ def evaluate_candidate(
 
     cases = load_split(testset_dir, split)
     bar = (lambda n, desc: _progress_bar(n, desc)) if progress else (lambda n, desc: None)
-    report.accuracy = evaluate_accuracy(cases, runners, baseline="baseline",
+    reference = ReferenceCache(reference_cache_dir)
+    report.accuracy = evaluate_accuracy(cases, runners, baseline="baseline", reference=reference,
                                         progress=bar(len(cases), f"accuracy {split}"))
+    reference.write_index(out_dir / REFERENCE_INDEX_FILE)
+    report.reference = reference.summary()
 
     if model is not None:
         if documents is None:
@@ -228,6 +245,10 @@ def evaluate_candidate(
             report.speed_assessed = False
             report.speed_not_assessed_reason = f"candidate failed on benchmark shapes {failed}"
 
+    if profile if profile is not None else (measure_speed and report.speed_assessed):
+        report.profile = _profile(runners, (perf_shapes or default_shapes(backend))[0],
+                                  out_dir / PROFILE_DIR)
+
     def flat(role: str, speed: bool) -> dict[str, float]:
         out = report.accuracy[role].metrics()
         if role in report.model_accuracy:
@@ -248,3 +269,23 @@ def evaluate_candidate(
     report.finished_at = utc_now()
     report.write(out_dir / REPORT_FILENAME)
     return report
+
+
+def _profile(runners: dict[str, Runner], shape: AttentionShape, out_dir: Path) -> ProfileTrace | None:
+    """A trace of the runners whose kernel runs in this process (a version in a process
+    of its own is not traced here); ``None`` when none does or the profiler failed
+    (logged: a trace is evidence about speed, never a reason to fail the evaluation)."""
+    local = {role: r.attention_fn for role, r in runners.items() if isinstance(r, LocalRunner)}
+    if not local:
+        logger.info("no in-process implementation to profile")
+        return None
+    try:
+        trace = record_trace(local, shape, out_dir, kernels_of={
+            role: runners[role].describe().get("implementation") for role in local})
+    except Exception as err:  # noqa: BLE001 - see docstring
+        logger.warning("profiler trace not recorded: %s", err)
+        return None
+    logger.info("profiler trace of %s at %s: %s (%s)", ", ".join(local), shape.label,
+                trace.path, HOW_TO_VIEW)
+    return trace
+

@@ -67,7 +67,8 @@ def _bind(impl: AttentionFn | str) -> tuple[AttentionFn, str, str | None]:
 
 def record_trace(implementations: Mapping[str, AttentionFn | str], shape: AttentionShape,
                  out_dir: str | Path, *, calls: int = 5, seed: int = 0,
-                 perfetto: bool = True) -> ProfileTrace:
+                 perfetto: bool = True,
+                 kernels_of: Mapping[str, str] | None = None) -> ProfileTrace:
     """Record a ``jax.profiler`` trace of ``implementations`` at ``shape`` under ``out_dir``.
 
     Args:
@@ -80,6 +81,9 @@ def record_trace(implementations: Mapping[str, AttentionFn | str], shape: Attent
             call that compiles).
         seed: input seed.
         perfetto: also write ``perfetto_trace.json.gz``.
+        kernels_of: role -> registry name, for roles given as an ``AttentionFn`` (e.g. a
+            kernel bound to explicit block sizes): the trace is searched for that
+            kernel's ``trace_name``.
 
     Returns:
         :class:`ProfileTrace`: the trace file, its folder and, per role, whether the
@@ -97,6 +101,10 @@ def record_trace(implementations: Mapping[str, AttentionFn | str], shape: Attent
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     bound = {role: _bind(impl) for role, impl in implementations.items()}
+    for role, name in (kernels_of or {}).items():
+        if role in bound and name in IMPLEMENTATIONS:
+            fn, label, _ = bound[role]
+            bound[role] = (fn, label, IMPLEMENTATIONS[name].trace_name)
     q, k, v = random_inputs(shape, seed)
     for fn, _, _ in bound.values():  # compile and warm outside the trace
         jax.block_until_ready(fn(q, k, v, causal=shape.causal))

@@ -17,6 +17,8 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from evaluation.accuracy import AccuracyResult, ModelAccuracy
 from evaluation.performance import PerformanceResult
+from evaluation.profiling import ProfileTrace
+from evaluation.reference_cache import ReferenceSummary
 
 SCHEMA_VERSION = 1
 REPORT_FILENAME = "evaluation_report.json"
@@ -96,6 +98,10 @@ class EvaluationReport(BaseModel):
     performance: PerformanceResult | None = None
     speedups: dict[str, float] = Field(
         default_factory=dict, description="role -> geometric-mean speedup over naive at p50 (x)")
+    reference: ReferenceSummary | None = Field(
+        None, description="where the float64 reference came from (evaluation.reference_cache)")
+    profile: ProfileTrace | None = Field(
+        None, description="jax.profiler trace of the in-process kernels (native hardware)")
     speed_assessed: bool = False
     speed_not_assessed_reason: str | None = None
 

@@ -192,6 +192,9 @@ def audit(target: Annotated[str, typer.Argument(help="alias (production, canary,
               exists=True, file_okay=False, help="audit an exported bundle instead of the store")] = None,
           load_model: Annotated[bool, typer.Option(
               help="load the version's model in its own process and check its code")] = True,
+          recheck_reference: Annotated[int, typer.Option(
+              min=0, help="recompute this many cached float64 references of the held-out "
+              "evaluation with NumPy here (0: skip)")] = 2,
           key_dir: KeyDir = None) -> None:
     """Re-derive why a version is where it is: verify every signed attestation, the alias history, the complete chain, each decision and every artifact (exit 1 on any problem)."""
     from lineage import keys
@@ -219,7 +222,8 @@ def audit(target: Annotated[str, typer.Argument(help="alias (production, canary,
     else:
         tracking = _tracking(store_dir, must_exist=True)
         fam = _existing_family(tracking, family)
-        result = run_audit(tracking, fam, target, trust=trust, load_model=load_model)
+        result = run_audit(tracking, fam, target, trust=trust, load_model=load_model,
+                           recheck_reference=recheck_reference)
         if export is not None:
             typer.echo(f"bundle written to {export_bundle(tracking, fam, result, trust_files, export)}")
     typer.echo(result.render())

@@ -15,6 +15,11 @@ from lineage.chain import spent_confirmation_digests
 from lineage.records import log_decision
 from lineage.sources import StoreSource
 
+REFERENCE_CACHE_DIR = "reference-cache"
+"""Under the store folder: float64 references cached across evaluations (keyed by the
+case's and the reference code's digests; every use is indexed and signed with its
+evaluation, and ``kernelgate audit --recheck-reference`` recomputes a sample)."""
+
 BUILD_SHAPE = AttentionShape(batch=1, q_len=256, kv_len=256, num_heads=4, num_kv_heads=2,
                              head_dim=128, dtype="bfloat16", causal=False)
 """The example problem a build is compiled and exported for (GQA, head_dim 128)."""
@@ -67,7 +72,8 @@ def evaluate(state: RolloutState, *, split: str = "heldout", measure_speed: bool
                 candidate, testset_dir=state.testset_dir, out_dir=out, split=split,
                 production=production, model=state.model if settings.model_check else None,
                 repeats=settings.perf_repeats, perf_shapes=settings.perf_shapes,
-                measure_speed=measure_speed)
+                measure_speed=measure_speed,
+                reference_cache_dir=settings.store_dir / REFERENCE_CACHE_DIR)
         finally:
             evidence.log_evaluation_files(record, run_id, out_dir=out, testset_dir=state.testset_dir)
         evidence.log_evaluation_result(record, run_id, report, build_run_id=state.build_run_id,

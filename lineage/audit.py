@@ -396,7 +396,8 @@ def _registrations(source: EvidenceSource) -> list[str]:
 
 
 def audit(tracking: Tracking | None, family: str, target: str, *, trust=None,
-          source: EvidenceSource | None = None, load_model: bool = True) -> AuditReport:
+          source: EvidenceSource | None = None, load_model: bool = True,
+          recheck_reference: int = 0) -> AuditReport:
     """Audit the version behind ``target`` (an alias or a version number) of ``family``.
 
     Args:
@@ -404,6 +405,9 @@ def audit(tracking: Tracking | None, family: str, target: str, *, trust=None,
         trust: the ``TrustPolicy`` of keys the auditor accepts (with a store).
         source: where the signed evidence is read (default: the store).
         load_model: load the version's model in its own process and check its code.
+        recheck_reference: recompute this many of the held-out evaluation's cached
+            float64 references with NumPy on this host (``evaluation.reference_cache``;
+            needs the test set where the evaluation read it); 0: do not.
 
     Returns:
         :class:`AuditReport`; never raises on bad lineage (every problem is named).
@@ -459,9 +463,40 @@ def audit(tracking: Tracking | None, family: str, target: str, *, trust=None,
             _link_tags(tracking, family, version, promotion, walk)
         if load_model and evidence.build is not None:
             _loaded_model(tracking, source, version, walk)
+        if recheck_reference and evidence.decision is not None:
+            _recheck_reference(source, evidence.decision.evaluation_run_id, recheck_reference, walk)
     else:
         verified, checked = _bundle_artifacts(source, _linked_runs(evidence, promotion), walk)
     return report(verified, checked)
+
+
+def _recheck_reference(source: EvidenceSource, evaluation_run_id: str, sample: int,
+                       walk: _Walk) -> None:
+    """Recompute ``sample`` cached references of an evaluation (its signed index says
+    which arrays it used) and compare; a test set that is not on this host is said,
+    not counted as a problem."""
+    from evaluation.reference_cache import INDEX_FILE, ReferenceIndex, recheck
+    from evaluation.report import REPORT_FILENAME, EvaluationReport
+    from evaluation.testset import load_split
+
+    try:
+        index = ReferenceIndex.model_validate_json(
+            source.artifact(evaluation_run_id, f"evaluation/{INDEX_FILE}"))
+        report = EvaluationReport.model_validate_json(
+            source.artifact(evaluation_run_id, f"evaluation/{REPORT_FILENAME}"))
+    except Exception as err:  # noqa: BLE001 - a missing index is a finding, not a crash
+        walk.link("reference", evaluation_run_id, False, f"no readable reference index: {err}")
+        return
+    try:
+        cases = {c.spec.case_id: c for c in load_split(report.testset_dir, report.split)}
+    except FileNotFoundError:
+        walk.link("reference", evaluation_run_id, False, f"test set {report.testset_dir} is not "
+                  "on this host; the cached reference was not rechecked", problem=False)
+        return
+    result = recheck(index, cases, sample=sample)
+    walk.link("reference", evaluation_run_id, not result.problems,
+              f"{result.checked} cached references ({index.method}) recomputed with NumPy: max "
+              f"relative difference {result.max_rel_diff:.2g}" + "".join(f"; {p}" for p in result.problems))
 
 
 def _bundle_artifacts(source: BundleSource, runs: set[str], walk: _Walk) -> tuple[int, int]:

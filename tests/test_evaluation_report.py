@@ -230,3 +230,19 @@ def test_unknown_split_or_implementation_is_rejected(tmp_path, synthetic_testset
         _evaluate(tmp_path, split="train")
     with pytest.raises(ValueError, match="unknown implementation"):
         _evaluate(tmp_path, candidate="flash9000")
+
+
+def test_native_evaluation_leaves_a_profiler_trace_and_its_reference_index(report, report_dir):
+    """Issue 11: on native hardware (xla on this CPU) the evaluation records a
+    jax.profiler trace in which each in-process kernel is found by name, and the index
+    of the float64 references it used (one per case, computed here, none reused)."""
+    from evaluation.reference_cache import INDEX_FILE, ReferenceIndex
+
+    trace = report.profile
+    assert trace is not None and Path(trace.path).is_file()
+    assert Path(trace.path).is_relative_to(report_dir / "out")
+    assert trace.names_found == {"candidate": True, "baseline": True, "production": True}
+    index = ReferenceIndex.model_validate_json((report_dir / "out" / INDEX_FILE).read_text())
+    assert [e.case_id for e in index.entries] == [r.case_id for r in report.accuracy["candidate"].cases]
+    assert report.reference.method == index.method == "numpy-float64"
+    assert report.reference.cases == 4 and report.reference.cache_hits == 0

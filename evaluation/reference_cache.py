@@ -1,0 +1,219 @@
+"""The float64 reference of each test case, computed where it is cheap and computed once.
+
+Where: on the accelerator in float64 when it has native float64 (a GPU), else NumPy on
+the host (``kernels.reference``: ``attention_reference_jax`` and ``attention_reference``,
+the same formula). Long cases (``q_len * kv_len`` above ``SAMPLE_ABOVE``) are computed
+on a fixed sample of query rows, each still exact against every key, and the kernel's
+output is scored on the same rows; the sample (``sample_rows``) is part of the key.
+
+Once: each reference is stored as ``<cache>/<key>.npy``, the key a sha256 over the
+case's digest (which covers its arrays), the reference code's digest (the bytes of
+``kernels/reference.py``), the method and the rows. A second rollout, the
+confirmation of a later one and the nightly re-validation on the same test set reuse
+it. The cache is evidence, not trust: every evaluation writes an index (key, array
+sha256, hit or computed, method) that is logged and signed with the evaluation, and
+:func:`recheck` recomputes a sample with NumPy on the host and compares.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from pydantic import BaseModel, Field
+
+from evaluation.cases import TestCase
+from kernels import reference as reference_module
+from kernels.reference import attention_reference, relative_error
+
+SAMPLE_ABOVE = 4096 * 4096
+"""Cases with more query x key pairs than this are referenced on sampled rows."""
+SAMPLE_ROWS = 256
+"""Query rows sampled per long case: the first and last 16, the rest spread evenly
+(the ends are where causal masking and padding are hardest)."""
+INDEX_FILE = "reference_cache.json"
+
+
+def reference_code_sha256() -> str:
+    """sha256 of ``kernels/reference.py``: a change to the reference invalidates the cache."""
+    return hashlib.sha256(Path(reference_module.__file__).read_bytes()).hexdigest()
+
+
+def sample_rows(q_len: int, kv_len: int, *, above: int = SAMPLE_ABOVE) -> np.ndarray | None:
+    """The query rows a case is referenced on (sorted, unique int64), or ``None`` for all
+    of them: cases with more than ``above`` query x key pairs get ``SAMPLE_ROWS`` rows."""
+    if q_len * kv_len <= above or q_len <= SAMPLE_ROWS:
+        return None
+    ends = np.r_[np.arange(16), np.arange(q_len - 16, q_len)]
+    middle = np.linspace(16, q_len - 17, SAMPLE_ROWS - 32).round().astype(np.int64)
+    return np.unique(np.r_[ends, middle])
+
+
+def reference_method() -> str:
+    """``jax-<backend>-float64`` on a GPU (native float64), else ``numpy-float64``."""
+    import jax
+
+    backend = jax.default_backend()
+    return f"jax-{backend}-float64" if backend == "gpu" else "numpy-float64"
+
+
+class CacheEntry(BaseModel):
+    """One case's reference in the index."""
+
+    case_id: str
+    case_digest: str
+    key: str
+    sha256: str = Field(description="sha256 of the stored float64 array's bytes")
+    rows: list[int] | None = Field(description="sampled query rows; None: all rows")
+    hit: bool = Field(description="read from the cache (True) or computed now")
+    seconds: float = Field(description="time to read or compute, seconds")
+
+
+class ReferenceIndex(BaseModel):
+    """What one evaluation used as its reference (written as ``reference_cache.json``)."""
+
+    method: str
+    reference_code_sha256: str
+    cache_dir: str | None
+    entries: list[CacheEntry] = []
+
+    @property
+    def hits(self) -> int:
+        return sum(e.hit for e in self.entries)
+
+
+class ReferenceSummary(BaseModel):
+    """The reference of one evaluation in a line: how, how much was reused, how long."""
+
+    method: str = Field(description="jax-gpu-float64 or numpy-float64")
+    reference_code_sha256: str
+    cases: int
+    cache_hits: int
+    sampled_cases: list[str] = Field(description="cases scored on a sample of query rows")
+    seconds: float = Field(description="total time to read or compute the references, seconds")
+
+
+class ReferenceCache:
+    """Float64 references by case, cached under ``directory`` (``None``: not cached).
+
+    Args:
+        directory: the cache folder, created on first write.
+        method: ``reference_method()`` by default.
+        sample_above: cases with more query x key pairs are referenced on sampled rows.
+    """
+
+    def __init__(self, directory: str | Path | None, *, method: str | None = None,
+                 sample_above: int = SAMPLE_ABOVE):
+        self.directory = None if directory is None else Path(directory)
+        self.sample_above = sample_above
+        self.method = method or reference_method()
+        self.code = reference_code_sha256()
+        self.index = ReferenceIndex(method=self.method, reference_code_sha256=self.code,
+                                    cache_dir=None if directory is None else str(directory))
+
+    def key(self, case: TestCase, rows: np.ndarray | None) -> str:
+        text = json.dumps({"case": case.spec.digest, "code": self.code, "method": self.method,
+                           "rows": None if rows is None else rows.tolist()})
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    def __call__(self, case: TestCase) -> tuple[np.ndarray, np.ndarray | None]:
+        """``(reference, rows)``: the case's float64 reference on ``rows`` (``None``: all)."""
+        start = time.perf_counter()
+        rows = sample_rows(case.q.shape[1], case.k.shape[1], above=self.sample_above)
+        key = self.key(case, rows)
+        path = None if self.directory is None else self.directory / f"{key}.npy"
+        hit = path is not None and path.exists()
+        if hit:
+            ref = np.load(path)
+        else:
+            ref = compute(case, rows, self.method)
+            if path is not None:
+                _save(path, ref)
+        self.index.entries.append(CacheEntry(
+            case_id=case.spec.case_id, case_digest=case.spec.digest, key=key,
+            sha256=hashlib.sha256(np.ascontiguousarray(ref).tobytes()).hexdigest(),
+            rows=None if rows is None else rows.tolist(), hit=hit,
+            seconds=time.perf_counter() - start))
+        return ref, rows
+
+    def summary(self) -> ReferenceSummary:
+        """What this cache served so far, for the evaluation report."""
+        entries = self.index.entries
+        return ReferenceSummary(
+            method=self.method, reference_code_sha256=self.code, cases=len(entries),
+            cache_hits=self.index.hits,
+            sampled_cases=[e.case_id for e in entries if e.rows is not None],
+            seconds=sum(e.seconds for e in entries))
+
+    def write_index(self, path: str | Path) -> Path:
+        """Write the index (every entry so far) as JSON to ``path``; returns ``path``."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(self.index.model_dump_json(indent=1))
+        return path
+
+
+def compute(case: TestCase, rows: np.ndarray | None, method: str) -> np.ndarray:
+    """The float64 reference of ``case`` on ``rows`` by ``method``."""
+    args = dict(causal=case.spec.causal, scale=case.spec.scale, q_lengths=case.q_lengths,
+                kv_lengths=case.kv_lengths, rows=rows)
+    if method.startswith("jax-"):
+        from kernels.reference import attention_reference_jax
+
+        return attention_reference_jax(case.q, case.k, case.v, **args)
+    return attention_reference(case.q, case.k, case.v, **args)
+
+
+def _save(path: Path, array: np.ndarray) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".npy")
+    os.close(fd)
+    try:
+        np.save(tmp, array)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class RecheckResult(BaseModel):
+    """A sample of cached references recomputed with NumPy on the host."""
+
+    checked: int
+    max_rel_diff: float
+    problems: list[str]
+
+
+def recheck(index: ReferenceIndex, cases: dict[str, TestCase], *, sample: int = 3,
+            tolerance: float = 1e-10) -> RecheckResult:
+    """Recompute ``sample`` entries of ``index`` (the cheapest first) with NumPy and
+    compare them with the cached arrays, whose bytes must match the index's sha256.
+
+    Raises:
+        ValueError: the index has no cache folder.
+    """
+    if index.cache_dir is None:
+        raise ValueError("the reference was not cached; nothing to recheck")
+    problems, worst, checked = [], 0.0, 0
+    for entry in sorted(index.entries, key=lambda e: e.seconds)[:sample]:
+        path = Path(index.cache_dir) / f"{entry.key}.npy"
+        case = cases.get(entry.case_id)
+        if case is None or not path.exists():
+            problems.append(f"{entry.case_id}: {'case' if case is None else 'cached array'} missing")
+            continue
+        cached = np.load(path)
+        if hashlib.sha256(np.ascontiguousarray(cached).tobytes()).hexdigest() != entry.sha256:
+            problems.append(f"{entry.case_id}: cached array differs from the signed index")
+            continue
+        rows = None if entry.rows is None else np.asarray(entry.rows)
+        diff = relative_error(cached, compute(case, rows, "numpy-float64"))
+        worst, checked = max(worst, diff), checked + 1
+        if not diff <= tolerance:
+            problems.append(f"{entry.case_id}: cached reference differs from a recomputation "
+                            f"by {diff:.3g} (> {tolerance:g})")
+    return RecheckResult(checked=checked, max_rel_diff=worst, problems=problems)

@@ -1,0 +1,116 @@
+"""The float64 reference computed where it is cheap, sampled for long cases, and cached
+as evidence (issue 11, item 3)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from evaluation import reference_cache as rc
+from evaluation.accuracy import evaluate_accuracy
+from evaluation.cases import make_case
+from kernels import get_attention_fn
+from kernels.reference import attention_reference, attention_reference_jax, relative_error
+
+
+def _case(rng, *, batch=2, q_len=96, kv_len=160, heads=4, kv_heads=2, head_dim=32,
+          causal=True, lengths=True, case_id="heldout/hard/x"):
+    q = rng.standard_normal((batch, q_len, heads, head_dim)).astype(np.float32)
+    k = rng.standard_normal((batch, kv_len, kv_heads, head_dim)).astype(np.float32)
+    v = rng.standard_normal((batch, kv_len, kv_heads, head_dim)).astype(np.float32)
+    extra = dict(q_lengths=[q_len, q_len // 3], kv_lengths=[kv_len, 7]) if lengths else {}
+    return make_case(case_id=case_id, category="hard", tags=("gqa",), q=q, k=k, v=v,
+                     causal=causal, source="seed:test", **extra)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_jax_reference_equals_numpy_reference_to_float64_rounding(causal):
+    """Same formula, two engines: GQA, padding (a batch row that sees no key at all)
+    and a row sample spanning two blocks of the JAX version."""
+    rng = np.random.default_rng()
+    case = _case(rng, causal=causal)
+    args = dict(causal=causal, q_lengths=case.q_lengths, kv_lengths=[case.k.shape[1], 0])
+    full_np = attention_reference(case.q, case.k, case.v, **args)
+    full_jax = attention_reference_jax(case.q, case.k, case.v, **args)
+    assert full_jax.dtype == np.float64
+    assert relative_error(full_jax, full_np) < 1e-13
+    assert np.all(full_jax[1] == 0)  # kv_length 0: nothing to attend to
+    rows = np.array([0, 1, 50, 95])
+    sampled = attention_reference_jax(case.q, case.k, case.v, rows=rows, **args)
+    assert relative_error(sampled, full_np[:, rows]) < 1e-13
+
+
+def test_sample_rows_covers_both_ends_and_only_long_cases():
+    assert rc.sample_rows(4096, 4096) is None
+    rows = rc.sample_rows(8192, 8192)
+    assert len(rows) == rc.SAMPLE_ROWS and np.all(np.diff(rows) > 0)
+    assert {0, 15, 8176, 8191} <= set(rows.tolist())
+    assert rows.max() < 8192
+
+
+def test_cache_reuses_by_digest_and_a_changed_case_misses(tmp_path):
+    rng = np.random.default_rng()
+    case = _case(rng)
+    cache = rc.ReferenceCache(tmp_path, method="numpy-float64")
+    first, rows = cache(case)
+    again, _ = rc.ReferenceCache(tmp_path, method="numpy-float64")(case)
+    assert rows is None and np.array_equal(first, again)
+    exact = attention_reference(case.q, case.k, case.v, causal=True, q_lengths=case.q_lengths,
+                                kv_lengths=case.kv_lengths)
+    assert np.array_equal(first, exact)
+    second = rc.ReferenceCache(tmp_path, method="numpy-float64")
+    second(case)
+    other = _case(rng)  # fresh arrays: another digest, never served the first's reference
+    second(other)
+    assert [e.hit for e in second.index.entries] == [True, False]
+    assert len(list(tmp_path.glob("*.npy"))) == 2
+
+
+def test_long_case_is_scored_on_sampled_rows_and_still_catches_a_wrong_row(tmp_path):
+    """A kernel wrong on one sampled row fails; the index names the rows used."""
+    rng = np.random.default_rng()
+    case = _case(rng, batch=1, q_len=640, kv_len=640, lengths=False, causal=True)
+    cache = rc.ReferenceCache(tmp_path, method="numpy-float64", sample_above=1000)
+    rows = rc.sample_rows(640, 640, above=1000)
+    bad_row = int(rows[20])
+
+    naive = get_attention_fn("naive")
+
+    def wrong_on_one_row(q, k, v, **kw):
+        out = naive(q, k, v, **kw)
+        return out.at[:, bad_row].multiply(1.5)
+
+    result = evaluate_accuracy([case], {"baseline": naive, "bad": wrong_on_one_row},
+                               reference=cache)
+    assert result["baseline"].cases[0].rel_error < 1e-5
+    assert result["bad"].cases[0].rel_error > 1e-2
+    assert cache.index.entries[0].rows == rows.tolist()
+    assert cache.summary().sampled_cases == [case.spec.case_id]
+
+
+def test_recheck_finds_a_tampered_cached_array(tmp_path):
+    rng = np.random.default_rng()
+    case = _case(rng)
+    cache = rc.ReferenceCache(tmp_path, method="numpy-float64")
+    cache(case)
+    index_path = cache.write_index(tmp_path / rc.INDEX_FILE)
+    index = rc.ReferenceIndex.model_validate(json.loads(index_path.read_text()))
+    cases = {case.spec.case_id: case}
+    clean = rc.recheck(index, cases)
+    assert clean.checked == 1 and not clean.problems and clean.max_rel_diff < 1e-13
+
+    entry = index.entries[0]
+    path = tmp_path / f"{entry.key}.npy"
+    array = np.load(path)
+    array[0, 0, 0, 0] += 1.0
+    np.save(path, array)
+    assert "differs from the signed index" in rc.recheck(index, cases).problems[0]
+
+    # A forger who also rewrites the index's sha256 is caught by the recomputation.
+    forged = index.model_copy(deep=True)
+    import hashlib
+    forged.entries[0].sha256 = hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()
+    problems = rc.recheck(forged, cases).problems
+    assert problems and "differs from a recomputation" in problems[0]
