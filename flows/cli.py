@@ -16,6 +16,9 @@ import os
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS",
                       "kernelgate,kernels,evaluation,gates,lineage,flows")
+# Prefect's local server gets 20 s to start by default; a busy 2-core host needed more
+# (seen: "Timed out while attempting to connect to ephemeral Prefect API server").
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 
 import json  # noqa: E402
 import logging  # noqa: E402
@@ -228,6 +231,22 @@ def audit(target: Annotated[str, typer.Argument(help="alias (production, canary,
             typer.echo(f"bundle written to {export_bundle(tracking, fam, result, trust_files, export)}")
     typer.echo(result.render())
     raise typer.Exit(result.exit_code)
+
+
+@app.command()
+def timeline(family: Family = None, store_dir: StoreDir = Path(".kernelgate"),
+             json_out: Annotated[Path | None, typer.Option(
+                 "--json", dir_okay=False, help="also write the timelines as JSON here")] = None) -> None:
+    """Where each rollout's time went: result, version and every stage's seconds, read from the MLflow store."""
+    from lineage.timeline import render, rollout_timelines
+
+    tracking = _tracking(store_dir, must_exist=True)
+    timelines = rollout_timelines(tracking, _existing_family(tracking, family))
+    typer.echo(render(timelines))
+    if json_out is not None:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps([t.model_dump(mode="json") for t in timelines], indent=1))
+        typer.echo(f"written {json_out}")
 
 
 @app.command()

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The main job on a GPU host (issue 11), in parts that each fit one 10-minute call on the
+# lent H200. Run from the repository root with kernelgate importable (on the H200:
+# PYTHONPATH=/tmp/site:$PWD after ../shared/tools/device-bundle.sh's install; anywhere
+# else: the project's virtual environment). Logs, JSON and a steps table go to $OUT.
+#
+#   tools/gpu-main-job.sh tune      serving-shape autotune (float32, bf16) merged into
+#                                   kernels/gpu_table.json, then the `gpu` tests of the
+#                                   shared-memory and float32-precision kinds
+#   tools/gpu-main-job.sh rollouts  two `kernelgate rollout`s, default arguments
+#   tools/gpu-main-job.sh after     revalidate, audit, timeline JSON, serving benchmark
+#
+# The store is $KG_STORE (default /tmp/kg-store): outside the work tree, so it survives
+# from one call to the next while the machine is held.
+set -uo pipefail
+out=${OUT:-gpu-main-job}
+store=${KG_STORE:-/tmp/kg-store}
+mkdir -p "$out"
+export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
+
+step() {  # step NAME TIMEOUT_S COMMAND...: run, log to $out/NAME.log, append a timed line
+  local name=$1 limit=$2; shift 2
+  local t0 t1 rc
+  t0=$(date +%s%N)
+  timeout -k 10 "$limit" "$@" > "$out/$name.log" 2>&1; rc=$?
+  t1=$(date +%s%N)
+  printf '%-22s rc=%-4s %8.1f s   %s\n' "$name" "$rc" "$(( (t1 - t0) / 1000000 ))e-3" "$*" \
+    | tee -a "$out/steps.txt"
+  tail -n 4 "$out/$name.log" | sed 's/^/    /'
+}
+
+case ${1:-} in
+  tune)
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/device.txt"
+    python3 -c "import jax; print('jax', jax.__version__, jax.devices())" | tee -a "$out/device.txt"
+    step autotune-f32 180 python3 -m kernels.autotune --serving --dtypes float32
+    step autotune-bf16 120 python3 -m kernels.autotune --serving --dtypes bfloat16
+    cp kernels/gpu_table.json "$out/" && cp kernels/gpu_table.json /tmp/gpu_table.json
+    step gpu-tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider \
+      tests/test_kernels_gpu_limits.py tests/test_kernels_precision.py tests/test_kernels_dispatch.py
+    ;;
+  rollouts)
+    # the table tuned by `tune` in an earlier call on this machine, if any
+    [ -f /tmp/gpu_table.json ] && cp /tmp/gpu_table.json kernels/gpu_table.json
+    step rollout-1 290 python3 -m flows.cli rollout --store-dir "$store"
+    step rollout-2 290 python3 -m flows.cli rollout --store-dir "$store"
+    ;;
+  after)
+    [ -f /tmp/gpu_table.json ] && cp /tmp/gpu_table.json kernels/gpu_table.json
+    step revalidate 240 python3 -m flows.cli revalidate --store-dir "$store"
+    step audit 120 python3 -m flows.cli audit production --store-dir "$store"
+    step timeline 60 python3 -m flows.cli timeline --store-dir "$store" --json "$out/timeline.json"
+    step serving-bench 150 python3 -m kernels.bench --serving-only --out "$out/serving.json"
+    ;;
+  *) sed -n 2,15p "$0"; exit 2 ;;
+esac
+echo "--- steps"; cat "$out/steps.txt"
