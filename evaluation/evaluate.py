@@ -4,6 +4,7 @@ report and plots. A plain function (no Prefect), so flows and tests call it alik
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -33,6 +34,13 @@ from kernels.config import BlockSizes
 from kernels.shapes import AttentionShape
 
 logger = logging.getLogger(__name__)
+
+def compile_workers(backend: str) -> int:
+    """Threads that compile the test set's shapes at once: on an accelerator host all
+    cores but one (compiling is host work; the device idles meanwhile); on a CPU none
+    (the cores run the kernels themselves, interpreted)."""
+    return 0 if backend == "cpu" else max(1, (os.cpu_count() or 2) - 1)
+
 
 PROFILE_DIR = "profile"
 """Sub-folder of an evaluation's output with its ``jax.profiler`` trace."""
@@ -207,6 +215,7 @@ def evaluate_candidate(
     bar = (lambda n, desc: _progress_bar(n, desc)) if progress else (lambda n, desc: None)
     reference = ReferenceCache(reference_cache_dir)
     report.accuracy = evaluate_accuracy(cases, runners, baseline="baseline", reference=reference,
+                                        compile_workers=compile_workers(backend),
                                         progress=bar(len(cases), f"accuracy {split}"))
     reference.write_index(out_dir / REFERENCE_INDEX_FILE)
     report.reference = reference.summary()

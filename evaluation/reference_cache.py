@@ -36,6 +36,10 @@ SAMPLE_ABOVE = 4096 * 4096
 SAMPLE_ROWS = 256
 """Query rows sampled per long case: the first and last 16, the rest spread evenly
 (the ends are where causal masking and padding are hardest)."""
+DEVICE_ABOVE = 2**24
+"""Cases with more float64 multiply-adds per head-row pair than this (batch x heads x
+q_len x kv_len) go to the accelerator; below it NumPy on the host is quicker than a
+fresh XLA compile (milliseconds against about a second)."""
 INDEX_FILE = "reference_cache.json"
 
 
@@ -67,6 +71,7 @@ class CacheEntry(BaseModel):
 
     case_id: str
     case_digest: str
+    method: str = Field(description="how this entry was computed (numpy-float64, jax-gpu-float64)")
     key: str
     sha256: str = Field(description="sha256 of the stored float64 array's bytes")
     rows: list[int] | None = Field(description="sampled query rows; None: all rows")
@@ -116,26 +121,35 @@ class ReferenceCache:
         self.index = ReferenceIndex(method=self.method, reference_code_sha256=self.code,
                                     cache_dir=None if directory is None else str(directory))
 
-    def key(self, case: TestCase, rows: np.ndarray | None) -> str:
-        text = json.dumps({"case": case.spec.digest, "code": self.code, "method": self.method,
+    def key(self, case: TestCase, rows: np.ndarray | None, method: str | None = None) -> str:
+        """The cache key: sha256 over the case digest, reference code, method and rows."""
+        text = json.dumps({"case": case.spec.digest, "code": self.code,
+                           "method": method or self.method,
                            "rows": None if rows is None else rows.tolist()})
         return hashlib.sha256(text.encode()).hexdigest()
+
+    def method_for(self, case: TestCase, rows: np.ndarray | None) -> str:
+        """The accelerator's method for large cases, NumPy for the rest (``DEVICE_ABOVE``)."""
+        batch, q_len, heads, _ = case.q.shape
+        work = batch * heads * (q_len if rows is None else len(rows)) * case.k.shape[1]
+        return self.method if work > DEVICE_ABOVE else "numpy-float64"
 
     def __call__(self, case: TestCase) -> tuple[np.ndarray, np.ndarray | None]:
         """``(reference, rows)``: the case's float64 reference on ``rows`` (``None``: all)."""
         start = time.perf_counter()
         rows = sample_rows(case.q.shape[1], case.k.shape[1], above=self.sample_above)
-        key = self.key(case, rows)
+        method = self.method_for(case, rows)
+        key = self.key(case, rows, method)
         path = None if self.directory is None else self.directory / f"{key}.npy"
         hit = path is not None and path.exists()
         if hit:
             ref = np.load(path)
         else:
-            ref = compute(case, rows, self.method)
+            ref = compute(case, rows, method)
             if path is not None:
                 _save(path, ref)
         self.index.entries.append(CacheEntry(
-            case_id=case.spec.case_id, case_digest=case.spec.digest, key=key,
+            case_id=case.spec.case_id, case_digest=case.spec.digest, method=method, key=key,
             sha256=hashlib.sha256(np.ascontiguousarray(ref).tobytes()).hexdigest(),
             rows=None if rows is None else rows.tolist(), hit=hit,
             seconds=time.perf_counter() - start))

@@ -92,8 +92,7 @@ def attention_reference_jax(q, k, v, *, causal: bool = False, scale: float | Non
     step = min(REFERENCE_ROW_BLOCK, len(row_index))
     padded = np.resize(row_index, -(-len(row_index) // step) * step)  # pad by repeating rows
     with _float64_enabled():
-        block = jax.jit(functools.partial(_reference_rows, causal=causal, scale=scale,
-                                          group=group))
+        block = functools.partial(_reference_rows_jit, causal=causal, scale=scale, group=group)
         kd, vd = jnp.asarray(k), jnp.asarray(v)
         qlen_d, kvlen_d = jnp.asarray(q_lens, jnp.int64), jnp.asarray(kv_lens, jnp.int64)
         parts = [np.asarray(block(jnp.asarray(q[:, padded[i:i + step]]), kd, vd,
@@ -173,3 +172,15 @@ def relative_error(out, ref) -> float:
     num = np.linalg.norm(out - ref)
     den = np.linalg.norm(ref)
     return float(num / den) if den > 0 else float(num)
+
+
+def _reference_rows_jit(*args, causal, scale, group):
+    import jax
+
+    global _JITTED
+    if _JITTED is None:  # one jitted function: shapes seen before are not compiled again
+        _JITTED = jax.jit(_reference_rows, static_argnames=("causal", "scale", "group"))
+    return _JITTED(*args, causal=causal, scale=scale, group=group)
+
+
+_JITTED = None

@@ -114,3 +114,17 @@ def test_recheck_finds_a_tampered_cached_array(tmp_path):
     forged.entries[0].sha256 = hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()
     problems = rc.recheck(forged, cases).problems
     assert problems and "differs from a recomputation" in problems[0]
+
+
+def test_precompiling_in_threads_changes_no_result():
+    """The accelerator host compiles the test set's shapes concurrently first; the
+    scores must be the ones of the plain loop."""
+    rng = np.random.default_rng()
+    cases = [_case(rng, case_id=f"heldout/hard/c{i}", q_len=n, kv_len=n + 8)
+             for i, n in enumerate((16, 40, 72))]
+    impls = {"baseline": get_attention_fn("naive"), "candidate": get_attention_fn("xla")}
+    plain = evaluate_accuracy(cases, impls)
+    threaded = evaluate_accuracy(cases, impls, compile_workers=3)
+    for role in impls:
+        assert [r.rel_error for r in threaded[role].cases] == [r.rel_error for r in plain[role].cases]
+        assert all(r.error is None and r.rel_error < 1e-5 for r in threaded[role].cases)
