@@ -9,6 +9,7 @@
 #                                   shared-memory and float32-precision kinds
 #   tools/gpu-main-job.sh rollouts  two `kernelgate rollout`s, default arguments
 #   tools/gpu-main-job.sh after     revalidate, audit, timeline JSON, serving benchmark
+#   tools/gpu-main-job.sh one       one rollout, its audit and timeline (a short lease)
 #
 # The store is $KG_STORE (default /tmp/kg-store): outside the work tree, so it survives
 # from one call to the next while the machine is held.
@@ -44,6 +45,13 @@ case ${1:-} in
     [ -f /tmp/gpu_table.json ] && cp /tmp/gpu_table.json kernels/gpu_table.json
     step rollout-1 290 python3 -m flows.cli rollout --store-dir "$store"
     step rollout-2 290 python3 -m flows.cli rollout --store-dir "$store"
+    ;;
+  one)  # what fits the last minutes of a lease: one rollout, its audit and timeline
+    step rollout-1 420 python3 -m flows.cli rollout --store-dir "$store"
+    step audit 60 python3 -m flows.cli audit production --store-dir "$store"
+    step timeline 30 python3 -m flows.cli timeline --store-dir "$store" --json "$out/timeline.json"
+    find "$store" -path '*evaluation-heldout*' \( -name evaluation_report.json -o -name reference_cache.json \
+      -o -name '*.xplane.pb' \) -exec cp --parents {} "$out/" \; 2>/dev/null
     ;;
   after)
     [ -f /tmp/gpu_table.json ] && cp /tmp/gpu_table.json kernels/gpu_table.json
