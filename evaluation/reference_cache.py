@@ -195,9 +195,19 @@ def _save(path: Path, array: np.ndarray) -> None:
         raise
 
 
+def _sample(entries: list[CacheEntry], n: int) -> list[CacheEntry]:
+    """The cheapest entry of each method first (so an accelerator-computed one is always
+    among them when there is one), then the cheapest of the rest."""
+    by_cost = sorted(entries, key=lambda e: e.seconds)
+    firsts = list({e.method: e for e in reversed(by_cost)}.values())
+    chosen = sorted(firsts, key=lambda e: e.method == "numpy-float64")[:n]
+    return chosen + [e for e in by_cost if e not in chosen][:n - len(chosen)]
+
+
 class RecheckResult(BaseModel):
     """A sample of cached references recomputed with NumPy on the host."""
 
+    methods: list[str] = Field(default_factory=list, description="methods of the entries checked")
     checked: int
     max_rel_diff: float
     problems: list[str]
@@ -213,8 +223,8 @@ def recheck(index: ReferenceIndex, cases: dict[str, TestCase], *, sample: int = 
     """
     if index.cache_dir is None:
         raise ValueError("the reference was not cached; nothing to recheck")
-    problems, worst, checked = [], 0.0, 0
-    for entry in sorted(index.entries, key=lambda e: e.seconds)[:sample]:
+    problems, worst, checked, methods = [], 0.0, 0, []
+    for entry in _sample(index.entries, sample):
         path = Path(index.cache_dir) / f"{entry.key}.npy"
         case = cases.get(entry.case_id)
         if case is None or not path.exists():
@@ -227,7 +237,8 @@ def recheck(index: ReferenceIndex, cases: dict[str, TestCase], *, sample: int = 
         rows = None if entry.rows is None else np.asarray(entry.rows)
         diff = relative_error(cached, compute(case, rows, "numpy-float64"))
         worst, checked = max(worst, diff), checked + 1
+        methods.append(entry.method)
         if not diff <= tolerance:
             problems.append(f"{entry.case_id}: cached reference differs from a recomputation "
                             f"by {diff:.3g} (> {tolerance:g})")
-    return RecheckResult(checked=checked, max_rel_diff=worst, problems=problems)
+    return RecheckResult(methods=methods, checked=checked, max_rel_diff=worst, problems=problems)

@@ -495,7 +495,8 @@ def _recheck_reference(source: EvidenceSource, evaluation_run_id: str, sample: i
         return
     result = recheck(index, cases, sample=sample)
     walk.link("reference", evaluation_run_id, not result.problems,
-              f"{result.checked} cached references ({index.method}) recomputed with NumPy: max "
+              f"{result.checked} cached references ({', '.join(result.methods) or 'none'}) "
+              "recomputed with NumPy: max "
               f"relative difference {result.max_rel_diff:.2g}" + "".join(f"; {p}" for p in result.problems))
 
 

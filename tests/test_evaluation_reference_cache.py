@@ -128,3 +128,16 @@ def test_precompiling_in_threads_changes_no_result():
     for role in impls:
         assert [r.rel_error for r in threaded[role].cases] == [r.rel_error for r in plain[role].cases]
         assert all(r.error is None and r.rel_error < 1e-5 for r in threaded[role].cases)
+
+
+def test_recheck_always_includes_an_accelerator_computed_entry():
+    """The cheapest entries are NumPy's own (a recheck of those proves little): the
+    sample takes the cheapest of each method first."""
+    def entry(i, method, seconds):
+        return rc.CacheEntry(case_id=f"c{i}", case_digest="d", method=method, key=f"k{i}",
+                             sha256="s", rows=None, hit=False, seconds=seconds)
+    entries = [entry(0, "numpy-float64", 0.01), entry(1, "numpy-float64", 0.02),
+               entry(2, "jax-gpu-float64", 0.5), entry(3, "jax-gpu-float64", 0.3)]
+    assert [e.case_id for e in rc._sample(entries, 2)] == ["c3", "c0"]
+    assert [e.case_id for e in rc._sample(entries, 1)] == ["c3"]
+    assert [e.case_id for e in rc._sample(entries[:2], 2)] == ["c0", "c1"]
