@@ -10,10 +10,11 @@ from pathlib import Path
 
 import jax
 
-from evaluation.accuracy import evaluate_accuracy, float64_attention, model_accuracy
+from evaluation.accuracy import evaluate_accuracy
 from evaluation.cases import split_kind
 from evaluation.documents import assign_splits, load_documents
 from evaluation.model import MiniLM
+from evaluation.model_check import float64_attention, model_accuracy
 from evaluation.performance import default_shapes, measure_performance
 from evaluation.plots import write_plots
 from evaluation.profiling import HOW_TO_VIEW, ProfileTrace, record_trace

@@ -15,7 +15,8 @@ from typing import Any, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
-from evaluation.accuracy import AccuracyResult, ModelAccuracy
+from evaluation.accuracy import AccuracyResult
+from evaluation.model_check import ModelAccuracy
 from evaluation.performance import PerformanceResult
 from evaluation.profiling import ProfileTrace
 from evaluation.reference_cache import ReferenceSummary

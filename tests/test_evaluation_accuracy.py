@@ -13,14 +13,9 @@ import numpy as np
 import pytest
 
 import kernels
-from evaluation.accuracy import (
-    cosine_similarities,
-    error_floor,
-    evaluate_accuracy,
-    float64_attention,
-    model_accuracy,
-)
+from evaluation.accuracy import error_floor, evaluate_accuracy
 from evaluation.cases import CaseSpec, TestCase, case_digest
+from evaluation.model_check import cosine_similarities, float64_attention, model_accuracy
 
 PASS_RATIO = 2.0  # the preregistered per-category bound on the error ratio to naive
 WIDE_MARGIN = 100.0  # a wrong kernel must exceed the bound by this factor at least

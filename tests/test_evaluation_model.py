@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import kernels
-from evaluation.accuracy import cosine_similarities as cosine_similarity
 from evaluation.model import LENGTH_BUCKETS, MiniLM
+from evaluation.model_check import cosine_similarities as cosine_similarity
 
 PARAPHRASES = ("A man is eating food.", "A man is eating a piece of bread.")
 UNRELATED = ("A man is eating food.", "The girl is carrying a baby.")
