@@ -52,6 +52,9 @@ BlockKV = Annotated[int | None, typer.Option(min=1, help="key/value block size (
 from flows.cli_keys import KeyDir, check_name, keys_app  # noqa: E402
 
 app.add_typer(keys_app, name="keys")
+from flows.cli_stack import stack_app  # noqa: E402
+
+app.add_typer(stack_app, name="stack")
 
 
 def _tracking(store_dir: Path, *, must_exist: bool):
