@@ -32,7 +32,9 @@ test-slow: $(STAMP)  ## only the slow tests (large interpret-mode shapes)
 
 test-services: $(STAMP)  ## servers on PostgreSQL (tests marked services); writes reliability/services.json
 	mkdir -p reliability
+	rm -f reliability/services.json
 	KERNELGATE_SERVICES_REPORT=reliability/services.json $(PY) -m pytest -q -m services tests/test_services.py
+	$(PY) -m tests.services reliability/services.json
 
 attacks: $(STAMP)  ## replay the attacks on the evidence; writes reliability/attacks.json (RELIABILITY.md)
 	mkdir -p reliability

@@ -96,7 +96,8 @@ class StackConfig(BaseModel):
             concurrency limit; a killed rollout's slot frees after it.
         heartbeat_s: flow-run heartbeat period (seconds, >= 30, Prefect's minimum); the
             automation marks a run crashed after ``3 * heartbeat_s`` without one.
-        scheduler_loop_s: how often the server's scheduler creates scheduled runs.
+        scheduler_loop_s: how often the server's scheduler creates scheduled runs (seconds).
+        prefect_ui: serve the Prefect UI (where release managers approve).
         secrets: environment variables with the passwords.
     """
 
@@ -113,6 +114,7 @@ class StackConfig(BaseModel):
     rollout_slot_lease_s: float = Field(60, ge=30, le=86400)
     heartbeat_s: int = Field(30, ge=30, le=3600)
     scheduler_loop_s: int = Field(60, ge=1, le=3600)
+    prefect_ui: bool = True
     secrets: Secrets = Secrets()
 
     @classmethod
@@ -257,12 +259,13 @@ def prefect_server_env(config: StackConfig) -> dict[str, str]:
             "PREFECT_SERVER_API_AUTH_STRING": config.secrets.value("prefect_auth"),
             "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": str(config.scheduler_loop_s),
             "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-            "PREFECT_UI_ENABLED": "false" if os.environ.get("KERNELGATE_STACK_NO_UI") else "true"}
+            "PREFECT_UI_ENABLED": str(config.prefect_ui).lower()}
 
 
 def mlflow_auth_ini(config: StackConfig) -> str:
     """The basic-auth app's configuration (``MLFLOW_AUTH_CONFIG_PATH``): accounts in
-    PostgreSQL, default permission READ, the admin's password from the environment."""
+    PostgreSQL, default permission READ, the admin's password from the environment, a
+    one-minute cache of verified passwords."""
     return "\n".join([
         "[mlflow]",
         "default_permission = READ",
@@ -270,11 +273,16 @@ def mlflow_auth_ini(config: StackConfig) -> str:
         "admin_username = admin",
         f"admin_password = {config.secrets.value('mlflow_admin')}",
         "authorization_function = mlflow.server.auth:authenticate_request_basic_auth",
+        # a verified password is remembered (HMAC-keyed, in memory) for a minute: without
+        # it every request pays a password hash, about a second on a busy 2-core host
+        "auth_cache_ttl_seconds = 60",
         ""])
 
 
-def start_prefect_server(config: StackConfig, state_dir: Path, port: int) -> tuple[int, Path, str]:
-    """``prefect server start`` on PostgreSQL; waits for ``/api/health`` (120 s).
+def start_prefect_server(config: StackConfig, state_dir: Path, port: int, *,
+                         wait: bool = True) -> tuple[int, Path, str]:
+    """``prefect server start`` on PostgreSQL; waits for ``/api/health`` (180 s) unless
+    ``wait`` is False (then call ``wait_ready``).
 
     Returns:
         (pid, log file, API URL).
@@ -286,14 +294,15 @@ def start_prefect_server(config: StackConfig, state_dir: Path, port: int) -> tup
     pid, log = _start("prefect-server", [_bin("prefect"), "server", "start", "--host", config.host,
                                           "--port", str(port)], env, state_dir)
     url = f"http://{config.host}:{port}/api"
-    _wait_http(url + "/health", pid, log, 120)
+    if wait:
+        wait_ready(url, pid, log)
     return pid, log, url
 
 
 def start_mlflow_server(config: StackConfig, state_dir: Path, port: int,
-                        artifact_root: Path) -> tuple[int, Path, str]:
+                        artifact_root: Path, *, wait: bool = True) -> tuple[int, Path, str]:
     """``mlflow server --app-name basic-auth`` on PostgreSQL with served artifacts;
-    waits for ``/health`` (120 s).
+    waits for ``/health`` (180 s) unless ``wait`` is False (then call ``wait_ready``).
 
     Returns:
         (pid, log file, tracking URL).
@@ -308,13 +317,26 @@ def start_mlflow_server(config: StackConfig, state_dir: Path, port: int,
     cmd = [_bin("mlflow"), "server", "--backend-store-uri",
            config.database_url(config.databases.mlflow, "psycopg2"),
            "--artifacts-destination", artifact_root.as_uri(), "--serve-artifacts",
-           "--host", config.host, "--port", str(port), "--workers", "2",
+           "--host", config.host, "--port", str(port), "--workers", "1",
            "--app-name", "basic-auth"]
     pid, log = _start("mlflow-server", cmd, {"MLFLOW_AUTH_CONFIG_PATH": str(ini),
+                               # MLflow's GenAI job runner: unused here
+                               "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
                                "MLFLOW_FLASK_SERVER_SECRET_KEY": config.secrets.value("mlflow_flask_key")}, state_dir)
     url = f"http://{config.host}:{port}"
-    _wait_http(url + "/health", pid, log, 120)
+    if wait:
+        wait_ready(url, pid, log)
     return pid, log, url
+
+
+def wait_ready(url: str, pid: int, log: Path, timeout_s: float = 180) -> None:
+    """Wait until ``<url>/health`` answers 200.
+
+    Raises:
+        StackError: the process exited or ``timeout_s`` seconds passed (the log's tail in
+            the message).
+    """
+    _wait_http(url.rstrip("/") + "/health", pid, log, timeout_s)
 
 
 def create_accounts(config: StackConfig, mlflow_url: str) -> None:
@@ -389,7 +411,7 @@ def worker_env(config: StackConfig, stack: Stack) -> dict[str, str]:
     return {**stack.client_env("pipeline", config),
             "KERNELGATE_HOME": str(PROJECT_DIR),
             "KERNELGATE_KEY_DIR": str(stack.key_dir),
-            "PREFECT_RUNNER_HEARTBEAT_FREQUENCY": str(config.heartbeat_s),
+            "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": str(config.heartbeat_s),
             "KERNELGATE_ROLLOUT_SLOT_LEASE_S": str(config.rollout_slot_lease_s),
             "PREFECT_WORKER_QUERY_SECONDS": "2",
             "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", ""),
@@ -427,22 +449,22 @@ def up(config: StackConfig, *, worker: bool = True, deploy: bool = True) -> Stac
     key_dir.mkdir(mode=0o700, exist_ok=True)
     stack = Stack(state_dir=state_dir, prefect_api_url="", mlflow_url="",
                   artifact_root=state_dir / "artifacts", key_dir=key_dir)
-    try:
+    try:  # both servers start at once; the deployments go in while MLflow starts
         pid, log, stack.prefect_api_url = start_prefect_server(
-            config, state_dir, config.prefect_port or free_port(config.host))
+            config, state_dir, config.prefect_port or free_port(config.host), wait=False)
         stack.pids["prefect-server"], stack.logs["prefect-server"] = pid, log
-        stack.save()
         pid, log, stack.mlflow_url = start_mlflow_server(
-            config, state_dir, config.mlflow_port or free_port(config.host), stack.artifact_root)
+            config, state_dir, config.mlflow_port or free_port(config.host), stack.artifact_root,
+            wait=False)
         stack.pids["mlflow-server"], stack.logs["mlflow-server"] = pid, log
         stack.save()
-        create_accounts(config, stack.mlflow_url)
+        wait_ready(stack.prefect_api_url, stack.pids["prefect-server"], stack.logs["prefect-server"])
         env = stack.client_env("pipeline", config)
-        with contextlib.suppress(StackError):  # exists already
-            _prefect_cli(["work-pool", "create", config.work_pool, "--type", "process"], env)
-        _create_automation(config, stack)
+        _create_pool_and_automation(config, stack)
         if deploy:
             _prefect_cli(["deploy", "--all"], {**env, "KERNELGATE_HOME": str(PROJECT_DIR)})
+        wait_ready(stack.mlflow_url, stack.pids["mlflow-server"], stack.logs["mlflow-server"])
+        create_accounts(config, stack.mlflow_url)
         if worker:
             start_worker(config, stack)
     except BaseException:
@@ -451,17 +473,28 @@ def up(config: StackConfig, *, worker: bool = True, deploy: bool = True) -> Stac
     return stack
 
 
-def _create_automation(config: StackConfig, stack: Stack) -> None:
+def _create_pool_and_automation(config: StackConfig, stack: Stack) -> None:
+    """The ``process`` work pool (the process worker's own base job template: ``prefect
+    work-pool create`` would ask the server for the collection registry on the internet)
+    and the heartbeat automation; both left alone when they exist."""
+    from prefect.automations import Automation
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.exceptions import ObjectAlreadyExists
     from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
+    from prefect.workers.process import ProcessWorker
 
     with temporary_settings({PREFECT_API_URL: stack.prefect_api_url,
                              PREFECT_API_AUTH_STRING: config.secrets.value("prefect_auth")}):
+        with get_client(sync_client=True) as client, contextlib.suppress(ObjectAlreadyExists):
+            client.create_work_pool(WorkPoolCreate(
+                name=config.work_pool, type="process",
+                base_job_template=ProcessWorker.get_default_base_job_template()))
         automation = heartbeat_automation(config)
-        with contextlib.suppress(ValueError):
-            Automation = type(automation)
+        try:
             Automation.read(name=automation.name)
-            return
-        automation.create()
+        except ValueError:
+            automation.create()
 
 
 def load_stack(state_dir: Path) -> Stack:
