@@ -111,7 +111,7 @@ class StackConfig(BaseModel):
     databases: Databases = Databases()
     state_dir: Path = Path("~/.kernelgate/stack")
     work_pool: str = "kernelgate-process"
-    rollout_slot_lease_s: float = Field(60, ge=30, le=86400)
+    rollout_slot_lease_s: float = Field(60, ge=60, le=86400)
     heartbeat_s: int = Field(30, ge=30, le=3600)
     scheduler_loop_s: int = Field(60, ge=1, le=3600)
     prefect_ui: bool = True

@@ -338,26 +338,23 @@ def test_nightly_schedule_fires_on_the_server(stack, env, prefect, testset, tmp_
     store = tmp_path_factory.mktemp("nightly-store")
     deployment = prefect.read_deployment_by_name("kernelgate-revalidate-production/nightly-revalidation")
     assert [s.schedule.cron for s in deployment.schedules] == ["0 2 * * *"]
-    at = (time.time() + 10)
-    start = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(at))
     settings = sv.tiny_settings("svc-a", testset, store)
     settings.pop("family"), settings.pop("implementation")
-    prefect.create_deployment_schedules(deployment.id, [(
-        RRuleSchedule(rrule=f"DTSTART:{start}\nRRULE:FREQ=DAILY;COUNT=1", timezone="UTC"), True)])
-    prefect.update_deployment_schedule(deployment.id, prefect.read_deployment_schedules(
-        deployment.id)[-1].id, active=True)
     # the schedule's run carries the deployment's parameters: point them at this test's family
     from prefect.client.schemas.actions import DeploymentUpdate
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
 
     prefect.update_deployment(deployment.id, DeploymentUpdate(
         parameters={"family": "svc-a", "settings": settings}))
+    at = time.time() + 20
+    prefect.create_deployment_schedules(deployment.id, [(RRuleSchedule(
+        rrule=f"DTSTART:{time.strftime('%Y%m%dT%H%M%S', time.gmtime(at))}\nRRULE:FREQ=DAILY;COUNT=1",
+        timezone="UTC"), True)])
     deadline = time.monotonic() + 120
-    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
-
     while True:
         runs = [r for r in prefect.read_flow_runs(
             deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment.id])))
-            if r.auto_scheduled]
+            if r.auto_scheduled and r.expected_start_time.timestamp() < at + 60]
         if runs:
             break
         assert time.monotonic() < deadline, "the scheduler created no run"
