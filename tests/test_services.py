@@ -111,24 +111,6 @@ def test_mlflow_server_down_at_start_fails_within_seconds_naming_it(tmp_path, mo
     sv.report("mlflow_down_at_start", {"exit_code": result.exit_code, "seconds": round(took, 2)})
 
 
-def test_stack_refuses_to_start_without_its_secrets(tmp_path, monkeypatch):
-    config = sv.test_config(tmp_path)
-    for name, value in st.random_secrets(config).items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.delenv(config.secrets.pipeline)
-    with pytest.raises(st.StackError, match=config.secrets.pipeline):
-        st.up(config)
-    assert not (tmp_path / st.STATE_FILE).exists()
-
-
-def test_stack_config_is_validated(tmp_path):
-    path = tmp_path / "stack.yaml"
-    path.write_text(yaml.safe_dump({"prefect_port": 70000}))
-    with pytest.raises(ValueError, match="prefect_port"):
-        st.StackConfig.load(path)
-    assert st.StackConfig.load(sv.ROOT / "stack.yaml").work_pool == "kernelgate-process"
-
-
 def test_servers_run_on_postgresql_with_accounts(stack):
     config, running, up_s = stack
     for url in (running.prefect_api_url + "/health", running.mlflow_url + "/health"):
