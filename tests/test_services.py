@@ -15,6 +15,7 @@ import os
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -460,17 +461,16 @@ def test_backup_and_restore_drill(stack, as_account, tmp_path, monkeypatch):
 
 
 @pytest.fixture
-def private_postgres(tmp_path):
+def private_postgres():
     """A PostgreSQL server of this test's own (initdb in a temporary folder, an ephemeral
     port, run as ``nobody`` when we are root), so that it can be restarted."""
     pg_bin = Path("/usr/lib/postgresql/15/bin")
     if not (pg_bin / "initdb").exists():
         pytest.skip("PostgreSQL 15 server binaries not installed")
-    folder = tmp_path / "pg"
-    folder.mkdir()
+    # not under pytest's 0700 temporary folders: `nobody` must reach it
+    folder = Path(tempfile.mkdtemp(prefix="kgsvc-pg-"))
     user = ["runuser", "-u", "nobody", "--"] if os.geteuid() == 0 else []
     if user:
-        shutil.chown(tmp_path, "nobody")
         shutil.chown(folder, "nobody")
     port = st.free_port()
     data = folder / "data"
@@ -489,6 +489,7 @@ def private_postgres(tmp_path):
     finally:
         with contextlib.suppress(subprocess.SubprocessError):
             ctl("-m", "immediate", "stop")
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def test_postgres_restarted_under_a_running_rollout(stack, env, prefect, testset, private_postgres,
