@@ -25,7 +25,6 @@ import signal
 import subprocess
 import sys
 import time
-from datetime import timedelta
 from pathlib import Path
 
 from flows.stack_config import (  # noqa: F401 - re-exported: one module for callers
@@ -41,6 +40,7 @@ from flows.stack_config import (  # noqa: F401 - re-exported: one module for cal
     describe,
     drop_database,
     free_port,
+    heartbeat_automation,
     load_stack,
     mlflow_auth_ini,
     prefect_server_env,
@@ -190,32 +190,6 @@ def _prefect_cli(args: list[str], env: dict[str, str], timeout_s: float = 180) -
     return done.stdout
 
 
-def heartbeat_automation(config: StackConfig):
-    """The automation that marks a flow run CRASHED when its heartbeat stops (Prefect's
-    documented pattern: a proactive trigger on ``prefect.flow-run.heartbeat``)."""
-    from prefect.automations import Automation
-    from prefect.client.schemas.objects import StateType
-    from prefect.events.actions import ChangeFlowRunState
-    from prefect.events.schemas.automations import EventTrigger, Posture
-
-    return Automation(
-        name="kernelgate-crash-zombie-flow-runs",
-        trigger=EventTrigger(
-            after={"prefect.flow-run.heartbeat"},
-            expect={"prefect.flow-run.heartbeat", "prefect.flow-run.Completed",
-                    "prefect.flow-run.Failed", "prefect.flow-run.Cancelled",
-                    "prefect.flow-run.Crashed"},
-            match={"prefect.resource.id": ["prefect.flow-run.*"]},
-            for_each={"prefect.resource.id"},
-            posture=Posture.Proactive,
-            threshold=1,
-            within=timedelta(seconds=3 * config.heartbeat_s),
-        ),
-        actions=[ChangeFlowRunState(state=StateType.CRASHED,
-                                    message="marked crashed: no heartbeat from its worker")],
-    )
-
-
 def worker_env(config: StackConfig, stack: Stack) -> dict[str, str]:
     """Environment of a worker host: the pipeline's MLflow account, the Prefect API, the
     checkout (``KERNELGATE_HOME``), the signing key folder (on this host only)."""
@@ -308,9 +282,27 @@ def _create_pool_and_automation(config: StackConfig, stack: Stack) -> None:
             automation.create()
 
 
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid`` (read from /proc; a flow run the process worker
+    started sits in a session of its own, out of reach of the worker's process group)."""
+    found, frontier = [], [pid]
+    while frontier:
+        parent = frontier.pop()
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                if int(fields[1]) == parent:
+                    found.append(int(entry.name))
+                    frontier.append(int(entry.name))
+    return found
+
+
 def stop_process(pid: int, timeout_s: float = 15, sig: int = signal.SIGTERM) -> None:
-    """Stop a process started by ``up`` and its whole session (its children too):
-    ``sig``, then SIGKILL after ``timeout_s`` seconds."""
+    """Stop a process started by ``up``, its whole session and every descendant (flow
+    runs a worker started included): ``sig``, then SIGKILL after ``timeout_s`` seconds."""
+    family = descendants(pid)
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, sig)
     deadline = time.monotonic() + timeout_s
@@ -318,6 +310,9 @@ def stop_process(pid: int, timeout_s: float = 15, sig: int = signal.SIGTERM) -> 
         time.sleep(0.2)
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
+    for child in family:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(child, signal.SIGKILL)
     while _alive(pid):
         time.sleep(0.1)
 

@@ -8,6 +8,7 @@ import json
 import os
 import secrets
 import socket
+from datetime import timedelta
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -241,3 +242,29 @@ def describe(stack: Stack) -> str:
     return json.dumps({"prefect_api_url": stack.prefect_api_url, "mlflow_url": stack.mlflow_url,
                        "pids": stack.pids, "logs": {k: str(v) for k, v in stack.logs.items()}},
                       indent=1)
+
+
+def heartbeat_automation(config: StackConfig):
+    """The automation that marks a flow run CRASHED when its heartbeat stops (Prefect's
+    documented pattern: a proactive trigger on ``prefect.flow-run.heartbeat``)."""
+    from prefect.automations import Automation
+    from prefect.client.schemas.objects import StateType
+    from prefect.events.actions import ChangeFlowRunState
+    from prefect.events.schemas.automations import EventTrigger, Posture
+
+    return Automation(
+        name="kernelgate-crash-zombie-flow-runs",
+        trigger=EventTrigger(
+            after={"prefect.flow-run.heartbeat"},
+            expect={"prefect.flow-run.heartbeat", "prefect.flow-run.Completed",
+                    "prefect.flow-run.Failed", "prefect.flow-run.Cancelled",
+                    "prefect.flow-run.Crashed"},
+            match={"prefect.resource.id": ["prefect.flow-run.*"]},
+            for_each={"prefect.resource.id"},
+            posture=Posture.Proactive,
+            threshold=1,
+            within=timedelta(seconds=3 * config.heartbeat_s),
+        ),
+        actions=[ChangeFlowRunState(state=StateType.CRASHED,
+                                    message="marked crashed: no heartbeat from its worker")],
+    )

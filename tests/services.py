@@ -3,7 +3,6 @@ databases and ephemeral ports, tiny rollout parameters, and waiting on flow runs
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
@@ -82,22 +81,6 @@ def wait_state(client, flow_run_id: str, states: set[str], timeout_s: float, pol
         assert kind not in final, f"flow run {flow_run_id} ended {run.state}"
         assert time.monotonic() < deadline, f"flow run {flow_run_id} still {run.state}"
         time.sleep(poll_s)
-
-
-def children(pid: int) -> list[int]:
-    """Every descendant of ``pid`` (from /proc), deepest last."""
-    found, frontier = [], [pid]
-    while frontier:
-        parent = frontier.pop()
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            with contextlib.suppress(OSError):
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-                if int(fields[1]) == parent:
-                    found.append(int(entry.name))
-                    frontier.append(int(entry.name))
-    return found
 
 
 def report(section: str, figures: dict) -> None:

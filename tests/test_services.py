@@ -357,7 +357,7 @@ def test_nightly_schedule_fires_on_the_server(stack, env, prefect, testset, tmp_
 
 
 def _kill_tree(pid: int) -> list[int]:
-    victims = [pid, *sv.children(pid)]
+    victims = [pid, *st.descendants(pid)]
     for victim in victims:
         with contextlib.suppress(ProcessLookupError):
             os.kill(victim, signal.SIGKILL)
