@@ -201,7 +201,8 @@ def test_rollouts_through_the_worker(stack, env, prefect, testset, tmp_path_fact
                     [parent.info.experiment_id],
                     filter_string=(f"tags.`{tags.STAGE}` = 'evaluation' and "
                                    f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'"))}
-    assert compared_with(a1) == {"none"} and "xla" in compared_with(a2)
+    # (the evaluation names what it compared with as "<implementation>@v<version>")
+    assert compared_with(a1) == {"none"} and f"xla@v{v1}" in compared_with(a2)
     # results landed on the MLflow server; its artifact root holds them
     assert len(list(running.artifact_root.rglob("outcome.json"))) >= 3
     sv.report("rollouts", {"flow_runs": 3, "families": 2, "wall_s": round(wall_s, 1),
