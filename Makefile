@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 STAMP := $(VENV)/.installed
 
-.PHONY: help venv run test test-slow attacks lint bench ui clean
+.PHONY: help venv run test test-slow test-services attacks lint bench ui stack stack-down clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -30,6 +30,12 @@ test: $(STAMP)  ## the test suite (CPU; slow tests excluded)
 test-slow: $(STAMP)  ## only the slow tests (large interpret-mode shapes)
 	$(PY) -m pytest -q -m slow
 
+test-services: $(STAMP)  ## servers on PostgreSQL (tests marked services); writes reliability/services.json
+	mkdir -p reliability
+	rm -f reliability/services.json
+	KERNELGATE_SERVICES_REPORT=reliability/services.json $(PY) -m pytest -q -m services tests/test_services.py
+	$(PY) -m tests.services reliability/services.json
+
 attacks: $(STAMP)  ## replay the attacks on the evidence; writes reliability/attacks.json (RELIABILITY.md)
 	mkdir -p reliability
 	KERNELGATE_ATTACK_REPORT=reliability/attacks.json $(PY) -m pytest -q tests/test_attacks.py
@@ -40,6 +46,12 @@ lint: $(STAMP)  ## ruff
 
 bench: $(STAMP)  ## kernel benchmark (tiny interpret-mode shapes on CPU; full table on a GPU)
 	$(PY) -m kernels.bench
+
+stack: $(STAMP)  ## the server profile of stack.yaml: Prefect + MLflow on PostgreSQL, work pool, worker
+	$(VENV)/bin/kernelgate stack up
+
+stack-down: $(STAMP)  ## stop what `make stack` started
+	$(VENV)/bin/kernelgate stack down
 
 ui: $(STAMP)  ## open the MLflow UI on the local store
 	$(VENV)/bin/kernelgate ui

@@ -55,10 +55,14 @@ BlockKV = Annotated[int | None, typer.Option(min=1, help="key/value block size (
 from flows.cli_keys import KeyDir, check_name, keys_app  # noqa: E402
 
 app.add_typer(keys_app, name="keys")
+from flows.cli_stack import stack_app  # noqa: E402
+
+app.add_typer(stack_app, name="stack")
 
 
 def _tracking(store_dir: Path, *, must_exist: bool):
     """The store, checked reachable within seconds (naming it) before any work."""
+    _fail_fast_if_down()
     from lineage import tracking as tr
 
     if not os.environ.get("MLFLOW_TRACKING_URI") and must_exist and not (store_dir / "mlflow.db").exists():
@@ -71,6 +75,21 @@ def _tracking(store_dir: Path, *, must_exist: bool):
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(1) from None
     return tracking
+
+
+def _fail_fast_if_down() -> None:
+    """A tracking server (``MLFLOW_TRACKING_URI``) that does not answer: say so, naming it,
+    within seconds (before JAX or MLflow is imported), and exit 1."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI", "")
+    if not uri.startswith(("http://", "https://")):
+        return
+    from lineage.store import StoreUnreachable, Tracking, check_reachable
+
+    try:
+        check_reachable(Tracking(tracking_uri=uri))
+    except StoreUnreachable as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(1) from None
 
 
 def _families(tracking) -> list[str]:
@@ -93,6 +112,7 @@ def _existing_family(tracking, family: str | None) -> str:
 def _settings(implementation: str, thresholds: Path, store_dir: Path, block_q: int | None,
               block_kv: int | None, family: str | None, new_family: bool,
               key_dir: Path | None, **extra):
+    _fail_fast_if_down()
     import kernels
     from flows.judge import BUILD_SHAPE
     from flows.settings import RolloutSettings

@@ -6,12 +6,17 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import Iterator
 
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
-from prefect.exceptions import MissingContextError
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+from prefect.concurrency.sync import concurrency
+from prefect.exceptions import MissingContextError, ObjectAlreadyExists, ObjectNotFound
+from prefect.settings import PREFECT_API_URL
 
 import kernels
 from evaluation.model import MiniLM
@@ -90,17 +95,62 @@ def open_rollout(settings: RolloutSettings, *, stage: str = "rollout", family: s
     return RolloutState(settings=settings, record=record)
 
 
+SLOT_LEASE_S = float(os.environ.get("KERNELGATE_ROLLOUT_SLOT_LEASE_S", "300"))
+"""Lease of a rollout's slot in its family's queue (seconds): renewed while the rollout
+lives; a killed rollout's slot frees this long after its last renewal."""
+
+
+def slot_name(family: str) -> str:
+    """The Prefect global concurrency limit that queues rollouts of ``family``."""
+    return f"kernelgate-rollout-{family}"
+
+
+@contextlib.contextmanager
+def family_slot(family: str, *, timeout_s: float | None = None) -> Iterator[bool]:
+    """Hold the family's one slot in a Prefect global concurrency limit (created with
+    limit 1 when missing) while a rollout runs against a tracking server and a Prefect
+    server: a second rollout of the family waits here, and then judges against whatever
+    the first promoted. Yields True when a slot is held; False on the embedded store
+    (where ``lineage.rollout.family_lock`` queues instead) or without a Prefect server.
+
+    Holding the slot means every other rollout of the family has ended or died (a
+    slot's lease lapses ``SLOT_LEASE_S`` seconds after its holder stops renewing it).
+
+    Raises:
+        TimeoutError: no slot within ``timeout_s`` seconds (``None``: wait).
+    """
+    if not os.environ.get("MLFLOW_TRACKING_URI") or not PREFECT_API_URL.value():
+        yield False
+        return
+    name = slot_name(family)
+    with get_client(sync_client=True) as client:
+        try:
+            client.read_global_concurrency_limit_by_name(name)
+        except ObjectNotFound:
+            with contextlib.suppress(ObjectAlreadyExists):
+                client.create_global_concurrency_limit(
+                    GlobalConcurrencyLimitCreate(name=name, limit=1))
+    run_logger().info("waiting for the %s slot (one rollout of %s at a time)", name, family)
+    with concurrency(name, occupy=1, timeout_seconds=timeout_s, lease_duration=SLOT_LEASE_S,
+                     strict=True):
+        run_logger().info("holding the %s slot", name)
+        yield True
+
+
 @contextlib.contextmanager
 def rollout_session(settings: RolloutSettings, *, stage: str = "rollout",
                     family: str | None = None, clear_stale_aliases: bool = True,
                     run_name: str | None = None) -> Iterator[RolloutState]:
-    """A rollout's whole life: the family's lock held (on an embedded store), the record
+    """A rollout's whole life: the family's lock held (on an embedded store) or its slot
+    in the family's Prefect concurrency limit (on a tracking server), the record
     opened, and on any exception the record closed before the exception propagates
     (production untouched, no alias left on the unfinished version, the parent run
     FAILED — or, after a completed promotion, a note that only bookkeeping failed)."""
     family = family or family_of(settings)
-    with rollout.family_lock(settings.store_dir, family) as locked:
-        state = open_rollout(settings, stage=stage, family=family, owner_is_dead=locked,
+    with (rollout.family_lock(settings.store_dir, family) as locked,
+          family_slot(family) as slotted):
+        state = open_rollout(settings, stage=stage, family=family,
+                             owner_is_dead=locked or slotted,
                              clear_stale_aliases=clear_stale_aliases, run_name=run_name)
         try:
             yield state

@@ -11,9 +11,12 @@ import functools
 import os
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from mlflow import MlflowClient
 from pydantic import BaseModel, ConfigDict
+
+if TYPE_CHECKING:  # MLflow is imported on first use: `check_reachable` answers in seconds
+    from mlflow import MlflowClient
 
 # Background logging would let a run end before its tags are written; off for a record store.
 os.environ.setdefault("MLFLOW_ENABLE_ASYNC_LOGGING", "false")
@@ -85,6 +88,8 @@ class _RetryingClient:
 
 @functools.lru_cache(maxsize=16)
 def _client(uri: str) -> MlflowClient:
+    from mlflow import MlflowClient
+
     return _RetryingClient(MlflowClient(tracking_uri=uri, registry_uri=uri))
 
 

@@ -18,3 +18,15 @@ def test_reliability_attack_table_is_the_committed_make_attacks_output():
     assert all(row["caught"] for row in report["attacks"]), "an attack was not caught"
     kinds = {row["kind"] for row in report["attacks"]}
     assert kinds == set(range(1, 10)), f"kinds without an attack: {set(range(1, 10)) - kinds}"
+
+
+def test_reliability_servers_table_is_the_committed_make_test_services_output():
+    from tests.services import table as servers_table
+
+    report = json.loads((ROOT / "reliability" / "services.json").read_text())
+    text = (ROOT / "RELIABILITY.md").read_text()
+    shown = text.split("<!-- servers-table: from reliability/services.json -->")[1].split("\n\n")[0]
+    assert shown.strip() == servers_table(report).strip()
+    load = report["load"]
+    assert load["metric_points_read_back"] == load["metric_points_written"] > 0
+    assert load["tags_read_back"] == load["tags_written"] > 0

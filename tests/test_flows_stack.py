@@ -1,0 +1,60 @@
+"""The server profile's configuration and command line, without starting servers (those
+are ``tests/test_services.py``, marked ``services``)."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from flows import stack as st
+from flows.cli import app
+from tests import services as sv
+
+
+def test_the_committed_stack_file_validates_and_holds_no_secret():
+    config = st.StackConfig.load(sv.ROOT / "stack.yaml")
+    assert config.work_pool == "kernelgate-process"
+    text = (sv.ROOT / "stack.yaml").read_text().lower()
+    assert "password:" not in text and "auth_string" not in text
+    assert config.database_url("x", "asyncpg").startswith("postgresql+asyncpg://")
+
+
+def test_stack_config_is_validated(tmp_path):
+    path = tmp_path / "stack.yaml"
+    path.write_text(yaml.safe_dump({"prefect_port": 70000}))
+    with pytest.raises(ValueError, match="prefect_port"):
+        st.StackConfig.load(path)
+    path.write_text(yaml.safe_dump({"rollout_slot_lease_s": 10}))  # Prefect's minimum is 60
+    with pytest.raises(ValueError, match="rollout_slot_lease_s"):
+        st.StackConfig.load(path)
+    path.write_text(yaml.safe_dump({"databases": {"mlflow": "x; DROP DATABASE y"}}))
+    with pytest.raises(ValueError, match="mlflow"):
+        st.StackConfig.load(path)
+
+
+def test_stack_refuses_to_start_without_its_secrets(tmp_path, monkeypatch):
+    config = sv.test_config(tmp_path)
+    for name, value in st.random_secrets(config).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv(config.secrets.pipeline)
+    with pytest.raises(st.StackError, match=config.secrets.pipeline):
+        st.up(config)
+    assert not (tmp_path / st.STATE_FILE).exists()
+
+
+def test_mlflow_accounts_default_to_read_only(tmp_path, monkeypatch):
+    config = sv.test_config(tmp_path)
+    monkeypatch.setenv(config.secrets.mlflow_admin, "admin-secret")
+    ini = st.mlflow_auth_ini(config)
+    assert "default_permission = READ" in ini and "admin_password = admin-secret" in ini
+    assert f"/{config.databases.mlflow_auth}" in ini and "auth_cache_ttl_seconds" in ini
+
+
+def test_stack_commands_without_a_running_stack(tmp_path):
+    path = tmp_path / "stack.yaml"
+    path.write_text(yaml.safe_dump({"state_dir": str(tmp_path / "state")}))
+    status = CliRunner().invoke(app, ["stack", "status", "--config", str(path)])
+    assert status.exit_code == 1 and "no stack is running" in status.output
+    down = CliRunner().invoke(app, ["stack", "down", "--config", str(path)])
+    assert down.exit_code == 0 and "nothing was running" in down.output

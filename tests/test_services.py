@@ -1,0 +1,556 @@
+"""The server profile for real: Prefect server and MLflow tracking server (basic-auth)
+on PostgreSQL, started by ``flows.stack.up`` on ephemeral ports and databases of their
+own, rollouts run by a worker from ``prefect deployment run``, accounts, faults.
+
+Run with ``make test-services`` (figures into ``reliability/services.json``). Kernels
+are tiny (XLA on one 128-token shape): these tests are about the servers.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import requests
+import yaml
+from typer.testing import CliRunner
+
+from flows import stack as st
+from lineage import registry, tags
+from lineage.tracking import Tracking
+from tests import services as sv
+
+pytestmark = pytest.mark.services
+
+RUN_TIMEOUT_S = 1200
+"""How long a tiny rollout may take here: 2 to 3 minutes alone on the 2-core host, up
+to 8 when it shares the cores with the other rollouts and the servers."""
+
+
+@pytest.fixture(scope="module")
+def testset(tmp_path_factory):
+    from evaluation.testset import build_testset
+
+    folder = tmp_path_factory.mktemp("svc-testset")
+    build_testset(folder, profile="ci")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    """The whole profile, up for the module; stopped and its databases dropped after."""
+    config = sv.test_config(tmp_path_factory.mktemp("stack"))
+    values = st.random_secrets(config)
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    started = time.monotonic()
+    try:
+        running = st.up(config)
+        running_s = time.monotonic() - started
+        yield config, running, running_s
+    finally:
+        st.down(config.state_dir)
+        for name in config.databases.model_dump().values():
+            st.drop_database(config, name)
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@pytest.fixture(scope="module")
+def env(stack):
+    config, running, _ = stack
+    return running.client_env("pipeline", config)
+
+
+@pytest.fixture(scope="module")
+def prefect(stack):
+    """A Prefect client of the stack's server (with its auth string)."""
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
+
+    config, running, _ = stack
+    with temporary_settings({PREFECT_API_URL: running.prefect_api_url,
+                             PREFECT_API_AUTH_STRING: config.secrets.value("prefect_auth")}), \
+            get_client(sync_client=True) as client:
+        yield client
+
+
+@pytest.fixture
+def as_account(stack, monkeypatch):
+    """Switch this process's MLflow credentials to an account; returns its Tracking."""
+    config, running, _ = stack
+
+    def use(account: str) -> Tracking:
+        for key, value in running.client_env(account, config).items():
+            monkeypatch.setenv(key, value)
+        return Tracking(tracking_uri=running.mlflow_url)
+    return use
+
+
+def test_mlflow_server_down_at_start_fails_within_seconds_naming_it(tmp_path, monkeypatch):
+    from flows.cli import app
+
+    uri = f"http://127.0.0.1:{st.free_port()}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    started = time.monotonic()
+    result = CliRunner().invoke(app, ["rollout", "--implementation", "xla",
+                                      "--store-dir", str(tmp_path / "store")])
+    took = time.monotonic() - started
+    assert result.exit_code == 1, result.output
+    assert uri in result.output and "does not answer" in result.output
+    assert took < 10
+    assert not (tmp_path / "store").exists()
+    sv.report("mlflow_down_at_start", {"exit_code": result.exit_code, "seconds": round(took, 2)})
+
+
+def test_servers_run_on_postgresql_with_accounts(stack):
+    config, running, up_s = stack
+    for url in (running.prefect_api_url + "/health", running.mlflow_url + "/health"):
+        assert requests.get(url, timeout=5).status_code == 200
+    # Prefect refuses a client without the auth string; MLflow a client without an account.
+    assert requests.get(running.prefect_api_url + "/flow_runs/filter", timeout=5).status_code in (401, 405)
+    assert requests.post(running.prefect_api_url + "/flow_runs/filter", json={},
+                         timeout=5).status_code == 401
+    assert requests.get(running.mlflow_url + "/api/2.0/mlflow/experiments/search",
+                        params={"max_results": 1}, timeout=5).status_code == 401
+    import psycopg2
+
+    with psycopg2.connect(config.database_url(config.databases.mlflow)) as conn, conn.cursor() as cur:
+        cur.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'runs'")
+        assert cur.fetchone()[0] == 1
+    sv.report("stack_up", {"seconds": round(up_s, 1)})
+
+
+def _rollout_run(tracking: Tracking, family: str, flow_run_name: str | None = None):
+    from lineage import tracking as tr
+
+    experiment = tracking.client().get_experiment_by_name(tr.experiment_name(family))
+    if experiment is None:
+        return []
+    return tracking.client().search_runs([experiment.experiment_id],
+                                         filter_string=f"tags.`{tags.STAGE}` = 'rollout'",
+                                         order_by=["attributes.start_time ASC"])
+
+
+def test_rollouts_through_the_worker(stack, env, prefect, testset, tmp_path_factory, as_account):
+    """Two families at once; two of one family queued by its concurrency limit (the second
+    judged against what the first promoted); approval through the server's API."""
+    from prefect.flow_runs import resume_flow_run
+
+    config, running, _ = stack
+    store = tmp_path_factory.mktemp("worker-store")
+    tracking = as_account("auditor")
+    approval = store / "approval.yaml"
+    data = yaml.safe_load(sv.THRESHOLDS.read_text())
+    data["approval"].update(required_for=["canary->production"], timeout_s=600)
+    approval.write_text(yaml.safe_dump(data))
+
+    started = time.monotonic()
+    first = sv.deployment_run(env, "kernelgate-rollout/candidate-rollout",
+                              sv.tiny_settings("svc-a", testset, store))
+    other = sv.deployment_run(env, "kernelgate-rollout/candidate-rollout",
+                              sv.tiny_settings("svc-b", testset, store, thresholds=approval))
+    # the second of svc-a once the first holds the family's slot (its rollout run exists)
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while not _rollout_run(tracking, "svc-a"):
+        assert time.monotonic() < deadline, "the first rollout never opened its record"
+        time.sleep(1)
+    second = sv.deployment_run(env, "kernelgate-rollout/candidate-rollout",
+                               sv.tiny_settings("svc-a", testset, store))
+
+    paused = sv.wait_state(prefect, other, {"PAUSED"}, timeout_s=RUN_TIMEOUT_S)
+    assert paused.state.state_details.pause_key.startswith("approval-canary-to-production")
+    resume_flow_run(other, run_input={"approve": True, "approver": "release manager",
+                                      "comment": "approved through the Prefect API"})
+    for run_id in (first, second, other):
+        sv.wait_state(prefect, run_id, {"COMPLETED"}, timeout_s=RUN_TIMEOUT_S)
+    wall_s = time.monotonic() - started
+
+    a1, a2 = _rollout_run(tracking, "svc-a")
+    (b,) = _rollout_run(tracking, "svc-b")
+    for run in (a1, a2, b):
+        assert run.data.tags[tags.RESULT] == "promoted", run.data.tags
+    # svc-b ran alongside the first svc-a; the second svc-a only after the first ended
+    assert b.info.start_time < a1.info.end_time and a1.info.start_time < b.info.end_time
+    assert a2.info.start_time >= a1.info.end_time
+    outcomes = [json.loads(Path(tracking.client().download_artifacts(
+        run.info.run_id, tags.OUTCOME_ARTIFACT, str(store / f"dl-{run.info.run_id}"))).read_text())
+        for run in (a1, a2)]
+    v1, v2 = (o["version"] for o in outcomes)
+    assert v1 != v2 and registry.alias_version(tracking, "svc-a", "production") == v2
+    # the second was judged against what the first promoted: its evaluation compared with
+    # v1's kernel, and the promotion's compare-and-swap expected v1
+    name = registry.registered_model_name("svc-a")
+    assert tracking.client().get_registered_model(name).tags[tags.PREVIOUS_PRODUCTION] == v1
+    def compared_with(parent) -> set[str]:
+        return {r.data.tags.get(tags.PRODUCTION_IMPLEMENTATION) for r in
+                tracking.client().search_runs(
+                    [parent.info.experiment_id],
+                    filter_string=(f"tags.`{tags.STAGE}` = 'evaluation' and "
+                                   f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'"))}
+    # (the evaluation names what it compared with as "<implementation>@v<version>")
+    assert compared_with(a1) == {"none"} and f"xla@v{v1}" in compared_with(a2)
+    # results landed on the MLflow server; its artifact root holds them
+    assert len(list(running.artifact_root.rglob("outcome.json"))) >= 3
+    sv.report("rollouts", {"flow_runs": 3, "families": 2, "wall_s": round(wall_s, 1),
+                           "svc_b_overlapped_svc_a": True, "second_waited_s": round(
+                               (a2.info.start_time - a1.info.start_time) / 1000, 1),
+                           "approval": "resumed through the Prefect API"})
+
+
+def _denied(call) -> str:
+    from mlflow.exceptions import MlflowException
+
+    with pytest.raises(MlflowException) as err:
+        call()
+    text = str(err.value)
+    assert err.value.get_http_status_code() == 403 or "PERMISSION_DENIED" in text, text
+    return text
+
+
+def test_auditor_reads_everything_and_changes_nothing(stack, as_account, signing):
+    from lineage import rollout
+
+    tracking = as_account("auditor")
+    client = tracking.client()
+    name = registry.registered_model_name("svc-a")
+    production = registry.alias_version(tracking, "svc-a", "production")
+    assert production is not None  # the auditor reads the registry
+    (run, *_) = _rollout_run(tracking, "svc-a")
+    before = (client.get_run(run.info.run_id).data.tags, registry.aliases(tracking, "svc-a"))
+    denied = [
+        _denied(lambda: client.set_registered_model_alias(name, "production", "1")),
+        _denied(lambda: client.delete_registered_model_alias(name, "production")),
+        _denied(lambda: client.set_tag(run.info.run_id, tags.RESULT, "rejected")),
+        _denied(lambda: client.set_model_version_tag(name, production, tags.NOTE, "edited")),
+        _denied(lambda: client.delete_run(run.info.run_id)),
+    ]
+    # the pipeline cannot be run with the auditor's credentials: its first write is refused
+    runs_before = len(_rollout_run(tracking, "svc-a"))
+    denied.append(_denied(lambda: rollout.open_rollout(
+        tracking, family="svc-a", implementation="xla", backend="cpu",
+        work_root=Path(stack[1].state_dir / "auditor-work"), signing=signing)))
+    assert len(_rollout_run(tracking, "svc-a")) == runs_before
+    after = (client.get_run(run.info.run_id).data.tags, registry.aliases(tracking, "svc-a"))
+    assert after == before
+    assert client.get_run(run.info.run_id).info.lifecycle_stage == "active"
+
+    manager = as_account("release-manager").client()
+    assert manager.get_registered_model(name).name == name  # reads
+    denied.append(_denied(lambda: manager.set_registered_model_alias(name, "production", "1")))
+    sv.report("accounts", {"auditor_refused_writes": 6, "release_manager_refused_writes": 1,
+                           "all_403": len(denied) == 7})
+
+
+def test_stale_promotion_is_refused_when_the_queue_is_bypassed(stack, as_account):
+    """A promotion judged against an older production (as a rollout that skipped the
+    family's queue would make) is refused by the registry's compare-and-swap."""
+    from lineage import keys
+    from lineage.attestations import Signing
+
+    tracking = as_account("pipeline")
+    key_dir = stack[1].key_dir  # the worker host's key: this process stands in for a worker
+    signing = Signing(signer=keys.load_signer(keys.ensure_pipeline_key(key_dir)),
+                      trust=keys.folder_trust(key_dir))
+    production = registry.alias_version(tracking, "svc-a", "production")
+    older = str(int(production) - 1)
+    decision = tracking.client().get_model_version(
+        registry.registered_model_name("svc-a"), older).tags.get(tags.DECISION_RUN_ID, "")
+    with pytest.raises(registry.PromotionRefused, match="judged against"):
+        registry.promote(tracking, "svc-a", older, decision_run_id=decision,
+                         expected_previous=None, signing=signing)
+    assert registry.alias_version(tracking, "svc-a", "production") == production
+    sv.report("stale_promotion", {"refused": True, "production_unchanged": True})
+
+
+def test_twenty_runs_log_concurrently_without_loss(stack, as_account):
+    """20 evaluation-like runs log metrics and tags at once against the MLflow server;
+    every one is read back."""
+
+    tracking = as_account("pipeline")
+    client = tracking.client()
+    experiment = client.create_experiment(f"kernelgate-load-{uuid.uuid4().hex[:8]}")
+    runs, metrics, steps, tag_count = 20, 10, 5, 10
+
+    def one(i: int) -> str:
+        run = client.create_run(experiment, run_name=f"load-{i}")
+        rid = run.info.run_id
+        for step in range(steps):
+            for m in range(metrics):
+                client.log_metric(rid, f"m{m}", i * 1000 + m * 10 + step, step=step)
+        for t in range(tag_count):
+            client.set_tag(rid, f"t{t}", f"{i}-{t}")
+        client.set_terminated(rid)
+        return rid
+
+    started = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(runs) as pool:
+        ids = list(pool.map(one, range(runs)))
+    took = time.monotonic() - started
+    points = written_tags = 0
+    for i, rid in enumerate(ids):
+        run = client.get_run(rid)
+        for m in range(metrics):
+            history = client.get_metric_history(rid, f"m{m}")
+            assert sorted(p.value for p in history) == [i * 1000 + m * 10 + s for s in range(steps)]
+            points += len(history)
+        got = {k: v for k, v in run.data.tags.items() if k.startswith("t")}
+        assert got == {f"t{t}": f"{i}-{t}" for t in range(tag_count)}
+        written_tags += len(got)
+        assert run.info.status == "FINISHED"
+    assert points == runs * metrics * steps and written_tags == runs * tag_count
+    sv.report("load", {"runs": runs, "metric_points_written": runs * metrics * steps,
+                       "metric_points_read_back": points, "tags_written": runs * tag_count,
+                       "tags_read_back": written_tags, "seconds": round(took, 1)})
+
+
+def test_nightly_schedule_fires_on_the_server(stack, env, prefect, testset, tmp_path_factory,
+                                              as_account):
+    """The nightly deployment's schedule, overridden to fire once in a few seconds, makes
+    the server create a run that the worker executes (re-validation of production)."""
+    from prefect.client.schemas.schedules import RRuleSchedule
+
+    store = tmp_path_factory.mktemp("nightly-store")
+    deployment = prefect.read_deployment_by_name("kernelgate-revalidate-production/nightly-revalidation")
+    assert [s.schedule.cron for s in deployment.schedules] == ["0 2 * * *"]
+    settings = sv.tiny_settings("svc-a", testset, store)
+    settings.pop("family"), settings.pop("implementation")
+    # the schedule's run carries the deployment's parameters: point them at this test's family
+    from prefect.client.schemas.actions import DeploymentUpdate
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+
+    prefect.update_deployment(deployment.id, DeploymentUpdate(
+        parameters={"family": "svc-a", "settings": settings}))
+    at = time.time() + 20
+    prefect.create_deployment_schedules(deployment.id, [(RRuleSchedule(
+        rrule=f"DTSTART:{time.strftime('%Y%m%dT%H%M%S', time.gmtime(at))}\nRRULE:FREQ=DAILY;COUNT=1",
+        timezone="UTC"), True)])
+    deadline = time.monotonic() + 120
+    while True:
+        runs = [r for r in prefect.read_flow_runs(
+            deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment.id])))
+            if r.auto_scheduled and r.expected_start_time.timestamp() < at + 60]
+        if runs:
+            break
+        assert time.monotonic() < deadline, "the scheduler created no run"
+        time.sleep(2)
+    run = sv.wait_state(prefect, runs[0].id, {"COMPLETED"}, timeout_s=RUN_TIMEOUT_S)
+    tracking = as_account("auditor")
+    revalidations = tracking.client().search_runs(
+        [_rollout_run(tracking, "svc-a")[0].info.experiment_id],
+        filter_string=f"tags.`{tags.STAGE}` = 'revalidation'")
+    assert revalidations and revalidations[0].data.tags.get(tags.RESULT), revalidations
+    sv.report("nightly", {"scheduled_run": str(run.id), "state": run.state.type.value,
+                          "result": revalidations[0].data.tags.get(tags.RESULT)})
+
+
+def _kill_tree(pid: int) -> list[int]:
+    victims = [pid, *st.descendants(pid)]
+    for victim in victims:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(victim, signal.SIGKILL)
+    return victims
+
+
+def test_worker_killed_mid_canary(stack, env, prefect, testset, tmp_path_factory, as_account):
+    """SIGKILL the worker (and its flow-run process) while the canary runs: the heartbeat
+    automation marks the run crashed, production is unchanged, and the next rollout of
+    the family clears what it left, saying why."""
+    config, running, _ = stack
+    store = tmp_path_factory.mktemp("kill-store")
+    tracking = as_account("auditor")
+    production = registry.alias_version(tracking, "svc-a", "production")
+    slow = dict(sv.tiny_settings("svc-a", testset, store), shadow_requests=8)
+    victim = sv.deployment_run(env, "kernelgate-rollout/candidate-rollout", slow)
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while registry.alias_version(tracking, "svc-a", "canary") is None:
+        run = prefect.read_flow_run(victim)
+        assert not run.state.is_final(), f"the rollout ended before its canary: {run.state}"
+        assert time.monotonic() < deadline
+        time.sleep(0.3)
+    canary = registry.alias_version(tracking, "svc-a", "canary")
+    killed_at = time.monotonic()
+    _kill_tree(running.pids["worker"])
+    crashed = sv.wait_state(prefect, victim, {"CRASHED"}, timeout_s=300, poll_s=2)
+    crashed_after = time.monotonic() - killed_at
+    assert "heartbeat" in (crashed.state.message or ""), crashed.state
+    assert registry.alias_version(tracking, "svc-a", "production") == production
+    dead = [r for r in _rollout_run(tracking, "svc-a") if r.info.status == "RUNNING"]
+    assert len(dead) == 1  # the killed rollout's record is still open
+
+    st.start_worker(config, running)
+    nxt = sv.deployment_run(env, "kernelgate-rollout/candidate-rollout",
+                            sv.tiny_settings("svc-a", testset, store))
+    sv.wait_state(prefect, nxt, {"COMPLETED"}, timeout_s=RUN_TIMEOUT_S)
+    closed = tracking.client().get_run(dead[0].info.run_id)
+    assert closed.info.status == "KILLED"
+    assert "closed as KILLED" in closed.data.tags[tags.NOTE]
+    name = registry.registered_model_name("svc-a")
+    left = tracking.client().get_model_version(name, canary)
+    assert "canary" not in left.aliases or registry.alias_version(tracking, "svc-a", "canary") != canary
+    assert tags.STALE_REASON in left.tags and "did not finish" in left.tags[tags.STALE_REASON]
+    assert registry.alias_version(tracking, "svc-a", "production") != canary
+    sv.report("worker_killed_mid_canary", {
+        "crashed_after_s": round(crashed_after, 1), "crash_message": crashed.state.message,
+        "production_unchanged": True, "killed_run_closed_as": closed.info.status,
+        "stale_canary_reason": left.tags[tags.STALE_REASON]})
+
+
+def test_backup_and_restore_drill(stack, as_account, tmp_path, monkeypatch):
+    """pg_dump both databases and archive the artifact root; drop MLflow's database and
+    artifacts; restore; the audit of production passes again."""
+    from flows.cli import app
+
+    config, running, _ = stack
+    tracking = as_account("auditor")
+    before = registry.aliases(tracking, "svc-a")
+    dumps = {}
+    for db in (config.databases.prefect, config.databases.mlflow, config.databases.mlflow_auth):
+        dumps[db] = tmp_path / f"{db}.dump"
+        subprocess.run(["pg_dump", "-Fc", "-f", str(dumps[db]),
+                        config.database_url(db)], check=True, timeout=120)
+    archive = shutil.make_archive(str(tmp_path / "artifacts"), "gztar", running.artifact_root)
+
+    st.stop_process(running.pids["mlflow-server"])
+    st.drop_database(config, config.databases.mlflow)
+    shutil.rmtree(running.artifact_root)
+    st.create_database(config, config.databases.mlflow)
+    subprocess.run(["pg_restore", "--no-owner", "-d", config.database_url(config.databases.mlflow),
+                    str(dumps[config.databases.mlflow])], check=True, timeout=120)
+    shutil.unpack_archive(archive, running.artifact_root)
+    pid, log, url = st.start_mlflow_server(config, running.state_dir,
+                                           int(running.mlflow_url.rsplit(":", 1)[1]),
+                                           running.artifact_root)
+    running.pids["mlflow-server"] = pid
+    running.save()
+    assert registry.aliases(tracking, "svc-a") == before
+    # the Prefect dump restores too (into a scratch database: the server keeps running)
+    scratch = f"{config.databases.prefect}_drill"
+    st.create_database(config, scratch)
+    try:
+        subprocess.run(["pg_restore", "--no-owner", "-d", config.database_url(scratch),
+                        str(dumps[config.databases.prefect])], check=True, timeout=120)
+        import psycopg2
+
+        counts = []
+        for db in (config.databases.prefect, scratch):
+            with psycopg2.connect(config.database_url(db)) as conn, conn.cursor() as cur:
+                cur.execute("SELECT count(*) FROM flow_run")
+                counts.append(cur.fetchone()[0])
+        assert counts[0] == counts[1] > 0
+    finally:
+        st.drop_database(config, scratch)
+    result = CliRunner().invoke(app, ["audit", "production", "--family", "svc-a",
+                                      "--key-dir", str(running.key_dir), "--no-load-model"])
+    assert result.exit_code == 0, result.output
+    sv.report("backup_restore", {"databases_dumped": 3, "artifact_archive_bytes":
+                                 Path(archive).stat().st_size, "audit_exit_code": result.exit_code,
+                                 "aliases_after_restore": before, "prefect_flow_runs": counts[0]})
+
+
+@pytest.fixture
+def private_postgres():
+    """A PostgreSQL server of this test's own (initdb in a temporary folder, an ephemeral
+    port, run as ``nobody`` when we are root), so that it can be restarted."""
+    pg_bin = Path("/usr/lib/postgresql/15/bin")
+    if not (pg_bin / "initdb").exists():
+        pytest.skip("PostgreSQL 15 server binaries not installed")
+    # not under pytest's 0700 temporary folders: `nobody` must reach it
+    folder = Path(tempfile.mkdtemp(prefix="kgsvc-pg-"))
+    user = ["runuser", "-u", "nobody", "--"] if os.geteuid() == 0 else []
+    if user:
+        shutil.chown(folder, "nobody")
+    port = st.free_port()
+    data = folder / "data"
+
+    def ctl(*args: str) -> None:
+        subprocess.run([*user, str(pg_bin / "pg_ctl"), "-D", str(data), "-w", "-t", "60", *args],
+                       check=True, capture_output=True, timeout=90)
+
+    subprocess.run([*user, str(pg_bin / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres",
+                    "--no-sync"], check=True, capture_output=True, timeout=120)
+    options = f"-p {port} -k {folder} -c listen_addresses=127.0.0.1 -c fsync=off"
+    ctl("-l", str(folder / "log"), "-o", options, "start")
+    try:
+        yield f"postgresql://postgres@127.0.0.1:{port}/postgres", lambda: ctl(
+            "-l", str(folder / "log"), "-o", options, "-m", "fast", "restart")
+    finally:
+        with contextlib.suppress(subprocess.SubprocessError):
+            ctl("-m", "immediate", "stop")
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_postgres_restarted_under_a_running_rollout(stack, env, prefect, testset, private_postgres,
+                                                    tmp_path_factory, monkeypatch):
+    """The worker's rollout writes to an MLflow server whose PostgreSQL restarts in the
+    middle: the rollout retries or fails clearly, and nothing is half-written (no run left
+    RUNNING, no alias on an unfinished version, production only with its whole chain)."""
+    from flows.cli import app
+
+    config, running, _ = stack
+    url, restart = private_postgres
+    store = tmp_path_factory.mktemp("pg-restart-store")
+    own = sv.test_config(store / "stack", postgres_url=url)
+    own.state_dir.mkdir(parents=True)
+    for name in own.databases.model_dump().values():
+        st.create_database(own, name)
+    pid, _, mlflow_url = st.start_mlflow_server(own, own.state_dir, st.free_port(),
+                                                own.state_dir / "artifacts")
+    try:
+        st.create_accounts(own, mlflow_url)
+        monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "auditor")
+        monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", own.secrets.value("auditor"))
+        tracking = Tracking(tracking_uri=mlflow_url)
+        out = sv.prefect_cli(env, "deployment", "run", "kernelgate-rollout/candidate-rollout",
+                             "--params", json.dumps({"settings": sv.tiny_settings(
+                                 "svc-pg", testset, store)}),
+                             "--job-variable", "env=" + json.dumps({"MLFLOW_TRACKING_URI": mlflow_url}))
+        run_id = next(line.split("UUID:")[1].strip() for line in out.splitlines() if "UUID:" in line)
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while True:  # restart once the evaluation is being written
+            runs = _rollout_run(tracking, "svc-pg")
+            if runs and tracking.client().search_runs(
+                    [runs[0].info.experiment_id], filter_string=f"tags.`{tags.STAGE}` = 'evaluation'"):
+                break
+            assert time.monotonic() < deadline and not prefect.read_flow_run(run_id).state.is_final()
+            time.sleep(0.5)
+        restarted = time.monotonic()
+        restart()
+        restart_s = time.monotonic() - restarted
+        final = sv.wait_state(prefect, run_id, {"COMPLETED", "FAILED", "CRASHED"}, timeout_s=RUN_TIMEOUT_S)
+        (parent,) = _rollout_run(tracking, "svc-pg")
+        experiment = parent.info.experiment_id
+        assert not tracking.client().search_runs([experiment],
+                                                 filter_string="attributes.status = 'RUNNING'")
+        aliases = registry.aliases(tracking, "svc-pg")
+        result = parent.data.tags.get(tags.RESULT)
+        assert "canary" not in aliases and "shadow" not in aliases
+        if result == "promoted":
+            assert final.state.is_completed()
+            monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_url)
+            audit = CliRunner().invoke(app, ["audit", "production", "--family", "svc-pg",
+                                             "--key-dir", str(running.key_dir), "--no-load-model"])
+            assert audit.exit_code == 0, audit.output
+        else:
+            assert result == "failed" and "production" not in aliases, (result, aliases)
+            assert parent.data.tags.get(tags.NOTE), "a failure names its cause"
+        summary = (f"PostgreSQL restarted ({restart_s:.1f} s) during the evaluation; the rollout "
+                   f"{'retried and was promoted, audit clean' if result == 'promoted' else 'failed clearly: ' + parent.data.tags.get(tags.NOTE, '')[:120]}"
+                   "; no run left RUNNING, no shadow/canary alias left")
+        sv.report("postgres_restart", {"result": result, "flow_run_state": final.state.type.value,
+                                       "restart_s": round(restart_s, 1), "summary": summary})
+    finally:
+        st.stop_process(pid)
