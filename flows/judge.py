@@ -131,5 +131,6 @@ def confirm(state: RolloutState) -> GateDecision:
                                        kinds={"accuracy"})
     registry.link_confirmation(state.record.tracking, state.record.family, state.version,
                                decision_run_id)
+    state.confirmation = decision
     run_logger().info("confirmation split: %s — %s", decision.verdict, decision.summary)
     return decision
