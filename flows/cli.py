@@ -17,11 +17,13 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS",
                       "kernelgate,kernels,evaluation,gates,lineage,flows")
 
+import contextlib  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
 import re  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
+import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Annotated  # noqa: E402
 
@@ -39,7 +41,8 @@ DEFAULT_THRESHOLDS = PROJECT_DIR / "thresholds" / "local-dry-run.yaml"
 app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False)
 
 Implementation = Annotated[str, typer.Option(
-    help="candidate kernel: auto (native flash kernel of this device), pallas_tpu, pallas_gpu, "
+    help="candidate kernel: auto (the flash kernel of this device; on a CPU host the TPU kernel, "
+         "interpreted), native (what kernels.attention runs here: xla on a CPU host), pallas_tpu, pallas_gpu, "
          "pallas_mosaic_gpu (Hopper, bf16/f16), "
          "xla, cudnn, naive")]
 Thresholds = Annotated[Path, typer.Option(help="thresholds file to preregister",
@@ -98,6 +101,8 @@ def _settings(implementation: str, thresholds: Path, store_dir: Path, block_q: i
     # Fail on bad arguments before anything is logged, built or evaluated.
     try:
         name = kernels.native_flash_kernel(implementation, kernels.default_backend())
+        typer.echo(f"kernel: {kernels.why_picked(implementation, kernels.default_backend())}",
+                   err=True)
         load_thresholds(thresholds)
         config = None
         if block_q is not None or block_kv is not None:
@@ -258,6 +263,53 @@ def approve(flow_run_id: Annotated[str, typer.Argument(help="the paused rollout'
                f"signed with key {signer.public_key.keyid}")
 
 
+notifications_app = typer.Typer(help="Prefect automations that tell people what happened.",
+                                no_args_is_help=True)
+app.add_typer(notifications_app, name="notifications")
+
+
+@notifications_app.command("create")
+def notifications_create(
+        webhook: Annotated[str, typer.Option(help="URL that receives a JSON POST {subject, body}")],
+        allow_private_urls: Annotated[bool, typer.Option(
+            help="allow a webhook on localhost or a private network")] = False) -> None:
+    """Create the automations (needs PREFECT_API_URL): a rollout paused for approval, a rollout or production rolled back, a nightly run crashed or failed."""
+    from flows.notifications import create_notifications
+
+    try:
+        automations = create_notifications(webhook, allow_private_urls=allow_private_urls)
+    except ValueError as err:
+        raise typer.BadParameter(str(err), param_hint="--webhook") from None
+    for automation in automations:
+        typer.echo(f"automation {automation.id}: {automation.name}")
+
+
+@app.command(name="rollback")
+def rollback_cmd(reason: Annotated[str, typer.Option(help="why; recorded, signed, shown to auditors")],
+                 to: Annotated[int | None, typer.Option(
+                     "--to", min=1, help="earlier production version to restore (default: the "
+                     "newest earlier usable one)")] = None,
+                 requested_by: Annotated[str | None, typer.Option(
+                     help="who asks (default: $USER)")] = None,
+                 family: Family = None, store_dir: StoreDir = Path(".kernelgate")) -> None:
+    """Roll production back by hand (signed and recorded like any rollback; the Prefect UI's `manual-rollback` deployment does the same)."""
+    if len(reason.strip()) < 3:
+        raise typer.BadParameter("a rollback needs a reason", param_hint="--reason")
+    tracking = _tracking(store_dir, must_exist=True)
+    fam = _existing_family(tracking, family)
+    from flows.rollback import manual_rollback
+    from lineage.registry import PromotionRefused
+
+    try:
+        change = manual_rollback(reason=reason, requested_by=requested_by or os.environ.get(
+            "USER", "unknown"), to_version=to, family=fam, store_dir=str(store_dir))
+    except (ValueError, PromotionRefused) as err:
+        typer.echo(f"refused: {err}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(f"production of {fam}: v{change.previous_version} -> "
+               f"{'v' + change.version if change.version else 'none (native baseline)'}")
+
+
 @app.command(name="approve-loosening")
 def approve_loosening(thresholds: Thresholds, family: Annotated[str, typer.Option(help="kernel family")],
                       key: Annotated[Path, typer.Option(exists=True, dir_okay=False, help="your private key (PEM)")],
@@ -285,7 +337,40 @@ def ui(store_dir: StoreDir = Path(".kernelgate"),
            "--default-artifact-root", tracking.artifact_root or "", "--port", str(port),
            "--workers", "1"]
     typer.echo(f"MLflow UI on http://127.0.0.1:{port}  ({' '.join(cmd)})")
-    raise typer.Exit(subprocess.call(cmd))
+    raise typer.Exit(run_until_signalled(cmd))
+
+
+def run_until_signalled(cmd: list[str], grace_s: float = 10.0) -> int:
+    """Run ``cmd`` in a process group of its own until it exits, or until this process
+    gets SIGINT or SIGTERM: then the whole group (the server and the workers it forked)
+    gets SIGTERM, and SIGKILL after ``grace_s``, so nothing is left listening.
+    Returns the command's exit code (0 when stopped by a signal)."""
+    import signal
+
+    child = subprocess.Popen(cmd, start_new_session=True)
+    stopping: list[int] = []
+
+    def stop(signum, _frame):
+        stopping.append(signum)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGTERM)
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        killed_at = None
+        while (code := child.poll()) is None:
+            time.sleep(0.1)
+            if stopping and killed_at is None:
+                killed_at = time.monotonic() + grace_s
+            if killed_at is not None and time.monotonic() > killed_at:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(child.pid, signal.SIGKILL)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        with contextlib.suppress(ProcessLookupError):  # workers that outlived the server
+            os.killpg(child.pid, signal.SIGTERM)
+    return 0 if stopping else code
 
 
 @app.command()
