@@ -17,13 +17,10 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS",
                       "kernelgate,kernels,evaluation,gates,lineage,flows")
 
-import contextlib  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
 import re  # noqa: E402
-import subprocess  # noqa: E402
 import sys  # noqa: E402
-import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Annotated  # noqa: E402
 
@@ -53,8 +50,10 @@ Family = Annotated[str | None, typer.Option(
 BlockQ = Annotated[int | None, typer.Option(min=1, help="query block size (tokens)")]
 BlockKV = Annotated[int | None, typer.Option(min=1, help="key/value block size (tokens)")]
 from flows.cli_keys import KeyDir, check_name, keys_app  # noqa: E402
+from flows.cli_ops import notifications_app, run_until_signalled  # noqa: E402
 
 app.add_typer(keys_app, name="keys")
+app.add_typer(notifications_app, name="notifications")
 
 
 def _tracking(store_dir: Path, *, must_exist: bool):
@@ -263,27 +262,6 @@ def approve(flow_run_id: Annotated[str, typer.Argument(help="the paused rollout'
                f"signed with key {signer.public_key.keyid}")
 
 
-notifications_app = typer.Typer(help="Prefect automations that tell people what happened.",
-                                no_args_is_help=True)
-app.add_typer(notifications_app, name="notifications")
-
-
-@notifications_app.command("create")
-def notifications_create(
-        webhook: Annotated[str, typer.Option(help="URL that receives a JSON POST {subject, body}")],
-        allow_private_urls: Annotated[bool, typer.Option(
-            help="allow a webhook on localhost or a private network")] = False) -> None:
-    """Create the automations (needs PREFECT_API_URL): a rollout paused for approval, a rollout or production rolled back, a nightly run crashed or failed."""
-    from flows.notifications import create_notifications
-
-    try:
-        automations = create_notifications(webhook, allow_private_urls=allow_private_urls)
-    except ValueError as err:
-        raise typer.BadParameter(str(err), param_hint="--webhook") from None
-    for automation in automations:
-        typer.echo(f"automation {automation.id}: {automation.name}")
-
-
 @app.command(name="rollback")
 def rollback_cmd(reason: Annotated[str, typer.Option(help="why; recorded, signed, shown to auditors")],
                  to: Annotated[int | None, typer.Option(
@@ -338,39 +316,6 @@ def ui(store_dir: StoreDir = Path(".kernelgate"),
            "--workers", "1"]
     typer.echo(f"MLflow UI on http://127.0.0.1:{port}  ({' '.join(cmd)})")
     raise typer.Exit(run_until_signalled(cmd))
-
-
-def run_until_signalled(cmd: list[str], grace_s: float = 10.0) -> int:
-    """Run ``cmd`` in a process group of its own until it exits, or until this process
-    gets SIGINT or SIGTERM: then the whole group (the server and the workers it forked)
-    gets SIGTERM, and SIGKILL after ``grace_s``, so nothing is left listening.
-    Returns the command's exit code (0 when stopped by a signal)."""
-    import signal
-
-    child = subprocess.Popen(cmd, start_new_session=True)
-    stopping: list[int] = []
-
-    def stop(signum, _frame):
-        stopping.append(signum)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(child.pid, signal.SIGTERM)
-
-    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        killed_at = None
-        while (code := child.poll()) is None:
-            time.sleep(0.1)
-            if stopping and killed_at is None:
-                killed_at = time.monotonic() + grace_s
-            if killed_at is not None and time.monotonic() > killed_at:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(child.pid, signal.SIGKILL)
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        with contextlib.suppress(ProcessLookupError):  # workers that outlived the server
-            os.killpg(child.pid, signal.SIGTERM)
-    return 0 if stopping else code
 
 
 @app.command()
