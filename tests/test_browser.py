@@ -133,7 +133,7 @@ def settings(store, monkeypatch):
                            perf_shapes=SMALL_SHAPE, model_check=False)
 
 
-def _paused_run_id(transition: str, result: dict, timeout_s: float = 300) -> str:
+def _paused_run_id(transition: str, result: dict, timeout_s: float = 900) -> str:
     """The flow run that waits for ``transition``'s approval, once its form exists."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import (
@@ -214,7 +214,7 @@ def test_release_manager_approves_in_the_form_and_the_rollout_is_promoted(
     page.goto(f"{prefect_ui}/runs/flow-run/{run_id}")
     _answer_in_ui(page, prefect_ui, run_id, approve=True, comment="evidence read; go",
                   screenshot=screenshots / "prefect-approval-form.png")
-    thread.join(timeout=600)
+    thread.join(timeout=900)
     assert "error" not in result, result.get("error")
     state = result["state"]
     assert state.name == "Promoted", state.message
@@ -234,7 +234,7 @@ def test_release_manager_rejects_in_the_form_and_the_rollout_rolls_back(
     run_id = _paused_run_id("shadow->canary", result)
     _answer_in_ui(page, prefect_ui, run_id, approve=False, comment="not this week",
                   screenshot=screenshots / "prefect-rejection-form.png")
-    thread.join(timeout=600)
+    thread.join(timeout=900)
     assert "error" not in result, result.get("error")
     state = result["state"]
     assert state.name == "RolledBack", state.message
