@@ -131,6 +131,5 @@ def confirm(state: RolloutState) -> GateDecision:
                                        kinds={"accuracy"})
     registry.link_confirmation(state.record.tracking, state.record.family, state.version,
                                decision_run_id)
-    state.confirmation = decision
     run_logger().info("confirmation split: %s — %s", decision.verdict, decision.summary)
     return decision

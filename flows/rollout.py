@@ -46,15 +46,18 @@ def _stages(state: RolloutState) -> RolloutOutcome:
     traffic = record_traffic(state)
     if not approve(state, "candidate->shadow"):
         return roll_back(state, "approval", "approval for candidate->shadow rejected or timed out")
-    if not (result := shadow(state, traffic.shadow)).passed:
+    state.traffic_results.append(result := shadow(state, traffic.shadow))  # shown in the form
+    if not result.passed:
         return roll_back(state, "shadow", f"shadow: {'; '.join(result.breaches)}")
     if not approve(state, "shadow->canary"):
         return roll_back(state, "approval", "approval for shadow->canary rejected or timed out")
     enter_canary(state)
     for step, requests in traffic.canary:
-        if not (result := canary_step(state, step, requests)).passed:
+        state.traffic_results.append(result := canary_step(state, step, requests))
+        if not result.passed:
             return roll_back(state, step.name, f"{step.name}: {'; '.join(result.breaches)}")
-    if not (confirmation := confirm(state)).passed:
+    state.confirmation = confirmation = confirm(state)
+    if not confirmation.passed:
         return roll_back(state, "confirmation",
                          f"confirmation split: {gate_reason(confirmation)}")
     if not approve(state, "canary->production"):

@@ -78,7 +78,6 @@ def shadow(state: RolloutState, traffic: serving.RecordedTraffic) -> CanaryStepR
                         decision_run_id=state.decision_run_id, signing=record.signing,
                         parent_run_id=record.rollout_run_id)
     registry.link_traffic_run(record.tracking, record.family, state.version, "shadow", run_id)
-    state.traffic_results.append(judged)
     run_logger().info("shadow: %s", serving.traffic_summary(result))
     return judged
 
@@ -99,7 +98,6 @@ def canary_step(state: RolloutState, step: CanaryStep,
                              decision_run_id=state.decision_run_id, signing=record.signing,
                              parent_run_id=record.rollout_run_id)
     registry.link_traffic_run(record.tracking, record.family, state.version, "canary", run_id)
-    state.traffic_results.append(judged)
     run_logger().info("%s: %s -> %s", step.name, serving.traffic_summary(result),
                           "pass" if judged.passed else f"breach: {judged.breaches}")
     return judged

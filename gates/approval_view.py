@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from gates.canary import CanaryStepResult
 from gates.decision import CriterionResult, GateDecision, short_reason
 
-_STATUS = {"pass": "✅ pass", "fail": "❌ fail", "inconclusive": "⚠️ inconclusive",
-           "not_assessed": "— not assessed", "not_applicable": "— n/a"}
+_STATUS = {"pass": "pass", "fail": "**FAIL**", "inconclusive": "**inconclusive**",
+           "not_assessed": "not assessed", "not_applicable": "n/a"}
 
 
 def _num(x: float | None) -> str:
@@ -42,23 +42,23 @@ def gate_table(decision: GateDecision) -> str:
         observed, required = criterion_cells(c)
         name = c.name if c.comparison == "value" else f"{c.name} ({c.comparison})"
         rows.append(f"| {name} | {_STATUS.get(c.status, c.status)} | {observed} | {required} |")
-    head = ("| criterion | result | observed (value, or ratio ×) | required |\n"
-            "|---|---|---|---|")
+    head = "| criterion | result | value, ratio × | required |\n|---|---|---|---|"
     return "\n".join([head, *rows])
 
 
 def traffic_table(results: Sequence[CanaryStepResult]) -> str:
     """Shadow and canary steps: requests served by each side, the candidate's median
-    latency as a ratio of production's, the one-sided test's p-value and the result
-    (the breaches, drift included, when it failed)."""
-    head = ("| step | requests cand. / prod. | median latency cand. ÷ prod. | p-value (α) "
-            "| result |\n|---|---|---|---|---|")
+    latency as a ratio of production's (``latency × prod.``), the one-sided test's
+    p-value with its preregistered α, and the result (the breaches, drift included,
+    when it failed)."""
+    head = ("| step | requests cand./prod. | latency × prod. | p (α) | result |\n"
+            "|---|---|---|---|---|")
     rows = []
     for r in results:
         latency = (f"{r.median_latency_ratio:.3g}×" if r.latency_assessed
                    else f"{r.median_latency_ratio:.3g}× (not assessed)")
-        result = "✅ pass" if r.passed else "❌ " + "; ".join(r.breaches)
-        rows.append(f"| {r.step} ({r.traffic_fraction:.0%}) | {r.n_candidate} / {r.n_production} "
+        result = "pass" if r.passed else "**FAIL**: " + "; ".join(r.breaches)
+        rows.append(f"| {r.step} {r.traffic_fraction:.0%} | {r.n_candidate} / {r.n_production} "
                     f"| {latency} | {r.p_value:.3g} ({r.alpha:g}) | {result} |")
     return "\n".join([head, *rows])
 
