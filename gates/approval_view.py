@@ -40,9 +40,8 @@ def gate_table(decision: GateDecision) -> str:
     rows = []
     for c in decision.criteria:
         observed, required = criterion_cells(c)
-        name = c.name if c.comparison == "value" else f"{c.name} ({c.comparison})"
-        rows.append(f"| {name} | {_STATUS.get(c.status, c.status)} | {observed} | {required} |")
-    head = "| criterion | result | value, ratio × | required |\n|---|---|---|---|"
+        rows.append(f"| {c.name} | {_STATUS.get(c.status, c.status)} | {observed} | {required} |")
+    head = "| criterion | result | value or ratio × | required |\n|---|---|---|---|"
     return "\n".join([head, *rows])
 
 
@@ -63,31 +62,42 @@ def traffic_table(results: Sequence[CanaryStepResult]) -> str:
     return "\n".join([head, *rows])
 
 
-def _decision_block(title: str, decision: GateDecision) -> str:
+def traffic_line(r: CanaryStepResult) -> str:
+    """One step as a sentence (for a stage shown beside another table)."""
+    latency = f"{r.median_latency_ratio:.3g}× production's" + (
+        "" if r.latency_assessed else " (not assessed)")
+    verdict = "pass" if r.passed else "**FAIL**: " + "; ".join(r.breaches)
+    return (f"{r.n_candidate} candidate / {r.n_production} production requests, median "
+            f"latency {latency}, p = {r.p_value:.3g} (α {r.alpha:g}): {verdict}")
+
+
+def _decision_block(title: str, decision: GateDecision, *, table: bool = True) -> str:
     tally = decision.summary.splitlines()[0] if decision.summary else decision.verdict
     lines = [f"### {title}: **{decision.verdict}**", "", tally]
     if not decision.passed:
         lines += ["", short_reason(decision)]
     if decision.not_assessed_note:
         lines += ["", f"*{decision.not_assessed_note}*"]
-    return "\n".join([*lines, "", gate_table(decision)])
+    return "\n".join([*lines, "", gate_table(decision)] if table else lines)
 
 
 def approval_markdown(transition: str, version: str, decision: GateDecision, *,
                       traffic: Sequence[CanaryStepResult] = (),
                       confirmation: GateDecision | None = None) -> str:
-    """The evidence the release manager is asked to approve for ``transition``."""
+    """The evidence the release manager is asked to approve for ``transition``. One
+    table, last: the Prefect UI's markdown renders nothing after a table."""
     parts = [f"## Approve `{transition}` for v{version}?"]
+    shadow = [r for r in traffic if r.step == "shadow"]
     if transition == "canary->production":
+        parts.append(_decision_block("Confirmation split (accuracy only)", confirmation,
+                                     table=False)
+                     if confirmation is not None else "### Confirmation split: not run")
         canary = [r for r in traffic if r.step != "shadow"]
         parts.append("### Canary steps\n\n" + (traffic_table(canary) if canary
                                                else "No canary step ran."))
-        parts.append(_decision_block("Confirmation split (accuracy only)", confirmation)
-                     if confirmation is not None else "### Confirmation split\n\nNot run.")
     else:
-        parts.append(_decision_block("Held-out gate", decision))
-        shadow = [r for r in traffic if r.step == "shadow"]
         if transition == "shadow->canary":
-            parts.append("### Shadow (mirrored; candidate served nothing)\n\n"
-                         + (traffic_table(shadow) if shadow else "No shadow result."))
+            parts.append("### Shadow (mirrored; the candidate served nothing)\n\n"
+                         + (traffic_line(shadow[-1]) if shadow else "No shadow result."))
+        parts.append(_decision_block("Held-out gate", decision))
     return "\n\n".join(parts) + "\n"
