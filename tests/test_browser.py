@@ -79,6 +79,8 @@ def browser():
 @pytest.fixture
 def page(browser):
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    context.set_default_timeout(120_000)  # a loaded 2-core machine renders slowly
+    context.set_default_navigation_timeout(180_000)
     page = context.new_page()
     yield page
     context.close()
@@ -171,6 +173,7 @@ def _rollout_in_background(settings):
     def run():
         try:
             result["state"] = rollout(settings, return_state=True)
+            result["outcome"] = result["state"].result()  # here: no event loop in this thread
         except BaseException as err:  # noqa: BLE001 - reported by the test
             result["error"] = err
     # The flow reports to this test's server: its settings live in a context variable.
@@ -218,7 +221,7 @@ def test_release_manager_approves_in_the_form_and_the_rollout_is_promoted(
     assert "error" not in result, result.get("error")
     state = result["state"]
     assert state.name == "Promoted", state.message
-    outcome = state.result()
+    outcome = result["outcome"]
     assert registry.alias_version(local_tracking(store / "store"), FAMILY,
                                   "production") == outcome.version
     _final_state_shown(page, prefect_ui, run_id, "Promoted", screenshots / "prefect-promoted.png")
@@ -238,7 +241,7 @@ def test_release_manager_rejects_in_the_form_and_the_rollout_rolls_back(
     assert "error" not in result, result.get("error")
     state = result["state"]
     assert state.name == "RolledBack", state.message
-    assert state.result().stage == "approval"
+    assert result["outcome"].stage == "approval"
     after = registry.aliases(local_tracking(store / "store"), FAMILY)
     assert after.get("production") == before.get("production")
     _final_state_shown(page, prefect_ui, run_id, "RolledBack",
@@ -268,7 +271,7 @@ def test_auditor_follows_production_to_every_linked_run(store, mlflow_ui, page, 
     if version is None:
         pytest.fail("no production version: the approval test must run first")
     name = registry.registered_model_name(FAMILY)
-    page.goto(f"{mlflow_ui}/#/models/{name}")
+    page.goto(f"{mlflow_ui}/#/models/{name}", wait_until="domcontentloaded")
     page.get_by_role("link", name=f"Version {version}", exact=True).first.click()
     page.wait_for_url(re.compile(rf".*/models/{name}/versions/{version}$"))
     description = page.get_by_text("Chain of evidence", exact=False).first
@@ -285,7 +288,7 @@ def test_auditor_follows_production_to_every_linked_run(store, mlflow_ui, page, 
     assert expected <= linked, expected - linked
     for run_id in sorted(expected):
         href = next(h for h in hrefs if run_id in h)
-        page.goto(href)
+        page.goto(href, wait_until="domcontentloaded")
         run = tracking.client().get_run(run_id)
         page.get_by_text(run.info.run_name, exact=False).first.wait_for(timeout=60_000)
     page.screenshot(path=str(screenshots / "mlflow-linked-run.png"), full_page=True)
