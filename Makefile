@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 STAMP := $(VENV)/.installed
 
-.PHONY: help venv run test test-slow test-services attacks lint bench ui stack stack-down clean
+.PHONY: help venv run test test-slow test-browser test-services attacks lint bench ui stack stack-down clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -29,6 +29,11 @@ test: $(STAMP)  ## the test suite (CPU; slow tests excluded)
 
 test-slow: $(STAMP)  ## only the slow tests (large interpret-mode shapes)
 	$(PY) -m pytest -q -m slow
+
+test-browser: $(STAMP)  ## the browser tests: Prefect approval form and MLflow lineage in headless Chromium
+	@test -x /usr/bin/chromium || { echo "needs /usr/bin/chromium: apt-get install -y chromium"; exit 1; }
+	mkdir -p .kernelgate/screenshots
+	KERNELGATE_SCREENSHOTS=.kernelgate/screenshots $(PY) -m pytest -q -m browser tests/test_browser.py
 
 test-services: $(STAMP)  ## servers on PostgreSQL (tests marked services); writes reliability/services.json
 	mkdir -p reliability

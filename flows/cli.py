@@ -22,8 +22,6 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 
 import json  # noqa: E402
 import logging  # noqa: E402
-import re  # noqa: E402
-import subprocess  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Annotated  # noqa: E402
@@ -42,7 +40,8 @@ DEFAULT_THRESHOLDS = PROJECT_DIR / "thresholds" / "local-dry-run.yaml"
 app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False)
 
 Implementation = Annotated[str, typer.Option(
-    help="candidate kernel: auto (native flash kernel of this device), pallas_tpu, pallas_gpu, "
+    help="candidate kernel: auto (the flash kernel of this device; on a CPU host the TPU kernel, "
+         "interpreted), native (what kernels.attention runs here: xla on a CPU host), pallas_tpu, pallas_gpu, "
          "pallas_mosaic_gpu (Hopper, bf16/f16), "
          "xla, cudnn, naive")]
 Thresholds = Annotated[Path, typer.Option(help="thresholds file to preregister",
@@ -53,8 +52,14 @@ Family = Annotated[str | None, typer.Option(
 BlockQ = Annotated[int | None, typer.Option(min=1, help="query block size (tokens)")]
 BlockKV = Annotated[int | None, typer.Option(min=1, help="key/value block size (tokens)")]
 from flows.cli_keys import KeyDir, check_name, keys_app  # noqa: E402
+from flows.cli_ops import notifications_app, run_until_signalled  # noqa: E402
 
 app.add_typer(keys_app, name="keys")
+app.add_typer(notifications_app, name="notifications")
+from flows.cli_approvals import approve, approve_loosening  # noqa: E402
+
+app.command()(approve)
+app.command(name="approve-loosening")(approve_loosening)
 from flows.cli_stack import stack_app  # noqa: E402
 
 app.add_typer(stack_app, name="stack")
@@ -121,6 +126,8 @@ def _settings(implementation: str, thresholds: Path, store_dir: Path, block_q: i
     # Fail on bad arguments before anything is logged, built or evaluated.
     try:
         name = kernels.native_flash_kernel(implementation, kernels.default_backend())
+        typer.echo(f"kernel: {kernels.why_picked(implementation, kernels.default_backend())}",
+                   err=True)
         load_thresholds(thresholds)
         config = None
         if block_q is not None or block_kv is not None:
@@ -269,52 +276,30 @@ def timeline(family: Family = None, store_dir: StoreDir = Path(".kernelgate"),
         typer.echo(f"written {json_out}")
 
 
-@app.command()
-def approve(flow_run_id: Annotated[str, typer.Argument(help="the paused rollout's flow run id")],
-            key: Annotated[Path, typer.Option(exists=True, dir_okay=False, help="your private key (PEM)")],
-            comment: Annotated[str, typer.Option(help="why; shown to auditors")],
-            reject: Annotated[bool, typer.Option(help="answer no")] = False,
-            name: Annotated[str | None, typer.Option(help="your name (default: from the policy)")] = None) -> None:
-    """Answer a paused approval with your own key: signs the answer and resumes the flow run (needs PREFECT_API_URL)."""
-    from prefect.client.orchestration import get_client
-    from prefect.flow_runs import resume_flow_run
+@app.command(name="rollback")
+def rollback_cmd(reason: Annotated[str, typer.Option(help="why; recorded, signed, shown to auditors")],
+                 to: Annotated[int | None, typer.Option(
+                     "--to", min=1, help="earlier production version to restore (default: the "
+                     "newest earlier usable one)")] = None,
+                 requested_by: Annotated[str | None, typer.Option(
+                     help="who asks (default: $USER)")] = None,
+                 family: Family = None, store_dir: StoreDir = Path(".kernelgate")) -> None:
+    """Roll production back by hand (signed and recorded like any rollback; the Prefect UI's `manual-rollback` deployment does the same)."""
+    if len(reason.strip()) < 3:
+        raise typer.BadParameter("a rollback needs a reason", param_hint="--reason")
+    tracking = _tracking(store_dir, must_exist=True)
+    fam = _existing_family(tracking, family)
+    from flows.rollback import manual_rollback
+    from lineage.registry import PromotionRefused
 
-    from lineage import keys
-    from lineage.approvals import sign_approval
-
-    with get_client(sync_client=True) as client:
-        run = client.read_flow_run(flow_run_id)
-    details = run.state.state_details if run.state else None
-    pause_key = getattr(details, "pause_key", None) or ""
-    if not run.state or not run.state.is_paused() or not pause_key.startswith("approval-"):
-        raise typer.BadParameter(f"flow run {flow_run_id} is not waiting for an approval "
-                                 f"(state {run.state.name if run.state else None})")
-    transition = re.sub(r"-retry\d+$", "", pause_key).removeprefix("approval-").replace("-to-", "->")
-    signer = keys.load_signer(key)
-    envelope = sign_approval(signer, flow_run_id=flow_run_id, transition=transition,
-                             approve=not reject, comment=comment)
-    resume_flow_run(flow_run_id, run_input={"approve": not reject,
-                                            "approver": name or f"key {signer.public_key.keyid[:12]}",
-                                            "comment": comment,
-                                            "signed_approval": envelope.decode()})
-    typer.echo(f"{'rejected' if reject else 'approved'} {transition} of flow run {flow_run_id}, "
-               f"signed with key {signer.public_key.keyid}")
-
-
-@app.command(name="approve-loosening")
-def approve_loosening(thresholds: Thresholds, family: Annotated[str, typer.Option(help="kernel family")],
-                      key: Annotated[Path, typer.Option(exists=True, dir_okay=False, help="your private key (PEM)")],
-                      reason: Annotated[str, typer.Option(help="who asked and why the bounds may be looser")],
-                      out: Annotated[Path, typer.Option(help="where to write the signed approval")]) -> None:
-    """Sign an approval of thresholds looser than the family's previous registration (pass it to `rollout --loosening-approval`)."""
-    from lineage import keys
-    from lineage.registration import sign_loosening
-
-    if not reason.strip():
-        raise typer.BadParameter("a loosening needs a reason")
-    envelope = sign_loosening(keys.load_signer(key), check_name(family), thresholds, reason)
-    out.write_bytes(envelope)
-    typer.echo(f"wrote {out}")
+    try:
+        change = manual_rollback(reason=reason, requested_by=requested_by or os.environ.get(
+            "USER", "unknown"), to_version=to, family=fam, store_dir=str(store_dir))
+    except (ValueError, PromotionRefused) as err:
+        typer.echo(f"refused: {err}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(f"production of {fam}: v{change.previous_version} -> "
+               f"{'v' + change.version if change.version else 'none (native baseline)'}")
 
 
 @app.command()
@@ -328,7 +313,7 @@ def ui(store_dir: StoreDir = Path(".kernelgate"),
            "--default-artifact-root", tracking.artifact_root or "", "--port", str(port),
            "--workers", "1"]
     typer.echo(f"MLflow UI on http://127.0.0.1:{port}  ({' '.join(cmd)})")
-    raise typer.Exit(subprocess.call(cmd))
+    raise typer.Exit(run_until_signalled(cmd))
 
 
 @app.command()

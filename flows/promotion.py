@@ -21,7 +21,7 @@ from gates.approval import (
     record_auto_approval,
     record_timeout,
 )
-from gates.decision import GateDecision
+from gates.approval_view import approval_markdown
 from gates.thresholds import Transition
 from lineage import registry, tags
 from lineage.approvals import verify_approval
@@ -39,18 +39,6 @@ class ApprovalForm(RunInput, ApprovalInput):
 
     signed_approval: str = Field(
         "", description="Optional: paste the output of `kernelgate approve` to sign this answer.")
-
-
-def decision_markdown(decision: GateDecision, version: str, transition: str) -> str:
-    """The gate decision as markdown, shown above the approval form."""
-    rows = "\n".join(
-        f"| {c.name} | {c.status} | {c.observed if c.observed is not None else '-'} "
-        f"| {c.op} {c.threshold:g} | {c.reason} |" for c in decision.criteria)
-    note = f"\n\n**Not assessed:** {decision.not_assessed_note}" if decision.not_assessed_note else ""
-    return (f"## Approve `{transition}` for v{version}?\n\n"
-            f"Gate verdict: **{decision.verdict}** — {decision.summary}{note}\n\n"
-            "| criterion | status | observed | threshold | reason |\n|---|---|---|---|---|\n"
-            f"{rows}\n")
 
 
 def pause_key(transition: str, attempt: int) -> str:
@@ -71,7 +59,9 @@ def _ask(state: RolloutState, transition: Transition) -> ApprovalRecord:
         if remaining <= 0:
             return record_timeout(policy, **about)
         form = ApprovalForm.with_initial_data(
-            description=notice + decision_markdown(state.decision, state.version, transition))
+            description=notice + approval_markdown(
+                transition, state.version, state.decision, traffic=state.traffic_results,
+                confirmation=state.confirmation))
         try:
             given = pause_flow_run(wait_for_input=form, timeout=max(1, math.ceil(remaining)),
                                    poll_interval=APPROVAL_POLL_S, key=pause_key(transition, attempt))

@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field
 import kernels
 from flows.judge import evaluate, gate
 from flows.settings import RolloutSettings, RolloutState
-from flows.tasks import prepare_testset, rollout_session, run_logger
+from flows.tasks import end_state, prepare_testset, rollout_session, run_logger
 from lineage import chain, registry, tags, version_runners
 from lineage import tracking as tr
 from lineage.attestations import attest
@@ -51,10 +51,11 @@ def revalidate_production(family: str = "auto", settings: RolloutSettings | None
     with rollout_session(settings, stage="revalidation", family=family,
                          clear_stale_aliases=False) as state:
         try:
-            return _revalidate(state)
+            outcome = _revalidate(state)
         except Exception as err:
             _finish(state, "error", f"re-validation could not finish: {type(err).__name__}: {err}")
             raise
+    return end_state(outcome.result, outcome.reason, outcome)
 
 
 def _finish(state: RolloutState, result: str, reason: str,

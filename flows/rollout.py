@@ -17,41 +17,54 @@ from prefect import flow
 from evaluation.report import EvaluationReport
 from flows.judge import build, confirm, evaluate, gate
 from flows.promotion import approve, enter_canary, promote, reject, roll_back
-from flows.settings import RolloutSettings
-from flows.tasks import finish, prepare_testset, preregister, rollout_session
+from flows.settings import RolloutSettings, RolloutState
+from flows.tasks import end_state, finish, prepare_testset, preregister, rollout_session
 from flows.traffic import canary_step, record_traffic, shadow
+from gates.decision import short_reason as gate_reason
 from lineage.rollout import RolloutOutcome
 
 
 @flow(name="kernelgate-rollout", log_prints=True)
 def rollout(settings: RolloutSettings | None = None) -> RolloutOutcome:
-    """Governed rollout of one candidate kernel; ends promoted, rejected or rolled back."""
+    """Governed rollout of one candidate kernel; the run ends in a state named for what
+    happened (*Promoted*, *Rejected* or *RolledBack*) and returns the outcome."""
     with rollout_session(settings or RolloutSettings()) as state:
-        preregister(state)
-        build(state)
-        prepare_testset(state)
-        evaluate(state, split="heldout")
-        if not gate(state, thresholds_path=state.settings.thresholds).passed:
-            reject(state, f"gate: {state.decision.summary}")
-            return finish(state, "rejected", "gate", state.decision.summary)
-        traffic = record_traffic(state)
-        if not approve(state, "candidate->shadow"):
-            return roll_back(state, "approval", "approval for candidate->shadow rejected or timed out")
-        if not (result := shadow(state, traffic.shadow)).passed:
-            return roll_back(state, "shadow", f"shadow: {'; '.join(result.breaches)}")
-        if not approve(state, "shadow->canary"):
-            return roll_back(state, "approval", "approval for shadow->canary rejected or timed out")
-        enter_canary(state)
-        for step, requests in traffic.canary:
-            if not (result := canary_step(state, step, requests)).passed:
-                return roll_back(state, step.name, f"{step.name}: {'; '.join(result.breaches)}")
-        if not (confirmation := confirm(state)).passed:
-            return roll_back(state, "confirmation", f"confirmation split: {confirmation.summary}")
-        if not approve(state, "canary->production"):
-            return roll_back(state, "approval", "approval for canary->production rejected or timed out")
-        promote(state)
-        return finish(state, "promoted", "promotion",
-                      "every gate, shadow, canary and confirmation criterion passed")
+        outcome = _stages(state)
+    return end_state(outcome.result, outcome.reason, outcome)
+
+
+def _stages(state: RolloutState) -> RolloutOutcome:
+    """The stage list; returns the outcome at the first stage that stops the candidate."""
+    preregister(state)
+    build(state)
+    prepare_testset(state)
+    evaluate(state, split="heldout")
+    if not gate(state, thresholds_path=state.settings.thresholds).passed:
+        why = gate_reason(state.decision)
+        reject(state, why)
+        return finish(state, "rejected", "gate", why)
+    traffic = record_traffic(state)
+    if not approve(state, "candidate->shadow"):
+        return roll_back(state, "approval", "approval for candidate->shadow rejected or timed out")
+    state.traffic_results.append(result := shadow(state, traffic.shadow))  # shown in the form
+    if not result.passed:
+        return roll_back(state, "shadow", f"shadow: {'; '.join(result.breaches)}")
+    if not approve(state, "shadow->canary"):
+        return roll_back(state, "approval", "approval for shadow->canary rejected or timed out")
+    enter_canary(state)
+    for step, requests in traffic.canary:
+        state.traffic_results.append(result := canary_step(state, step, requests))
+        if not result.passed:
+            return roll_back(state, step.name, f"{step.name}: {'; '.join(result.breaches)}")
+    state.confirmation = confirmation = confirm(state)
+    if not confirmation.passed:
+        return roll_back(state, "confirmation",
+                         f"confirmation split: {gate_reason(confirmation)}")
+    if not approve(state, "canary->production"):
+        return roll_back(state, "approval", "approval for canary->production rejected or timed out")
+    promote(state)
+    return finish(state, "promoted", "promotion",
+                  "every gate, shadow, canary and confirmation criterion passed")
 
 
 @flow(name="kernelgate-build-kernel")
@@ -60,8 +73,9 @@ def build_kernel(settings: RolloutSettings | None = None) -> str:
     with rollout_session(settings or RolloutSettings(), stage="build",
                          clear_stale_aliases=False) as state:
         version = build(state)
-        finish(state, "built", "build", "built and registered only; not evaluated, no alias moved")
-    return version
+        outcome = finish(state, "built", "build",
+                         "built and registered only; not evaluated, no alias moved")
+    return end_state(outcome.result, outcome.reason, version)
 
 
 @flow(name="kernelgate-evaluate-candidate")
@@ -76,8 +90,8 @@ def evaluate_candidate(settings: RolloutSettings | None = None,
         prepare_testset(state)
         evaluate(state, split="heldout")
         decision = gate(state, thresholds_path=state.settings.thresholds)
-        finish(state, "evaluated", "evaluation",
-               f"evaluation only (gate said {decision.verdict}); no alias moved")
+        outcome = finish(state, "evaluated", "evaluation",
+                         f"evaluation only (gate said {decision.verdict}); no alias moved")
     if report_path:
         state.report.write(report_path)
-    return state.report
+    return end_state(outcome.result, outcome.reason, state.report)

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from evaluation.model import MiniLM
 from evaluation.report import EvaluationReport
+from gates.canary import CanaryStepResult
 from gates.decision import GateDecision
 from gates.preregistration import Registration
 from gates.thresholds import Thresholds
@@ -99,5 +100,8 @@ class RolloutState(BaseModel):
     judged_against: str | None = Field(
         None, description="the production version the candidate was evaluated against (the "
         "promotion's compare-and-swap refuses if production moved since)")
+    traffic_results: list[CanaryStepResult] = Field(
+        default_factory=list, description="the shadow and canary steps judged so far, in order")
+    confirmation: GateDecision | None = None
     promoted: bool = False
     closed: bool = Field(False, description="the record's outcome is written")

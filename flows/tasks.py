@@ -16,7 +16,9 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
 from prefect.concurrency.sync import concurrency
 from prefect.exceptions import MissingContextError, ObjectAlreadyExists, ObjectNotFound
+from prefect.runtime import flow_run
 from prefect.settings import PREFECT_API_URL
+from prefect.states import Completed, State
 
 import kernels
 from evaluation.model import MiniLM
@@ -239,3 +241,33 @@ def finish(state: RolloutState, result: Result, stage: str, reason: str) -> Roll
     logger.info("rollout %s: %s at %s — %s", outcome.family, outcome.result, outcome.stage,
                 outcome.reason)
     return outcome
+
+
+STATE_NAMES: dict[str, str] = {"promoted": "Promoted", "rejected": "Rejected",
+                               "rolled_back": "RolledBack", "passed": "Passed",
+                               "evaluated": "Evaluated", "built": "Built",
+                               "nothing_in_production": "NothingInProduction"}
+"""Result -> the name of the Completed-type state a flow run ends in (the Prefect UI's
+runs list shows it; a failure stays Prefect's own *Failed*)."""
+
+RESULT_TAG_PREFIX = "kernelgate-result:"
+"""Flow-run tag naming the result (``kernelgate-result:promoted``), to filter runs on."""
+
+
+def end_state(result: str, reason: str, data: object) -> State:
+    """The flow run's final state: ``Completed`` named for ``result`` (*Promoted*,
+    *Rejected*, *RolledBack*, …) with ``reason`` as its message and ``data`` as its
+    result; also tags the flow run ``kernelgate-result:<result>``. Return it from the
+    flow: Prefect ends the run in that state and the caller gets ``data``."""
+    run_id = flow_run.get_id()
+    if run_id is not None:
+        try:
+            from prefect.client.orchestration import get_client
+
+            with get_client(sync_client=True) as client:
+                current = client.read_flow_run(run_id).tags or []
+                client.update_flow_run(run_id, tags=sorted({*current,
+                                                            f"{RESULT_TAG_PREFIX}{result}"}))
+        except Exception as err:  # noqa: BLE001 - the state below still says it
+            run_logger().warning("could not tag the flow run with its result: %s", err)
+    return Completed(name=STATE_NAMES.get(result, "Completed"), message=reason[:500], data=data)

@@ -229,7 +229,8 @@ def _judge(
 ) -> CriterionResult:
     if c.requires_native and not report.speed_assessed:
         why = report.speed_not_assessed_reason or "the kernel did not run natively"
-        return CriterionResult(**_header(c), status="not_assessed", reason=f"not assessed: {why}")
+        why = f"not assessed: {why}; its {c.kind} is recorded for information only"
+        return CriterionResult(**_header(c), status="not_assessed", reason=why)
     result = _judge_value(c, report) if isinstance(c, ValueCriterion) else _judge_change(c, report)
     few = _too_few_cases(c.metric, report, min_cases)
     if few is not None and result.status != "not_applicable":
@@ -257,6 +258,17 @@ def _summary(
     if note:
         lines.append(note)
     return "\n".join(lines)
+
+
+def short_reason(decision: GateDecision) -> str:
+    """One line naming the criteria that stopped a candidate (their reasons are in the
+    decision's summary and table, printed once): ``gate rejected: fail: a, b; ...``."""
+    by_status: dict[str, list[str]] = {}
+    for r in decision.criteria:
+        if _blocking(r, decision.not_assessed_blocks_promotion):
+            by_status.setdefault(r.status.replace("_", " "), []).append(r.name)
+    return f"gate {decision.verdict}: " + "; ".join(
+        f"{status}: {', '.join(names)}" for status, names in by_status.items())
 
 
 def decide(

@@ -11,6 +11,7 @@ from kernels.api import (
     default_backend,
     native_flash_kernel,
     resolve,
+    why_picked,
 )
 
 # ``build`` is imported eagerly: a lazy wrapper function of that name would be
@@ -27,5 +28,5 @@ __all__ = [
     "AttentionSpec", "BlockSizes", "GuardedAttention", "Implementation", "Resolution",
     "ResourceLimitError", "attention", "attention_reference", "build", "default_backend",
     "get_attention_fn", "native_flash_kernel", "random_inputs", "relative_error", "resolve",
-    "validate",
+    "validate", "why_picked",
 ]

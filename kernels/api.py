@@ -159,21 +159,46 @@ def check_implementation_name(implementation: str) -> str:
     Raises:
         ValueError: naming the choices.
     """
-    if implementation != "auto" and implementation not in IMPLEMENTATIONS:
+    if implementation not in ("auto", "native") and implementation not in IMPLEMENTATIONS:
         raise ValueError(f"unknown implementation {implementation!r}; choose one of "
-                         f"{sorted(IMPLEMENTATIONS)} or 'auto'")
+                         f"{sorted(IMPLEMENTATIONS)}, 'auto' or 'native'")
     return implementation
 
 
 def native_flash_kernel(implementation: str, backend: str) -> str:
-    """The registry name a rollout builds: ``implementation`` itself, or for ``auto``
-    the native flash kernel of ``backend`` (``NATIVE_FLASH``).
+    """The registry name a rollout builds: ``implementation`` itself; for ``auto`` the
+    flash kernel of ``backend`` (``NATIVE_FLASH``: on a CPU host the TPU kernel,
+    interpreted); for ``native`` the kernel :func:`attention`'s ``auto`` runs first on
+    ``backend`` (``AUTO_ORDER``: xla on a CPU host).
 
     Raises:
         ValueError: unknown implementation name.
     """
     check_implementation_name(implementation)
+    if implementation == "native":
+        return AUTO_ORDER.get(backend, AUTO_ORDER["cpu"])[0]
     return NATIVE_FLASH.get(backend, "pallas_tpu") if implementation == "auto" else implementation
+
+
+def why_picked(implementation: str, backend: str) -> str:
+    """One sentence saying which kernel ``implementation`` means on ``backend`` and why
+    (the CLI prints it, so ``auto`` never has to be guessed).
+
+    Raises:
+        ValueError: unknown implementation name.
+    """
+    name = native_flash_kernel(implementation, backend)
+    if implementation == "native":
+        return (f"native -> {name}: the kernel kernels.attention(implementation='auto') runs "
+                f"first on this {backend} host")
+    if implementation != "auto":
+        return f"{name}: as asked"
+    if name == AUTO_ORDER.get(backend, ("",))[0]:
+        return f"auto -> {name}: the native flash kernel of this {backend} host"
+    native = native_flash_kernel("native", backend)
+    return (f"auto -> {name}: a {backend} host has no flash kernel of its own, so the rollout "
+            f"builds {name} and runs it interpreted (accuracy judged, speed not assessed); "
+            f"--implementation native rolls out this host's native kernel ({native})")
 
 
 def _gpu_order(spec: AttentionSpec | None

@@ -94,6 +94,8 @@ def log_evaluation_inputs(record: RolloutRecord, run_id: str, *, testset_dir: Pa
                        digest=model.weights_sha256, source_uri=str(model.path),
                        context="model-weights")
         tr.set_tags(record.tracking, run_id, {tags.MODEL_WEIGHTS_SHA256: model.weights_sha256})
+        tr.set_tags(record.tracking, run_id, {tags.MODEL_WEIGHTS_PREFIX + k: v
+                                              for k, v in model.weights_facts().items()})
 
 
 def log_evaluation_files(record: RolloutRecord, run_id: str, *, out_dir: Path,

@@ -175,6 +175,43 @@ def link_approval(tracking: Tracking, family: str, version: str, transition: str
     tag_version(tracking, family, version, {tags.approval_run_id(transition): approval_run_id})
 
 
+def describe_version(tracking: Tracking, family: str, version: str, decision: str) -> str:
+    """Write the version's MLflow description: ``decision`` in one line, then its chain
+    as markdown links to every run the version's link tags name (build, evaluation,
+    gate, approvals, shadow, canary steps, confirmation, the rollout with its promotion
+    or rollback runs). For people; the audit never reads it. Returns the markdown."""
+    client = tracking.client()
+    values = version_tags(tracking, family, version)
+    experiment = client.get_experiment_by_name(experiment_name(family))
+
+    def link(label: str, run_id: str | None) -> str | None:
+        if not run_id:
+            return None
+        return f"- {label}: [{run_id[:8]}](#/experiments/{experiment.experiment_id}/runs/{run_id})"
+
+    rows = [link("build", values.get(tags.BUILD_RUN_ID)),
+            link("evaluation (held-out)", values.get(tags.EVALUATION_RUN_ID)),
+            link("gate decision", values.get(tags.DECISION_RUN_ID))]
+    rows += [link(f"approval {key.removeprefix(tags.APPROVAL_RUN_ID + '.approval-').replace('-to-', ' → ')}",
+                  run_id) for key, run_id in sorted(values.items())
+             if key.startswith(tags.APPROVAL_RUN_ID + ".")]
+    rows.append(link("shadow", values.get(tags.SHADOW_RUN_ID)))
+    rows += [link(f"canary step {i}", run_id) for i, run_id in
+             enumerate(json.loads(values.get(tags.CANARY_RUN_IDS, "[]")), start=1)]
+    rows.append(link("confirmation decision", values.get(tags.CONFIRMATION_RUN_ID)))
+    rows.append(link("rollout (parent run: promotion and rollback runs are its children)",
+                     values.get(tags.ROLLOUT_RUN_ID)))
+    config = values.get(tags.CONFIG)
+    text = "\n".join([
+        f"**{decision}**", "",
+        f"`{values.get(tags.IMPLEMENTATION, '?')}` with config `{config}`", "",
+        "Chain of evidence (each run holds its signed `attestations/*.dsse.json`; "
+        "`kernelgate audit` re-verifies them):", "",
+        *[r for r in rows if r]])
+    client.update_model_version(registered_model_name(family), version, description=text)
+    return text
+
+
 # --- the signed alias history ----------------------------------------------------------
 
 
@@ -378,16 +415,23 @@ def production_history(tracking: Tracking, family: str, trust: TrustPolicy) -> l
 
 
 def rollback(tracking: Tracking, family: str, *, reason: str, signing: Signing,
-             alias: Alias = "production", parent_run_id: str | None = None) -> AliasChange:
+             alias: Alias = "production", parent_run_id: str | None = None,
+             to: str | None = None) -> AliasChange:
     """Undo the version behind ``alias`` and tag it with ``reason``.
 
     For ``production``: restore the newest earlier production version that still exists
     and whose chain is still complete (the signed history says which were promoted), or
     remove the alias when none is usable; the reason records which versions were passed
-    over and why. For ``canary``/``shadow``: remove the alias.
+    over and why. ``to`` (a person's choice, e.g. ``kernelgate rollback --to N``)
+    restores that version instead, under the same rules: it must have been promoted
+    and not rolled back since (signed history), still exist and have a complete chain.
+    For ``canary``/``shadow``: remove the alias.
 
     Raises:
-        ValueError: empty reason, or ``alias`` points at nothing.
+        ValueError: empty reason, ``alias`` points at nothing, or ``to`` is given for an
+            alias other than production or is the current version.
+        PromotionRefused: ``to`` was never promoted (or was rolled back since), no longer
+            exists, or its chain is incomplete.
     """
     if not reason.strip():
         raise ValueError("rollback needs a reason")
@@ -396,7 +440,20 @@ def rollback(tracking: Tracking, family: str, *, reason: str, signing: Signing,
         raise ValueError(f"{registered_model_name(family)}: alias {alias!r} points at nothing; "
                          "nothing to roll back")
     restored: str | None = None
-    if alias == "production":
+    if to is not None:
+        to = str(to)
+        if alias != "production" or to == current:
+            raise ValueError(f"rollback --to v{to}: only production rolls back to a version, "
+                             f"and v{current} is what it serves now")
+        history = production_history(tracking, family, signing.trust)
+        if to not in history:
+            raise PromotionRefused(f"{registered_model_name(family)} v{to} is not an earlier "
+                                   f"production version (signed history: {history})")
+        if not version_exists(tracking, family, to):
+            raise PromotionRefused(f"{registered_model_name(family)} v{to} no longer exists")
+        _refuse_incomplete(tracking, family, to, "canary->production", None, signing.trust)
+        restored = to
+    elif alias == "production":
         passed_over = []
         for candidate in reversed([v for v in production_history(tracking, family, signing.trust)
                                    if v != current]):

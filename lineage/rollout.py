@@ -173,4 +173,21 @@ def close_rollout(record: RolloutRecord, *, result: Result, stage: str, reason: 
             "reason": reason, "aliases": outcome.aliases, "tags": run_tags},
            record.signing.signer)
     tr.end_run(record.tracking, record.rollout_run_id, "FAILED" if result == "failed" else "FINISHED")
+    words = result.replace("_", " ")
+    record.tracking.client().update_run(record.rollout_run_id, name=run_title(
+        record.implementation, version, result, stage))
+    if version is not None and registry.version_exists(record.tracking, record.family, version):
+        registry.describe_version(record.tracking, record.family, version,
+                                  f"{words} at {stage}: {reason}")
     return outcome
+
+
+_WHAT = {"evaluated": "evaluation", "built": "build"}
+
+
+def run_title(implementation: str, version: str | None, result: str, stage: str) -> str:
+    """The parent run's name, saying what it was: ``rollout xla v3 — rejected at gate``,
+    ``evaluation pallas_tpu v4 — evaluated``, ``rollout xla v5 — promoted``."""
+    what = _WHAT.get(result, "rollout")
+    where = f" at {stage}" if result in ("rejected", "rolled_back", "failed") else ""
+    return f"{what} {implementation} v{version or '-'} — {result.replace('_', ' ')}{where}"

@@ -36,6 +36,8 @@ Stage = Literal[
 STAGES: tuple[Stage, ...] = Stage.__args__  # type: ignore[attr-defined]
 
 # MLflow's own tags
+EXPERIMENT_KIND: Final = "mlflow.experimentKind"  # experiment tag: which UI view opens
+CLASSIC_EXPERIMENT: Final = "custom_model_development"  # runs and models, not GenAI traces
 PARENT: Final = "mlflow.parentRunId"
 NOTE: Final = "mlflow.note.content"  # run / version description shown in the UI
 
@@ -78,6 +80,8 @@ SPEED_ASSESSED: Final = "kernelgate.speed_assessed"
 EVALUATION_STATUS: Final = "kernelgate.evaluation_status"
 PRODUCTION_IMPLEMENTATION: Final = "kernelgate.production_implementation"
 MODEL_WEIGHTS_SHA256: Final = "kernelgate.model_weights_sha256"
+MODEL_WEIGHTS_PREFIX: Final = "kernelgate.model_weights."  # + name, package, package_version,
+# size_bytes, sha256, path: what the serving model's weights are, for people
 
 # gate / approval / alias-change runs
 VERDICT: Final = "kernelgate.verdict"

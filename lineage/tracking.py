@@ -56,9 +56,14 @@ def ensure_experiment(tracking: Tracking, family: str) -> str:
     name = experiment_name(family)
     existing = client.get_experiment_by_name(name)
     if existing is not None:
+        if tags.EXPERIMENT_KIND not in existing.tags:  # made before the tag was set
+            client.set_experiment_tag(existing.experiment_id, tags.EXPERIMENT_KIND,
+                                      tags.CLASSIC_EXPERIMENT)
         return existing.experiment_id
     location = f"{tracking.artifact_root.rstrip('/')}/{name}" if tracking.artifact_root else None
-    return client.create_experiment(name, artifact_location=location, tags={tags.FAMILY: family})
+    return client.create_experiment(name, artifact_location=location,
+                                    tags={tags.FAMILY: family,
+                                          tags.EXPERIMENT_KIND: tags.CLASSIC_EXPERIMENT})
 
 
 def start_run(

@@ -63,6 +63,12 @@ def test_clean_testset_passes_and_writes_the_gx_result(testset, tmp_path):
     assert written["success"] is True
     assert written["gx_result"]["case_summary"]["success"] is True
     assert written["testset_digest"] == load_manifest(testset).digest
+    # the same results as GX Data Docs pages, one per validated table
+    pages = sorted((tmp_path / "validation-data-docs").glob("*.html"))
+    assert {p.stem for p in pages} == set(written["gx_result"])
+    html = (tmp_path / "validation-data-docs" / "case_summary.html").read_text()
+    assert html.lstrip().lower().startswith("<!doctype html")
+    assert "Great Expectations" in html and "never be null" in html
 
 
 def test_injected_nan_fails_with_a_readable_reason(testset, tmp_path):

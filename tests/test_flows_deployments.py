@@ -37,11 +37,28 @@ def test_every_entrypoint_loads_as_a_flow(monkeypatch):
     for name, deployment in deployments().items():
         flow = load_flow_from_entrypoint(deployment["entrypoint"])
         assert isinstance(flow, Flow), name
-        # the declared parameters bind to the flow's signature (pydantic-validated)
-        flow.validate_parameters(deployment.get("parameters", {}))
+        # the declared parameters bind to the flow's signature (pydantic-validated); only
+        # the manual rollback leaves required fields (text) to the person's Run form
+        declared = deployment.get("parameters", {})
+        asked = set(flow.parameters.required or []) - set(declared)
+        assert not asked or name == "manual-rollback", (name, asked)
+        flow.validate_parameters({**dict.fromkeys(asked, "typed by a person"), **declared})
         names[name] = flow.name
     assert names == {"nightly-revalidation": "kernelgate-revalidate-production",
-                     "candidate-rollout": "kernelgate-rollout"}
+                     "candidate-rollout": "kernelgate-rollout",
+                     "manual-rollback": "kernelgate-manual-rollback"}
+
+
+def test_manual_rollback_form_is_typed():
+    """The deployment's Run form asks for a reason and a requester, and a version number."""
+    from flows.rollback import manual_rollback
+
+    schema = manual_rollback.parameters.model_dump()
+    props = schema["properties"]
+    assert set(schema["required"]) == {"reason", "requested_by"}
+    assert props["reason"]["minLength"] == 3
+    assert any(t.get("type") == "integer" and t.get("minimum") == 1
+               for t in props["to_version"].get("anyOf", [props["to_version"]]))
 
 
 def _readme_commands() -> list[str]:

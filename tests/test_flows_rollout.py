@@ -119,8 +119,16 @@ def assert_production_unchanged(tracking, before: dict[str, str], rejected_versi
     assert after.get("production") != rejected_version
 
 
+def flow_run_tags(state) -> list[str]:
+    with get_client(sync_client=True) as client:
+        return client.read_flow_run(state.state_details.flow_run_id).tags
+
+
 def test_passing_candidate_is_promoted_with_full_lineage(seeded, make_settings, tracking, signing):
-    outcome = rollout(make_settings("good"))
+    state = rollout(make_settings("good"), return_state=True)
+    assert (state.name, state.type) == ("Promoted", StateType.COMPLETED)
+    assert "kernelgate-result:promoted" in flow_run_tags(state)
+    outcome = state.result()
     assert outcome.result == "promoted"
     assert registry.alias_version(tracking, FAMILY, "production") == outcome.version
     assert outcome.version != seeded["production"]
@@ -146,8 +154,16 @@ def test_passing_candidate_is_promoted_with_full_lineage(seeded, make_settings, 
 
 
 def test_numerically_wrong_candidate_stops_at_the_gate(seeded, make_settings, tracking):
-    outcome = rollout(make_settings("wrong_scale"))
+    state = rollout(make_settings("wrong_scale"), return_state=True)
+    assert (state.name, state.type) == ("Rejected", StateType.COMPLETED)
+    assert "kernelgate-result:rejected" in flow_run_tags(state)
+    outcome = state.result()
     assert (outcome.result, outcome.stage) == ("rejected", "gate")
+    # Each failed criterion's reason is printed once (the gate's summary); the outcome's
+    # reason only names the criteria.
+    failures = [line for line in outcome.decision_summary.splitlines() if line.startswith("- fail")]
+    assert failures
+    assert all(outcome.markdown().count(line) == 1 for line in failures), outcome.markdown()
     assert "error-ratio" in outcome.reason or "error" in outcome.reason
     assert_production_unchanged(tracking, seeded, outcome.version)
     assert "gate" in version_tags(tracking, outcome.version)[tags.REJECTION_REASON]
@@ -162,7 +178,10 @@ def test_candidate_returning_nan_during_canary_is_rolled_back(seeded, make_setti
         return real_step(*args, **kwargs)
 
     monkeypatch.setattr(serving, "replay_canary_step", fault_starts_with_canary_traffic)
-    outcome = rollout(make_settings("nan_under_fault"))
+    state = rollout(make_settings("nan_under_fault"), return_state=True)
+    assert (state.name, state.type) == ("RolledBack", StateType.COMPLETED)
+    assert "kernelgate-result:rolled_back" in flow_run_tags(state)
+    outcome = state.result()
     assert outcome.result == "rolled_back"
     assert outcome.stage.startswith("canary"), outcome
     assert "NaN" in outcome.reason or "non-finite" in outcome.reason
@@ -369,3 +388,37 @@ def test_record_matches_architecture_table(seeded, tracking, source):
             for pattern in row["artifacts"]:
                 assert any(fnmatch.fnmatch(f, pattern) for f in files), (row["stage"], pattern, files)
             assert set(tr.recorded_digests(tracking, run.info.run_id)) == set(files)
+
+
+def test_manual_rollback_restores_the_chosen_version_signed_and_audited(
+        seeded, make_settings, tracking, signing):
+    """``kernelgate rollback --to N`` (the ``manual-rollback`` flow): production goes back
+    to the chosen earlier version through the registry's rollback path; the move is a
+    signed alias change the audit verifies, and a version that never served is refused."""
+    from flows.rollback import manual_rollback
+    from lineage.audit import audit
+
+    promoted = rollout(make_settings("good"))
+    assert promoted.result == "promoted", promoted.reason
+    earlier = registry.production_history(tracking, FAMILY, signing.trust)[-2]
+    rejected = rollout(make_settings("wrong_scale"))
+    with pytest.raises(registry.PromotionRefused, match="not an earlier production"):
+        manual_rollback(reason="test", requested_by="rm", to_version=int(rejected.version),
+                        family=FAMILY, store_dir=str(make_settings("good").store_dir))
+    assert registry.alias_version(tracking, FAMILY, "production") == promoted.version
+
+    state = manual_rollback(reason="paging storm", requested_by="rm@example.com",
+                            to_version=int(earlier), family=FAMILY,
+                            store_dir=str(make_settings("good").store_dir), return_state=True)
+    assert (state.name, state.type) == ("RolledBack", StateType.COMPLETED)
+    assert registry.alias_version(tracking, FAMILY, "production") == earlier
+    reason = version_tags(tracking, promoted.version)[tags.ROLLBACK_REASON]
+    assert "rm@example.com" in reason and "paging storm" in reason
+    report = audit(tracking, FAMILY, "production", trust=signing.trust, load_model=False)
+    assert report.exit_code == 0, report.render()
+    moves, problems = registry.alias_history(
+        registry._moves_source(tracking, FAMILY, signing.trust))
+    assert not problems
+    last = moves[-1].predicate
+    assert (last["action"], last["version"], last["previous_version"]) == (
+        "rollback", earlier, promoted.version)

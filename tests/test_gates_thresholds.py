@@ -34,7 +34,7 @@ KNOWN_METRICS = {
 }
 
 
-@pytest.mark.parametrize("name", ["local-dry-run.yaml", "production.yaml"])
+@pytest.mark.parametrize("name", ["local-dry-run.yaml", "staging.yaml", "production.yaml"])
 def test_shipped_profiles_load_and_use_only_known_metrics(name):
     path = ROOT / "thresholds" / name
     thresholds = load_thresholds(path)
@@ -51,7 +51,24 @@ def test_shipped_profiles_load_and_use_only_known_metrics(name):
         # speed is judged only natively
         assert all(c.requires_native for c in criteria.change if c.kind == "speed")
     fractions = [s.traffic_fraction for s in thresholds.canary.steps]
-    assert fractions == [0.05, 0.25, 0.5]
+    assert fractions == ([0.25, 0.5] if name == "staging.yaml" else [0.05, 0.25, 0.5])
+
+
+def test_staging_is_production_with_a_small_canary():
+    """The walkthrough profile judges by production's criteria and asks a person at the
+    same transitions; only the canary is small (and every step still serves the
+    candidate dozens of requests) and the timeout shorter."""
+    staging = load_thresholds(ROOT / "thresholds" / "staging.yaml")
+    production = load_thresholds(ROOT / "thresholds" / "production.yaml")
+    assert staging.platforms == production.platforms
+    assert staging.not_assessed_blocks_promotion and staging.min_cases_per_category == \
+        production.min_cases_per_category
+    assert staging.approval.required_for == production.approval.required_for
+    assert not staging.approval.auto_approve
+    assert staging.canary.latency == production.canary.latency
+    assert sum(s.requests for s in staging.canary.steps) * 20 < sum(
+        s.requests for s in production.canary.steps)
+    assert all(s.requests * s.traffic_fraction >= 20 for s in staging.canary.steps)
 
 
 def test_profiles_differ_where_the_design_says():

@@ -1,0 +1,55 @@
+"""A release manager's manual rollback of ``production`` (``kernelgate rollback`` and the
+``manual-rollback`` deployment's *Run* form in the Prefect UI).
+
+The same path as every rollback (``lineage.registry.rollback``): a signed alias-change
+intent logged as a ``rollback`` run, then the move; the version rolled away from is
+tagged with the reason. The registry refuses a target that was never promoted, was
+rolled back since, no longer exists or whose chain is incomplete.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+from prefect import flow
+from pydantic import Field
+
+import kernels
+from flows.settings import RolloutSettings
+from flows.tasks import end_state, run_logger, signing_for
+from lineage import registry, rollout
+from lineage import tracking as tr
+from lineage.registry import AliasChange
+
+
+@flow(name="kernelgate-manual-rollback")
+def manual_rollback(
+    reason: Annotated[str, Field(min_length=3, description="why; recorded and signed")],
+    requested_by: Annotated[str, Field(min_length=1, description="who asks (name or e-mail)")],
+    to_version: Annotated[int | None, Field(ge=1, description=(
+        "the earlier production version to restore; empty: the newest earlier usable one"))] = None,
+    family: Annotated[str, Field(description="kernel family; auto: this host's flash kernel")] = "auto",
+    store_dir: Annotated[str, Field(description="the local store (when MLFLOW_TRACKING_URI is unset)")] = ".kernelgate",
+) -> AliasChange:
+    """Roll ``production`` of ``family`` back to ``to_version`` (or the newest earlier
+    usable version); the run ends in the state *RolledBack* and returns the alias change.
+
+    Raises:
+        ValueError: nothing in production, or ``to_version`` is what it serves.
+        lineage.registry.PromotionRefused: ``to_version`` may not serve.
+    """
+    if family == "auto":
+        family = kernels.native_flash_kernel("auto", kernels.default_backend())
+    settings = RolloutSettings(store_dir=Path(store_dir))
+    tracking = tr.tracking_for(settings.store_dir)
+    signing = signing_for(settings)
+    with rollout.family_lock(settings.store_dir, family):
+        registry.reconcile(tracking, family, signing)
+        change = registry.rollback(
+            tracking, family, reason=f"manual rollback requested by {requested_by}: {reason}",
+            signing=signing, to=None if to_version is None else str(to_version))
+    now = f"v{change.version}" if change.version else "nothing (the native baseline serves)"
+    message = f"production of {family}: v{change.previous_version} -> {now}"
+    run_logger().warning("%s (%s)", message, change.reason)
+    return end_state("rolled_back", message, change)

@@ -1,0 +1,103 @@
+"""What the approval form shows: the evidence for one transition, as markdown that fits
+the Prefect UI's dialog (few columns, units in the header, ratios shown as ratios).
+
+* ``candidate->shadow``: the held-out gate.
+* ``shadow->canary``: the held-out gate and the shadow stage.
+* ``canary->production``: the canary steps (requests, latency ratio, p-value, drift)
+  and the confirmation split's result.
+
+Pure functions over the gates' records; ``flows.promotion`` puts the text above the form.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from gates.canary import CanaryStepResult
+from gates.decision import CriterionResult, GateDecision, short_reason
+
+_STATUS = {"pass": "pass", "fail": "**FAIL**", "inconclusive": "**inconclusive**",
+           "not_assessed": "not assessed", "not_applicable": "n/a"}
+
+
+def _num(x: float | None) -> str:
+    return "—" if x is None else f"{x:.4g}"
+
+
+def criterion_cells(c: CriterionResult) -> tuple[str, str]:
+    """``(observed, required)`` of one criterion, in the criterion's own unit: a change
+    criterion is shown as its improvement ratio (reference ÷ candidate for lower-is-better
+    metrics, so ≥ 1 means better) against the required ratio, never a raw value against
+    a ratio."""
+    if c.comparison == "value":
+        return _num(c.observed), f"{c.op} {c.threshold:g}"
+    observed = "—" if c.improvement is None else f"{c.improvement:.3g}×"
+    return observed, f"≥ {c.threshold:.3g}×"
+
+
+def gate_table(decision: GateDecision) -> str:
+    """The gate decision as a four-column table (criterion, result, observed, required)."""
+    rows = []
+    for c in decision.criteria:
+        observed, required = criterion_cells(c)
+        rows.append(f"| {c.name} | {_STATUS.get(c.status, c.status)} | {observed} | {required} |")
+    head = "| criterion | result | value or ratio × | required |\n|---|---|---|---|"
+    return "\n".join([head, *rows])
+
+
+def traffic_table(results: Sequence[CanaryStepResult]) -> str:
+    """Shadow and canary steps: requests served by each side, the candidate's median
+    latency as a ratio of production's (``latency × prod.``), the one-sided test's
+    p-value with its preregistered α, and the result (the breaches, drift included,
+    when it failed)."""
+    head = ("| step | requests cand./prod. | latency × prod. | p (α) | result |\n"
+            "|---|---|---|---|---|")
+    rows = []
+    for r in results:
+        latency = (f"{r.median_latency_ratio:.3g}×" if r.latency_assessed
+                   else f"{r.median_latency_ratio:.3g}× (not assessed)")
+        result = "pass" if r.passed else "**FAIL**: " + "; ".join(r.breaches)
+        rows.append(f"| {r.step} {r.traffic_fraction:.0%} | {r.n_candidate} / {r.n_production} "
+                    f"| {latency} | {r.p_value:.3g} ({r.alpha:g}) | {result} |")
+    return "\n".join([head, *rows])
+
+
+def traffic_line(r: CanaryStepResult) -> str:
+    """One step as a sentence (for a stage shown beside another table)."""
+    latency = f"{r.median_latency_ratio:.3g}× production's" + (
+        "" if r.latency_assessed else " (not assessed)")
+    verdict = "pass" if r.passed else "**FAIL**: " + "; ".join(r.breaches)
+    return (f"{r.n_candidate} candidate / {r.n_production} production requests, median "
+            f"latency {latency}, p = {r.p_value:.3g} (α {r.alpha:g}): {verdict}")
+
+
+def _decision_block(title: str, decision: GateDecision, *, table: bool = True) -> str:
+    tally = decision.summary.splitlines()[0] if decision.summary else decision.verdict
+    lines = [f"### {title}: **{decision.verdict}**", "", tally]
+    if not decision.passed:
+        lines += ["", short_reason(decision)]
+    if decision.not_assessed_note:
+        lines += ["", f"*{decision.not_assessed_note}*"]
+    return "\n".join([*lines, "", gate_table(decision)] if table else lines)
+
+
+def approval_markdown(transition: str, version: str, decision: GateDecision, *,
+                      traffic: Sequence[CanaryStepResult] = (),
+                      confirmation: GateDecision | None = None) -> str:
+    """The evidence the release manager is asked to approve for ``transition``. One
+    table, last: the Prefect UI's markdown renders nothing after a table."""
+    parts = [f"## Approve `{transition}` for v{version}?"]
+    shadow = [r for r in traffic if r.step == "shadow"]
+    if transition == "canary->production":
+        parts.append(_decision_block("Confirmation split (accuracy only)", confirmation,
+                                     table=False)
+                     if confirmation is not None else "### Confirmation split: not run")
+        canary = [r for r in traffic if r.step != "shadow"]
+        parts.append("### Canary steps\n\n" + (traffic_table(canary) if canary
+                                               else "No canary step ran."))
+    else:
+        if transition == "shadow->canary":
+            parts.append("### Shadow (mirrored; the candidate served nothing)\n\n"
+                         + (traffic_line(shadow[-1]) if shadow else "No shadow result."))
+        parts.append(_decision_block("Held-out gate", decision))
+    return "\n\n".join(parts) + "\n"

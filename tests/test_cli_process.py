@@ -1,0 +1,92 @@
+"""The command line as a process: ``--help`` is quick, ``kernelgate ui`` stops cleanly."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).parents[1]
+KERNELGATE = Path(sys.executable).parent / "kernelgate"
+
+
+def test_help_takes_at_most_a_second():
+    """Measured as the CPU time of the process (wall time on a shared 2-core machine
+    says more about the neighbours), and no heavy library is imported for it."""
+    import resource
+
+    subprocess.run([str(KERNELGATE), "--help"], check=True, capture_output=True)  # warm caches
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    result = subprocess.run([str(KERNELGATE), "--help"], check=True, capture_output=True, text=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    assert "rollout" in result.stdout and "notifications" in result.stdout
+    assert cpu_s <= 1.0, f"kernelgate --help took {cpu_s:.2f} s of CPU"
+    heavy = subprocess.run(
+        [sys.executable, "-c", "import sys, flows.cli; "
+         "print(sorted(m for m in ('jax', 'mlflow', 'prefect', 'great_expectations') if m in sys.modules))"],
+        cwd=ROOT, check=True, capture_output=True, text=True).stdout.strip()
+    assert heavy == "[]", heavy
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_ui_stops_with_every_child_on(signum, tmp_path):
+    port = _free_port()
+    children: list[str] = []
+    ui = subprocess.Popen([str(KERNELGATE), "ui", "--store-dir", str(tmp_path / "store"),
+                           "--port", str(port)], cwd=ROOT, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        else:
+            raise AssertionError("the MLflow UI never answered")
+        children[:] = subprocess.run(["pgrep", "-P", str(ui.pid)], capture_output=True,
+                                  text=True).stdout.split()
+        assert children, "kernelgate ui runs the server as a child process"
+        server_pgid = int(children[0])  # the server leads its own process group
+        ui.send_signal(signum)
+        assert ui.wait(timeout=30) == 0
+        deadline = time.monotonic() + 15
+        while (_listening(port) or _group_alive(server_pgid)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _listening(port), f"something still listens on :{port}"
+        assert not _group_alive(server_pgid), "a child of the MLflow server outlived it"
+    finally:
+        if ui.poll() is None:
+            ui.kill()
+        for child in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(int(child), signal.SIGKILL)

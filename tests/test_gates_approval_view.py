@@ -1,0 +1,98 @@
+"""What the approval form shows: the evidence of its own transition, ratios as ratios."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from gates.approval_view import approval_markdown
+from gates.canary import analyse_canary_step
+from gates.decision import decide
+from tests.conftest_lineage import passing_metrics, thresholds_yaml
+from tests.test_gates_canary import STEP, _clean_step, _latencies, _plan
+from tests.test_gates_decision import _frozen, _report
+
+
+def _decision(**kw):
+    thresholds, registration = _frozen(thresholds_yaml(**kw.pop("yaml", {})))
+    return decide(_report(**kw), thresholds, registration)
+
+
+def _steps():
+    rng = np.random.default_rng(3)
+    prod = _latencies(rng, 300)
+    ok = _clean_step(_latencies(rng, 100), prod, _plan(1.05))
+    slow = _clean_step(_latencies(rng, 100, scale=1.3), prod, _plan(1.05))
+    shadow = analyse_canary_step(STEP.model_copy(update={"name": "shadow", "traffic_fraction": 1.0}),
+                                 _latencies(rng, 24), _latencies(rng, 24), np.full(24, 1e-6), 0, 0,
+                                 1, 1, _plan(1.05))
+    return shadow, ok, slow
+
+
+def _table_rows(markdown: str, header_start: str) -> list[list[str]]:
+    lines = markdown.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header_start))
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append([c.strip() for c in line.strip("|").split("|")])
+    return rows
+
+
+def test_gate_table_has_four_columns_and_change_criteria_as_ratios():
+    decision = _decision()
+    text = approval_markdown("shadow->canary", "3", decision)
+    rows = _table_rows(text, "| criterion")
+    assert len(rows) == len(decision.criteria)
+    assert all(len(r) == 4 for r in rows)
+    by_name = {r[0]: r for r in rows}
+    speedup = next(c for c in decision.criteria if c.name == "speedup")
+    observed, required = by_name["speedup"][2:]
+    # the improvement ratio, not the raw latency, against the required ratio
+    assert observed == f"{speedup.improvement:.3g}×"
+    assert required.startswith("≥") and required.endswith("×")
+    assert float(required.strip("≥ ×")) == round(speedup.threshold, 3)
+    # the units are said once, in the header
+    header = next(line for line in text.splitlines() if line.startswith("| criterion"))
+    assert "ratio ×" in header
+
+
+def test_shadow_to_canary_shows_gate_and_shadow_but_no_canary():
+    shadow, ok, _ = _steps()
+    text = approval_markdown("shadow->canary", "3", _decision(), traffic=[shadow, ok])
+    assert "Held-out gate" in text and "| step" not in text
+    assert f"{shadow.n_candidate} candidate / {shadow.n_production} production requests" in text
+    assert f"p = {shadow.p_value:.3g}" in text
+    # one table, and it comes last (the Prefect UI renders nothing after a table)
+    assert text.rstrip().splitlines()[-1].startswith("|")
+
+
+def test_canary_to_production_shows_each_step_and_the_confirmation():
+    shadow, ok, slow = _steps()
+    confirmation = _decision()
+    text = approval_markdown("canary->production", "3", _decision(), traffic=[shadow, ok, slow],
+                             confirmation=confirmation)
+    rows = _table_rows(text, "| step")
+    assert len(rows) == 2  # the canary steps, not the shadow
+    for row, step in zip(rows, (ok, slow), strict=True):
+        assert row[1] == f"{step.n_candidate} / {step.n_production}"
+        assert row[2].startswith(f"{step.median_latency_ratio:.3g}×")
+        assert row[3].startswith(f"{step.p_value:.3g}")
+    assert rows[0][-1] == "pass" and "FAIL" in rows[1][-1] and "latency" in rows[1][-1]
+    assert "Confirmation split" in text and f"**{confirmation.verdict}**" in text
+    assert "Held-out gate" not in text
+    assert text.index("Confirmation split") < text.index("| step")
+
+
+def test_rejection_reasons_and_not_assessed_note_appear_once():
+    metrics = {k: v for k, v in passing_metrics().items() if not k.startswith("latency.")}
+    reason = "pallas_tpu ran in TPU interpret mode on a CPU host"
+    decision = _decision(metrics=metrics, speed_assessed=False, speed_not_assessed_reason=reason,
+                         target_platform="tpu", device_platform="cpu",
+                         yaml={"not_assessed_blocks": True})
+    text = approval_markdown("candidate->shadow", "3", decision)
+    assert len(re.findall(re.escape(reason), text)) == 1
+    memory = next(c for c in decision.criteria if c.name == "memory")
+    assert "latency" not in memory.reason and "memory" in memory.reason
