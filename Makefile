@@ -24,8 +24,9 @@ venv: $(STAMP)  ## create the virtual environment and install kernelgate
 run: $(STAMP)  ## the main job: a full governed rollout on embedded defaults
 	$(VENV)/bin/kernelgate rollout
 
-test: $(STAMP)  ## the test suite (CPU; slow tests excluded)
-	$(PY) -m pytest -q
+TEST_WORKERS ?= 2
+test: $(STAMP)  ## the test suite (CPU; slow, GPU, browser and services tests excluded; 2 processes)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15
 
 test-slow: $(STAMP)  ## only the slow tests (large interpret-mode shapes)
 	$(PY) -m pytest -q -m slow
