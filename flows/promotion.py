@@ -66,6 +66,7 @@ def _ask(state: RolloutState, transition: Transition) -> ApprovalRecord:
             given = pause_flow_run(wait_for_input=form, timeout=max(1, math.ceil(remaining)),
                                    poll_interval=APPROVAL_POLL_S, key=pause_key(transition, attempt))
         except FlowPauseTimeout:
+            _running_again()
             return record_timeout(policy, **about)
         except ValidationError as err:  # the server took it; the form's own rules did not
             notice = f"**Your answer was not accepted** ({_errors(err)}); answer again.\n\n"
@@ -92,6 +93,23 @@ def _ask(state: RolloutState, transition: Transition) -> ApprovalRecord:
             continue
         return record_answer(typed, authenticated=authenticated, authentication=how, **about)
     raise AssertionError("unreachable")
+
+
+def _running_again() -> None:
+    """Set the flow run back to Running after its pause timed out: the server refuses every
+    later transition out of an expired pause ("The flow was rolledback and never resumed"),
+    so the run could not end in the state that says what the flow did next (RolledBack)."""
+    from prefect.client.orchestration import get_client
+    from prefect.states import Running
+
+    run_id = flow_run.get_id()
+    if run_id is None:
+        return
+    try:
+        with get_client(sync_client=True) as client:
+            client.set_flow_run_state(run_id, Running(message="approval timed out"), force=True)
+    except Exception as err:  # noqa: BLE001 - the rollback is recorded either way
+        run_logger().warning("could not set the flow run back to Running: %s", err)
 
 
 def _errors(err: ValidationError) -> str:

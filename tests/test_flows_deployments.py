@@ -81,7 +81,8 @@ def test_every_documented_command_exists():
 def test_cli_refuses_a_missing_thresholds_file_before_writing_anything(tmp_path):
     store = tmp_path / "store"
     result = CliRunner().invoke(app, ["rollout", "--thresholds", str(tmp_path / "nope.yaml"),
-                                      "--store-dir", str(store)])
+                                      "--store-dir", str(store)],
+                                env={"COLUMNS": "400"})  # the error box must not wrap the path
     assert result.exit_code == 2, result.output  # a usage error, not a crash
     assert "nope.yaml" in result.output and "does not exist" in result.output
     assert not store.exists()
