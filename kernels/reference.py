@@ -28,12 +28,9 @@ def attention_reference(q, k, v, *, causal: bool = False, scale: float | None = 
         float64 ``[batch, q_len or len(rows), num_heads, head_dim]``; rows that see no
         key are 0.
     """
-    q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
-    batch, q_len, num_heads, head_dim = q.shape
-    kv_len, num_kv_heads = k.shape[1], k.shape[2]
-    group = num_heads // num_kv_heads
-    scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
-    row_index = np.arange(q_len) if rows is None else np.asarray(rows, dtype=np.int64)
+    q, k, v, group, scale, row_index = _float64_operands(q, k, v, scale, rows)
+    batch, q_len = q.shape[:2]
+    kv_len = k.shape[1]
     if rows is not None:
         q = q[:, row_index]
     k = np.repeat(k, group, axis=2)
@@ -53,6 +50,15 @@ def attention_reference(q, k, v, *, causal: bool = False, scale: float | None = 
     p = np.exp(logits - row_max)
     denom = p.sum(axis=-1, keepdims=True)
     return np.einsum("bhqk,bkhd->bqhd", p / np.where(denom == 0, 1.0, denom), v)
+
+
+def _float64_operands(q, k, v, scale, rows):
+    """``(q, k, v)`` as float64, the GQA group size, the resolved scale (1/sqrt(head_dim)
+    by default) and the query rows (``rows`` or all), shared by both references."""
+    q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    row_index = np.arange(q.shape[1]) if rows is None else np.asarray(rows, dtype=np.int64)
+    return q, k, v, q.shape[2] // k.shape[2], scale, row_index
 
 
 REFERENCE_ROW_BLOCK = 512
@@ -81,17 +87,14 @@ def attention_reference_jax(q, k, v, *, causal: bool = False, scale: float | Non
 
     if jax.default_backend() == "tpu":
         raise NotImplementedError("TPUs have no native float64: use attention_reference (NumPy)")
-    q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
-    batch, q_len, num_heads, head_dim = q.shape
-    kv_len, num_kv_heads = k.shape[1], k.shape[2]
-    group = num_heads // num_kv_heads
-    scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
-    row_index = np.arange(q_len) if rows is None else np.asarray(rows, dtype=np.int64)
+    q, k, v, group, scale, row_index = _float64_operands(q, k, v, scale, rows)
+    batch, q_len = q.shape[:2]
+    kv_len = k.shape[1]
     q_lens = np.full(batch, q_len) if q_lengths is None else np.asarray(q_lengths)
     kv_lens = np.full(batch, kv_len) if kv_lengths is None else np.asarray(kv_lengths)
     step = min(REFERENCE_ROW_BLOCK, len(row_index))
     padded = np.resize(row_index, -(-len(row_index) // step) * step)  # pad by repeating rows
-    with _float64_enabled():
+    with jax.enable_x64(True):
         block = functools.partial(_reference_rows_jit, causal=causal, scale=scale, group=group)
         kd, vd = jnp.asarray(k), jnp.asarray(v)
         qlen_d, kvlen_d = jnp.asarray(q_lens, jnp.int64), jnp.asarray(kv_lens, jnp.int64)
@@ -99,12 +102,6 @@ def attention_reference_jax(q, k, v, *, causal: bool = False, scale: float | Non
                                   jnp.asarray(padded[i:i + step]), qlen_d, kvlen_d))
                  for i in range(0, len(padded), step)]
     return np.concatenate(parts, axis=1)[:, :len(row_index)]
-
-
-def _float64_enabled():
-    import jax
-
-    return jax.enable_x64(True)
 
 
 def _reference_rows(q, k, v, rows, q_lens, kv_lens, *, causal, scale, group):
