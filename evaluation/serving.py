@@ -184,6 +184,18 @@ class TrafficResult(BaseModel):
         return [getattr(r, key) for r in self.records
                 if getattr(r, key) is not None and getattr(r, f"{side}_error") is None]
 
+    def matched_latencies(self) -> tuple[list[float], list[float]]:
+        """Latencies (seconds) of the requests that *both* endpoints served successfully,
+        as ``(candidate, production)`` lists of equal length, request by request.
+
+        The canary's latency test compares these rather than everything each side served:
+        the same texts (so the request-length mix cancels) timed back to back (so load
+        that comes and goes on the host hits both sides alike)."""
+        pairs = [(r.candidate_latency_s, r.production_latency_s) for r in self.records
+                 if r.candidate_latency_s is not None and r.production_latency_s is not None
+                 and r.candidate_error is None and r.production_error is None]
+        return [c for c, _ in pairs], [p for _, p in pairs]
+
     def drifts(self) -> list[float]:
         """Output drift (relative L2, dimensionless) of every request where both endpoints produced an output."""
         return [r.output_drift for r in self.records if r.output_drift is not None]
@@ -212,9 +224,13 @@ def _replay(stage: str, requests: Sequence[Request], fraction: float, production
     records = []
     for i, req in enumerate(requests):
         to_candidate = routes_to_candidate(req.request_id, fraction, salt=salt)
-        p_out, p_lat, p_err = production.serve(req.text)
         c_out = c_lat = c_err = None
-        if to_candidate or mirror_all:
+        # Who goes first alternates, so neither side always runs on the other's warm caches.
+        candidate_first = i % 2 == 1
+        if (to_candidate or mirror_all) and candidate_first:
+            c_out, c_lat, c_err = candidate.serve(req.text)
+        p_out, p_lat, p_err = production.serve(req.text)
+        if (to_candidate or mirror_all) and not candidate_first:
             c_out, c_lat, c_err = candidate.serve(req.text)
         records.append(ServedRequest(
             request_id=req.request_id, served_by="candidate" if to_candidate else "production",

@@ -47,11 +47,13 @@ def _progress(label: str):
 def _judged(state: RolloutState, result: serving.TrafficResult, step: CanaryStep) -> CanaryStepResult:
     # Latency and memory in traffic are judged only where the candidate runs natively.
     reason = None if state.report.speed_assessed else state.report.speed_not_assessed_reason
+    candidate_s, production_s = result.matched_latencies()
     return analyse_canary_step(
-        step, result.latencies("candidate"), result.latencies("production"), result.drifts(),
+        step, candidate_s, production_s, result.drifts(),
         result.errors("candidate"), result.nan_count("candidate"), result.memory_start_bytes,
         result.memory_end_bytes, state.thresholds.canary, latency_not_assessed_reason=reason,
-        memory_not_assessed_reason=reason, production_error_count=result.errors("production"))
+        memory_not_assessed_reason=reason, production_error_count=result.errors("production"),
+        served=(result.served_count("candidate"), result.served_count("production")))
 
 
 def _endpoints(state: RolloutState, alias: registry.Alias) -> tuple[serving.Endpoint, serving.Endpoint]:

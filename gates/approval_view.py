@@ -45,6 +45,14 @@ def gate_table(decision: GateDecision) -> str:
     return "\n".join([head, *rows])
 
 
+def _served(r: CanaryStepResult) -> tuple[int, int]:
+    """Requests each side answered; results logged before these were recorded fall back
+    to the latency sample sizes."""
+    if r.served_by_candidate is None or r.served_by_production is None:
+        return r.n_candidate, r.n_production
+    return r.served_by_candidate, r.served_by_production
+
+
 def traffic_table(results: Sequence[CanaryStepResult]) -> str:
     """Shadow and canary steps: requests served by each side, the candidate's median
     latency as a ratio of production's (``latency × prod.``), the one-sided test's
@@ -57,7 +65,8 @@ def traffic_table(results: Sequence[CanaryStepResult]) -> str:
         latency = (f"{r.median_latency_ratio:.3g}×" if r.latency_assessed
                    else f"{r.median_latency_ratio:.3g}× (not assessed)")
         result = "pass" if r.passed else "**FAIL**: " + "; ".join(r.breaches)
-        rows.append(f"| {r.step} {r.traffic_fraction:.0%} | {r.n_candidate} / {r.n_production} "
+        cand, prod = _served(r)
+        rows.append(f"| {r.step} {r.traffic_fraction:.0%} | {cand} / {prod} "
                     f"| {latency} | {r.p_value:.3g} ({r.alpha:g}) | {result} |")
     return "\n".join([head, *rows])
 
@@ -67,7 +76,8 @@ def traffic_line(r: CanaryStepResult) -> str:
     latency = f"{r.median_latency_ratio:.3g}× production's" + (
         "" if r.latency_assessed else " (not assessed)")
     verdict = "pass" if r.passed else "**FAIL**: " + "; ".join(r.breaches)
-    return (f"{r.n_candidate} candidate / {r.n_production} production requests, median "
+    cand, prod = _served(r)
+    return (f"{cand} served by the candidate / {prod} by production, median "
             f"latency {latency}, p = {r.p_value:.3g} (α {r.alpha:g}): {verdict}")
 
 

@@ -3,7 +3,8 @@
 After each canary step (a fraction of traffic served by the candidate, the rest by
 production) the step is judged on:
 
-* latency — one-sided Mann-Whitney U test (``scipy.stats.mannwhitneyu``, H1: candidate
+* latency — on the requests both endpoints served (the candidate's, mirrored to
+  production, timed back to back in alternating order), a one-sided Mann-Whitney U test (``scipy.stats.mannwhitneyu``, H1: candidate
   latencies are stochastically greater, i.e. the candidate is slower) at the
   preregistered alpha, with two effect sizes: the common-language effect size
   ``U / (n_candidate * n_production)`` = P(candidate request slower than a production one)
@@ -34,8 +35,10 @@ class CanaryStepResult(BaseModel):
 
     step: str
     traffic_fraction: float
-    n_candidate: int
+    n_candidate: int  # latency samples: the requests both sides served successfully
     n_production: int
+    served_by_candidate: int | None = None  # requests each side answered (not mirrored)
+    served_by_production: int | None = None
     latency_test: str
     alpha: float
     u_statistic: float
@@ -86,13 +89,15 @@ def analyse_canary_step(
     latency_not_assessed_reason: str | None = None,
     memory_not_assessed_reason: str | None = None,
     production_error_count: int = 0,
+    served: tuple[int, int] | None = None,
 ) -> CanaryStepResult:
     """Judge one canary step against ``plan``.
 
     Args:
         step: the step being judged (name and traffic fraction are reported).
         candidate_latencies_s, production_latencies_s: 1-D float arrays of per-request
-            latency in seconds (at least 2 each, finite, >= 0).
+            latency in seconds (at least 2 each, finite, >= 0); the flows pass both sides'
+            latencies on the same requests (``TrafficResult.matched_latencies``).
         output_drift: 1-D float array (possibly empty), per mirrored request,
             ``||candidate - production|| / ||production||`` of the embeddings; NaN/inf allowed
             (they breach).
@@ -104,6 +109,8 @@ def analyse_canary_step(
         memory_not_assessed_reason: likewise for memory growth.
         production_error_count: requests production failed; without production's outputs
             nothing was compared, so any such request breaches.
+        served: ``(by candidate, by production)``, the requests each side answered
+            (reported with the step, not judged).
 
     Raises:
         ValueError: malformed latencies or negative counts.
@@ -183,6 +190,8 @@ def analyse_canary_step(
         traffic_fraction=step.traffic_fraction,
         n_candidate=int(cand.size),
         n_production=int(prod.size),
+        served_by_candidate=None if served is None else int(served[0]),
+        served_by_production=None if served is None else int(served[1]),
         latency_test=f"{test.test} ({test.alternative})",
         alpha=test.alpha,
         u_statistic=u,

@@ -230,11 +230,13 @@ class CanaryPlan(_Strict):
                                  f"smallest step ({fewest}): the limit could never be reached")
         for step in self.steps:
             n_candidate = math.floor(step.traffic_fraction * step.requests)
-            smallest = smallest_p_value(n_candidate, step.requests)
+            # production's latencies are taken on the candidate's requests (mirrored)
+            smallest = smallest_p_value(n_candidate, n_candidate)
             if smallest >= self.latency.alpha:
                 raise ValueError(
                     f"canary step {step.name!r}: with about {n_candidate} candidate and "
-                    f"{step.requests} production latencies the smallest one-sided Mann-Whitney "
+                    f"{n_candidate} production latencies (the same requests) the smallest "
+                    "one-sided Mann-Whitney "
                     f"p-value is {smallest:.3g}, never below alpha={self.latency.alpha:g}: the "
                     "latency test could never fire; serve more requests in the step")
         return self

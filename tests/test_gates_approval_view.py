@@ -22,11 +22,11 @@ def _decision(**kw):
 def _steps():
     rng = np.random.default_rng(3)
     prod = _latencies(rng, 300)
-    ok = _clean_step(_latencies(rng, 100), prod, _plan(1.05))
+    ok = _clean_step(_latencies(rng, 100), prod, _plan(1.05), served=(100, 300))
     slow = _clean_step(_latencies(rng, 100, scale=1.3), prod, _plan(1.05))
     shadow = analyse_canary_step(STEP.model_copy(update={"name": "shadow", "traffic_fraction": 1.0}),
                                  _latencies(rng, 24), _latencies(rng, 24), np.full(24, 1e-6), 0, 0,
-                                 1, 1, _plan(1.05))
+                                 1, 1, _plan(1.05), served=(0, 24))
     return shadow, ok, slow
 
 
@@ -63,7 +63,8 @@ def test_shadow_to_canary_shows_gate_and_shadow_but_no_canary():
     shadow, ok, _ = _steps()
     text = approval_markdown("shadow->canary", "3", _decision(), traffic=[shadow, ok])
     assert "Held-out gate" in text and "| step" not in text
-    assert f"{shadow.n_candidate} candidate / {shadow.n_production} production requests" in text
+    # requests answered, not latency samples: the mirrored candidate answered none
+    assert "0 served by the candidate / 24 by production" in text
     assert f"p = {shadow.p_value:.3g}" in text
     # one table, and it comes last (the Prefect UI renders nothing after a table)
     assert text.rstrip().splitlines()[-1].startswith("|")
@@ -76,8 +77,9 @@ def test_canary_to_production_shows_each_step_and_the_confirmation():
                              confirmation=confirmation)
     rows = _table_rows(text, "| step")
     assert len(rows) == 2  # the canary steps, not the shadow
+    # requests each side answered where recorded (``ok``), else the latency samples
+    assert [row[1] for row in rows] == ["100 / 300", f"{slow.n_candidate} / {slow.n_production}"]
     for row, step in zip(rows, (ok, slow), strict=True):
-        assert row[1] == f"{step.n_candidate} / {step.n_production}"
         assert row[2].startswith(f"{step.median_latency_ratio:.3g}×")
         assert row[3].startswith(f"{step.p_value:.3g}")
     assert rows[0][-1] == "pass" and "FAIL" in rows[1][-1] and "latency" in rows[1][-1]

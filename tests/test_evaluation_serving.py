@@ -1,0 +1,99 @@
+"""Replayed traffic: what the canary's latency test is given to compare.
+
+Same kernel on both sides must not look slower because of *which* requests the
+candidate drew or *when* the host was busy: the latency test compares both sides on
+the same requests, timed back to back, in alternating order."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from evaluation import serving
+from gates.canary import analyse_canary_step
+from gates.thresholds import CanaryPlan, CanaryStep, LatencyTest
+
+
+class _Clock:
+    """A host whose load comes and goes: requests served while ``busy`` take 5× longer."""
+
+    def __init__(self) -> None:
+        self.busy = False
+        self.calls: list[tuple[str, str]] = []
+
+
+class _SameKernel:
+    """Latency grows with the text's length (as padded attention does) and with load."""
+
+    def __init__(self, name: str, clock: _Clock) -> None:
+        self.name, self.clock = name, clock
+
+    def embed(self, texts):
+        self.clock.calls.append((self.name, texts[0]))
+        latency = 1e-4 * len(texts[0]) * (5.0 if self.clock.busy else 1.0)
+        return np.ones((1, 8), dtype=np.float32), latency
+
+
+def _requests(n: int, rng: np.random.Generator) -> list[serving.Request]:
+    lengths = rng.integers(10, 400, size=n)
+    return [serving.Request(request_id=f"r{i}", text="x" * int(length), source="doc")
+            for i, length in enumerate(lengths)]
+
+
+def _plan() -> CanaryPlan:
+    step = CanaryStep(name="canary-25pct", traffic_fraction=0.25, requests=80)
+    return CanaryPlan(steps=[step], max_error_count=0, max_nan_count=0, max_output_drift=1e-3,
+                      latency=LatencyTest(alpha=0.05, min_slowdown_ratio=1.05),
+                      max_memory_growth_bytes=1 << 30)
+
+
+def _replay_with_bursts(seed: int) -> tuple[serving.TrafficResult, _Clock]:
+    rng = np.random.default_rng(seed)
+    requests = _requests(80, rng)
+    clock = _Clock()
+    production = serving.Endpoint("production", _SameKernel("production", clock))
+    candidate = serving.Endpoint("candidate", _SameKernel("candidate", clock))
+    bursts = set(rng.choice(80, size=20, replace=False).tolist())
+
+    def progress(done: int, total: int) -> None:
+        clock.busy = done in bursts  # the load for the *next* request
+
+    return serving.replay_canary_step(requests, 0.25, production, candidate,
+                                      salt=f"seed{seed}", progress=progress), clock
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_same_kernel_is_never_judged_slower_under_load_that_comes_and_goes(seed):
+    result, _ = _replay_with_bursts(seed)
+    candidate_s, production_s = result.matched_latencies()
+    assert len(candidate_s) == len(production_s) == result.served_count("candidate") > 2
+    # request by request, both sides took the same time: same text, same moment
+    assert candidate_s == production_s
+    judged = analyse_canary_step(_plan().steps[0], candidate_s, production_s, result.drifts(),
+                                 0, 0, 1, 1, _plan())
+    assert judged.median_latency_ratio == pytest.approx(1.0)
+    assert not judged.latency_slower and judged.passed, judged.breaches
+
+
+def test_unmatched_latencies_would_confound_the_request_mix():
+    """What the matching protects against: everything production served has another
+    length mix and other bursts than the candidate's quarter, so the medians differ
+    although the kernels are the same."""
+    ratios = []
+    for seed in range(5):
+        result, _ = _replay_with_bursts(seed)
+        ratios.append(np.median(result.latencies("candidate"))
+                      / np.median(result.latencies("production")))
+    assert max(abs(r - 1.0) for r in ratios) > 0.05
+
+
+def test_which_side_runs_first_alternates_on_requests_both_serve():
+    clock = _Clock()
+    mirrored = serving.replay_shadow([serving.Request(request_id=f"s{i}", text=f"t{i}", source="doc")
+                                      for i in range(6)],
+                                     serving.Endpoint("production", _SameKernel("production", clock)),
+                                     serving.Endpoint("candidate", _SameKernel("candidate", clock)))
+    assert mirrored.served_count("production") == 6
+    assert [clock.calls[2 * i][0] for i in range(6)] == ["production", "candidate"] * 3
+    for i in range(6):  # both sides ran each text, back to back
+        assert clock.calls[2 * i][1] == clock.calls[2 * i + 1][1] == f"t{i}"
