@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import random
 import re
@@ -98,19 +99,26 @@ def record_traffic(documents: Iterable, n_requests: int, *, seed: int = 0) -> Re
                            digest=_traffic_digest(requests))
 
 
-def routes_to_candidate(request_id: str, fraction: float, *, salt: str = "canary") -> bool:
-    """Deterministic traffic split: True for about ``fraction`` of request ids.
+def candidate_share(request_ids: Sequence[str], fraction: float, *,
+                    salt: str = "canary") -> set[str]:
+    """Deterministic traffic split: the ``floor(fraction * len(request_ids))`` ids whose
+    salted SHA-256 ranks lowest go to the candidate.
 
-    The same id always lands on the same side for a given salt, so a canary step
-    can be replayed and audited.
+    Exactly that many, not "about": a step of 100 requests at 5 % gives the candidate
+    5 requests, never 1 by a hash's luck, so the latency test gets the samples its
+    preregistered plan was checked for (``CanaryPlan``'s power check uses the same
+    floor). The same ids and salt always give the same split, so a step can be replayed
+    and audited.
 
     Raises:
         ValueError: ``fraction`` outside [0, 1].
     """
     if not 0.0 <= fraction <= 1.0:
         raise ValueError(f"traffic fraction must lie in [0, 1], got {fraction}")
-    bucket = int.from_bytes(hashlib.sha256(f"{salt}:{request_id}".encode()).digest()[:8], "big")
-    return bucket / 2**64 < fraction
+    count = math.floor(fraction * len(request_ids))
+    ranked = sorted(request_ids,
+                    key=lambda rid: hashlib.sha256(f"{salt}:{rid}".encode()).digest())
+    return set(ranked[:count])
 
 
 def memory_in_use_bytes() -> int:
@@ -222,8 +230,9 @@ def _replay(stage: str, requests: Sequence[Request], fraction: float, production
             progress: Callable[[int, int], None] | None) -> TrafficResult:
     mem0 = memory_in_use_bytes()
     records = []
+    share = candidate_share([r.request_id for r in requests], fraction, salt=salt)
     for i, req in enumerate(requests):
-        to_candidate = routes_to_candidate(req.request_id, fraction, salt=salt)
+        to_candidate = req.request_id in share
         c_out = c_lat = c_err = None
         # Who goes first alternates, so neither side always runs on the other's warm caches.
         candidate_first = i % 2 == 1
@@ -256,7 +265,7 @@ def replay_shadow(requests: Sequence[Request], production: Endpoint, candidate: 
 def replay_canary_step(requests: Sequence[Request], fraction: float, production: Endpoint,
                        candidate: Endpoint, *, salt: str = "canary",
                        progress: Callable[[int, int], None] | None = None) -> TrafficResult:
-    """Canary step: requests routed by ``routes_to_candidate(id, fraction)`` are served
+    """Canary step: the requests ``candidate_share(ids, fraction)`` picks are served
     by the candidate, the rest by production. Production also runs on the
     candidate's requests (mirrored) so output drift is measured on every one.
 
