@@ -28,7 +28,9 @@ arXiv:2407.08608), exact attention with an online softmax (FlashAttention-2, Dao
 - **Persistent grid.** ``min(#SMs, #tiles)`` CTAs walk the tiles (batch, head, query
   pair of ``2 * block_q`` rows) with ``plgpu.nd_loop``; the key/value ring keeps
   streaming across tile boundaries. Tiles of one head are consecutive (they share K/V
-  in L2); with ``causal`` the query blocks of a head run heaviest (bottom) first.
+  in L2). With ``causal``, :func:`tile_schedule` gives each CTA a heavy and a light
+  query pair of one head in turn (``Q-1-i`` then ``i``), so every CTA does about the
+  same causal work (max/mean per-CTA K/V blocks 1.03 instead of 1.57 at B1 H16 S16384).
 - **Causal** (top-left): blocks above the diagonal are never loaded; blocks every row
   of a consumer sees run without a mask; the rest apply ``col <= row``. Within a pair,
   consumer 0 also runs the (fully masked, p = 0) block(s) only consumer 1 needs, to keep
@@ -340,12 +342,74 @@ class _Ops:
         return pl.run_state(body)(plgpu.ACC.init(acc))
 
 
+def tile_schedule(step, *, batch_heads: int, num_q_pairs: int, num_ctas: int, causal: bool):
+    """``(flat batch·head, query pair)`` of persistent step ``step`` (an int32 array:
+    a scalar in the kernel, a vector in tests). ``plgpu.nd_loop`` hands step ``t`` to
+    CTA ``t mod num_ctas``, so this bijection decides what each CTA computes.
+
+    Without ``causal`` (every tile the same work): head-major, query pairs in order.
+
+    With ``causal`` and an even ``num_q_pairs`` (``Q``): the query pairs of a head form
+    *units* ``(Q-1-i, i)``, a heavy and a light pair whose K/V block counts add up to
+    (nearly) the same number for every ``i``: ``(Q + 1) · 2·block_q / block_kv`` when
+    ``block_kv`` divides ``2·block_q``, ``Q/2 + 1`` at 64/256. Unit ``u`` of each
+    round of ``num_ctas`` units goes to CTA ``u mod num_ctas``, which runs its heavy pair
+    at step ``2r`` and its light pair at step ``2r + 1``, so every CTA does the same
+    causal work up to one unit. The last, partial round is split so that the CTAs that
+    get a tile there get either a whole unit or a single pair. This is the heavy/light
+    pairing of the "zigzag" causal load balancing used for context parallelism (e.g.
+    Megatron-LM's context parallel, ring-flash-attention's ``zigzag_ring_flash_attn``;
+    Brandon et al. 2023, "Striped Attention", arXiv:2311.09431, discuss the imbalance),
+    applied to a static persistent grid. FlashAttention-3's persistent schedulers
+    (``hopper/tile_scheduler.hpp``, ``DynamicPersistentTileScheduler``) instead hand
+    tiles out longest-processing-time-first through an atomic counter, over sections of
+    heads sized for L2; with this kernel's static strided hand-out, longest-first alone
+    left CTAs with 435 to 1568 K/V blocks at causal B1 H16 S16384 (mean 1001;
+    kernels/NOTES-gpu.md).
+    Consecutive units are consecutive pairs of one head, so the tiles in flight at one
+    time still come from about ``num_ctas / (Q/2)`` heads (their K/V shared in L2).
+
+    Causal with an odd ``Q`` keeps the plain rotation, heaviest pair first.
+    """
+    step = jnp.asarray(step, jnp.int32)
+
+    def div(a, d):
+        return lax.div(a, jnp.int32(d))
+
+    def rem(a, d):
+        return lax.rem(a, jnp.int32(d))
+
+    q = num_q_pairs
+    if not causal or q % 2:
+        qi = rem(step, q)
+        return div(step, q), (q - 1 - qi) if causal else qi
+    half = q // 2
+    p = num_ctas
+    full_rounds, rest = divmod(batch_heads * half, p)  # batch_heads * half units
+    paired_in_tail = max(2 * rest - p, 0)  # tail CTAs that get a whole unit
+    k, j = div(step, p), rem(step, p)
+    tail_base = full_rounds * p
+    single = j - paired_in_tail  # index among the tail's single pairs
+    in_tail = k >= 2 * full_rounds
+    tail_pair = j < paired_in_tail
+    unit = jnp.where(in_tail,
+                     jnp.where(tail_pair, tail_base + j, tail_base + paired_in_tail
+                               + div(jnp.maximum(single, 0), 2)),
+                     div(k, 2) * p + j)
+    light = jnp.where(in_tail,
+                      jnp.where(tail_pair, k - 2 * full_rounds, rem(jnp.maximum(single, 0), 2)),
+                      rem(k, 2))
+    i = rem(unit, half)
+    return div(unit, half), jnp.where(light == 1, i, q - 1 - i)
+
+
 def _tile_coords(plan: _Plan, index):
-    """(batch, head, query pair) of an ``nd_loop`` index; causal pairs heaviest first."""
-    b, h, qi = index
-    if plan.causal:
-        qi = plan.num_q_pairs - 1 - qi
-    return b, h, qi
+    """(batch, head, query pair) of an ``nd_loop`` step (:func:`tile_schedule`)."""
+    (step,) = index
+    bh, qi = tile_schedule(step, batch_heads=plan.batch * plan.num_heads,
+                           num_q_pairs=plan.num_q_pairs, num_ctas=plan.num_ctas,
+                           causal=plan.causal)
+    return lax.div(bh, jnp.int32(plan.num_heads)), lax.rem(bh, jnp.int32(plan.num_heads)), qi
 
 
 def _tile_bounds(plan: _Plan, b, qi, q_len_ref, kv_len_ref):
@@ -374,7 +438,7 @@ def _build_kernel(plan: _Plan):
     block_q, block_kv, stages, d = plan.block_q, plan.block_kv, plan.stages, plan.head_dim
     c = plan.qk_scale_log2
     row_layout = plgpu.Layout.WGMMA.reduce(1)
-    loop_grid = (plan.batch, plan.num_heads, plan.num_q_pairs)
+    loop_grid = (plan.batch * plan.num_heads * plan.num_q_pairs,)
 
     def kernel(*refs, q_smem, k_smem, v_smem, q_ready, q_free, k_ready, v_ready, k_free,
                v_free, schedule, o_smem=None):
@@ -606,10 +670,11 @@ def pallas_mosaic_gpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, cau
         padding (padded query rows and rows that see no key return zeros).
       config: ``kernels.config.BlockSizes``; unset fields take :func:`default_config`.
       interpret: run in JAX's (private) GPU interpret mode on the CPU, with
-        ``lax.dot_general`` in place of ``wgmma`` and one CTA (tests only): ``True``,
-        or the interpreter's ``InterpretGPUParams`` (e.g. ``detect_races=True``).
+        ``lax.dot_general`` in place of ``wgmma`` (tests only): ``True``, or the
+        interpreter's ``InterpretGPUParams`` (e.g. ``detect_races=True``).
       num_sms: persistent CTAs to launch; default the device's SM count
-        (``DEFAULT_NUM_SMS`` off-GPU, e.g. when exporting from a CPU host).
+        (``DEFAULT_NUM_SMS`` off-GPU, e.g. when exporting from a CPU host), and one CTA
+        in interpret mode.
 
     Returns:
       Array shaped and typed like ``q``; logits, softmax state and accumulator float32.
@@ -648,7 +713,7 @@ def pallas_mosaic_gpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, cau
         k, v = jnp.pad(k, widths), jnp.pad(v, widths)
 
     num_tiles = batch * num_heads * (q_pad // (2 * cfg.block_q))
-    num_ctas = 1 if interpret else min(num_sms or _num_sms(), num_tiles)
+    num_ctas = min(num_sms or (1 if interpret else _num_sms()), num_tiles)
     plan = _Plan(batch=batch, num_heads=num_heads, group=num_heads // num_kv_heads,
                  q_len=q_len, kv_len=kv_len, q_pad=q_pad, kv_pad=kv_pad, head_dim=d_pad,
                  block_q=cfg.block_q, block_kv=cfg.block_kv, stages=cfg.num_stages,

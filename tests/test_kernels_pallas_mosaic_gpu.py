@@ -31,6 +31,7 @@ from kernels.pallas_mosaic_gpu import (
     pallas_mosaic_gpu_attention,
     resolve_config,
     smem_bytes,
+    tile_schedule,
 )
 from kernels.reference import attention_reference, relative_error
 from kernels.shapes import AttentionShape
@@ -319,6 +320,79 @@ def test_build_exports_cuda_and_skips_the_rest_with_reasons(tmp_path):
     assert cpu.status == "skipped" and "not native on cpu" in cpu.reason
 
 
+# ----------------------------------------------------------------------------- tile schedule
+
+
+def _schedule(batch_heads, num_q_pairs, num_ctas, causal):
+    steps = np.arange(batch_heads * num_q_pairs, dtype=np.int32)
+    bh, qi = tile_schedule(jnp.asarray(steps), batch_heads=batch_heads,
+                           num_q_pairs=num_q_pairs, num_ctas=num_ctas, causal=causal)
+    return np.asarray(bh), np.asarray(qi)
+
+
+def _rotation(batch_heads, num_q_pairs):
+    """The schedule before 2026-12-01: head-major, each head's pairs heaviest first."""
+    steps = np.arange(batch_heads * num_q_pairs)
+    return steps // num_q_pairs, num_q_pairs - 1 - steps % num_q_pairs
+
+
+def _cta_blocks(qi, *, seq, block_q, block_kv, num_ctas):
+    """K/V blocks each CTA streams (``_tile_bounds``' ``ub`` without lengths, causal);
+    ``plgpu.nd_loop`` gives step ``t`` to CTA ``t mod num_ctas``."""
+    blocks = -(-np.minimum((qi + 1) * 2 * block_q, seq) // block_kv)
+    per_cta = np.zeros(num_ctas, np.int64)
+    np.add.at(per_cta, np.arange(len(qi)) % num_ctas, blocks)
+    return per_cta
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("batch_heads,num_q_pairs,num_ctas", [
+    (1, 1, 132), (3, 5, 4), (7, 2, 4), (6, 4, 5), (6, 4, 7), (2, 4, 1), (64, 32, 132),
+    (16, 128, 132), (16, 64, 132), (16, 1024, 132), (5, 6, 11), (4, 8, 16),
+])
+def test_tile_schedule_assigns_every_tile_exactly_once(batch_heads, num_q_pairs, num_ctas,
+                                                       causal):
+    bh, qi = _schedule(batch_heads, num_q_pairs, num_ctas, causal)
+    assert bh.min() >= 0 and bh.max() < batch_heads and qi.min() >= 0
+    assert qi.max() < num_q_pairs
+    flat = bh.astype(np.int64) * num_q_pairs + qi
+    assert np.array_equal(np.sort(flat), np.arange(batch_heads * num_q_pairs))
+    if not causal:
+        assert np.array_equal(flat, np.arange(batch_heads * num_q_pairs))  # unchanged
+
+
+BENCHMARK_CAUSAL = [(4 * 16, 4096), (16, 16384), (16, 131072)]  # (batch * heads, seq)
+
+
+@pytest.mark.parametrize("block_q,block_kv", [(64, 128), (64, 64), (128, 128), (64, 256)])
+@pytest.mark.parametrize("batch_heads,seq", BENCHMARK_CAUSAL)
+def test_causal_schedule_balances_per_cta_work_at_the_benchmark_shapes(batch_heads, seq,
+                                                                         block_q, block_kv):
+    """A unit (heavy pair ``Q-1-i``, light pair ``i``) streams ``w`` K/V blocks, with
+    ``w_lo <= w <= w_hi``; no CTA gets more than ``ceil(U / P)`` of the ``U`` units, so
+    max/mean <= ceil(U/P) * w_hi / (U/P * w_lo). At the benchmark shapes that is 1.031
+    (S4096, S16384) and 1.015 (S131072); the rotation it replaced reached 1.567."""
+    num_ctas = pallas_mosaic_gpu.DEFAULT_NUM_SMS
+    q = seq // (2 * block_q)
+    _, qi = _schedule(batch_heads, q, num_ctas, True)
+    per_cta = _cta_blocks(qi, seq=seq, block_q=block_q, block_kv=block_kv, num_ctas=num_ctas)
+    i = np.arange(q // 2)
+    unit = -(-(2 * block_q * (q - i)) // block_kv) - (-(2 * block_q * (i + 1)) // block_kv)
+    units = batch_heads * q // 2
+    bound = math.ceil(units / num_ctas) * unit.max() / (units / num_ctas * unit.min())
+    imbalance = per_cta.max() / per_cta.mean()
+    assert imbalance <= bound + 1e-9 and imbalance <= 1.05, (imbalance, bound)
+
+
+def test_the_balance_check_fails_on_the_old_rotation():
+    """The bound above discriminates: the strided heaviest-first rotation exceeds it."""
+    num_ctas = pallas_mosaic_gpu.DEFAULT_NUM_SMS
+    _, qi = _rotation(16, 128)
+    per_cta = _cta_blocks(qi, seq=16384, block_q=64, block_kv=128, num_ctas=num_ctas)
+    assert (per_cta.min(), per_cta.max()) == (435, 1568)  # kernels/NOTES-gpu.md
+    assert per_cta.max() / per_cta.mean() > 1.5
+
+
 # ----------------------------------------------------------------------------- interpret mode
 
 
@@ -413,6 +487,19 @@ def test_interpreted_kernel_never_reads_padding_or_races(interpreter):
     assert np.all(np.isfinite(out)) and np.all(out[1, 100:] == 0.0)
     assert_accurate(out, ref, "bfloat16", _naive_error(case, q, k, v, ql, kl, ref))
     assert not interpret_pallas_call.get_races().races_found
+
+
+def test_interpreted_kernel_with_several_persistent_ctas(interpreter):
+    """Four CTAs for 7 heads x 2 query pairs (7 units): the balanced causal schedule's
+    full round, and a last round split into whole units (2 CTAs) and single pairs."""
+    params = _interpret_params()
+    case = Case("four_ctas_causal", batch=1, q_len=256, kv_len=256, num_heads=7,
+                num_kv_heads=1, head_dim=64, dtype="bfloat16", causal=True,
+                config=BlockSizes(block_q=64, block_kv=64, num_stages=2))
+    q, k, v, ql, kl = random_inputs(case, seed=11)
+    ref = attention_reference(q, k, v, causal=True)
+    out = _run(case, q, k, v, ql, kl, interpret=params, num_sms=4)
+    assert_accurate(out, ref, case.dtype, _naive_error(case, q, k, v, ql, kl, ref))
 
 
 # ----------------------------------------------------------------------------- GPU only
