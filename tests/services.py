@@ -17,6 +17,9 @@ ROOT = Path(__file__).resolve().parents[1]
 THRESHOLDS = ROOT / "tests" / "data" / "thresholds-flow-test.yaml"
 TINY_SHAPE = {"batch": 1, "q_len": 128, "kv_len": 128, "num_heads": 4, "num_kv_heads": 4,
               "head_dim": 32, "dtype": "float32", "causal": False}
+RUN_TIMEOUT_S = 1200
+"""How long a tiny rollout through the worker may take: under a minute alone on the 2-core
+host, several when it shares the cores with other rollouts, the servers and ``make test``."""
 REPORT_ENV = "KERNELGATE_SERVICES_REPORT"
 """When set, the services tests write their figures (RELIABILITY.md "Servers") there."""
 
@@ -39,6 +42,20 @@ def tiny_settings(family: str, testset_dir: Path, store_dir: Path, thresholds: P
     return {"implementation": "xla", "family": family, "thresholds": str(thresholds),
             "testset_dir": str(testset_dir), "store_dir": str(store_dir), "shadow_requests": 8,
             "perf_repeats": 3, "model_check": False, "perf_shapes": [TINY_SHAPE], **extra}
+
+
+def rollout_runs(tracking, family: str) -> list:
+    """The family's rollout (parent) runs, oldest first; ``[]`` when it has no experiment.
+    ``tracking`` is a ``lineage.tracking.Tracking``."""
+    from lineage import tags
+    from lineage import tracking as tr
+
+    experiment = tracking.client().get_experiment_by_name(tr.experiment_name(family))
+    if experiment is None:
+        return []
+    return tracking.client().search_runs([experiment.experiment_id],
+                                         filter_string=f"tags.`{tags.STAGE}` = 'rollout'",
+                                         order_by=["attributes.start_time ASC"])
 
 
 def prefect_cli(env: dict[str, str], *args: str, timeout_s: float = 120) -> str:
@@ -84,15 +101,19 @@ def wait_state(client, flow_run_id: str, states: set[str], timeout_s: float, pol
 
 
 def report(section: str, figures: dict) -> None:
-    """Merge ``figures`` under ``section`` into the JSON report (when ``REPORT_ENV`` is set)."""
+    """Merge ``figures`` under ``section`` into the JSON report (when ``REPORT_ENV`` is set).
+    Two test processes write it at once, so the read-modify-write holds a file lock."""
+    from filelock import FileLock
+
     path = os.environ.get(REPORT_ENV)
     if not path:
         return
     target = Path(path)
-    data = json.loads(target.read_text()) if target.exists() else {}
-    data[section] = figures
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    with FileLock(str(target) + ".lock"):
+        data = json.loads(target.read_text()) if target.exists() else {}
+        data[section] = figures
+        target.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
 
 
 def table(data: dict) -> str:

@@ -1,6 +1,8 @@
 """The server profile for real: Prefect server and MLflow tracking server (basic-auth)
 on PostgreSQL, started by ``flows.stack.up`` on ephemeral ports and databases of their
-own, rollouts run by a worker from ``prefect deployment run``, accounts, faults.
+own, rollouts run by a worker from ``prefect deployment run``, accounts, load, the
+nightly schedule, backup and restore. The fault drills that kill or restart things are
+in ``test_services_faults.py`` (a stack of their own, run alongside).
 
 Run with ``make test-services`` (figures into ``reliability/services.json``). Kernels
 are tiny (XLA on one 128-token shape): these tests are about the servers.
@@ -9,13 +11,9 @@ are tiny (XLA on one 128-token shape): these tests are about the servers.
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import json
-import os
 import shutil
-import signal
 import subprocess
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -27,93 +25,12 @@ from typer.testing import CliRunner
 
 from flows import stack as st
 from lineage import registry, tags
-from lineage.tracking import Tracking
 from tests import services as sv
+from tests.services import RUN_TIMEOUT_S
+from tests.services import rollout_runs as _rollout_run
+from tests.services_fixtures import as_account, env, prefect, stack, testset  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.services
-
-RUN_TIMEOUT_S = 1200
-"""How long a tiny rollout may take here: 2 to 3 minutes alone on the 2-core host, up
-to 8 when it shares the cores with the other rollouts and the servers."""
-
-
-@pytest.fixture(scope="module")
-def testset(tmp_path_factory):
-    from evaluation.testset import build_testset
-
-    folder = tmp_path_factory.mktemp("svc-testset")
-    build_testset(folder, profile="ci")
-    return folder
-
-
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    """The whole profile, up for the module; stopped and its databases dropped after."""
-    config = sv.test_config(tmp_path_factory.mktemp("stack"))
-    values = st.random_secrets(config)
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    started = time.monotonic()
-    try:
-        running = st.up(config)
-        running_s = time.monotonic() - started
-        yield config, running, running_s
-    finally:
-        st.down(config.state_dir)
-        for name in config.databases.model_dump().values():
-            st.drop_database(config, name)
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
-@pytest.fixture(scope="module")
-def env(stack):
-    config, running, _ = stack
-    return running.client_env("pipeline", config)
-
-
-@pytest.fixture(scope="module")
-def prefect(stack):
-    """A Prefect client of the stack's server (with its auth string)."""
-    from prefect.client.orchestration import get_client
-    from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
-
-    config, running, _ = stack
-    with temporary_settings({PREFECT_API_URL: running.prefect_api_url,
-                             PREFECT_API_AUTH_STRING: config.secrets.value("prefect_auth")}), \
-            get_client(sync_client=True) as client:
-        yield client
-
-
-@pytest.fixture
-def as_account(stack, monkeypatch):
-    """Switch this process's MLflow credentials to an account; returns its Tracking."""
-    config, running, _ = stack
-
-    def use(account: str) -> Tracking:
-        for key, value in running.client_env(account, config).items():
-            monkeypatch.setenv(key, value)
-        return Tracking(tracking_uri=running.mlflow_url)
-    return use
-
-
-def test_mlflow_server_down_at_start_fails_within_seconds_naming_it(tmp_path, monkeypatch):
-    from flows.cli import app
-
-    uri = f"http://127.0.0.1:{st.free_port()}"
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    started = time.monotonic()
-    result = CliRunner().invoke(app, ["rollout", "--implementation", "xla",
-                                      "--store-dir", str(tmp_path / "store")])
-    took = time.monotonic() - started
-    assert result.exit_code == 1, result.output
-    assert uri in result.output and "does not answer" in result.output
-    assert took < 10
-    assert not (tmp_path / "store").exists()
-    sv.report("mlflow_down_at_start", {"exit_code": result.exit_code, "seconds": round(took, 2)})
 
 
 def test_servers_run_on_postgresql_with_accounts(stack):
@@ -132,17 +49,6 @@ def test_servers_run_on_postgresql_with_accounts(stack):
         cur.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'runs'")
         assert cur.fetchone()[0] == 1
     sv.report("stack_up", {"seconds": round(up_s, 1)})
-
-
-def _rollout_run(tracking: Tracking, family: str, flow_run_name: str | None = None):
-    from lineage import tracking as tr
-
-    experiment = tracking.client().get_experiment_by_name(tr.experiment_name(family))
-    if experiment is None:
-        return []
-    return tracking.client().search_runs([experiment.experiment_id],
-                                         filter_string=f"tags.`{tags.STAGE}` = 'rollout'",
-                                         order_by=["attributes.start_time ASC"])
 
 
 def test_rollouts_through_the_worker(stack, env, prefect, testset, tmp_path_factory, as_account):
@@ -357,58 +263,6 @@ def test_nightly_schedule_fires_on_the_server(stack, env, prefect, testset, tmp_
                           "result": revalidations[0].data.tags.get(tags.RESULT)})
 
 
-def _kill_tree(pid: int) -> list[int]:
-    victims = [pid, *st.descendants(pid)]
-    for victim in victims:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(victim, signal.SIGKILL)
-    return victims
-
-
-def test_worker_killed_mid_canary(stack, env, prefect, testset, tmp_path_factory, as_account):
-    """SIGKILL the worker (and its flow-run process) while the canary runs: the heartbeat
-    automation marks the run crashed, production is unchanged, and the next rollout of
-    the family clears what it left, saying why."""
-    config, running, _ = stack
-    store = tmp_path_factory.mktemp("kill-store")
-    tracking = as_account("auditor")
-    production = registry.alias_version(tracking, "svc-a", "production")
-    slow = dict(sv.tiny_settings("svc-a", testset, store), shadow_requests=8)
-    victim = sv.deployment_run(env, "kernelgate-rollout/candidate-rollout", slow)
-    deadline = time.monotonic() + RUN_TIMEOUT_S
-    while registry.alias_version(tracking, "svc-a", "canary") is None:
-        run = prefect.read_flow_run(victim)
-        assert not run.state.is_final(), f"the rollout ended before its canary: {run.state}"
-        assert time.monotonic() < deadline
-        time.sleep(0.3)
-    canary = registry.alias_version(tracking, "svc-a", "canary")
-    killed_at = time.monotonic()
-    _kill_tree(running.pids["worker"])
-    crashed = sv.wait_state(prefect, victim, {"CRASHED"}, timeout_s=300, poll_s=2)
-    crashed_after = time.monotonic() - killed_at
-    assert "heartbeat" in (crashed.state.message or ""), crashed.state
-    assert registry.alias_version(tracking, "svc-a", "production") == production
-    dead = [r for r in _rollout_run(tracking, "svc-a") if r.info.status == "RUNNING"]
-    assert len(dead) == 1  # the killed rollout's record is still open
-
-    st.start_worker(config, running)
-    nxt = sv.deployment_run(env, "kernelgate-rollout/candidate-rollout",
-                            sv.tiny_settings("svc-a", testset, store))
-    sv.wait_state(prefect, nxt, {"COMPLETED"}, timeout_s=RUN_TIMEOUT_S)
-    closed = tracking.client().get_run(dead[0].info.run_id)
-    assert closed.info.status == "KILLED"
-    assert "closed as KILLED" in closed.data.tags[tags.NOTE]
-    name = registry.registered_model_name("svc-a")
-    left = tracking.client().get_model_version(name, canary)
-    assert "canary" not in left.aliases or registry.alias_version(tracking, "svc-a", "canary") != canary
-    assert tags.STALE_REASON in left.tags and "did not finish" in left.tags[tags.STALE_REASON]
-    assert registry.alias_version(tracking, "svc-a", "production") != canary
-    sv.report("worker_killed_mid_canary", {
-        "crashed_after_s": round(crashed_after, 1), "crash_message": crashed.state.message,
-        "production_unchanged": True, "killed_run_closed_as": closed.info.status,
-        "stale_canary_reason": left.tags[tags.STALE_REASON]})
-
-
 def test_backup_and_restore_drill(stack, as_account, tmp_path, monkeypatch):
     """pg_dump both databases and archive the artifact root; drop MLflow's database and
     artifacts; restore; the audit of production passes again."""
@@ -459,98 +313,3 @@ def test_backup_and_restore_drill(stack, as_account, tmp_path, monkeypatch):
     sv.report("backup_restore", {"databases_dumped": 3, "artifact_archive_bytes":
                                  Path(archive).stat().st_size, "audit_exit_code": result.exit_code,
                                  "aliases_after_restore": before, "prefect_flow_runs": counts[0]})
-
-
-@pytest.fixture
-def private_postgres():
-    """A PostgreSQL server of this test's own (initdb in a temporary folder, an ephemeral
-    port, run as ``nobody`` when we are root), so that it can be restarted."""
-    pg_bin = Path("/usr/lib/postgresql/15/bin")
-    if not (pg_bin / "initdb").exists():
-        pytest.skip("PostgreSQL 15 server binaries not installed")
-    # not under pytest's 0700 temporary folders: `nobody` must reach it
-    folder = Path(tempfile.mkdtemp(prefix="kgsvc-pg-"))
-    user = ["runuser", "-u", "nobody", "--"] if os.geteuid() == 0 else []
-    if user:
-        shutil.chown(folder, "nobody")
-    port = st.free_port()
-    data = folder / "data"
-
-    def ctl(*args: str) -> None:
-        subprocess.run([*user, str(pg_bin / "pg_ctl"), "-D", str(data), "-w", "-t", "60", *args],
-                       check=True, capture_output=True, timeout=90)
-
-    subprocess.run([*user, str(pg_bin / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres",
-                    "--no-sync"], check=True, capture_output=True, timeout=120)
-    options = f"-p {port} -k {folder} -c listen_addresses=127.0.0.1 -c fsync=off"
-    ctl("-l", str(folder / "log"), "-o", options, "start")
-    try:
-        yield f"postgresql://postgres@127.0.0.1:{port}/postgres", lambda: ctl(
-            "-l", str(folder / "log"), "-o", options, "-m", "fast", "restart")
-    finally:
-        with contextlib.suppress(subprocess.SubprocessError):
-            ctl("-m", "immediate", "stop")
-        shutil.rmtree(folder, ignore_errors=True)
-
-
-def test_postgres_restarted_under_a_running_rollout(stack, env, prefect, testset, private_postgres,
-                                                    tmp_path_factory, monkeypatch):
-    """The worker's rollout writes to an MLflow server whose PostgreSQL restarts in the
-    middle: the rollout retries or fails clearly, and nothing is half-written (no run left
-    RUNNING, no alias on an unfinished version, production only with its whole chain)."""
-    from flows.cli import app
-
-    config, running, _ = stack
-    url, restart = private_postgres
-    store = tmp_path_factory.mktemp("pg-restart-store")
-    own = sv.test_config(store / "stack", postgres_url=url)
-    own.state_dir.mkdir(parents=True)
-    for name in own.databases.model_dump().values():
-        st.create_database(own, name)
-    pid, _, mlflow_url = st.start_mlflow_server(own, own.state_dir, st.free_port(),
-                                                own.state_dir / "artifacts")
-    try:
-        st.create_accounts(own, mlflow_url)
-        monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "auditor")
-        monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", own.secrets.value("auditor"))
-        tracking = Tracking(tracking_uri=mlflow_url)
-        out = sv.prefect_cli(env, "deployment", "run", "kernelgate-rollout/candidate-rollout",
-                             "--params", json.dumps({"settings": sv.tiny_settings(
-                                 "svc-pg", testset, store)}),
-                             "--job-variable", "env=" + json.dumps({"MLFLOW_TRACKING_URI": mlflow_url}))
-        run_id = next(line.split("UUID:")[1].strip() for line in out.splitlines() if "UUID:" in line)
-        deadline = time.monotonic() + RUN_TIMEOUT_S
-        while True:  # restart once the evaluation is being written
-            runs = _rollout_run(tracking, "svc-pg")
-            if runs and tracking.client().search_runs(
-                    [runs[0].info.experiment_id], filter_string=f"tags.`{tags.STAGE}` = 'evaluation'"):
-                break
-            assert time.monotonic() < deadline and not prefect.read_flow_run(run_id).state.is_final()
-            time.sleep(0.5)
-        restarted = time.monotonic()
-        restart()
-        restart_s = time.monotonic() - restarted
-        final = sv.wait_state(prefect, run_id, {"COMPLETED", "FAILED", "CRASHED"}, timeout_s=RUN_TIMEOUT_S)
-        (parent,) = _rollout_run(tracking, "svc-pg")
-        experiment = parent.info.experiment_id
-        assert not tracking.client().search_runs([experiment],
-                                                 filter_string="attributes.status = 'RUNNING'")
-        aliases = registry.aliases(tracking, "svc-pg")
-        result = parent.data.tags.get(tags.RESULT)
-        assert "canary" not in aliases and "shadow" not in aliases
-        if result == "promoted":
-            assert final.state.is_completed()
-            monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_url)
-            audit = CliRunner().invoke(app, ["audit", "production", "--family", "svc-pg",
-                                             "--key-dir", str(running.key_dir), "--no-load-model"])
-            assert audit.exit_code == 0, audit.output
-        else:
-            assert result == "failed" and "production" not in aliases, (result, aliases)
-            assert parent.data.tags.get(tags.NOTE), "a failure names its cause"
-        summary = (f"PostgreSQL restarted ({restart_s:.1f} s) during the evaluation; the rollout "
-                   f"{'retried and was promoted, audit clean' if result == 'promoted' else 'failed clearly: ' + parent.data.tags.get(tags.NOTE, '')[:120]}"
-                   "; no run left RUNNING, no shadow/canary alias left")
-        sv.report("postgres_restart", {"result": result, "flow_run_state": final.state.type.value,
-                                       "restart_s": round(restart_s, 1), "summary": summary})
-    finally:
-        st.stop_process(pid)
