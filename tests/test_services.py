@@ -27,7 +27,6 @@ from flows import stack as st
 from lineage import registry, tags
 from tests import services as sv
 from tests.services import RUN_TIMEOUT_S
-from tests.services import rollout_runs as _rollout_run
 from tests.services_fixtures import as_account, env, prefect, stack, testset  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.services
@@ -71,7 +70,7 @@ def test_rollouts_through_the_worker(stack, env, prefect, testset, tmp_path_fact
                               sv.tiny_settings("svc-b", testset, store, thresholds=approval))
     # the second of svc-a once the first holds the family's slot (its rollout run exists)
     deadline = time.monotonic() + RUN_TIMEOUT_S
-    while not _rollout_run(tracking, "svc-a"):
+    while not sv.rollout_runs(tracking, "svc-a"):
         assert time.monotonic() < deadline, "the first rollout never opened its record"
         time.sleep(1)
     second = sv.deployment_run(env, "kernelgate-rollout/candidate-rollout",
@@ -85,8 +84,8 @@ def test_rollouts_through_the_worker(stack, env, prefect, testset, tmp_path_fact
         sv.wait_state(prefect, run_id, {"COMPLETED"}, timeout_s=RUN_TIMEOUT_S)
     wall_s = time.monotonic() - started
 
-    a1, a2 = _rollout_run(tracking, "svc-a")
-    (b,) = _rollout_run(tracking, "svc-b")
+    a1, a2 = sv.rollout_runs(tracking, "svc-a")
+    (b,) = sv.rollout_runs(tracking, "svc-b")
     for run in (a1, a2, b):
         assert run.data.tags[tags.RESULT] == "promoted", run.data.tags
     # svc-b ran alongside the first svc-a; the second svc-a only after the first ended
@@ -135,7 +134,7 @@ def test_auditor_reads_everything_and_changes_nothing(stack, as_account, signing
     name = registry.registered_model_name("svc-a")
     production = registry.alias_version(tracking, "svc-a", "production")
     assert production is not None  # the auditor reads the registry
-    (run, *_) = _rollout_run(tracking, "svc-a")
+    (run, *_) = sv.rollout_runs(tracking, "svc-a")
     before = (client.get_run(run.info.run_id).data.tags, registry.aliases(tracking, "svc-a"))
     denied = [
         _denied(lambda: client.set_registered_model_alias(name, "production", "1")),
@@ -145,11 +144,11 @@ def test_auditor_reads_everything_and_changes_nothing(stack, as_account, signing
         _denied(lambda: client.delete_run(run.info.run_id)),
     ]
     # the pipeline cannot be run with the auditor's credentials: its first write is refused
-    runs_before = len(_rollout_run(tracking, "svc-a"))
+    runs_before = len(sv.rollout_runs(tracking, "svc-a"))
     denied.append(_denied(lambda: rollout.open_rollout(
         tracking, family="svc-a", implementation="xla", backend="cpu",
         work_root=Path(stack[1].state_dir / "auditor-work"), signing=signing)))
-    assert len(_rollout_run(tracking, "svc-a")) == runs_before
+    assert len(sv.rollout_runs(tracking, "svc-a")) == runs_before
     after = (client.get_run(run.info.run_id).data.tags, registry.aliases(tracking, "svc-a"))
     assert after == before
     assert client.get_run(run.info.run_id).info.lifecycle_stage == "active"
@@ -256,7 +255,7 @@ def test_nightly_schedule_fires_on_the_server(stack, env, prefect, testset, tmp_
     run = sv.wait_state(prefect, runs[0].id, {"COMPLETED"}, timeout_s=RUN_TIMEOUT_S)
     tracking = as_account("auditor")
     revalidations = tracking.client().search_runs(
-        [_rollout_run(tracking, "svc-a")[0].info.experiment_id],
+        [sv.rollout_runs(tracking, "svc-a")[0].info.experiment_id],
         filter_string=f"tags.`{tags.STAGE}` = 'revalidation'")
     assert revalidations and revalidations[0].data.tags.get(tags.RESULT), revalidations
     sv.report("nightly", {"scheduled_run": str(run.id), "state": run.state.type.value,

@@ -24,7 +24,6 @@ from lineage import registry, tags
 from lineage.tracking import Tracking
 from tests import services as sv
 from tests.services import RUN_TIMEOUT_S
-from tests.services import rollout_runs as _rollout_run
 from tests.services_fixtures import as_account, env, prefect, stack, testset  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.services
@@ -82,7 +81,7 @@ def test_worker_killed_mid_canary(stack, env, prefect, testset, tmp_path_factory
     crashed_after = time.monotonic() - killed_at
     assert "heartbeat" in (crashed.state.message or ""), crashed.state
     assert registry.alias_version(tracking, "svc-k", "production") == production
-    dead = [r for r in _rollout_run(tracking, "svc-k") if r.info.status == "RUNNING"]
+    dead = [r for r in sv.rollout_runs(tracking, "svc-k") if r.info.status == "RUNNING"]
     assert len(dead) == 1  # the killed rollout's record is still open
 
     st.start_worker(config, running)
@@ -163,7 +162,7 @@ def test_postgres_restarted_under_a_running_rollout(stack, env, prefect, testset
         run_id = next(line.split("UUID:")[1].strip() for line in out.splitlines() if "UUID:" in line)
         deadline = time.monotonic() + RUN_TIMEOUT_S
         while True:  # restart once the evaluation is being written
-            runs = _rollout_run(tracking, "svc-pg")
+            runs = sv.rollout_runs(tracking, "svc-pg")
             if runs and tracking.client().search_runs(
                     [runs[0].info.experiment_id], filter_string=f"tags.`{tags.STAGE}` = 'evaluation'"):
                 break
@@ -173,7 +172,7 @@ def test_postgres_restarted_under_a_running_rollout(stack, env, prefect, testset
         restart()
         restart_s = time.monotonic() - restarted
         final = sv.wait_state(prefect, run_id, {"COMPLETED", "FAILED", "CRASHED"}, timeout_s=RUN_TIMEOUT_S)
-        (parent,) = _rollout_run(tracking, "svc-pg")
+        (parent,) = sv.rollout_runs(tracking, "svc-pg")
         experiment = parent.info.experiment_id
         assert not tracking.client().search_runs([experiment],
                                                  filter_string="attributes.status = 'RUNNING'")
