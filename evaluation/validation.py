@@ -56,6 +56,7 @@ from evaluation.testset import (
     set_digest,
     split_digest,
 )
+from kernels.errors import KernelgateError
 
 logger = logging.getLogger(__name__)
 
@@ -113,7 +114,7 @@ class ValidationOutcome(BaseModel):
         return [f.reason for f in self.failures]
 
 
-class TestSetValidationError(Exception):
+class TestSetValidationError(KernelgateError):
     """The test set failed validation; ``outcome`` says why. Evaluation must stop."""
 
     __test__ = False  # not a pytest class

@@ -15,12 +15,14 @@ from urllib.parse import urlsplit, urlunsplit
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
+from kernels.errors import KernelgateError
+
 PROJECT_DIR = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = PROJECT_DIR / "stack.yaml"
 STATE_FILE = "stack.json"
 
 
-class StackError(RuntimeError):
+class StackError(KernelgateError, RuntimeError):
     """A server did not start, a database could not be made, or a secret is missing."""
 
 

@@ -14,8 +14,10 @@ from datetime import datetime
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict
 
+from kernels.errors import KernelgateError
 
-class PreregistrationError(RuntimeError):
+
+class PreregistrationError(KernelgateError, RuntimeError):
     """The thresholds or the evaluation do not match a valid preregistration."""
 
 

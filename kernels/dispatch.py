@@ -50,6 +50,7 @@ from kernels.api import (
 )
 from kernels.config import BlockSizes
 from kernels.contract import validate
+from kernels.errors import KernelgateError
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +59,7 @@ RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"
 than there is: shared memory, registers, device memory."""
 
 
-class ResourceLimitError(RuntimeError):
+class ResourceLimitError(KernelgateError, RuntimeError):
     """An explicitly requested implementation cannot be compiled for this call on this
     device: it needs more of a device resource than the device has."""
 

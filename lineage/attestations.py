@@ -31,6 +31,7 @@ from securesystemslib.dsse import Envelope
 from securesystemslib.exceptions import VerificationError
 from securesystemslib.signer import Signer, SSlibKey
 
+from kernels.errors import KernelgateError
 from lineage import tracking as tr
 from lineage.tracking import Tracking
 
@@ -46,7 +47,7 @@ promote, rollback, clear; numbered per family), a rollout's outcome, an approval
 loosen thresholds."""
 
 
-class AttestationError(RuntimeError):
+class AttestationError(KernelgateError, RuntimeError):
     """An envelope is malformed, unsigned, or signed by no trusted (unrevoked) key."""
 
 

@@ -20,13 +20,14 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from securesystemslib.signer import CryptoSigner, SSlibKey
 
+from kernels.errors import KernelgateError
 from lineage.attestations import TrustPolicy
 
 PIPELINE_KEY = "pipeline"
 REVOKED_FILE = "revoked.json"
 
 
-class KeyFileError(RuntimeError):
+class KeyFileError(KernelgateError, RuntimeError):
     """A key file is missing, unreadable or not an Ed25519 key (the message names it)."""
 
 

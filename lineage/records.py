@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict
 from gates.approval import ApprovalRecord
 from gates.canary import CanaryStepResult
 from gates.decision import GateDecision
+from kernels.errors import KernelgateError
 from lineage import tags
 from lineage import tracking as tr
 from lineage.attestations import AttestationError, Signing, attest
@@ -27,7 +28,7 @@ from lineage.sources import EvidenceSource, signed_artifact
 from lineage.tracking import Tracking
 
 
-class LineageError(RuntimeError):
+class LineageError(KernelgateError, RuntimeError):
     """A record is missing, of the wrong stage, inconsistent, or fails its signature."""
 
 

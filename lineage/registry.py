@@ -35,6 +35,7 @@ from mlflow.exceptions import MlflowException
 from pydantic import AwareDatetime, BaseModel, ConfigDict
 
 from kernels.config import BlockSizes
+from kernels.errors import KernelgateError
 from lineage import chain, tags
 from lineage.attestations import Attestation, Signing, TrustPolicy
 from lineage.records import LineageError, log_alias_change
@@ -46,7 +47,7 @@ ALIASES: tuple[Alias, ...] = ("shadow", "canary", "production")
 _HISTORY_KEEP = 50
 
 
-class PromotionRefused(RuntimeError):
+class PromotionRefused(KernelgateError, RuntimeError):
     """An alias move was refused: incomplete evidence, or production moved meanwhile."""
 
 

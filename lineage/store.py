@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
 
+from kernels.errors import KernelgateError
+
 if TYPE_CHECKING:  # MLflow is imported on first use: `check_reachable` answers in seconds
     from mlflow import MlflowClient
 
@@ -57,7 +59,7 @@ class Tracking(BaseModel):
         return _client(self.tracking_uri)
 
 
-class StoreUnreachable(RuntimeError):
+class StoreUnreachable(KernelgateError, RuntimeError):
     """The tracking store does not answer; the message names its URI."""
 
 

@@ -30,6 +30,7 @@ from mlflow.entities import DatasetInput, InputTag, RunStatus
 from mlflow.exceptions import MlflowException
 from pydantic import BaseModel
 
+from kernels.errors import KernelgateError
 from lineage import tags
 from lineage.store import (  # noqa: F401 - re-exported: the store's location and client
     STORE_DIR,
@@ -274,7 +275,7 @@ def log_dataset(
 MLFLOW_DIGEST_CHARS = 32
 
 
-class ArtifactIntegrityError(RuntimeError):
+class ArtifactIntegrityError(KernelgateError, RuntimeError):
     """An artifact is missing, has no recorded sha256, or no longer matches it."""
 
 

@@ -31,6 +31,8 @@ FORBIDDEN_LIBRARIES = {
     "flows": set(),
 }
 MAX_LINES = 350
+SHARED_LEAVES = {"kernels.errors"}
+"""Leaf modules (importing nothing) every package may import: the common error base."""
 
 
 def _modules() -> dict[str, Path]:
@@ -61,7 +63,9 @@ MODULES = _modules()
 @pytest.mark.parametrize("module", sorted(MODULES))
 def test_layering(module):
     package = module.split(".")[0]
-    ours = {name.split(".")[0] for name in _imports(MODULES[module])} & set(PACKAGES)
+    ours = {name.split(".")[0] for name in _imports(MODULES[module])
+            if name not in SHARED_LEAVES and name.rsplit(".", 1)[0] not in SHARED_LEAVES
+            } & set(PACKAGES)
     assert ours <= ALLOWED[package], f"{module} imports {sorted(ours - ALLOWED[package])}"
     libraries = {name.split(".")[0] for name in _imports(MODULES[module])}
     assert not libraries & FORBIDDEN_LIBRARIES[package], \
@@ -121,4 +125,32 @@ def test_tag_names_live_in_one_module():
             if (isinstance(node, ast.Constant) and isinstance(node.value, str)
                     and node.value.startswith(("kernelgate.", "mlflow.note", "mlflow.parent"))):
                 offenders.append(f"{module}: {node.value!r}")
+    assert not offenders, offenders
+
+
+def test_shared_leaves_import_nothing_of_ours():
+    for leaf in SHARED_LEAVES:
+        ours = {n.split(".")[0] for n in _imports(MODULES[leaf])} & set(PACKAGES)
+        assert not ours, f"{leaf} must stay a leaf, imports {sorted(ours)}"
+
+
+def test_every_exception_class_derives_from_kernelgate_error():
+    """One base for every deliberate error: ``except KernelgateError`` catches them all."""
+    import importlib
+    import inspect
+
+    from kernels.errors import KernelgateError
+
+    offenders = []
+    for module, path in MODULES.items():
+        tree = ast.parse(path.read_text())
+        names = [n.name for n in tree.body if isinstance(n, ast.ClassDef)]
+        if not names:
+            continue
+        loaded = importlib.import_module(module)
+        for name in names:
+            cls = getattr(loaded, name, None)
+            if (inspect.isclass(cls) and issubclass(cls, BaseException)
+                    and not issubclass(cls, KernelgateError)):
+                offenders.append(f"{module}.{name}")
     assert not offenders, offenders

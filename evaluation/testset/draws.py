@@ -25,13 +25,14 @@ from evaluation.testset import build_split, load_manifest, write_manifest
 from evaluation.testset.manifest import check_disjoint
 from evaluation.testset.recipes import PROFILES
 from evaluation.testset.store import write_split_arrays
+from kernels.errors import KernelgateError
 
 MAX_DRAWS = 64
 """Draws tried before giving up (each needs its own documents, so a document folder
 runs out well before)."""
 
 
-class ConfirmationExhausted(RuntimeError):
+class ConfirmationExhausted(KernelgateError, RuntimeError):
     """Every confirmation draw the documents allow has been spent by this family."""
 
 
