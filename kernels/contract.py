@@ -163,3 +163,19 @@ def row_has_key(q_len: int, *, q_lengths=None, kv_lengths=None):
     if kv_lengths is not None:
         rows = rows & (kv_lengths[:, None] > 0)
     return rows[:, :, None, None]
+
+
+def zero_padding(x, lengths):
+    """``x`` (``[batch, seq, heads, head_dim]``) with every row at or past ``lengths``
+    (int ``[batch]``; ``None``: no padding) set to zero.
+
+    Padding is not data: a padded position may hold anything (NaN, inf, the dtype's
+    maximum), and a masked probability of 0 times NaN is still NaN. Adapters whose
+    library multiplies masked positions (the materialised baseline, XLA's and cuDNN's
+    fused attention) zero them first; the Pallas kernels zero them inside the blocks
+    that reach past a length, where it costs nothing extra.
+    """
+    if lengths is None:
+        return x
+    rows = jnp.arange(x.shape[1])[None, :] < jnp.asarray(lengths)[:, None]
+    return jnp.where(rows[:, :, None, None], x, jnp.zeros((), x.dtype))

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from kernels.config import BlockSizes, refuse_block_sizes
-from kernels.contract import AttentionSpec, row_has_key, visibility_mask
+from kernels.contract import AttentionSpec, row_has_key, visibility_mask, zero_padding
 
 FLOAT32_PRECISION = jax.lax.Precision.HIGHEST
 """Matrix-product precision of float32 calls (declared in the registry as ``highest``)."""
@@ -49,6 +49,8 @@ def naive_attention(q, k, v, *, causal, scale, q_lengths, kv_lengths, config=Non
         ``[batch, q_len, num_heads, head_dim]`` in ``q.dtype``.
     """
     del config
+    # masked probabilities are 0, but 0 * NaN is NaN: padded keys/values must be zeros
+    k, v = zero_padding(k, kv_lengths), zero_padding(v, kv_lengths)
     group = q.shape[2] // k.shape[2]
     k = jnp.repeat(k, group, axis=2)
     v = jnp.repeat(v, group, axis=2)

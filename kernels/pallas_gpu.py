@@ -349,7 +349,9 @@ def _flash_fwd_kernel(*refs, causal: bool, qk_scale_log2: float, block_q: int,
     out_rows = q_start + lax.broadcasted_iota(jnp.int32, (block_q,), 0)
     keep = jnp.logical_and(l_sum > 0.0, out_rows < q_end)
     inv_l = jnp.where(keep, 1.0 / jnp.where(l_sum > 0.0, l_sum, 1.0), 0.0)
-    o_ref[...] = (acc * inv_l[:, None]).astype(o_ref.dtype)
+    # A select, not a product: a padded query row may hold NaN/inf (so may its acc),
+    # and 0 * NaN is NaN.
+    o_ref[...] = jnp.where(keep[:, None], acc * inv_l[:, None], 0.0).astype(o_ref.dtype)
 
 
 def _floor_div(x, divisor: int):

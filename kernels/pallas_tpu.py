@@ -267,7 +267,12 @@ def _flash_kernel(q_lengths_ref, kv_lengths_ref, q_ref, k_ref, v_ref, o_ref,
         p = jnp.exp(s - m_shift)
         alpha = jnp.exp(m_prev - m_shift)
         l_next = alpha * l_scratch[:, :1] + jnp.sum(p, axis=1, keepdims=True)
-        pv = lax.dot_general(p.astype(v_ref.dtype), v_ref[...], (((1,), (0,)), ((), ())),
+        v = v_ref[...]
+        if masked:
+            # Padded value rows may hold NaN/inf; p = 0 there, but 0 * NaN is NaN.
+            v_rows = k_start + lax.broadcasted_iota(jnp.int32, v.shape, 0)
+            v = jnp.where(v_rows < kv_len, v, jnp.zeros((), v.dtype))
+        pv = lax.dot_general(p.astype(v.dtype), v, (((1,), (0,)), ((), ())),
                              precision=precision, preferred_element_type=jnp.float32)
         acc_scratch[...] = alpha * acc_scratch[...] + pv
         # The statistics live lane-replicated in [block_q, LANES] (one vreg column

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from kernels.config import BlockSizes, refuse_block_sizes
-from kernels.contract import AttentionSpec, row_has_key
+from kernels.contract import AttentionSpec, row_has_key, zero_padding
 
 FLOAT32_PRECISION = "highest"
 """``jax.default_matmul_precision`` of float32 calls (declared in the registry)."""
@@ -36,6 +36,8 @@ def _dot_product_attention(q, k, v, *, causal, scale, q_lengths, kv_lengths, imp
         return out.astype(q.dtype)
     batch, q_len = q.shape[0], q.shape[1]
     kv_len = k.shape[1]
+    # Padding is not data: the library multiplies masked positions (0 * NaN = NaN).
+    q, k, v = zero_padding(q, q_lengths), zero_padding(k, kv_lengths), zero_padding(v, kv_lengths)
     # The library requires both lengths when either is given.
     ql = q_lengths if q_lengths is not None or kv_lengths is None else jnp.full((batch,), q_len, jnp.int32)
     kl = kv_lengths if kv_lengths is not None or q_lengths is None else jnp.full((batch,), kv_len, jnp.int32)
