@@ -159,10 +159,8 @@ def look(step: str, log_ratios: ArrayLike, alpha: float) -> LatencyLook:
     if r.ndim != 1 or not np.all(np.isfinite(r)):
         raise ValueError("log ratios must be a finite 1-D array")
     nonzero = r[r != 0.0]
-    if nonzero.size == 0:
-        p = 1.0
-    else:
-        p = float(stats.wilcoxon(nonzero, alternative="greater").pvalue)
+    p = 1.0 if nonzero.size == 0 else float(
+        stats.wilcoxon(nonzero, alternative="greater").pvalue)
     median = float(np.exp(np.median(r))) if r.size else math.nan
     return LatencyLook(step=step, n_pairs=int(r.size), alpha=alpha, p_value=p,
                        median_ratio=median, noise_sd=robust_sd(r), slower=p < alpha)
