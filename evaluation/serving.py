@@ -15,88 +15,19 @@ import hashlib
 import json
 import math
 import os
-import random
-import re
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 from pydantic import BaseModel, Field
 
 from evaluation.model import MiniLM
+from evaluation.recorded_traffic import Request
 from evaluation.runners import Runner
 from kernels.reference import relative_error
 
 NON_FINITE = "non-finite output"
-
-
-class Request(BaseModel):
-    """One recorded request: a text to embed."""
-
-    request_id: str
-    text: str
-    source: str = Field(description="document name the text was cut from")
-
-
-class RecordedTraffic(BaseModel):
-    """A recorded request stream (written as JSON) and its content digest."""
-
-    requests: list[Request]
-    seed: int
-    documents: list[str]
-    digest: str = Field(description="sha256 over request ids and texts")
-
-    def write(self, path: str | os.PathLike) -> Path:
-        """Write the stream as JSON (creating parent folders); returns the path."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(self.model_dump_json(indent=1))
-        return path
-
-
-def _traffic_digest(requests: Sequence[Request]) -> str:
-    h = hashlib.sha256()
-    for r in requests:
-        h.update(r.request_id.encode() + b"\0" + r.text.encode() + b"\0")
-    return h.hexdigest()
-
-
-# A realistic mix of request sizes for a document-processing engine: mostly short
-# snippets, some paragraphs, a few long passages (in words).
-LENGTH_MIX: tuple[tuple[float, int, int], ...] = ((0.6, 6, 24), (0.3, 25, 80), (0.1, 81, 180))
-
-
-def record_traffic(documents: Iterable, n_requests: int, *, seed: int = 0) -> RecordedTraffic:
-    """Cut a deterministic request stream from documents.
-
-    Args:
-        documents: objects with ``.name`` and ``.text`` (``evaluation.documents.Document``).
-        n_requests: number of requests (> 0).
-        seed: stream seed; the same documents and seed give the same digest.
-
-    Raises:
-        ValueError: ``n_requests < 1`` or no document has any words.
-    """
-    if n_requests < 1:
-        raise ValueError(f"n_requests must be >= 1, got {n_requests}")
-    docs = [(d.name, re.findall(r"\S+", d.text)) for d in documents]
-    docs = [(name, words) for name, words in docs if words]
-    if not docs:
-        raise ValueError("record_traffic needs at least one document with text")
-    rng = random.Random(seed)
-    weights = [w for w, _, _ in LENGTH_MIX]
-    requests = []
-    for i in range(n_requests):
-        name, words = docs[i % len(docs)]
-        _, lo, hi = rng.choices(LENGTH_MIX, weights=weights)[0]
-        n = min(len(words), rng.randint(lo, hi))
-        start = rng.randint(0, max(0, len(words) - n))
-        requests.append(Request(request_id=f"req-{seed}-{i:05d}",
-                                text=" ".join(words[start:start + n]), source=name))
-    return RecordedTraffic(requests=requests, seed=seed, documents=sorted({n for n, _ in docs}),
-                           digest=_traffic_digest(requests))
 
 
 def candidate_share(request_ids: Sequence[str], fraction: float, *,
@@ -104,11 +35,9 @@ def candidate_share(request_ids: Sequence[str], fraction: float, *,
     """Deterministic traffic split: the ``floor(fraction * len(request_ids))`` ids whose
     salted SHA-256 ranks lowest go to the candidate.
 
-    Exactly that many, not "about": a step of 100 requests at 5 % gives the candidate
-    5 requests, never 1 by a hash's luck, so the latency test gets the samples its
-    preregistered plan was checked for (``CanaryPlan``'s power check uses the same
-    floor). The same ids and salt always give the same split, so a step can be replayed
-    and audited.
+    Exactly that many: 5 % of 100 requests is 5, never 1 by a hash's luck, so the
+    latency test gets the samples its plan's power check assumed (the same floor). The
+    same ids and salt always give the same split (replayable, auditable).
 
     Raises:
         ValueError: ``fraction`` outside [0, 1].
@@ -169,6 +98,10 @@ class ServedRequest(BaseModel):
     served_by: str = Field(description="'candidate' or 'production'")
     candidate_latency_s: float | None = None
     production_latency_s: float | None = None
+    # every timing of each side in the order run (two under ABBA; the first is *_latency_s)
+    candidate_timings_s: list[float] = Field(default_factory=list)
+    production_timings_s: list[float] = Field(default_factory=list)
+    order: str = Field("", description="who ran when: 'CPPC' (C candidate, P production)")
     candidate_error: str | None = None
     production_error: str | None = None
     output_drift: float | None = Field(
@@ -204,6 +137,17 @@ class TrafficResult(BaseModel):
                  and r.candidate_error is None and r.production_error is None]
         return [c for c, _ in pairs], [p for _, p in pairs]
 
+    def abba_timings(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(candidate, production)``, each ``[n, 2]`` float seconds: both timings of
+        each side on the requests timed ABBA (two timings a side) that both sides
+        served without error; ``gates.latency_judge.abba_log_ratios`` takes them."""
+        rows = [(r.candidate_timings_s, r.production_timings_s) for r in self.records
+                if len(r.candidate_timings_s) == 2 and len(r.production_timings_s) == 2
+                and r.candidate_error is None and r.production_error is None]
+        shape = (len(rows), 2)
+        return (np.array([c for c, _ in rows], dtype=np.float64).reshape(shape),
+                np.array([p for _, p in rows], dtype=np.float64).reshape(shape))
+
     def drifts(self) -> list[float]:
         """Output drift (relative L2, dimensionless) of every request where both endpoints produced an output."""
         return [r.output_drift for r in self.records if r.output_drift is not None]
@@ -225,25 +169,49 @@ def _drift(a: np.ndarray | None, b: np.ndarray | None) -> float | None:
     return None if a is None or b is None else relative_error(a, b)
 
 
+ABBA = ("CPPC", "PCCP")
+"""Orders of a compared request under ``abba=True``, alternating over the compared
+requests: each side runs in each slot on half of them, so an order effect and a linear
+drift within a request cancel (``gates.latency_judge``)."""
+
+
+def _serve_in_order(order: str, text: str, production: Endpoint, candidate: Endpoint):
+    """Serve ``text`` in ``order``; per side its first output, first error, timings."""
+    out: dict[str, list] = {"C": [None, None, []], "P": [None, None, []]}
+    for side in order:
+        endpoint = candidate if side == "C" else production
+        emb, latency, err = endpoint.serve(text)
+        got = out[side]
+        if not got[2]:
+            got[0] = emb
+        got[1] = got[1] or err
+        got[2].append(latency)
+    return out["C"], out["P"]
+
+
 def _replay(stage: str, requests: Sequence[Request], fraction: float, production: Endpoint,
             candidate: Endpoint, *, mirror_all: bool, salt: str,
-            progress: Callable[[int, int], None] | None) -> TrafficResult:
+            progress: Callable[[int, int], None] | None, abba: bool = False) -> TrafficResult:
     mem0 = memory_in_use_bytes()
     records = []
     share = candidate_share([r.request_id for r in requests], fraction, salt=salt)
+    compared = 0
     for i, req in enumerate(requests):
         to_candidate = req.request_id in share
-        c_out = c_lat = c_err = None
-        # Who goes first alternates, so neither side always runs on the other's warm caches.
-        candidate_first = i % 2 == 1
-        if (to_candidate or mirror_all) and candidate_first:
-            c_out, c_lat, c_err = candidate.serve(req.text)
-        p_out, p_lat, p_err = production.serve(req.text)
-        if (to_candidate or mirror_all) and not candidate_first:
-            c_out, c_lat, c_err = candidate.serve(req.text)
+        if to_candidate or mirror_all:
+            # Who goes first alternates over the compared requests, so neither side
+            # always runs on the other's warm caches.
+            order = ABBA[compared % 2] if abba else ("CP" if compared % 2 else "PC")
+            compared += 1
+        else:
+            order = "P"
+        (c_out, c_err, c_times), (p_out, p_err, p_times) = _serve_in_order(
+            order, req.text, production, candidate)
         records.append(ServedRequest(
             request_id=req.request_id, served_by="candidate" if to_candidate else "production",
-            candidate_latency_s=c_lat, production_latency_s=p_lat,
+            candidate_latency_s=c_times[0] if c_times else None,
+            production_latency_s=p_times[0] if p_times else None,
+            candidate_timings_s=c_times, production_timings_s=p_times, order=order,
             candidate_error=c_err, production_error=p_err, output_drift=_drift(c_out, p_out)))
         if progress:
             progress(i + 1, len(requests))
@@ -264,16 +232,20 @@ def replay_shadow(requests: Sequence[Request], production: Endpoint, candidate: 
 
 def replay_canary_step(requests: Sequence[Request], fraction: float, production: Endpoint,
                        candidate: Endpoint, *, salt: str = "canary",
-                       progress: Callable[[int, int], None] | None = None) -> TrafficResult:
+                       progress: Callable[[int, int], None] | None = None,
+                       abba: bool = False) -> TrafficResult:
     """Canary step: the requests ``candidate_share(ids, fraction)`` picks are served
     by the candidate, the rest by production. Production also runs on the
     candidate's requests (mirrored) so output drift is measured on every one.
+    With ``abba``, each compared request is timed twice a side in ABBA order
+    (:data:`ABBA`) for the paired latency test; the first output of each side is the
+    one served and compared.
 
     Raises:
         ValueError: ``fraction`` outside [0, 1].
     """
     return _replay(f"canary@{fraction:g}", requests, fraction, production, candidate,
-                   mirror_all=False, salt=salt, progress=progress)
+                   mirror_all=False, salt=salt, progress=progress, abba=abba)
 
 
 def warm_up(requests: Sequence[Request], endpoints: Sequence[Endpoint], model: MiniLM) -> int:
@@ -296,19 +268,3 @@ def traffic_summary(result: TrafficResult) -> str:
         "candidate_errors": result.errors("candidate"),
         "max_drift": max(result.drifts(), default=None),
     })
-
-
-def split_traffic(traffic: RecordedTraffic, sizes: Sequence[int]) -> list[RecordedTraffic]:
-    """Consecutive, disjoint slices of a recorded stream, ``sizes[i]`` requests each.
-
-    Raises:
-        ValueError: the sizes ask for more requests than the stream has.
-    """
-    if sum(sizes) > len(traffic.requests):
-        raise ValueError(f"segments of {list(sizes)} requests need {sum(sizes)}, the stream "
-                         f"has {len(traffic.requests)}")
-    out, start = [], 0
-    for n in sizes:
-        out.append(traffic.model_copy(update={"requests": traffic.requests[start:start + n]}))
-        start += n
-    return out

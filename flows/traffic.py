@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from evaluation import serving
+from evaluation import recorded_traffic, serving
 from evaluation.documents import assign_splits, load_documents
 from flows.settings import RolloutState
 from flows.tasks import run_logger, stage_task
@@ -18,8 +18,8 @@ class TrafficPlan(BaseModel):
     """The recorded stream cut into consecutive, disjoint segments: shadow first, then
     one per canary step of the registered plan."""
 
-    shadow: serving.RecordedTraffic
-    canary: list[tuple[CanaryStep, serving.RecordedTraffic]]
+    shadow: recorded_traffic.RecordedTraffic
+    canary: list[tuple[CanaryStep, recorded_traffic.RecordedTraffic]]
 
 
 @stage_task(name="record-traffic")
@@ -28,10 +28,10 @@ def record_traffic(state: RolloutState) -> TrafficPlan:
     steps = state.thresholds.canary.steps
     sizes = [state.settings.shadow_requests, *(s.requests for s in steps)]
     documents = assign_splits(load_documents(state.settings.documents_dir))["heldout"]
-    traffic = serving.record_traffic(documents, sum(sizes), seed=0)
+    traffic = recorded_traffic.record_traffic(documents, sum(sizes), seed=0)
     evidence.log_traffic(state.record,
                          traffic.write(state.record.work_dir / "traffic" / "requests-0.json"))
-    shadow, *canary = serving.split_traffic(traffic, sizes)
+    shadow, *canary = recorded_traffic.split_traffic(traffic, sizes)
     return TrafficPlan(shadow=shadow, canary=list(zip(steps, canary, strict=True)))
 
 
@@ -63,7 +63,7 @@ def _endpoints(state: RolloutState, alias: registry.Alias) -> tuple[serving.Endp
 
 
 @stage_task(name="shadow")
-def shadow(state: RolloutState, traffic: serving.RecordedTraffic) -> CanaryStepResult:
+def shadow(state: RolloutState, traffic: recorded_traffic.RecordedTraffic) -> CanaryStepResult:
     """Shadow stage: production serves, the candidate (alias ``shadow``) is mirrored and
     judged with the canary plan's limits (drift, errors, NaN, latency where native)."""
     record = state.record
@@ -86,7 +86,7 @@ def shadow(state: RolloutState, traffic: serving.RecordedTraffic) -> CanaryStepR
 
 @stage_task(name="canary-step")
 def canary_step(state: RolloutState, step: CanaryStep,
-                traffic: serving.RecordedTraffic) -> CanaryStepResult:
+                traffic: recorded_traffic.RecordedTraffic) -> CanaryStepResult:
     """One canary step: ``step.traffic_fraction`` of the step's requests served by the
     candidate (alias ``canary``), then analysed against the preregistered plan."""
     record = state.record

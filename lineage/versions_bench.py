@@ -32,8 +32,8 @@ import jax
 import kernels
 from evaluation.documents import assign_splits, load_documents
 from evaluation.model import MiniLM
+from evaluation.recorded_traffic import record_traffic
 from evaluation.runners import LocalRunner
-from evaluation.serving import record_traffic
 from kernels.shapes import AttentionShape
 from lineage import registry
 from lineage import tracking as tr
