@@ -93,7 +93,7 @@ def test_profiles_differ_where_the_design_says():
 @pytest.mark.parametrize(
     ("edit", "message"),
     [
-        (lambda t: t.replace("schema_version: 1", "schema_version: 2"), "schema_version"),
+        (lambda t: t.replace("schema_version: 2", "schema_version: 3"), "schema_version"),
         (lambda t: t.replace("  cpu:\n", "  cpux:\n"), "cpux"),
         (
             lambda t: t.replace(

@@ -95,7 +95,7 @@ def test_preregistration_is_signed_before_evaluation(tracking, family, tmp_path,
 
 
 def test_invalid_thresholds_are_not_registered(tracking, family, tmp_path, signing):
-    path = _write(tmp_path, thresholds_yaml().replace("schema_version: 1", "schema_version: 9"))
+    path = _write(tmp_path, thresholds_yaml().replace("schema_version: 2", "schema_version: 9"))
     with pytest.raises(ValueError, match="schema_version"):
         preregister(path, tracking=tracking, family=family, signing=signing)
     assert tracking.client().get_experiment_by_name(f"kernelgate-{family}") is None
