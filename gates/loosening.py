@@ -79,19 +79,18 @@ def _is_looser(looser: Looser, a: Any, b: Any) -> bool:
 def _members(d: Direction, name: str, a: Any, b: Any, where: str) -> list[str]:
     old, new = _keyed(a, d.key), _keyed(b, d.key)
     if d.key and len(new) != len(b) and list(b) != list(a):
-        return [f"{where}{name}: a {d.key or 'member'} repeated"]
+        return [f"{where}{name}: a {d.key} repeated"]  # which one counts is anyone's guess
     out: list[str] = []
     for key in [*old, *(k for k in new if k not in old)]:
-        item = f"{where}{name}: {key}"
-        if isinstance(old.get(key, new.get(key)), BaseModel):
-            item = (d.label or f"{name}[{{key}}].").format(key=key)
-            item = f"{where}{item}".rstrip(" .:/") + ":"
+        member = old.get(key, new.get(key))
+        prefix = f"{where}{(d.label or f'{name}[{{key}}].').format(key=key)}"
+        item = (f"{prefix.rstrip(' .:/')}:" if isinstance(member, BaseModel)
+                else f"{where}{name}: {key}")
         if key not in new and d.looser is Looser.FEWER:
             out.append(f"{item} removed")
         elif key not in old and d.looser is Looser.MORE:
             out.append(f"{item} added")
-        elif key in old and key in new and isinstance(old[key], BaseModel):
-            prefix = f"{where}{(d.label or f'{name}[{{key}}].').format(key=key)}"
+        elif key in old and key in new and isinstance(member, BaseModel):
             out += _model(old[key], new[key], prefix)
     return out
 

@@ -202,6 +202,9 @@ LOOSENINGS = [
      [f"approval.approvers[{BOB}]: added"]),
     ("an approver's key replaced", lambda d: d["approval"]["approvers"][0].update(
         public_key=_key("c")), [f"approval.approvers[{ALICE}].public_key changed"]),
+    ("an approver's key id listed twice", lambda d: d["approval"]["approvers"].append(
+        {"name": "mallory", "keyid": ALICE, "public_key": _key("m")}),
+     ["approval.approvers: a keyid repeated"]),
 ]
 
 
