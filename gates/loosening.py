@@ -6,95 +6,106 @@ shopping: re-running a rejected candidate under a copy of the file with one boun
 relaxed). "Looser" means: a candidate that failed before could pass now, or a check that
 could stop a rollout no longer can. Any change that is not clearly a tightening is
 reported, so the approval has to say why.
+
+Nothing here names a field: :func:`loosenings` walks the schema's models and compares each
+field by the direction it declares (``gates.directions``, declared in
+``gates.thresholds``). A field that declares none is compared as ``any_change`` (and
+``tests/test_gates_loosening.py`` fails). A bound that goes from set to unset or back
+(``min_improvement`` exchanged for ``max_regression``) is reported as a change.
 """
 
 from __future__ import annotations
 
-from gates.thresholds import ChangeCriterion, Thresholds, ValueCriterion
+from typing import Any
+
+from pydantic import BaseModel
+
+from gates.directions import Direction, Looser, direction_of
+from gates.thresholds import Thresholds
 
 _UPPER_BOUNDS = ("<=", "<")
 _LOWER_BOUNDS = (">=", ">")
-
-
-def _value(platform: str, old: ValueCriterion, new: ValueCriterion) -> list[str]:
-    where = f"{platform}/{old.name}"
-    if (old.metric, old.op, old.kind, old.requires_native) != (
-            new.metric, new.op, new.kind, new.requires_native):
-        return [f"{where}: changed from {old.metric} {old.op} {old.value:g} to "
-                f"{new.metric} {new.op} {new.value:g}"]
-    looser = ((old.op in _UPPER_BOUNDS and new.value > old.value)
-              or (old.op in _LOWER_BOUNDS and new.value < old.value)
-              or (old.op == "==" and new.value != old.value))
-    return [f"{where}: {old.metric} {old.op} {old.value:g} -> {new.value:g}"] if looser else []
-
-
-def _change(platform: str, old: ChangeCriterion, new: ChangeCriterion) -> list[str]:
-    where = f"{platform}/{old.name}"
-    if (old.metric, old.against, old.better, old.kind, old.requires_native) != (
-            new.metric, new.against, new.better, new.kind, new.requires_native):
-        return [f"{where}: changed what it compares"]
-    out = []
-    if new.required_improvement < old.required_improvement:
-        out.append(f"{where}: required improvement {old.required_improvement:.4g} -> "
-                   f"{new.required_improvement:.4g}")
-    if new.floor > old.floor:
-        out.append(f"{where}: floor {old.floor:g} -> {new.floor:g}")
-    return out
+_UNDECLARED = Direction(Looser.ANY_CHANGE)
 
 
 def loosenings(old: Thresholds, new: Thresholds) -> list[str]:
-    """Every way ``new`` is looser than ``old``, in words (empty: not looser)."""
+    """Every way ``new`` is looser than ``old``, in words (empty: not looser), e.g.
+    ``cpu/hard-error-ratio: accuracy.hard.max_error_ratio_to_baseline <= 2 -> 3`` or
+    ``canary.max_nan_count 0 -> 2``. Criteria are matched by name per platform, canary
+    steps by name, approvers by key id."""
+    return _model(old, new, "")
+
+
+def _model(old: BaseModel, new: BaseModel, where: str) -> list[str]:
     out: list[str] = []
-    if old.not_assessed_blocks_promotion and not new.not_assessed_blocks_promotion:
-        out.append("not_assessed_blocks_promotion: true -> false")
-    if new.min_cases_per_category < old.min_cases_per_category:
-        out.append(f"min_cases_per_category {old.min_cases_per_category} -> "
-                   f"{new.min_cases_per_category}")
-    for platform, old_criteria in old.platforms.items():
-        new_criteria = new.platforms[platform]
-        new_by_name = {c.name: c for c in (*new_criteria.value, *new_criteria.change)}
-        for criterion in (*old_criteria.value, *old_criteria.change):
-            replacement = new_by_name.get(criterion.name)
-            if replacement is None:
-                out.append(f"{platform}/{criterion.name}: removed")
-            elif type(replacement) is not type(criterion):
-                out.append(f"{platform}/{criterion.name}: changed kind of criterion")
-            elif isinstance(criterion, ValueCriterion):
-                out += _value(platform, criterion, replacement)
-            else:
-                out += _change(platform, criterion, replacement)
-    out += _canary(old, new) + _approval(old, new)
+    for name, field in type(old).model_fields.items():
+        direction = direction_of(field) or _UNDECLARED
+        attribute = direction.compare or name
+        out += _field(direction, name, getattr(old, attribute), getattr(new, attribute),
+                      where, old)
     return out
 
 
-def _canary(old: Thresholds, new: Thresholds) -> list[str]:
-    a, b = old.canary, new.canary
-    out = []
-    if [(s.traffic_fraction, s.requests) for s in b.steps] != [
-            (s.traffic_fraction, s.requests) for s in a.steps]:
-        fewer = (len(b.steps) < len(a.steps)
-                 or sum(s.requests for s in b.steps) < sum(s.requests for s in a.steps))
-        if fewer:
-            out.append("canary: fewer steps or requests")
-    for name in ("max_error_count", "max_nan_count", "max_output_drift", "max_memory_growth_bytes"):
-        if getattr(b, name) > getattr(a, name):
-            out.append(f"canary.{name} {getattr(a, name):g} -> {getattr(b, name):g}")
-    if b.latency.alpha < a.latency.alpha:
-        out.append(f"canary.latency.alpha {a.latency.alpha:g} -> {b.latency.alpha:g}")
-    if b.latency.min_slowdown_ratio > a.latency.min_slowdown_ratio:
-        out.append(f"canary.latency.min_slowdown_ratio {a.latency.min_slowdown_ratio:g} -> "
-                   f"{b.latency.min_slowdown_ratio:g}")
+def _field(d: Direction, name: str, a: Any, b: Any, where: str, owner: BaseModel) -> list[str]:
+    looser = d.looser
+    if looser is Looser.NOT_A_LIMIT:
+        return []
+    if looser is Looser.NESTED:
+        return _model(a, b, f"{where}{name}.")
+    if looser in (Looser.FEWER, Looser.MORE):
+        return _members(d, name, a, b, where)
+    shown = name
+    if looser is Looser.BY_OP:
+        op = owner.op  # type: ignore[attr-defined]
+        looser = (Looser.HIGHER if op in _UPPER_BOUNDS else
+                  Looser.LOWER if op in _LOWER_BOUNDS else Looser.ANY_CHANGE)
+        shown = f"{getattr(owner, 'metric', name)} {op}"
+    if _is_looser(looser, a, b):
+        if isinstance(a, dict | list):
+            return [f"{where}{shown} changed"]
+        return [f"{where}{shown} {_words(a)} -> {_words(b)}"]
+    return []
+
+
+def _is_looser(looser: Looser, a: Any, b: Any) -> bool:
+    if looser is Looser.ANY_CHANGE or (looser in (Looser.HIGHER, Looser.LOWER)
+                                       and (a is None or b is None)):
+        return a != b
+    return {Looser.HIGHER: lambda: b > a, Looser.LOWER: lambda: b < a,
+            Looser.TRUE_TO_FALSE: lambda: bool(a) and not b,
+            Looser.FALSE_TO_TRUE: lambda: not a and bool(b)}[looser]()
+
+
+def _members(d: Direction, name: str, a: Any, b: Any, where: str) -> list[str]:
+    old, new = _keyed(a, d.key), _keyed(b, d.key)
+    if d.key and len(new) != len(b) and list(b) != list(a):
+        return [f"{where}{name}: a {d.key} repeated"]  # which one counts is anyone's guess
+    out: list[str] = []
+    for key in [*old, *(k for k in new if k not in old)]:
+        member = old.get(key, new.get(key))
+        prefix = f"{where}{(d.label or f'{name}[{{key}}].').format(key=key)}"
+        item = (f"{prefix.rstrip(' .:/')}:" if isinstance(member, BaseModel)
+                else f"{where}{name}: {key}")
+        if key not in new and d.looser is Looser.FEWER:
+            out.append(f"{item} removed")
+        elif key not in old and d.looser is Looser.MORE:
+            out.append(f"{item} added")
+        elif key in old and key in new and isinstance(member, BaseModel):
+            out += _model(old[key], new[key], prefix)
     return out
 
 
-def _approval(old: Thresholds, new: Thresholds) -> list[str]:
-    a, b = old.approval, new.approval
-    out = [f"approval no longer required for {t}" for t in a.required_for if t not in b.required_for]
-    if b.auto_approve and not a.auto_approve:
-        out.append("approval.auto_approve: false -> true")
-    if a.require_signed and not b.require_signed:
-        out.append("approval.require_signed: true -> false")
-    added = {p.keyid for p in b.approvers} - {p.keyid for p in a.approvers}
-    if added:
-        out.append(f"approval: new approver keys {sorted(added)}")
-    return out
+def _keyed(members: Any, key: str | None) -> dict:
+    if isinstance(members, dict):
+        return dict(members)
+    return {(getattr(m, key) if key else m): m for m in members}
+
+
+def _words(v: Any) -> str:
+    if isinstance(v, bool):
+        return str(v).lower()
+    if v is None:
+        return "unset"
+    if isinstance(v, float):
+        return f"{v:g}"
+    return str(v)

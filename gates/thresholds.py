@@ -12,20 +12,28 @@ and, once per profile, whether ``not_assessed`` criteria block promotion, the ca
 plan and the approval policy. Metric names are those of ARCHITECTURE.md ("evaluation").
 
 The file's bytes are what preregistration hashes, so :func:`load_thresholds` keeps the
-sha256 of the exact bytes it parsed (``Thresholds.source_sha256``).
+sha256 of the exact bytes it parsed (``Thresholds.source_sha256``). Reading the bytes
+(duplicate keys refused, schema versions, the v1 -> v2 mapping) is ``gates.thresholds_file``.
+Every field declares where it is defined which change of it loosens the thresholds
+(``gates.directions.limit``); ``gates.loosening`` compares two profiles by them.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
+import operator
 from pathlib import Path
 from typing import Annotated, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
-SCHEMA_VERSION = 1
+from gates.directions import Looser as L
+from gates.directions import limit
+from gates.thresholds_file import SCHEMA_VERSION, read_mapping
+from gates.thresholds_file import upgrade_v1 as upgrade_v1  # re-exported
+
+_N = L.NOT_A_LIMIT
 
 Platform = Literal["tpu", "gpu", "cpu"]
 PLATFORMS: tuple[Platform, ...] = ("tpu", "gpu", "cpu")
@@ -33,13 +41,7 @@ CriterionKind = Literal["accuracy", "speed", "memory"]
 Op = Literal["<=", "<", ">=", ">", "=="]
 Transition = Literal["candidate->shadow", "shadow->canary", "canary->production"]
 
-_OPS = {
-    "<=": lambda a, b: a <= b,
-    "<": lambda a, b: a < b,
-    ">=": lambda a, b: a >= b,
-    ">": lambda a, b: a > b,
-    "==": lambda a, b: a == b,
-}
+_OPS = {"<=": operator.le, "<": operator.lt, ">=": operator.ge, ">": operator.gt, "==": operator.eq}
 
 
 def smallest_p_value(n1: int, n2: int) -> float:
@@ -66,9 +68,8 @@ KNOWN_METRICS: frozenset[str] = frozenset(
     | {"model.min_cosine_similarity", "model.mean_cosine_similarity", "latency.p50_s",
        "latency.p95_s", "latency.p99_s", "throughput.tflops", "memory.peak_bytes",
        "compile.time_s"})
-"""Metric names an evaluation report carries (ARCHITECTURE.md, "evaluation"): a
-criterion naming anything else is a typo, refused when the file is loaded rather
-than failed as "missing" after minutes of evaluation."""
+"""Metric names an evaluation report carries (ARCHITECTURE.md, "evaluation"): a criterion
+naming anything else is a typo, refused when loaded, not failed as "missing" later."""
 
 
 class _Strict(BaseModel):
@@ -83,12 +84,15 @@ Name = Annotated[str, Field(pattern=NAME_PATTERN)]
 Finite = Annotated[float, Field(allow_inf_nan=False)]
 MAX_TIMEOUT_S = 30 * 24 * 3600
 """An approval can wait at most 30 days: a pause longer than that is not a decision."""
+_KEY = "the key items are matched by: a renamed item reads as one removed and one added"
 
 
 class _Criterion(_Strict):
-    name: Name = Field(description="Stable identifier shown in decisions, e.g. 'all-nan-free'.")
-    metric: str = Field(description="Metric name from the evaluation report (ARCHITECTURE.md).")
-    kind: CriterionKind
+    name: Name = limit(_N, why=_KEY,
+                       description="Stable identifier shown in decisions, e.g. 'all-nan-free'.")
+    metric: str = limit(L.ANY_CHANGE,
+                        description="Metric name from the evaluation report (ARCHITECTURE.md).")
+    kind: CriterionKind = limit(L.ANY_CHANGE)
 
     @field_validator("metric")
     @classmethod
@@ -97,11 +101,10 @@ class _Criterion(_Strict):
             close = sorted(m for m in KNOWN_METRICS if m.split(".")[0] == metric.split(".")[0])
             raise ValueError(f"unknown metric {metric!r}; known metrics of that family: {close}")
         return metric
-    native_only: bool | None = Field(
-        default=None,
+    native_only: bool | None = limit(
+        L.ANY_CHANGE, compare="requires_native", default=None,
         description="Judge only when the candidate ran natively (report.speed_assessed); "
-        "defaults to True for kind 'speed' and False otherwise.",
-    )
+        "defaults to True for kind 'speed' and False otherwise.")
 
     @property
     def requires_native(self) -> bool:
@@ -112,8 +115,8 @@ class _Criterion(_Strict):
 class ValueCriterion(_Criterion):
     """``report.metrics[metric] <op> value``."""
 
-    op: Op
-    value: float
+    op: Op = limit(L.ANY_CHANGE)
+    value: float = limit(L.BY_OP)
 
     @field_validator("value")
     @classmethod
@@ -134,18 +137,17 @@ class ChangeCriterion(_Criterion):
     1.1, i.e. ``improvement >= 1/1.1``) is set.
     """
 
-    against: Literal["baseline", "production"]
-    better: Literal["lower", "higher"]
-    min_improvement: Finite | None = Field(default=None, gt=0, le=1000)
-    max_regression: Finite | None = Field(default=None, ge=1, le=1000)
-    floor: Finite = Field(default=0.0, ge=0)
+    against: Literal["baseline", "production"] = limit(L.ANY_CHANGE)
+    better: Literal["lower", "higher"] = limit(L.ANY_CHANGE)
+    min_improvement: Finite | None = limit(L.LOWER, default=None, gt=0, le=1000)
+    max_regression: Finite | None = limit(L.HIGHER, default=None, ge=1, le=1000)
+    floor: Finite = limit(L.HIGHER, default=0.0, ge=0)
 
     @model_validator(mode="after")
     def _exactly_one_bound(self) -> ChangeCriterion:
         if (self.min_improvement is None) == (self.max_regression is None):
-            raise ValueError(
-                f"change criterion {self.name!r}: set exactly one of min_improvement, max_regression"
-            )
+            raise ValueError(f"change criterion {self.name!r}: set exactly one of "
+                             "min_improvement, max_regression")
         return self
 
     @property
@@ -157,11 +159,14 @@ class ChangeCriterion(_Criterion):
         return 1.0 / self.max_regression
 
 
+_BY_NAME = {"key": "name", "label": "{key}: "}  # criteria: matched by name, shown "cpu/<name>: "
+
+
 class PlatformCriteria(_Strict):
     """The criteria for candidates whose implementation is native to one platform."""
 
-    value: list[ValueCriterion] = Field(default_factory=list)
-    change: list[ChangeCriterion] = Field(default_factory=list)
+    value: list[ValueCriterion] = limit(L.FEWER, default_factory=list, **_BY_NAME)
+    change: list[ChangeCriterion] = limit(L.FEWER, default_factory=list, **_BY_NAME)
 
     @model_validator(mode="after")
     def _unique_names(self) -> PlatformCriteria:
@@ -177,9 +182,9 @@ class PlatformCriteria(_Strict):
 class CanaryStep(_Strict):
     """One canary step: a deterministic fraction of traffic routed to the candidate."""
 
-    name: Name
-    traffic_fraction: Finite = Field(gt=0, le=1)
-    requests: int = Field(gt=0, le=1_000_000,
+    name: Name = limit(_N, why=_KEY)
+    traffic_fraction: Finite = limit(L.ANY_CHANGE, gt=0, le=1)
+    requests: int = limit(L.LOWER, gt=0, le=1_000_000,
                           description="Requests served during the step (both arms).")
 
 
@@ -192,23 +197,23 @@ class LatencyTest(_Strict):
     many requests does not abort a rollout).
     """
 
-    test: Literal["mannwhitneyu"] = "mannwhitneyu"
-    alternative: Literal["greater"] = "greater"
-    alpha: Finite = Field(ge=1e-6, lt=0.5)
-    min_slowdown_ratio: Finite = Field(default=1.0, ge=1.0, le=10.0)
+    test: Literal["mannwhitneyu"] = limit(L.ANY_CHANGE, default="mannwhitneyu")
+    alternative: Literal["greater"] = limit(L.ANY_CHANGE, default="greater")
+    alpha: Finite = limit(L.LOWER, ge=1e-6, lt=0.5)
+    min_slowdown_ratio: Finite = limit(L.HIGHER, default=1.0, ge=1.0, le=10.0)
 
 
 class CanaryPlan(_Strict):
     """Steps and per-step failure limits watched during the canary."""
 
-    steps: list[CanaryStep] = Field(min_length=1)
-    max_error_count: int = Field(ge=0)
-    max_nan_count: int = Field(ge=0)
-    max_output_drift: Finite = Field(
-        gt=0, lt=1, description="Max rel. L2 between candidate and production embeddings, per request."
-    )
-    latency: LatencyTest
-    max_memory_growth_bytes: int = Field(ge=0, le=2**40)
+    steps: list[CanaryStep] = limit(L.FEWER, key="name", min_length=1)
+    max_error_count: int = limit(L.HIGHER, ge=0)
+    max_nan_count: int = limit(L.HIGHER, ge=0)
+    max_output_drift: Finite = limit(
+        L.HIGHER, gt=0, lt=1,
+        description="Max rel. L2 between candidate and production embeddings, per request.")
+    latency: LatencyTest = limit(L.NESTED)
+    max_memory_growth_bytes: int = limit(L.HIGHER, ge=0, le=2**40)
 
     @field_validator("steps")
     @classmethod
@@ -245,24 +250,27 @@ class CanaryPlan(_Strict):
 class Approver(_Strict):
     """A person who may approve with their own key (``kernelgate approve``)."""
 
-    name: str = Field(min_length=1)
-    keyid: str = Field(pattern=r"^[0-9a-f]{64}$")
-    public_key: dict = Field(description="securesystemslib key dict: keytype, scheme, keyval")
+    name: str = limit(_N, why="a display name; the key is what is trusted", min_length=1)
+    keyid: str = limit(_N, why=_KEY, pattern=r"^[0-9a-f]{64}$")
+    public_key: dict = limit(L.ANY_CHANGE,
+                             description="securesystemslib key dict: keytype, scheme, keyval")
 
 
 class ApprovalPolicy(_Strict):
     """Which stage transitions need a person, and how long to wait for one."""
 
-    required_for: list[Transition] = Field(default_factory=list)
-    timeout_s: Finite = Field(gt=0, le=MAX_TIMEOUT_S,
-                              description="Seconds to wait (at most 30 days); a timeout rejects.")
-    auto_approve: bool = False
-    auto_approve_reason: str | None = None
-    require_signed: bool = Field(
-        default=False, description="Only an approval signed with one of `approvers`' keys "
-        "counts; an answer typed into the Prefect UI is recorded and refused.")
-    approvers: list[Approver] = Field(
-        default_factory=list, description="People whose signed approvals are trusted.")
+    required_for: list[Transition] = limit(L.FEWER, default_factory=list)
+    timeout_s: Finite = limit(
+        _N, why="a timeout rejects: its length changes how long a rollout waits for a person, "
+        "never what passes without one", gt=0, le=MAX_TIMEOUT_S,
+        description="Seconds to wait (at most 30 days); a timeout rejects.")
+    auto_approve: bool = limit(L.FALSE_TO_TRUE, default=False)
+    auto_approve_reason: str | None = limit(_N, why="words kept with auto_approve", default=None)
+    require_signed: bool = limit(
+        L.TRUE_TO_FALSE, default=False, description="Only an approval signed with one of "
+        "`approvers`' keys counts; an answer typed into the Prefect UI is recorded and refused.")
+    approvers: list[Approver] = limit(L.MORE, key="keyid", default_factory=list,
+                                      description="People whose signed approvals are trusted.")
 
     @model_validator(mode="after")
     def _reason_for_auto(self) -> ApprovalPolicy:
@@ -278,21 +286,20 @@ class ApprovalPolicy(_Strict):
 class Thresholds(_Strict):
     """A thresholds profile (one YAML file). See the module docstring."""
 
-    schema_version: Literal[1]
-    profile: str = Field(min_length=1)
-    description: str = ""
-    not_assessed_blocks_promotion: bool
-    min_cases_per_category: int = Field(
-        default=1,
-        ge=0,
+    schema_version: Literal[2] = limit(_N, why="the file format; v1 is upgraded when parsed")
+    profile: str = limit(_N, why="the profile's name", min_length=1)
+    description: str = limit(_N, why="words for people", default="")
+    not_assessed_blocks_promotion: bool = limit(L.TRUE_TO_FALSE)
+    min_cases_per_category: int = limit(
+        L.LOWER, default=1, ge=0,
         description="An accuracy.{cat}.* criterion is inconclusive when accuracy.{cat}.n_cases "
-        "is below this.",
-    )
-    platforms: dict[Platform, PlatformCriteria]
-    canary: CanaryPlan
-    approval: ApprovalPolicy
+        "is below this.")
+    platforms: dict[Platform, PlatformCriteria] = limit(L.FEWER, label="{key}/")
+    canary: CanaryPlan = limit(L.NESTED)
+    approval: ApprovalPolicy = limit(L.NESTED)
 
     _source_sha256: str | None = PrivateAttr(default=None)
+    _source_schema_version: int = PrivateAttr(default=SCHEMA_VERSION)
 
     @field_validator("platforms")
     @classmethod
@@ -307,31 +314,25 @@ class Thresholds(_Strict):
         """sha256 (hex) of the file bytes this profile was loaded from, or None if built in code."""
         return self._source_sha256
 
-
-def file_sha256(path: str | Path) -> str:
-    """sha256 hex digest of a file's bytes."""
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    @property
+    def source_schema_version(self) -> int:
+        """The schema version of the parsed file (1 or 2; 2 if built in code)."""
+        return self._source_schema_version
 
 
 def parse_thresholds(data: bytes, *, source: str = "<bytes>") -> Thresholds:
-    """Parse YAML bytes into :class:`Thresholds` and remember their sha256.
+    """Parse YAML bytes (schema version 2, or 1 through ``upgrade_v1``) into
+    :class:`Thresholds` and remember the sha256 of exactly ``data``.
 
     Raises:
-        ValueError: the YAML is not a mapping or does not match the schema (pydantic's
+        ValueError: the YAML is invalid (a repeated key included), not a mapping, of
+            another schema version, or does not match the schema (pydantic's
             ``ValidationError`` is a ``ValueError``); the message names ``source``.
     """
-    try:
-        raw = yaml.safe_load(data)
-    except yaml.YAMLError as exc:
-        raise ValueError(f"{source}: not valid YAML: {exc}") from exc
-    if not isinstance(raw, dict):
-        raise ValueError(f"{source}: a thresholds file must be a YAML mapping")
-    if raw.get("schema_version") != SCHEMA_VERSION:
-        raise ValueError(
-            f"{source}: schema_version must be {SCHEMA_VERSION}, got {raw.get('schema_version')!r}"
-        )
+    raw, version = read_mapping(data, source=source)
     thresholds = Thresholds.model_validate(raw)
     thresholds._source_sha256 = hashlib.sha256(data).hexdigest()
+    thresholds._source_schema_version = version
     return thresholds
 
 

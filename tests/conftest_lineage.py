@@ -82,7 +82,7 @@ def thresholds_yaml(
 """
     platforms = "".join(f"  {p}:\n{criteria}" for p in ("tpu", "gpu", "cpu"))
     reason = "auto_approve_reason: test dry run\n  " if auto_approve else ""
-    return f"""schema_version: 1
+    return f"""schema_version: 2
 profile: {profile}
 not_assessed_blocks_promotion: {str(not_assessed_blocks).lower()}
 min_cases_per_category: {min_cases}

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import copy
 import hashlib
 from pathlib import Path
 
 import pytest
 
-from gates.thresholds import PLATFORMS, load_thresholds, parse_thresholds
+from gates.loosening import loosenings
+from gates.thresholds import PLATFORMS, load_thresholds, parse_thresholds, upgrade_v1
 from tests.conftest_lineage import thresholds_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -93,7 +95,7 @@ def test_profiles_differ_where_the_design_says():
 @pytest.mark.parametrize(
     ("edit", "message"),
     [
-        (lambda t: t.replace("schema_version: 1", "schema_version: 2"), "schema_version"),
+        (lambda t: t.replace("schema_version: 2", "schema_version: 3"), "schema_version"),
         (lambda t: t.replace("  cpu:\n", "  cpux:\n"), "cpux"),
         (
             lambda t: t.replace(
@@ -132,3 +134,82 @@ def test_a_misspelled_metric_is_refused_when_the_file_is_loaded():
     with pytest.raises(ValueError, match="unknown metric 'accuracy.all.nan_cout'"):
         parse_thresholds(text.replace("accuracy.all.nan_count", "accuracy.all.nan_cout", 1).encode(),
                          source="typo.yaml")
+
+
+# --- schema versions: v1 files (stored registrations) parse through upgrade_v1 -----------
+
+def _v1(text: str) -> str:
+    assert text.count("schema_version: 2\n") == 1
+    return text.replace("schema_version: 2\n", "schema_version: 1\n")
+
+
+@pytest.mark.parametrize("name", ["local-dry-run.yaml", "staging.yaml", "production.yaml"])
+def test_a_v1_file_parses_to_the_same_profile_and_hashes_its_own_bytes(name):
+    v2_bytes = (ROOT / "thresholds" / name).read_bytes()
+    v1_bytes = _v1(v2_bytes.decode()).encode()
+    v1, v2 = parse_thresholds(v1_bytes), parse_thresholds(v2_bytes)
+    assert v1.model_dump() == v2.model_dump()
+    assert v1.schema_version == 2 and v1.source_schema_version == 1
+    assert v2.source_schema_version == 2
+    assert v1.source_sha256 == hashlib.sha256(v1_bytes).hexdigest() != v2.source_sha256
+
+
+def test_upgrade_v1_is_a_pure_mapping_that_changes_only_the_version():
+    raw = {"schema_version": 1, "profile": "p", "canary": {"max_nan_count": 0}}
+    before = copy.deepcopy(raw)
+    upgraded = upgrade_v1(raw)
+    assert raw == before  # the input is not changed
+    assert upgraded == {"schema_version": 2, "profile": "p", "canary": {"max_nan_count": 0}}
+    with pytest.raises(ValueError, match="schema_version 1"):
+        upgrade_v1(upgraded)
+
+
+def test_a_chain_compares_a_v1_registration_with_a_v2_one():
+    v1 = parse_thresholds(_v1(thresholds_yaml()).encode())
+    same = parse_thresholds(thresholds_yaml().encode())
+    looser = parse_thresholds(thresholds_yaml().replace("max_nan_count: 0", "max_nan_count: 5")
+                              .encode())
+    assert loosenings(v1, same) == []
+    assert loosenings(v1, looser) == ["canary.max_nan_count 0 -> 5"]
+
+
+@pytest.mark.parametrize("version", ["0", "3", "true", '"2"', "2.5"])
+def test_other_schema_versions_are_refused(version):
+    text = thresholds_yaml().replace("schema_version: 2\n", f"schema_version: {version}\n")
+    with pytest.raises(ValueError, match="schema_version must be 2"):
+        parse_thresholds(text.encode(), source="other.yaml")
+
+
+# --- a repeated key is refused, not silently resolved to the last one ----------------------
+
+def test_a_repeated_key_in_a_criterion_is_refused_naming_key_and_line():
+    text = thresholds_yaml()
+    bound = 'op: "<=", value: 2.0}'
+    assert bound in text
+    text = text.replace(bound, 'op: "<=", value: 2.0, value: 1.0e+6}', 1)
+    line = next(i for i, row in enumerate(text.splitlines(), 1) if "value: 1.0e+6" in row)
+    with pytest.raises(ValueError, match="duplicate.yaml") as refused:
+        parse_thresholds(text.encode(), source="duplicate.yaml")
+    assert f"found duplicate key 'value' at line {line}" in str(refused.value)
+
+
+def test_a_repeated_top_level_key_is_refused_with_both_lines():
+    text = thresholds_yaml()
+    first = next(i for i, row in enumerate(text.splitlines(), 1)
+                 if row.startswith("min_cases_per_category:"))
+    text += "min_cases_per_category: 0\n"
+    last = len(text.splitlines())
+    with pytest.raises(ValueError, match=f"duplicate key 'min_cases_per_category' at line "
+                                         f"{last} \\(first at line {first}\\)"):
+        parse_thresholds(text.encode())
+
+
+def test_anchors_and_merge_keys_still_load():
+    text = thresholds_yaml().replace("  tpu:\n", "  tpu: &native\n", 1)
+    head, _, rest = text.partition("  gpu:\n")
+    _, _, tail = rest.partition("  cpu:\n")
+    aliased = parse_thresholds(f"{head}  gpu: *native\n  cpu:\n{tail}".encode())
+    assert aliased.platforms["gpu"] == aliased.platforms["tpu"]
+    merged = thresholds_yaml().replace(
+        "  max_error_count: 0\n", "  <<: {max_error_count: 5}\n  max_error_count: 0\n")
+    assert parse_thresholds(merged.encode()).canary.max_error_count == 0

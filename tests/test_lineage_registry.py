@@ -95,7 +95,7 @@ def test_preregistration_is_signed_before_evaluation(tracking, family, tmp_path,
 
 
 def test_invalid_thresholds_are_not_registered(tracking, family, tmp_path, signing):
-    path = _write(tmp_path, thresholds_yaml().replace("schema_version: 1", "schema_version: 9"))
+    path = _write(tmp_path, thresholds_yaml().replace("schema_version: 2", "schema_version: 9"))
     with pytest.raises(ValueError, match="schema_version"):
         preregister(path, tracking=tracking, family=family, signing=signing)
     assert tracking.client().get_experiment_by_name(f"kernelgate-{family}") is None
@@ -397,6 +397,30 @@ def test_loosening_after_a_rejection_needs_a_named_approval(tracking, family, tm
                  if a.run_id == registration.registration_id]
     assert signed.predicate["loosening_approval"]["approver"] == "alice"
     assert signed.predicate["previous_registration_id"] == rejected.registration.registration_id
+
+
+def test_a_v1_registration_in_the_chain_compares_with_v2_files(tracking, family, tmp_path,
+                                                                signing):
+    """A family registered under schema 1 (a store made before schema 2) keeps its chain:
+    its frozen v1 bytes read back intact and compare with a v2 file field by field."""
+    from lineage.registration import latest_registration
+
+    v1_text = thresholds_yaml().replace("schema_version: 2\n", "schema_version: 1\n")
+    assert "schema_version: 1\n" in v1_text
+    v1 = _write(tmp_path, v1_text, "v1.yaml")
+    rejected = build_chain(tracking, family, v1, passing_metrics() | {
+        "accuracy.hard.max_error_ratio_to_baseline": 3.0}, signing=signing)
+    assert rejected.decision.verdict == "reject"
+    _, frozen = latest_registration(_source(tracking, family, signing))
+    assert frozen.source_schema_version == 1
+    assert frozen.source_sha256 == rejected.registration.thresholds_sha256
+    looser = _write(tmp_path, thresholds_yaml().replace("max_nan_count: 0", "max_nan_count: 3"),
+                    "looser.yaml")
+    with pytest.raises(LooseningRefused, match=r"canary\.max_nan_count 0 -> 3"):
+        preregister(looser, tracking=tracking, family=family, signing=signing)
+    same = preregister(_write(tmp_path, thresholds_yaml(), "v2.yaml"), tracking=tracking,
+                       family=family, signing=signing)  # same content as v1: not looser
+    assert same.thresholds_sha256 != rejected.registration.thresholds_sha256
 
 
 def test_a_decision_read_back_comes_from_its_signature_not_its_tags(tracking, family, tmp_path,
