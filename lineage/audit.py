@@ -42,7 +42,7 @@ from pydantic import BaseModel
 
 from evaluation.report import EvaluationReport
 from gates.decision import decide
-from lineage import chain, registry, tags
+from lineage import chain, registered_model, tags
 from lineage import tracking as tr
 from lineage.attestations import ATTESTATION_DIR, Attestation, AttestationError, subject_name
 from lineage.records import DecisionRecord
@@ -119,9 +119,9 @@ class _Walk:
 
 
 def _history(source: EvidenceSource, actual: dict[str, str], walk: _Walk) -> dict[str, str]:
-    moves, problems = registry.alias_history(source)
+    moves, problems = registered_model.alias_history(source)
     walk.problems += problems
-    signed = registry.signed_aliases(moves)
+    signed = registered_model.signed_aliases(moves)
     for alias in sorted(set(signed) | set(actual)):
         if signed.get(alias) != actual.get(alias):
             walk.problems.append(
@@ -132,7 +132,7 @@ def _history(source: EvidenceSource, actual: dict[str, str], walk: _Walk) -> dic
 
 
 def _promotion_of(source: EvidenceSource, version: str) -> Attestation | None:
-    moves, _ = registry.alias_history(source)
+    moves, _ = registered_model.alias_history(source)
     promotions = [m for m in moves if m.predicate.get("action") == "promote"
                   and m.predicate.get("alias") == "production"
                   and str(m.predicate.get("version")) == version]
@@ -317,7 +317,7 @@ def _cross_check(tracking: Tracking, source: StoreSource, runs: set[str], family
                 walk.problems.append(f"artifact {path!r} of run {run_id}: signed but missing "
                                      "from the artifact store")
     if evidence.build is not None:
-        shown = registry.version_tags(tracking, family, version)
+        shown = registered_model.version_tags(tracking, family, version)
         for key, value in (evidence.build.predicate.get("version_tags") or {}).items():
             if shown.get(key) != value:
                 walk.problems.append(f"v{version}: tag {key} is {shown.get(key)!r}, the signed "
@@ -335,7 +335,7 @@ LINK_TAGS = {tags.DECISION_RUN_ID: "decision_run_id", tags.EVALUATION_RUN_ID: "e
 def _link_tags(tracking: Tracking, family: str, version: str, promotion: Attestation,
                walk: _Walk) -> None:
     """The version's link tags must lead where the signed promotion does."""
-    shown = registry.version_tags(tracking, family, version)
+    shown = registered_model.version_tags(tracking, family, version)
     links = promotion.predicate.get("chain", {})
     for key, field in LINK_TAGS.items():
         if links.get(field) and shown.get(key) != links[field]:
@@ -416,10 +416,10 @@ def audit(tracking: Tracking | None, family: str, target: str, *, trust=None,
     walk = _Walk()
     walk.problems += [f"attestation does not verify: {p}" for p in source.problems()]
     online = isinstance(source, StoreSource)
-    actual = registry.aliases(tracking, family) if online else source.view.get("aliases", {})
+    actual = registered_model.aliases(tracking, family) if online else source.view.get("aliases", {})
     signed = _history(source, actual, walk)
     version = actual.get(target) or (target if target.isdigit() else None)
-    name = registry.registered_model_name(family)
+    name = registered_model.registered_model_name(family)
 
     def report(verified: int = 0, checked: int = 0) -> AuditReport:
         return AuditReport(family=family, target=target, model_name=name, version=version,
@@ -545,11 +545,11 @@ def export_bundle(tracking: Tracking, family: str, report: AuditReport, trust_fi
     for path in trust_files:
         shutil.copy(path, keys / Path(path).name)
     versions = {}
-    for mv in tracking.client().search_model_versions(f"name='{registry.registered_model_name(family)}'"):
+    for mv in tracking.client().search_model_versions(f"name='{registered_model.registered_model_name(family)}'"):
         versions[str(mv.version)] = mv.run_id
     deleted = sorted(source.deleted())
     (out / "store_view.json").write_text(json.dumps(
-        {"family": family, "aliases": registry.aliases(tracking, family), "versions": versions,
+        {"family": family, "aliases": registered_model.aliases(tracking, family), "versions": versions,
          "deleted_runs": deleted, "exported_at": datetime.now(UTC).isoformat()}, indent=2))
     (out / "audit.txt").write_text(report.render() + "\n")
     key_args = " ".join(f"--trusted-key keys/{Path(p).name}" for p in trust_files)

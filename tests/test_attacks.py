@@ -29,7 +29,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from lineage import registry, tags
+from lineage import registered_model, registry, tags
 from lineage import tracking as tr
 from tests import faulty_kernels
 from tests.faulty_kernels import Fault
@@ -84,7 +84,7 @@ class Lab:
         self.tracking = tr.local_tracking(self.store)
         self.versions = versions
         self.client = self.tracking.client()
-        self.model = registry.registered_model_name(FAMILY)
+        self.model = registered_model.registered_model_name(FAMILY)
         from lineage import keys
         from lineage.attestations import Signing
 
@@ -261,7 +261,7 @@ def promote_without_confirmation(lab: Lab) -> str:
         registry.promote(lab.tracking, FAMILY, lab.versions["unconfirmed"],
                          decision_run_id=lab.versions["unconfirmed_decision"],
                          expected_previous=lab.versions["v2"], signing=lab.signing)
-    assert registry.alias_version(lab.tracking, FAMILY, "production") == lab.versions["v2"]
+    assert registered_model.alias_version(lab.tracking, FAMILY, "production") == lab.versions["v2"]
     return str(refused.value)
 
 
@@ -438,7 +438,7 @@ def previous_production_deleted_before_the_nightly_rollback(lab: Lab) -> str:
     change = registry.rollback(lab.tracking, FAMILY, reason="nightly re-validation failed",
                                signing=lab.signing)
     assert change.version is None
-    assert registry.alias_version(lab.tracking, FAMILY, "production") is None
+    assert registered_model.alias_version(lab.tracking, FAMILY, "production") is None
     report = lab.audit(lab.versions["v2"])
     assert not any("signed history" in p for p in report.problems), report.render()
     return change.reason
@@ -450,7 +450,7 @@ def corrupted_history_tag_before_a_rollback(lab: Lab) -> str:
     change = registry.rollback(lab.tracking, FAMILY, reason="nightly re-validation failed",
                                signing=lab.signing)
     assert change.version == lab.versions["v1"]
-    assert registry.alias_version(lab.tracking, FAMILY, "production") == lab.versions["v1"]
+    assert registered_model.alias_version(lab.tracking, FAMILY, "production") == lab.versions["v1"]
     return f"restored v{change.version}"
 
 
@@ -524,12 +524,12 @@ def two_rollouts_of_one_family_at_once(lab: Lab) -> str:
 def four_processes_write_version_tags_at_once(lab: Lab) -> str:
     script = textwrap.dedent(f"""
         import sys
-        from lineage import registry
+        from lineage import registered_model
         from lineage import tracking as tr
         t = tr.local_tracking({str(lab.store)!r})
         for i in range(40):
-            registry.tag_version(t, {FAMILY!r}, {lab.versions['v2']!r},
-                                 {{f"kernelgate.load.{{sys.argv[1]}}.{{i % 5}}": str(i)}})
+            registered_model.tag_version(t, {FAMILY!r}, {lab.versions['v2']!r},
+                                         {{f"kernelgate.load.{{sys.argv[1]}}.{{i % 5}}": str(i)}})
     """)
     procs = [subprocess.Popen([sys.executable, "-c", script, str(n)], cwd=PROJECT,
                               stderr=subprocess.PIPE, text=True) for n in range(4)]
