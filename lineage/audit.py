@@ -22,20 +22,16 @@ trusts (never a key found in the store) it:
    it runs is the code the signed build recorded.
 
 It names every problem; ``exit_code`` is 0 only when there is none. It works on the
-MLflow store or on an exported bundle (``lineage.sources.BundleSource``; the checks that
-need MLflow itself — 5 and 6 — then cover what the bundle recorded). Kept in one module
+MLflow store or on an exported bundle (``lineage.bundle``, which also writes it; the
+checks that need MLflow itself — 5 and 6 — then cover what the bundle recorded). Kept in one module
 (over 350 lines) because the audit is one walk whose steps feed each other.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import json
 import math
-import shutil
-from datetime import UTC, datetime, timedelta
-from pathlib import Path
+from datetime import timedelta
 
 from mlflow.exceptions import MlflowException
 from pydantic import BaseModel
@@ -45,8 +41,9 @@ from gates.decision import decide
 from lineage import chain, registered_model, tags
 from lineage import tracking as tr
 from lineage.attestations import ATTESTATION_DIR, Attestation, AttestationError, subject_name
+from lineage.bundle import verify_artifacts
 from lineage.records import DecisionRecord
-from lineage.sources import BundleSource, EvidenceSource, StoreSource, signed_artifact
+from lineage.sources import EvidenceSource, StoreSource, signed_artifact
 from lineage.tracking import Tracking
 
 
@@ -466,7 +463,8 @@ def audit(tracking: Tracking | None, family: str, target: str, *, trust=None,
         if recheck_reference and evidence.decision is not None:
             _recheck_reference(source, evidence.decision.evaluation_run_id, recheck_reference, walk)
     else:
-        verified, checked = _bundle_artifacts(source, _linked_runs(evidence, promotion), walk)
+        verified, checked, found = verify_artifacts(source, _linked_runs(evidence, promotion))
+        walk.problems += found
     return report(verified, checked)
 
 
@@ -498,73 +496,3 @@ def _recheck_reference(source: EvidenceSource, evaluation_run_id: str, sample: i
               f"{result.checked} cached references ({', '.join(result.methods) or 'none'}) "
               "recomputed with NumPy: max "
               f"relative difference {result.max_rel_diff:.2g}" + "".join(f"; {p}" for p in result.problems))
-
-
-def _bundle_artifacts(source: BundleSource, runs: set[str], walk: _Walk) -> tuple[int, int]:
-    verified = checked = 0
-    for attestation in source.attestations():
-        if attestation.run_id not in runs:
-            continue
-        for name, digest in attestation.subjects.items():
-            run_id, _, path = name.partition("/")
-            checked += 1
-            try:
-                ok = hashlib.sha256(source.artifact(run_id, path)).hexdigest() == digest
-            except FileNotFoundError:
-                walk.problems.append(f"artifact {path!r} of run {run_id}: missing from the bundle")
-                continue
-            if ok:
-                verified += 1
-            else:
-                walk.problems.append(f"artifact {path!r} of run {run_id}: differs from its signed digest")
-    return verified, checked
-
-
-def export_bundle(tracking: Tracking, family: str, report: AuditReport, trust_files: list[Path],
-                  out: Path) -> Path:
-    """Write a self-contained audit bundle: every envelope of the family, the artifacts
-    they sign, the trusted public keys, the registry as it is now, the audit text and
-    the command that re-checks it offline. Returns ``out``."""
-    source = StoreSource(tracking, family, _trust_of(trust_files))
-    out = Path(out)
-    if out.exists() and any(out.iterdir()):
-        raise FileExistsError(f"{out} is not empty; choose a new folder for the bundle")
-    for attestation in source.attestations():
-        folder = out / "attestations" / attestation.run_id
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / Path(attestation.path).name).write_bytes(
-            tr.read_artifact(tracking, attestation.run_id, attestation.path))
-        for name in attestation.subjects:
-            run_id, _, path = name.partition("/")
-            target = out / "artifacts" / run_id / path
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with contextlib.suppress(MlflowException, OSError):  # missing: offline check names it
-                target.write_bytes(tr.read_artifact(tracking, run_id, path))
-    keys = out / "keys"
-    keys.mkdir(parents=True, exist_ok=True)
-    for path in trust_files:
-        shutil.copy(path, keys / Path(path).name)
-    versions = {}
-    for mv in tracking.client().search_model_versions(f"name='{registered_model.registered_model_name(family)}'"):
-        versions[str(mv.version)] = mv.run_id
-    deleted = sorted(source.deleted())
-    (out / "store_view.json").write_text(json.dumps(
-        {"family": family, "aliases": registered_model.aliases(tracking, family), "versions": versions,
-         "deleted_runs": deleted, "exported_at": datetime.now(UTC).isoformat()}, indent=2))
-    (out / "audit.txt").write_text(report.render() + "\n")
-    key_args = " ".join(f"--trusted-key keys/{Path(p).name}" for p in trust_files)
-    (out / "VERIFY.md").write_text(
-        f"# Audit bundle: kernelgate-{family} {report.target}\n\n"
-        "Re-check offline (no MLflow needed), from this folder:\n\n"
-        f"    kernelgate audit {report.target} --family {family} --bundle . {key_args}\n\n"
-        "It verifies every envelope with the keys you pass (check their ids against the ones "
-        "you trust, not against this folder), every artifact against its signed digest, "
-        "re-derives each gate decision from the signed report and registration, and replays "
-        "the signed alias history. audit.txt is the online audit at export time.\n")
-    return out
-
-
-def _trust_of(trust_files: list[Path]):
-    from lineage.keys import trust_from_files
-
-    return trust_from_files(trust_files)
