@@ -33,6 +33,7 @@ from lineage import registered_model, registry, tags
 from lineage import tracking as tr
 from tests import faulty_kernels
 from tests.faulty_kernels import Fault
+from tests.store_copies import copy_store
 
 FAMILY = "attacked"
 PROJECT = Path(__file__).resolve().parents[1]
@@ -78,8 +79,7 @@ class Lab:
     def __init__(self, root: Path, pristine: Path, versions: dict[str, str], name: str):
         self.root = root / "attacks" / name
         self.store = self.root / "store"
-        shutil.copytree(pristine, self.store)
-        _relocate(self.store / "mlflow.db", str(pristine), str(self.store))
+        copy_store(pristine, self.store)  # its runs point at this copy, not the original
         self.testset = root / "testset"
         self.tracking = tr.local_tracking(self.store)
         self.versions = versions
@@ -107,16 +107,6 @@ class Lab:
     def sql(self, statement: str, *args) -> int:
         with sqlite3.connect(self.store / "mlflow.db") as db:
             return db.execute(statement, args).rowcount
-
-
-def _relocate(db: Path, old: str, new: str) -> None:
-    """Point every stored path of a copied store at the copy (artifact URIs are absolute)."""
-    with sqlite3.connect(db) as conn:
-        for (table,) in conn.execute("SELECT name FROM sqlite_master WHERE type='table'").fetchall():
-            for column in conn.execute(f"PRAGMA table_info('{table}')").fetchall():
-                if column[2].upper() in ("TEXT", "VARCHAR") or column[2].upper().startswith("VARCHAR"):
-                    conn.execute(f'UPDATE "{table}" SET "{column[1]}" = replace("{column[1]}", ?, ?) '
-                                 f'WHERE "{column[1]}" LIKE ?', (old, new, f"%{old}%"))
 
 
 def _detected(report) -> str:
