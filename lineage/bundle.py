@@ -138,7 +138,7 @@ def verify_artifacts(source: BundleSource, runs: set[str]) -> tuple[int, int, li
 
 
 class AuditText(Protocol):
-    """What the export needs of an audit report (``lineage.audit.AuditReport``)."""
+    """What the export needs of an audit report (``lineage.audit_report.AuditReport``)."""
 
     target: str
 
