@@ -39,7 +39,11 @@ def registered_model_name(family: str) -> str:
 
 
 def ensure_registered_model(tracking: Tracking, family: str) -> str:
-    """Create the family's registered model if needed; returns its name."""
+    """Create the family's registered model if needed; returns its name.
+
+    Raises:
+        MlflowException: the store refuses the creation (e.g. read-only account).
+    """
     client = tracking.client()
     name = registered_model_name(family)
     try:
@@ -102,12 +106,20 @@ def version_exists(tracking: Tracking, family: str, version: str) -> bool:
 
 
 def version_tags(tracking: Tracking, family: str, version: str) -> dict[str, str]:
-    """The tags of one model version of the family's registered model."""
+    """The tags of one model version of the family's registered model.
+
+    Raises:
+        MlflowException: no such registered model or version.
+    """
     return dict(tracking.client().get_model_version(registered_model_name(family), version).tags)
 
 
 def tag_version(tracking: Tracking, family: str, version: str, values: dict[str, str]) -> None:
-    """Set tags on one model version (links for people reading the MLflow UI)."""
+    """Set tags on one model version (links for people reading the MLflow UI).
+
+    Raises:
+        MlflowException: no such registered model or version.
+    """
     client = tracking.client()
     for key, value in values.items():
         client.set_model_version_tag(registered_model_name(family), version, key, value)
@@ -121,7 +133,11 @@ def drop_version_tag(tracking: Tracking, family: str, version: str, key: str) ->
 
 def link_traffic_run(tracking: Tracking, family: str, version: str,
                      stage: Literal["shadow", "canary"], run_id: str) -> None:
-    """Link a shadow run, or append a canary-step run, to the version (for people)."""
+    """Link a shadow run, or append a canary-step run, to the version (for people).
+
+    Raises:
+        MlflowException: no such registered model or version.
+    """
     if stage == "shadow":
         tag_version(tracking, family, version, {tags.SHADOW_RUN_ID: run_id})
         return
@@ -130,13 +146,21 @@ def link_traffic_run(tracking: Tracking, family: str, version: str,
 
 
 def link_confirmation(tracking: Tracking, family: str, version: str, decision_run_id: str) -> None:
-    """Link the confirmation-split decision to the version it judged (for people)."""
+    """Link the confirmation-split decision to the version it judged (for people).
+
+    Raises:
+        MlflowException: no such registered model or version.
+    """
     tag_version(tracking, family, version, {tags.CONFIRMATION_RUN_ID: decision_run_id})
 
 
 def link_approval(tracking: Tracking, family: str, version: str, transition: str,
                   approval_run_id: str) -> None:
-    """Link an approval run to the version it is about (for people)."""
+    """Link an approval run to the version it is about (for people).
+
+    Raises:
+        MlflowException: no such registered model or version.
+    """
     tag_version(tracking, family, version, {tags.approval_run_id(transition): approval_run_id})
 
 
@@ -144,7 +168,11 @@ def describe_version(tracking: Tracking, family: str, version: str, decision: st
     """Write the version's MLflow description: ``decision`` in one line, then its chain
     as markdown links to every run the version's link tags name (build, evaluation,
     gate, approvals, shadow, canary steps, confirmation, the rollout with its promotion
-    or rollback runs). For people; the audit never reads it. Returns the markdown."""
+    or rollback runs). For people; the audit never reads it. Returns the markdown.
+
+    Raises:
+        MlflowException: no such registered model or version.
+    """
     client = tracking.client()
     values = version_tags(tracking, family, version)
     experiment = client.get_experiment_by_name(experiment_name(family))
