@@ -229,8 +229,7 @@ def audit(target: Annotated[str, typer.Argument(help="alias (production, canary,
     """Re-derive why a version is where it is: verify every signed attestation, the alias history, the complete chain, each decision and every artifact (exit 1 on any problem)."""
     from lineage import keys
     from lineage.audit import audit as run_audit
-    from lineage.audit import export_bundle
-    from lineage.sources import BundleSource
+    from lineage.bundle import BundleSource, export_bundle
 
     try:
         if trusted_key:

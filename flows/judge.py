@@ -10,7 +10,7 @@ from flows.settings import RolloutState
 from flows.tasks import encoder, run_logger, stage_task
 from gates.decision import GateDecision, decide
 from kernels.shapes import AttentionShape
-from lineage import evidence, registration, registry, version_runners
+from lineage import evidence, registered_model, registration, version_runners
 from lineage.chain import spent_confirmation_digests
 from lineage.records import log_decision
 from lineage.sources import StoreSource
@@ -135,7 +135,7 @@ def confirm(state: RolloutState) -> GateDecision:
     decision, decision_run_id = _judge(state, report, run_id,
                                        thresholds_path=state.settings.thresholds,
                                        kinds={"accuracy"})
-    registry.link_confirmation(state.record.tracking, state.record.family, state.version,
-                               decision_run_id)
+    registered_model.link_confirmation(state.record.tracking, state.record.family,
+                                       state.version, decision_run_id)
     run_logger().info("confirmation split: %s — %s", decision.verdict, decision.summary)
     return decision

@@ -23,7 +23,7 @@ from gates.approval import (
 )
 from gates.approval_view import approval_markdown
 from gates.thresholds import Transition
-from lineage import registry, tags
+from lineage import registered_model, registry, tags
 from lineage.approvals import verify_approval
 from lineage.attestations import AttestationError
 from lineage.records import log_approval
@@ -138,7 +138,7 @@ def approve(state: RolloutState, transition: Transition) -> bool:
         answer = _ask(state, transition)
     run_id = log_approval(record.tracking, answer, decision_run_id=state.decision_run_id,
                           signing=record.signing, parent_run_id=record.rollout_run_id)
-    registry.link_approval(record.tracking, record.family, state.version, transition, run_id)
+    registered_model.link_approval(record.tracking, record.family, state.version, transition, run_id)
     logger.info("approval %s: %s by %s (%s; %s)", transition,
                 "approved" if answer.approved else "rejected", answer.approver,
                 answer.authentication, answer.comment)

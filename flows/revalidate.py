@@ -20,7 +20,7 @@ import kernels
 from flows.judge import evaluate, gate
 from flows.settings import RolloutSettings, RolloutState
 from flows.tasks import end_state, prepare_testset, rollout_session, run_logger
-from lineage import chain, registry, tags, version_runners
+from lineage import chain, registered_model, registry, tags, version_runners
 from lineage import tracking as tr
 from lineage.attestations import attest
 from lineage.sources import StoreSource
@@ -64,7 +64,7 @@ def _finish(state: RolloutState, result: str, reason: str,
     if state.versions is not None:
         state.versions.close()
     state.closed = True
-    now = registry.alias_version(record.tracking, record.family, "production")
+    now = registered_model.alias_version(record.tracking, record.family, "production")
     serving = (f"{record.family} v{now}" if now
                else f"{version_runners.NATIVE_BASELINE} (native baseline)")
     outcome = RevalidationOutcome(family=record.family, version=state.version, result=result,

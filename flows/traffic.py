@@ -10,7 +10,7 @@ from flows.settings import RolloutState
 from flows.tasks import run_logger, stage_task
 from gates.canary import CanaryStepResult, analyse_canary_step
 from gates.thresholds import CanaryStep
-from lineage import evidence, registry, version_runners
+from lineage import evidence, registered_model, registry, version_runners
 from lineage.records import log_canary_step, log_shadow
 
 
@@ -56,7 +56,7 @@ def _judged(state: RolloutState, result: serving.TrafficResult, step: CanaryStep
         served=(result.served_count("candidate"), result.served_count("production")))
 
 
-def _endpoints(state: RolloutState, alias: registry.Alias) -> tuple[serving.Endpoint, serving.Endpoint]:
+def _endpoints(state: RolloutState, alias: registered_model.Alias) -> tuple[serving.Endpoint, serving.Endpoint]:
     production = version_runners.endpoint(state.versions, "production")
     candidate = version_runners.endpoint(state.versions, alias, expect_version=state.version)
     return production, candidate
@@ -79,7 +79,7 @@ def shadow(state: RolloutState, traffic: recorded_traffic.RecordedTraffic) -> Ca
     run_id = log_shadow(record.tracking, record.family, state.version, result, judged,
                         decision_run_id=state.decision_run_id, signing=record.signing,
                         parent_run_id=record.rollout_run_id)
-    registry.link_traffic_run(record.tracking, record.family, state.version, "shadow", run_id)
+    registered_model.link_traffic_run(record.tracking, record.family, state.version, "shadow", run_id)
     run_logger().info("shadow: %s", serving.traffic_summary(result))
     return judged
 
@@ -99,7 +99,7 @@ def canary_step(state: RolloutState, step: CanaryStep,
     run_id = log_canary_step(record.tracking, record.family, judged, version=state.version,
                              decision_run_id=state.decision_run_id, signing=record.signing,
                              parent_run_id=record.rollout_run_id)
-    registry.link_traffic_run(record.tracking, record.family, state.version, "canary", run_id)
+    registered_model.link_traffic_run(record.tracking, record.family, state.version, "canary", run_id)
     run_logger().info("%s: %s -> %s", step.name, serving.traffic_summary(result),
                           "pass" if judged.passed else f"breach: {judged.breaches}")
     return judged

@@ -22,106 +22,30 @@ trusts (never a key found in the store) it:
    it runs is the code the signed build recorded.
 
 It names every problem; ``exit_code`` is 0 only when there is none. It works on the
-MLflow store or on an exported bundle (``lineage.sources.BundleSource``; the checks that
-need MLflow itself — 5 and 6 — then cover what the bundle recorded). Kept in one module
-(over 350 lines) because the audit is one walk whose steps feed each other.
+MLflow store or on an exported bundle (``lineage.bundle``, which also writes it; the
+checks that need MLflow itself — 5 and 6 — then cover what the bundle recorded). Step 5 is
+``lineage.store_check``; the report is ``lineage.audit_report``.
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import json
-import math
-import shutil
-from datetime import UTC, datetime, timedelta
-from pathlib import Path
-
-from mlflow.exceptions import MlflowException
-from pydantic import BaseModel
+from datetime import timedelta
 
 from evaluation.report import EvaluationReport
 from gates.decision import decide
-from lineage import chain, registry, tags
-from lineage import tracking as tr
-from lineage.attestations import ATTESTATION_DIR, Attestation, AttestationError, subject_name
+from lineage import chain, registered_model, store_check
+from lineage.attestations import Attestation, AttestationError
+from lineage.audit_report import AuditReport, Walk
+from lineage.bundle import verify_artifacts
 from lineage.records import DecisionRecord
-from lineage.sources import BundleSource, EvidenceSource, StoreSource, signed_artifact
+from lineage.sources import EvidenceSource, StoreSource, signed_artifact
 from lineage.tracking import Tracking
 
 
-class AuditLink(BaseModel):
-    """One link of the chain: ``name``, the run or version it resolved to, its state."""
-
-    name: str
-    ref: str | None
-    ok: bool
-    detail: str
-
-
-class AuditReport(BaseModel):
-    """What was checked and every problem found (empty when the audit passes)."""
-
-    family: str
-    target: str
-    model_name: str
-    version: str | None
-    aliases: dict[str, str]
-    signed_aliases: dict[str, str]
-    chain: list[AuditLink]
-    registrations: list[str]
-    attestations_verified: int
-    artifacts_verified: int
-    artifacts_checked: int
-    problems: list[str]
-
-    @property
-    def ok(self) -> bool:
-        """True when no problem was found."""
-        return not self.problems
-
-    @property
-    def exit_code(self) -> int:
-        """0 when the audit passes, 1 otherwise."""
-        return 0 if self.ok else 1
-
-    def summary(self) -> str:
-        """One line: what was verified, and the verdict."""
-        return (f"{'AUDIT PASSED' if self.ok else 'AUDIT FAILED'}: {self.model_name} "
-                f"{self.target} -> v{self.version}; {self.attestations_verified} attestations and "
-                f"{self.artifacts_verified}/{self.artifacts_checked} artifacts verified; "
-                f"{len(self.problems)} problem(s)")
-
-    def render(self) -> str:
-        """A plain-text report for the terminal."""
-        held = [a for a, v in self.aliases.items() if v == self.version]
-        lines = [f"audit {self.model_name} {self.target} -> version {self.version}"
-                 + (f" (aliases: {', '.join(held)})" if held else "")]
-        lines += [f"  [{'ok' if link.ok else 'FAIL'}] {link.name}: {link.ref or '-'}  {link.detail}"
-                  for link in self.chain]
-        if self.registrations:
-            lines.append("  registrations (oldest first):")
-            lines += [f"    {r}" for r in self.registrations]
-        lines += [f"  PROBLEM: {p}" for p in self.problems]
-        lines.append(self.summary())
-        return "\n".join(lines)
-
-
-class _Walk:
-    def __init__(self) -> None:
-        self.links: list[AuditLink] = []
-        self.problems: list[str] = []
-
-    def link(self, name: str, ref: str | None, ok: bool, detail: str, *, problem: bool = True):
-        self.links.append(AuditLink(name=name, ref=ref, ok=ok, detail=detail))
-        if not ok and problem:
-            self.problems.append(f"{name} {ref or ''}: {detail}".replace("  ", " "))
-
-
-def _history(source: EvidenceSource, actual: dict[str, str], walk: _Walk) -> dict[str, str]:
-    moves, problems = registry.alias_history(source)
+def _history(source: EvidenceSource, actual: dict[str, str], walk: Walk) -> dict[str, str]:
+    moves, problems = registered_model.alias_history(source)
     walk.problems += problems
-    signed = registry.signed_aliases(moves)
+    signed = registered_model.signed_aliases(moves)
     for alias in sorted(set(signed) | set(actual)):
         if signed.get(alias) != actual.get(alias):
             walk.problems.append(
@@ -132,7 +56,7 @@ def _history(source: EvidenceSource, actual: dict[str, str], walk: _Walk) -> dic
 
 
 def _promotion_of(source: EvidenceSource, version: str) -> Attestation | None:
-    moves, _ = registry.alias_history(source)
+    moves, _ = registered_model.alias_history(source)
     promotions = [m for m in moves if m.predicate.get("action") == "promote"
                   and m.predicate.get("alias") == "production"
                   and str(m.predicate.get("version")) == version]
@@ -140,7 +64,7 @@ def _promotion_of(source: EvidenceSource, version: str) -> Attestation | None:
 
 
 def _rederive(source: EvidenceSource, record: DecisionRecord, evidence: chain.ChainEvidence,
-              label: str, walk: _Walk) -> None:
+              label: str, walk: Walk) -> None:
     """Recompute the decision from the signed report and registration."""
     evaluations = [a for a in source.attestations()
                    if a.kind == "evaluation" and a.run_id == record.evaluation_run_id]
@@ -185,7 +109,7 @@ def _rederive(source: EvidenceSource, record: DecisionRecord, evidence: chain.Ch
                                  f"{record.decision.verdict}")
 
 
-def _display(walk: _Walk, evidence: chain.ChainEvidence, missing: list[str],
+def _display(walk: Walk, evidence: chain.ChainEvidence, missing: list[str],
              source: EvidenceSource) -> None:
     def named(word: str) -> bool:
         return any(word in p for p in missing)
@@ -243,7 +167,7 @@ def _linked_runs(evidence: chain.ChainEvidence, promotion: Attestation | None) -
 
 
 def _promotion_links(promotion: Attestation, evidence: chain.ChainEvidence,
-                     source: EvidenceSource, walk: _Walk) -> None:
+                     source: EvidenceSource, walk: Walk) -> None:
     """The links the promotion signed must be the evidence found, and must exist."""
     links = promotion.predicate.get("chain", {})
     expected = {"decision_run_id": evidence.decision.decision_run_id if evidence.decision else None,
@@ -265,104 +189,8 @@ def _promotion_links(promotion: Attestation, evidence: chain.ChainEvidence,
     walk.link("promotion", promotion.run_id, not problems, "; ".join(problems) or detail)
 
 
-def _cross_check(tracking: Tracking, source: StoreSource, runs: set[str], family: str,
-                 version: str, evidence: chain.ChainEvidence, walk: _Walk) -> tuple[int, int]:
-    """MLflow's metrics, params and tags against the signed values, and every artifact
-    against its signed digest. Returns ``(artifacts verified, artifacts checked)``."""
-    verified = checked = 0
-    by_run: dict[str, list[Attestation]] = {}
-    for a in source.attestations():
-        by_run.setdefault(a.run_id, []).append(a)
-    for run_id in sorted(r for r in runs if r):
-        try:
-            run = tracking.client().get_run(run_id)
-        except MlflowException:
-            continue  # named as missing evidence already
-        signed_subjects: dict[str, str] = {}
-        for attestation in by_run.get(run_id, []):
-            signed_subjects.update(attestation.subjects)
-            p = attestation.predicate
-            for key, value in (p.get("tags") or {}).items():
-                if run.data.tags.get(key) != str(value):
-                    walk.problems.append(f"run {run_id}: tag {key} is {run.data.tags.get(key)!r}, "
-                                         f"signed {value!r}")
-            for key, value in (p.get("metrics") or {}).items():
-                shown = run.data.metrics.get(key)
-                if shown is None or not _same(shown, value):
-                    walk.problems.append(f"run {run_id}: metric {key} is {shown}, signed {value}")
-            for key, value in (p.get("params") or {}).items():
-                if run.data.params.get(key) != str(value):
-                    walk.problems.append(f"run {run_id}: param {key} is "
-                                         f"{run.data.params.get(key)!r}, signed {value!r}")
-        stored = tr.list_artifact_files(tracking, run_id)
-        for path in stored:
-            if path.startswith(f"{ATTESTATION_DIR}/"):
-                continue
-            checked += 1
-            name = subject_name(run_id, path)
-            if name not in signed_subjects:
-                walk.problems.append(f"artifact {path!r} of run {run_id}: not covered by any "
-                                     "signature (added after signing)")
-                continue
-            digest = hashlib.sha256(tr.read_artifact(tracking, run_id, path)).hexdigest()
-            if digest != signed_subjects[name]:
-                walk.problems.append(f"artifact {path!r} of run {run_id}: sha256 mismatch with "
-                                     "its signed digest (altered after signing)")
-            else:
-                verified += 1
-        for name in signed_subjects:
-            run_part, _, path = name.partition("/")
-            if run_part == run_id and path not in stored:
-                checked += 1
-                walk.problems.append(f"artifact {path!r} of run {run_id}: signed but missing "
-                                     "from the artifact store")
-    if evidence.build is not None:
-        shown = registry.version_tags(tracking, family, version)
-        for key, value in (evidence.build.predicate.get("version_tags") or {}).items():
-            if shown.get(key) != value:
-                walk.problems.append(f"v{version}: tag {key} is {shown.get(key)!r}, the signed "
-                                     f"build says {value!r} (what serves is read from the "
-                                     "signed build, not the tag)")
-    return verified, checked
 
-
-LINK_TAGS = {tags.DECISION_RUN_ID: "decision_run_id", tags.EVALUATION_RUN_ID: "evaluation_run_id",
-             tags.REGISTRATION_ID: "registration_id",
-             tags.CONFIRMATION_RUN_ID: "confirmation_run_id", tags.SHADOW_RUN_ID: "shadow_run_id"}
-"""Version tags an auditor follows in the MLflow UI -> the promotion's signed link."""
-
-
-def _link_tags(tracking: Tracking, family: str, version: str, promotion: Attestation,
-               walk: _Walk) -> None:
-    """The version's link tags must lead where the signed promotion does."""
-    shown = registry.version_tags(tracking, family, version)
-    links = promotion.predicate.get("chain", {})
-    for key, field in LINK_TAGS.items():
-        if links.get(field) and shown.get(key) != links[field]:
-            walk.problems.append(f"v{version}: tag {key} is {shown.get(key)!r}, the signed "
-                                 f"promotion links {links[field]!r} (the UI's link is wrong; "
-                                 "the audit follows the signed one)")
-
-
-def _deleted(source: StoreSource, runs: set[str], walk: _Walk) -> None:
-    for run_id in sorted(runs & source.deleted()):
-        walk.problems.append(f"run {run_id} was deleted: evidence an auditor follows in the "
-                             "MLflow UI is gone (restore it from the trash)")
-
-
-def _same(a: float, b) -> bool:
-    """Equal up to float formatting; NaN equals NaN and an infinity itself (a metric
-    that was NaN when signed and is NaN now is unchanged)."""
-    try:
-        x, y = float(a), float(b)
-    except (TypeError, ValueError):
-        return False
-    if math.isnan(x) or math.isnan(y) or math.isinf(x) or math.isinf(y):
-        return (math.isnan(x) and math.isnan(y)) or x == y
-    return abs(x - y) <= 1e-12 * max(1.0, abs(y))
-
-
-def _loaded_model(tracking: Tracking, source: StoreSource, version: str, walk: _Walk) -> None:
+def _loaded_model(tracking: Tracking, source: StoreSource, version: str, walk: Walk) -> None:
     from lineage.version_runners import VersionWorker
     from lineage.versions import recorded_kernel
 
@@ -413,13 +241,13 @@ def audit(tracking: Tracking | None, family: str, target: str, *, trust=None,
         :class:`AuditReport`; never raises on bad lineage (every problem is named).
     """
     source = source or StoreSource(tracking, family, trust)
-    walk = _Walk()
+    walk = Walk()
     walk.problems += [f"attestation does not verify: {p}" for p in source.problems()]
     online = isinstance(source, StoreSource)
-    actual = registry.aliases(tracking, family) if online else source.view.get("aliases", {})
+    actual = registered_model.aliases(tracking, family) if online else source.view.get("aliases", {})
     signed = _history(source, actual, walk)
     version = actual.get(target) or (target if target.isdigit() else None)
-    name = registry.registered_model_name(family)
+    name = registered_model.registered_model_name(family)
 
     def report(verified: int = 0, checked: int = 0) -> AuditReport:
         return AuditReport(family=family, target=target, model_name=name, version=version,
@@ -457,21 +285,23 @@ def audit(tracking: Tracking | None, family: str, target: str, *, trust=None,
         rollout_run = source.parent(promotion.run_id) if promotion is not None else None
         if rollout_run:  # every stage run of that rollout, not only the ones linked
             runs |= {rollout_run} | source.children(rollout_run)
-        verified, checked = _cross_check(tracking, source, runs, family, version, evidence, walk)
-        _deleted(source, runs, walk)
+        verified, checked, found = store_check.cross_check(tracking, source, runs, family,
+                                                           version, evidence.build)
+        walk.problems += found + store_check.deleted_problems(source, runs)
         if promotion is not None:
-            _link_tags(tracking, family, version, promotion, walk)
+            walk.problems += store_check.link_tag_problems(tracking, family, version, promotion)
         if load_model and evidence.build is not None:
             _loaded_model(tracking, source, version, walk)
         if recheck_reference and evidence.decision is not None:
             _recheck_reference(source, evidence.decision.evaluation_run_id, recheck_reference, walk)
     else:
-        verified, checked = _bundle_artifacts(source, _linked_runs(evidence, promotion), walk)
+        verified, checked, found = verify_artifacts(source, _linked_runs(evidence, promotion))
+        walk.problems += found
     return report(verified, checked)
 
 
 def _recheck_reference(source: EvidenceSource, evaluation_run_id: str, sample: int,
-                       walk: _Walk) -> None:
+                       walk: Walk) -> None:
     """Recompute ``sample`` cached references of an evaluation (its signed index says
     which arrays it used) and compare; a test set that is not on this host is said,
     not counted as a problem."""
@@ -498,73 +328,3 @@ def _recheck_reference(source: EvidenceSource, evaluation_run_id: str, sample: i
               f"{result.checked} cached references ({', '.join(result.methods) or 'none'}) "
               "recomputed with NumPy: max "
               f"relative difference {result.max_rel_diff:.2g}" + "".join(f"; {p}" for p in result.problems))
-
-
-def _bundle_artifacts(source: BundleSource, runs: set[str], walk: _Walk) -> tuple[int, int]:
-    verified = checked = 0
-    for attestation in source.attestations():
-        if attestation.run_id not in runs:
-            continue
-        for name, digest in attestation.subjects.items():
-            run_id, _, path = name.partition("/")
-            checked += 1
-            try:
-                ok = hashlib.sha256(source.artifact(run_id, path)).hexdigest() == digest
-            except FileNotFoundError:
-                walk.problems.append(f"artifact {path!r} of run {run_id}: missing from the bundle")
-                continue
-            if ok:
-                verified += 1
-            else:
-                walk.problems.append(f"artifact {path!r} of run {run_id}: differs from its signed digest")
-    return verified, checked
-
-
-def export_bundle(tracking: Tracking, family: str, report: AuditReport, trust_files: list[Path],
-                  out: Path) -> Path:
-    """Write a self-contained audit bundle: every envelope of the family, the artifacts
-    they sign, the trusted public keys, the registry as it is now, the audit text and
-    the command that re-checks it offline. Returns ``out``."""
-    source = StoreSource(tracking, family, _trust_of(trust_files))
-    out = Path(out)
-    if out.exists() and any(out.iterdir()):
-        raise FileExistsError(f"{out} is not empty; choose a new folder for the bundle")
-    for attestation in source.attestations():
-        folder = out / "attestations" / attestation.run_id
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / Path(attestation.path).name).write_bytes(
-            tr.read_artifact(tracking, attestation.run_id, attestation.path))
-        for name in attestation.subjects:
-            run_id, _, path = name.partition("/")
-            target = out / "artifacts" / run_id / path
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with contextlib.suppress(MlflowException, OSError):  # missing: offline check names it
-                target.write_bytes(tr.read_artifact(tracking, run_id, path))
-    keys = out / "keys"
-    keys.mkdir(parents=True, exist_ok=True)
-    for path in trust_files:
-        shutil.copy(path, keys / Path(path).name)
-    versions = {}
-    for mv in tracking.client().search_model_versions(f"name='{registry.registered_model_name(family)}'"):
-        versions[str(mv.version)] = mv.run_id
-    deleted = sorted(source.deleted())
-    (out / "store_view.json").write_text(json.dumps(
-        {"family": family, "aliases": registry.aliases(tracking, family), "versions": versions,
-         "deleted_runs": deleted, "exported_at": datetime.now(UTC).isoformat()}, indent=2))
-    (out / "audit.txt").write_text(report.render() + "\n")
-    key_args = " ".join(f"--trusted-key keys/{Path(p).name}" for p in trust_files)
-    (out / "VERIFY.md").write_text(
-        f"# Audit bundle: kernelgate-{family} {report.target}\n\n"
-        "Re-check offline (no MLflow needed), from this folder:\n\n"
-        f"    kernelgate audit {report.target} --family {family} --bundle . {key_args}\n\n"
-        "It verifies every envelope with the keys you pass (check their ids against the ones "
-        "you trust, not against this folder), every artifact against its signed digest, "
-        "re-derives each gate decision from the signed report and registration, and replays "
-        "the signed alias history. audit.txt is the online audit at export time.\n")
-    return out
-
-
-def _trust_of(trust_files: list[Path]):
-    from lineage.keys import trust_from_files
-
-    return trust_from_files(trust_files)

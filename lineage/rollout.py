@@ -20,7 +20,7 @@ from typing import Literal
 from filelock import FileLock
 from pydantic import BaseModel, ConfigDict, Field
 
-from lineage import registry, tags
+from lineage import registered_model, tags
 from lineage import tracking as tr
 from lineage.attestations import Signing, attest
 from lineage.environment import collect_environment
@@ -160,7 +160,7 @@ def close_rollout(record: RolloutRecord, *, result: Result, stage: str, reason: 
     outcome = RolloutOutcome(
         family=record.family, version=version, result=result, stage=stage, reason=reason,
         decision_summary=decision_summary, not_assessed_note=not_assessed_note,
-        aliases=registry.aliases(record.tracking, record.family),
+        aliases=registered_model.aliases(record.tracking, record.family),
         rollout_run_id=record.rollout_run_id, tracking_uri=record.tracking.tracking_uri,
         ui_command=(f"{Path(sys.prefix) / 'bin' / 'mlflow'} ui --backend-store-uri "
                     f"{record.tracking.tracking_uri}"),
@@ -176,8 +176,8 @@ def close_rollout(record: RolloutRecord, *, result: Result, stage: str, reason: 
     words = result.replace("_", " ")
     record.tracking.client().update_run(record.rollout_run_id, name=run_title(
         record.implementation, version, result, stage))
-    if version is not None and registry.version_exists(record.tracking, record.family, version):
-        registry.describe_version(record.tracking, record.family, version,
+    if version is not None and registered_model.version_exists(record.tracking, record.family, version):
+        registered_model.describe_version(record.tracking, record.family, version,
                                   f"{words} at {stage}: {reason}")
     return outcome
 

@@ -1,4 +1,5 @@
-"""Where signed evidence is read from: the MLflow store, or an exported audit bundle.
+"""Where signed evidence is read from: the MLflow store (or, through the same protocol,
+an exported audit bundle: :class:`lineage.bundle.BundleSource`).
 
 Everything that *reads* the record to decide something — the registry's checks before
 an alias moves, the audit, the offline verification of a bundle — reads it through an
@@ -11,9 +12,7 @@ the signed digest.
 from __future__ import annotations
 
 import hashlib
-import json
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Protocol
 
 from mlflow.entities import ViewType
@@ -181,46 +180,3 @@ class StoreSource:
         run = self.runs.get(run_id)
         return None if run is None else run.data.tags.get(tags.PARENT)
 
-
-class BundleSource:
-    """An exported audit bundle (``kernelgate audit --export DIR``): envelopes under
-    ``attestations/<run id>/``, signed artifacts under ``artifacts/<run id>/``, and
-    ``store_view.json`` (the registry as it was at export)."""
-
-    def __init__(self, folder: Path, trust: TrustPolicy):
-        self.folder, self.trust = Path(folder), trust
-        view = json.loads((self.folder / "store_view.json").read_text())
-        self.family = view["family"]
-        self.view = view
-        self._found, self._problems = [], []
-        for path in sorted((self.folder / "attestations").rglob("*.dsse.json")):
-            run_id = path.parent.name
-            try:
-                self._found.append(verify_envelope(path.read_bytes(), trust, run_id=run_id,
-                                                   path=f"{ATTESTATION_DIR}/{path.name}"))
-            except AttestationError as err:
-                self._problems.append(str(err))
-
-    def attestations(self) -> list[Attestation]:
-        return list(self._found)
-
-    def problems(self) -> list[str]:
-        return list(self._problems)
-
-    def deleted(self) -> set[str]:
-        return set(self.view.get("deleted_runs", []))
-
-    def artifact(self, run_id: str, path: str) -> bytes:
-        file = self.folder / "artifacts" / run_id / path
-        if not file.is_file():
-            raise FileNotFoundError(f"{run_id}/{path}")
-        return file.read_bytes()
-
-    def version_run(self, version: str) -> str | None:
-        return self.view.get("versions", {}).get(str(version))
-
-    def run_created(self, run_id: str) -> datetime | None:
-        return None
-
-    def children(self, parent_run_id: str) -> set[str]:
-        return set()

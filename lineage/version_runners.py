@@ -30,7 +30,7 @@ from evaluation.serving import Endpoint
 from kernels.config import BlockSizes
 from kernels.shapes import AttentionShape
 from lineage import model as version_model
-from lineage import registry
+from lineage import registered_model
 from lineage.attestations import TrustPolicy
 from lineage.sources import StoreSource
 from lineage.tracking import Tracking
@@ -58,7 +58,7 @@ class VersionWorker:
         # Kept open for the process's lifetime (its errors are read on failure); closed in close().
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115
         self._cwd = tempfile.mkdtemp(prefix="kernelgate-worker-")
-        uri = f"models:/{registry.registered_model_name(family)}/{version}"
+        uri = f"models:/{registered_model.registered_model_name(family)}/{version}"
         self._proc = subprocess.Popen([sys.executable, "-P", str(WORKER_SCRIPT), uri],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                       stderr=self._stderr, cwd=self._cwd, env=env)
@@ -184,10 +184,10 @@ class VersionPool:
 
 def production_version(tracking: Tracking, family: str) -> str | None:
     """The version behind ``production``, or None."""
-    return registry.alias_version(tracking, family, "production")
+    return registered_model.alias_version(tracking, family, "production")
 
 
-def endpoint(pool: VersionPool, alias: registry.Alias, *,
+def endpoint(pool: VersionPool, alias: registered_model.Alias, *,
              expect_version: str | None = None) -> Endpoint:
     """The serving endpoint behind ``alias`` of the pool's family: the version's runner,
     or ``NATIVE_BASELINE`` (this process) when the alias points at nothing.
@@ -196,7 +196,7 @@ def endpoint(pool: VersionPool, alias: registry.Alias, *,
         RuntimeError: ``expect_version`` is given and the alias no longer points at it
             (another run moved it): stop rather than judge the wrong kernel.
     """
-    version = registry.alias_version(pool.tracking, pool.family, alias)
+    version = registered_model.alias_version(pool.tracking, pool.family, alias)
     if expect_version is not None and version != expect_version:
         raise RuntimeError(f"{alias} alias of {pool.family} points at v{version}, not at the "
                            f"v{expect_version} this rollout is judging; another run moved it")

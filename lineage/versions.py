@@ -29,7 +29,7 @@ from pydantic import BaseModel
 from evaluation.model import MiniLM
 from kernels.build import KernelBuild
 from lineage import model as version_model
-from lineage import registry, tags
+from lineage import registered_model, tags
 from lineage import tracking as tr
 from lineage.attestations import AttestationError, Signing, attest
 from lineage.sources import EvidenceSource, signed_artifact
@@ -147,7 +147,7 @@ def register_version(tracking: Tracking, family: str, run_id: str, build: Kernel
     subjects are every file of the build run (the model's code included), its predicate
     what serves and the version number. Returns the version."""
     config = serving_config(build)
-    version = registry.register_build(tracking, family, run_id,
+    version = registered_model.register_build(tracking, family, run_id,
                                       implementation=build.implementation,
                                       config=build.requested_config,
                                       artifact_path=logged.artifact_path)

@@ -35,7 +35,7 @@ from evaluation.model import MiniLM
 from evaluation.recorded_traffic import record_traffic
 from evaluation.runners import LocalRunner
 from kernels.shapes import AttentionShape
-from lineage import registry
+from lineage import registered_model
 from lineage import tracking as tr
 from lineage.version_runners import VersionWorker
 from lineage.versions import log_version_model, recorded_kernel
@@ -71,7 +71,7 @@ def run(implementation: str, n_requests: int) -> dict:
         build = kernels.build(implementation, None, shape, output_dir=tmp / "build")
         with tr.stage_run(tracking, FAMILY, "build") as run_id:
             logged = log_version_model(tracking, run_id, build, tmp / "build", encoder)
-        version = registry.register_build(tracking, FAMILY, run_id, implementation=build.implementation,
+        version = registered_model.register_build(tracking, FAMILY, run_id, implementation=build.implementation,
                                           config=build.config, artifact_path=logged.artifact_path)
         start = time.perf_counter()
         worker = VersionWorker(tracking, FAMILY, version,

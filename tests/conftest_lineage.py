@@ -22,12 +22,12 @@ from gates.canary import analyse_canary_step
 from gates.decision import GateDecision, decide
 from gates.preregistration import Registration
 from gates.thresholds import CanaryStep, load_thresholds
-from lineage import registry, tags
+from lineage import registered_model, registry, tags
 from lineage import tracking as tr
 from lineage.attestations import Signing, attest
 from lineage.records import log_approval, log_canary_step, log_decision, log_shadow
+from lineage.registered_model import register_build
 from lineage.registration import preregister, registered_thresholds
-from lineage.registry import register_build
 from lineage.sources import StoreSource
 from lineage.tracking import Tracking
 
@@ -232,7 +232,7 @@ def complete_chain(tracking: Tracking, family: str, chain: Chain, *, signing: Si
     shadow = _passing_step(CanaryStep(name="shadow", traffic_fraction=1.0, requests=10), plan)
     shadow_run = log_shadow(tracking, family, chain.version, shadow, shadow,
                             decision_run_id=chain.decision_run_id, signing=signing)
-    registry.link_traffic_run(tracking, family, chain.version, "shadow", shadow_run)
+    registered_model.link_traffic_run(tracking, family, chain.version, "shadow", shadow_run)
     for transition in policy.required_for:
         about = dict(transition=transition, family=family, version=chain.version)
         if (approve or {}).get(transition) is not None:
@@ -244,11 +244,11 @@ def complete_chain(tracking: Tracking, family: str, chain: Chain, *, signing: Si
                                                  comment="evidence reviewed"), **about)
         run_id = log_approval(tracking, record, decision_run_id=chain.decision_run_id,
                               signing=signing)
-        registry.link_approval(tracking, family, chain.version, transition, run_id)
+        registered_model.link_approval(tracking, family, chain.version, transition, run_id)
     for step in plan.steps:
         run_id = log_canary_step(tracking, family, _passing_step(step, plan), version=chain.version,
                                  decision_run_id=chain.decision_run_id, signing=signing)
-        registry.link_traffic_run(tracking, family, chain.version, "canary", run_id)
+        registered_model.link_traffic_run(tracking, family, chain.version, "canary", run_id)
     report = evaluation_report(confirmation_metrics or passing_metrics(), split="confirmation",
                                split_digest=confirmation_digest or uuid.uuid4().hex * 2)
     evaluation_run_id = signed_evaluation(tracking, family, signing, build_run_id=chain.build_run_id,
@@ -258,7 +258,7 @@ def complete_chain(tracking: Tracking, family: str, chain: Chain, *, signing: Si
     decision_run_id = log_decision(tracking, family, confirmation, build_run_id=chain.build_run_id,
                                    evaluation_run_id=evaluation_run_id, version=chain.version,
                                    signing=signing)
-    registry.link_confirmation(tracking, family, chain.version, decision_run_id)
+    registered_model.link_confirmation(tracking, family, chain.version, decision_run_id)
     return chain
 
 
@@ -274,5 +274,5 @@ def promotable_chain(tracking: Tracking, family: str, thresholds_path: Path,
 def promote(tracking: Tracking, family: str, chain: Chain, signing: Signing):
     """Promote ``chain.version`` against whatever production is now."""
     return registry.promote(tracking, family, chain.version, decision_run_id=chain.decision_run_id,
-                            expected_previous=registry.alias_version(tracking, family, "production"),
+                            expected_previous=registered_model.alias_version(tracking, family, "production"),
                             signing=signing)

@@ -29,10 +29,11 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from lineage import registry, tags
+from lineage import registered_model, registry, tags
 from lineage import tracking as tr
 from tests import faulty_kernels
 from tests.faulty_kernels import Fault
+from tests.store_copies import copy_store
 
 FAMILY = "attacked"
 PROJECT = Path(__file__).resolve().parents[1]
@@ -78,13 +79,12 @@ class Lab:
     def __init__(self, root: Path, pristine: Path, versions: dict[str, str], name: str):
         self.root = root / "attacks" / name
         self.store = self.root / "store"
-        shutil.copytree(pristine, self.store)
-        _relocate(self.store / "mlflow.db", str(pristine), str(self.store))
+        copy_store(pristine, self.store)  # its runs point at this copy, not the original
         self.testset = root / "testset"
         self.tracking = tr.local_tracking(self.store)
         self.versions = versions
         self.client = self.tracking.client()
-        self.model = registry.registered_model_name(FAMILY)
+        self.model = registered_model.registered_model_name(FAMILY)
         from lineage import keys
         from lineage.attestations import Signing
 
@@ -107,16 +107,6 @@ class Lab:
     def sql(self, statement: str, *args) -> int:
         with sqlite3.connect(self.store / "mlflow.db") as db:
             return db.execute(statement, args).rowcount
-
-
-def _relocate(db: Path, old: str, new: str) -> None:
-    """Point every stored path of a copied store at the copy (artifact URIs are absolute)."""
-    with sqlite3.connect(db) as conn:
-        for (table,) in conn.execute("SELECT name FROM sqlite_master WHERE type='table'").fetchall():
-            for column in conn.execute(f"PRAGMA table_info('{table}')").fetchall():
-                if column[2].upper() in ("TEXT", "VARCHAR") or column[2].upper().startswith("VARCHAR"):
-                    conn.execute(f'UPDATE "{table}" SET "{column[1]}" = replace("{column[1]}", ?, ?) '
-                                 f'WHERE "{column[1]}" LIKE ?', (old, new, f"%{old}%"))
 
 
 def _detected(report) -> str:
@@ -261,7 +251,7 @@ def promote_without_confirmation(lab: Lab) -> str:
         registry.promote(lab.tracking, FAMILY, lab.versions["unconfirmed"],
                          decision_run_id=lab.versions["unconfirmed_decision"],
                          expected_previous=lab.versions["v2"], signing=lab.signing)
-    assert registry.alias_version(lab.tracking, FAMILY, "production") == lab.versions["v2"]
+    assert registered_model.alias_version(lab.tracking, FAMILY, "production") == lab.versions["v2"]
     return str(refused.value)
 
 
@@ -438,7 +428,7 @@ def previous_production_deleted_before_the_nightly_rollback(lab: Lab) -> str:
     change = registry.rollback(lab.tracking, FAMILY, reason="nightly re-validation failed",
                                signing=lab.signing)
     assert change.version is None
-    assert registry.alias_version(lab.tracking, FAMILY, "production") is None
+    assert registered_model.alias_version(lab.tracking, FAMILY, "production") is None
     report = lab.audit(lab.versions["v2"])
     assert not any("signed history" in p for p in report.problems), report.render()
     return change.reason
@@ -450,7 +440,7 @@ def corrupted_history_tag_before_a_rollback(lab: Lab) -> str:
     change = registry.rollback(lab.tracking, FAMILY, reason="nightly re-validation failed",
                                signing=lab.signing)
     assert change.version == lab.versions["v1"]
-    assert registry.alias_version(lab.tracking, FAMILY, "production") == lab.versions["v1"]
+    assert registered_model.alias_version(lab.tracking, FAMILY, "production") == lab.versions["v1"]
     return f"restored v{change.version}"
 
 
@@ -524,12 +514,12 @@ def two_rollouts_of_one_family_at_once(lab: Lab) -> str:
 def four_processes_write_version_tags_at_once(lab: Lab) -> str:
     script = textwrap.dedent(f"""
         import sys
-        from lineage import registry
+        from lineage import registered_model
         from lineage import tracking as tr
         t = tr.local_tracking({str(lab.store)!r})
         for i in range(40):
-            registry.tag_version(t, {FAMILY!r}, {lab.versions['v2']!r},
-                                 {{f"kernelgate.load.{{sys.argv[1]}}.{{i % 5}}": str(i)}})
+            registered_model.tag_version(t, {FAMILY!r}, {lab.versions['v2']!r},
+                                         {{f"kernelgate.load.{{sys.argv[1]}}.{{i % 5}}": str(i)}})
     """)
     procs = [subprocess.Popen([sys.executable, "-c", script, str(n)], cwd=PROJECT,
                               stderr=subprocess.PIPE, text=True) for n in range(4)]

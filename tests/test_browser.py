@@ -209,7 +209,7 @@ def _final_state_shown(page, base: str, run_id: str, name: str, screenshot: Path
 
 def test_release_manager_approves_in_the_form_and_the_rollout_is_promoted(
         prefect_ui, settings, page, screenshots, store):
-    from lineage import registry
+    from lineage import registered_model
     from lineage.tracking import local_tracking
 
     thread, result = _rollout_in_background(settings)
@@ -222,17 +222,17 @@ def test_release_manager_approves_in_the_form_and_the_rollout_is_promoted(
     state = result["state"]
     assert state.name == "Promoted", state.message
     outcome = result["outcome"]
-    assert registry.alias_version(local_tracking(store / "store"), FAMILY,
+    assert registered_model.alias_version(local_tracking(store / "store"), FAMILY,
                                   "production") == outcome.version
     _final_state_shown(page, prefect_ui, run_id, "Promoted", screenshots / "prefect-promoted.png")
 
 
 def test_release_manager_rejects_in_the_form_and_the_rollout_rolls_back(
         prefect_ui, settings, page, screenshots, store):
-    from lineage import registry
+    from lineage import registered_model
     from lineage.tracking import local_tracking
 
-    before = registry.aliases(local_tracking(store / "store"), FAMILY)
+    before = registered_model.aliases(local_tracking(store / "store"), FAMILY)
     thread, result = _rollout_in_background(settings)
     run_id = _paused_run_id("shadow->canary", result)
     _answer_in_ui(page, prefect_ui, run_id, approve=False, comment="not this week",
@@ -242,7 +242,7 @@ def test_release_manager_rejects_in_the_form_and_the_rollout_rolls_back(
     state = result["state"]
     assert state.name == "RolledBack", state.message
     assert result["outcome"].stage == "approval"
-    after = registry.aliases(local_tracking(store / "store"), FAMILY)
+    after = registered_model.aliases(local_tracking(store / "store"), FAMILY)
     assert after.get("production") == before.get("production")
     _final_state_shown(page, prefect_ui, run_id, "RolledBack",
                        screenshots / "prefect-rolled-back.png")
@@ -263,14 +263,14 @@ def mlflow_ui(store):
 
 
 def test_auditor_follows_production_to_every_linked_run(store, mlflow_ui, page, screenshots):
-    from lineage import registry, tags
+    from lineage import registered_model, tags
     from lineage.tracking import local_tracking
 
     tracking = local_tracking(store / "store")
-    version = registry.alias_version(tracking, FAMILY, "production")
+    version = registered_model.alias_version(tracking, FAMILY, "production")
     if version is None:
         pytest.fail("no production version: the approval test must run first")
-    name = registry.registered_model_name(FAMILY)
+    name = registered_model.registered_model_name(FAMILY)
     page.goto(f"{mlflow_ui}/#/models/{name}", wait_until="domcontentloaded")
     page.get_by_role("link", name=f"Version {version}", exact=True).first.click()
     page.wait_for_url(re.compile(rf".*/models/{name}/versions/{version}$"))
@@ -278,7 +278,7 @@ def test_auditor_follows_production_to_every_linked_run(store, mlflow_ui, page, 
     description.wait_for(timeout=60_000)
     page.get_by_text("promoted at promotion", exact=False).first.wait_for()
     page.screenshot(path=str(screenshots / "mlflow-production-version.png"), full_page=True)
-    vtags = registry.version_tags(tracking, FAMILY, version)
+    vtags = registered_model.version_tags(tracking, FAMILY, version)
     expected = {vtags[tags.BUILD_RUN_ID], vtags[tags.EVALUATION_RUN_ID],
                 vtags[tags.DECISION_RUN_ID], vtags[tags.SHADOW_RUN_ID],
                 vtags[tags.CONFIRMATION_RUN_ID], vtags[tags.ROLLOUT_RUN_ID],

@@ -29,7 +29,7 @@ from flows import judge, promotion, tasks, traffic
 from flows.rollout import rollout
 from flows.settings import RolloutSettings
 from kernels.shapes import AttentionShape
-from lineage import registry, tags
+from lineage import registered_model, registry, tags
 from lineage.rollout import close_rollout
 from tests import faulty_kernels
 from tests.faulty_kernels import Fault
@@ -92,10 +92,10 @@ def source(tracking, signing):
 @pytest.fixture
 def seeded(prefect_server, make_settings, tracking):
     """Production holds a promoted control version before the test's rollout."""
-    if registry.alias_version(tracking, FAMILY, "production") is None:
+    if registered_model.alias_version(tracking, FAMILY, "production") is None:
         outcome = rollout(make_settings("good"))
         assert outcome.result == "promoted", outcome.reason
-    return registry.aliases(tracking, FAMILY)
+    return registered_model.aliases(tracking, FAMILY)
 
 
 def thresholds_with(tmp_path: Path, **approval) -> Path:
@@ -107,13 +107,13 @@ def thresholds_with(tmp_path: Path, **approval) -> Path:
 
 
 def version_tags(tracking, version: str) -> dict[str, str]:
-    mv = tracking.client().get_model_version(registry.registered_model_name(FAMILY), version)
+    mv = tracking.client().get_model_version(registered_model.registered_model_name(FAMILY), version)
     return mv.tags
 
 
 def assert_production_unchanged(tracking, before: dict[str, str], rejected_version: str,
                                 family: str = FAMILY):
-    after = registry.aliases(tracking, family)
+    after = registered_model.aliases(tracking, family)
     assert after.get("production") == before.get("production")
     assert rejected_version not in {after.get("canary"), after.get("shadow")}
     assert after.get("production") != rejected_version
@@ -130,7 +130,7 @@ def test_passing_candidate_is_promoted_with_full_lineage(seeded, make_settings, 
     assert "kernelgate-result:promoted" in flow_run_tags(state)
     outcome = state.result()
     assert outcome.result == "promoted"
-    assert registry.alias_version(tracking, FAMILY, "production") == outcome.version
+    assert registered_model.alias_version(tracking, FAMILY, "production") == outcome.version
     assert outcome.version != seeded["production"]
     mv_tags = version_tags(tracking, outcome.version)
     assert mv_tags[tags.IMPLEMENTATION] == "test_good"
@@ -255,7 +255,7 @@ def test_blank_approver_is_asked_again_then_approved(
                                 {"approve": True, "approver": "   ", "comment": "ok"},
                                 {"approve": True, "approver": "rm@example.com", "comment": "ok"})
     assert outcome.result == "promoted", outcome.reason
-    assert registry.alias_version(tracking, APPROVAL_FAMILY, "production") == outcome.version
+    assert registered_model.alias_version(tracking, APPROVAL_FAMILY, "production") == outcome.version
     runs = tracking.client().search_runs(
         [tracking.client().get_experiment_by_name(f"kernelgate-{APPROVAL_FAMILY}").experiment_id],
         filter_string=f"tags.`{tags.STAGE}` = 'approval' and tags.`{tags.MODEL_VERSION}` = '{outcome.version}'")
@@ -268,7 +268,7 @@ def test_blank_approver_is_asked_again_then_approved(
 def test_rejected_approval_rolls_back(seeded, make_settings, tracking, tmp_path):
     settings = make_settings("good", family=APPROVAL_FAMILY, thresholds=thresholds_with(
         tmp_path, required_for=["shadow->canary"], timeout_s=240))
-    before = registry.aliases(tracking, APPROVAL_FAMILY)
+    before = registered_model.aliases(tracking, APPROVAL_FAMILY)
     outcome = _rollout_answered(settings, "shadow->canary",
                                 {"approve": False, "approver": "rm@example.com",
                                  "comment": "not this week"})
@@ -279,7 +279,7 @@ def test_rejected_approval_rolls_back(seeded, make_settings, tracking, tmp_path)
 def test_approval_timeout_rolls_back(seeded, make_settings, tracking, tmp_path):
     settings = make_settings("good", family=APPROVAL_FAMILY, thresholds=thresholds_with(
         tmp_path, required_for=["shadow->canary"], timeout_s=3))
-    before = registry.aliases(tracking, APPROVAL_FAMILY)
+    before = registered_model.aliases(tracking, APPROVAL_FAMILY)
     outcome = rollout(settings)
     assert (outcome.result, outcome.stage) == ("rolled_back", "approval")
     assert_production_unchanged(tracking, before, outcome.version, APPROVAL_FAMILY)
@@ -287,7 +287,7 @@ def test_approval_timeout_rolls_back(seeded, make_settings, tracking, tmp_path):
 
 def test_rollout_killed_mid_canary_leaves_registry_consistent(seeded, make_settings, tracking):
     settings = make_settings("good")
-    before = registry.aliases(tracking, FAMILY)
+    before = registered_model.aliases(tracking, FAMILY)
     # Run the stages' functions by hand and stop after entering canary: the process
     # "dies" there, so nothing closes its record or its aliases.
     state = tasks.open_rollout.fn(settings)
@@ -299,19 +299,19 @@ def test_rollout_killed_mid_canary_leaves_registry_consistent(seeded, make_setti
     plan = traffic.record_traffic.fn(state)
     assert traffic.shadow.fn(state, plan.shadow).passed
     promotion.enter_canary.fn(state)
-    killed = registry.aliases(tracking, FAMILY)
+    killed = registered_model.aliases(tracking, FAMILY)
     assert killed["canary"] == state.version
     assert killed["production"] == before["production"]
 
     # While its owner may still be running (within the lease), a new run leaves it alone.
     live = tasks.open_rollout.fn(settings, clear_stale_aliases=True)
-    assert registry.alias_version(tracking, FAMILY, "canary") == state.version
+    assert registered_model.alias_version(tracking, FAMILY, "canary") == state.version
     close_rollout(live.record, result="rejected", stage="open", reason="test", version=None)
 
     # Once the lease is over, the next run clears the stale canary and says why.
     expired = settings.model_copy(update={"stale_alias_after_s": 0})
     next_state = tasks.open_rollout.fn(expired, clear_stale_aliases=True)
-    after = registry.aliases(tracking, FAMILY)
+    after = registered_model.aliases(tracking, FAMILY)
     assert "canary" not in after and after["production"] == before["production"]
     assert "did not finish" in version_tags(tracking, state.version)[tags.STALE_REASON]
     close_rollout(next_state.record, result="rejected", stage="open", reason="test", version=None)
@@ -325,17 +325,17 @@ def test_nightly_revalidation_rolls_back_a_production_version_that_broke(
 
     promoted = rollout(make_settings("nan_under_fault"))
     assert promoted.result == "promoted", promoted.reason
-    history = registry.production_history(tracking, FAMILY, signing.trust)
+    history = registered_model.production_history(tracking, FAMILY, signing.trust)
     assert history[-1] == promoted.version
 
     healthy = revalidate_production(FAMILY, make_settings("nan_under_fault"))
     assert healthy.result == "passed"
-    assert registry.alias_version(tracking, FAMILY, "production") == promoted.version
+    assert registered_model.alias_version(tracking, FAMILY, "production") == promoted.version
 
     monkeypatch.setattr(Fault, "active", True)
     broken = revalidate_production(FAMILY, make_settings("nan_under_fault"))
     assert broken.result == "rolled_back", broken.reason
-    assert registry.alias_version(tracking, FAMILY, "production") == history[-2]
+    assert registered_model.alias_version(tracking, FAMILY, "production") == history[-2]
     assert f"v{history[-2]}" in broken.now_serving and "nan" in broken.reason.lower()
     assert "re-validation" in version_tags(tracking, promoted.version)[tags.ROLLBACK_REASON]
 
@@ -400,24 +400,24 @@ def test_manual_rollback_restores_the_chosen_version_signed_and_audited(
 
     promoted = rollout(make_settings("good"))
     assert promoted.result == "promoted", promoted.reason
-    earlier = registry.production_history(tracking, FAMILY, signing.trust)[-2]
+    earlier = registered_model.production_history(tracking, FAMILY, signing.trust)[-2]
     rejected = rollout(make_settings("wrong_scale"))
     with pytest.raises(registry.PromotionRefused, match="not an earlier production"):
         manual_rollback(reason="test", requested_by="rm", to_version=int(rejected.version),
                         family=FAMILY, store_dir=str(make_settings("good").store_dir))
-    assert registry.alias_version(tracking, FAMILY, "production") == promoted.version
+    assert registered_model.alias_version(tracking, FAMILY, "production") == promoted.version
 
     state = manual_rollback(reason="paging storm", requested_by="rm@example.com",
                             to_version=int(earlier), family=FAMILY,
                             store_dir=str(make_settings("good").store_dir), return_state=True)
     assert (state.name, state.type) == ("RolledBack", StateType.COMPLETED)
-    assert registry.alias_version(tracking, FAMILY, "production") == earlier
+    assert registered_model.alias_version(tracking, FAMILY, "production") == earlier
     reason = version_tags(tracking, promoted.version)[tags.ROLLBACK_REASON]
     assert "rm@example.com" in reason and "paging storm" in reason
     report = audit(tracking, FAMILY, "production", trust=signing.trust, load_model=False)
     assert report.exit_code == 0, report.render()
-    moves, problems = registry.alias_history(
-        registry._moves_source(tracking, FAMILY, signing.trust))
+    moves, problems = registered_model.store_alias_history(
+        tracking, FAMILY, signing.trust)
     assert not problems
     last = moves[-1].predicate
     assert (last["action"], last["version"], last["previous_version"]) == (

@@ -13,7 +13,7 @@ import pytest
 
 from gates.decision import decide
 from gates.thresholds import load_thresholds
-from lineage import keys, registry, tags
+from lineage import keys, registered_model, tags
 from lineage import tracking as tr
 from lineage.audit import audit
 from lineage.records import log_decision
@@ -125,7 +125,7 @@ def test_production_moved_by_hand_is_named(tracking, promoted, signing, tmp_path
     path = tmp_path / "t2.yaml"
     path.write_text(thresholds_yaml())
     other_run, other = signed_build(tracking, family, signing)
-    tracking.client().set_registered_model_alias(registry.registered_model_name(family),
+    tracking.client().set_registered_model_alias(registered_model.registered_model_name(family),
                                                  "production", other)
     report = _audit(tracking, family, signing)
     assert report.exit_code == 1
@@ -135,7 +135,7 @@ def test_production_moved_by_hand_is_named(tracking, promoted, signing, tmp_path
 
 def test_version_tag_edits_and_metric_edits_are_named(tracking, promoted, signing):
     family, chain = promoted
-    name = registry.registered_model_name(family)
+    name = registered_model.registered_model_name(family)
     tracking.client().set_model_version_tag(name, chain.version, tags.IMPLEMENTATION, "naive")
     tracking.client().log_metric(chain.evaluation_run_id, "accuracy.hard.max_error_ratio_to_baseline",
                                  0.5)
@@ -149,7 +149,7 @@ def test_tags_cannot_switch_checks_off(tracking, promoted, signing):
     """Deleting the version's link tags used to turn the shadow/canary/approval checks
     off; the audit reads the chain from signatures now, and names the links the UI lost."""
     family, chain = promoted
-    name = registry.registered_model_name(family)
+    name = registered_model.registered_model_name(family)
     for key in (tags.ROLLOUT_RUN_ID, tags.PROMOTED_AT, tags.SHADOW_RUN_ID, tags.CANARY_RUN_IDS,
                 tags.CONFIRMATION_RUN_ID, tags.DECISION_RUN_ID):
         with contextlib.suppress(Exception):  # not every key is set on a registry-only promotion

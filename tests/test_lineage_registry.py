@@ -21,7 +21,7 @@ from gates.canary import analyse_canary_step
 from gates.decision import decide
 from gates.preregistration import PreregistrationError
 from gates.thresholds import load_thresholds
-from lineage import registry, tags
+from lineage import registered_model, registry, tags
 from lineage import tracking as tr
 from lineage.records import load_approval, load_decision, log_canary_step
 from lineage.registration import (
@@ -67,7 +67,7 @@ def _source(tracking, family, signing):
 
 def _production_has_passing_decision(tracking, family, signing) -> bool:
     """The invariant, checked from the signed store alone."""
-    version = registry.alias_version(tracking, family, "production")
+    version = registered_model.alias_version(tracking, family, "production")
     if version is None:
         return True
     from lineage import chain
@@ -129,8 +129,8 @@ def test_passing_report_promotes_failing_does_not(tracking, family, tmp_path, si
     assert good.decision.passed
     change = promote(tracking, family, good, signing)
     assert change.previous_version is None
-    assert registry.alias_version(tracking, family, "production") == good.version
-    mv = tracking.client().get_model_version(registry.registered_model_name(family), good.version)
+    assert registered_model.alias_version(tracking, family, "production") == good.version
+    mv = tracking.client().get_model_version(registered_model.registered_model_name(family), good.version)
     assert mv.tags[tags.DECISION_RUN_ID] == good.decision_run_id
     assert mv.tags[tags.REGISTRATION_ID] == good.registration.registration_id
 
@@ -144,7 +144,7 @@ def test_passing_report_promotes_failing_does_not(tracking, family, tmp_path, si
     with pytest.raises(PromotionRefused, match="rejects"):
         registry.assign_canary(tracking, family, bad.version, decision_run_id=bad.decision_run_id,
                                signing=signing)
-    assert registry.aliases(tracking, family) == {"production": good.version}
+    assert registered_model.aliases(tracking, family) == {"production": good.version}
     # a passing decision for another build does not carry over to this version
     with pytest.raises(PromotionRefused, match="judged build"):
         registry.promote(tracking, family, bad.version, decision_run_id=good.decision_run_id,
@@ -162,7 +162,7 @@ def test_promotion_is_a_compare_and_swap(tracking, family, tmp_path, signing):
     with pytest.raises(PromotionRefused, match="not the vNone this candidate was judged against"):
         registry.promote(tracking, family, second.version, decision_run_id=second.decision_run_id,
                          expected_previous=None, signing=signing)
-    assert registry.alias_version(tracking, family, "production") == first.version
+    assert registered_model.alias_version(tracking, family, "production") == first.version
 
 
 @pytest.mark.parametrize("missing", ["shadow", "canary", "confirmation", "approval"])
@@ -181,7 +181,7 @@ def test_promotion_needs_the_complete_signed_chain(tracking, family, tmp_path, s
             _remove_attestations(tracking, run.info.run_id)
     with pytest.raises(PromotionRefused, match=missing):
         promote(tracking, family, chain, signing)
-    assert registry.alias_version(tracking, family, "production") is None
+    assert registered_model.alias_version(tracking, family, "production") is None
 
 
 def _remove_attestations(tracking, run_id):
@@ -220,14 +220,14 @@ def test_rollback_restores_the_newest_usable_version(tracking, family, tmp_path,
     for chain in chains:
         promote(tracking, family, chain, signing)
     # the middle version was deleted from the registry since it served
-    tracking.client().delete_model_version(registry.registered_model_name(family),
+    tracking.client().delete_model_version(registered_model.registered_model_name(family),
                                            chains[1].version)
     parent = tr.start_run(tracking, family, "rollout")
     back = registry.rollback(tracking, family, reason="p99 regression", signing=signing,
                              parent_run_id=parent)
     assert (back.version, back.previous_version) == (chains[0].version, chains[2].version)
     assert f"v{chains[1].version} no longer exists" in back.reason
-    assert registry.alias_version(tracking, family, "production") == chains[0].version
+    assert registered_model.alias_version(tracking, family, "production") == chains[0].version
     assert _production_has_passing_decision(tracking, family, signing)
     (run,) = tracking.client().search_runs(
         [tracking.client().get_run(parent).info.experiment_id],
@@ -236,7 +236,7 @@ def test_rollback_restores_the_newest_usable_version(tracking, family, tmp_path,
     # rolling back the first production leaves none: the native baseline serves
     last = registry.rollback(tracking, family, reason="library upgrade broke it", signing=signing)
     assert last.version is None and "production taken down" in last.reason
-    assert registry.alias_version(tracking, family, "production") is None
+    assert registered_model.alias_version(tracking, family, "production") is None
     with pytest.raises(ValueError, match="nothing to roll back"):
         registry.rollback(tracking, family, reason="again", signing=signing)
 
@@ -253,7 +253,7 @@ def test_rollback_passes_over_a_version_whose_evidence_was_altered(tracking, fam
     local.write_text(local.read_text() + " ")
     change = registry.rollback(tracking, family, reason="nightly failure", signing=signing)
     assert change.version is None and "unusable" in change.reason
-    assert registry.alias_version(tracking, family, "production") is None
+    assert registered_model.alias_version(tracking, family, "production") is None
 
 
 def test_altered_decision_artifact_cannot_promote(tracking, family, tmp_path, signing):
@@ -264,7 +264,7 @@ def test_altered_decision_artifact_cannot_promote(tracking, family, tmp_path, si
     local.write_text(local.read_text().replace('"profile": "test"', '"profile": "forged"'))
     with pytest.raises(PromotionRefused, match="signed digest"):
         promote(tracking, family, chain, signing)
-    assert registry.alias_version(tracking, family, "production") is None
+    assert registered_model.alias_version(tracking, family, "production") is None
 
 
 @pytest.mark.parametrize("answer", ["rejected", "timed_out", "wrong_version", "auto"])
@@ -288,15 +288,15 @@ def test_approval_required_by_policy(tracking, family, tmp_path, signing, answer
                    approve={"canary->production": record})
     with pytest.raises(PromotionRefused, match=why):
         promote(tracking, family, chain, signing)
-    assert registry.alias_version(tracking, family, "production") is None
+    assert registered_model.alias_version(tracking, family, "production") is None
 
 
 def test_a_persons_approval_promotes(tracking, family, tmp_path, signing):
     path = _write(tmp_path, thresholds_yaml(profile="prod", required_for=("canary->production",)))
     chain = promotable_chain(tracking, family, path, signing=signing)
     promote(tracking, family, chain, signing)
-    assert registry.alias_version(tracking, family, "production") == chain.version
-    approval_run = registry.version_tags(tracking, family, chain.version)[
+    assert registered_model.alias_version(tracking, family, "production") == chain.version
+    approval_run = registered_model.version_tags(tracking, family, chain.version)[
         tags.approval_run_id("canary->production")]
     record, _ = load_approval(_source(tracking, family, signing), approval_run)
     assert record.approved and record.approver == "rm@example.com"
@@ -306,30 +306,30 @@ def test_auto_approval_allowed_only_with_a_reason_in_policy(tracking, family, tm
     path = _write(tmp_path, thresholds_yaml(profile="dry", required_for=("canary->production",),
                                             auto_approve=True))
     chain = promotable_chain(tracking, family, path, signing=signing)
-    run_id = registry.version_tags(tracking, family, chain.version)[
+    run_id = registered_model.version_tags(tracking, family, chain.version)[
         tags.approval_run_id("canary->production")]
     record, _ = load_approval(_source(tracking, family, signing), run_id)
     assert record.auto_approved and "test dry run" in record.comment
     promote(tracking, family, chain, signing)
-    assert registry.alias_version(tracking, family, "production") == chain.version
+    assert registered_model.alias_version(tracking, family, "production") == chain.version
 
 
 def test_shadow_clear_stale_and_reconcile(tracking, family, tmp_path, signing):
     path = _write(tmp_path, thresholds_yaml())
     chain = build_chain(tracking, family, path, passing_metrics(), signing=signing)
     registry.assign_shadow(tracking, family, chain.version, signing=signing)
-    assert registry.aliases(tracking, family) == {"shadow": chain.version}
+    assert registered_model.aliases(tracking, family) == {"shadow": chain.version}
     # moved by hand, outside the pipeline: the next pipeline step puts it back as signed
-    name = registry.registered_model_name(family)
+    name = registered_model.registered_model_name(family)
     tracking.client().set_registered_model_alias(name, "production", chain.version)
     assert registry.reconcile(tracking, family, signing) == [
         f"production: {chain.version} -> None (as signed)"]
-    assert registry.aliases(tracking, family) == {"shadow": chain.version}
+    assert registered_model.aliases(tracking, family) == {"shadow": chain.version}
     with pytest.raises(ValueError, match="production"):
         registry.clear_stale(tracking, family, "production", reason="x", signing=signing)
     assert registry.clear_stale(tracking, family, "shadow", reason="superseded",
                                 signing=signing) == chain.version
-    assert registry.aliases(tracking, family) == {}
+    assert registered_model.aliases(tracking, family) == {}
 
 
 def test_stage_run_records_failure_and_parent(tracking, family):

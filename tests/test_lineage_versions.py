@@ -26,7 +26,7 @@ import pytest
 import kernels
 from evaluation.model import MiniLM
 from kernels.shapes import AttentionShape
-from lineage import registry, tags
+from lineage import registered_model, registry, tags
 from lineage import tracking as tr
 from lineage.sources import StoreSource
 from lineage.version_runners import VersionPool, VersionWorker, endpoint
@@ -202,9 +202,9 @@ def test_rollback_runs_the_older_versions_code(store, tmp_path, signed):
             tracking, FAMILY, path, passing_metrics(), built=built[key], signing=signed),
             signing=signed)
         promote(tracking, FAMILY, chain, signed)
-    assert registry.alias_version(tracking, FAMILY, "production") == built["here"][1]
+    assert registered_model.alias_version(tracking, FAMILY, "production") == built["here"][1]
     registry.rollback(tracking, FAMILY, reason="test: back to the older code", signing=signed)
-    assert registry.alias_version(tracking, FAMILY, "production") == built["changed"][1]
+    assert registered_model.alias_version(tracking, FAMILY, "production") == built["changed"][1]
     rng = np.random.default_rng(11)
     q, k, v = (rng.standard_normal((1, 24, 2, 32)).astype(np.float32) for _ in range(3))
     with VersionPool(tracking, FAMILY, MiniLM.load(), signed.trust) as pool:
@@ -217,7 +217,7 @@ def test_rollback_runs_the_older_versions_code(store, tmp_path, signed):
 
 def test_the_version_page_has_a_signature_and_an_input_example(store):
     tracking, _, built = store
-    mv = tracking.client().get_model_version(registry.registered_model_name(FAMILY),
+    mv = tracking.client().get_model_version(registered_model.registered_model_name(FAMILY),
                                              built["here"][1])
     assert mv.source == f"runs:/{built['here'][0]}/model"
     mlmodel = tr.read_verified_artifact(tracking, built["here"][0], "model/MLmodel").decode()
@@ -238,8 +238,8 @@ def _free_port() -> int:
 
 def test_mlflow_models_serve_embeds_with_the_production_version(store, signed):
     tracking, tmp, built = store
-    version = registry.alias_version(tracking, FAMILY, "production") or built["here"][1]
-    registry_uri = f"models:/{registry.registered_model_name(FAMILY)}/{version}"
+    version = registered_model.alias_version(tracking, FAMILY, "production") or built["here"][1]
+    registry_uri = f"models:/{registered_model.registered_model_name(FAMILY)}/{version}"
     port = _free_port()
     # As README says: with the virtual environment active (mlflow starts uvicorn from PATH).
     env = {**os.environ, "MLFLOW_TRACKING_URI": tracking.tracking_uri,
@@ -274,4 +274,4 @@ def test_mlflow_models_serve_embeds_with_the_production_version(store, signed):
         expected, _ = pool.runner(version).embed(TEXTS)
     assert served.shape == (2, 384)
     np.testing.assert_allclose(served, expected, rtol=1e-4, atol=1e-5)
-    assert tags.BUILD_RUN_ID in registry.version_tags(tracking, FAMILY, version)
+    assert tags.BUILD_RUN_ID in registered_model.version_tags(tracking, FAMILY, version)

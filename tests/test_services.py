@@ -24,7 +24,7 @@ import yaml
 from typer.testing import CliRunner
 
 from flows import stack as st
-from lineage import registry, tags
+from lineage import registered_model, registry, tags
 from tests import services as sv
 from tests.services import RUN_TIMEOUT_S
 from tests.services_fixtures import as_account, env, prefect, stack, testset  # noqa: F401 - fixtures
@@ -95,10 +95,10 @@ def test_rollouts_through_the_worker(stack, env, prefect, testset, tmp_path_fact
         run.info.run_id, tags.OUTCOME_ARTIFACT, str(store / f"dl-{run.info.run_id}"))).read_text())
         for run in (a1, a2)]
     v1, v2 = (o["version"] for o in outcomes)
-    assert v1 != v2 and registry.alias_version(tracking, "svc-a", "production") == v2
+    assert v1 != v2 and registered_model.alias_version(tracking, "svc-a", "production") == v2
     # the second was judged against what the first promoted: its evaluation compared with
     # v1's kernel, and the promotion's compare-and-swap expected v1
-    name = registry.registered_model_name("svc-a")
+    name = registered_model.registered_model_name("svc-a")
     assert tracking.client().get_registered_model(name).tags[tags.PREVIOUS_PRODUCTION] == v1
     def compared_with(parent) -> set[str]:
         return {r.data.tags.get(tags.PRODUCTION_IMPLEMENTATION) for r in
@@ -131,11 +131,11 @@ def test_auditor_reads_everything_and_changes_nothing(stack, as_account, signing
 
     tracking = as_account("auditor")
     client = tracking.client()
-    name = registry.registered_model_name("svc-a")
-    production = registry.alias_version(tracking, "svc-a", "production")
+    name = registered_model.registered_model_name("svc-a")
+    production = registered_model.alias_version(tracking, "svc-a", "production")
     assert production is not None  # the auditor reads the registry
     (run, *_) = sv.rollout_runs(tracking, "svc-a")
-    before = (client.get_run(run.info.run_id).data.tags, registry.aliases(tracking, "svc-a"))
+    before = (client.get_run(run.info.run_id).data.tags, registered_model.aliases(tracking, "svc-a"))
     denied = [
         _denied(lambda: client.set_registered_model_alias(name, "production", "1")),
         _denied(lambda: client.delete_registered_model_alias(name, "production")),
@@ -149,7 +149,7 @@ def test_auditor_reads_everything_and_changes_nothing(stack, as_account, signing
         tracking, family="svc-a", implementation="xla", backend="cpu",
         work_root=Path(stack[1].state_dir / "auditor-work"), signing=signing)))
     assert len(sv.rollout_runs(tracking, "svc-a")) == runs_before
-    after = (client.get_run(run.info.run_id).data.tags, registry.aliases(tracking, "svc-a"))
+    after = (client.get_run(run.info.run_id).data.tags, registered_model.aliases(tracking, "svc-a"))
     assert after == before
     assert client.get_run(run.info.run_id).info.lifecycle_stage == "active"
 
@@ -170,14 +170,14 @@ def test_stale_promotion_is_refused_when_the_queue_is_bypassed(stack, as_account
     key_dir = stack[1].key_dir  # the worker host's key: this process stands in for a worker
     signing = Signing(signer=keys.load_signer(keys.ensure_pipeline_key(key_dir)),
                       trust=keys.folder_trust(key_dir))
-    production = registry.alias_version(tracking, "svc-a", "production")
+    production = registered_model.alias_version(tracking, "svc-a", "production")
     older = str(int(production) - 1)
     decision = tracking.client().get_model_version(
-        registry.registered_model_name("svc-a"), older).tags.get(tags.DECISION_RUN_ID, "")
+        registered_model.registered_model_name("svc-a"), older).tags.get(tags.DECISION_RUN_ID, "")
     with pytest.raises(registry.PromotionRefused, match="judged against"):
         registry.promote(tracking, "svc-a", older, decision_run_id=decision,
                          expected_previous=None, signing=signing)
-    assert registry.alias_version(tracking, "svc-a", "production") == production
+    assert registered_model.alias_version(tracking, "svc-a", "production") == production
     sv.report("stale_promotion", {"refused": True, "production_unchanged": True})
 
 
@@ -269,7 +269,7 @@ def test_backup_and_restore_drill(stack, as_account, tmp_path, monkeypatch):
 
     config, running, _ = stack
     tracking = as_account("auditor")
-    before = registry.aliases(tracking, "svc-a")
+    before = registered_model.aliases(tracking, "svc-a")
     dumps = {}
     for db in (config.databases.prefect, config.databases.mlflow, config.databases.mlflow_auth):
         dumps[db] = tmp_path / f"{db}.dump"
@@ -289,7 +289,7 @@ def test_backup_and_restore_drill(stack, as_account, tmp_path, monkeypatch):
                                            running.artifact_root)
     running.pids["mlflow-server"] = pid
     running.save()
-    assert registry.aliases(tracking, "svc-a") == before
+    assert registered_model.aliases(tracking, "svc-a") == before
     # the Prefect dump restores too (into a scratch database: the server keeps running)
     scratch = f"{config.databases.prefect}_drill"
     st.create_database(config, scratch)

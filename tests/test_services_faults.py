@@ -20,7 +20,7 @@ import pytest
 from typer.testing import CliRunner
 
 from flows import stack as st
-from lineage import registry, tags
+from lineage import registered_model, tags
 from lineage.tracking import Tracking
 from tests import services as sv
 from tests.services import RUN_TIMEOUT_S
@@ -64,23 +64,23 @@ def test_worker_killed_mid_canary(stack, env, prefect, testset, tmp_path_factory
     first = sv.deployment_run(env, "kernelgate-rollout/candidate-rollout",
                               sv.tiny_settings("svc-k", testset, store))
     sv.wait_state(prefect, first, {"COMPLETED"}, timeout_s=RUN_TIMEOUT_S)
-    production = registry.alias_version(tracking, "svc-k", "production")
+    production = registered_model.alias_version(tracking, "svc-k", "production")
     assert production is not None
     slow = dict(sv.tiny_settings("svc-k", testset, store), shadow_requests=8)
     victim = sv.deployment_run(env, "kernelgate-rollout/candidate-rollout", slow)
     deadline = time.monotonic() + RUN_TIMEOUT_S
-    while registry.alias_version(tracking, "svc-k", "canary") is None:
+    while registered_model.alias_version(tracking, "svc-k", "canary") is None:
         run = prefect.read_flow_run(victim)
         assert not run.state.is_final(), f"the rollout ended before its canary: {run.state}"
         assert time.monotonic() < deadline
         time.sleep(0.3)
-    canary = registry.alias_version(tracking, "svc-k", "canary")
+    canary = registered_model.alias_version(tracking, "svc-k", "canary")
     killed_at = time.monotonic()
     _kill_tree(running.pids["worker"])
     crashed = sv.wait_state(prefect, victim, {"CRASHED"}, timeout_s=300, poll_s=2)
     crashed_after = time.monotonic() - killed_at
     assert "heartbeat" in (crashed.state.message or ""), crashed.state
-    assert registry.alias_version(tracking, "svc-k", "production") == production
+    assert registered_model.alias_version(tracking, "svc-k", "production") == production
     dead = [r for r in sv.rollout_runs(tracking, "svc-k") if r.info.status == "RUNNING"]
     assert len(dead) == 1  # the killed rollout's record is still open
 
@@ -91,11 +91,11 @@ def test_worker_killed_mid_canary(stack, env, prefect, testset, tmp_path_factory
     closed = tracking.client().get_run(dead[0].info.run_id)
     assert closed.info.status == "KILLED"
     assert "closed as KILLED" in closed.data.tags[tags.NOTE]
-    name = registry.registered_model_name("svc-k")
+    name = registered_model.registered_model_name("svc-k")
     left = tracking.client().get_model_version(name, canary)
-    assert "canary" not in left.aliases or registry.alias_version(tracking, "svc-k", "canary") != canary
+    assert "canary" not in left.aliases or registered_model.alias_version(tracking, "svc-k", "canary") != canary
     assert tags.STALE_REASON in left.tags and "did not finish" in left.tags[tags.STALE_REASON]
-    assert registry.alias_version(tracking, "svc-k", "production") != canary
+    assert registered_model.alias_version(tracking, "svc-k", "production") != canary
     sv.report("worker_killed_mid_canary", {
         "crashed_after_s": round(crashed_after, 1), "crash_message": crashed.state.message,
         "production_unchanged": True, "killed_run_closed_as": closed.info.status,
@@ -176,7 +176,7 @@ def test_postgres_restarted_under_a_running_rollout(stack, env, prefect, testset
         experiment = parent.info.experiment_id
         assert not tracking.client().search_runs([experiment],
                                                  filter_string="attributes.status = 'RUNNING'")
-        aliases = registry.aliases(tracking, "svc-pg")
+        aliases = registered_model.aliases(tracking, "svc-pg")
         result = parent.data.tags.get(tags.RESULT)
         assert "canary" not in aliases and "shadow" not in aliases
         if result == "promoted":

@@ -1,0 +1,78 @@
+"""What an audit found: the chain it followed, link by link, and every problem; its
+terminal text and exit code (``lineage.audit`` produces it)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+
+class AuditLink(BaseModel):
+    """One link of the chain: ``name``, the run or version it resolved to, its state."""
+
+    name: str
+    ref: str | None
+    ok: bool
+    detail: str
+
+
+class AuditReport(BaseModel):
+    """What was checked and every problem found (empty when the audit passes)."""
+
+    family: str
+    target: str
+    model_name: str
+    version: str | None
+    aliases: dict[str, str]
+    signed_aliases: dict[str, str]
+    chain: list[AuditLink]
+    registrations: list[str]
+    attestations_verified: int
+    artifacts_verified: int
+    artifacts_checked: int
+    problems: list[str]
+
+    @property
+    def ok(self) -> bool:
+        """True when no problem was found."""
+        return not self.problems
+
+    @property
+    def exit_code(self) -> int:
+        """0 when the audit passes, 1 otherwise."""
+        return 0 if self.ok else 1
+
+    def summary(self) -> str:
+        """One line: what was verified, and the verdict."""
+        return (f"{'AUDIT PASSED' if self.ok else 'AUDIT FAILED'}: {self.model_name} "
+                f"{self.target} -> v{self.version}; {self.attestations_verified} attestations and "
+                f"{self.artifacts_verified}/{self.artifacts_checked} artifacts verified; "
+                f"{len(self.problems)} problem(s)")
+
+    def render(self) -> str:
+        """A plain-text report for the terminal."""
+        held = [a for a, v in self.aliases.items() if v == self.version]
+        lines = [f"audit {self.model_name} {self.target} -> version {self.version}"
+                 + (f" (aliases: {', '.join(held)})" if held else "")]
+        lines += [f"  [{'ok' if link.ok else 'FAIL'}] {link.name}: {link.ref or '-'}  {link.detail}"
+                  for link in self.chain]
+        if self.registrations:
+            lines.append("  registrations (oldest first):")
+            lines += [f"    {r}" for r in self.registrations]
+        lines += [f"  PROBLEM: {p}" for p in self.problems]
+        lines.append(self.summary())
+        return "\n".join(lines)
+
+
+class Walk:
+    """The audit as it goes: the chain links shown and every problem found."""
+
+    def __init__(self) -> None:
+        self.links: list[AuditLink] = []
+        self.problems: list[str] = []
+
+    def link(self, name: str, ref: str | None, ok: bool, detail: str, *, problem: bool = True):
+        """Show one link; a failed one is also a problem unless ``problem=False`` (a
+        finding shown, counted elsewhere or not at all)."""
+        self.links.append(AuditLink(name=name, ref=ref, ok=ok, detail=detail))
+        if not ok and problem:
+            self.problems.append(f"{name} {ref or ''}: {detail}".replace("  ", " "))

@@ -1,0 +1,264 @@
+"""The family's registered model as read and annotated: never an alias move.
+
+* Registered model ``kernelgate-<family>`` (:func:`registered_model_name`); a version is one
+  build, created from the build run (:func:`register_build`, ``source = runs:/<build run
+  id>/model``, the build logged as an MLflow model).
+* Reading: the aliases MLflow shows (through ``get_registered_model(...).aliases`` — the
+  search APIs return empty aliases on SQLite), whether a version exists, its tags.
+* Tagging: the link tags and the description that lead people in the MLflow UI from a
+  version to the runs that judged it. Tags are for people; nothing that decides reads them.
+* The signed alias history read back (:func:`alias_history`, :func:`signed_aliases`,
+  :func:`production_history`): the numbered, hash-chained ``alias`` attestations, which
+  the alias-moving wall (:mod:`lineage.registry`) and the audit both replay.
+
+Every alias move lives in :mod:`lineage.registry`, where its invariant is checked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from typing import Literal
+
+from mlflow.exceptions import MlflowException
+
+from kernels.config import BlockSizes
+from lineage import tags
+from lineage.attestations import Attestation, TrustPolicy
+from lineage.records import LineageError
+from lineage.sources import EvidenceSource, StoreSource
+from lineage.tracking import Tracking, experiment_name
+
+Alias = Literal["shadow", "canary", "production"]
+ALIASES: tuple[Alias, ...] = ("shadow", "canary", "production")
+
+
+def registered_model_name(family: str) -> str:
+    """``kernelgate-<family>`` (same as the experiment name)."""
+    return experiment_name(family)
+
+
+def ensure_registered_model(tracking: Tracking, family: str) -> str:
+    """Create the family's registered model if needed; returns its name.
+
+    Raises:
+        MlflowException: the store refuses the creation (e.g. read-only account).
+    """
+    client = tracking.client()
+    name = registered_model_name(family)
+    try:
+        client.get_registered_model(name)
+    except MlflowException:
+        client.create_registered_model(
+            name, tags={tags.FAMILY: family},
+            description=f"Attention kernel family {family!r} (kernelgate).")
+    return name
+
+
+def register_build(tracking: Tracking, family: str, build_run_id: str, *, implementation: str,
+                   config: BlockSizes | None, artifact_path: str = "model") -> str:
+    """Create a model version for a build run; returns the version number (as str).
+
+    The version is tagged with what it serves: ``implementation`` and its resolved
+    block sizes (``null`` for untiled kernels) — for people; what serves is read from
+    the signed build.
+
+    Raises:
+        LineageError: the run does not exist or is not a ``build`` run.
+    """
+    client = tracking.client()
+    try:
+        run = client.get_run(build_run_id)
+    except MlflowException as exc:
+        raise LineageError(f"build run {build_run_id!r} not found") from exc
+    if run.data.tags.get(tags.STAGE) != "build":
+        raise LineageError(f"run {build_run_id} is not a build run")
+    name = ensure_registered_model(tracking, family)
+    version = client.create_model_version(
+        name, source=f"runs:/{build_run_id}/{artifact_path}", run_id=build_run_id,
+        tags={tags.BUILD_RUN_ID: build_run_id, tags.FAMILY: family,
+              tags.IMPLEMENTATION: implementation,
+              tags.CONFIG: json.dumps(config.model_dump(exclude_none=True) if config else None)})
+    return str(version.version)
+
+
+def aliases(tracking: Tracking, family: str) -> dict[str, str]:
+    """Alias -> version of the family's registered model (empty when none exists)."""
+    try:
+        model = tracking.client().get_registered_model(registered_model_name(family))
+    except MlflowException:
+        return {}
+    return {a: str(v) for a, v in model.aliases.items()}
+
+
+def alias_version(tracking: Tracking, family: str, alias: Alias) -> str | None:
+    """The version an alias points at, or None."""
+    return aliases(tracking, family).get(alias)
+
+
+def version_exists(tracking: Tracking, family: str, version: str) -> bool:
+    """Whether the registered model still has ``version``."""
+    try:
+        tracking.client().get_model_version(registered_model_name(family), version)
+    except MlflowException:
+        return False
+    return True
+
+
+def version_tags(tracking: Tracking, family: str, version: str) -> dict[str, str]:
+    """The tags of one model version of the family's registered model.
+
+    Raises:
+        MlflowException: no such registered model or version.
+    """
+    return dict(tracking.client().get_model_version(registered_model_name(family), version).tags)
+
+
+def tag_version(tracking: Tracking, family: str, version: str, values: dict[str, str]) -> None:
+    """Set tags on one model version (links for people reading the MLflow UI).
+
+    Raises:
+        MlflowException: no such registered model or version.
+    """
+    client = tracking.client()
+    for key, value in values.items():
+        client.set_model_version_tag(registered_model_name(family), version, key, value)
+
+
+def drop_version_tag(tracking: Tracking, family: str, version: str, key: str) -> None:
+    """Remove one tag from a model version (nothing happens when it is not set)."""
+    with contextlib.suppress(MlflowException):  # not set
+        tracking.client().delete_model_version_tag(registered_model_name(family), version, key)
+
+
+def link_traffic_run(tracking: Tracking, family: str, version: str,
+                     stage: Literal["shadow", "canary"], run_id: str) -> None:
+    """Link a shadow run, or append a canary-step run, to the version (for people).
+
+    Raises:
+        MlflowException: no such registered model or version.
+    """
+    if stage == "shadow":
+        tag_version(tracking, family, version, {tags.SHADOW_RUN_ID: run_id})
+        return
+    runs = json.loads(version_tags(tracking, family, version).get(tags.CANARY_RUN_IDS, "[]"))
+    tag_version(tracking, family, version, {tags.CANARY_RUN_IDS: json.dumps([*runs, run_id])})
+
+
+def link_confirmation(tracking: Tracking, family: str, version: str, decision_run_id: str) -> None:
+    """Link the confirmation-split decision to the version it judged (for people).
+
+    Raises:
+        MlflowException: no such registered model or version.
+    """
+    tag_version(tracking, family, version, {tags.CONFIRMATION_RUN_ID: decision_run_id})
+
+
+def link_approval(tracking: Tracking, family: str, version: str, transition: str,
+                  approval_run_id: str) -> None:
+    """Link an approval run to the version it is about (for people).
+
+    Raises:
+        MlflowException: no such registered model or version.
+    """
+    tag_version(tracking, family, version, {tags.approval_run_id(transition): approval_run_id})
+
+
+def describe_version(tracking: Tracking, family: str, version: str, decision: str) -> str:
+    """Write the version's MLflow description: ``decision`` in one line, then its chain
+    as markdown links to every run the version's link tags name (build, evaluation,
+    gate, approvals, shadow, canary steps, confirmation, the rollout with its promotion
+    or rollback runs). For people; the audit never reads it. Returns the markdown.
+
+    Raises:
+        MlflowException: no such registered model or version.
+    """
+    client = tracking.client()
+    values = version_tags(tracking, family, version)
+    experiment = client.get_experiment_by_name(experiment_name(family))
+
+    def link(label: str, run_id: str | None) -> str | None:
+        if not run_id:
+            return None
+        return f"- {label}: [{run_id[:8]}](#/experiments/{experiment.experiment_id}/runs/{run_id})"
+
+    rows = [link("build", values.get(tags.BUILD_RUN_ID)),
+            link("evaluation (held-out)", values.get(tags.EVALUATION_RUN_ID)),
+            link("gate decision", values.get(tags.DECISION_RUN_ID))]
+    rows += [link(f"approval {key.removeprefix(tags.APPROVAL_RUN_ID + '.approval-').replace('-to-', ' → ')}",
+                  run_id) for key, run_id in sorted(values.items())
+             if key.startswith(tags.APPROVAL_RUN_ID + ".")]
+    rows.append(link("shadow", values.get(tags.SHADOW_RUN_ID)))
+    rows += [link(f"canary step {i}", run_id) for i, run_id in
+             enumerate(json.loads(values.get(tags.CANARY_RUN_IDS, "[]")), start=1)]
+    rows.append(link("confirmation decision", values.get(tags.CONFIRMATION_RUN_ID)))
+    rows.append(link("rollout (parent run: promotion and rollback runs are its children)",
+                     values.get(tags.ROLLOUT_RUN_ID)))
+    config = values.get(tags.CONFIG)
+    text = "\n".join([
+        f"**{decision}**", "",
+        f"`{values.get(tags.IMPLEMENTATION, '?')}` with config `{config}`", "",
+        "Chain of evidence (each run holds its signed `attestations/*.dsse.json`; "
+        "`kernelgate audit` re-verifies them):", "",
+        *[r for r in rows if r]])
+    client.update_model_version(registered_model_name(family), version, description=text)
+    return text
+
+
+# --- the signed alias history ----------------------------------------------------------
+
+
+def alias_history(source: EvidenceSource) -> tuple[list[Attestation], list[str]]:
+    """The family's verified alias moves in sequence order, and problems with the
+    history itself (gaps, broken hash links)."""
+    problems: list[str] = []
+    moves = sorted((a for a in source.attestations() if a.kind == "alias"),
+                   key=lambda a: int(a.predicate.get("sequence", 0)))
+    for i, move in enumerate(moves, start=1):
+        sequence = int(move.predicate.get("sequence", 0))
+        if sequence != i:
+            problems.append(f"signed alias history: move {i} is missing (next signed move is "
+                            f"number {sequence}); its run was deleted or never signed")
+            break
+        expected = moves[i - 2].envelope_sha256 if i > 1 else None
+        if move.predicate.get("previous_envelope") != expected:
+            problems.append(f"signed alias history: move {i} does not chain to move {i - 1}")
+    return moves, problems
+
+
+def signed_aliases(moves: list[Attestation]) -> dict[str, str]:
+    """The aliases as the signed history leaves them (alias -> version)."""
+    state: dict[str, str] = {}
+    for move in moves:
+        alias, version = move.predicate["alias"], move.predicate.get("version")
+        if version is None:
+            state.pop(alias, None)
+        else:
+            state[alias] = str(version)
+    return state
+
+def store_alias_history(tracking: Tracking, family: str,
+                        trust: TrustPolicy) -> tuple[list[Attestation], list[str]]:
+    """:func:`alias_history` read from the store's ``promotion``/``rollback`` runs only."""
+    return alias_history(StoreSource(tracking, family, trust, stages=("promotion", "rollback")))
+
+
+def promoted_versions(moves: list[Attestation]) -> list[str]:
+    """Versions promoted to production and not rolled back since, oldest first, as
+    signed (a rolled-back version is never restored by a later rollback)."""
+    out: list[str] = []
+    for move in moves:
+        p = move.predicate
+        if p["alias"] != "production":
+            continue
+        if p["action"] == "promote" and p.get("version"):
+            out = [v for v in out if v != str(p["version"])] + [str(p["version"])]
+        elif p["action"] == "rollback" and p.get("previous_version"):
+            out = [v for v in out if v != str(p["previous_version"])]
+    return out
+
+
+def production_history(tracking: Tracking, family: str, trust: TrustPolicy) -> list[str]:
+    """Versions promoted to production, oldest first, from the signed history."""
+    moves, _ = store_alias_history(tracking, family, trust)
+    return promoted_versions(moves)

@@ -1,0 +1,185 @@
+"""A store made by an earlier commit stays auditable, and its production version keeps
+loading, after the code moves on.
+
+``tests/data/legacy-store-1b29598.tar.gz`` was made at commit 1b29598 by
+``tests/make_legacy_store.py`` (a rollout of ``xla``, family ``legacy``, promoted as v1)
+in ``/tmp/prev/out``: ``store/`` (SQLite ``mlflow.db``, artifacts) and ``keys/`` (the key
+folder that signed it). ``mlflow.db`` names that folder in absolute paths, so each test
+works on an extraction of its own, relocated with ``tests.store_copies`` (which checks
+that no path still names ``/tmp/prev/out`` — that folder may well exist on this host).
+
+The version is not expected to be this checkout's code: the audit and the load below run
+it from its logged model in a process of its own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import tarfile
+import textwrap
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.store_copies import naming, relocate, tree_digest
+
+TAR = Path(__file__).parent / "data" / "legacy-store-1b29598.tar.gz"
+MADE_IN = "/tmp/prev/out"
+FAMILY = "legacy"
+ROOT = Path(__file__).resolve().parents[1]
+KERNELGATE = Path(sys.executable).parent / "kernelgate"
+TAR_SHA256 = hashlib.sha256(TAR.read_bytes()).hexdigest()
+
+
+def _extract(dest: Path) -> Path:
+    dest.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(TAR) as tar:
+        tar.extractall(dest, filter="data")
+    relocate(dest / "store" / "mlflow.db", MADE_IN, str(dest.resolve()))
+    return dest.resolve()
+
+
+@pytest.fixture(scope="module")
+def legacy(tmp_path_factory) -> Path:
+    """One relocated extraction shared by the read-only tests of this module."""
+    return _extract(tmp_path_factory.mktemp("legacy"))
+
+
+def _env(store: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+    uri = f"sqlite:///{store / 'mlflow.db'}"
+    return {**env, "MLFLOW_TRACKING_URI": uri, "MLFLOW_REGISTRY_URI": uri,
+            "PYTHONPATH": str(ROOT)}
+
+
+def _kernelgate(legacy: Path, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in _env(legacy / "store").items() if not k.startswith("MLFLOW_")}
+    env["KERNELGATE_KEY_DIR"] = str(legacy / "keys")
+    return subprocess.run([str(KERNELGATE), "audit", "production", "--family", FAMILY, *args],
+                          cwd=cwd or ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_relocation_moves_every_stored_path(legacy):
+    db = legacy / "store" / "mlflow.db"
+    assert naming(db, MADE_IN) == {}
+    with sqlite3.connect(db) as conn:
+        runs = conn.execute("SELECT run_uuid, artifact_uri FROM runs").fetchall()
+        versions = conn.execute(
+            "SELECT version, source, storage_location, run_id FROM model_versions "
+            "WHERE name = ?", (f"kernelgate-{FAMILY}",)).fetchall()
+    assert len(runs) >= 10  # a whole rollout: preregistration, build, evaluations, gates, ...
+    for run_id, uri in runs:
+        assert uri.startswith(f"file://{legacy}/store/mlartifacts/"), (run_id, uri)
+        assert Path(uri.removeprefix("file://")).is_dir(), uri
+    assert [v[0] for v in versions] == [1]
+    run_ids = {r for r, _ in runs}
+    for _, source, location, run_id in versions:
+        assert MADE_IN not in source and MADE_IN not in location
+        assert run_id in run_ids and source == f"runs:/{run_id}/model", source
+
+
+def test_audit_of_the_legacy_production_passes(legacy):
+    result = _kernelgate(legacy, "--store-dir", str(legacy / "store"),
+                         "--key-dir", str(legacy / "keys"))
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    assert "AUDIT PASSED: kernelgate-legacy production -> v1" in out
+    assert "[ok] loaded model: 1  loaded in its own process" in out, out
+
+
+LOAD_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import mlflow.pyfunc, numpy as np, pandas as pd
+    model = mlflow.pyfunc.load_model("models:/kernelgate-legacy@production")
+    texts = ["The kernel passed its gate and was promoted.",
+             "Bananas are rich in potassium and grow in bunches."]
+    emb = np.asarray(model.predict(pd.DataFrame({"text": texts})))
+    encoder = model.unwrap_python_model()
+    from kernels.reference import attention_reference  # the version's own snapshot
+
+    def float64(q, k, v, *, causal=False, scale=None, q_lengths=None, kv_lengths=None):
+        out = attention_reference(np.asarray(q), np.asarray(k), np.asarray(v), causal=causal,
+                                  scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths)
+        return out.astype(np.asarray(q).dtype)
+
+    ref = np.asarray(encoder.encoder.embed(texts, attention_fn=float64, jit=False), np.float64)
+    import kernels
+    print(json.dumps({"shape": list(emb.shape), "dtype": str(emb.dtype),
+                      "finite": bool(np.isfinite(emb).all()),
+                      "norms": np.linalg.norm(emb.astype(np.float64), axis=1).tolist(),
+                      "cos_vs_float64": (np.sum(emb * ref, axis=1)
+                                         / np.linalg.norm(emb, axis=1)
+                                         / np.linalg.norm(ref, axis=1)).tolist(),
+                      "cos_between": float(emb[0] @ emb[1]),
+                      "implementation": encoder.describe()["implementation"],
+                      "code_sha256": encoder.describe()["code_sha256"],
+                      "kernels_from": kernels.__file__}))
+""")
+
+
+def test_the_legacy_production_version_loads_and_embeds(legacy, tmp_path):
+    store = legacy / "store"
+    env = {k: v for k, v in _env(store).items() if k != "PYTHONPATH"}  # a consumer elsewhere
+    result = subprocess.run([sys.executable, "-P", "-c", LOAD_SCRIPT], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-4000:]
+    got = json.loads(result.stdout.strip().splitlines()[-1])
+    assert got["shape"] == [2, 384] and got["dtype"] == "float32" and got["finite"]
+    assert all(abs(n - 1) < 1e-4 for n in got["norms"]), got["norms"]
+    assert min(got["cos_vs_float64"]) > 0.9999, got["cos_vs_float64"]
+    assert got["cos_between"] < 0.9, "two unrelated sentences embed (nearly) alike"
+    assert got["implementation"] == "xla"
+    snapshot = Path(got["kernels_from"])  # the version's logged code, not a checkout's
+    assert snapshot.parts[-3:] == ("code", "kernels", "__init__.py"), snapshot
+    assert not snapshot.is_relative_to(ROOT), snapshot
+    with sqlite3.connect(store / "mlflow.db") as conn:
+        (build_run,) = conn.execute("SELECT run_id FROM model_versions WHERE version = 1").fetchone()
+        (signed,) = conn.execute("SELECT value FROM tags WHERE run_uuid = ? AND key = ?",
+                                 (build_run, "kernelgate.code_sha256")).fetchone()
+    assert got["code_sha256"] == signed
+
+
+def test_an_exported_bundle_of_the_legacy_store_re_audits_offline(legacy, tmp_path):
+    bundle = tmp_path / "bundle"
+    exported = _kernelgate(legacy, "--store-dir", str(legacy / "store"), "--key-dir",
+                           str(legacy / "keys"), "--no-load-model", "--recheck-reference", "0",
+                           "--export", str(bundle))
+    assert exported.returncode == 0, exported.stdout + exported.stderr
+    assert (bundle / "store_view.json").is_file() and (bundle / "VERIFY.md").is_file()
+    offline = ["--bundle", ".", "--trusted-key", "keys/pipeline.pub.json"]
+    again = _kernelgate(legacy, *offline, cwd=bundle)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "AUDIT PASSED" in again.stdout
+    decision = next(bundle.glob("artifacts/*/decisions/gate_decision.json"))
+    decision.write_bytes(decision.read_bytes() + b" ")
+    tampered = _kernelgate(legacy, *offline, cwd=bundle)
+    assert tampered.returncode == 1, tampered.stdout
+    assert "decisions/gate_decision.json' of run" in tampered.stdout
+    assert "differs from its signed digest" in tampered.stdout
+
+
+def test_each_extraction_is_its_own_store(tmp_path):
+    from lineage import tracking as tr
+
+    first, second = _extract(tmp_path / "first"), _extract(tmp_path / "second")
+    untouched = tree_digest(second)
+    tracking = tr.local_tracking(first / "store")
+    client = tracking.client()
+    (run_id,) = [r.info.run_id for r in client.search_runs(
+        [client.get_experiment_by_name(f"kernelgate-{FAMILY}").experiment_id],
+        filter_string="tags.`kernelgate.stage` = 'build'")]
+    name = f"touched-{uuid.uuid4().hex}.txt"
+    client.log_text(run_id, "written to the first copy", name)
+    client.set_model_version_tag(f"kernelgate-{FAMILY}", "1", "kernelgate.test.touched", "yes")
+    written = list((first / "store" / "mlartifacts").rglob(name))
+    assert len(written) == 1, "the artifact did not land in the copy it was written to"
+    if Path(MADE_IN).is_dir():  # the folder the store was made in, where it may exist
+        assert not list(Path(MADE_IN).rglob(name))
+    assert tree_digest(second) == untouched
+    assert hashlib.sha256(TAR.read_bytes()).hexdigest() == TAR_SHA256
