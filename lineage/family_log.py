@@ -109,7 +109,8 @@ def read(source: EvidenceSource) -> FamilyLog:
         if pos is None:
             log.legacy += 1
             continue
-        seq = pos.get("seq")
+        seq = pos.get("seq")  # a protobuf Struct reads every number back as a float
+        seq = int(seq) if isinstance(seq, float) and seq.is_integer() else seq
         if pos.get("family") != source.family or not isinstance(seq, int) or seq < 1:
             log.problems.append(f"signed log: {a.run_id}/{a.path} is entry {seq!r} of family "
                                 f"{pos.get('family')!r}'s log, not of {source.family!r}'s")
@@ -127,7 +128,7 @@ def read(source: EvidenceSource) -> FamilyLog:
             p = entry.predicate
             for missing in p.get("missing", []):
                 log.acknowledged[int(missing)] = (
-                    f"re-anchored at entry {position(entry)['seq']} by {p.get('approver')} "
+                    f"re-anchored at entry {int(position(entry)['seq'])} by {p.get('approver')} "
                     f"({p.get('attested_at', '')[:19]}): {p.get('reason')}")
     for seq in range(1, log.length):
         if seq in log.entries:

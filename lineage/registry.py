@@ -57,6 +57,7 @@ from lineage.tracking import Tracking
 
 _HISTORY_KEEP = 50
 
+
 class PromotionRefused(KernelgateError, RuntimeError):
     """An alias move was refused: incomplete evidence, or production moved meanwhile."""
 
@@ -120,11 +121,9 @@ def reconcile(tracking: Tracking, family: str, signing: Signing) -> list[str]:
 
 def _refuse_incomplete(tracking: Tracking, family: str, version: str, transition,
                        decision_run_id: str | None, signing: Signing) -> chain.ChainEvidence:
-    """The chain; a damaged signed log refuses (a missing entry may be what a rule seeks)."""
-    source = StoreSource(tracking, family, signing)
+    source = StoreSource(tracking, family, signing.trust)
     evidence = chain.collect(source, version, decision_run_id=decision_run_id)
-    found = chain.problems(evidence, transition)
-    found += log_writer.damage(family_log.read(source), signing)[0]
+    found = chain.problems(evidence, transition) + log_writer.damage(family_log.read(source), signing)[0]
     if found:
         raise PromotionRefused(f"{registered_model_name(family)} v{version}: {transition} refused: "
                                + "; ".join(found))
@@ -242,8 +241,7 @@ def rollback(tracking: Tracking, family: str, *, reason: str, signing: Signing,
     Raises:
         ValueError: empty reason, ``alias`` points at nothing, or ``to`` is given for an
             alias other than production or is the current version.
-        PromotionRefused: ``to`` is not usable (see above).
-        LogDamaged: the family's signed log is damaged (nothing moves).
+        PromotionRefused, LogDamaged: ``to`` is not usable; the signed log is damaged.
     """
     if not reason.strip():
         raise ValueError("rollback needs a reason")
