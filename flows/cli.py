@@ -57,9 +57,11 @@ from flows.cli_ops import notifications_app, run_until_signalled  # noqa: E402
 app.add_typer(keys_app, name="keys")
 app.add_typer(notifications_app, name="notifications")
 from flows.cli_approvals import approve, approve_loosening  # noqa: E402
+from flows.cli_log import CheckpointFiles, reanchor, witnessing  # noqa: E402
 
 app.command()(approve)
 app.command(name="approve-loosening")(approve_loosening)
+app.command()(reanchor)
 from flows.cli_stack import stack_app  # noqa: E402
 
 app.add_typer(stack_app, name="stack")
@@ -225,8 +227,8 @@ def audit(target: Annotated[str, typer.Argument(help="alias (production, canary,
           recheck_reference: Annotated[int, typer.Option(
               min=0, help="recompute this many cached float64 references of the held-out "
               "evaluation with NumPy here (0: skip)")] = 2,
-          key_dir: KeyDir = None) -> None:
-    """Re-derive why a version is where it is: verify every signed attestation, the alias history, the complete chain, each decision and every artifact (exit 1 on any problem)."""
+          key_dir: KeyDir = None, checkpoint: CheckpointFiles = None) -> None:
+    """Re-derive why a version is where it is: verify every signed attestation, the family's signed log (against the pipeline's checkpoint, yours, and the head this audit remembered), the complete chain, each decision and every artifact (exit 1 on any problem)."""
     from lineage import keys
     from lineage.audit import audit as run_audit
     from lineage.bundle import BundleSource, export_bundle
@@ -245,16 +247,17 @@ def audit(target: Annotated[str, typer.Argument(help="alias (production, canary,
                        "--trusted-key to choose your own", err=True)
     except keys.KeyFileError as err:
         raise typer.BadParameter(str(err)) from None
+    seen = witnessing(key_dir, checkpoint, bundle)
     if bundle is not None:
         source = BundleSource(bundle, trust)
-        result = run_audit(None, check_name(family or source.family), target, source=source)
+        result = run_audit(None, check_name(family or source.family), target, source=source, witnessing=seen)
     else:
         tracking = _tracking(store_dir, must_exist=True)
         fam = _existing_family(tracking, family)
         result = run_audit(tracking, fam, target, trust=trust, load_model=load_model,
-                           recheck_reference=recheck_reference)
+                           recheck_reference=recheck_reference, witnessing=seen)
         if export is not None:
-            typer.echo(f"bundle written to {export_bundle(tracking, fam, result, trust_files, export)}")
+            typer.echo(f"bundle written to {export_bundle(tracking, fam, result, trust_files, export, seen.key_dir)}")
     typer.echo(result.render())
     raise typer.Exit(result.exit_code)
 

@@ -24,6 +24,8 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
+from pydantic import BaseModel, Field
+
 from lineage.attestations import (
     AttestationError,
     Signing,
@@ -33,11 +35,20 @@ from lineage.attestations import (
 )
 from lineage.family_log import FamilyLog, Head, compare
 
-__all__ = ["compare", "kernelgate_home", "pipeline_checkpoint", "read_checkpoint", "remember",
+__all__ = ["Witnessing", "compare", "kernelgate_home", "pipeline_checkpoint", "read_checkpoint", "remember",
            "remembered", "witness", "write_checkpoint"]
 
 CHECKPOINTS = "checkpoints"
 WITNESSED = "witnessed"
+
+
+class Witnessing(BaseModel):
+    """Which heads seen elsewhere an audit checks the log against (``witness``)."""
+
+    key_dir: Path | None = Field(None, description="the pipeline's key folder (its checkpoints)")
+    files: list[Path] = Field(default_factory=list, description="checkpoints the auditor brings")
+    home: Path | None = Field(None, description="the auditor's kernelgate home (remembered heads)")
+    require: bool = Field(False, description="no head at all is a problem (a bundle)")
 
 
 def kernelgate_home() -> Path:

@@ -55,6 +55,7 @@ class FamilyLog(BaseModel):
     problems: list[str] = Field(default_factory=list)
     warnings: list[str] = Field(default_factory=list)
     acknowledged: dict[int, str] = Field(default_factory=dict, description="seq -> re-anchor")
+    damaged: list[int] = Field(default_factory=list, description="seqs missing, forked or unchained")
 
     @property
     def length(self) -> int:
@@ -85,9 +86,8 @@ class FamilyLog(BaseModel):
                     head=self.entries[self.length].envelope_sha256)
 
     def gaps(self) -> list[int]:
-        """Missing sequence numbers no re-anchor acknowledged."""
-        return [s for s in range(1, self.length) if s not in self.entries
-                and s not in self.acknowledged]
+        """Damaged sequence numbers (missing, forked, unchained) no re-anchor acknowledged."""
+        return [s for s in self.damaged if s not in self.acknowledged]
 
     def between(self, first: int, last: int) -> list[Attestation]:
         """Entries ``first..last`` that are present, in order."""
@@ -116,13 +116,13 @@ def read(source: EvidenceSource) -> FamilyLog:
                                 f"{pos.get('family')!r}'s log, not of {source.family!r}'s")
             continue
         by_seq.setdefault(seq, {})[a.envelope_sha256] = a
+    issues: dict[int, str] = {}  # seq -> what is wrong there
     for seq, versions in sorted(by_seq.items()):
         chosen = sorted(versions.values(), key=lambda a: a.envelope_sha256)
         log.entries[seq] = chosen[0]
         if len(chosen) > 1:
-            log.problems.append(f"signed log of {source.family}: entry {seq} exists in "
-                                f"{len(chosen)} different signed versions (a fork: runs "
-                                f"{sorted(a.run_id for a in chosen)})")
+            issues[seq] = (f"entry {seq} exists in {len(chosen)} different signed versions (a "
+                           f"fork: runs {sorted(a.run_id for a in chosen)})")
     for entry in log.entries.values():
         if entry.kind == "reanchor":
             p = entry.predicate
@@ -130,23 +130,26 @@ def read(source: EvidenceSource) -> FamilyLog:
                 log.acknowledged[int(missing)] = (
                     f"re-anchored at entry {int(position(entry)['seq'])} by {p.get('approver')} "
                     f"({p.get('attested_at', '')[:19]}): {p.get('reason')}")
+            log.warnings.append(f"signed log of {source.family}: entry {int(position(entry)['seq'])} "
+                                f"re-anchors it: entries {p.get('missing')} missing or damaged, "
+                                f"approved by {p.get('approver')}: {p.get('reason')}")
     for seq in range(1, log.length):
-        if seq in log.entries:
-            continue
-        if seq in log.acknowledged:
-            log.warnings.append(f"signed log of {source.family}: entry {seq} is missing, "
-                                f"{log.acknowledged[seq]}")
-        else:
-            log.problems.append(f"signed log of {source.family}: entry {seq} of {log.length} is "
-                                "missing (its envelope, or its run, was deleted): a record the "
-                                "rules read may be gone")
+        if seq not in log.entries:
+            issues[seq] = (f"entry {seq} of {log.length} is missing (its envelope, or its run, "
+                           "was deleted): a record the rules read may be gone")
     for seq, entry in sorted(log.entries.items()):
         prev = position(entry).get("prev")
         if seq == 1 and prev is not None:
-            log.problems.append(f"signed log of {source.family}: entry 1 names a previous entry")
+            issues.setdefault(seq, "entry 1 names a previous entry")
         elif seq > 1 and seq - 1 in log.entries and prev != log.entries[seq - 1].envelope_sha256:
-            log.problems.append(f"signed log of {source.family}: entry {seq} does not chain to "
-                                f"entry {seq - 1} (reordered, replaced or forked)")
+            issues.setdefault(seq, f"entry {seq} does not chain to entry {seq - 1} (reordered, "
+                                   "replaced or forked)")
+    for seq, issue in sorted(issues.items()):
+        if seq in log.acknowledged:
+            log.warnings.append(f"signed log of {source.family}: {issue}; {log.acknowledged[seq]}")
+        else:
+            log.problems.append(f"signed log of {source.family}: {issue}")
+        log.damaged.append(seq)
     if log.legacy:
         log.warnings.append(f"signed log of {source.family}: {log.legacy} signed record(s) from "
                             "before the log existed (no log position; not ordered)")
@@ -171,6 +174,9 @@ def compare(log: FamilyLog, head: Head, label: str) -> tuple[list[str], list[str
                         f"{log.acknowledged[head.length]}"]
         return [f"{label}: entry {head.length} (its head) is missing from the log"], []
     if found != head.head:
-        return [f"{label}: entry {head.length} is {found[:12]}, not the {head.head[:12]} seen: "
-                "the log was forked or rewritten"], []
+        said = (f"{label}: entry {head.length} is {found[:12]}, not the {head.head[:12]} seen: "
+                "the log was forked or rewritten")
+        if head.length in log.acknowledged:
+            return [], [f"{said}; {log.acknowledged[head.length]}"]
+        return [said], []
     return [], []
