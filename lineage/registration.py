@@ -35,7 +35,7 @@ from lineage.attestations import (
     verify_envelope,
 )
 from lineage.family_log import read as read_log
-from lineage.log_writer import append, intact_log
+from lineage.log_writer import append, damage, intact_log
 from lineage.sources import EvidenceSource, StoreSource, signed_artifact
 from lineage.tracking import Tracking
 
@@ -80,20 +80,22 @@ def had_rejection(source: EvidenceSource) -> bool:
     return rejection_in_log(source) is not None
 
 
-def rejection_in_log(source: EvidenceSource) -> str | None:
+def rejection_in_log(source: EvidenceSource, damage: list[str] | None = None) -> str | None:
     """Why a loosening needs a person's approval, read from the family's signed log (never
     from "what is still in the store"), or None: a rejection or rollback in the log; a
     missing entry (a deleted envelope may have been one), re-anchored or not; or a record
-    signed before the log existed that rejects."""
+    signed before the log existed that rejects; ``damage``: what a writer found wrong with
+    the log (``lineage.log_writer.damage``: it also sees a cut at the end)."""
     log = read_log(source)
     found = [a for a in log.entries.values() if _rejects(a)]
     if found:
         first = min(found, key=lambda a: a.predicate["log"]["seq"])
         return f"a {first.kind} in run {first.run_id} rejected or rolled back a candidate"
     missing = sorted(set(log.gaps()) | set(log.acknowledged))
-    if missing or log.problems:
-        return (f"the family's signed log is missing entries {missing} or is damaged "
-                f"({'; '.join(log.problems) or 're-anchored'}): a rejection may have been deleted")
+    if missing or log.problems or damage:
+        return (f"the family's signed log is missing entries {missing or ''} or is damaged "
+                f"({'; '.join(damage or log.problems) or 're-anchored'}): a rejection may have "
+                "been deleted")
     if any(_rejects(a) for a in source.attestations() if "log" not in a.predicate):
         return "a record signed before the log existed rejected or rolled back a candidate"
     return None
@@ -142,7 +144,7 @@ def preregister(path: str | Path, *, tracking: Tracking, family: str, signing: S
     previous = latest_registration(source)
     loosened = loosenings(previous[1], thresholds) if previous else []
     approved = None
-    why = rejection_in_log(source) if loosened else None
+    why = rejection_in_log(source, damage(read_log(source), signing)[0]) if loosened else None
     if why is not None:
         if loosening_approval is None:
             raise LooseningRefused(
