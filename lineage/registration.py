@@ -87,15 +87,15 @@ def rejection_in_log(source: EvidenceSource, damage: list[str] | None = None) ->
     signed before the log existed that rejects; ``damage``: what a writer found wrong with
     the log (``lineage.log_writer.damage``: it also sees a cut at the end)."""
     log = read_log(source)
-    found = [a for a in log.entries.values() if _rejects(a)]
-    if found:
-        first = min(found, key=lambda a: a.predicate["log"]["seq"])
-        return f"a {first.kind} in run {first.run_id} rejected or rolled back a candidate"
     missing = sorted(set(log.gaps()) | set(log.acknowledged))
     if missing or log.problems or damage:
         return (f"the family's signed log is missing entries {missing or ''} or is damaged "
                 f"({'; '.join(damage or log.problems) or 're-anchored'}): a rejection may have "
                 "been deleted")
+    found = [a for a in log.entries.values() if _rejects(a)]
+    if found:
+        first = min(found, key=lambda a: a.predicate["log"]["seq"])
+        return f"a {first.kind} in run {first.run_id} rejected or rolled back a candidate"
     if any(_rejects(a) for a in source.attestations() if "log" not in a.predicate):
         return "a record signed before the log existed rejected or rolled back a candidate"
     return None

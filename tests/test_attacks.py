@@ -49,6 +49,9 @@ KINDS = {
     7: "the approval form loses its rules",
     8: "a canary test that cannot fire counts as assessed",
     9: "a dataset logged again from another folder keeps the first source",
+    10: "evidence deleted from the store leaves no trace the rules read",
+    11: "the end of the signed history can be cut",
+    12: "an exported bundle is trusted unsigned",
 }
 
 
@@ -88,13 +91,23 @@ class Lab:
         from lineage import keys
         from lineage.attestations import Signing
 
-        self.signing = Signing(signer=keys.load_signer(keys.ensure_pipeline_key()),
-                               trust=keys.folder_trust())
+        # the key folder (with its checkpoints) as the pipeline left it, one per attack: an
+        # attack's own signed moves advance its checkpoint only
+        self.keys = shutil.copytree(keys.default_key_dir(), self.root / "keys")
+        self.home = self.root / "home"  # the auditor's remembered heads
+        self.signing = Signing(signer=keys.load_signer(keys.ensure_pipeline_key(self.keys)),
+                               trust=keys.folder_trust(self.keys), key_dir=self.keys)
 
-    def audit(self, target: str = "production"):
+    def witnessing(self, **kw):
+        from lineage.checkpoints import Witnessing
+
+        return Witnessing(**{"key_dir": self.keys, "home": self.home, **kw})
+
+    def audit(self, target: str = "production", **kw):
         from lineage.audit import audit
 
-        return audit(self.tracking, FAMILY, target, trust=self.signing.trust, load_model=False)
+        return audit(self.tracking, FAMILY, target, trust=self.signing.trust, load_model=False,
+                     witnessing=self.witnessing(), **kw)
 
     def source(self, **kw):
         from lineage.sources import StoreSource
@@ -703,3 +716,148 @@ def same_test_set_from_another_folder(lab: Lab) -> str:
         sources.append(json.loads(run.inputs.dataset_inputs[0].dataset.source)["uri"])
     assert sources[0] != sources[1]
     return " vs ".join(sources)
+
+
+# --- kind 10: evidence deleted from the store leaves no trace the rules read ------------------
+
+
+def _loosened(lab: Lab) -> Path:
+    def loosen(d):
+        for criterion in d["platforms"]["cpu"]["value"]:
+            if criterion["name"] == "hard-error-ratio":
+                criterion["value"] = 50.0
+    return _thresholds_with(lab, loosen)
+
+
+def _delete_envelopes(lab: Lab, which: Callable) -> list[str]:
+    gone = []
+    for a in lab.source().attestations():
+        if which(a):
+            _artifact_file(lab, a.run_id, a.path).unlink()
+            gone.append(f"{a.run_id}/{a.path}")
+    assert gone
+    return gone
+
+
+def _loosening_refused_and_named(lab: Lab) -> str:
+    """What a rollout with the loosened file meets: its preregistration refuses, the
+    reconcile its open starts with refuses, the audit names the gap."""
+    from lineage.family_log import LogDamaged
+    from lineage.registration import LooseningRefused, preregister
+
+    with pytest.raises(LooseningRefused) as refused:
+        preregister(_loosened(lab), tracking=lab.tracking, family=FAMILY, signing=lab.signing)
+    with pytest.raises(LogDamaged):
+        registry.reconcile(lab.tracking, FAMILY, lab.signing)
+    return str(refused.value) + "\n" + _detected(lab.audit())
+
+
+@attack(10, "is missing")
+def rejection_decision_deleted_then_loosened_rollout(lab: Lab) -> str:
+    """Issue 20: a rollout with loosened thresholds is refused; the attacker deletes the
+    rejection's decision.dsse.json and rolls out again with the loosened file."""
+    from lineage.registration import LooseningRefused, preregister
+
+    with pytest.raises(LooseningRefused):
+        preregister(_loosened(lab), tracking=lab.tracking, family=FAMILY, signing=lab.signing)
+    _delete_envelopes(lab, lambda a: a.kind == "decision" and a.predicate.get("verdict") == "reject")
+    return _loosening_refused_and_named(lab)
+
+
+@attack(10, "is missing")
+def failed_canary_and_its_rollbacks_deleted_then_loosened_rollout(lab: Lab) -> str:
+    """Every envelope that says a candidate failed (the failed canary, its rollbacks, the
+    gate rejection, the rollouts' outcomes): what is left in the store shows no rejection
+    at all, and the rule that read "what is still in the store" was fooled by that."""
+    from lineage.registration import _rejects
+
+    _delete_envelopes(lab, _rejects)
+    assert not any(_rejects(a) for a in lab.source().attestations())
+    return _loosening_refused_and_named(lab)
+
+
+# --- kind 11: the end of the signed history can be cut ----------------------------------------
+
+
+def _signed_rollback(lab: Lab):
+    change = registry.rollback(lab.tracking, FAMILY, reason="nightly re-validation failed",
+                               signing=lab.signing)
+    assert (change.previous_version, change.version) == (lab.versions["v2"], lab.versions["v1"])
+    return change
+
+
+@attack(11, "were cut")
+def signed_rollback_cut_from_the_end_of_the_history(lab: Lab) -> str:
+    """After a signed rollback v2 -> v1: delete the rollback's alias.dsse.json, set
+    production back to v2, delete v2's rollback tags. The log alone has no gap; the
+    pipeline's checkpoint and the head the auditor remembered see the cut, and reconcile
+    refuses instead of keeping v2."""
+    from lineage.family_log import LogDamaged
+
+    _signed_rollback(lab)
+    assert lab.audit().exit_code == 0  # remembered: the head after the rollback
+    moves, _ = registered_model.store_alias_history(lab.tracking, FAMILY, lab.signing.trust)
+    _artifact_file(lab, moves[-1].run_id, moves[-1].path).unlink()
+    lab.client.set_registered_model_alias(lab.model, "production", lab.versions["v2"])
+    for key in (tags.ROLLBACK_REASON, tags.ROLLED_BACK_AT):
+        lab.client.delete_model_version_tag(lab.model, lab.versions["v2"], key)
+    with pytest.raises(LogDamaged) as refused:
+        registry.reconcile(lab.tracking, FAMILY, lab.signing)
+    report = lab.audit()
+    found = _detected(report)
+    assert "pipeline's checkpoint" in found and "head you verified before" in found
+    # the auditor's own head alone (the key's owner could rewrite the checkpoint)
+    shutil.rmtree(lab.keys / "checkpoints")
+    alone = _detected(lab.audit())
+    assert "head you verified before" in alone
+    return f"{refused.value}\n{found}"
+
+
+def test_kernelgate_audit_passes_an_untouched_store_with_a_rolled_back_version(pristine):
+    """The judges of kind 11 are silent on an untouched store: the CLI audit (the pipeline's
+    checkpoint in its key folder, the head remembered in KERNELGATE_HOME) exits 0 with a
+    signed rollback in the history, twice (the second against the remembered head)."""
+    lab = Lab(pristine.root, pristine.path, pristine.versions, "untouched-cli")
+    _signed_rollback(lab)
+    env = {"KERNELGATE_KEY_DIR": str(lab.keys), "KERNELGATE_HOME": str(lab.home)}
+    args = ("audit", "--family", FAMILY, "--store-dir", str(lab.store), "--no-load-model",
+            "--recheck-reference", "0")
+    for _ in range(2):
+        code, out = _cli(lab, *args, env=env)
+        assert code == 0, out
+    assert list((lab.home / "witnessed" / FAMILY).glob("*.json"))
+
+
+# --- kind 12: an exported bundle is trusted unsigned ------------------------------------------
+
+
+@attack(12, "were cut")
+def rollback_cut_from_an_exported_bundle(lab: Lab) -> str:
+    """Delete the rollback's folder from an exported bundle and edit its unsigned
+    store_view.json: the checkpoint the bundle carries (signed) sees the cut; a bundle
+    whose checkpoint is deleted too fails for carrying none."""
+    from lineage.audit import audit
+    from lineage.bundle import STORE_VIEW, BundleSource, export_bundle
+
+    change = _signed_rollback(lab)
+    out = lab.root / "bundle"
+    export_bundle(lab.tracking, FAMILY, lab.audit(), sorted(lab.keys.glob("*.pub.json")), out,
+                  key_dir=lab.keys)
+
+    def offline():
+        source = BundleSource(out, lab.signing.trust)
+        return audit(None, FAMILY, "production", source=source, witnessing=lab.witnessing(
+            key_dir=None, home=None, require=True, files=source.checkpoint_files()))
+
+    assert offline().exit_code == 0, offline().render()
+    moves, _ = registered_model.store_alias_history(lab.tracking, FAMILY, lab.signing.trust)
+    assert moves[-1].predicate["action"] == "rollback" and change.version == lab.versions["v1"]
+    for folder in ("attestations", "artifacts"):
+        shutil.rmtree(out / folder / moves[-1].run_id, ignore_errors=True)
+    view = json.loads((out / STORE_VIEW).read_text())
+    view["aliases"]["production"] = lab.versions["v2"]
+    (out / STORE_VIEW).write_text(json.dumps(view))
+    found = _detected(offline())
+    shutil.rmtree(out / "checkpoints")
+    assert "no signed checkpoint" in _detected(offline())
+    return found
