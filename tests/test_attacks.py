@@ -204,6 +204,24 @@ def results():
                                         indent=1))
 
 
+def test_a_write_to_one_copy_leaves_the_others_byte_identical(pristine):
+    """A signed write into a copied run (whose id the fixture's process has written
+    before) lands in that copy only: the pristine store and another copy are unchanged."""
+    from lineage.attestations import attest
+    from tests.store_copies import tree_digest
+
+    before = tree_digest(pristine.path)
+    one = Lab(pristine.root, pristine.path, pristine.versions, "copy-one")
+    other = Lab(pristine.root, pristine.path, pristine.versions, "copy-two")
+    untouched = tree_digest(other.store / "mlartifacts")
+    run_id = one.mv(one.versions["v2"]).run_id
+    attest(one.tracking, run_id, "outcome", {"family": FAMILY}, one.signing.signer, name="probe")
+    assert _artifact_file(one, run_id, "attestations/probe.dsse.json").is_file()
+    assert tree_digest(other.store / "mlartifacts") == untouched
+    assert tree_digest(pristine.path) == before
+    assert not list(pristine.root.glob("store/mlartifacts/*/*/artifacts/attestations/probe.dsse.json"))
+
+
 def test_the_untouched_store_passes_the_audit(pristine):
     lab = Lab(pristine.root, pristine.path, pristine.versions, "untouched")
     report = lab.audit()
