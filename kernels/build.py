@@ -49,8 +49,13 @@ they export only from a host that has it."""
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 SOURCE_PATTERNS = ("*.py", "*.json")
-"""Files of the kernels package whose content can change what a kernel computes or
-which kernel ``auto`` picks (the selection table is JSON): all of them are fingerprinted."""
+"""Files of the kernels package whose content can change what a kernel computes, how
+fast it runs or which kernel ``auto`` picks (the selection table ``gpu_table.json`` is
+JSON): all of them are fingerprinted, bar ``EXCLUDED_PARTS``."""
+EXCLUDED_PARTS = ("__pycache__", "tools")
+"""Folders of the package left out of the fingerprint: caches, and ``kernels/tools``
+(benchmark, serving benchmark, autotuner, their results and notes), which run kernels
+but cannot change one."""
 
 
 class CompilerMemory(BaseModel):
@@ -134,10 +139,12 @@ def _sha256(data: bytes) -> str:
 
 def source_digests(package_dir: Path = PACKAGE_DIR) -> dict[str, str]:
     """sha256 of every source file of the kernels package (``SOURCE_PATTERNS``), keyed
-    by path relative to the package. A change anywhere in it (the dispatch in
-    ``api.py`` included) changes the build's fingerprint."""
+    by path relative to ``package_dir``, leaving out ``EXCLUDED_PARTS`` (the tools). A
+    change anywhere else in it (the dispatch in ``api.py`` included) changes the
+    build's fingerprint."""
+    package_dir = Path(package_dir)
     files = sorted({f for pattern in SOURCE_PATTERNS for f in package_dir.rglob(pattern)
-                    if "__pycache__" not in f.parts and "bench_results" not in f.parts})
+                    if not set(f.relative_to(package_dir).parts) & set(EXCLUDED_PARTS)})
     return {f.relative_to(package_dir).as_posix(): _sha256(f.read_bytes()) for f in files}
 
 

@@ -87,7 +87,7 @@ FLOAT32_PRECISIONS = {
 * ``DEFAULT``/``HIGH`` -> ``input_precision=tf32``: one TF32 product (2^-11; the issue's
   2-5e-4 errors), never used here.
 
-The two emulations trade accuracy for tensor-core speed; ``kernels.bench_serving`` times
+The two emulations trade accuracy for tensor-core speed; ``kernels.tools.bench_serving`` times
 and scores them at the serving shapes so the choice is made on measurements.
 """
 
@@ -130,7 +130,7 @@ def default_config(head_dim: int) -> BlockSizes:
     shared-memory fit of :func:`resolve_config`).
 
     The winners of the first H200 sweep (JAX 0.11.2, bf16, seq 1024..16384; see
-    kernels/NOTES-gpu.md): 64x64 tiles with 4 warps and 3 stages at head_dim <= 64,
+    kernels/tools/NOTES-gpu.md): 64x64 tiles with 4 warps and 3 stages at head_dim <= 64,
     128x128 tiles with 8 warps (two warpgroups of 64 rows) and 3 stages at 128; at 256
     smaller tiles so the accumulator and the K/V stages fit registers and shared
     memory (not measured). Measured choices in gpu_table.json take precedence. For

@@ -365,7 +365,7 @@ def tile_schedule(step, *, batch_heads: int, num_q_pairs: int, num_ctas: int, ca
     tiles out longest-processing-time-first through an atomic counter, over sections of
     heads sized for L2; with this kernel's static strided hand-out, longest-first alone
     left CTAs with 435 to 1568 K/V blocks at causal B1 H16 S16384 (mean 1001;
-    kernels/NOTES-gpu.md).
+    kernels/tools/NOTES-gpu.md).
     Consecutive units are consecutive pairs of one head, so the tiles in flight at one
     time still come from about ``num_ctas / (Q/2)`` heads (their K/V shared in L2).
 

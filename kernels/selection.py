@@ -1,6 +1,6 @@
 """The measured GPU selection table behind ``implementation="auto"`` on a GPU.
 
-``kernels/gpu_table.json`` is written by ``python -m kernels.autotune`` on a GPU: per
+``kernels/gpu_table.json`` is written by ``python -m kernels.tools.autotune`` on a GPU: per
 tuned shape, which of pallas_gpu, pallas_mosaic_gpu and cuDNN was fastest (among the
 candidates whose output agreed with cuDNN) and the best tiling of each Pallas kernel.
 This module only reads it; :func:`select_gpu_implementation` picks the entry of the
@@ -119,7 +119,7 @@ def load_table(path: Path | str | None = None) -> SelectionTable | None:
     table = _load_cached(str(path), path.stat().st_mtime)
     if table.schema_version != TABLE_SCHEMA_VERSION:
         raise ValueError(f"{path}: schema_version {table.schema_version}, expected "
-                         f"{TABLE_SCHEMA_VERSION}; re-run python -m kernels.autotune")
+                         f"{TABLE_SCHEMA_VERSION}; re-run python -m kernels.tools.autotune")
     return table
 
 

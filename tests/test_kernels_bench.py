@@ -1,5 +1,5 @@
-"""kernels.bench (tiny interpret-mode run, timing, correctness checks) and
-kernels.autotune (the measured GPU selection table behind ``auto``)."""
+"""kernels.tools.bench (tiny interpret-mode run, timing, correctness checks) and
+kernels.tools.autotune (the measured GPU selection table behind ``auto``)."""
 
 from __future__ import annotations
 
@@ -12,12 +12,13 @@ import jax
 import numpy as np
 import pytest
 
-from kernels import autotune, bench, pallas_mosaic_gpu, selection
+from kernels import pallas_mosaic_gpu, selection
 from kernels.config import BlockSizes
 from kernels.pallas_gpu import check_block_sizes
 from kernels.reference import attention_reference
 from kernels.shapes import AttentionShape
 from kernels.timing import time_call
+from kernels.tools import autotune, bench
 
 
 def mha(dtype: str, batch: int, seq: int, heads: int, head_dim: int, causal: bool) -> AttentionShape:

@@ -5,7 +5,7 @@ selection table's backward compatibility, lowering and ``jax.export`` for CUDA f
 CPU host, and the kernel's barrier protocol, indexing and masking run in JAX's GPU
 interpret mode (private API, ``lax.dot_general`` standing in for ``wgmma``), with its
 race detector on. ``@pytest.mark.gpu`` tests run the native kernel against the float64
-reference (kernels/NOTES-gpu.md has the command).
+reference (kernels/tools/NOTES-gpu.md has the command).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernels import api, autotune, bench, pallas_mosaic_gpu, selection
+from kernels import api, pallas_mosaic_gpu, selection
 from kernels.build import build as build_kernel
 from kernels.config import BlockSizes
 from kernels.contract import validate
@@ -36,6 +36,7 @@ from kernels.pallas_mosaic_gpu import (
 from kernels.reference import attention_reference, relative_error
 from kernels.shapes import AttentionShape
 from kernels.shapes import random_inputs as shape_inputs
+from kernels.tools import autotune, bench
 from tests.kernels_helpers import Case, assert_accurate, random_inputs
 
 ON_GPU = jax.default_backend() in ("gpu", "cuda")
@@ -389,7 +390,7 @@ def test_the_balance_check_fails_on_the_old_rotation():
     num_ctas = pallas_mosaic_gpu.DEFAULT_NUM_SMS
     _, qi = _rotation(16, 128)
     per_cta = _cta_blocks(qi, seq=16384, block_q=64, block_kv=128, num_ctas=num_ctas)
-    assert (per_cta.min(), per_cta.max()) == (435, 1568)  # kernels/NOTES-gpu.md
+    assert (per_cta.min(), per_cta.max()) == (435, 1568)  # kernels/tools/NOTES-gpu.md
     assert per_cta.max() / per_cta.mean() > 1.5
 
 

@@ -5,7 +5,7 @@ sequences up to 512 tokens, float32 (and bf16), and the attention call carries
 ``kv_lengths`` (padding). Flash attention's usual win (long sequences, head_dim 64-128)
 is not there: on the H200 pallas_gpu took 421 us at 16 x 512 against XLA's 358 us at
 HIGHEST, and the canary rolled it back. This table measures those shapes for every
-implementation in the registry, beside the long-sequence table of ``kernels.bench``.
+implementation in the registry, beside the long-sequence table of ``kernels.tools.bench``.
 
 Columns: ``naive``, ``xla`` (float32 at HIGHEST, the serving baseline), ``cudnn`` (bf16
 only), ``pallas_gpu`` (the table's tiling for the shape, fitted to the device), and

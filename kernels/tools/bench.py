@@ -1,6 +1,6 @@
 """Attention benchmark: every implementation, side by side, in one run on one device.
 
-``python -m kernels.bench --out bench.json`` builds, checks and times naive, xla, cudnn,
+``python -m kernels.tools.bench --out bench.json`` builds, checks and times naive, xla, cudnn,
 our two GPU kernels pallas_gpu (Triton lowering) and pallas_mosaic_gpu (Mosaic GPU,
 FlashAttention-3 design), and tokamax's Mosaic GPU kernel where tokamax is importable,
 over the grid of issue 3: bf16 and f16, head_dim 64 and 128, causal and not, seq
@@ -10,7 +10,7 @@ timing passes) and fraction of the bf16 matrix-product ceiling measured in the s
 run, the geometric mean of the ratio to cuDNN per implementation, overall and per
 (dtype, head_dim, mask) group, memory, correctness against float64 and against naive,
 and the longest causal context (B=1, H=16, D=128) naive and the flash kernels reach on
-one device. Beside it, the serving table (``kernels.bench_serving``): MiniLM's shapes
+one device. Beside it, the serving table (``kernels.tools.bench_serving``): MiniLM's shapes
 (12 heads x head_dim 32, float32 and bf16), microseconds per call; ``--serving-only``
 runs just that. Every column is measured in the run; nothing is quoted.
 
@@ -43,7 +43,6 @@ import jax.numpy as jnp
 import numpy as np
 from pydantic import BaseModel, Field
 
-from kernels import bench_serving
 from kernels.api import IMPLEMENTATIONS as REGISTRY
 from kernels.api import attention, default_backend
 from kernels.config import BlockSizes
@@ -52,6 +51,7 @@ from kernels.reference import attention_reference, relative_error
 from kernels.selection import select_pallas_config
 from kernels.shapes import AttentionShape, random_inputs
 from kernels.timing import DEFAULT_WARMUP_S, Timing, compile_and_warm, time_call
+from kernels.tools import bench_serving
 
 SCHEMA_VERSION = 1
 IMPLEMENTATIONS = ("naive", "xla", "cudnn", "pallas_gpu", "pallas_mosaic_gpu", "tokamax")
@@ -137,7 +137,7 @@ class BenchReport(BaseModel):
                     "of the two passes")
     correctness_tolerance: str
     serving: list[bench_serving.ServingRow] = Field(
-        default_factory=list, description="the serving-shape table (kernels.bench_serving)")
+        default_factory=list, description="the serving-shape table (kernels.tools.bench_serving)")
 
 
 # --------------------------------------------------------------------------- timing
@@ -464,7 +464,7 @@ def run(args: argparse.Namespace) -> BenchReport:
         progress=lambda s: print(f"[bench] serving {s.label} done", file=sys.stderr, flush=True))
     return BenchReport(
         created_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        command=" ".join(["python -m kernels.bench", *sys.argv[1:]]),
+        command=" ".join(["python -m kernels.tools.bench", *sys.argv[1:]]),
         jax_version=jax.__version__, backend=backend,
         device_kind=jax.devices()[0].device_kind, interpret_mode=not on_gpu,
         matmul_ceiling_tflops=ceiling,
@@ -477,7 +477,7 @@ def run(args: argparse.Namespace) -> BenchReport:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m kernels.bench", description=__doc__.split("\n\n")[0],
+        prog="python -m kernels.tools.bench", description=__doc__.split("\n\n")[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--out", type=Path, help="write the JSON report here")
     parser.add_argument("--quick", action="store_true",

@@ -1,6 +1,6 @@
 """GPU autotuning: write the measured selection table behind ``auto`` on a GPU.
 
-``python -m kernels.autotune --testset DIR --out kernels/gpu_table.json`` times, per
+``python -m kernels.tools.autotune --testset DIR --out kernels/gpu_table.json`` times, per
 shape, every candidate tiling of ``pallas_gpu`` (block_q, block_kv, num_warps,
 num_stages) and of ``pallas_mosaic_gpu`` (block_q, block_kv and the K/V ring depth
 num_stages), and the cuDNN kernel (``kernels.timing``, the benchmark's method), keeps
@@ -12,13 +12,13 @@ candidates are recorded with the reason and the entry has no ``mosaic_config``.
 
 Tuning data: the shapes of the test set's ``tuning`` split (``--testset``; the split
 exists for this and is never used by a gate), or the benchmark grid's shapes
-(``kernels.bench.grid``) without one. Inputs are fresh random normal arrays of those
+(``kernels.tools.bench.grid``) without one. Inputs are fresh random normal arrays of those
 shapes: no held-out or confirmation case is ever read, so tuning cannot leak into the
 gate's evidence.
 
 Only tilings that fit the device's shared memory for the shape's dtype and head_dim are
 tried (``kernels.gpu_limits``). ``--serving`` tunes MiniLM's serving shapes
-(``kernels.bench_serving``: 12 heads x head_dim 32, float32 and bf16) with a grid for
+(``kernels.tools.bench_serving``: 12 heads x head_dim 32, float32 and bf16) with a grid for
 small head_dim and short sequences, in two passes (tile shape and warps at 2 stages, then
 1 and 3 stages around the three fastest), and merges the entries into the existing table.
 """
@@ -36,9 +36,8 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from kernels import bench_serving, pallas_mosaic_gpu
+from kernels import pallas_mosaic_gpu
 from kernels.api import IMPLEMENTATIONS, attention, default_backend
-from kernels.bench import grid
 from kernels.config import BlockSizes
 from kernels.contract import validate
 from kernels.gpu_limits import shared_memory_budget, shared_memory_bytes
@@ -54,6 +53,8 @@ from kernels.selection import (
 )
 from kernels.shapes import AttentionShape, random_inputs
 from kernels.timing import DEFAULT_WARMUP_S, compile_and_warm, time_call
+from kernels.tools import bench_serving
+from kernels.tools.bench import grid
 
 AGREEMENT_LIMIT = {"bfloat16": 2e-2, "float16": 5e-3, "float32": 1e-4}
 """Max ||candidate - cudnn|| / ||cudnn|| for a candidate to count as correct (both
@@ -288,7 +289,7 @@ def autotune(shapes: Sequence[AttentionShape], *, quick: bool, repeats: int,
 
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI: tune and write the table (atomically: a temp file, then rename)."""
-    parser = argparse.ArgumentParser(prog="python -m kernels.autotune",
+    parser = argparse.ArgumentParser(prog="python -m kernels.tools.autotune",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_TABLE_PATH)
     parser.add_argument("--testset", type=Path, default=None,
@@ -296,7 +297,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true",
                         help="tiny shapes, two tilings (always so without a GPU)")
     parser.add_argument("--serving", action="store_true",
-                        help="tune MiniLM's serving shapes (kernels.bench_serving: 12 heads x "
+                        help="tune MiniLM's serving shapes (kernels.tools.bench_serving: 12 heads x "
                              "head_dim 32; default dtypes float32 bfloat16); implies --merge")
     parser.add_argument("--dtypes", nargs="+", default=None,
                         help="default bfloat16 float16 (--serving: float32 bfloat16)")
@@ -315,7 +316,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     quick = args.quick or jax.default_backend() not in ("gpu", "cuda")
     if args.serving:
         shapes = bench_serving.serving_shapes(quick, args.dtypes or bench_serving.SERVING_DTYPES)
-        data = ("random normal q/k/v with MiniLM's serving shapes (kernels.bench_serving); "
+        data = ("random normal q/k/v with MiniLM's serving shapes (kernels.tools.bench_serving); "
                 "no held-out or confirmation data")
     elif args.testset is not None:
         shapes = tuning_shapes(args.testset)
@@ -324,14 +325,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.with_grid:
             shapes += [s for s in grid(quick, args.seqs, args.dtypes, args.head_dims)
                        if s not in shapes]
-            data += "; and the benchmark grid's shapes (kernels.bench.grid)"
+            data += "; and the benchmark grid's shapes (kernels.tools.bench.grid)"
     else:
         shapes = grid(quick, args.seqs, args.dtypes or ["bfloat16", "float16"], args.head_dims)
         data = ("random normal q/k/v with the benchmark grid's shapes and dtypes "
-                "(kernels.bench.grid); no held-out or confirmation data")
+                "(kernels.tools.bench.grid); no held-out or confirmation data")
     table = autotune(shapes, quick=quick, repeats=3 if quick else args.repeats,
                      target_repeat_s=0.0 if quick else args.target_repeat_s,
-                     command=" ".join(["python -m kernels.autotune", *sys.argv[1:]]),
+                     command=" ".join(["python -m kernels.tools.autotune", *sys.argv[1:]]),
                      tuning_data=data, mosaic=not args.no_mosaic)
     if (args.merge or args.serving) and (old := load_table(args.out)) is not None:
         table = merge_tables(old, table)
