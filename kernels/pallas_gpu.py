@@ -55,6 +55,7 @@ from kernels.gpu_limits import (
     shared_memory_budget,
     shared_memory_bytes,
 )
+from kernels.kernel import Capability, Kernel, round_up
 
 KERNEL_NAME = "kernelgate_flash_attention_fwd_gpu"
 """Name of the ``pallas_call``: visible in HLO dumps and profiler traces."""
@@ -358,10 +359,6 @@ def _floor_div(x, divisor: int):
     return x // divisor if isinstance(x, int) else lax.div(x, jnp.int32(divisor))
 
 
-def _round_up(x: int, multiple: int) -> int:
-    return -(-x // multiple) * multiple
-
-
 def pallas_gpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool,
                          scale: float, q_lengths: jax.Array | None,
                          kv_lengths: jax.Array | None, config: BlockSizes | None = None,
@@ -411,7 +408,7 @@ def pallas_gpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bo
     block_q = min(cfg.block_q, max(16, 1 << (q_len - 1).bit_length()))
     block_kv = min(cfg.block_kv, max(16, 1 << (kv_len - 1).bit_length()))
     d_pad = padded_head_dim(head_dim)
-    q_pad, kv_pad = _round_up(q_len, block_q), _round_up(kv_len, block_kv)
+    q_pad, kv_pad = round_up(q_len, block_q), round_up(kv_len, block_kv)
     if (q_pad, d_pad) != (q_len, head_dim):
         q = jnp.pad(q, ((0, 0), (0, q_pad - q_len), (0, 0), (0, d_pad - head_dim)))
     if (kv_pad, d_pad) != (kv_len, head_dim):
@@ -468,3 +465,39 @@ def pallas_gpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bo
     if (q_pad, d_pad) != (q_len, head_dim):
         out = out[:, :q_len, :, :head_dim]
     return out
+
+
+class PallasGpuKernel(Kernel):
+    """The registry's ``pallas_gpu``: native on an NVIDIA GPU (Triton lowering), Pallas
+    interpret mode on a CPU; every ``BlockSizes`` field; tuned by the GPU table; its
+    Triton custom call is exported with the compatibility check waived."""
+
+    name = "pallas_gpu"
+    description = "flash attention in Pallas for NVIDIA GPUs"
+    native_platforms = ("gpu",)
+    capability = Capability(dtypes=SUPPORTED_DTYPES, max_head_dim=MAX_HEAD_DIM)
+    config_fields = ("block_q", "block_kv", "num_warps", "num_stages")
+    float32_matmul_precision = "highest"
+    trace_name = KERNEL_NAME
+    tuned = True
+    ours = True
+    lowers_at_trace_time = True
+
+    def __call__(self, q, k, v, *, causal, scale, q_lengths, kv_lengths, config=None):
+        return pallas_gpu_attention(q, k, v, causal=causal, scale=scale, q_lengths=q_lengths,
+                                    kv_lengths=kv_lengths, config=config)
+
+    def check_block_sizes(self, config):
+        check_block_sizes(config)
+
+    def check_supported(self, spec, backend, config=None):
+        check_supported(spec, backend, config)
+
+    def resolve_config(self, spec, config):
+        return resolve_config(spec, config)
+
+    def export_context(self, platform):
+        return export_context(platform)
+
+    def export_disabled_checks(self, platform):
+        return export_disabled_checks(platform)

@@ -31,11 +31,11 @@ from kernels.pallas_mosaic_gpu import (
     pallas_mosaic_gpu_attention,
     resolve_config,
     smem_bytes,
-    tile_schedule,
 )
 from kernels.reference import attention_reference, relative_error
 from kernels.shapes import AttentionShape
 from kernels.shapes import random_inputs as shape_inputs
+from kernels.tile_schedule import tile_schedule
 from kernels.tools import autotune, bench
 from tests.kernels_helpers import Case, assert_accurate, random_inputs
 
