@@ -21,6 +21,9 @@ tried (``kernels.gpu_limits``). ``--serving`` tunes MiniLM's serving shapes
 (``kernels.tools.bench_serving``: 12 heads x head_dim 32, float32 and bf16) with a grid for
 small head_dim and short sequences, in two passes (tile shape and warps at 2 stages, then
 1 and 3 stages around the three fastest), and merges the entries into the existing table.
+
+Kept in one module (over 350 lines) because it is one command: the search spaces, the
+tuning passes and the table they write belong to one run and one table schema.
 """
 
 from __future__ import annotations
@@ -37,14 +40,16 @@ import jax
 import jax.numpy as jnp
 
 from kernels import pallas_mosaic_gpu
-from kernels.api import IMPLEMENTATIONS, attention, default_backend
+from kernels.api import attention, default_backend
 from kernels.config import BlockSizes
 from kernels.contract import validate
 from kernels.gpu_limits import shared_memory_budget, shared_memory_bytes
 from kernels.pallas_gpu import default_config, fitted_config
 from kernels.reference import relative_error
+from kernels.registry import IMPLEMENTATIONS, tuned
 from kernels.selection import (
     DEFAULT_TABLE_PATH,
+    TABLE_FIELDS,
     CandidateResult,
     SelectionTable,
     TableEntry,
@@ -164,8 +169,8 @@ def mosaic_candidate_configs(head_dim: int, quick: bool = False) -> list[BlockSi
 
 def _bound(name: str, shape: AttentionShape, config: BlockSizes | None):
     spec, _, _ = validate(*shape.structs(), causal=shape.causal)
-    if not (name == "pallas_gpu" and default_backend() == "cpu"):  # interpreted off-GPU
-        IMPLEMENTATIONS[name].check(spec, default_backend(), config)
+    # Each kernel's own check says where it runs (pallas_gpu: interpreted on a CPU).
+    IMPLEMENTATIONS[name].check(spec, default_backend(), config)
 
     def fn(q, k, v):
         return attention(q, k, v, causal=shape.causal, implementation=name, config=config)
@@ -198,16 +203,41 @@ def _tune(name: str, configs: Sequence[BlockSizes], shape: AttentionShape, args,
     return results
 
 
+SEARCH_SPACES = {
+    "pallas_gpu": lambda shape, quick: candidate_configs(shape.head_dim, quick,
+                                                         dtype=shape.dtype),
+    "pallas_mosaic_gpu": lambda shape, quick: mosaic_candidate_configs(shape.head_dim, quick),
+}
+"""The tilings tried per tuned kernel (``Kernel.tuned``); a tuned kernel without an
+entry is timed at its own default tiling only (``Kernel.resolve_config``)."""
+REFERENCES = ("cudnn", "xla")
+"""The output every candidate must agree with: cuDNN's where it runs, else XLA's."""
+
+
+def search_space(name: str, shape: AttentionShape, quick: bool) -> list[BlockSizes]:
+    """The tilings of the tuned kernel ``name`` to try on ``shape`` (see ``SEARCH_SPACES``)."""
+    if name in SEARCH_SPACES:
+        return SEARCH_SPACES[name](shape, quick)
+    spec, _, _ = validate(*shape.structs(), causal=shape.causal)
+    return [IMPLEMENTATIONS[name].resolve_config(spec, None)]
+
+
 def tune_shape(shape: AttentionShape, *, quick: bool, seed: int, repeats: int,
                target_repeat_s: float, mosaic: bool = True) -> TableEntry:
-    """Time cudnn and every candidate tiling of pallas_gpu (and of pallas_mosaic_gpu
-    unless ``mosaic`` is False) on one shape; the fastest correct one wins."""
+    """Time cudnn and every candidate tiling of each tuned kernel of the registry
+    (``kernels.registry.tuned``; pallas_mosaic_gpu left out when ``mosaic`` is False) on
+    one shape; the fastest correct one wins.
+
+    Raises:
+        RuntimeError: no pallas_gpu tiling ran correctly (schema version 1 needs its
+            ``pallas_config``).
+    """
     q, k, v = random_inputs(shape, seed)
     warmup_s = 0.0 if quick else DEFAULT_WARMUP_S
     flops = shape.flops()
     tflops: dict[str, float] = {}
     baseline = None
-    for name in ("cudnn", "xla"):
+    for name in REFERENCES:
         try:
             compiled, *_ = compile_and_warm(_bound(name, shape, None), (q, k, v))
             baseline = compiled(q, k, v).astype(jnp.float32)
@@ -219,32 +249,30 @@ def tune_shape(shape: AttentionShape, *, quick: bool, seed: int, repeats: int,
         except (NotImplementedError, ImportError):
             continue
     timing = dict(repeats=repeats, target_repeat_s=target_repeat_s, warmup_s=warmup_s)
-    results = _tune("pallas_gpu", candidate_configs(shape.head_dim, quick, dtype=shape.dtype),
-                    shape, (q, k, v), baseline, **timing)
-    if not quick and shape.head_dim <= SERVING_HEAD_DIM:
-        results += _tune("pallas_gpu", stage_variants(results, shape), shape, (q, k, v),
-                         baseline, **timing)
-    good = [r for r in results if r.tflops]
-    if not good:
+    results: dict[str, list[CandidateResult]] = {}
+    best: dict[str, CandidateResult] = {}
+    for name in tuned():
+        if name == "pallas_mosaic_gpu" and not mosaic:
+            continue
+        results[name] = _tune(name, search_space(name, shape, quick), shape, (q, k, v),
+                              baseline, **timing)
+        if name == "pallas_gpu" and not quick and shape.head_dim <= SERVING_HEAD_DIM:
+            results[name] += _tune(name, stage_variants(results[name], shape), shape,
+                                   (q, k, v), baseline, **timing)
+        if good := [r for r in results[name] if r.tflops]:
+            best[name] = max(good, key=lambda r: r.tflops)
+            tflops[name] = best[name].tflops
+    if "pallas_gpu" not in best:
         raise RuntimeError(f"no pallas_gpu tiling ran correctly for {shape.label}: "
-                           + "; ".join(str(r.error) for r in results))
-    best = max(good, key=lambda r: r.tflops)
-    tflops["pallas_gpu"] = best.tflops
-    mosaic_results: list[CandidateResult] = []
-    mosaic_config = None
-    if mosaic:
-        mosaic_results = _tune("pallas_mosaic_gpu",
-                               mosaic_candidate_configs(shape.head_dim, quick), shape,
-                               (q, k, v), baseline, **timing)
-        if good_mosaic := [r for r in mosaic_results if r.tflops]:
-            best_mosaic = max(good_mosaic, key=lambda r: r.tflops)
-            tflops["pallas_mosaic_gpu"] = best_mosaic.tflops
-            mosaic_config = best_mosaic.config
+                           + "; ".join(str(r.error) for r in results.get("pallas_gpu", [])))
+    mosaic_best = best.get("pallas_mosaic_gpu")
     return TableEntry(dtype=shape.dtype, batch=shape.batch, seq=shape.q_len,
                       num_heads=shape.num_heads, head_dim=shape.head_dim,
                       causal=shape.causal, best=max(tflops, key=tflops.get), tflops=tflops,
-                      pallas_config=best.config, candidates=results,
-                      mosaic_config=mosaic_config, mosaic_candidates=mosaic_results)
+                      pallas_config=best["pallas_gpu"].config, candidates=results["pallas_gpu"],
+                      mosaic_config=mosaic_best.config if mosaic_best else None,
+                      mosaic_candidates=results.get("pallas_mosaic_gpu", []),
+                      configs={n: r.config for n, r in best.items() if n not in TABLE_FIELDS})
 
 
 def tuning_shapes(testset_dir: Path) -> list[AttentionShape]:
