@@ -127,10 +127,15 @@ def test_non_hopper_gpus_are_refused(monkeypatch):
 # ----------------------------------------------------------------------------- registry, auto
 
 
-def test_registered_as_a_native_tiled_gpu_kernel():
+def test_registered_as_a_native_tiled_gpu_kernel(monkeypatch):
     impl = api.IMPLEMENTATIONS["pallas_mosaic_gpu"]
     assert impl.native_platforms == ("gpu",) and impl.tiled
-    assert impl.kernel() is pallas_mosaic_gpu_attention
+    assert isinstance(impl, pallas_mosaic_gpu.PallasMosaicGpuKernel)
+    calls = []
+    monkeypatch.setattr(pallas_mosaic_gpu, "pallas_mosaic_gpu_attention",
+                        lambda *a, **kw: calls.append(kw) or "out")
+    assert impl(1, 2, 3, causal=True, scale=0.5, q_lengths=None, kv_lengths=None) == "out"
+    assert calls == [dict(causal=True, scale=0.5, q_lengths=None, kv_lengths=None, config=None)]
     resolution = api.resolve("pallas_mosaic_gpu", BF16_SPEC, backend="gpu")
     assert resolution.native and resolution.config == resolve_config(BF16_SPEC)
     with pytest.raises(NotImplementedError, match="Hopper"):
