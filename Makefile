@@ -61,7 +61,7 @@ lint: $(STAMP)  ## ruff
 	$(VENV)/bin/ruff check .
 
 bench: $(STAMP)  ## kernel benchmark (tiny interpret-mode shapes on CPU; full table on a GPU)
-	$(PY) -m kernels.bench
+	$(PY) -m kernels.tools.bench
 
 stack: $(STAMP)  ## the server profile of stack.yaml: Prefect + MLflow on PostgreSQL, work pool, worker
 	$(VENV)/bin/kernelgate stack up
