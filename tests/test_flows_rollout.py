@@ -290,22 +290,25 @@ def test_rollout_killed_mid_canary_leaves_registry_consistent(seeded, make_setti
     before = registry.aliases(tracking, FAMILY)
     # Run the stages' functions by hand and stop after entering canary: the process
     # "dies" there, so nothing closes its record or its aliases.
-    state = tasks.open_rollout.fn(settings)
-    tasks.preregister.fn(state)
-    judge.build.fn(state)
-    tasks.prepare_testset.fn(state)
-    judge.evaluate.fn(state)
-    judge.gate.fn(state, thresholds_path=settings.thresholds)
-    plan = traffic.record_traffic.fn(state)
-    assert traffic.shadow.fn(state, plan.shadow).passed
-    promotion.enter_canary.fn(state)
+    ctx = tasks.open_rollout.fn(settings)
+    preregistered = tasks.preregister.fn(ctx)
+    built = judge.build.fn(ctx)
+    testset = tasks.prepare_testset.fn(ctx)
+    evaluated = judge.evaluate.fn(ctx, preregistered, built, testset)
+    gated = judge.gate.fn(ctx, preregistered, built, evaluated,
+                          thresholds_path=settings.thresholds)
+    assert (gated.version, evaluated.judged_against) == (built.version, before["production"])
+    plan = traffic.record_traffic.fn(ctx, gated)
+    assert traffic.shadow.fn(ctx, gated, evaluated, plan.shadow).passed
+    promotion.enter_canary.fn(ctx, gated)
+    ctx.serving.close()
     killed = registry.aliases(tracking, FAMILY)
-    assert killed["canary"] == state.version
+    assert killed["canary"] == built.version
     assert killed["production"] == before["production"]
 
     # While its owner may still be running (within the lease), a new run leaves it alone.
     live = tasks.open_rollout.fn(settings, clear_stale_aliases=True)
-    assert registry.alias_version(tracking, FAMILY, "canary") == state.version
+    assert registry.alias_version(tracking, FAMILY, "canary") == built.version
     close_rollout(live.record, result="rejected", stage="open", reason="test", version=None)
 
     # Once the lease is over, the next run clears the stale canary and says why.
@@ -313,7 +316,7 @@ def test_rollout_killed_mid_canary_leaves_registry_consistent(seeded, make_setti
     next_state = tasks.open_rollout.fn(expired, clear_stale_aliases=True)
     after = registry.aliases(tracking, FAMILY)
     assert "canary" not in after and after["production"] == before["production"]
-    assert "did not finish" in version_tags(tracking, state.version)[tags.STALE_REASON]
+    assert "did not finish" in version_tags(tracking, built.version)[tags.STALE_REASON]
     close_rollout(next_state.record, result="rejected", stage="open", reason="test", version=None)
 
 
