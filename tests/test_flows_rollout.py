@@ -425,3 +425,56 @@ def test_manual_rollback_restores_the_chosen_version_signed_and_audited(
     last = moves[-1].predicate
     assert (last["action"], last["version"], last["previous_version"]) == (
         "rollback", earlier, promoted.version)
+
+
+def test_a_rollout_that_fails_in_canary_is_closed_by_what_its_record_says(
+        seeded, make_settings, tracking, monkeypatch):
+    """A stage raises once the candidate is registered and in canary: the session reads
+    back from the record what the rollout did (the version its build registered), rejects
+    that version (canary rolled back) and ends the parent run FAILED; production stays."""
+    from flows import rollout as rollout_module
+
+    seen = {}
+
+    def broken(context, preregistered, built, testset):
+        seen["version"] = built.version
+        assert registry.alias_version(tracking, FAMILY, "canary") == built.version
+        raise RuntimeError("confirmation store unreachable")
+
+    monkeypatch.setattr(rollout_module, "confirm", broken)
+    with pytest.raises(RuntimeError, match="unreachable"):
+        rollout(make_settings("good"))
+    version = seen["version"]
+    after = registry.aliases(tracking, FAMILY)
+    assert after.get("canary") != version and after["production"] == seeded["production"]
+    vtags = version_tags(tracking, version)
+    assert "rollout failed: RuntimeError: confirmation store unreachable" in vtags[
+        tags.REJECTION_REASON]
+    run = tracking.client().get_run(vtags[tags.ROLLOUT_RUN_ID])
+    assert (run.info.status, run.data.tags[tags.RESULT]) == ("FAILED", "failed")
+
+
+def test_a_failure_after_the_promotion_closes_the_record_as_promoted(
+        seeded, make_settings, tracking, monkeypatch):
+    """Production already serves the candidate when the last step fails: the record says
+    promoted (with the failure noted), and the version is not tagged rejected."""
+    from flows import rollout as rollout_module
+
+    real_finish = rollout_module.finish
+
+    def failing(context, result, *args, **kwargs):
+        if result == "promoted":
+            raise RuntimeError("artifact store hiccup")
+        return real_finish(context, result, *args, **kwargs)
+
+    monkeypatch.setattr(rollout_module, "finish", failing)
+    with pytest.raises(RuntimeError, match="hiccup"):
+        rollout(make_settings("good"))
+    version = registry.alias_version(tracking, FAMILY, "production")
+    assert version != seeded["production"]
+    vtags = version_tags(tracking, version)
+    assert tags.REJECTION_REASON not in vtags
+    run = tracking.client().get_run(vtags[tags.ROLLOUT_RUN_ID])
+    assert run.data.tags[tags.RESULT] == "promoted"
+    assert ("a step after the promotion failed: RuntimeError: artifact store hiccup"
+            in run.data.tags[tags.NOTE])
