@@ -9,7 +9,7 @@ import logging
 import os
 from collections.abc import Iterator
 
-from prefect import Task, get_run_logger
+from prefect import Task, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.client.orchestration import get_client
@@ -78,7 +78,7 @@ def family_of(settings: RolloutSettings) -> str:
                                                           kernels.default_backend())
 
 
-@stage_task(name="open")
+@task(name="open", cache_policy=NO_CACHE, persist_result=False)
 def open_rollout(settings: RolloutSettings, *, stage: str = "rollout", family: str | None = None,
                  clear_stale_aliases: bool = False, owner_is_dead: bool = False,
                  run_name: str | None = None) -> RolloutContext:

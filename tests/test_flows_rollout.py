@@ -478,3 +478,31 @@ def test_a_failure_after_the_promotion_closes_the_record_as_promoted(
     assert run.data.tags[tags.RESULT] == "promoted"
     assert ("a step after the promotion failed: RuntimeError: artifact store hiccup"
             in run.data.tags[tags.NOTE])
+
+
+def test_every_stage_task_hands_prefect_the_context_quoted(monkeypatch):
+    """Prefect walks (and may copy) task inputs; the session context (a signer, a tracking
+    client, the model) goes in ``quote``-d, the stage results as plain parameters."""
+    import inspect
+
+    from prefect import Task
+    from prefect.utilities.annotations import quote
+
+    from flows import revalidate
+    from flows import rollout as rollout_module
+
+    stage_tasks = {obj for module in (judge, promotion, tasks, traffic, revalidate, rollout_module)
+                   for obj in vars(module).values() if isinstance(obj, Task)}
+    assert {t.name for t in stage_tasks} >= {"preregister", "build", "prepare-testset", "evaluate",
+                                             "gate", "record-traffic", "shadow", "enter-canary",
+                                             "canary-step", "confirm", "promote", "roll-back"}
+    seen = []
+    monkeypatch.setattr(Task, "__call__", lambda self, *args, **kwargs: seen.append(args))
+    context = object()
+    for stage in stage_tasks - {tasks.open_rollout}:  # open makes the context
+        assert isinstance(stage, tasks.StageTask), stage.name
+        assert next(iter(inspect.signature(stage.fn).parameters)) == "context", stage.name
+        stage(context, "a result")
+        passed = seen.pop()
+        assert isinstance(passed[0], quote) and passed[0].unquote() is context, stage.name
+        assert passed[1:] == ("a result",), stage.name
