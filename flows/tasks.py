@@ -1,6 +1,7 @@
-"""Tasks both flows use: opening and closing a rollout's record, preregistration, the
-test set and model, and the session that holds the family's lock and closes the record
-on failure. Each task calls plain functions of the packages below; the flows order them."""
+"""Tasks every flow uses: opening and closing a rollout's record, preregistration, the
+test set, the session that holds the family's lock and closes the record on failure (by
+what the record says the rollout did), and ``stage_task``, the decorator of every stage.
+Each task calls plain functions of the packages below; the flows order them."""
 
 from __future__ import annotations
 
