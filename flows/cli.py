@@ -34,8 +34,7 @@ for _name in os.environ["PREFECT_LOGGING_EXTRA_LOGGERS"].split(","):
     logging.getLogger(_name.strip()).setLevel(logging.INFO)
 
 # Heavy imports (JAX, MLflow, Prefect) happen inside the commands: `--help` stays fast.
-PROJECT_DIR = Path(__file__).resolve().parents[1]
-DEFAULT_THRESHOLDS = PROJECT_DIR / "thresholds" / "local-dry-run.yaml"
+from flows.paths import DEFAULT_THRESHOLDS  # noqa: E402
 
 app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False)
 
