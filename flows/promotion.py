@@ -22,9 +22,9 @@ from gates.approval import (
     record_auto_approval,
     record_timeout,
 )
+from gates.approval_policy import Transition
 from gates.approval_view import approval_markdown
 from gates.canary import CanaryStepResult
-from gates.thresholds import Transition
 from lineage import registered_model, registry, tags
 from lineage.approvals import verify_approval
 from lineage.attestations import AttestationError

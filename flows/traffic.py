@@ -9,7 +9,7 @@ from evaluation.documents import assign_splits, load_documents
 from flows.results import Evaluated, Gated, RolloutContext
 from flows.tasks import run_logger, stage_task
 from gates.canary import CanaryStepResult, analyse_canary_step
-from gates.thresholds import CanaryStep
+from gates.canary_plan import CanaryStep
 from lineage import evidence, registered_model, registry, version_runners
 from lineage.records import log_canary_step, log_shadow
 
