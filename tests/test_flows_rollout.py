@@ -515,13 +515,14 @@ def test_every_stage_task_hands_prefect_the_context_quoted(monkeypatch):
 
 
 class RefusesLowPrecision(faulty_kernels.FaultyKernel):
-    """Correct (XLA) but declares float32 only, while its registration (the flow test's
-    thresholds) serves bf16 and f16 too: it refuses those cases by its capability."""
+    """Correct (XLA) but declares no float16, while its registration (the flow test's
+    thresholds) serves float16 too: it refuses those cases by its capability (it still
+    builds: the build's example problem is bf16)."""
 
     name = "test_refuses_low_precision"
     description = "fault injection: refuses part of its serving contract"
     fault = "good"
-    capability = Capability(dtypes=("float32",))
+    capability = Capability(dtypes=("float32", "bfloat16"))
 
     def check_supported(self, spec, backend, config=None):
         Kernel.check_supported(self, spec, backend, config)  # the capability decides
@@ -530,8 +531,8 @@ class RefusesLowPrecision(faulty_kernels.FaultyKernel):
 def test_a_kernel_refusing_part_of_its_contract_is_rejected_naming_the_refused_cases(
         seeded, make_settings, tracking, store):
     refused = [c.spec.case_id for c in load_split(store / "testset", "heldout")
-               if c.spec.dtype != "float32"]
-    assert refused, "the CI test set's held-out split has low-precision cases"
+               if c.spec.dtype == "float16"]
+    assert refused, "the CI test set's held-out split has float16 cases"
     with kernels.registered(RefusesLowPrecision):
         state = rollout(make_settings("refuses_low_precision"), return_state=True)
     assert (state.name, state.type) == ("Rejected", StateType.COMPLETED)
@@ -541,7 +542,7 @@ def test_a_kernel_refusing_part_of_its_contract_is_rejected_naming_the_refused_c
     (line,) = [x for x in outcome.decision_summary.splitlines() if x.startswith("- fail: coverage:")]
     assert f"coverage.refused_cases = {len(refused)} violates == 0" in line
     assert "refused inside the serving contract" in line and refused[0] in line
-    assert "supports dtypes ('float32',), got" in line
+    assert "supports dtypes ('float32', 'bfloat16'), got float16" in line
     assert_production_unchanged(tracking, seeded, outcome.version)
 
 
