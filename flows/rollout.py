@@ -32,6 +32,7 @@ from flows.tasks import (
 )
 from flows.traffic import canary_step, record_traffic, shadow
 from gates.decision import short_reason as gate_reason
+from gates.headline import promotion_reason
 from lineage.rollout import RolloutOutcome
 
 
@@ -82,8 +83,7 @@ def _stages(ctx: RolloutContext) -> RolloutOutcome:
     if not approve(ctx, "canary->production", gated, judged, confirmed):
         return roll_back(ctx, gated, "approval", "approval for canary->production rejected or timed out")
     promote(ctx, gated, evaluated)
-    return finish(ctx, "promoted", "promotion",
-                  "every gate, shadow, canary and confirmation criterion passed",
+    return finish(ctx, "promoted", "promotion", promotion_reason(gated.decision, judged),
                   version=built.version, decision=gated.decision)
 
 
