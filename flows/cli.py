@@ -119,15 +119,15 @@ def _settings(implementation: str, thresholds: Path, store_dir: Path, block_q: i
     _fail_fast_if_down()
     import kernels
     from flows.judge import BUILD_SHAPE
+    from flows.kernel_choice import rollout_kernel
     from flows.settings import RolloutSettings
     from gates.thresholds import load_thresholds
 
     # Fail on bad arguments before anything is logged, built or evaluated.
     try:
-        name = kernels.native_flash_kernel(implementation, kernels.default_backend())
-        typer.echo(f"kernel: {kernels.why_picked(implementation, kernels.default_backend())}",
-                   err=True)
         load_thresholds(thresholds)
+        name, why = rollout_kernel(implementation, kernels.default_backend(), thresholds)
+        typer.echo(f"kernel: {why}", err=True)
         config = None
         if block_q is not None or block_kv is not None:
             config = kernels.BlockSizes(block_q=block_q, block_kv=block_kv)

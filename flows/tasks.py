@@ -25,6 +25,7 @@ from prefect.utilities.annotations import quote
 import kernels
 from evaluation.testset import ensure_testset
 from flows.errored import OUTCOME_ATTRIBUTE, mark_stage, stage_of
+from flows.kernel_choice import rollout_kernel
 from flows.results import (
     Prepared,
     Preregistered,
@@ -86,8 +87,8 @@ def signing_for(settings: RolloutSettings) -> Signing:
 
 def family_of(settings: RolloutSettings) -> str:
     """The family a rollout works on: ``settings.family``, else the kernel's name."""
-    return settings.family or kernels.native_flash_kernel(settings.implementation,
-                                                          kernels.default_backend())
+    return settings.family or rollout_kernel(settings.implementation, kernels.default_backend(),
+                                             settings.thresholds)[0]
 
 
 @task(name="open", cache_policy=NO_CACHE, persist_result=False)
@@ -103,7 +104,7 @@ def open_rollout(settings: RolloutSettings, *, stage: str = "rollout", family: s
         ValueError: unknown implementation or bad family name.
     """
     backend = kernels.default_backend()
-    implementation = kernels.native_flash_kernel(settings.implementation, backend)
+    implementation = rollout_kernel(settings.implementation, backend, settings.thresholds)[0]
     tracking = tr.tracking_for(settings.store_dir)
     family = family or family_of(settings)
     record = rollout.open_rollout(tracking, family=family, implementation=implementation,

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -297,3 +298,35 @@ def merge_tables(old: SelectionTable, new: SelectionTable) -> SelectionTable:
     return new.model_copy(update={
         "entries": [e for e in old.entries if _key(e) not in fresh] + new.entries,
         "command": f"{old.command} ; {new.command}", "tuning_data": data})
+
+
+def fastest_over(serves: Callable[[str, int, int], bool], *,
+                 table_path: Path | str | None = None,
+                 device_kind: str | None = None) -> tuple[str, str] | None:
+    """The implementation the table measured fastest over the shapes a registration
+    serves: among this device kind's entries that ``serves(dtype, head_dim, seq)``
+    accepts, the one with the highest geometric-mean TFLOP/s over the entries where
+    every compared implementation was measured. Returns ``(name, why)``, or ``None``
+    when no table or no entry inside the contract exists (the caller keeps its default).
+
+    Raises:
+        pydantic.ValidationError, ValueError: a malformed table (:func:`load_table`).
+    """
+    table = load_table(table_path)
+    if table is None:
+        return None
+    kind = device_kind if device_kind is not None else current_device_kind()
+    inside = [e for e in table.entries if (kind is None or measured_on(e, table) == kind)
+              and serves(e.dtype, e.head_dim, e.seq)]
+    if not inside:
+        return None
+    names = set.intersection(*(set(e.tflops) for e in inside))
+    if not names:
+        return None
+    geomean = {n: math.exp(sum(math.log(max(e.tflops[n], 1e-9)) for e in inside) / len(inside))
+               for n in names}
+    best = max(sorted(geomean), key=geomean.get)
+    figures = ", ".join(f"{n} {geomean[n]:.0f}" for n in sorted(geomean, key=geomean.get,
+                                                                     reverse=True))
+    return best, (f"fastest by geometric-mean TFLOP/s over the {len(inside)} shapes of "
+                  f"kernels/gpu_table.json inside the serving contract ({figures})")

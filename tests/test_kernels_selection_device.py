@@ -67,3 +67,37 @@ def test_merging_tables_of_two_device_kinds_keeps_both(tmp_path):
 def test_an_unknown_schema_version_is_refused(tmp_path):
     with pytest.raises(ValueError, match="schema_version 3"):
         selection.load_table(_table(tmp_path, 3, []))
+
+
+def _measured(dtype: str, head_dim: int, seq: int, tflops: dict, kind="NVIDIA H200") -> dict:
+    best = max(tflops, key=tflops.get)
+    return {"dtype": dtype, "batch": 1, "seq": seq, "num_heads": 8, "head_dim": head_dim,
+            "causal": False, "best": best, "tflops": tflops, "device_kind": kind,
+            "pallas_config": {"block_q": 64, "block_kv": 64, "num_warps": 4, "num_stages": 2},
+            "mosaic_config": {"block_q": 64, "block_kv": 128, "num_stages": 2}}
+
+
+def test_auto_over_a_contract_picks_the_fastest_inside_it(tmp_path):
+    path = _table(tmp_path, 2, [
+        # inside a bf16, S >= 1024 contract: mosaic fastest by geometric mean
+        _measured("bfloat16", 128, 4096, {"pallas_mosaic_gpu": 600, "cudnn": 560, "pallas_gpu": 450}),
+        _measured("bfloat16", 64, 16384, {"pallas_mosaic_gpu": 420, "cudnn": 440, "pallas_gpu": 350}),
+        # outside it (short sequences): pallas_gpu far ahead, must not sway the pick
+        _measured("bfloat16", 32, 512, {"pallas_mosaic_gpu": 10, "cudnn": 20, "pallas_gpu": 90}),
+        # another device kind: never read
+        _measured("bfloat16", 128, 4096, {"pallas_mosaic_gpu": 1, "cudnn": 1, "pallas_gpu": 900},
+                  kind="NVIDIA L4"),
+    ])
+
+    def long_bf16(dtype, head_dim, seq):
+        return dtype == "bfloat16" and 64 <= head_dim <= 256 and seq >= 1024
+
+    name, why = selection.fastest_over(long_bf16, table_path=path, device_kind="NVIDIA H200")
+    assert name == "pallas_mosaic_gpu" and "2 shapes" in why
+    # geometric means: mosaic sqrt(600*420)=502, cudnn sqrt(560*440)=496
+    assert "pallas_mosaic_gpu 502" in why and "cudnn 496" in why
+    short = selection.fastest_over(lambda d, h, s: s < 1024, table_path=path,
+                                   device_kind="NVIDIA H200")
+    assert short[0] == "pallas_gpu"
+    assert selection.fastest_over(lambda d, h, s: d == "float16", table_path=path,
+                                  device_kind="NVIDIA H200") is None
