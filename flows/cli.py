@@ -5,7 +5,7 @@ under .kernelgate/, the pipeline's signing key in ~/.kernelgate/keys (created on
 use), whatever device JAX sees. Point at shared servers with PREFECT_API_URL and
 MLFLOW_TRACKING_URI. Exit codes: 0 the command did its job (a rejection or rollback is
 a result, printed), 1 an error or a failed audit, 2 bad arguments or a re-validation
-that rolled back.
+that rolled back, 3 a rollout that errored (a stage crashed; signed, outcome printed).
 """
 
 from __future__ import annotations
@@ -34,16 +34,15 @@ for _name in os.environ["PREFECT_LOGGING_EXTRA_LOGGERS"].split(","):
     logging.getLogger(_name.strip()).setLevel(logging.INFO)
 
 # Heavy imports (JAX, MLflow, Prefect) happen inside the commands: `--help` stays fast.
-PROJECT_DIR = Path(__file__).resolve().parents[1]
-DEFAULT_THRESHOLDS = PROJECT_DIR / "thresholds" / "local-dry-run.yaml"
+from flows.paths import DEFAULT_THRESHOLDS  # noqa: E402
 
 app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False)
 
 Implementation = Annotated[str, typer.Option(
     help="candidate kernel: auto (the flash kernel of this device; on a CPU host the TPU kernel, "
-         "interpreted), native (what kernels.attention runs here: xla on a CPU host), pallas_tpu, pallas_gpu, "
-         "pallas_mosaic_gpu (Hopper, bf16/f16), "
-         "xla, cudnn, naive")]
+         "interpreted), native (the head of this host's fallback order: xla on a CPU host), or "
+         "any name of the kernel registry (kernels.registry: pallas_tpu, pallas_gpu, "
+         "pallas_mosaic_gpu, xla, cudnn, naive, ...; an unknown name is refused with the list)")]
 Thresholds = Annotated[Path, typer.Option(help="thresholds file to preregister",
                                           exists=True, dir_okay=False)]
 StoreDir = Annotated[Path, typer.Option(help="local store: MLflow SQLite, artifacts, test sets")]
@@ -122,15 +121,15 @@ def _settings(implementation: str, thresholds: Path, store_dir: Path, block_q: i
     _fail_fast_if_down()
     import kernels
     from flows.judge import BUILD_SHAPE
+    from flows.kernel_choice import rollout_kernel
     from flows.settings import RolloutSettings
     from gates.thresholds import load_thresholds
 
     # Fail on bad arguments before anything is logged, built or evaluated.
     try:
-        name = kernels.native_flash_kernel(implementation, kernels.default_backend())
-        typer.echo(f"kernel: {kernels.why_picked(implementation, kernels.default_backend())}",
-                   err=True)
         load_thresholds(thresholds)
+        name, why = rollout_kernel(implementation, kernels.default_backend(), thresholds)
+        typer.echo(f"kernel: {why}", err=True)
         config = None
         if block_q is not None or block_kv is not None:
             config = kernels.BlockSizes(block_q=block_q, block_kv=block_kv)
@@ -171,11 +170,15 @@ def rollout(implementation: Implementation = "auto",
     settings = _settings(implementation, thresholds, store_dir, block_q, block_kv, family,
                          new_family, key_dir, testset_profile=testset_profile,
                          documents_dir=documents_dir, loosening_approval=loosening_approval)
+    from flows.errored import EXIT_CODES, RolloutErrored
     from flows.rollout import rollout as rollout_flow
 
-    outcome = rollout_flow(settings)
+    try:
+        outcome = rollout_flow(settings)
+    except RolloutErrored as err:  # a crash: signed as errored, printed, not a traceback
+        outcome = err.outcome
     typer.echo("\n" + outcome.markdown().replace("**", ""))
-    raise typer.Exit(0 if outcome.result in ("promoted", "rejected", "rolled_back") else 1)
+    raise typer.Exit(EXIT_CODES.get(outcome.result, 1))
 
 
 @app.command()

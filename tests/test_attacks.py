@@ -176,9 +176,10 @@ def pristine(tmp_path_factory):
         assert outcome.result == "rolled_back" and outcome.stage.startswith("canary"), outcome
         versions["failed_canary"] = outcome.version
 
-        def stopped(state):
-            versions["unconfirmed"] = state.version
-            versions["unconfirmed_decision"] = state.decision_run_id
+        def stopped(context, preregistered, built, testset):
+            versions["unconfirmed"] = built.version
+            decisions = registered_model.version_tags(context.record.tracking, FAMILY, built.version)
+            versions["unconfirmed_decision"] = decisions[tags.DECISION_RUN_ID]
             raise RuntimeError("stopped before confirmation")
 
         with pytest.MonkeyPatch.context() as cut:

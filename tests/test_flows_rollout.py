@@ -24,10 +24,14 @@ from prefect.client.schemas.objects import StateType
 from prefect.flow_runs import resume_flow_run
 from prefect.testing.utilities import prefect_test_harness
 
+import kernels
 from evaluation import serving
+from evaluation.testset import load_split
 from flows import judge, promotion, tasks, traffic
+from flows.errored import RolloutErrored
 from flows.rollout import rollout
 from flows.settings import RolloutSettings
+from kernels.kernel import Capability, Kernel
 from kernels.shapes import AttentionShape
 from lineage import registered_model, registry, tags
 from lineage.rollout import close_rollout
@@ -290,22 +294,25 @@ def test_rollout_killed_mid_canary_leaves_registry_consistent(seeded, make_setti
     before = registered_model.aliases(tracking, FAMILY)
     # Run the stages' functions by hand and stop after entering canary: the process
     # "dies" there, so nothing closes its record or its aliases.
-    state = tasks.open_rollout.fn(settings)
-    tasks.preregister.fn(state)
-    judge.build.fn(state)
-    tasks.prepare_testset.fn(state)
-    judge.evaluate.fn(state)
-    judge.gate.fn(state, thresholds_path=settings.thresholds)
-    plan = traffic.record_traffic.fn(state)
-    assert traffic.shadow.fn(state, plan.shadow).passed
-    promotion.enter_canary.fn(state)
+    ctx = tasks.open_rollout.fn(settings)
+    preregistered = tasks.preregister.fn(ctx)
+    built = judge.build.fn(ctx)
+    testset = tasks.prepare_testset.fn(ctx)
+    evaluated = judge.evaluate.fn(ctx, preregistered, built, testset)
+    gated = judge.gate.fn(ctx, preregistered, built, evaluated,
+                          thresholds_path=settings.thresholds)
+    assert (gated.version, evaluated.judged_against) == (built.version, before["production"])
+    plan = traffic.record_traffic.fn(ctx, gated)
+    assert traffic.shadow.fn(ctx, gated, evaluated, plan.shadow).passed
+    promotion.enter_canary.fn(ctx, gated)
+    ctx.serving.close()
     killed = registered_model.aliases(tracking, FAMILY)
-    assert killed["canary"] == state.version
+    assert killed["canary"] == built.version
     assert killed["production"] == before["production"]
 
     # While its owner may still be running (within the lease), a new run leaves it alone.
     live = tasks.open_rollout.fn(settings, clear_stale_aliases=True)
-    assert registered_model.alias_version(tracking, FAMILY, "canary") == state.version
+    assert registered_model.alias_version(tracking, FAMILY, "canary") == built.version
     close_rollout(live.record, result="rejected", stage="open", reason="test", version=None)
 
     # Once the lease is over, the next run clears the stale canary and says why.
@@ -313,7 +320,7 @@ def test_rollout_killed_mid_canary_leaves_registry_consistent(seeded, make_setti
     next_state = tasks.open_rollout.fn(expired, clear_stale_aliases=True)
     after = registered_model.aliases(tracking, FAMILY)
     assert "canary" not in after and after["production"] == before["production"]
-    assert "did not finish" in version_tags(tracking, state.version)[tags.STALE_REASON]
+    assert "did not finish" in version_tags(tracking, built.version)[tags.STALE_REASON]
     close_rollout(next_state.record, result="rejected", stage="open", reason="test", version=None)
 
 
@@ -422,3 +429,158 @@ def test_manual_rollback_restores_the_chosen_version_signed_and_audited(
     last = moves[-1].predicate
     assert (last["action"], last["version"], last["previous_version"]) == (
         "rollback", earlier, promoted.version)
+
+
+def test_a_rollout_that_fails_in_canary_is_closed_by_what_its_record_says(
+        seeded, make_settings, tracking, monkeypatch):
+    """A stage raises once the candidate is registered and in canary: the session reads
+    back from the record what the rollout did (the version its build registered), rejects
+    that version (canary rolled back) and ends the parent run FAILED, *errored*;
+    production stays."""
+    from flows import rollout as rollout_module
+
+    seen = {}
+
+    def broken(context, preregistered, built, testset):
+        seen["version"] = built.version
+        assert registered_model.alias_version(tracking, FAMILY, "canary") == built.version
+        raise RuntimeError("confirmation store unreachable")
+
+    monkeypatch.setattr(rollout_module, "confirm", broken)
+    with pytest.raises(RolloutErrored, match="unreachable") as raised:
+        rollout(make_settings("good"))
+    assert isinstance(raised.value.__cause__, RuntimeError)
+    version = seen["version"]
+    after = registered_model.aliases(tracking, FAMILY)
+    assert after.get("canary") != version and after["production"] == seeded["production"]
+    vtags = version_tags(tracking, version)
+    assert "rollout failed: RuntimeError: confirmation store unreachable" in vtags[
+        tags.REJECTION_REASON]
+    run = tracking.client().get_run(vtags[tags.ROLLOUT_RUN_ID])
+    assert (run.info.status, run.data.tags[tags.RESULT]) == ("FAILED", "errored")
+
+
+def test_a_failure_after_the_promotion_closes_the_record_as_promoted(
+        seeded, make_settings, tracking, monkeypatch):
+    """Production already serves the candidate when the last step fails: the record says
+    promoted (with the failure noted), and the version is not tagged rejected."""
+    from flows import rollout as rollout_module
+
+    real_finish = rollout_module.finish
+
+    def failing(context, result, *args, **kwargs):
+        if result == "promoted":
+            raise RuntimeError("artifact store hiccup")
+        return real_finish(context, result, *args, **kwargs)
+
+    monkeypatch.setattr(rollout_module, "finish", failing)
+    with pytest.raises(RuntimeError, match="hiccup"):
+        rollout(make_settings("good"))
+    version = registered_model.alias_version(tracking, FAMILY, "production")
+    assert version != seeded["production"]
+    vtags = version_tags(tracking, version)
+    assert tags.REJECTION_REASON not in vtags
+    run = tracking.client().get_run(vtags[tags.ROLLOUT_RUN_ID])
+    assert run.data.tags[tags.RESULT] == "promoted"
+    assert ("a step after the promotion failed: RuntimeError: artifact store hiccup"
+            in run.data.tags[tags.NOTE])
+
+
+def test_every_stage_task_hands_prefect_the_context_quoted(monkeypatch):
+    """Prefect walks (and may copy) task inputs; the session context (a signer, a tracking
+    client, the model) goes in ``quote``-d, the stage results as plain parameters."""
+    import inspect
+
+    from prefect import Task
+    from prefect.utilities.annotations import quote
+
+    from flows import revalidate
+    from flows import rollout as rollout_module
+
+    stage_tasks = {obj for module in (judge, promotion, tasks, traffic, revalidate, rollout_module)
+                   for obj in vars(module).values() if isinstance(obj, Task)}
+    assert {t.name for t in stage_tasks} >= {"preregister", "build", "prepare-testset", "evaluate",
+                                             "gate", "record-traffic", "shadow", "enter-canary",
+                                             "canary-step", "confirm", "promote", "roll-back"}
+    seen = []
+    monkeypatch.setattr(Task, "__call__", lambda self, *args, **kwargs: seen.append(args))
+    context = object()
+    for stage in stage_tasks - {tasks.open_rollout}:  # open makes the context
+        assert isinstance(stage, tasks.StageTask), stage.name
+        assert next(iter(inspect.signature(stage.fn).parameters)) == "context", stage.name
+        stage(context, "a result")
+        passed = seen.pop()
+        assert isinstance(passed[0], quote) and passed[0].unquote() is context, stage.name
+        assert passed[1:] == ("a result",), stage.name
+
+
+class RefusesLowPrecision(faulty_kernels.FaultyKernel):
+    """Correct (XLA) but declares no float16, while its registration (the flow test's
+    thresholds) serves float16 too: it refuses those cases by its capability (it still
+    builds: the build's example problem is bf16)."""
+
+    name = "test_refuses_low_precision"
+    description = "fault injection: refuses part of its serving contract"
+    fault = "good"
+    capability = Capability(dtypes=("float32", "bfloat16"))
+
+    def check_supported(self, spec, backend, config=None):
+        Kernel.check_supported(self, spec, backend, config)  # the capability decides
+
+
+def test_a_kernel_refusing_part_of_its_contract_is_rejected_naming_the_refused_cases(
+        seeded, make_settings, tracking, store):
+    refused = [c.spec.case_id for c in load_split(store / "testset", "heldout")
+               if c.spec.dtype == "float16"]
+    assert refused, "the CI test set's held-out split has float16 cases"
+    with kernels.registered(RefusesLowPrecision):
+        state = rollout(make_settings("refuses_low_precision"), return_state=True)
+    assert (state.name, state.type) == ("Rejected", StateType.COMPLETED)
+    outcome = state.result()
+    assert (outcome.result, outcome.stage) == ("rejected", "gate")
+    assert "coverage" in outcome.reason
+    (line,) = [x for x in outcome.decision_summary.splitlines() if x.startswith("- fail: coverage:")]
+    assert f"coverage.refused_cases = {len(refused)} violates == 0" in line
+    assert "refused inside the serving contract" in line and refused[0] in line
+    assert "supports dtypes ('float32', 'bfloat16'), got float16" in line
+    assert_production_unchanged(tracking, seeded, outcome.version)
+
+
+def test_a_stage_that_crashes_ends_errored_signed_with_nothing_half_written(
+        seeded, make_settings, tracking, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("decision service exploded")
+
+    monkeypatch.setattr(judge, "decide", broken)
+    state = rollout(make_settings("good"), return_state=True)
+    assert (state.name, state.type) == ("Errored", StateType.FAILED)
+    assert "kernelgate-result:errored" in flow_run_tags(state)
+    error = state.result(raise_on_failure=False)
+    assert isinstance(error, RolloutErrored)
+    outcome = error.outcome
+    assert (outcome.result, outcome.stage) == ("errored", "gate")
+    assert "RuntimeError: decision service exploded" in outcome.reason
+    assert outcome.decision_summary is None  # a crash is never shown as a gate verdict
+    assert_production_unchanged(tracking, seeded, outcome.version)
+    assert outcome.version not in registered_model.aliases(tracking, FAMILY).values()
+    assert "rollout failed: RuntimeError" in version_tags(tracking, outcome.version)[
+        tags.REJECTION_REASON]
+    client = tracking.client()
+    run = client.get_run(outcome.rollout_run_id)
+    assert (run.info.status, run.data.tags[tags.RESULT]) == ("FAILED", "errored")
+    assert "decision service exploded" in run.data.tags[tags.NOTE]
+    signed = {a.path for a in client.list_artifacts(outcome.rollout_run_id, "attestations")}
+    assert "attestations/outcome.dsse.json" in signed
+    experiment = run.info.experiment_id
+    assert not client.search_runs([experiment], filter_string=(
+        f"tags.`{tags.PARENT}` = '{outcome.rollout_run_id}' and tags.`{tags.STAGE}` = 'gate'"))
+    assert not client.search_runs([experiment], filter_string="attributes.status = 'RUNNING'")
+
+
+def test_exit_codes_are_the_ones_the_readme_documents():
+    from flows.errored import EXIT_CODES
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    table = readme.split("<!-- exit-codes -->")[1]
+    for result, code in EXIT_CODES.items():
+        assert f"| {code} | {result.replace('_', ' ')} |" in table, result
