@@ -72,8 +72,7 @@ def _tracking(store_dir: Path, *, must_exist: bool):
     from lineage import tracking as tr
 
     if not os.environ.get("MLFLOW_TRACKING_URI") and must_exist and not (store_dir / "mlflow.db").exists():
-        raise typer.BadParameter(f"no MLflow store at {store_dir.resolve()} (run a rollout first, "
-                                 "or pass --store-dir / set MLFLOW_TRACKING_URI)")
+        raise typer.BadParameter(f"no MLflow store at {store_dir.resolve()} (run a rollout first, or pass --store-dir / set MLFLOW_TRACKING_URI)")
     tracking = tr.tracking_for(store_dir)
     try:
         tr.check_reachable(tracking)
@@ -84,8 +83,7 @@ def _tracking(store_dir: Path, *, must_exist: bool):
 
 
 def _fail_fast_if_down() -> None:
-    """A tracking server (``MLFLOW_TRACKING_URI``) that does not answer: say so, naming it,
-    within seconds (before JAX or MLflow is imported), and exit 1."""
+    """A tracking server (``MLFLOW_TRACKING_URI``) that does not answer: say so, naming it, within seconds (before JAX or MLflow is imported), and exit 1."""
     uri = os.environ.get("MLFLOW_TRACKING_URI", "")
     if not uri.startswith(("http://", "https://")):
         return
@@ -250,17 +248,16 @@ def audit(target: Annotated[str, typer.Argument(help="alias (production, canary,
                        "--trusted-key to choose your own", err=True)
     except keys.KeyFileError as err:
         raise typer.BadParameter(str(err)) from None
-    seen = witnessing(key_dir, checkpoint, bundle)
     if bundle is not None:
         source = BundleSource(bundle, trust)
-        result = run_audit(None, check_name(family or source.family), target, source=source, witnessing=seen)
+        result = run_audit(None, check_name(family or source.family), target, source=source, witnessing=witnessing(key_dir, checkpoint, bundle))
     else:
         tracking = _tracking(store_dir, must_exist=True)
         fam = _existing_family(tracking, family)
         result = run_audit(tracking, fam, target, trust=trust, load_model=load_model,
-                           recheck_reference=recheck_reference, witnessing=seen)
+                           recheck_reference=recheck_reference, witnessing=witnessing(key_dir, checkpoint, None))
         if export is not None:
-            typer.echo(f"bundle written to {export_bundle(tracking, fam, result, trust_files, export, seen.key_dir)}")
+            typer.echo(f"bundle written to {export_bundle(tracking, fam, result, trust_files, export, key_dir or keys.default_key_dir())}")
     typer.echo(result.render())
     raise typer.Exit(result.exit_code)
 

@@ -174,13 +174,8 @@ def close_rollout(record: RolloutRecord, *, result: Result, stage: str, reason: 
     append(record.tracking, record.rollout_run_id, "outcome",
            {"family": record.family, "version": version, "result": result, "stage": stage,
             "reason": reason, "aliases": outcome.aliases, "tags": run_tags},
-<<<<<<< HEAD
            record.signing)
-    tr.end_run(record.tracking, record.rollout_run_id, "FAILED" if result == "failed" else "FINISHED")
-=======
-           record.signing.signer)
     tr.end_run(record.tracking, record.rollout_run_id, "FAILED" if result in ("errored", "failed") else "FINISHED")
->>>>>>> main
     words = result.replace("_", " ")
     record.tracking.client().update_run(record.rollout_run_id, name=run_title(
         record.implementation, version, result, stage))
