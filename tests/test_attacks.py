@@ -135,6 +135,7 @@ def pristine(tmp_path_factory):
     from evaluation import serving
     from evaluation.testset import build_testset
     from flows import rollout as rollout_module
+    from flows.errored import RolloutErrored
     from flows.rollout import rollout
     from flows.settings import RolloutSettings
     from kernels.shapes import AttentionShape
@@ -184,7 +185,8 @@ def pristine(tmp_path_factory):
 
         with pytest.MonkeyPatch.context() as cut:
             cut.setattr(rollout_module, "confirm", stopped)
-            with pytest.raises(RuntimeError, match="stopped before confirmation"):
+            # a crashing stage ends the rollout Errored (flows.errored), signed
+            with pytest.raises(RolloutErrored, match="stopped before confirmation"):
                 rollout(settings("good"))
     pristine = root / "pristine"
     shutil.copytree(root / "store", pristine)
