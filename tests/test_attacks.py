@@ -171,7 +171,10 @@ def pristine(tmp_path_factory):
 
         with pytest.MonkeyPatch.context() as cut:
             cut.setattr(rollout_module, "confirm", stopped)
-            with pytest.raises(RuntimeError, match="stopped before confirmation"):
+            # a crash in a stage ends the rollout Errored (signed), never a verdict
+            from flows.errored import RolloutErrored
+
+            with pytest.raises(RolloutErrored, match="stopped before confirmation"):
                 rollout(settings("good"))
     pristine = root / "pristine"
     shutil.copytree(root / "store", pristine)
