@@ -135,7 +135,6 @@ def pristine(tmp_path_factory):
     from evaluation import serving
     from evaluation.testset import build_testset
     from flows import rollout as rollout_module
-    from flows.errored import RolloutErrored
     from flows.rollout import rollout
     from flows.settings import RolloutSettings
     from kernels.shapes import AttentionShape
@@ -185,7 +184,9 @@ def pristine(tmp_path_factory):
 
         with pytest.MonkeyPatch.context() as cut:
             cut.setattr(rollout_module, "confirm", stopped)
-            # a crashing stage ends the rollout Errored (flows.errored), signed
+            # a crash in a stage ends the rollout Errored (signed), never a verdict
+            from flows.errored import RolloutErrored
+
             with pytest.raises(RolloutErrored, match="stopped before confirmation"):
                 rollout(settings("good"))
     pristine = root / "pristine"
