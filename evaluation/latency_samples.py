@@ -37,7 +37,7 @@ def slowed(fn, repeats: int):
     last (the same output, about ``repeats`` x the attention time): a planted slowdown."""
     def slow(q, k, v, **kwargs):
         out = None
-        for i in range(repeats):
+        for _ in range(repeats):
             # a data dependence keeps XLA from merging the repeats into one
             out = fn(q if out is None else q + 0.0 * out.astype(q.dtype), k, v, **kwargs)
         return out

@@ -25,8 +25,8 @@ from pydantic import BaseModel, ConfigDict
 from gates import latency_judge
 from gates.canary_plan import CanaryPlan
 
-MIN_TAIL_PAIRS = 50
-"""Fewer compared requests than this: a p99 is one or two requests, not a tail; the
+MIN_TAIL_PAIRS = 500
+"""Fewer compared requests than this: a p99 rests on fewer than 5 requests, not a tail; the
 tail ratio is reported but not judged."""
 
 CanaryVerdictName = Literal["pass", "fail", "inconclusive"]

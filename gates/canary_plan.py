@@ -110,7 +110,7 @@ class CanaryPlan(_Strict):
     max_p99_ratio: Finite | None = limit(
         L.HIGHER, default=None, gt=1, le=100,
         description="Max p99(candidate)/p99(production) request latency, per step and over "
-        "the whole canary (judged where at least 50 pairs were compared).")
+        "the whole canary (judged where at least 500 pairs were compared).")
 
     @property
     def paired(self) -> bool:
