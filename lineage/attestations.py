@@ -40,11 +40,11 @@ PREDICATE_PREFIX = "https://kernelgate.dev/attestation/"
 ATTESTATION_DIR = "attestations"
 
 KINDS = ("registration", "build", "evaluation", "decision", "approval", "shadow", "canary",
-         "alias", "outcome", "loosening")
+         "alias", "outcome", "loosening", "calibration")
 """What is attested: a preregistration, a build, an evaluation, a gate decision (held-out
 or confirmation), an approval, a shadow stage, a canary step, an alias move (assign,
 promote, rollback, clear; numbered per family), a rollout's outcome, an approval to
-loosen thresholds."""
+loosen thresholds, an A/A calibration of the canary judge."""
 
 
 class AttestationError(KernelgateError, RuntimeError):
