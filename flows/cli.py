@@ -62,6 +62,9 @@ app.command(name="approve-loosening")(approve_loosening)
 from flows.cli_stack import stack_app  # noqa: E402
 
 app.add_typer(stack_app, name="stack")
+from flows.cli_calibrate import calibrate  # noqa: E402
+
+app.command()(calibrate)
 
 
 def _tracking(store_dir: Path, *, must_exist: bool):

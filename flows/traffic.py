@@ -10,7 +10,7 @@ from flows.results import Evaluated, Gated, RolloutContext
 from flows.tasks import run_logger, stage_task
 from gates.canary import CanaryStepResult, analyse_canary_step
 from gates.canary_latency import CanaryVerdict, conclude_canary
-from gates.canary_plan import CanaryStep
+from gates.canary_plan import CanaryPlan, CanaryStep
 from lineage import calibration, evidence, registered_model, registry, version_runners
 from lineage import tracking as tr
 from lineage.environment import collect_environment
@@ -48,20 +48,28 @@ def _progress(label: str):
     return report
 
 
-def _judged(gated: Gated, evaluated: Evaluated, result: serving.TrafficResult,
-            step: CanaryStep, earlier: list[CanaryStepResult] | None = None) -> CanaryStepResult:
-    # Latency and memory in traffic are judged only where the candidate runs natively.
-    report = evaluated.report
-    reason = None if report.speed_assessed else report.speed_not_assessed_reason
+def judge_step(plan: CanaryPlan, result: serving.TrafficResult, step: CanaryStep,
+               earlier: list[CanaryStepResult] | None, reason: str | None) -> CanaryStepResult:
+    """A replayed step analysed against ``plan`` (the canary's and the calibration's one
+    path): ABBA timings for the paired test where ``earlier`` is given (a canary step)
+    and latency is assessed (``reason`` None), with the earlier steps' results."""
     candidate_s, production_s = result.matched_latencies()
     abba = result.abba_timings() if earlier is not None and reason is None else None
     return analyse_canary_step(
         step, candidate_s, production_s, result.drifts(),
         result.errors("candidate"), result.nan_count("candidate"), result.memory_start_bytes,
-        result.memory_end_bytes, gated.thresholds.canary, latency_not_assessed_reason=reason,
+        result.memory_end_bytes, plan, latency_not_assessed_reason=reason,
         memory_not_assessed_reason=reason, production_error_count=result.errors("production"),
         served=(result.served_count("candidate"), result.served_count("production")),
         abba=abba, earlier=earlier or [])
+
+
+def _judged(gated: Gated, evaluated: Evaluated, result: serving.TrafficResult,
+            step: CanaryStep, earlier: list[CanaryStepResult] | None = None) -> CanaryStepResult:
+    # Latency and memory in traffic are judged only where the candidate runs natively.
+    report = evaluated.report
+    reason = None if report.speed_assessed else report.speed_not_assessed_reason
+    return judge_step(gated.thresholds.canary, result, step, earlier, reason)
 
 
 def _endpoints(context: RolloutContext, alias: registered_model.Alias,

@@ -1,0 +1,49 @@
+"""``kernelgate calibrate``: A/A runs of production through the exact canary path,
+recorded as a signed calibration (``flows.calibrate``). Heavy imports stay inside."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from flows.cli_keys import KeyDir
+
+
+def calibrate(
+        family: Annotated[str | None, typer.Option(
+            help="kernel family (default: the native flash kernel's name)")] = None,
+        runs: Annotated[int, typer.Option(min=1, max=100_000,
+                                          help="A/A canaries to run")] = 200,
+        store_dir: Annotated[Path, typer.Option(help="local store")] = Path(".kernelgate"),
+        thresholds: Annotated[Path | None, typer.Option(
+            exists=True, dir_okay=False, help="plan to size the runs by when production has "
+            "no readable registration")] = None,
+        key_dir: KeyDir = None) -> None:
+    """Run production against itself through the canary path RUNS times and record the A/A false-rollback rate and the latency noise as a signed calibration of this device."""
+    from flows.calibrate import calibrate as run_calibration
+    from flows.cli import _existing_family, _tracking
+    from flows.settings import RolloutSettings
+    from flows.tasks import signing_for
+
+    tracking = _tracking(store_dir, must_exist=True)
+    fam = _existing_family(tracking, family)
+    signing = signing_for(RolloutSettings(store_dir=store_dir, key_dir=key_dir))
+
+    def progress(done: int, total: int, verdict: str) -> None:
+        if done == total or done % max(1, total // 10) == 0:
+            typer.echo(f"calibration: {done}/{total} A/A canaries (last: {verdict})", err=True)
+
+    try:
+        run_id, record = run_calibration(tracking, fam, runs=runs, signing=signing,
+                                         thresholds=thresholds, progress=progress)
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+    low, high = record.rate_95
+    typer.echo(f"calibration run {run_id}: {record.false_rollbacks}/{record.runs} A/A canaries "
+               f"rolled back (rate {record.false_rollback_rate:.3f}, 95% [{low:.3f}, {high:.3f}], "
+               f"alpha {record.alpha:g}: {'within' if record.within_alpha else 'EXCEEDS'}); "
+               f"{record.inconclusive} inconclusive; noise sd {record.noise_sd}; "
+               f"device {record.facts['device_kind']}")
+    raise typer.Exit(0 if record.within_alpha else 1)
