@@ -149,7 +149,7 @@ class CanaryPlan(_Strict):
                                     t.noise_sd)
         if reached >= t.power:
             return None
-        return (f"the canary's {total} compared requests reach power {reached:.3f} < "
+        return (f"the canary's {total} compared requests cannot reach its power: {reached:.3f} < "
                 f"{t.power:g} at slowdown {t.min_slowdown_ratio:g} and noise sd "
                 f"{t.noise_sd:g} (alpha of the last look {self.step_alphas()[-1]:.3g}); it "
                 f"needs {self.required_pairs()}: serve more requests")
@@ -186,6 +186,15 @@ class CanaryPlan(_Strict):
         empty = [s.name for s, n in zip(self.steps, self.pairs_per_step(), strict=True) if n < 1]
         if self.paired and empty:
             raise ValueError(f"canary steps {empty} compare no request (fraction x requests < 1)")
+        total = sum(self.pairs_per_step())
+        if self.paired and 2.0 ** -total >= self.step_alphas()[-1]:
+            # a test that can never fire is refused on every profile; one that can but
+            # lacks the stated power is refused where latency can block (power_problem)
+            raise ValueError(
+                f"the canary's {total} compared requests give a smallest one-sided signed-rank "
+                f"p-value of {2.0 ** -total:.3g}, never below the last look's alpha="
+                f"{self.step_alphas()[-1]:.3g}: the latency test could never fire; serve more "
+                "requests")
         return self
 
 

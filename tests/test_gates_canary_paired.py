@@ -89,7 +89,7 @@ def _with_sizes(requests: int, blocks: bool) -> bytes:
 
 
 def test_the_power_rule_binds_only_where_latency_can_block():
-    with pytest.raises(ValueError, match="reach power"):
+    with pytest.raises(ValueError, match="cannot reach its power"):
         parse_thresholds(_with_sizes(20, blocks=True))
     loose = parse_thresholds(_with_sizes(20, blocks=False))  # loads; the canary says why
     problem = loose.canary.power_problem()
