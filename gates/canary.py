@@ -71,6 +71,10 @@ class CanaryStepResult(BaseModel):
     p99_latency_ratio: float | None = None
 
 
+SHADOW_NOT_LOOKED = ("the paired latency test spends its alpha over the canary steps only; "
+                     "it does not look at this stage")
+"""The shadow stage's latency under the paired test: by design, not a gap in evidence."""
+
 MIN_LATENCY_SAMPLES = 2
 """Fewer latencies than this on either side: the latency test is not run (reported
 as not assessed, with the counts), never run on made-up data."""
@@ -257,8 +261,7 @@ def _paired(step: CanaryStep, plan: CanaryPlan, abba: tuple | None,
                    log_ratios=r.tolist(),
                    p99_latency_ratio=canary_latency.p99_ratio(c, p) if len(c) else None)
     if reason is None and step.name not in names:
-        reason = ("the paired latency test spends its alpha over the canary steps only; "
-                  "it does not look at this stage")
+        reason = SHADOW_NOT_LOOKED
     reason = reason or plan.power_problem()
     if reason is None and abba is None:
         reason = "the step was not timed ABBA (no paired samples)"
