@@ -29,8 +29,21 @@ def rollout_kernel(implementation: str, backend: str,
     from gates.thresholds import load_thresholds
 
     contract = load_thresholds(thresholds_path).serving
-    pick = selection.fastest_over(lambda dtype, head_dim, seq:
-                                  contract.serves(dtype, head_dim, seq, seq))
+
+    def runs_all_of_it(name: str) -> bool:
+        # only a kernel that can run every dtype and head_dim the contract serves: one
+        # that refuses part of it is rejected by the gate's coverage criterion (the H200
+        # rollout of 2026-12-01 picked cuDNN for a float32 contract: 16 cases refused)
+        capability = kernels.IMPLEMENTATIONS[name].capability
+        widest = contract.max_head_dim or 256
+        if capability.head_dim_multiple > 1 and widest > contract.min_head_dim:
+            return False  # a range of head_dims holds ones that are not multiples
+        return all(capability.allows(dtype, head_dim) for dtype in contract.dtypes
+                   for head_dim in {contract.min_head_dim, widest})
+
+    pick = selection.fastest_over(
+        lambda dtype, head_dim, seq: contract.serves(dtype, head_dim, seq, seq),
+        eligible=lambda name: name in kernels.IMPLEMENTATIONS and runs_all_of_it(name))
     if pick is None:
         return name, f"{why}; the selection table has no entry inside the serving contract"
     return pick[0], f"auto -> {pick[0]}: {pick[1]}"

@@ -301,12 +301,15 @@ def merge_tables(old: SelectionTable, new: SelectionTable) -> SelectionTable:
 
 
 def fastest_over(serves: Callable[[str, int, int], bool], *,
+                 eligible: Callable[[str], bool] = lambda name: True,
                  table_path: Path | str | None = None,
                  device_kind: str | None = None) -> tuple[str, str] | None:
     """The implementation the table measured fastest over the shapes a registration
     serves: among this device kind's entries that ``serves(dtype, head_dim, seq)``
-    accepts, the one with the highest geometric-mean TFLOP/s over the entries where
-    every compared implementation was measured. Returns ``(name, why)``, or ``None``
+    accepts, the ``eligible`` one (a kernel that can run everything the contract serves:
+    one refusing a served dtype would fail the gate's coverage criterion) with the
+    highest geometric-mean TFLOP/s over the entries where every compared implementation
+    was measured. Returns ``(name, why)``, or ``None``
     when no table or no entry inside the contract exists (the caller keeps its default).
 
     Raises:
@@ -320,7 +323,7 @@ def fastest_over(serves: Callable[[str, int, int], bool], *,
               and serves(e.dtype, e.head_dim, e.seq)]
     if not inside:
         return None
-    names = set.intersection(*(set(e.tflops) for e in inside))
+    names = {n for n in set.intersection(*(set(e.tflops) for e in inside)) if eligible(n)}
     if not names:
         return None
     geomean = {n: math.exp(sum(math.log(max(e.tflops[n], 1e-9)) for e in inside) / len(inside))

@@ -101,3 +101,22 @@ def test_auto_over_a_contract_picks_the_fastest_inside_it(tmp_path):
     assert short[0] == "pallas_gpu"
     assert selection.fastest_over(lambda d, h, s: d == "float16", table_path=path,
                                   device_kind="NVIDIA H200") is None
+
+
+def test_auto_never_picks_a_kernel_that_refuses_part_of_the_contract(tmp_path, monkeypatch):
+    """The H200 rollout of 2026-12-01 (local-dry-run: float32 served) picked cuDNN, the
+    fastest by TFLOP/s, and was rejected for refusing 16 float32 cases: a kernel that
+    cannot run a served dtype is never eligible."""
+    from flows import kernel_choice
+
+    path = _table(tmp_path, 2, [
+        _measured("bfloat16", 64, 4096, {"cudnn": 600, "pallas_gpu": 400, "pallas_mosaic_gpu": 550}),
+        _measured("float32", 64, 4096, {"cudnn": 600, "pallas_gpu": 100, "pallas_mosaic_gpu": 500}),
+    ])
+    monkeypatch.setattr(selection, "DEFAULT_TABLE_PATH", path)
+    monkeypatch.setattr(selection, "current_device_kind", lambda: "NVIDIA H200")
+    root = __import__("pathlib").Path(__file__).resolve().parents[1]
+    name, why = kernel_choice.rollout_kernel("auto", "gpu", root / "thresholds" / "local-dry-run.yaml")
+    assert name == "pallas_gpu", why  # the only one of the three that runs float32
+    name, why = kernel_choice.rollout_kernel("auto", "gpu", root / "thresholds" / "bf16-long.yaml")
+    assert name == "pallas_mosaic_gpu", why  # cuDNN needs head_dim multiples of 8
