@@ -65,12 +65,18 @@ def test_no_slowdown_below_the_tolerated_one_is_caught_more_than_alpha(path):
     assert caught["fail_rate"] == 1.0
 
 
-@pytest.mark.parametrize("path", FILES, ids=[f.stem for f in FILES])
+CPU_FILES = [f for f in FILES if f.stem.startswith("cpu-")]
+
+
+@pytest.mark.parametrize("path", CPU_FILES, ids=[f.stem for f in CPU_FILES])
 def test_the_legacy_judge_lacks_the_power_the_new_plan_states(path):
     """Today's judge (unpaired Mann-Whitney per step at full alpha, median-ratio floor)
     on the same samples: at the local plan's min slowdown it misses most slowdowns the
     paired judge catches (the A/A side of the legacy judge, with its three uncorrected
-    looks, is recorded in reliability/canary-calibration.json)."""
+    looks, is recorded in reliability/canary-calibration.json). CPU samples only: on the
+    H200's (far less noisy) the legacy judge caught 299 of 300 as well, and held its A/A
+    rate there (0.3 %): the false rollbacks issue 21 saw are not reproduced on samples
+    taken with the ABBA, in-process measurement (RELIABILITY.md, "Canary calibration")."""
     import numpy as np
     from scipy import stats
 
