@@ -21,12 +21,14 @@ from prefect.settings import PREFECT_API_URL
 from prefect.states import Completed, State
 
 import kernels
+from evaluation.documents import load_documents
 from evaluation.model import MiniLM
 from evaluation.testset import ensure_testset
 from flows.settings import RolloutSettings, RolloutState
 from lineage import keys, registration, registry, rollout, tags
 from lineage import tracking as tr
 from lineage.attestations import Signing
+from lineage.bindings import RolloutBindings, bindings_for
 from lineage.rollout import Result, RolloutOutcome
 from lineage.version_runners import VersionPool
 
@@ -194,10 +196,24 @@ def preregister(state: RolloutState) -> None:
     """
     record, settings = state.record, state.settings
     approval = settings.loosening_approval.read_bytes() if settings.loosening_approval else None
+    if state.testset_dir is None:  # its digest is bound by the registration
+        prepare_testset.fn(state)
     state.registration = registration.preregister(
         settings.thresholds, tracking=record.tracking, family=record.family,
-        signing=record.signing, parent_run_id=record.rollout_run_id, loosening_approval=approval)
+        signing=record.signing, parent_run_id=record.rollout_run_id, loosening_approval=approval,
+        bindings=rollout_bindings(settings, state.testset_dir, record.backend))
     rollout.link(record, {tags.REGISTRATION_ID: state.registration.registration_id})
+
+
+def rollout_bindings(settings: RolloutSettings, testset_dir, backend: str) -> RolloutBindings:
+    """The settings of ``settings`` that can change a verdict, as the registration binds
+    them (``lineage.bindings``)."""
+    return bindings_for(perf_shapes=settings.perf_shapes, perf_repeats=settings.perf_repeats,
+                        shadow_requests=settings.shadow_requests,
+                        model_check=settings.model_check,
+                        testset_profile=settings.testset_profile_for(backend),
+                        testset_dir=testset_dir,
+                        documents=load_documents(settings.documents_dir))
 
 
 def encoder(state: RolloutState) -> MiniLM:

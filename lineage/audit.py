@@ -18,8 +18,9 @@ trusts (never a key found in the store) it:
 5. cross-checks what MLflow shows — metrics, params, run tags, the version's tags —
    against the values the signatures vouch for, and re-hashes every artifact against
    its signed digest;
-6. loads the version's logged model in a process of its own and checks that the code
-   it runs is the code the signed build recorded.
+6. hashes the files at the version's storage location (what ``models:/…`` loads)
+   against the signed build's file manifest, computing the code digest itself
+   (``lineage.model_files``), and loads that checked copy in a process of its own.
 
 It names every problem; ``exit_code`` is 0 only when there is none. It works on the
 MLflow store or on an exported bundle (``lineage.bundle``, which also writes it; the
@@ -190,21 +191,33 @@ def _promotion_links(promotion: Attestation, evidence: chain.ChainEvidence,
 
 
 
-def _loaded_model(tracking: Tracking, source: StoreSource, version: str, walk: Walk) -> None:
-    from lineage.version_runners import VersionWorker
-    from lineage.versions import recorded_kernel
+def _model_files(tracking: Tracking, source: StoreSource, version: str, walk: Walk) -> None:
+    """The files at the version's storage location (what ``models:/…`` loads) against
+    the signed build's file manifest; a version built before manifests is a warning."""
+    from lineage import model_files
 
     try:
-        kernel = recorded_kernel(source, version)
-        worker = VersionWorker(tracking, source.family, version, expected_code=kernel["code_sha256"])
+        found = model_files.check(tracking, source, version)
+    except AttestationError as exc:
+        walk.link("model files", version, False, str(exc))
+        return
+    walk.link("model files", version, not found.problems, found.summary())
+
+
+def _loaded_model(tracking: Tracking, source: StoreSource, version: str, walk: Walk) -> None:
+    from lineage.version_runners import VersionWorker
+
+    try:
+        worker = VersionWorker(tracking, source.family, version, trust=source.trust)
     except (AttestationError, RuntimeError) as exc:
         walk.link("loaded model", version, False, str(exc))
         return
     try:
         drift = worker.info.get("jax_drift")
         walk.link("loaded model", version, True,
-                  f"loaded in its own process; its code sha256 {worker.info['code_sha256'][:12]} "
-                  "is the signed build's" + (f"; {drift}" if drift else ""))
+                  "loaded in its own process from the checked files; code sha256 "
+                  f"{worker.info['code_sha256'][:12]} computed from them"
+                  + (f"; {drift}" if drift else ""))
     finally:
         worker.close()
 
@@ -290,6 +303,8 @@ def audit(tracking: Tracking | None, family: str, target: str, *, trust=None,
         walk.problems += found + store_check.deleted_problems(source, runs)
         if promotion is not None:
             walk.problems += store_check.link_tag_problems(tracking, family, version, promotion)
+        if evidence.build is not None:
+            _model_files(tracking, source, version, walk)
         if load_model and evidence.build is not None:
             _loaded_model(tracking, source, version, walk)
         if recheck_reference and evidence.decision is not None:
