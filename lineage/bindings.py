@@ -71,9 +71,21 @@ def changes(bound: Mapping[str, Any] | None, asked: RolloutBindings) -> list[str
     bound: a registration made before bindings existed)."""
     if not bound:
         return []
-    now = asked.model_dump(mode="json")
-    return [f"{name}: registered {bound.get(name)!r}, this rollout {now[name]!r}"
-            for name in sorted(now) if bound.get(name) != now[name]]
+    now, then = _whole(asked.model_dump(mode="json")), _whole(dict(bound))
+    return [f"{name}: registered {then.get(name)!r}, this rollout {now[name]!r}"
+            for name in sorted(now) if then.get(name) != now[name]]
+
+
+def _whole(value: Any) -> Any:
+    """A signed predicate is a protobuf Struct, whose numbers are doubles: ``8`` reads
+    back as ``8.0``. Whole doubles become ints again before comparing."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, Mapping):
+        return {k: _whole(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_whole(v) for v in value]
+    return value
 
 
 def refuse_rebinding(registration_id: str, bound: Mapping[str, Any] | None,
