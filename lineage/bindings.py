@@ -71,20 +71,20 @@ def changes(bound: Mapping[str, Any] | None, asked: RolloutBindings) -> list[str
     bound: a registration made before bindings existed)."""
     if not bound:
         return []
-    now, then = _whole(asked.model_dump(mode="json")), _whole(dict(bound))
+    now, then = whole_numbers(asked.model_dump(mode="json")), whole_numbers(dict(bound))
     return [f"{name}: registered {then.get(name)!r}, this rollout {now[name]!r}"
             for name in sorted(now) if then.get(name) != now[name]]
 
 
-def _whole(value: Any) -> Any:
+def whole_numbers(value: Any) -> Any:
     """A signed predicate is a protobuf Struct, whose numbers are doubles: ``8`` reads
     back as ``8.0``. Whole doubles become ints again before comparing."""
     if isinstance(value, float) and value.is_integer():
         return int(value)
     if isinstance(value, Mapping):
-        return {k: _whole(v) for k, v in value.items()}
+        return {k: whole_numbers(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_whole(v) for v in value]
+        return [whole_numbers(v) for v in value]
     return value
 
 
