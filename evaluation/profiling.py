@@ -7,7 +7,7 @@ found by name. Kernels carry their names into HLO and the device timeline: a Pal
 kernel through its ``pallas_call(name=...)`` (pallas_gpu: the Triton kernel is named
 ``kernelgate_flash_attention_fwd_gpu``), naive and the XLA/cuDNN adapters through
 ``jax.named_call`` (``kernelgate_naive_attention``, ...); the registry lists them
-(``Implementation.trace_name``), and ``kernels.get_attention_fn`` names its jitted
+(``Kernel.trace_name``), and ``kernels.get_attention_fn`` names its jitted
 function after the kernel it resolved to, so the host timeline shows the dispatch as
 ``PjitFunction(<kernel name>)`` on every backend (on a CPU the only place the name can
 appear: XLA:CPU does not trace individual kernels). Each implementation's calls are also

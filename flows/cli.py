@@ -34,16 +34,15 @@ for _name in os.environ["PREFECT_LOGGING_EXTRA_LOGGERS"].split(","):
     logging.getLogger(_name.strip()).setLevel(logging.INFO)
 
 # Heavy imports (JAX, MLflow, Prefect) happen inside the commands: `--help` stays fast.
-PROJECT_DIR = Path(__file__).resolve().parents[1]
-DEFAULT_THRESHOLDS = PROJECT_DIR / "thresholds" / "local-dry-run.yaml"
+from flows.paths import DEFAULT_THRESHOLDS  # noqa: E402
 
 app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False)
 
 Implementation = Annotated[str, typer.Option(
     help="candidate kernel: auto (the flash kernel of this device; on a CPU host the TPU kernel, "
-         "interpreted), native (what kernels.attention runs here: xla on a CPU host), pallas_tpu, pallas_gpu, "
-         "pallas_mosaic_gpu (Hopper, bf16/f16), "
-         "xla, cudnn, naive")]
+         "interpreted), native (the head of this host's fallback order: xla on a CPU host), or "
+         "any name of the kernel registry (kernels.registry: pallas_tpu, pallas_gpu, "
+         "pallas_mosaic_gpu, xla, cudnn, naive, ...; an unknown name is refused with the list)")]
 Thresholds = Annotated[Path, typer.Option(help="thresholds file to preregister",
                                           exists=True, dir_okay=False)]
 StoreDir = Annotated[Path, typer.Option(help="local store: MLflow SQLite, artifacts, test sets")]

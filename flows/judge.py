@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import kernels
 from evaluation.evaluate import evaluate_candidate
-from evaluation.report import EvaluationReport
 from evaluation.testset.draws import unspent_draw
-from flows.settings import RolloutState
-from flows.tasks import encoder, run_logger, stage_task
-from gates.decision import GateDecision, decide
+from flows.results import (
+    Built,
+    Confirmed,
+    Evaluated,
+    Gated,
+    Prepared,
+    Preregistered,
+    RolloutContext,
+)
+from flows.tasks import run_logger, stage_task
+from gates.decision import decide
 from kernels.shapes import AttentionShape
 from lineage import evidence, registered_model, registration, version_runners
 from lineage.chain import spent_confirmation_digests
@@ -26,98 +33,97 @@ BUILD_SHAPE = AttentionShape(batch=1, q_len=256, kv_len=256, num_heads=4, num_kv
 
 
 @stage_task(name="build")
-def build(state: RolloutState) -> str:
-    """Compile and export the candidate, log the build run, register a model version.
-
-    Returns the version.
-    """
-    record = state.record
+def build(context: RolloutContext) -> Built:
+    """Compile and export the candidate, log the build run, register a model version."""
+    record = context.record
     out = record.work_dir / "build"
-    build = kernels.build(record.implementation, state.settings.config, BUILD_SHAPE,
+    build = kernels.build(record.implementation, context.settings.config, BUILD_SHAPE,
                           output_dir=out)
-    state.build_run_id, state.version, logged = evidence.log_build(record, build, out,
-                                                                   encoder(state))
+    build_run_id, version, logged = evidence.log_build(record, build, out, context.model)
     run_logger().info("built %s: build run %s, logged as an MLflow model (%d files, %.1f MB, "
                       "code sha256 %s) and registered as v%s", build.implementation,
-                      state.build_run_id, logged.files, logged.size_bytes / 1e6,
-                      logged.code_sha256[:12], state.version)
-    return state.version
+                      build_run_id, logged.files, logged.size_bytes / 1e6,
+                      logged.code_sha256[:12], version)
+    return Built(build_run_id=build_run_id, version=version)
 
 
 @stage_task(name="evaluate")
-def evaluate(state: RolloutState, *, split: str = "heldout", measure_speed: bool = True,
-             compare_production: bool = True) -> tuple[EvaluationReport, str]:
-    """Evaluate ``state.version`` — the registered model, run by its own code
+def evaluate(context: RolloutContext, preregistered: Preregistered, built: Built,
+             testset: Prepared, *, split: str = "heldout", measure_speed: bool = True,
+             compare_production: bool = True) -> Evaluated:
+    """Evaluate the built version — the registered model, run by its own code
     (``lineage.versions``) — on one split against naive (and production) and log the
-    evidence to an evaluation run; returns ``(report, evaluation run id)`` and, for the
-    held-out split, keeps them in ``state``.
+    evidence to an evaluation run.
 
     Raises:
         FileNotFoundError: no test set; ValueError: unknown split.
     """
-    record, settings = state.record, state.settings
-    pool = state.versions
+    record, settings = context.record, context.settings
+    pool = context.versions
     production_version = (version_runners.production_version(record.tracking, record.family)
                           if compare_production else None)
     production = pool.runner(production_version) if production_version else None
-    candidate = pool.runner(state.version)
+    candidate = pool.runner(built.version)
     out = record.work_dir / f"evaluation-{split}"
-    with evidence.evaluation_run(record, build_run_id=state.build_run_id,
-                                 registration_id=state.registration.registration_id,
+    registration_id = preregistered.registration.registration_id
+    with evidence.evaluation_run(record, build_run_id=built.build_run_id,
+                                 registration_id=registration_id,
                                  split=split, implementation=candidate.name) as run_id:
-        evidence.log_evaluation_inputs(record, run_id, testset_dir=state.testset_dir, split=split,
-                                       model=state.model)
+        evidence.log_evaluation_inputs(record, run_id, testset_dir=testset.testset_dir,
+                                       split=split, model=context.model)
         try:
             report = evaluate_candidate(
-                candidate, testset_dir=state.testset_dir, out_dir=out, split=split,
-                production=production, model=state.model if settings.model_check else None,
+                candidate, testset_dir=testset.testset_dir, out_dir=out, split=split,
+                production=production, model=context.model if settings.model_check else None,
                 repeats=settings.perf_repeats, perf_shapes=settings.perf_shapes,
                 measure_speed=measure_speed,
                 reference_cache_dir=settings.store_dir / REFERENCE_CACHE_DIR)
         finally:
-            evidence.log_evaluation_files(record, run_id, out_dir=out, testset_dir=state.testset_dir)
-        evidence.log_evaluation_result(record, run_id, report, build_run_id=state.build_run_id,
-                                       registration_id=state.registration.registration_id,
-                                       version=state.version,
+            evidence.log_evaluation_files(record, run_id, out_dir=out,
+                                          testset_dir=testset.testset_dir)
+        evidence.log_evaluation_result(record, run_id, report, build_run_id=built.build_run_id,
+                                       registration_id=registration_id,
+                                       version=built.version,
                                        production_implementation=production and production.name)
-    if split == "heldout":
-        state.report, state.evaluation_run_id = report, run_id
-        state.judged_against = production_version
-    return report, run_id
+    return Evaluated(report=report, run_id=run_id, split=split,
+                     judged_against=production_version)
 
 
-def _judge(state: RolloutState, report: EvaluationReport, evaluation_run_id: str, *,
-           thresholds_path, kinds=None) -> tuple[GateDecision, str]:
-    record = state.record
+def _judge(context: RolloutContext, preregistered: Preregistered, built: Built,
+           evaluated: Evaluated, *, thresholds_path, kinds=None) -> Gated:
+    record = context.record
     source = StoreSource(record.tracking, record.family, record.signing.trust,
                          stages=("preregistration",))
-    thresholds = registration.thresholds_for_gate(source, state.registration, thresholds_path,
-                                                  report.started_at)
-    state.thresholds = thresholds
-    decision = decide(report, thresholds, state.registration, kinds=kinds)
+    thresholds = registration.thresholds_for_gate(source, preregistered.registration,
+                                                  thresholds_path, evaluated.report.started_at)
+    decision = decide(evaluated.report, thresholds, preregistered.registration, kinds=kinds)
     decision_run_id = log_decision(record.tracking, record.family, decision,
-                                   build_run_id=state.build_run_id,
-                                   evaluation_run_id=evaluation_run_id, version=state.version,
+                                   build_run_id=built.build_run_id,
+                                   evaluation_run_id=evaluated.run_id, version=built.version,
                                    signing=record.signing, parent_run_id=record.rollout_run_id)
-    return decision, decision_run_id
+    return Gated(version=built.version, decision=decision, run_id=decision_run_id,
+                 thresholds=thresholds)
 
 
 @stage_task(name="gate")
-def gate(state: RolloutState, *, thresholds_path=None) -> GateDecision:
-    """Judge the held-out report against the preregistered thresholds and log the decision.
+def gate(context: RolloutContext, preregistered: Preregistered, built: Built,
+         evaluated: Evaluated, *, thresholds_path=None) -> Gated:
+    """Judge the held-out report against the preregistered thresholds and log the decision
+    (``thresholds_path``: the file in hand, checked against the registered bytes; None:
+    the registered bytes themselves).
 
     Raises:
         PreregistrationError: the thresholds file changed since registration, or the
             evaluation started before it.
     """
-    state.decision, state.decision_run_id = _judge(state, state.report, state.evaluation_run_id,
-                                                   thresholds_path=thresholds_path)
-    run_logger().info("gate: %s — %s", state.decision.verdict, state.decision.summary)
-    return state.decision
+    gated = _judge(context, preregistered, built, evaluated, thresholds_path=thresholds_path)
+    run_logger().info("gate: %s — %s", gated.decision.verdict, gated.decision.summary)
+    return gated
 
 
 @stage_task(name="confirm")
-def confirm(state: RolloutState) -> GateDecision:
+def confirm(context: RolloutContext, preregistered: Preregistered, built: Built,
+            testset: Prepared) -> Confirmed:
     """Judge the candidate once on a confirmation split this family has not spent, kept
     back until now: accuracy criteria only (speed was judged on held-out data and in
     canary), under the same registration; the decision is linked from the version.
@@ -125,17 +131,17 @@ def confirm(state: RolloutState) -> GateDecision:
     Raises:
         ConfirmationExhausted: the family has spent every confirmation draw.
     """
-    record = state.record
+    record = context.record
     spent = spent_confirmation_digests(StoreSource(record.tracking, record.family,
                                                    record.signing.trust, stages=("evaluation",)))
-    split = unspent_draw(state.testset_dir, spent, model=state.model)
+    split = unspent_draw(testset.testset_dir, spent, model=context.model)
     run_logger().info("confirmation split %s (%d spent by %s before)", split, len(spent),
                       record.family)
-    report, run_id = evaluate(state, split=split, measure_speed=False, compare_production=False)
-    decision, decision_run_id = _judge(state, report, run_id,
-                                       thresholds_path=state.settings.thresholds,
-                                       kinds={"accuracy"})
-    registered_model.link_confirmation(state.record.tracking, state.record.family,
-                                       state.version, decision_run_id)
-    run_logger().info("confirmation split: %s — %s", decision.verdict, decision.summary)
-    return decision
+    evaluated = evaluate(context, preregistered, built, testset, split=split,
+                         measure_speed=False, compare_production=False)
+    judged = _judge(context, preregistered, built, evaluated,
+                    thresholds_path=context.settings.thresholds, kinds={"accuracy"})
+    registered_model.link_confirmation(record.tracking, record.family, built.version, judged.run_id)
+    run_logger().info("confirmation split: %s — %s", judged.decision.verdict,
+                      judged.decision.summary)
+    return Confirmed(decision=judged.decision, run_id=judged.run_id, evaluation=evaluated)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
+from collections.abc import Sequence
 
 from prefect.exceptions import FlowPauseTimeout
 from prefect.flow_runs import pause_flow_run
@@ -12,7 +13,7 @@ from prefect.input import RunInput
 from prefect.runtime import flow_run
 from pydantic import Field, ValidationError
 
-from flows.settings import RolloutState
+from flows.results import Confirmed, Evaluated, Gated, Promoted, RolloutContext
 from flows.tasks import finish, run_logger, stage_task
 from gates.approval import (
     ApprovalInput,
@@ -21,8 +22,9 @@ from gates.approval import (
     record_auto_approval,
     record_timeout,
 )
+from gates.approval_policy import Transition
 from gates.approval_view import approval_markdown
-from gates.thresholds import Transition
+from gates.canary import CanaryStepResult
 from lineage import registered_model, registry, tags
 from lineage.approvals import verify_approval
 from lineage.attestations import AttestationError
@@ -47,11 +49,12 @@ def pause_key(transition: str, attempt: int) -> str:
     return tags.approval_key(transition) + (f"-retry{attempt}" if attempt else "")
 
 
-def _ask(state: RolloutState, transition: Transition) -> ApprovalRecord:
+def _ask(context: RolloutContext, transition: Transition, gated: Gated,
+         traffic: Sequence[CanaryStepResult], confirmed: Confirmed | None) -> ApprovalRecord:
     """Pause until a valid answer or the timeout; a bad answer is re-asked, never recorded
     as an approval."""
-    policy = state.thresholds.approval
-    about = dict(transition=transition, family=state.record.family, version=state.version)
+    policy = gated.thresholds.approval
+    about = dict(transition=transition, family=context.record.family, version=gated.version)
     deadline = time.monotonic() + policy.timeout_s
     notice = ""
     for attempt in itertools.count():
@@ -60,8 +63,8 @@ def _ask(state: RolloutState, transition: Transition) -> ApprovalRecord:
             return record_timeout(policy, **about)
         form = ApprovalForm.with_initial_data(
             description=notice + approval_markdown(
-                transition, state.version, state.decision, traffic=state.traffic_results,
-                confirmation=state.confirmation))
+                transition, gated.version, gated.decision, traffic=list(traffic),
+                confirmation=confirmed and confirmed.decision))
         try:
             given = pause_flow_run(wait_for_input=form, timeout=max(1, math.ceil(remaining)),
                                    poll_interval=APPROVAL_POLL_S, key=pause_key(transition, attempt))
@@ -116,29 +119,31 @@ def _errors(err: ValidationError) -> str:
     return "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors())
 
 
-def approve(state: RolloutState, transition: Transition) -> bool:
-    """Ask a person (pause with a typed form) where the preregistered policy requires it;
-    a timeout rejects. Whatever happens is logged as a signed approval run and linked
-    from the version. Returns whether the transition may go ahead.
+def approve(context: RolloutContext, transition: Transition, gated: Gated,
+            traffic: Sequence[CanaryStepResult] = (), confirmed: Confirmed | None = None) -> bool:
+    """Ask a person (pause with a typed form showing the gate decision, the ``traffic``
+    steps judged so far and the confirmation) where the preregistered policy requires
+    it; a timeout rejects. Whatever happens is logged as a signed approval run and
+    linked from the version. Returns whether the transition may go ahead.
 
     A flow-level step, not a task: Prefect pauses flow runs, not task runs.
     """
     logger = run_logger()
-    policy = state.thresholds.approval
-    record = state.record
+    policy = gated.thresholds.approval
+    record = context.record
     if transition not in policy.required_for:
         return True
     if policy.auto_approve:
         answer = record_auto_approval(policy, transition=transition, family=record.family,
-                                      version=state.version)
+                                      version=gated.version)
         logger.info("approval %s auto-approved: %s", transition, policy.auto_approve_reason)
     else:
         logger.info("waiting up to %ss for a release manager to approve %s in the Prefect UI",
                     policy.timeout_s, transition)
-        answer = _ask(state, transition)
-    run_id = log_approval(record.tracking, answer, decision_run_id=state.decision_run_id,
+        answer = _ask(context, transition, gated, traffic, confirmed)
+    run_id = log_approval(record.tracking, answer, decision_run_id=gated.run_id,
                           signing=record.signing, parent_run_id=record.rollout_run_id)
-    registered_model.link_approval(record.tracking, record.family, state.version, transition, run_id)
+    registered_model.link_approval(record.tracking, record.family, gated.version, transition, run_id)
     logger.info("approval %s: %s by %s (%s; %s)", transition,
                 "approved" if answer.approved else "rejected", answer.approver,
                 answer.authentication, answer.comment)
@@ -146,45 +151,47 @@ def approve(state: RolloutState, transition: Transition) -> bool:
 
 
 @stage_task(name="enter-canary")
-def enter_canary(state: RolloutState) -> None:
+def enter_canary(context: RolloutContext, gated: Gated) -> None:
     """Point ``canary`` at the candidate (the registry checks its chain); this rollout owns it.
 
     Raises:
         PromotionRefused: the chain up to ``shadow->canary`` is incomplete.
     """
-    record = state.record
-    registry.assign_canary(record.tracking, record.family, state.version,
-                           decision_run_id=state.decision_run_id, signing=record.signing,
+    record = context.record
+    registry.assign_canary(record.tracking, record.family, gated.version,
+                           decision_run_id=gated.run_id, signing=record.signing,
                            owner_run_id=record.rollout_run_id)
 
 
 @stage_task(name="promote")
-def promote(state: RolloutState) -> None:
-    """Move ``production`` to the candidate (the registry checks its complete chain).
+def promote(context: RolloutContext, gated: Gated, evaluated: Evaluated) -> Promoted:
+    """Move ``production`` to the candidate (the registry checks its complete chain, and
+    that production still is what the candidate was ``evaluated`` against).
 
     Raises:
-        PromotionRefused: the chain is incomplete.
+        PromotionRefused: the chain is incomplete, or production moved since.
     """
-    record = state.record
-    change = registry.promote(record.tracking, record.family, state.version,
-                              decision_run_id=state.decision_run_id,
-                              expected_previous=state.judged_against, signing=record.signing,
+    record = context.record
+    change = registry.promote(record.tracking, record.family, gated.version,
+                              decision_run_id=gated.run_id,
+                              expected_previous=evaluated.judged_against, signing=record.signing,
                               parent_run_id=record.rollout_run_id)
-    state.promoted = True
-    run_logger().info("promoted v%s to production (previous: %s)", state.version,
-                          change.previous_version)
+    run_logger().info("promoted v%s to production (previous: %s)", gated.version,
+                      change.previous_version)
+    return Promoted(version=gated.version, previous_version=change.previous_version)
 
 
 @stage_task(name="roll-back")
-def reject(state: RolloutState, reason: str) -> None:
+def reject(context: RolloutContext, gated: Gated, reason: str) -> None:
     """Record why the candidate stops here; its ``shadow``/``canary`` aliases are rolled back."""
-    record = state.record
-    registry.reject(record.tracking, record.family, state.version, reason,
+    record = context.record
+    registry.reject(record.tracking, record.family, gated.version, reason,
                     signing=record.signing, parent_run_id=record.rollout_run_id)
-    run_logger().warning("v%s rejected: %s", state.version, reason)
+    run_logger().warning("v%s rejected: %s", gated.version, reason)
 
 
-def roll_back(state: RolloutState, stage: str, reason: str) -> RolloutOutcome:
+def roll_back(context: RolloutContext, gated: Gated, stage: str, reason: str) -> RolloutOutcome:
     """Reject the candidate and close the rollout as rolled back at ``stage``."""
-    reject(state, reason)
-    return finish(state, "rolled_back", stage, reason)
+    reject(context, gated, reason)
+    return finish(context, "rolled_back", stage, reason, version=gated.version,
+                  decision=gated.decision)

@@ -18,7 +18,8 @@ from pydantic import BaseModel, Field
 
 import kernels
 from flows.judge import evaluate, gate
-from flows.settings import RolloutSettings, RolloutState
+from flows.results import Built, Preregistered, RolloutContext
+from flows.settings import RolloutSettings
 from flows.tasks import end_state, prepare_testset, rollout_session, run_logger
 from lineage import chain, registered_model, registry, tags, version_runners
 from lineage import tracking as tr
@@ -49,38 +50,39 @@ def revalidate_production(family: str = "auto", settings: RolloutSettings | None
     if family == "auto":
         family = kernels.native_flash_kernel("auto", kernels.default_backend())
     with rollout_session(settings, stage="revalidation", family=family,
-                         clear_stale_aliases=False) as state:
+                         clear_stale_aliases=False) as ctx:
+        version = None
         try:
-            outcome = _revalidate(state)
+            version = version_runners.production_version(ctx.record.tracking, family)
+            outcome = _revalidate(ctx, version)
         except Exception as err:
-            _finish(state, "error", f"re-validation could not finish: {type(err).__name__}: {err}")
+            _finish(ctx, version, "error",
+                    f"re-validation could not finish: {type(err).__name__}: {err}")
             raise
     return end_state(outcome.result, outcome.reason, outcome)
 
 
-def _finish(state: RolloutState, result: str, reason: str,
+def _finish(ctx: RolloutContext, version: str | None, result: str, reason: str,
             loaded: str | None = None) -> RevalidationOutcome:
-    record = state.record
-    if state.versions is not None:
-        state.versions.close()
-    state.closed = True
+    record = ctx.record
+    ctx.serving.close()
     now = registered_model.alias_version(record.tracking, record.family, "production")
     serving = (f"{record.family} v{now}" if now
                else f"{version_runners.NATIVE_BASELINE} (native baseline)")
-    outcome = RevalidationOutcome(family=record.family, version=state.version, result=result,
+    outcome = RevalidationOutcome(family=record.family, version=version, result=result,
                                   reason=reason, loaded=loaded, now_serving=serving,
                                   revalidation_run_id=record.rollout_run_id)
     tr.log_model_json(record.tracking, record.rollout_run_id, outcome, tags.REVALIDATION_ARTIFACT)
     run_tags = {tags.RESULT: result, tags.NOTE: reason}
     tr.set_tags(record.tracking, record.rollout_run_id, run_tags)
     attest(record.tracking, record.rollout_run_id, "outcome",
-           {"family": record.family, "version": state.version, "result": result,
+           {"family": record.family, "version": version, "result": result,
             "reason": reason, "tags": run_tags}, record.signing.signer)
     tr.end_run(record.tracking, record.rollout_run_id, "FAILED" if result == "error" else "FINISHED")
     try:
         create_markdown_artifact(
             f"# nightly re-validation of {record.family}: **{result}**\n\n* version: "
-            f"v{state.version}\n* reason: {reason}\n* now serving: {serving}\n",
+            f"v{version}\n* reason: {reason}\n* now serving: {serving}\n",
             key=f"revalidation-{record.family.replace('_', '-').lower()}")
     except Exception as err:  # noqa: BLE001 - the MLflow record above is the record
         run_logger().warning("could not write the Prefect summary artifact: %s", err)
@@ -89,39 +91,40 @@ def _finish(state: RolloutState, result: str, reason: str,
     return outcome
 
 
-def _revalidate(state: RolloutState) -> RevalidationOutcome:
-    record = state.record
-    version = version_runners.production_version(record.tracking, record.family)
+def _revalidate(ctx: RolloutContext, version: str | None) -> RevalidationOutcome:
+    record = ctx.record
     if version is None:
-        return _finish(state, "nothing_in_production",
+        return _finish(ctx, None, "nothing_in_production",
                        "no production alias; the native baseline serves")
-    state.version = version
     evidence = chain.collect(StoreSource(record.tracking, record.family, record.signing.trust),
                              version)
     if evidence.registration is None:
         raise RuntimeError(f"v{version} has no usable registration to re-judge it by: "
                            f"{evidence.read_problems}")
-    state.registration, state.build_run_id = evidence.registration, evidence.build_run_id
-    prepare_testset(state)
+    # What the version's rollout established, read back from its signed record.
+    preregistered = Preregistered(registration=evidence.registration)
+    built = Built(build_run_id=evidence.build_run_id, version=version)
+    testset = prepare_testset(ctx)
     loaded = None
     try:
-        runner = state.versions.runner(version)
+        runner = ctx.versions.runner(version)
         loaded = _how_loaded(runner)
-        evaluate(state, split="heldout", compare_production=False)
+        evaluated = evaluate(ctx, preregistered, built, testset, split="heldout",
+                             compare_production=False)
         # Judged under the registered bytes themselves (no file in hand to compare).
-        decision = gate(state, thresholds_path=None)
-        passed, why = decision.passed, decision.summary
+        gated = gate(ctx, preregistered, built, evaluated, thresholds_path=None)
+        passed, why = gated.passed, gated.decision.summary
     except Exception as err:  # noqa: BLE001 - a kernel that no longer runs fails re-validation
         passed, why = False, f"evaluation failed: {type(err).__name__}: {err}"
     if passed:
-        return _finish(state, "passed", f"v{version} still meets its preregistered thresholds",
+        return _finish(ctx, version, "passed", f"v{version} still meets its preregistered thresholds",
                        loaded)
     change = registry.rollback(record.tracking, record.family,
                                reason=f"nightly re-validation failed: {why}",
                                signing=record.signing, parent_run_id=record.rollout_run_id)
     target = (f"previous production v{change.version}" if change.version else
               f"the native baseline ({version_runners.NATIVE_BASELINE}); no earlier usable production")
-    return _finish(state, "rolled_back",
+    return _finish(ctx, version, "rolled_back",
                    f"v{version} failed re-validation ({why}); rolled back to {target}", loaded)
 
 

@@ -4,8 +4,10 @@ that run only its first stages.
 The rollout's body is the stage list of the design notes: preregister → build →
 evaluate → gate → shadow → approval → canary steps → confirm → promote, or roll back.
 Each stage is a task (``flows.judge``, ``flows.traffic``, ``flows.promotion``) calling
-plain functions of the packages below; every decision is logged to MLflow, and the
-registry enforces what makes a promotion legal whoever calls it.
+plain functions of the packages below; it returns what it established as a typed result
+(``flows.results``), which the flow passes on to the stages that need it. Every
+decision is logged to MLflow, and the registry enforces what makes a promotion legal
+whoever calls it.
 """
 
 from __future__ import annotations
@@ -17,10 +19,12 @@ from prefect import flow
 from evaluation.report import EvaluationReport
 from flows.judge import build, confirm, evaluate, gate
 from flows.promotion import approve, enter_canary, promote, reject, roll_back
-from flows.settings import RolloutSettings, RolloutState
+from flows.results import RolloutContext
+from flows.settings import RolloutSettings
 from flows.tasks import end_state, finish, prepare_testset, preregister, rollout_session
 from flows.traffic import canary_step, record_traffic, shadow
 from gates.decision import short_reason as gate_reason
+from gates.headline import promotion_reason
 from lineage.rollout import RolloutOutcome
 
 
@@ -28,54 +32,55 @@ from lineage.rollout import RolloutOutcome
 def rollout(settings: RolloutSettings | None = None) -> RolloutOutcome:
     """Governed rollout of one candidate kernel; the run ends in a state named for what
     happened (*Promoted*, *Rejected* or *RolledBack*) and returns the outcome."""
-    with rollout_session(settings or RolloutSettings()) as state:
-        outcome = _stages(state)
+    with rollout_session(settings or RolloutSettings()) as context:
+        outcome = _stages(context)
     return end_state(outcome.result, outcome.reason, outcome)
 
 
-def _stages(state: RolloutState) -> RolloutOutcome:
+def _stages(ctx: RolloutContext) -> RolloutOutcome:
     """The stage list; returns the outcome at the first stage that stops the candidate."""
-    preregister(state)
-    build(state)
-    prepare_testset(state)
-    evaluate(state, split="heldout")
-    if not gate(state, thresholds_path=state.settings.thresholds).passed:
-        why = gate_reason(state.decision)
-        reject(state, why)
-        return finish(state, "rejected", "gate", why)
-    traffic = record_traffic(state)
-    if not approve(state, "candidate->shadow"):
-        return roll_back(state, "approval", "approval for candidate->shadow rejected or timed out")
-    state.traffic_results.append(result := shadow(state, traffic.shadow))  # shown in the form
+    preregistered = preregister(ctx)
+    built = build(ctx)
+    testset = prepare_testset(ctx)
+    evaluated = evaluate(ctx, preregistered, built, testset, split="heldout")
+    gated = gate(ctx, preregistered, built, evaluated, thresholds_path=ctx.settings.thresholds)
+    if not gated.passed:
+        reject(ctx, gated, why := gate_reason(gated.decision))
+        return finish(ctx, "rejected", "gate", why, version=built.version, decision=gated.decision)
+    traffic = record_traffic(ctx, gated)
+    if not approve(ctx, "candidate->shadow", gated):
+        return roll_back(ctx, gated, "approval", "approval for candidate->shadow rejected or timed out")
+    judged = [result := shadow(ctx, gated, evaluated, traffic.shadow)]  # shown in the forms
     if not result.passed:
-        return roll_back(state, "shadow", f"shadow: {'; '.join(result.breaches)}")
-    if not approve(state, "shadow->canary"):
-        return roll_back(state, "approval", "approval for shadow->canary rejected or timed out")
-    enter_canary(state)
+        return roll_back(ctx, gated, "shadow", f"shadow: {'; '.join(result.breaches)}")
+    if not approve(ctx, "shadow->canary", gated, judged):
+        return roll_back(ctx, gated, "approval", "approval for shadow->canary rejected or timed out")
+    enter_canary(ctx, gated)
     for step, requests in traffic.canary:
-        state.traffic_results.append(result := canary_step(state, step, requests))
+        judged.append(result := canary_step(ctx, gated, evaluated, step, requests))
         if not result.passed:
-            return roll_back(state, step.name, f"{step.name}: {'; '.join(result.breaches)}")
-    state.confirmation = confirmation = confirm(state)
-    if not confirmation.passed:
-        return roll_back(state, "confirmation",
-                         f"confirmation split: {gate_reason(confirmation)}")
-    if not approve(state, "canary->production"):
-        return roll_back(state, "approval", "approval for canary->production rejected or timed out")
-    promote(state)
-    return finish(state, "promoted", "promotion",
-                  "every gate, shadow, canary and confirmation criterion passed")
+            return roll_back(ctx, gated, step.name, f"{step.name}: {'; '.join(result.breaches)}")
+    confirmed = confirm(ctx, preregistered, built, testset)
+    if not confirmed.passed:
+        return roll_back(ctx, gated, "confirmation",
+                         f"confirmation split: {gate_reason(confirmed.decision)}")
+    if not approve(ctx, "canary->production", gated, judged, confirmed):
+        return roll_back(ctx, gated, "approval", "approval for canary->production rejected or timed out")
+    promote(ctx, gated, evaluated)
+    return finish(ctx, "promoted", "promotion", promotion_reason(gated.decision, judged),
+                  version=built.version, decision=gated.decision)
 
 
 @flow(name="kernelgate-build-kernel")
 def build_kernel(settings: RolloutSettings | None = None) -> str:
     """Build, export and register the candidate (no evaluation); returns the model version."""
     with rollout_session(settings or RolloutSettings(), stage="build",
-                         clear_stale_aliases=False) as state:
-        version = build(state)
-        outcome = finish(state, "built", "build",
-                         "built and registered only; not evaluated, no alias moved")
-    return end_state(outcome.result, outcome.reason, version)
+                         clear_stale_aliases=False) as ctx:
+        built = build(ctx)
+        outcome = finish(ctx, "built", "build",
+                         "built and registered only; not evaluated, no alias moved",
+                         version=built.version)
+    return end_state(outcome.result, outcome.reason, built.version)
 
 
 @flow(name="kernelgate-evaluate-candidate")
@@ -84,14 +89,16 @@ def evaluate_candidate(settings: RolloutSettings | None = None,
     """Preregister, build and evaluate a candidate and log the gate decision, without
     moving any alias. The version is registered (it is the record of what was built),
     and tagged as rejected when the gate says so."""
-    with rollout_session(settings or RolloutSettings(), clear_stale_aliases=False) as state:
-        preregister(state)
-        build(state)
-        prepare_testset(state)
-        evaluate(state, split="heldout")
-        decision = gate(state, thresholds_path=state.settings.thresholds)
-        outcome = finish(state, "evaluated", "evaluation",
-                         f"evaluation only (gate said {decision.verdict}); no alias moved")
+    with rollout_session(settings or RolloutSettings(), clear_stale_aliases=False) as ctx:
+        preregistered = preregister(ctx)
+        built = build(ctx)
+        testset = prepare_testset(ctx)
+        evaluated = evaluate(ctx, preregistered, built, testset, split="heldout")
+        gated = gate(ctx, preregistered, built, evaluated,
+                     thresholds_path=ctx.settings.thresholds)
+        outcome = finish(ctx, "evaluated", "evaluation",
+                         f"evaluation only (gate said {gated.decision.verdict}); no alias moved",
+                         version=built.version, decision=gated.decision)
     if report_path:
-        state.report.write(report_path)
-    return end_state(outcome.result, outcome.reason, state.report)
+        evaluated.report.write(report_path)
+    return end_state(outcome.result, outcome.reason, evaluated.report)

@@ -1,4 +1,5 @@
-"""The rollout's parameters (a typed Prefect form) and the state its stages share."""
+"""The rollout's parameters (a typed Prefect form); what its stages establish is in
+``flows.results``."""
 
 from __future__ import annotations
 
@@ -7,19 +8,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from evaluation.model import MiniLM
-from evaluation.report import EvaluationReport
-from gates.canary import CanaryStepResult
-from gates.decision import GateDecision
-from gates.preregistration import Registration
-from gates.thresholds import Thresholds
+from flows.paths import DEFAULT_THRESHOLDS
 from kernels.config import BlockSizes
 from kernels.shapes import AttentionShape
-from lineage.rollout import RolloutRecord
-from lineage.version_runners import VersionPool
-
-PROJECT_DIR = Path(__file__).resolve().parents[1]
-DEFAULT_THRESHOLDS = PROJECT_DIR / "thresholds" / "local-dry-run.yaml"
 
 
 class RolloutSettings(BaseModel):
@@ -77,31 +68,3 @@ class RolloutSettings(BaseModel):
         if self.testset_profile != "auto":
             return self.testset_profile
         return "ci" if backend == "cpu" else "gpu"
-
-
-class RolloutState(BaseModel):
-    """What the stages of one rollout have established so far (filled in stage by stage)."""
-
-    model_config = ConfigDict(arbitrary_types_allowed=True)
-
-    settings: RolloutSettings
-    record: RolloutRecord
-    model: MiniLM | None = None
-    versions: VersionPool | None = None
-    testset_dir: Path | None = None
-    registration: Registration | None = None
-    thresholds: Thresholds | None = None
-    build_run_id: str | None = None
-    version: str | None = None
-    report: EvaluationReport | None = None
-    evaluation_run_id: str | None = None
-    decision: GateDecision | None = None
-    decision_run_id: str | None = None
-    judged_against: str | None = Field(
-        None, description="the production version the candidate was evaluated against (the "
-        "promotion's compare-and-swap refuses if production moved since)")
-    traffic_results: list[CanaryStepResult] = Field(
-        default_factory=list, description="the shadow and canary steps judged so far, in order")
-    confirmation: GateDecision | None = None
-    promoted: bool = False
-    closed: bool = Field(False, description="the record's outcome is written")

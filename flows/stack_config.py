@@ -15,9 +15,9 @@ from urllib.parse import urlsplit, urlunsplit
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
+from flows.paths import PROJECT_DIR
 from kernels.errors import KernelgateError
 
-PROJECT_DIR = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = PROJECT_DIR / "stack.yaml"
 STATE_FILE = "stack.json"
 

@@ -1,6 +1,7 @@
-"""Tasks both flows use: opening and closing a rollout's record, preregistration, the
-test set and model, and the session that holds the family's lock and closes the record
-on failure. Each task calls plain functions of the packages below; the flows order them."""
+"""Tasks every flow uses: opening and closing a rollout's record, preregistration, the
+test set, the session that holds the family's lock and closes the record on failure (by
+what the record says the rollout did), and ``stage_task``, the decorator of every stage.
+Each task calls plain functions of the packages below; the flows order them."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import logging
 import os
 from collections.abc import Iterator
 
-from prefect import get_run_logger, task
+from prefect import Task, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.client.orchestration import get_client
@@ -19,21 +20,37 @@ from prefect.exceptions import MissingContextError, ObjectAlreadyExists, ObjectN
 from prefect.runtime import flow_run
 from prefect.settings import PREFECT_API_URL
 from prefect.states import Completed, State
+from prefect.utilities.annotations import quote
 
 import kernels
 from evaluation.documents import load_documents
-from evaluation.model import MiniLM
 from evaluation.testset import ensure_testset
-from flows.settings import RolloutSettings, RolloutState
-from lineage import keys, registration, registry, rollout, tags
+from flows.results import Prepared, Preregistered, RolloutContext, ServingModel
+from flows.settings import RolloutSettings
+from gates.decision import GateDecision
+from lineage import keys, registered_model, registration, registry, rollout, tags
 from lineage import tracking as tr
 from lineage.attestations import Signing
 from lineage.bindings import RolloutBindings, bindings_for
 from lineage.rollout import Result, RolloutOutcome
-from lineage.version_runners import VersionPool
 
-# Arguments include models and clients that do not hash; results are logged to MLflow.
-stage_task = task(cache_policy=NO_CACHE, persist_result=False)
+
+class StageTask(Task):
+    """A stage's task: its first parameter is the session's ``RolloutContext``, handed to
+    Prefect wrapped in ``quote`` (Prefect's annotation for an input it must neither walk
+    nor copy: the context holds a signer, a tracking client and the model). The stage's
+    findings are its return value; later stages get them as ordinary parameters."""
+
+    def __call__(self, context: RolloutContext, /, *args, **kwargs):
+        return super().__call__(quote(context), *args, **kwargs)
+
+
+def stage_task(*, name: str):
+    """Make a function a stage task: never cached, results not persisted (the evidence
+    is logged to MLflow; a re-run must do the stage again)."""
+    def decorate(fn):
+        return StageTask(fn, name=name, cache_policy=NO_CACHE, persist_result=False)
+    return decorate
 
 
 def run_logger() -> logging.Logger | logging.LoggerAdapter:
@@ -64,10 +81,10 @@ def family_of(settings: RolloutSettings) -> str:
                                                           kernels.default_backend())
 
 
-@stage_task(name="open")
+@task(name="open", cache_policy=NO_CACHE, persist_result=False)
 def open_rollout(settings: RolloutSettings, *, stage: str = "rollout", family: str | None = None,
                  clear_stale_aliases: bool = False, owner_is_dead: bool = False,
-                 run_name: str | None = None) -> RolloutState:
+                 run_name: str | None = None) -> RolloutContext:
     """Start the parent MLflow run, then tidy what crashed rollouts left: their RUNNING
     runs end as KILLED with the reason, the aliases are reconciled with the signed
     history, and (for a new rollout) ``shadow``/``canary`` aliases whose owner is dead
@@ -96,7 +113,7 @@ def open_rollout(settings: RolloutSettings, *, stage: str = "rollout", family: s
                 cleared_by_run_id=record.rollout_run_id, signing=record.signing,
                 owner_is_dead=owner_is_dead):
             logger.warning("cleared the stale %s alias of %s", alias, family)
-    return RolloutState(settings=settings, record=record)
+    return RolloutContext(settings=settings, record=record, serving=ServingModel(record))
 
 
 SLOT_LEASE_S = float(os.environ.get("KERNELGATE_ROLLOUT_SLOT_LEASE_S", "300"))
@@ -144,49 +161,64 @@ def family_slot(family: str, *, timeout_s: float | None = None) -> Iterator[bool
 @contextlib.contextmanager
 def rollout_session(settings: RolloutSettings, *, stage: str = "rollout",
                     family: str | None = None, clear_stale_aliases: bool = True,
-                    run_name: str | None = None) -> Iterator[RolloutState]:
+                    run_name: str | None = None) -> Iterator[RolloutContext]:
     """A rollout's whole life: the family's lock held (on an embedded store) or its slot
     in the family's Prefect concurrency limit (on a tracking server), the record
     opened, and on any exception the record closed before the exception propagates
     (production untouched, no alias left on the unfinished version, the parent run
-    FAILED — or, after a completed promotion, a note that only bookkeeping failed)."""
+    FAILED — or, after a completed promotion, a note that only bookkeeping failed).
+    What the rollout had done when it failed is read back from its record."""
     family = family or family_of(settings)
     with (rollout.family_lock(settings.store_dir, family) as locked,
           family_slot(family) as slotted):
-        state = open_rollout(settings, stage=stage, family=family,
-                             owner_is_dead=locked or slotted,
-                             clear_stale_aliases=clear_stale_aliases, run_name=run_name)
+        context = open_rollout(settings, stage=stage, family=family,
+                               owner_is_dead=locked or slotted,
+                               clear_stale_aliases=clear_stale_aliases, run_name=run_name)
         try:
-            yield state
+            yield context
         except BaseException as err:
-            _close_failed(state, f"{type(err).__name__}: {err}")
+            _close_failed(context.record, f"{type(err).__name__}: {err}")
             raise
         finally:
-            if state.versions is not None:
-                state.versions.close()
+            context.serving.close()
 
 
-def _close_failed(state: RolloutState, reason: str) -> None:
-    record = state.record
-    if state.closed:
+def built_version(record: rollout.RolloutRecord) -> str | None:
+    """The model version this rollout's build registered (its build run is a child of
+    the rollout run), or None."""
+    client = record.tracking.client()
+    experiment_id = client.get_run(record.rollout_run_id).info.experiment_id
+    for run in client.search_runs([experiment_id], filter_string=(
+            f"tags.`{tags.PARENT}` = '{record.rollout_run_id}' and tags.`{tags.STAGE}` = 'build'")):
+        for version in client.search_model_versions(f"run_id = '{run.info.run_id}'"):
+            return str(version.version)
+    return None
+
+
+def _close_failed(record: rollout.RolloutRecord, reason: str) -> None:
+    """Close a failed rollout by what its record says it did: nothing when its outcome
+    is written (the run ended); a note when its candidate already serves (promoted);
+    else the candidate (if one was registered) rejected and the run FAILED."""
+    if record.tracking.client().get_run(record.rollout_run_id).info.status != "RUNNING":
         return
-    state.closed = True
-    if state.promoted:
-        rollout.close_rollout(record, result="promoted", stage="promotion", version=state.version,
+    version = built_version(record)
+    if version is not None and version == registered_model.alias_version(record.tracking, record.family,
+                                                                  "production"):
+        rollout.close_rollout(record, result="promoted", stage="promotion", version=version,
                               reason=f"promoted; a step after the promotion failed: {reason}")
         return
     try:
-        if state.version is not None:
-            registry.reject(record.tracking, record.family, state.version,
+        if version is not None:
+            registry.reject(record.tracking, record.family, version,
                             f"rollout failed: {reason}", signing=record.signing,
                             parent_run_id=record.rollout_run_id)
     finally:
         rollout.close_rollout(record, result="failed", stage="error", reason=reason,
-                              version=state.version)
+                              version=version)
 
 
 @stage_task(name="preregister")
-def preregister(state: RolloutState) -> None:
+def preregister(context: RolloutContext) -> Preregistered:
     """Freeze the thresholds file in MLflow, signed, before anything is evaluated.
 
     Raises:
@@ -194,15 +226,16 @@ def preregister(state: RolloutState) -> None:
         lineage.registration.LooseningRefused: it loosens the family's thresholds after a
             rejection without a named approval.
     """
-    record, settings = state.record, state.settings
+    record, settings = context.record, context.settings
     approval = settings.loosening_approval.read_bytes() if settings.loosening_approval else None
-    if state.testset_dir is None:  # its digest is bound by the registration
-        prepare_testset.fn(state)
-    state.registration = registration.preregister(
+    # the test set's digest is bound by the registration: prepared first (idempotent)
+    testset_dir = prepare_testset.fn(context).testset_dir
+    registered = registration.preregister(
         settings.thresholds, tracking=record.tracking, family=record.family,
         signing=record.signing, parent_run_id=record.rollout_run_id, loosening_approval=approval,
-        bindings=rollout_bindings(settings, state.testset_dir, record.backend))
-    rollout.link(record, {tags.REGISTRATION_ID: state.registration.registration_id})
+        bindings=rollout_bindings(settings, testset_dir, record.backend))
+    rollout.link(record, {tags.REGISTRATION_ID: registered.registration_id})
+    return Preregistered(registration=registered)
 
 
 def rollout_bindings(settings: RolloutSettings, testset_dir, backend: str) -> RolloutBindings:
@@ -216,42 +249,31 @@ def rollout_bindings(settings: RolloutSettings, testset_dir, backend: str) -> Ro
                         documents=load_documents(settings.documents_dir))
 
 
-def encoder(state: RolloutState) -> MiniLM:
-    """The serving model, loaded once per rollout, and the pool of versions that run
-    with it (closed when the rollout's session ends)."""
-    if state.model is None:
-        state.model = MiniLM.load()
-        state.versions = VersionPool(state.record.tracking, state.record.family, state.model,
-                                     state.record.signing.trust)
-    return state.model
-
-
 @stage_task(name="prepare-testset")
-def prepare_testset(state: RolloutState) -> None:
+def prepare_testset(context: RolloutContext) -> Prepared:
     """Load the serving model and the test set (built, deterministically, when missing)."""
-    settings = state.settings
-    encoder(state)
-    profile = settings.testset_profile_for(state.record.backend)
+    settings = context.settings
+    profile = settings.testset_profile_for(context.record.backend)
     folder = settings.testset_dir or settings.store_dir / "testsets" / profile
-    state.testset_dir = ensure_testset(folder, profile=profile,
-                                       documents_dir=settings.documents_dir, model=state.model)
+    return Prepared(testset_dir=ensure_testset(folder, profile=profile,
+                                               documents_dir=settings.documents_dir,
+                                               model=context.model))
 
 
-def finish(state: RolloutState, result: Result, stage: str, reason: str) -> RolloutOutcome:
-    """Close the rollout's record with its outcome, and show it in the Prefect UI."""
-    if state.versions is not None:
-        state.versions.close()
-    decision = state.decision
-    state.closed = True
+def finish(context: RolloutContext, result: Result, stage: str, reason: str, *,
+           version: str | None, decision: GateDecision | None = None) -> RolloutOutcome:
+    """Close the rollout's record with its outcome (``version``: the candidate;
+    ``decision``: its gate decision, summarised), and show it in the Prefect UI."""
+    context.serving.close()
     outcome = rollout.close_rollout(
-        state.record, result=result, stage=stage, reason=reason, version=state.version,
+        context.record, result=result, stage=stage, reason=reason, version=version,
         decision_summary=decision.summary if decision else None,
         not_assessed_note=decision.not_assessed_note if decision else None)
     logger = run_logger()
     try:
         create_markdown_artifact(outcome.markdown(),
-                                 key=f"rollout-{state.record.family.replace('_', '-').lower()}",
-                                 description=f"kernelgate rollout of {state.record.family}")
+                                 key=f"rollout-{context.record.family.replace('_', '-').lower()}",
+                                 description=f"kernelgate rollout of {context.record.family}")
     except Exception as err:  # noqa: BLE001 - the MLflow record is complete; this is a courtesy
         logger.warning("could not write the Prefect summary artifact: %s", err)
     logger.info("rollout %s: %s at %s — %s", outcome.family, outcome.result, outcome.stage,

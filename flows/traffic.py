@@ -6,10 +6,10 @@ from pydantic import BaseModel
 
 from evaluation import recorded_traffic, serving
 from evaluation.documents import assign_splits, load_documents
-from flows.settings import RolloutState
+from flows.results import Evaluated, Gated, RolloutContext
 from flows.tasks import run_logger, stage_task
 from gates.canary import CanaryStepResult, analyse_canary_step
-from gates.thresholds import CanaryStep
+from gates.canary_plan import CanaryStep
 from lineage import evidence, registered_model, registry, version_runners
 from lineage.records import log_canary_step, log_shadow
 
@@ -23,14 +23,15 @@ class TrafficPlan(BaseModel):
 
 
 @stage_task(name="record-traffic")
-def record_traffic(state: RolloutState) -> TrafficPlan:
-    """Cut the request stream from held-out documents only and log it to the rollout run."""
-    steps = state.thresholds.canary.steps
-    sizes = [state.settings.shadow_requests, *(s.requests for s in steps)]
-    documents = assign_splits(load_documents(state.settings.documents_dir))["heldout"]
+def record_traffic(context: RolloutContext, gated: Gated) -> TrafficPlan:
+    """Cut the request stream from held-out documents only and log it to the rollout
+    run: one segment for shadow, one per step of the registered canary plan."""
+    steps = gated.thresholds.canary.steps
+    sizes = [context.settings.shadow_requests, *(s.requests for s in steps)]
+    documents = assign_splits(load_documents(context.settings.documents_dir))["heldout"]
     traffic = recorded_traffic.record_traffic(documents, sum(sizes), seed=0)
-    evidence.log_traffic(state.record,
-                         traffic.write(state.record.work_dir / "traffic" / "requests-0.json"))
+    evidence.log_traffic(context.record,
+                         traffic.write(context.record.work_dir / "traffic" / "requests-0.json"))
     shadow, *canary = recorded_traffic.split_traffic(traffic, sizes)
     return TrafficPlan(shadow=shadow, canary=list(zip(steps, canary, strict=True)))
 
@@ -44,62 +45,66 @@ def _progress(label: str):
     return report
 
 
-def _judged(state: RolloutState, result: serving.TrafficResult, step: CanaryStep) -> CanaryStepResult:
+def _judged(gated: Gated, evaluated: Evaluated, result: serving.TrafficResult,
+            step: CanaryStep) -> CanaryStepResult:
     # Latency and memory in traffic are judged only where the candidate runs natively.
-    reason = None if state.report.speed_assessed else state.report.speed_not_assessed_reason
+    report = evaluated.report
+    reason = None if report.speed_assessed else report.speed_not_assessed_reason
     candidate_s, production_s = result.matched_latencies()
     return analyse_canary_step(
         step, candidate_s, production_s, result.drifts(),
         result.errors("candidate"), result.nan_count("candidate"), result.memory_start_bytes,
-        result.memory_end_bytes, state.thresholds.canary, latency_not_assessed_reason=reason,
+        result.memory_end_bytes, gated.thresholds.canary, latency_not_assessed_reason=reason,
         memory_not_assessed_reason=reason, production_error_count=result.errors("production"),
         served=(result.served_count("candidate"), result.served_count("production")))
 
 
-def _endpoints(state: RolloutState, alias: registered_model.Alias) -> tuple[serving.Endpoint, serving.Endpoint]:
-    production = version_runners.endpoint(state.versions, "production")
-    candidate = version_runners.endpoint(state.versions, alias, expect_version=state.version)
+def _endpoints(context: RolloutContext, alias: registered_model.Alias,
+               version: str) -> tuple[serving.Endpoint, serving.Endpoint]:
+    production = version_runners.endpoint(context.versions, "production")
+    candidate = version_runners.endpoint(context.versions, alias, expect_version=version)
     return production, candidate
 
 
 @stage_task(name="shadow")
-def shadow(state: RolloutState, traffic: recorded_traffic.RecordedTraffic) -> CanaryStepResult:
+def shadow(context: RolloutContext, gated: Gated, evaluated: Evaluated,
+           traffic: recorded_traffic.RecordedTraffic) -> CanaryStepResult:
     """Shadow stage: production serves, the candidate (alias ``shadow``) is mirrored and
     judged with the canary plan's limits (drift, errors, NaN, latency where native)."""
-    record = state.record
-    registry.assign_shadow(record.tracking, record.family, state.version,
+    record, version = context.record, gated.version
+    registry.assign_shadow(record.tracking, record.family, version,
                            signing=record.signing, owner_run_id=record.rollout_run_id)
-    production, candidate = _endpoints(state, "shadow")
-    serving.warm_up(traffic.requests, [production, candidate], state.model)  # compile first
+    production, candidate = _endpoints(context, "shadow", version)
+    serving.warm_up(traffic.requests, [production, candidate], context.model)  # compile first
     result = serving.replay_shadow(traffic.requests, production, candidate,
                                    progress=_progress("shadow"))
     # The candidate sees every shadow request (mirrored) but serves none of them.
-    judged = _judged(state, result, CanaryStep(name="shadow", traffic_fraction=1.0,
-                                               requests=len(traffic.requests)))
-    run_id = log_shadow(record.tracking, record.family, state.version, result, judged,
-                        decision_run_id=state.decision_run_id, signing=record.signing,
+    judged = _judged(gated, evaluated, result, CanaryStep(
+        name="shadow", traffic_fraction=1.0, requests=len(traffic.requests)))
+    run_id = log_shadow(record.tracking, record.family, version, result, judged,
+                        decision_run_id=gated.run_id, signing=record.signing,
                         parent_run_id=record.rollout_run_id)
-    registered_model.link_traffic_run(record.tracking, record.family, state.version, "shadow", run_id)
+    registered_model.link_traffic_run(record.tracking, record.family, version, "shadow", run_id)
     run_logger().info("shadow: %s", serving.traffic_summary(result))
     return judged
 
 
 @stage_task(name="canary-step")
-def canary_step(state: RolloutState, step: CanaryStep,
+def canary_step(context: RolloutContext, gated: Gated, evaluated: Evaluated, step: CanaryStep,
                 traffic: recorded_traffic.RecordedTraffic) -> CanaryStepResult:
     """One canary step: ``step.traffic_fraction`` of the step's requests served by the
     candidate (alias ``canary``), then analysed against the preregistered plan."""
-    record = state.record
-    production, candidate = _endpoints(state, "canary")
-    serving.warm_up(traffic.requests, [production, candidate], state.model)
+    record, version = context.record, gated.version
+    production, candidate = _endpoints(context, "canary", version)
+    serving.warm_up(traffic.requests, [production, candidate], context.model)
     result = serving.replay_canary_step(traffic.requests, step.traffic_fraction, production,
                                         candidate, salt=f"{record.rollout_run_id}:{step.name}",
                                         progress=_progress(step.name))
-    judged = _judged(state, result, step)
-    run_id = log_canary_step(record.tracking, record.family, judged, version=state.version,
-                             decision_run_id=state.decision_run_id, signing=record.signing,
+    judged = _judged(gated, evaluated, result, step)
+    run_id = log_canary_step(record.tracking, record.family, judged, version=version,
+                             decision_run_id=gated.run_id, signing=record.signing,
                              parent_run_id=record.rollout_run_id)
-    registered_model.link_traffic_run(record.tracking, record.family, state.version, "canary", run_id)
+    registered_model.link_traffic_run(record.tracking, record.family, version, "canary", run_id)
     run_logger().info("%s: %s -> %s", step.name, serving.traffic_summary(result),
                           "pass" if judged.passed else f"breach: {judged.breaches}")
     return judged

@@ -21,7 +21,7 @@ from pydantic import (
     model_validator,
 )
 
-from gates.thresholds import ApprovalPolicy, Transition
+from gates.approval_policy import ApprovalPolicy, Transition
 
 Text = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
 """Non-blank text: Prefect's server checks the form's JSON schema (``minLength``), which

@@ -25,7 +25,7 @@ from numpy.typing import ArrayLike
 from pydantic import BaseModel, ConfigDict
 from scipy import stats
 
-from gates.thresholds import CanaryPlan, CanaryStep, smallest_p_value
+from gates.canary_plan import CanaryPlan, CanaryStep, smallest_p_value
 
 
 class CanaryStepResult(BaseModel):

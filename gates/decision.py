@@ -30,15 +30,9 @@ from typing import Literal, Protocol
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
+from gates.approval_policy import ApprovalPolicy
 from gates.preregistration import Registration, check_registration
-from gates.thresholds import (
-    PLATFORMS,
-    ApprovalPolicy,
-    ChangeCriterion,
-    Thresholds,
-    ValueCriterion,
-    compare,
-)
+from gates.thresholds import PLATFORMS, ChangeCriterion, Thresholds, ValueCriterion, compare
 
 DECISION_SCHEMA_VERSION = 1
 

@@ -24,35 +24,24 @@ import hashlib
 import math
 import operator
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from pydantic import PrivateAttr, field_validator, model_validator
 
+from gates.approval_policy import ApprovalPolicy
+from gates.canary_plan import CanaryPlan
 from gates.directions import Looser as L
 from gates.directions import limit
+from gates.schema_base import _KEY, _N, Finite, Name, _Strict
 from gates.thresholds_file import SCHEMA_VERSION, read_mapping
 from gates.thresholds_file import upgrade_v1 as upgrade_v1  # re-exported
-
-_N = L.NOT_A_LIMIT
 
 Platform = Literal["tpu", "gpu", "cpu"]
 PLATFORMS: tuple[Platform, ...] = ("tpu", "gpu", "cpu")
 CriterionKind = Literal["accuracy", "speed", "memory"]
 Op = Literal["<=", "<", ">=", ">", "=="]
-Transition = Literal["candidate->shadow", "shadow->canary", "canary->production"]
 
 _OPS = {"<=": operator.le, "<": operator.lt, ">=": operator.ge, ">": operator.gt, "==": operator.eq}
-
-
-def smallest_p_value(n1: int, n2: int) -> float:
-    """The smallest one-sided p-value an exact Mann-Whitney U test can give with samples
-    of ``n1`` and ``n2``: one ordering out of ``C(n1 + n2, n1)`` (1.0 when a side is empty).
-    With 3 vs 3 it is 1/20 = 0.05, so a test at alpha = 0.05 can never reject."""
-    if n1 < 1 or n2 < 1:
-        return 1.0
-    orderings = math.comb(n1 + n2, n1)
-    # a float holds up to ~1e308; beyond it the p-value is 0 for every purpose here
-    return 1.0 / orderings if orderings < 10**300 else 0.0
 
 
 def compare(observed: float, op: Op, threshold: float) -> bool:
@@ -70,21 +59,6 @@ KNOWN_METRICS: frozenset[str] = frozenset(
        "compile.time_s"})
 """Metric names an evaluation report carries (ARCHITECTURE.md, "evaluation"): a criterion
 naming anything else is a typo, refused when loaded, not failed as "missing" later."""
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
-"""Criterion and canary-step names become MLflow metric/tag keys and Prefect keys: letters,
-digits, ``_``, ``.``, ``-`` (no ``%``, spaces or slashes), at most 64 characters."""
-
-Name = Annotated[str, Field(pattern=NAME_PATTERN)]
-Finite = Annotated[float, Field(allow_inf_nan=False)]
-MAX_TIMEOUT_S = 30 * 24 * 3600
-"""An approval can wait at most 30 days: a pause longer than that is not a decision."""
-_KEY = "the key items are matched by: a renamed item reads as one removed and one added"
 
 
 class _Criterion(_Strict):
@@ -177,110 +151,6 @@ class PlatformCriteria(_Strict):
         if dupes:
             raise ValueError(f"criterion names must be unique per platform: {dupes}")
         return self
-
-
-class CanaryStep(_Strict):
-    """One canary step: a deterministic fraction of traffic routed to the candidate."""
-
-    name: Name = limit(_N, why=_KEY)
-    traffic_fraction: Finite = limit(L.ANY_CHANGE, gt=0, le=1)
-    requests: int = limit(L.LOWER, gt=0, le=1_000_000,
-                          description="Requests served during the step (both arms).")
-
-
-class LatencyTest(_Strict):
-    """Preregistered one-sided test "is the candidate slower than production?".
-
-    ``scipy.stats.mannwhitneyu(candidate, production, alternative="greater")``; a step
-    breaches when ``p < alpha`` and the median slowdown ratio is at least
-    ``min_slowdown_ratio`` (practical significance, so a tiny but significant shift on
-    many requests does not abort a rollout).
-    """
-
-    test: Literal["mannwhitneyu"] = limit(L.ANY_CHANGE, default="mannwhitneyu")
-    alternative: Literal["greater"] = limit(L.ANY_CHANGE, default="greater")
-    alpha: Finite = limit(L.LOWER, ge=1e-6, lt=0.5)
-    min_slowdown_ratio: Finite = limit(L.HIGHER, default=1.0, ge=1.0, le=10.0)
-
-
-class CanaryPlan(_Strict):
-    """Steps and per-step failure limits watched during the canary."""
-
-    steps: list[CanaryStep] = limit(L.FEWER, key="name", min_length=1)
-    max_error_count: int = limit(L.HIGHER, ge=0)
-    max_nan_count: int = limit(L.HIGHER, ge=0)
-    max_output_drift: Finite = limit(
-        L.HIGHER, gt=0, lt=1,
-        description="Max rel. L2 between candidate and production embeddings, per request.")
-    latency: LatencyTest = limit(L.NESTED)
-    max_memory_growth_bytes: int = limit(L.HIGHER, ge=0, le=2**40)
-
-    @field_validator("steps")
-    @classmethod
-    def _increasing(cls, steps: list[CanaryStep]) -> list[CanaryStep]:
-        fractions = [s.traffic_fraction for s in steps]
-        if fractions != sorted(set(fractions)):
-            raise ValueError(f"canary traffic fractions must strictly increase, got {fractions}")
-        names = [s.name for s in steps]
-        if len(set(names)) != len(names):
-            raise ValueError(f"canary step names must be unique, got {names}")
-        return steps
-
-    @model_validator(mode="after")
-    def _limits_and_power(self) -> CanaryPlan:
-        fewest = min(s.requests for s in self.steps)
-        for name in ("max_error_count", "max_nan_count"):
-            if getattr(self, name) > fewest:
-                raise ValueError(f"{name} ({getattr(self, name)}) exceeds the requests of the "
-                                 f"smallest step ({fewest}): the limit could never be reached")
-        for step in self.steps:
-            n_candidate = math.floor(step.traffic_fraction * step.requests)
-            # production's latencies are taken on the candidate's requests (mirrored)
-            smallest = smallest_p_value(n_candidate, n_candidate)
-            if smallest >= self.latency.alpha:
-                raise ValueError(
-                    f"canary step {step.name!r}: with about {n_candidate} candidate and "
-                    f"{n_candidate} production latencies (the same requests) the smallest "
-                    "one-sided Mann-Whitney "
-                    f"p-value is {smallest:.3g}, never below alpha={self.latency.alpha:g}: the "
-                    "latency test could never fire; serve more requests in the step")
-        return self
-
-
-class Approver(_Strict):
-    """A person who may approve with their own key (``kernelgate approve``)."""
-
-    name: str = limit(_N, why="a display name; the key is what is trusted", min_length=1)
-    keyid: str = limit(_N, why=_KEY, pattern=r"^[0-9a-f]{64}$")
-    public_key: dict = limit(L.ANY_CHANGE,
-                             description="securesystemslib key dict: keytype, scheme, keyval")
-
-
-class ApprovalPolicy(_Strict):
-    """Which stage transitions need a person, and how long to wait for one."""
-
-    required_for: list[Transition] = limit(L.FEWER, default_factory=list)
-    timeout_s: Finite = limit(
-        _N, why="a timeout rejects: its length changes how long a rollout waits for a person, "
-        "never what passes without one", gt=0, le=MAX_TIMEOUT_S,
-        description="Seconds to wait (at most 30 days); a timeout rejects.")
-    auto_approve: bool = limit(L.FALSE_TO_TRUE, default=False)
-    auto_approve_reason: str | None = limit(_N, why="words kept with auto_approve", default=None)
-    require_signed: bool = limit(
-        L.TRUE_TO_FALSE, default=False, description="Only an approval signed with one of "
-        "`approvers`' keys counts; an answer typed into the Prefect UI is recorded and refused.")
-    approvers: list[Approver] = limit(L.MORE, key="keyid", default_factory=list,
-                                      description="People whose signed approvals are trusted.")
-
-    @model_validator(mode="after")
-    def _reason_for_auto(self) -> ApprovalPolicy:
-        if self.auto_approve and not (self.auto_approve_reason or "").strip():
-            raise ValueError("auto_approve: true needs a non-empty auto_approve_reason")
-        return self
-
-    def requires_person(self, transition: Transition) -> bool:
-        """True when ``transition`` needs a release manager (and auto-approval is off)."""
-        return transition in self.required_for and not self.auto_approve
 
 
 class Thresholds(_Strict):

@@ -5,7 +5,6 @@ from kernels.api import (
     IMPLEMENTATIONS,
     NATIVE_FLASH,
     AttentionFn,
-    Implementation,
     Resolution,
     attention,
     default_backend,
@@ -20,13 +19,15 @@ from kernels.build import build
 from kernels.config import BlockSizes
 from kernels.contract import AttentionSpec, validate
 from kernels.dispatch import GuardedAttention, ResourceLimitError, get_attention_fn
+from kernels.kernel import Capability, Kernel
 from kernels.reference import attention_reference, relative_error
+from kernels.registry import register, registered, unregister
 from kernels.shapes import AttentionShape, random_inputs
 
 __all__ = [
     "AUTO_ORDER", "IMPLEMENTATIONS", "NATIVE_FLASH", "AttentionFn", "AttentionShape",
-    "AttentionSpec", "BlockSizes", "GuardedAttention", "Implementation", "Resolution",
+    "AttentionSpec", "BlockSizes", "Capability", "GuardedAttention", "Kernel", "Resolution",
     "ResourceLimitError", "attention", "attention_reference", "build", "default_backend",
-    "get_attention_fn", "native_flash_kernel", "random_inputs", "relative_error", "resolve",
-    "validate", "why_picked",
+    "get_attention_fn", "native_flash_kernel", "random_inputs", "register", "registered",
+    "relative_error", "resolve", "unregister", "validate", "why_picked",
 ]

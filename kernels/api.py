@@ -2,123 +2,34 @@
 
 ``attention(...)`` validates the call (``kernels.contract``), resolves the
 implementation and dispatches to its kernel. Swapping implementations never
-changes callers (design note "Native, not forced"). Every kernel module exposes the
-same three functions: the kernel ``fn(q, k, v, *, causal, scale, q_lengths,
-kv_lengths, config)``, ``check_supported(spec, backend, config)`` and (for tiled
-kernels) ``resolve_config(spec, config)``. ``kernels.dispatch.get_attention_fn`` binds
+changes callers (design note "Native, not forced"). Every kernel is one
+``kernels.kernel.Kernel`` subclass in its own module, listed in ``kernels.registry``
+(``IMPLEMENTATIONS``, re-exported here): it is callable as the kernel
+``fn(q, k, v, *, causal, scale, q_lengths, kv_lengths, config)`` and declares
+``check_supported(spec, backend, config)`` and ``resolve_config(spec, config)``.
+``kernels.dispatch.get_attention_fn`` binds
 ``attention`` to one implementation under ``jax.jit`` and falls back when a compile runs
 out of a device resource.
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 
 import jax
 from pydantic import BaseModel, Field
 
 from kernels import selection
-from kernels.config import BlockSizes, refuse_block_sizes
+from kernels.config import BlockSizes
 from kernels.contract import AttentionSpec, validate
+from kernels.registry import IMPLEMENTATIONS
 
 logger = logging.getLogger(__name__)
 
 AttentionFn = Callable[..., jax.Array]
 """``fn(q, k, v, *, causal, scale, q_lengths, kv_lengths) -> Array`` (see ARCHITECTURE.md)."""
 
-
-@dataclass(frozen=True)
-class Implementation:
-    """An entry of the registry.
-
-    Attributes:
-        name: registry key.
-        module, function: where the kernel lives (imported lazily, so GPU-only
-            modules cost nothing on other hosts).
-        check_function: the module's capability check
-            ``check_supported(spec, backend, config)``.
-        native_platforms: backends where it is compiled natively ("cpu", "gpu", "tpu");
-            elsewhere it either runs interpreted or not at all (the check says).
-        tiled: whether it takes block sizes (``resolve_config`` in its module).
-        float32_matmul_precision: the ``jax.lax.Precision`` its float32 matrix products
-            run at on every backend (``"highest"``: full float32; recorded in the
-            evaluation report and lineage), or ``None`` when it runs no float32 call.
-        trace_name: the name its kernel carries in HLO and profiler traces (a Pallas
-            kernel's ``name=``, or the ``jax.named_call`` around an XLA kernel), which
-            ``evaluation.profiling`` looks for; ``None`` when it has none.
-    """
-
-    name: str
-    module: str
-    function: str
-    native_platforms: tuple[str, ...]
-    description: str
-    check_function: str = "check_supported"
-    tiled: bool = False
-    float32_matmul_precision: str | None = None
-    trace_name: str | None = None
-
-    def _module(self):
-        return importlib.import_module(self.module)
-
-    def kernel(self) -> Callable[..., jax.Array]:
-        """The kernel ``fn(q, k, v, *, causal, scale, q_lengths, kv_lengths, config)``."""
-        return getattr(self._module(), self.function)
-
-    def check(self, spec: AttentionSpec, backend: str, config: BlockSizes | None = None) -> None:
-        """Raise ``NotImplementedError`` (cannot run ``spec`` on ``backend``) or
-        ``ValueError`` (``config`` is illegal for this kernel), naming the reason."""
-        getattr(self._module(), self.check_function)(spec, backend, config)
-
-    def check_config(self, config: BlockSizes | None) -> None:
-        """Raise ``ValueError`` naming the constraint when ``config`` is not legal for
-        this implementation whatever the call (untiled kernels take no block sizes)."""
-        if not self.tiled:
-            refuse_block_sizes(self.name, config)
-        elif config is not None:
-            self._module().check_block_sizes(config)
-
-    def resolve_config(self, spec: AttentionSpec, config: BlockSizes | None) -> BlockSizes | None:
-        """The concrete block sizes a call runs with (``None`` for untiled kernels)."""
-        if not self.tiled:
-            return None
-        return self._module().resolve_config(spec, config)
-
-    def is_native(self, backend: str) -> bool:
-        return backend in self.native_platforms
-
-
-IMPLEMENTATIONS: dict[str, Implementation] = {
-    impl.name: impl
-    for impl in (
-        Implementation("naive", "kernels.naive", "naive_attention", ("cpu", "gpu", "tpu"),
-                       "materialised logits, softmax, matmul (the baseline)",
-                       float32_matmul_precision="highest",
-                       trace_name="kernelgate_naive_attention"),
-        Implementation("xla", "kernels.xla", "xla_attention", ("cpu", "gpu", "tpu"),
-                       "jax.nn.dot_product_attention(implementation='xla')",
-                       float32_matmul_precision="highest", trace_name="kernelgate_xla_attention"),
-        Implementation("cudnn", "kernels.xla", "cudnn_attention", ("gpu",),
-                       "jax.nn.dot_product_attention(implementation='cudnn')",
-                       check_function="check_cudnn", trace_name="kernelgate_cudnn_attention"),
-        Implementation("pallas_tpu", "kernels.pallas_tpu", "pallas_tpu_attention", ("tpu",),
-                       "flash attention in Pallas/Mosaic TPU (interpreted off-TPU)", tiled=True,
-                       float32_matmul_precision="highest",
-                       trace_name="kernelgate_flash_attention_tpu"),
-        Implementation("pallas_gpu", "kernels.pallas_gpu", "pallas_gpu_attention", ("gpu",),
-                       "flash attention in Pallas for NVIDIA GPUs", tiled=True,
-                       float32_matmul_precision="highest",
-                       trace_name="kernelgate_flash_attention_fwd_gpu"),
-        Implementation("pallas_mosaic_gpu", "kernels.pallas_mosaic_gpu",
-                       "pallas_mosaic_gpu_attention", ("gpu",),
-                       "warp-specialised flash attention in Pallas/Mosaic GPU for Hopper "
-                       "(FlashAttention-3 design; bf16/f16)", tiled=True,
-                       trace_name="kernelgate_flash_fwd_mosaic_gpu"),
-    )
-}
 
 AUTO_ORDER: dict[str, tuple[str, ...]] = {
     "tpu": ("pallas_tpu", "xla", "naive"),
@@ -168,8 +79,14 @@ def check_implementation_name(implementation: str) -> str:
 def native_flash_kernel(implementation: str, backend: str) -> str:
     """The registry name a rollout builds: ``implementation`` itself; for ``auto`` the
     flash kernel of ``backend`` (``NATIVE_FLASH``: on a CPU host the TPU kernel,
-    interpreted); for ``native`` the kernel :func:`attention`'s ``auto`` runs first on
-    ``backend`` (``AUTO_ORDER``: xla on a CPU host).
+    interpreted); for ``native`` the head of ``AUTO_ORDER[backend]`` (xla on a CPU host,
+    pallas_tpu on a TPU, pallas_gpu on a GPU).
+
+    On a CPU or TPU host that head is what :func:`attention`'s ``auto`` runs. On a GPU it
+    is not necessarily: ``auto`` runs, per call shape, what the measured selection table
+    picks (``kernels.selection``; cuDNN for bf16/f16 in today's ``gpu_table.json``) and
+    falls back in ``AUTO_ORDER`` from there, so ``native`` on a GPU is the GPU's own flash
+    kernel, a fixed choice, not a copy of ``auto``'s per-shape pick.
 
     Raises:
         ValueError: unknown implementation name.
@@ -189,6 +106,11 @@ def why_picked(implementation: str, backend: str) -> str:
     """
     name = native_flash_kernel(implementation, backend)
     if implementation == "native":
+        if backend == "gpu":
+            return (f"native -> {name}: the first kernel of this gpu host's fallback order; "
+                    f"kernels.attention(implementation='auto') instead runs what the measured "
+                    f"selection table (kernels/gpu_table.json) picks per shape, e.g. cudnn "
+                    f"for bf16/f16")
         return (f"native -> {name}: the kernel kernels.attention(implementation='auto') runs "
                 f"first on this {backend} host")
     if implementation != "auto":
@@ -247,7 +169,7 @@ def resolve(implementation: str = "auto", spec: AttentionSpec | None = None,
         if spec is not None:
             impl.check(spec, backend, config)
             wanted = config
-            if implementation in selection.TUNED and backend == "gpu" and (
+            if impl.tuned and backend == "gpu" and (
                     config is None or config.is_empty()):
                 # No tiling given: the measured table's, as for auto (fitted to the device).
                 wanted = selection.select_pallas_config(spec.shape, implementation=implementation)

@@ -31,6 +31,7 @@ from pydantic import BaseModel, Field
 from kernels.api import IMPLEMENTATIONS, Resolution, default_backend, resolve
 from kernels.config import BlockSizes
 from kernels.contract import validate
+from kernels.kernel import Kernel
 from kernels.shapes import AttentionShape
 
 EXPORT_PLATFORMS = ("cpu", "cuda", "tpu")
@@ -38,19 +39,15 @@ EXPORT_PLATFORMS = ("cpu", "cuda", "tpu")
 
 _BACKEND_OF_PLATFORM = {"cpu": "cpu", "cuda": "gpu", "rocm": "gpu", "tpu": "tpu"}
 
-_TRACE_TIME_LOWERING = frozenset({"pallas_tpu", "pallas_gpu"})
-"""Implementations that choose native vs interpreted lowering when traced: from a
-host of another platform they can only be exported through their module's
-``export_context(platform)``; without one the artifact would be the interpreter."""
-
-_NEEDS_TARGET_DEVICE = frozenset({"cudnn"})
-"""Implementations whose lowering queries the target device (cuDNN's version), so
-they export only from a host that has it."""
-
 PACKAGE_DIR = Path(__file__).resolve().parent
 SOURCE_PATTERNS = ("*.py", "*.json")
-"""Files of the kernels package whose content can change what a kernel computes or
-which kernel ``auto`` picks (the selection table is JSON): all of them are fingerprinted."""
+"""Files of the kernels package whose content can change what a kernel computes, how
+fast it runs or which kernel ``auto`` picks (the selection table ``gpu_table.json`` is
+JSON): all of them are fingerprinted, bar ``EXCLUDED_PARTS``."""
+EXCLUDED_PARTS = ("__pycache__", "tools")
+"""Folders of the package left out of the fingerprint: caches, and ``kernels/tools``
+(benchmark, serving benchmark, autotuner, their results and notes), which run kernels
+but cannot change one."""
 
 
 class CompilerMemory(BaseModel):
@@ -134,10 +131,12 @@ def _sha256(data: bytes) -> str:
 
 def source_digests(package_dir: Path = PACKAGE_DIR) -> dict[str, str]:
     """sha256 of every source file of the kernels package (``SOURCE_PATTERNS``), keyed
-    by path relative to the package. A change anywhere in it (the dispatch in
-    ``api.py`` included) changes the build's fingerprint."""
+    by path relative to ``package_dir``, leaving out ``EXCLUDED_PARTS`` (the tools). A
+    change anywhere else in it (the dispatch in ``api.py`` included) changes the
+    build's fingerprint."""
+    package_dir = Path(package_dir)
     files = sorted({f for pattern in SOURCE_PATTERNS for f in package_dir.rglob(pattern)
-                    if "__pycache__" not in f.parts and "bench_results" not in f.parts})
+                    if not set(f.relative_to(package_dir).parts) & set(EXCLUDED_PARTS)})
     return {f.relative_to(package_dir).as_posix(): _sha256(f.read_bytes()) for f in files}
 
 
@@ -250,14 +249,14 @@ def _export_skip_reason(implementation: str, platform: str, spec, local_backend:
         impl.check(spec, backend)
     except NotImplementedError as err:
         return str(err)
-    if implementation in _NEEDS_TARGET_DEVICE and backend != local_backend:
+    if impl.export_needs_local_device and backend != local_backend:
         return (f"{implementation} lowering needs a local {platform} device (it queries the "
                 f"library version); this host is {local_backend}")
-    module = importlib.import_module(impl.module)
-    if (implementation in _TRACE_TIME_LOWERING and backend != local_backend
-            and not hasattr(module, "export_context")):
-        return (f"{impl.module} has no export_context(platform): from a {local_backend} host it "
-                f"would export its interpreter, not the {platform} kernel")
+    if (impl.lowers_at_trace_time and backend != local_backend
+            and type(impl).export_context is Kernel.export_context):
+        return (f"{implementation} lowers natively or interpreted when traced and declares no "
+                f"export_context(platform): from a {local_backend} host it would export its "
+                f"interpreter, not the {platform} kernel")
     return None
 
 
@@ -289,11 +288,11 @@ def export_for(implementation: str, config: BlockSizes | None, shape: AttentionS
     reason = _export_skip_reason(implementation, platform, spec, local_backend)
     if reason is not None:
         return ExportArtifact(platform=platform, status="skipped", reason=reason)
-    module = importlib.import_module(IMPLEMENTATIONS[implementation].module)
-    context = getattr(module, "export_context", lambda _p: contextlib.nullcontext())
+    impl = IMPLEMENTATIONS[implementation]
+    context = impl.export_context
     # A kernel whose lowering embeds a version-bound custom call (e.g. Triton IR) says
     # which safety checks its export must waive; the waiver is recorded as the reason.
-    disabled = getattr(module, "export_disabled_checks", lambda _p: [])(platform)
+    disabled = impl.export_disabled_checks(platform)
     fn = jax.jit(_bound_fn(implementation, config, shape.causal, with_lengths))
     try:
         with context(platform), _reproducible_locations():

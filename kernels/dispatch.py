@@ -27,7 +27,7 @@ implementation, its tiling and the limit XLA reported. Later calls of a signatur
 the fast path (one dictionary lookup, a few microseconds, then the jitted function).
 
 Each jitted function is named after the kernel it resolves to
-(``Implementation.trace_name``), so HLO dumps and profiler traces show which kernel ran
+(``Kernel.trace_name``), so HLO dumps and profiler traces show which kernel ran
 (``PjitFunction(kernelgate_flash_attention_fwd_gpu)``; ``evaluation.profiling``).
 """
 
@@ -112,7 +112,7 @@ class GuardedAttention:
 
     def _fn(self, exclude: tuple[tuple[str, str], ...], name: str) -> AttentionFn:
         """The jitted attention for one exclusion set, named after the kernel it resolves
-        to (``Implementation.trace_name``): the name of its HLO module and of its dispatch
+        to (``Kernel.trace_name``): the name of its HLO module and of its dispatch
         event in a profiler trace (``PjitFunction(<name>)``)."""
         fn = self._fns.get((exclude, name))
         if fn is None:

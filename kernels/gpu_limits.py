@@ -33,7 +33,7 @@ sum across warps). The masked-loop term is always counted (conservative: every c
 call, every call with lengths or a ragged tail has that loop).
 
 Calibration against the measured failures and successes on the H200 (issue 11 and
-``kernels/NOTES-gpu.md``; JAX 0.11.2; the unmasked/masked figures are the non-causal and
+``kernels/tools/NOTES-gpu.md``; JAX 0.11.2; the unmasked/masked figures are the non-causal and
 causal calls of one sweep):
 
 ========================================  ==================  ==========================

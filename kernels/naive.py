@@ -18,6 +18,7 @@ import jax.numpy as jnp
 
 from kernels.config import BlockSizes, refuse_block_sizes
 from kernels.contract import AttentionSpec, row_has_key, visibility_mask, zero_padding
+from kernels.kernel import Kernel
 
 FLOAT32_PRECISION = jax.lax.Precision.HIGHEST
 """Matrix-product precision of float32 calls (declared in the registry as ``highest``)."""
@@ -72,3 +73,20 @@ def naive_attention(q, k, v, *, causal, scale, q_lengths, kv_lengths, config=Non
 
 
 naive_attention = jax.named_call(naive_attention, name="kernelgate_naive_attention")
+
+
+class NaiveKernel(Kernel):
+    """The registry's ``naive``: every call on every backend, untiled (the baseline)."""
+
+    name = "naive"
+    description = "materialised logits, softmax, matmul (the baseline)"
+    native_platforms = ("cpu", "gpu", "tpu")
+    float32_matmul_precision = "highest"
+    trace_name = "kernelgate_naive_attention"
+
+    def __call__(self, q, k, v, *, causal, scale, q_lengths, kv_lengths, config=None):
+        return naive_attention(q, k, v, causal=causal, scale=scale, q_lengths=q_lengths,
+                               kv_lengths=kv_lengths, config=config)
+
+    def check_supported(self, spec, backend, config=None):
+        check_supported(spec, backend, config)

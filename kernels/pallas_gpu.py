@@ -55,6 +55,7 @@ from kernels.gpu_limits import (
     shared_memory_budget,
     shared_memory_bytes,
 )
+from kernels.kernel import Capability, Kernel, round_up
 
 KERNEL_NAME = "kernelgate_flash_attention_fwd_gpu"
 """Name of the ``pallas_call``: visible in HLO dumps and profiler traces."""
@@ -87,7 +88,7 @@ FLOAT32_PRECISIONS = {
 * ``DEFAULT``/``HIGH`` -> ``input_precision=tf32``: one TF32 product (2^-11; the issue's
   2-5e-4 errors), never used here.
 
-The two emulations trade accuracy for tensor-core speed; ``kernels.bench_serving`` times
+The two emulations trade accuracy for tensor-core speed; ``kernels.tools.bench_serving`` times
 and scores them at the serving shapes so the choice is made on measurements.
 """
 
@@ -130,7 +131,7 @@ def default_config(head_dim: int) -> BlockSizes:
     shared-memory fit of :func:`resolve_config`).
 
     The winners of the first H200 sweep (JAX 0.11.2, bf16, seq 1024..16384; see
-    kernels/NOTES-gpu.md): 64x64 tiles with 4 warps and 3 stages at head_dim <= 64,
+    kernels/tools/NOTES-gpu.md): 64x64 tiles with 4 warps and 3 stages at head_dim <= 64,
     128x128 tiles with 8 warps (two warpgroups of 64 rows) and 3 stages at 128; at 256
     smaller tiles so the accumulator and the K/V stages fit registers and shared
     memory (not measured). Measured choices in gpu_table.json take precedence. For
@@ -360,10 +361,6 @@ def _floor_div(x, divisor: int):
     return x // divisor if isinstance(x, int) else lax.div(x, jnp.int32(divisor))
 
 
-def _round_up(x: int, multiple: int) -> int:
-    return -(-x // multiple) * multiple
-
-
 def pallas_gpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool,
                          scale: float, q_lengths: jax.Array | None,
                          kv_lengths: jax.Array | None, config: BlockSizes | None = None,
@@ -413,7 +410,7 @@ def pallas_gpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bo
     block_q = min(cfg.block_q, max(16, 1 << (q_len - 1).bit_length()))
     block_kv = min(cfg.block_kv, max(16, 1 << (kv_len - 1).bit_length()))
     d_pad = padded_head_dim(head_dim)
-    q_pad, kv_pad = _round_up(q_len, block_q), _round_up(kv_len, block_kv)
+    q_pad, kv_pad = round_up(q_len, block_q), round_up(kv_len, block_kv)
     if (q_pad, d_pad) != (q_len, head_dim):
         q = jnp.pad(q, ((0, 0), (0, q_pad - q_len), (0, 0), (0, d_pad - head_dim)))
     if (kv_pad, d_pad) != (kv_len, head_dim):
@@ -470,3 +467,39 @@ def pallas_gpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bo
     if (q_pad, d_pad) != (q_len, head_dim):
         out = out[:, :q_len, :, :head_dim]
     return out
+
+
+class PallasGpuKernel(Kernel):
+    """The registry's ``pallas_gpu``: native on an NVIDIA GPU (Triton lowering), Pallas
+    interpret mode on a CPU; every ``BlockSizes`` field; tuned by the GPU table; its
+    Triton custom call is exported with the compatibility check waived."""
+
+    name = "pallas_gpu"
+    description = "flash attention in Pallas for NVIDIA GPUs"
+    native_platforms = ("gpu",)
+    capability = Capability(dtypes=SUPPORTED_DTYPES, max_head_dim=MAX_HEAD_DIM)
+    config_fields = ("block_q", "block_kv", "num_warps", "num_stages")
+    float32_matmul_precision = "highest"
+    trace_name = KERNEL_NAME
+    tuned = True
+    ours = True
+    lowers_at_trace_time = True
+
+    def __call__(self, q, k, v, *, causal, scale, q_lengths, kv_lengths, config=None):
+        return pallas_gpu_attention(q, k, v, causal=causal, scale=scale, q_lengths=q_lengths,
+                                    kv_lengths=kv_lengths, config=config)
+
+    def check_block_sizes(self, config):
+        check_block_sizes(config)
+
+    def check_supported(self, spec, backend, config=None):
+        check_supported(spec, backend, config)
+
+    def resolve_config(self, spec, config):
+        return resolve_config(spec, config)
+
+    def export_context(self, platform):
+        return export_context(platform)
+
+    def export_disabled_checks(self, platform):
+        return export_disabled_checks(platform)

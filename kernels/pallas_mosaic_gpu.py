@@ -28,7 +28,7 @@ arXiv:2407.08608), exact attention with an online softmax (FlashAttention-2, Dao
 - **Persistent grid.** ``min(#SMs, #tiles)`` CTAs walk the tiles (batch, head, query
   pair of ``2 * block_q`` rows) with ``plgpu.nd_loop``; the key/value ring keeps
   streaming across tile boundaries. Tiles of one head are consecutive (they share K/V
-  in L2). With ``causal``, :func:`tile_schedule` gives each CTA a heavy and a light
+  in L2). With ``causal``, ``kernels.tile_schedule`` gives each CTA a heavy and a light
   query pair of one head in turn (``Q-1-i`` then ``i``), so every CTA does about the
   same causal work (max/mean per-CTA K/V blocks 1.03 instead of 1.57 at B1 H16 S16384).
 - **Causal** (top-left): blocks above the diagonal are never loaded; blocks every row
@@ -95,6 +95,8 @@ from jax import lax
 
 from kernels.config import BlockSizes
 from kernels.contract import AttentionSpec
+from kernels.kernel import Capability, Kernel, round_up
+from kernels.tile_schedule import tile_schedule
 
 KERNEL_NAME = "kernelgate_flash_fwd_mosaic_gpu"
 """Name of the Mosaic GPU kernel (visible in profiles)."""
@@ -340,67 +342,6 @@ class _Ops:
             after_issue()
 
         return pl.run_state(body)(plgpu.ACC.init(acc))
-
-
-def tile_schedule(step, *, batch_heads: int, num_q_pairs: int, num_ctas: int, causal: bool):
-    """``(flat batch·head, query pair)`` of persistent step ``step`` (an int32 array:
-    a scalar in the kernel, a vector in tests). ``plgpu.nd_loop`` hands step ``t`` to
-    CTA ``t mod num_ctas``, so this bijection decides what each CTA computes.
-
-    Without ``causal`` (every tile the same work): head-major, query pairs in order.
-
-    With ``causal`` and an even ``num_q_pairs`` (``Q``): the query pairs of a head form
-    *units* ``(Q-1-i, i)``, a heavy and a light pair whose K/V block counts add up to
-    (nearly) the same number for every ``i``: ``(Q + 1) · 2·block_q / block_kv`` when
-    ``block_kv`` divides ``2·block_q``, ``Q/2 + 1`` at 64/256. Unit ``u`` of each
-    round of ``num_ctas`` units goes to CTA ``u mod num_ctas``, which runs its heavy pair
-    at step ``2r`` and its light pair at step ``2r + 1``, so every CTA does the same
-    causal work up to one unit. The last, partial round is split so that the CTAs that
-    get a tile there get either a whole unit or a single pair. This is the heavy/light
-    pairing of the "zigzag" causal load balancing used for context parallelism (e.g.
-    Megatron-LM's context parallel, ring-flash-attention's ``zigzag_ring_flash_attn``;
-    Brandon et al. 2023, "Striped Attention", arXiv:2311.09431, discuss the imbalance),
-    applied to a static persistent grid. FlashAttention-3's persistent schedulers
-    (``hopper/tile_scheduler.hpp``, ``DynamicPersistentTileScheduler``) instead hand
-    tiles out longest-processing-time-first through an atomic counter, over sections of
-    heads sized for L2; with this kernel's static strided hand-out, longest-first alone
-    left CTAs with 435 to 1568 K/V blocks at causal B1 H16 S16384 (mean 1001;
-    kernels/NOTES-gpu.md).
-    Consecutive units are consecutive pairs of one head, so the tiles in flight at one
-    time still come from about ``num_ctas / (Q/2)`` heads (their K/V shared in L2).
-
-    Causal with an odd ``Q`` keeps the plain rotation, heaviest pair first.
-    """
-    step = jnp.asarray(step, jnp.int32)
-
-    def div(a, d):
-        return lax.div(a, jnp.int32(d))
-
-    def rem(a, d):
-        return lax.rem(a, jnp.int32(d))
-
-    q = num_q_pairs
-    if not causal or q % 2:
-        qi = rem(step, q)
-        return div(step, q), (q - 1 - qi) if causal else qi
-    half = q // 2
-    p = num_ctas
-    full_rounds, rest = divmod(batch_heads * half, p)  # batch_heads * half units
-    paired_in_tail = max(2 * rest - p, 0)  # tail CTAs that get a whole unit
-    k, j = div(step, p), rem(step, p)
-    tail_base = full_rounds * p
-    single = j - paired_in_tail  # index among the tail's single pairs
-    in_tail = k >= 2 * full_rounds
-    tail_pair = j < paired_in_tail
-    unit = jnp.where(in_tail,
-                     jnp.where(tail_pair, tail_base + j, tail_base + paired_in_tail
-                               + div(jnp.maximum(single, 0), 2)),
-                     div(k, 2) * p + j)
-    light = jnp.where(in_tail,
-                      jnp.where(tail_pair, k - 2 * full_rounds, rem(jnp.maximum(single, 0), 2)),
-                      rem(k, 2))
-    i = rem(unit, half)
-    return div(unit, half), jnp.where(light == 1, i, q - 1 - i)
 
 
 def _tile_coords(plan: _Plan, index):
@@ -649,10 +590,6 @@ def _num_sms() -> int:
     return DEFAULT_NUM_SMS
 
 
-def _round_up(x: int, multiple: int) -> int:
-    return -(-x // multiple) * multiple
-
-
 def pallas_mosaic_gpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool,
                                 scale: float, q_lengths: jax.Array | None,
                                 kv_lengths: jax.Array | None, config: BlockSizes | None = None,
@@ -700,8 +637,8 @@ def pallas_mosaic_gpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, cau
                          f"{need} bytes of shared memory, over {SMEM_LIMIT_BYTES}")
 
     d_pad = _padded_head_dim(head_dim)
-    q_pad = _round_up(q_len, 2 * cfg.block_q)
-    kv_pad = _round_up(kv_len, cfg.block_kv)
+    q_pad = round_up(q_len, 2 * cfg.block_q)
+    kv_pad = round_up(kv_len, cfg.block_kv)
     if kv_lengths is not None:
         # 0 * NaN is NaN: padding rows of V must hold finite values for P V.
         keep = jnp.arange(kv_len)[None, :, None, None] < kv_lengths[:, None, None, None]
@@ -742,3 +679,33 @@ def pallas_mosaic_gpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, cau
     if (q_pad, d_pad) != (q_len, head_dim):
         out = out[:, :q_len, :, :head_dim]
     return out
+
+
+class PallasMosaicGpuKernel(Kernel):
+    """The registry's ``pallas_mosaic_gpu``: native on a Hopper GPU only (no CPU mode),
+    bf16/f16, head_dim <= 256; tuned by the GPU table. Mosaic GPU is imported inside the
+    call, so declaring the class costs a CPU host nothing."""
+
+    name = "pallas_mosaic_gpu"
+    description = ("warp-specialised flash attention in Pallas/Mosaic GPU for Hopper "
+                   "(FlashAttention-3 design; bf16/f16)")
+    native_platforms = ("gpu",)
+    capability = Capability(dtypes=SUPPORTED_DTYPES, max_head_dim=MAX_HEAD_DIM)
+    config_fields = ("block_q", "block_kv", "num_warps", "num_stages")
+    trace_name = KERNEL_NAME
+    tuned = True
+    ours = True
+
+    def __call__(self, q, k, v, *, causal, scale, q_lengths, kv_lengths, config=None):
+        return pallas_mosaic_gpu_attention(q, k, v, causal=causal, scale=scale,
+                                           q_lengths=q_lengths, kv_lengths=kv_lengths,
+                                           config=config)
+
+    def check_block_sizes(self, config):
+        check_block_sizes(config)
+
+    def check_supported(self, spec, backend, config=None):
+        check_supported(spec, backend, config)
+
+    def resolve_config(self, spec, config):
+        return resolve_config(spec, config)

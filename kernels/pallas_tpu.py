@@ -52,6 +52,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from kernels.config import BlockSizes
 from kernels.contract import AttentionSpec
+from kernels.kernel import Kernel, round_up
 
 KERNEL_NAME = "kernelgate_flash_attention_tpu"
 """Name of the ``pallas_call``; it shows in lowered HLO and in profiler traces."""
@@ -95,10 +96,6 @@ def _interpret_params() -> pltpu.InterpretParams | bool:
     if _MOSAIC_LOWERING.value or jax.default_backend() == "tpu":
         return False
     return pltpu.InterpretParams()
-
-
-def _round_up(x: int, multiple: int) -> int:
-    return -(-x // multiple) * multiple
 
 
 @dataclass(frozen=True)
@@ -177,12 +174,12 @@ def plan_tiling(q_len: int, kv_len: int, head_dim: int, config: BlockSizes | Non
     """
     check_block_sizes(config or BlockSizes())
     config = resolve_config(None, config)
-    block_q = min(config.block_q, _round_up(q_len, SUBLANES))
-    block_kv = min(config.block_kv, _round_up(kv_len, LANES))
+    block_q = min(config.block_q, round_up(q_len, SUBLANES))
+    block_kv = min(config.block_kv, round_up(kv_len, LANES))
     tiling = Tiling(block_q=block_q, block_kv=block_kv,
-                    q_len_padded=_round_up(q_len, block_q),
-                    kv_len_padded=_round_up(kv_len, block_kv),
-                    head_dim_padded=_round_up(head_dim, LANES))
+                    q_len_padded=round_up(q_len, block_q),
+                    kv_len_padded=round_up(kv_len, block_kv),
+                    head_dim_padded=round_up(head_dim, LANES))
     need = tiling.vmem_bytes(itemsize)
     if need > VMEM_BUDGET_BYTES:
         raise ValueError(
@@ -386,8 +383,37 @@ def pallas_tpu_attention(q, k, v, *, causal: bool, scale: float, q_lengths=None,
     return jnp.transpose(out[:, :, :q_len, :head_dim], (0, 2, 1, 3))
 
 
+class PallasTpuKernel(Kernel):
+    """The registry's ``pallas_tpu``: native on a TPU, TPU interpret mode on a CPU;
+    block_q/block_kv only; lowers natively or interpreted when traced."""
+
+    name = "pallas_tpu"
+    description = "flash attention in Pallas/Mosaic TPU (interpreted off-TPU)"
+    native_platforms = ("tpu",)
+    config_fields = ("block_q", "block_kv")
+    float32_matmul_precision = "highest"
+    trace_name = KERNEL_NAME
+    lowers_at_trace_time = True
+
+    def __call__(self, q, k, v, *, causal, scale, q_lengths, kv_lengths, config=None):
+        return pallas_tpu_attention(q, k, v, causal=causal, scale=scale, q_lengths=q_lengths,
+                                    kv_lengths=kv_lengths, config=config)
+
+    def check_block_sizes(self, config):
+        check_block_sizes(config)
+
+    def check_supported(self, spec, backend, config=None):
+        check_supported(spec, backend, config)
+
+    def resolve_config(self, spec, config):
+        return resolve_config(spec, config)
+
+    def export_context(self, platform):
+        return export_context(platform)
+
+
 __all__ = [
-    "DEFAULT_BLOCK_SIZES", "KERNEL_NAME", "LANES", "SUBLANES", "Tiling", "VMEM_BUDGET_BYTES",
+    "DEFAULT_BLOCK_SIZES", "KERNEL_NAME", "LANES", "PallasTpuKernel", "SUBLANES", "Tiling", "VMEM_BUDGET_BYTES",
     "check_block_sizes", "check_supported", "export_context", "kv_block_index",
     "mosaic_lowering", "pallas_tpu_attention", "resolve_config",
     "plan_tiling",

@@ -1,6 +1,6 @@
 """The measured GPU selection table behind ``implementation="auto"`` on a GPU.
 
-``kernels/gpu_table.json`` is written by ``python -m kernels.autotune`` on a GPU: per
+``kernels/gpu_table.json`` is written by ``python -m kernels.tools.autotune`` on a GPU: per
 tuned shape, which of pallas_gpu, pallas_mosaic_gpu and cuDNN was fastest (among the
 candidates whose output agreed with cuDNN) and the best tiling of each Pallas kernel.
 This module only reads it; :func:`select_gpu_implementation` picks the entry of the
@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 import math
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, Field, model_validator
 
@@ -36,14 +36,16 @@ from kernels.gpu_limits import (
     shared_memory_bytes,
 )
 from kernels.pallas_gpu import default_config, fitted_config
+from kernels.registry import IMPLEMENTATIONS, tuned
 from kernels.shapes import AttentionShape
 
 TABLE_SCHEMA_VERSION = 1
 DEFAULT_TABLE_PATH = Path(__file__).with_name("gpu_table.json")
 CUDNN_DTYPES = ("bfloat16", "float16")
-MOSAIC_DTYPES = ("bfloat16", "float16")
-TUNED = ("pallas_gpu", "pallas_mosaic_gpu")
-"""The implementations whose tilings the table records."""
+"""The dtypes of the documented default without a table (cuDNN's)."""
+TABLE_FIELDS = {"pallas_gpu": "pallas_config", "pallas_mosaic_gpu": "mosaic_config"}
+"""Where schema version 1 keeps the tiling of the first two tuned kernels; any other
+kernel the registry declares ``tuned`` keeps its tiling in ``TableEntry.configs``."""
 
 
 class CandidateResult(BaseModel):
@@ -66,13 +68,17 @@ class TableEntry(BaseModel):
     num_heads: int
     head_dim: int
     causal: bool
-    best: Literal["pallas_gpu", "cudnn", "pallas_mosaic_gpu"]
+    best: str = Field(description="registry name of the fastest correct implementation")
     tflops: dict[str, float] = Field(description="implementation -> TFLOP/s (best tiling)")
     pallas_config: dict[str, Any]
     candidates: list[CandidateResult] = Field(default_factory=list)
     mosaic_config: dict[str, Any] | None = Field(
         None, description="pallas_mosaic_gpu's fastest correct tiling; None: not measured")
     mosaic_candidates: list[CandidateResult] = Field(default_factory=list)
+    configs: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="tuned kernel -> its fastest correct tiling, for kernels other than "
+                    "those of TABLE_FIELDS (optional: schema version 1 reads unchanged)")
 
     @model_validator(mode="after")
     def _best_is_measured(self) -> TableEntry:
@@ -83,8 +89,9 @@ class TableEntry(BaseModel):
         return self
 
     def config_of(self, name: str) -> BlockSizes | None:
-        """The measured tiling of ``name`` ("pallas_gpu" or "pallas_mosaic_gpu"), if any."""
-        raw = {"pallas_gpu": self.pallas_config, "pallas_mosaic_gpu": self.mosaic_config}.get(name)
+        """The measured tiling of the tuned kernel ``name``, if any."""
+        field = TABLE_FIELDS.get(name)
+        raw = getattr(self, field) if field is not None else self.configs.get(name)
         return None if raw is None else BlockSizes(**raw)
 
 
@@ -119,7 +126,7 @@ def load_table(path: Path | str | None = None) -> SelectionTable | None:
     table = _load_cached(str(path), path.stat().st_mtime)
     if table.schema_version != TABLE_SCHEMA_VERSION:
         raise ValueError(f"{path}: schema_version {table.schema_version}, expected "
-                         f"{TABLE_SCHEMA_VERSION}; re-run python -m kernels.autotune")
+                         f"{TABLE_SCHEMA_VERSION}; re-run python -m kernels.tools.autotune")
     return table
 
 
@@ -192,9 +199,10 @@ def select_gpu_implementation(shape: AttentionShape, *, table_path: Path | str |
              f"{table.device_kind} (jax {table.jax_version}, {table.created_at}): "
              + ", ".join(f"{k} {v:.0f} TFLOP/s" for k, v in entry.tflops.items()))
     name = entry.best
-    if shape.dtype not in CUDNN_DTYPES + MOSAIC_DTYPES:
+    kernel = IMPLEMENTATIONS.get(name)
+    if kernel is None or shape.dtype not in kernel.capability.dtypes:
         name = "pallas_gpu"
-        where += f"; neither cuDNN nor pallas_mosaic_gpu runs {shape.dtype}"
+        where += f"; {entry.best} does not run {shape.dtype} (its declared capability)"
     config = entry.config_of(name)
     if name == "pallas_gpu" and config is not None:
         config, note = fitting_tiling(config, shape)
@@ -210,7 +218,7 @@ def measured_configs(shape: AttentionShape, *, table_path: Path | str | None = N
     entry = nearest_entry(shape, load_table(table_path))
     if entry is None:
         return {}
-    out = {name: cfg for name in TUNED if (cfg := entry.config_of(name)) is not None}
+    out = {name: cfg for name in tuned() if (cfg := entry.config_of(name)) is not None}
     if "pallas_gpu" in out:
         fitted = fitting_tiling(out["pallas_gpu"], shape)[0]
         if fitted is None:

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 
 from kernels.config import BlockSizes, refuse_block_sizes
 from kernels.contract import AttentionSpec, row_has_key, zero_padding
+from kernels.kernel import Capability, Kernel
 
 FLOAT32_PRECISION = "highest"
 """``jax.default_matmul_precision`` of float32 calls (declared in the registry)."""
@@ -102,3 +103,40 @@ def check_cudnn(spec: AttentionSpec, backend: str, config: BlockSizes | None = N
 
 xla_attention = jax.named_call(xla_attention, name="kernelgate_xla_attention")
 cudnn_attention = jax.named_call(cudnn_attention, name="kernelgate_cudnn_attention")
+
+
+class XlaKernel(Kernel):
+    """The registry's ``xla``: every call on every backend, untiled; float32 at HIGHEST."""
+
+    name = "xla"
+    description = "jax.nn.dot_product_attention(implementation='xla')"
+    native_platforms = ("cpu", "gpu", "tpu")
+    float32_matmul_precision = FLOAT32_PRECISION
+    trace_name = "kernelgate_xla_attention"
+
+    def __call__(self, q, k, v, *, causal, scale, q_lengths, kv_lengths, config=None):
+        return xla_attention(q, k, v, causal=causal, scale=scale, q_lengths=q_lengths,
+                             kv_lengths=kv_lengths, config=config)
+
+    def check_supported(self, spec, backend, config=None):
+        check_supported(spec, backend, config)
+
+
+class CudnnKernel(Kernel):
+    """The registry's ``cudnn``: NVIDIA's fused flash attention, bf16/f16 on a GPU;
+    its lowering queries the local cuDNN, so it exports only from a GPU host."""
+
+    name = "cudnn"
+    description = "jax.nn.dot_product_attention(implementation='cudnn')"
+    native_platforms = ("gpu",)
+    capability = Capability(dtypes=("bfloat16", "float16"), max_head_dim=256,
+                            head_dim_multiple=8)
+    trace_name = "kernelgate_cudnn_attention"
+    export_needs_local_device = True
+
+    def __call__(self, q, k, v, *, causal, scale, q_lengths, kv_lengths, config=None):
+        return cudnn_attention(q, k, v, causal=causal, scale=scale, q_lengths=q_lengths,
+                               kv_lengths=kv_lengths, config=config)
+
+    def check_supported(self, spec, backend, config=None):
+        check_cudnn(spec, backend, config)

@@ -15,7 +15,7 @@ import json
 
 from securesystemslib.signer import Signer, SSlibKey
 
-from gates.thresholds import ApprovalPolicy
+from gates.approval_policy import ApprovalPolicy
 from lineage.attestations import AttestationError, TrustPolicy, make_envelope, verify_envelope
 
 

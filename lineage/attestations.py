@@ -60,8 +60,6 @@ class TrustPolicy(BaseModel):
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
-    # Not named `keys`: Prefect walks task inputs and takes anything with a `keys`
-    # attribute for a mapping.
     public_keys: dict[str, SSlibKey]
     revoked: set[str] = Field(default_factory=set)
     revoked_at: dict[str, datetime] = Field(

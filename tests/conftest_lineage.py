@@ -19,9 +19,10 @@ from pydantic import BaseModel
 from evaluation.report import EvaluationReport, ImplementationInfo, ValidationSummary
 from gates.approval import ApprovalInput, ApprovalRecord, record_answer, record_auto_approval
 from gates.canary import analyse_canary_step
+from gates.canary_plan import CanaryStep
 from gates.decision import GateDecision, decide
 from gates.preregistration import Registration
-from gates.thresholds import CanaryStep, load_thresholds
+from gates.thresholds import load_thresholds
 from lineage import registered_model, registry, tags
 from lineage import tracking as tr
 from lineage.attestations import Signing, attest

@@ -1,8 +1,9 @@
 """Candidate kernels with injected faults, for the rollout's fault-injection tests.
 
 Each wraps the XLA implementation (correct) and breaks it in one way the pipeline
-must catch at a specific stage. They are registered as native on the CPU (see
-``register``) so their speed is assessed like a real native kernel's.
+must catch at a specific stage. Each is a ``kernels.Kernel`` subclass registered as
+native on every backend (see ``register``) so its speed is assessed like a real native
+kernel's.
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kernels.api import IMPLEMENTATIONS, Implementation
-from kernels.xla import check_supported as check_supported  # runs wherever XLA runs
-from kernels.xla import xla_attention
+from kernels.kernel import Kernel
+from kernels.registry import IMPLEMENTATIONS
+from kernels.xla import check_supported, xla_attention
 
 
 class Fault:
@@ -72,8 +73,30 @@ def good(q, k, v, *, causal, scale, q_lengths, kv_lengths, config=None):
 NAMES = ("wrong_scale", "nan_under_fault", "slow", "good")
 
 
+class FaultyKernel(Kernel):
+    """A fault-injection kernel: one of the functions above, run wherever XLA runs."""
+
+    native_platforms = ("cpu", "gpu", "tpu")
+    fault: str
+
+    def __call__(self, q, k, v, *, causal, scale, q_lengths, kv_lengths, config=None):
+        return globals()[self.fault](q, k, v, causal=causal, scale=scale,
+                                     q_lengths=q_lengths, kv_lengths=kv_lengths)
+
+    def check_supported(self, spec, backend, config=None):
+        check_supported(spec, backend, config)
+
+
+def kernel_class(fault: str) -> type[FaultyKernel]:
+    """The ``Kernel`` subclass named ``test_<fault>`` for one of ``NAMES``."""
+    return type(f"Faulty_{fault}", (FaultyKernel,), {
+        "name": f"test_{fault}", "description": f"fault injection: {fault}", "fault": fault})
+
+
 def register(monkeypatch) -> None:
-    """Add the kernels to the registry as ``test_<name>`` for one test."""
-    for name in NAMES:
-        monkeypatch.setitem(IMPLEMENTATIONS, f"test_{name}", Implementation(
-            f"test_{name}", __name__, name, ("cpu", "gpu", "tpu"), f"fault injection: {name}"))
+    """Add the kernels to the registry as ``test_<name>`` for one test (``monkeypatch``
+    takes them out again)."""
+    for fault in NAMES:
+        kernel = kernel_class(fault)()
+        assert kernel.name not in IMPLEMENTATIONS, kernel.name
+        monkeypatch.setitem(IMPLEMENTATIONS, kernel.name, kernel)

@@ -109,10 +109,63 @@ def test_modules_are_small_or_say_why(module):
         f"kept 'over {MAX_LINES} lines'")
 
 
-def test_the_rollout_flow_body_fits_on_a_screen():
+ROLLOUT_STAGES = ("preregister", "build", "prepare_testset", "evaluate", "gate",
+                  "record_traffic", "approve", "shadow", "enter_canary", "canary_step",
+                  "confirm", "promote")
+"""The stage list of the design notes, in order (approval is asked three times)."""
+
+
+def _stage_list() -> tuple[ast.FunctionDef, list[str]]:
+    """The function of flows/rollout.py that calls the stages (found by its calls, not
+    by its name), and the stages it calls, in source order, repeats dropped."""
     tree = ast.parse((ROOT / "flows" / "rollout.py").read_text())
-    (body,) = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "rollout"]
-    assert body.end_lineno - body.lineno <= 40
+    functions = [n for n in tree.body if isinstance(n, ast.FunctionDef)]
+
+    def calls(fn: ast.FunctionDef) -> list[str]:
+        found = sorted((n.lineno, n.col_offset, n.func.id) for n in ast.walk(fn)
+                       if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+                       and n.func.id in ROLLOUT_STAGES)
+        return list(dict.fromkeys(name for _, _, name in found))
+
+    holders = [fn for fn in functions if set(calls(fn)) == set(ROLLOUT_STAGES)]
+    assert len(holders) == 1, [fn.name for fn in holders]
+    return holders[0], calls(holders[0])
+
+
+def test_the_rollout_stage_list_fits_on_a_screen_and_runs_the_stages_in_order():
+    holder, stages = _stage_list()
+    assert holder.end_lineno - holder.lineno + 1 <= 45, (
+        f"{holder.name} is {holder.end_lineno - holder.lineno + 1} lines")
+    assert tuple(stages) == ROLLOUT_STAGES
+    tree = ast.parse((ROOT / "flows" / "rollout.py").read_text())
+    (flow_fn,) = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "rollout"]
+    assert flow_fn.end_lineno - flow_fn.lineno <= 15
+    assert holder.name in {n.func.id for n in ast.walk(flow_fn)
+                           if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+
+
+def test_stages_return_results_and_nothing_is_written_into_the_context():
+    """Every stage task returns a value (its typed result) or nothing, and no flow
+    module assigns to an attribute of the session context or its record."""
+    offenders = []
+    for module, path in MODULES.items():
+        if not module.startswith("flows."):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = (node.targets if isinstance(node, ast.Assign) else
+                       [node.target] if isinstance(node, ast.AugAssign | ast.AnnAssign) else [])
+            for target in targets:
+                if (isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name)
+                        and target.value.id in {"ctx", "context", "state"}):
+                    offenders.append(f"{module}:{node.lineno}")
+    assert not offenders, offenders
+    from dataclasses import FrozenInstanceError
+
+    from flows.results import RolloutContext
+
+    assert RolloutContext.__dataclass_params__.frozen
+    with pytest.raises(FrozenInstanceError):
+        RolloutContext.__new__(RolloutContext).__setattr__("settings", None)
 
 
 def test_tag_names_live_in_one_module():
@@ -154,3 +207,21 @@ def test_every_exception_class_derives_from_kernelgate_error():
                     and not issubclass(cls, KernelgateError)):
                 offenders.append(f"{module}.{name}")
     assert not offenders, offenders
+
+
+def test_every_module_is_in_the_architecture_table():
+    """ARCHITECTURE.md's module table is drawn from the code: every module of the five
+    packages has a row (by its name, its folder, or a group row naming it)."""
+    import re
+
+    text = (ROOT / "ARCHITECTURE.md").read_text()
+    table = text[text.index("| package | module |"):text.index("## Where each invariant")]
+    named = set(re.findall(r"`([A-Za-z_][\w/]*)`", table))
+    missing = []
+    for module, path in MODULES.items():
+        if path.name == "__init__.py":
+            continue
+        parts = module.split(".")[1:]
+        if not ({parts[-1], "/".join(parts)} & named or f"{parts[0]}/" in named):
+            missing.append(module)
+    assert not missing, f"modules without a row in ARCHITECTURE.md: {missing}"

@@ -85,6 +85,12 @@ class Lab:
         self.root = root / "attacks" / name
         self.store = self.root / "store"
         copy_store(pristine, self.store)  # its runs point at this copy, not the original
+        # MLflow caches each run's artifact repository process-wide by run id alone, and
+        # every copy has the same run ids: without this an attack's artifact writes and
+        # the audit's reads go to whichever copy first touched the run.
+        from mlflow.tracking._tracking_service import utils as mlflow_tracking
+
+        mlflow_tracking._artifact_repos_cache.clear()
         self.testset = root / "testset"
         self.tracking = tr.local_tracking(self.store)
         self.versions = versions
@@ -168,9 +174,10 @@ def pristine(tmp_path_factory):
         assert outcome.result == "rolled_back" and outcome.stage.startswith("canary"), outcome
         versions["failed_canary"] = outcome.version
 
-        def stopped(state):
-            versions["unconfirmed"] = state.version
-            versions["unconfirmed_decision"] = state.decision_run_id
+        def stopped(context, preregistered, built, testset):
+            versions["unconfirmed"] = built.version
+            decisions = registered_model.version_tags(context.record.tracking, FAMILY, built.version)
+            versions["unconfirmed_decision"] = decisions[tags.DECISION_RUN_ID]
             raise RuntimeError("stopped before confirmation")
 
         with pytest.MonkeyPatch.context() as cut:

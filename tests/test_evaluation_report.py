@@ -4,7 +4,6 @@ failed test-set validation stops the evaluation, and one run on a built test set
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 from pathlib import Path
@@ -130,7 +129,8 @@ def test_read_rejects_another_schema_version(report, tmp_path):
 
 def test_speed_metrics_absent_when_candidate_is_not_native(tmp_path, synthetic_testset, monkeypatch):
     # Pretend XLA were a TPU-only kernel interpreted on this CPU host.
-    tpu_only = dataclasses.replace(kernels.IMPLEMENTATIONS["xla"], native_platforms=("tpu",))
+    tpu_only = type("TpuOnlyXla", (type(kernels.IMPLEMENTATIONS["xla"]),),
+                    {"native_platforms": ("tpu",)})()
     monkeypatch.setitem(kernels.IMPLEMENTATIONS, "xla", tpu_only)
     report = _evaluate(tmp_path)
     assert not report.speed_assessed

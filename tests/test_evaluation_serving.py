@@ -12,7 +12,7 @@ import pytest
 from evaluation import serving
 from evaluation.recorded_traffic import Request
 from gates.canary import analyse_canary_step
-from gates.thresholds import CanaryPlan, CanaryStep, LatencyTest
+from gates.canary_plan import CanaryPlan, CanaryStep, LatencyTest
 
 
 class _Clock:

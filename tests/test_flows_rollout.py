@@ -290,22 +290,25 @@ def test_rollout_killed_mid_canary_leaves_registry_consistent(seeded, make_setti
     before = registered_model.aliases(tracking, FAMILY)
     # Run the stages' functions by hand and stop after entering canary: the process
     # "dies" there, so nothing closes its record or its aliases.
-    state = tasks.open_rollout.fn(settings)
-    tasks.preregister.fn(state)
-    judge.build.fn(state)
-    tasks.prepare_testset.fn(state)
-    judge.evaluate.fn(state)
-    judge.gate.fn(state, thresholds_path=settings.thresholds)
-    plan = traffic.record_traffic.fn(state)
-    assert traffic.shadow.fn(state, plan.shadow).passed
-    promotion.enter_canary.fn(state)
+    ctx = tasks.open_rollout.fn(settings)
+    preregistered = tasks.preregister.fn(ctx)
+    built = judge.build.fn(ctx)
+    testset = tasks.prepare_testset.fn(ctx)
+    evaluated = judge.evaluate.fn(ctx, preregistered, built, testset)
+    gated = judge.gate.fn(ctx, preregistered, built, evaluated,
+                          thresholds_path=settings.thresholds)
+    assert (gated.version, evaluated.judged_against) == (built.version, before["production"])
+    plan = traffic.record_traffic.fn(ctx, gated)
+    assert traffic.shadow.fn(ctx, gated, evaluated, plan.shadow).passed
+    promotion.enter_canary.fn(ctx, gated)
+    ctx.serving.close()
     killed = registered_model.aliases(tracking, FAMILY)
-    assert killed["canary"] == state.version
+    assert killed["canary"] == built.version
     assert killed["production"] == before["production"]
 
     # While its owner may still be running (within the lease), a new run leaves it alone.
     live = tasks.open_rollout.fn(settings, clear_stale_aliases=True)
-    assert registered_model.alias_version(tracking, FAMILY, "canary") == state.version
+    assert registered_model.alias_version(tracking, FAMILY, "canary") == built.version
     close_rollout(live.record, result="rejected", stage="open", reason="test", version=None)
 
     # Once the lease is over, the next run clears the stale canary and says why.
@@ -313,7 +316,7 @@ def test_rollout_killed_mid_canary_leaves_registry_consistent(seeded, make_setti
     next_state = tasks.open_rollout.fn(expired, clear_stale_aliases=True)
     after = registered_model.aliases(tracking, FAMILY)
     assert "canary" not in after and after["production"] == before["production"]
-    assert "did not finish" in version_tags(tracking, state.version)[tags.STALE_REASON]
+    assert "did not finish" in version_tags(tracking, built.version)[tags.STALE_REASON]
     close_rollout(next_state.record, result="rejected", stage="open", reason="test", version=None)
 
 
@@ -422,3 +425,84 @@ def test_manual_rollback_restores_the_chosen_version_signed_and_audited(
     last = moves[-1].predicate
     assert (last["action"], last["version"], last["previous_version"]) == (
         "rollback", earlier, promoted.version)
+
+
+def test_a_rollout_that_fails_in_canary_is_closed_by_what_its_record_says(
+        seeded, make_settings, tracking, monkeypatch):
+    """A stage raises once the candidate is registered and in canary: the session reads
+    back from the record what the rollout did (the version its build registered), rejects
+    that version (canary rolled back) and ends the parent run FAILED; production stays."""
+    from flows import rollout as rollout_module
+
+    seen = {}
+
+    def broken(context, preregistered, built, testset):
+        seen["version"] = built.version
+        assert registered_model.alias_version(tracking, FAMILY, "canary") == built.version
+        raise RuntimeError("confirmation store unreachable")
+
+    monkeypatch.setattr(rollout_module, "confirm", broken)
+    with pytest.raises(RuntimeError, match="unreachable"):
+        rollout(make_settings("good"))
+    version = seen["version"]
+    after = registered_model.aliases(tracking, FAMILY)
+    assert after.get("canary") != version and after["production"] == seeded["production"]
+    vtags = version_tags(tracking, version)
+    assert "rollout failed: RuntimeError: confirmation store unreachable" in vtags[
+        tags.REJECTION_REASON]
+    run = tracking.client().get_run(vtags[tags.ROLLOUT_RUN_ID])
+    assert (run.info.status, run.data.tags[tags.RESULT]) == ("FAILED", "failed")
+
+
+def test_a_failure_after_the_promotion_closes_the_record_as_promoted(
+        seeded, make_settings, tracking, monkeypatch):
+    """Production already serves the candidate when the last step fails: the record says
+    promoted (with the failure noted), and the version is not tagged rejected."""
+    from flows import rollout as rollout_module
+
+    real_finish = rollout_module.finish
+
+    def failing(context, result, *args, **kwargs):
+        if result == "promoted":
+            raise RuntimeError("artifact store hiccup")
+        return real_finish(context, result, *args, **kwargs)
+
+    monkeypatch.setattr(rollout_module, "finish", failing)
+    with pytest.raises(RuntimeError, match="hiccup"):
+        rollout(make_settings("good"))
+    version = registered_model.alias_version(tracking, FAMILY, "production")
+    assert version != seeded["production"]
+    vtags = version_tags(tracking, version)
+    assert tags.REJECTION_REASON not in vtags
+    run = tracking.client().get_run(vtags[tags.ROLLOUT_RUN_ID])
+    assert run.data.tags[tags.RESULT] == "promoted"
+    assert ("a step after the promotion failed: RuntimeError: artifact store hiccup"
+            in run.data.tags[tags.NOTE])
+
+
+def test_every_stage_task_hands_prefect_the_context_quoted(monkeypatch):
+    """Prefect walks (and may copy) task inputs; the session context (a signer, a tracking
+    client, the model) goes in ``quote``-d, the stage results as plain parameters."""
+    import inspect
+
+    from prefect import Task
+    from prefect.utilities.annotations import quote
+
+    from flows import revalidate
+    from flows import rollout as rollout_module
+
+    stage_tasks = {obj for module in (judge, promotion, tasks, traffic, revalidate, rollout_module)
+                   for obj in vars(module).values() if isinstance(obj, Task)}
+    assert {t.name for t in stage_tasks} >= {"preregister", "build", "prepare-testset", "evaluate",
+                                             "gate", "record-traffic", "shadow", "enter-canary",
+                                             "canary-step", "confirm", "promote", "roll-back"}
+    seen = []
+    monkeypatch.setattr(Task, "__call__", lambda self, *args, **kwargs: seen.append(args))
+    context = object()
+    for stage in stage_tasks - {tasks.open_rollout}:  # open makes the context
+        assert isinstance(stage, tasks.StageTask), stage.name
+        assert next(iter(inspect.signature(stage.fn).parameters)) == "context", stage.name
+        stage(context, "a result")
+        passed = seen.pop()
+        assert isinstance(passed[0], quote) and passed[0].unquote() is context, stage.name
+        assert passed[1:] == ("a result",), stage.name

@@ -12,7 +12,7 @@ from gates.approval import (
     record_auto_approval,
     record_timeout,
 )
-from gates.thresholds import ApprovalPolicy
+from gates.approval_policy import ApprovalPolicy
 
 IDS = dict(transition="canary->production", family="pallas_tpu", version="3")
 

@@ -9,7 +9,7 @@ import pytest
 from scipy import stats
 
 from gates.canary import analyse_canary_step
-from gates.thresholds import CanaryPlan, CanaryStep, LatencyTest
+from gates.canary_plan import CanaryPlan, CanaryStep, LatencyTest
 
 ALPHA = 0.05
 STEP = CanaryStep(name="canary-25pct", traffic_fraction=0.25, requests=400)

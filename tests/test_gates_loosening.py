@@ -16,15 +16,12 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
+from gates.approval_policy import ApprovalPolicy, Approver
+from gates.canary_plan import CanaryPlan, CanaryStep, LatencyTest
 from gates.directions import Looser, direction_of, limit
 from gates.loosening import loosenings
 from gates.thresholds import (
-    ApprovalPolicy,
-    Approver,
-    CanaryPlan,
-    CanaryStep,
     ChangeCriterion,
-    LatencyTest,
     PlatformCriteria,
     Thresholds,
     ValueCriterion,

@@ -1,5 +1,5 @@
-"""kernels.bench (tiny interpret-mode run, timing, correctness checks) and
-kernels.autotune (the measured GPU selection table behind ``auto``)."""
+"""kernels.tools.bench (tiny interpret-mode run, timing, correctness checks) and
+kernels.tools.autotune (the measured GPU selection table behind ``auto``)."""
 
 from __future__ import annotations
 
@@ -12,12 +12,13 @@ import jax
 import numpy as np
 import pytest
 
-from kernels import autotune, bench, pallas_mosaic_gpu, selection
+from kernels import pallas_mosaic_gpu, registry, selection
 from kernels.config import BlockSizes
 from kernels.pallas_gpu import check_block_sizes
 from kernels.reference import attention_reference
 from kernels.shapes import AttentionShape
 from kernels.timing import time_call
+from kernels.tools import autotune, bench
 
 
 def mha(dtype: str, batch: int, seq: int, heads: int, head_dim: int, causal: bool) -> AttentionShape:
@@ -221,7 +222,7 @@ def test_committed_table_is_consistent_and_covers_the_grid():
         if e.dtype == "float32":
             assert set(e.tflops) == {"pallas_gpu"}
         else:
-            assert {"cudnn", "pallas_gpu"} <= set(e.tflops) <= {"cudnn", *selection.TUNED}
+            assert {"cudnn", "pallas_gpu"} <= set(e.tflops) <= {"cudnn", *registry.tuned()}
         assert e.best == max(e.tflops, key=e.tflops.get)
         kernels = [("pallas_gpu", e.candidates, e.pallas_config, check_block_sizes)]
         if e.mosaic_config is not None:  # tables written since issue 14

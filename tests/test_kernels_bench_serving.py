@@ -1,4 +1,4 @@
-"""The serving-shape table (kernels.bench_serving) and the serving autotune (issue 11,
+"""The serving-shape table (kernels.tools.bench_serving) and the serving autotune (issue 11,
 item 5): MiniLM's shapes, every registry column plus the float32 experiments, a wrong
 kernel flagged, the tuned entries merged into the selection table."""
 
@@ -9,10 +9,11 @@ import json
 import jax
 import pytest
 
-from kernels import autotune, bench, bench_serving, selection
+from kernels import selection
 from kernels.config import BlockSizes
 from kernels.selection import CandidateResult
 from kernels.shapes import AttentionShape
+from kernels.tools import autotune, bench, bench_serving
 
 
 def test_serving_shapes_are_minilms():
@@ -120,7 +121,7 @@ def test_merge_refuses_tables_of_another_device():
 @pytest.mark.skipif(jax.default_backend() not in ("gpu", "cuda"), reason="needs a GPU")
 def test_gpu_serving_table_every_column_runs_correctly():
     """Correctness at MiniLM's real shapes on the GPU (speed is read from
-    ``python -m kernels.bench --serving-only``, not asserted here)."""
+    ``python -m kernels.tools.bench --serving-only``, not asserted here)."""
     rows = bench_serving.bench_serving(bench_serving.serving_shapes(False), repeats=3,
                                        target_repeat_s=0.005, warmup_s=0.05)
     print(bench_serving.format_serving(rows))

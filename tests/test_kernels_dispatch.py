@@ -43,12 +43,29 @@ def resolve_config(spec, config):
                                                            num_warps=8, num_stages=3))
 
 
+class ExhaustingKernel(kernels.Kernel):
+    """The stand-in as a registered kernel: tiled, native on the CPU."""
+
+    name = "exhausting"
+    description = "stand-in that runs out of shared memory"
+    native_platforms = ("cpu",)
+    config_fields = ("block_q", "block_kv", "num_warps", "num_stages")
+
+    def __call__(self, q, k, v, *, causal, scale, q_lengths, kv_lengths, config=None):
+        return exhausting_attention(q, k, v, causal=causal, scale=scale, q_lengths=q_lengths,
+                                    kv_lengths=kv_lengths, config=config)
+
+    def check_supported(self, spec, backend, config=None):
+        check_supported(spec, backend, config)
+
+    def resolve_config(self, spec, config):
+        return resolve_config(spec, config)
+
+
 @pytest.fixture
 def exhausting(monkeypatch):
     """Register the stand-in as a tiled kernel native on the CPU, first in ``auto``."""
-    impl = api.Implementation("exhausting", __name__, "exhausting_attention", ("cpu",),
-                              "stand-in that runs out of shared memory", tiled=True)
-    monkeypatch.setitem(api.IMPLEMENTATIONS, "exhausting", impl)
+    monkeypatch.setitem(api.IMPLEMENTATIONS, "exhausting", ExhaustingKernel())
     monkeypatch.setitem(api.AUTO_ORDER, "cpu", ("exhausting", "xla", "naive"))
     monkeypatch.setattr(api, "default_backend", lambda: "cpu")
     LOWERINGS["count"] = 0

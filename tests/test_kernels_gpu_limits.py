@@ -3,7 +3,7 @@ selection table's fit check and the autotuner's candidates (issue 11, item 1).
 
 The measured figures below are Triton's own ("Shared memory size limit exceeded:
 requested N, available: 232448") from the H200 runs of issue 11 and the ncu profile of
-kernels/NOTES-gpu.md; they are facts about the device, not outputs of the model. A GPU
+kernels/tools/NOTES-gpu.md; they are facts about the device, not outputs of the model. A GPU
 sweep of dtype x head_dim x causal runs under ``-m gpu``.
 """
 
@@ -18,10 +18,11 @@ import numpy as np
 import pytest
 
 import kernels
-from kernels import autotune, gpu_limits, pallas_gpu, selection
+from kernels import gpu_limits, pallas_gpu, selection
 from kernels.config import BlockSizes
 from kernels.contract import validate
 from kernels.shapes import AttentionShape
+from kernels.tools import autotune
 from tests.kernels_helpers import Case, assert_accurate, random_inputs, reference_for
 
 H200_OPT_IN = 232448  # "available: 232448" in the H200's error message

@@ -217,7 +217,7 @@ def test_interpret_larger_shapes(head_dim):
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
 def test_gpu_benchmark_shapes_match_reference_and_naive(dtype, head_dim, causal):
-    from kernels import bench
+    from kernels.tools import bench
 
     shape = AttentionShape(dtype=dtype, batch=4, q_len=4096, kv_len=4096,
                            num_heads=2048 // head_dim, num_kv_heads=2048 // head_dim,

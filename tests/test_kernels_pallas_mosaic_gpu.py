@@ -5,7 +5,7 @@ selection table's backward compatibility, lowering and ``jax.export`` for CUDA f
 CPU host, and the kernel's barrier protocol, indexing and masking run in JAX's GPU
 interpret mode (private API, ``lax.dot_general`` standing in for ``wgmma``), with its
 race detector on. ``@pytest.mark.gpu`` tests run the native kernel against the float64
-reference (kernels/NOTES-gpu.md has the command).
+reference (kernels/tools/NOTES-gpu.md has the command).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernels import api, autotune, bench, pallas_mosaic_gpu, selection
+from kernels import api, pallas_mosaic_gpu, selection
 from kernels.build import build as build_kernel
 from kernels.config import BlockSizes
 from kernels.contract import validate
@@ -31,11 +31,12 @@ from kernels.pallas_mosaic_gpu import (
     pallas_mosaic_gpu_attention,
     resolve_config,
     smem_bytes,
-    tile_schedule,
 )
 from kernels.reference import attention_reference, relative_error
 from kernels.shapes import AttentionShape
 from kernels.shapes import random_inputs as shape_inputs
+from kernels.tile_schedule import tile_schedule
+from kernels.tools import autotune, bench
 from tests.kernels_helpers import Case, assert_accurate, random_inputs
 
 ON_GPU = jax.default_backend() in ("gpu", "cuda")
@@ -126,10 +127,15 @@ def test_non_hopper_gpus_are_refused(monkeypatch):
 # ----------------------------------------------------------------------------- registry, auto
 
 
-def test_registered_as_a_native_tiled_gpu_kernel():
+def test_registered_as_a_native_tiled_gpu_kernel(monkeypatch):
     impl = api.IMPLEMENTATIONS["pallas_mosaic_gpu"]
     assert impl.native_platforms == ("gpu",) and impl.tiled
-    assert impl.kernel() is pallas_mosaic_gpu_attention
+    assert isinstance(impl, pallas_mosaic_gpu.PallasMosaicGpuKernel)
+    calls = []
+    monkeypatch.setattr(pallas_mosaic_gpu, "pallas_mosaic_gpu_attention",
+                        lambda *a, **kw: calls.append(kw) or "out")
+    assert impl(1, 2, 3, causal=True, scale=0.5, q_lengths=None, kv_lengths=None) == "out"
+    assert calls == [dict(causal=True, scale=0.5, q_lengths=None, kv_lengths=None, config=None)]
     resolution = api.resolve("pallas_mosaic_gpu", BF16_SPEC, backend="gpu")
     assert resolution.native and resolution.config == resolve_config(BF16_SPEC)
     with pytest.raises(NotImplementedError, match="Hopper"):
@@ -389,7 +395,7 @@ def test_the_balance_check_fails_on_the_old_rotation():
     num_ctas = pallas_mosaic_gpu.DEFAULT_NUM_SMS
     _, qi = _rotation(16, 128)
     per_cta = _cta_blocks(qi, seq=16384, block_q=64, block_kv=128, num_ctas=num_ctas)
-    assert (per_cta.min(), per_cta.max()) == (435, 1568)  # kernels/NOTES-gpu.md
+    assert (per_cta.min(), per_cta.max()) == (435, 1568)  # kernels/tools/NOTES-gpu.md
     assert per_cta.max() / per_cta.mean() > 1.5
 
 

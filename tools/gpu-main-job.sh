@@ -34,8 +34,8 @@ case ${1:-} in
   tune)
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/device.txt"
     python3 -c "import jax; print('jax', jax.__version__, jax.devices())" | tee -a "$out/device.txt"
-    step autotune-f32 180 python3 -m kernels.autotune --serving --dtypes float32
-    step autotune-bf16 120 python3 -m kernels.autotune --serving --dtypes bfloat16
+    step autotune-f32 180 python3 -m kernels.tools.autotune --serving --dtypes float32
+    step autotune-bf16 120 python3 -m kernels.tools.autotune --serving --dtypes bfloat16
     cp kernels/gpu_table.json "$out/" && cp kernels/gpu_table.json /tmp/gpu_table.json
     step gpu-tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider \
       tests/test_kernels_gpu_limits.py tests/test_kernels_precision.py tests/test_kernels_dispatch.py
@@ -58,7 +58,7 @@ case ${1:-} in
     step revalidate 240 python3 -m flows.cli revalidate --store-dir "$store"
     step audit 120 python3 -m flows.cli audit production --store-dir "$store"
     step timeline 60 python3 -m flows.cli timeline --store-dir "$store" --json "$out/timeline.json"
-    step serving-bench 150 python3 -m kernels.bench --serving-only --out "$out/serving.json"
+    step serving-bench 150 python3 -m kernels.tools.bench --serving-only --out "$out/serving.json"
     ;;
   *) sed -n 2,15p "$0"; exit 2 ;;
 esac

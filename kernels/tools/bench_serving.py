@@ -5,7 +5,7 @@ sequences up to 512 tokens, float32 (and bf16), and the attention call carries
 ``kv_lengths`` (padding). Flash attention's usual win (long sequences, head_dim 64-128)
 is not there: on the H200 pallas_gpu took 421 us at 16 x 512 against XLA's 358 us at
 HIGHEST, and the canary rolled it back. This table measures those shapes for every
-implementation in the registry, beside the long-sequence table of ``kernels.bench``.
+implementation in the registry, beside the long-sequence table of ``kernels.tools.bench``.
 
 Columns: ``naive``, ``xla`` (float32 at HIGHEST, the serving baseline), ``cudnn`` (bf16
 only), ``pallas_gpu`` (the table's tiling for the shape, fitted to the device), and
@@ -38,11 +38,11 @@ import jax.numpy as jnp
 import numpy as np
 from pydantic import BaseModel, Field
 
-from kernels.api import IMPLEMENTATIONS as REGISTRY
 from kernels.api import attention, default_backend
 from kernels.contract import validate
 from kernels.pallas_gpu import fitted_config, pallas_gpu_attention
 from kernels.reference import attention_reference, relative_error, rounding_floor
+from kernels.registry import IMPLEMENTATIONS as REGISTRY
 from kernels.selection import select_pallas_config
 from kernels.shapes import AttentionShape, random_inputs
 from kernels.timing import DEFAULT_WARMUP_S, Timing, time_call
@@ -53,7 +53,6 @@ SERVING_SIZES: tuple[tuple[int, int], ...] = ((8, 128), (16, 512), (4, 1024))
 """(batch, seq) of the serving table: the issue's measured shapes (MiniLM buckets)."""
 QUICK_SIZES: tuple[tuple[int, int], ...] = ((2, 32), (1, 64))
 SERVING_DTYPES = ("float32", "bfloat16")
-REGISTRY_COLUMNS = ("naive", "xla", "cudnn", "pallas_gpu", "pallas_mosaic_gpu")
 EXPERIMENT_COLUMNS = ("xla_default", "pallas_gpu[tf32x3]", "pallas_gpu[bf16x6]")
 ERROR_RATIO_LIMIT = 2.0
 
@@ -78,8 +77,10 @@ class ServingRow(BaseModel):
 
 
 def columns() -> list[str]:
-    """Registry columns present in this registry, then the experiment columns."""
-    return [c for c in REGISTRY_COLUMNS if c in REGISTRY] + list(EXPERIMENT_COLUMNS)
+    """Every registered kernel native on a GPU or on every backend (registry order;
+    ``Kernel.native_platforms``), then the experiment columns."""
+    return [n for n, k in REGISTRY.items() if "gpu" in k.native_platforms] + list(
+        EXPERIMENT_COLUMNS)
 
 
 def serving_shapes(quick: bool, dtypes: Sequence[str] = SERVING_DTYPES,
@@ -108,10 +109,13 @@ def column_fn(column: str, shape: AttentionShape) -> tuple[Callable, Any, str | 
     spec, _, _ = validate(*shape.structs(), causal=shape.causal, scale=scale)
     backend = default_backend()
     if column in REGISTRY:
-        config = _pallas_config(shape) if column == "pallas_gpu" else None
         impl = REGISTRY[column]
-        if not (impl.tiled and backend == "cpu" and "gpu" in impl.native_platforms):
-            impl.check(spec, backend, config)  # GPU kernels run interpreted on the CPU
+        # A tuned kernel runs the table's tiling for the shape, else its own default
+        # (pallas_gpu's fitted to the device); each kernel's check says where it runs
+        # (pallas_gpu: interpreted on a CPU).
+        impl.check(spec, backend)
+        config = ((select_pallas_config(shape, implementation=column)
+                   or impl.resolve_config(spec, None)) if impl.tuned else None)
         fn = functools.partial(attention, causal=shape.causal, scale=scale,
                                implementation=column, config=config)
         return (lambda q, k, v, kl: fn(q, k, v, kv_lengths=kl)), config, \

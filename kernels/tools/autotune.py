@@ -1,6 +1,6 @@
 """GPU autotuning: write the measured selection table behind ``auto`` on a GPU.
 
-``python -m kernels.autotune --testset DIR --out kernels/gpu_table.json`` times, per
+``python -m kernels.tools.autotune --testset DIR --out kernels/gpu_table.json`` times, per
 shape, every candidate tiling of ``pallas_gpu`` (block_q, block_kv, num_warps,
 num_stages) and of ``pallas_mosaic_gpu`` (block_q, block_kv and the K/V ring depth
 num_stages), and the cuDNN kernel (``kernels.timing``, the benchmark's method), keeps
@@ -12,15 +12,18 @@ candidates are recorded with the reason and the entry has no ``mosaic_config``.
 
 Tuning data: the shapes of the test set's ``tuning`` split (``--testset``; the split
 exists for this and is never used by a gate), or the benchmark grid's shapes
-(``kernels.bench.grid``) without one. Inputs are fresh random normal arrays of those
+(``kernels.tools.bench.grid``) without one. Inputs are fresh random normal arrays of those
 shapes: no held-out or confirmation case is ever read, so tuning cannot leak into the
 gate's evidence.
 
 Only tilings that fit the device's shared memory for the shape's dtype and head_dim are
 tried (``kernels.gpu_limits``). ``--serving`` tunes MiniLM's serving shapes
-(``kernels.bench_serving``: 12 heads x head_dim 32, float32 and bf16) with a grid for
+(``kernels.tools.bench_serving``: 12 heads x head_dim 32, float32 and bf16) with a grid for
 small head_dim and short sequences, in two passes (tile shape and warps at 2 stages, then
 1 and 3 stages around the three fastest), and merges the entries into the existing table.
+
+Kept in one module (over 350 lines) because it is one command: the search spaces, the
+tuning passes and the table they write belong to one run and one table schema.
 """
 
 from __future__ import annotations
@@ -36,16 +39,17 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from kernels import bench_serving, pallas_mosaic_gpu
-from kernels.api import IMPLEMENTATIONS, attention, default_backend
-from kernels.bench import grid
+from kernels import pallas_mosaic_gpu
+from kernels.api import attention, default_backend
 from kernels.config import BlockSizes
 from kernels.contract import validate
 from kernels.gpu_limits import shared_memory_budget, shared_memory_bytes
 from kernels.pallas_gpu import default_config, fitted_config
 from kernels.reference import relative_error
+from kernels.registry import IMPLEMENTATIONS, tuned
 from kernels.selection import (
     DEFAULT_TABLE_PATH,
+    TABLE_FIELDS,
     CandidateResult,
     SelectionTable,
     TableEntry,
@@ -54,6 +58,8 @@ from kernels.selection import (
 )
 from kernels.shapes import AttentionShape, random_inputs
 from kernels.timing import DEFAULT_WARMUP_S, compile_and_warm, time_call
+from kernels.tools import bench_serving
+from kernels.tools.bench import grid
 
 AGREEMENT_LIMIT = {"bfloat16": 2e-2, "float16": 5e-3, "float32": 1e-4}
 """Max ||candidate - cudnn|| / ||cudnn|| for a candidate to count as correct (both
@@ -163,8 +169,8 @@ def mosaic_candidate_configs(head_dim: int, quick: bool = False) -> list[BlockSi
 
 def _bound(name: str, shape: AttentionShape, config: BlockSizes | None):
     spec, _, _ = validate(*shape.structs(), causal=shape.causal)
-    if not (name == "pallas_gpu" and default_backend() == "cpu"):  # interpreted off-GPU
-        IMPLEMENTATIONS[name].check(spec, default_backend(), config)
+    # Each kernel's own check says where it runs (pallas_gpu: interpreted on a CPU).
+    IMPLEMENTATIONS[name].check(spec, default_backend(), config)
 
     def fn(q, k, v):
         return attention(q, k, v, causal=shape.causal, implementation=name, config=config)
@@ -197,16 +203,41 @@ def _tune(name: str, configs: Sequence[BlockSizes], shape: AttentionShape, args,
     return results
 
 
+SEARCH_SPACES = {
+    "pallas_gpu": lambda shape, quick: candidate_configs(shape.head_dim, quick,
+                                                         dtype=shape.dtype),
+    "pallas_mosaic_gpu": lambda shape, quick: mosaic_candidate_configs(shape.head_dim, quick),
+}
+"""The tilings tried per tuned kernel (``Kernel.tuned``); a tuned kernel without an
+entry is timed at its own default tiling only (``Kernel.resolve_config``)."""
+REFERENCES = ("cudnn", "xla")
+"""The output every candidate must agree with: cuDNN's where it runs, else XLA's."""
+
+
+def search_space(name: str, shape: AttentionShape, quick: bool) -> list[BlockSizes]:
+    """The tilings of the tuned kernel ``name`` to try on ``shape`` (see ``SEARCH_SPACES``)."""
+    if name in SEARCH_SPACES:
+        return SEARCH_SPACES[name](shape, quick)
+    spec, _, _ = validate(*shape.structs(), causal=shape.causal)
+    return [IMPLEMENTATIONS[name].resolve_config(spec, None)]
+
+
 def tune_shape(shape: AttentionShape, *, quick: bool, seed: int, repeats: int,
                target_repeat_s: float, mosaic: bool = True) -> TableEntry:
-    """Time cudnn and every candidate tiling of pallas_gpu (and of pallas_mosaic_gpu
-    unless ``mosaic`` is False) on one shape; the fastest correct one wins."""
+    """Time cudnn and every candidate tiling of each tuned kernel of the registry
+    (``kernels.registry.tuned``; pallas_mosaic_gpu left out when ``mosaic`` is False) on
+    one shape; the fastest correct one wins.
+
+    Raises:
+        RuntimeError: no pallas_gpu tiling ran correctly (schema version 1 needs its
+            ``pallas_config``).
+    """
     q, k, v = random_inputs(shape, seed)
     warmup_s = 0.0 if quick else DEFAULT_WARMUP_S
     flops = shape.flops()
     tflops: dict[str, float] = {}
     baseline = None
-    for name in ("cudnn", "xla"):
+    for name in REFERENCES:
         try:
             compiled, *_ = compile_and_warm(_bound(name, shape, None), (q, k, v))
             baseline = compiled(q, k, v).astype(jnp.float32)
@@ -218,32 +249,30 @@ def tune_shape(shape: AttentionShape, *, quick: bool, seed: int, repeats: int,
         except (NotImplementedError, ImportError):
             continue
     timing = dict(repeats=repeats, target_repeat_s=target_repeat_s, warmup_s=warmup_s)
-    results = _tune("pallas_gpu", candidate_configs(shape.head_dim, quick, dtype=shape.dtype),
-                    shape, (q, k, v), baseline, **timing)
-    if not quick and shape.head_dim <= SERVING_HEAD_DIM:
-        results += _tune("pallas_gpu", stage_variants(results, shape), shape, (q, k, v),
-                         baseline, **timing)
-    good = [r for r in results if r.tflops]
-    if not good:
+    results: dict[str, list[CandidateResult]] = {}
+    best: dict[str, CandidateResult] = {}
+    for name in tuned():
+        if name == "pallas_mosaic_gpu" and not mosaic:
+            continue
+        results[name] = _tune(name, search_space(name, shape, quick), shape, (q, k, v),
+                              baseline, **timing)
+        if name == "pallas_gpu" and not quick and shape.head_dim <= SERVING_HEAD_DIM:
+            results[name] += _tune(name, stage_variants(results[name], shape), shape,
+                                   (q, k, v), baseline, **timing)
+        if good := [r for r in results[name] if r.tflops]:
+            best[name] = max(good, key=lambda r: r.tflops)
+            tflops[name] = best[name].tflops
+    if "pallas_gpu" not in best:
         raise RuntimeError(f"no pallas_gpu tiling ran correctly for {shape.label}: "
-                           + "; ".join(str(r.error) for r in results))
-    best = max(good, key=lambda r: r.tflops)
-    tflops["pallas_gpu"] = best.tflops
-    mosaic_results: list[CandidateResult] = []
-    mosaic_config = None
-    if mosaic:
-        mosaic_results = _tune("pallas_mosaic_gpu",
-                               mosaic_candidate_configs(shape.head_dim, quick), shape,
-                               (q, k, v), baseline, **timing)
-        if good_mosaic := [r for r in mosaic_results if r.tflops]:
-            best_mosaic = max(good_mosaic, key=lambda r: r.tflops)
-            tflops["pallas_mosaic_gpu"] = best_mosaic.tflops
-            mosaic_config = best_mosaic.config
+                           + "; ".join(str(r.error) for r in results.get("pallas_gpu", [])))
+    mosaic_best = best.get("pallas_mosaic_gpu")
     return TableEntry(dtype=shape.dtype, batch=shape.batch, seq=shape.q_len,
                       num_heads=shape.num_heads, head_dim=shape.head_dim,
                       causal=shape.causal, best=max(tflops, key=tflops.get), tflops=tflops,
-                      pallas_config=best.config, candidates=results,
-                      mosaic_config=mosaic_config, mosaic_candidates=mosaic_results)
+                      pallas_config=best["pallas_gpu"].config, candidates=results["pallas_gpu"],
+                      mosaic_config=mosaic_best.config if mosaic_best else None,
+                      mosaic_candidates=results.get("pallas_mosaic_gpu", []),
+                      configs={n: r.config for n, r in best.items() if n not in TABLE_FIELDS})
 
 
 def tuning_shapes(testset_dir: Path) -> list[AttentionShape]:
@@ -288,7 +317,7 @@ def autotune(shapes: Sequence[AttentionShape], *, quick: bool, repeats: int,
 
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI: tune and write the table (atomically: a temp file, then rename)."""
-    parser = argparse.ArgumentParser(prog="python -m kernels.autotune",
+    parser = argparse.ArgumentParser(prog="python -m kernels.tools.autotune",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_TABLE_PATH)
     parser.add_argument("--testset", type=Path, default=None,
@@ -296,7 +325,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true",
                         help="tiny shapes, two tilings (always so without a GPU)")
     parser.add_argument("--serving", action="store_true",
-                        help="tune MiniLM's serving shapes (kernels.bench_serving: 12 heads x "
+                        help="tune MiniLM's serving shapes (kernels.tools.bench_serving: 12 heads x "
                              "head_dim 32; default dtypes float32 bfloat16); implies --merge")
     parser.add_argument("--dtypes", nargs="+", default=None,
                         help="default bfloat16 float16 (--serving: float32 bfloat16)")
@@ -315,7 +344,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     quick = args.quick or jax.default_backend() not in ("gpu", "cuda")
     if args.serving:
         shapes = bench_serving.serving_shapes(quick, args.dtypes or bench_serving.SERVING_DTYPES)
-        data = ("random normal q/k/v with MiniLM's serving shapes (kernels.bench_serving); "
+        data = ("random normal q/k/v with MiniLM's serving shapes (kernels.tools.bench_serving); "
                 "no held-out or confirmation data")
     elif args.testset is not None:
         shapes = tuning_shapes(args.testset)
@@ -324,14 +353,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.with_grid:
             shapes += [s for s in grid(quick, args.seqs, args.dtypes, args.head_dims)
                        if s not in shapes]
-            data += "; and the benchmark grid's shapes (kernels.bench.grid)"
+            data += "; and the benchmark grid's shapes (kernels.tools.bench.grid)"
     else:
         shapes = grid(quick, args.seqs, args.dtypes or ["bfloat16", "float16"], args.head_dims)
         data = ("random normal q/k/v with the benchmark grid's shapes and dtypes "
-                "(kernels.bench.grid); no held-out or confirmation data")
+                "(kernels.tools.bench.grid); no held-out or confirmation data")
     table = autotune(shapes, quick=quick, repeats=3 if quick else args.repeats,
                      target_repeat_s=0.0 if quick else args.target_repeat_s,
-                     command=" ".join(["python -m kernels.autotune", *sys.argv[1:]]),
+                     command=" ".join(["python -m kernels.tools.autotune", *sys.argv[1:]]),
                      tuning_data=data, mosaic=not args.no_mosaic)
     if (args.merge or args.serving) and (old := load_table(args.out)) is not None:
         table = merge_tables(old, table)

@@ -1,6 +1,6 @@
 """Attention benchmark: every implementation, side by side, in one run on one device.
 
-``python -m kernels.bench --out bench.json`` builds, checks and times naive, xla, cudnn,
+``python -m kernels.tools.bench --out bench.json`` builds, checks and times naive, xla, cudnn,
 our two GPU kernels pallas_gpu (Triton lowering) and pallas_mosaic_gpu (Mosaic GPU,
 FlashAttention-3 design), and tokamax's Mosaic GPU kernel where tokamax is importable,
 over the grid of issue 3: bf16 and f16, head_dim 64 and 128, causal and not, seq
@@ -10,7 +10,7 @@ timing passes) and fraction of the bf16 matrix-product ceiling measured in the s
 run, the geometric mean of the ratio to cuDNN per implementation, overall and per
 (dtype, head_dim, mask) group, memory, correctness against float64 and against naive,
 and the longest causal context (B=1, H=16, D=128) naive and the flash kernels reach on
-one device. Beside it, the serving table (``kernels.bench_serving``): MiniLM's shapes
+one device. Beside it, the serving table (``kernels.tools.bench_serving``): MiniLM's shapes
 (12 heads x head_dim 32, float32 and bf16), microseconds per call; ``--serving-only``
 runs just that. Every column is measured in the run; nothing is quoted.
 
@@ -43,22 +43,39 @@ import jax.numpy as jnp
 import numpy as np
 from pydantic import BaseModel, Field
 
-from kernels import bench_serving
-from kernels.api import IMPLEMENTATIONS as REGISTRY
 from kernels.api import attention, default_backend
 from kernels.config import BlockSizes
 from kernels.contract import validate
 from kernels.reference import attention_reference, relative_error
+from kernels.registry import IMPLEMENTATIONS as REGISTRY
+from kernels.registry import ours
 from kernels.selection import select_pallas_config
 from kernels.shapes import AttentionShape, random_inputs
 from kernels.timing import DEFAULT_WARMUP_S, Timing, compile_and_warm, time_call
+from kernels.tools import bench_serving
 
 SCHEMA_VERSION = 1
-IMPLEMENTATIONS = ("naive", "xla", "cudnn", "pallas_gpu", "pallas_mosaic_gpu", "tokamax")
-OURS = ("pallas_gpu", "pallas_mosaic_gpu")
-"""Our flash kernels: tiled, with tilings from the measured selection table."""
-COMPARED = (*OURS, "tokamax")
-"""Implementations whose ratio to cuDNN is summarised."""
+EXTERNAL = ("tokamax",)
+"""Columns that are not in the registry (tokamax's Mosaic GPU kernel, when importable)."""
+BASELINES = ("naive", "cudnn")
+"""The reference columns: naive's error is the correctness baseline (cuDNN's without
+it), cuDNN's speed the ratio's denominator."""
+
+
+def implementations() -> list[str]:
+    """The benchmark's columns: every registered kernel native on a GPU or on every
+    backend (registry order; ``Kernel.native_platforms``), then ``EXTERNAL``."""
+    return [n for n, k in REGISTRY.items() if "gpu" in k.native_platforms] + list(EXTERNAL)
+
+
+def compared() -> list[str]:
+    """Columns whose ratio to cuDNN is summarised: our kernels (``Kernel.ours``), then
+    ``EXTERNAL``."""
+    return [*ours(), *EXTERNAL]
+
+
+def _tuned(name: str) -> bool:
+    return name in REGISTRY and REGISTRY[name].tuned
 GPU_SEQS = (1024, 2048, 4096, 8192, 16384)
 TOKENS = 16384
 MODEL_WIDTH = 2048  # heads * head_dim
@@ -137,7 +154,7 @@ class BenchReport(BaseModel):
                     "of the two passes")
     correctness_tolerance: str
     serving: list[bench_serving.ServingRow] = Field(
-        default_factory=list, description="the serving-shape table (kernels.bench_serving)")
+        default_factory=list, description="the serving-shape table (kernels.tools.bench_serving)")
 
 
 # --------------------------------------------------------------------------- timing
@@ -169,9 +186,8 @@ def attention_fn(name: str, shape: AttentionShape, config: BlockSizes | None):
         return functools.partial(tokamax.dot_product_attention, is_causal=shape.causal,
                                  scale=scale, implementation="mosaic")
     spec, _, _ = validate(*shape.structs(), causal=shape.causal, scale=scale)
-    backend = default_backend()
-    if not (name == "pallas_gpu" and backend == "cpu"):  # interpreted off-GPU on purpose
-        REGISTRY[name].check(spec, backend, config)
+    # Each kernel's own check says where it runs (pallas_gpu: interpreted on a CPU).
+    REGISTRY[name].check(spec, default_backend(), config)
     return functools.partial(attention, causal=shape.causal, scale=scale,
                              implementation=name, config=config)
 
@@ -245,7 +261,7 @@ def bench_shape(shape: AttentionShape, implementations: Sequence[str], *, seed: 
     naive_out = None
     results: list[BenchRow] = []
     for name in implementations:
-        config = select_pallas_config(shape, implementation=name) if name in OURS else None
+        config = select_pallas_config(shape, implementation=name) if _tuned(name) else None
         row = BenchRow(shape=shape, implementation=name,
                        config=config.model_dump() if config else None)
         try:
@@ -306,7 +322,7 @@ def long_context(implementations: Sequence[str], seqs: Sequence[int], *, heads: 
                                    causal=True)
             row = LongContextRow(implementation=name, seq=seq, ok=False)
             try:
-                config = (select_pallas_config(shape, implementation=name) if name in OURS
+                config = (select_pallas_config(shape, implementation=name) if _tuned(name)
                           else None)
                 fn = attention_fn(name, shape, config)
                 q, k, v = random_inputs(shape, seed=seq)
@@ -353,11 +369,11 @@ def summarize_ratios(rows: Sequence[BenchRow], implementation: str = "pallas_gpu
 
 def summarize_all(rows: Sequence[BenchRow]
                   ) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
-    """Per implementation of ``COMPARED``: the geomean ratio to cuDNN of pass 1, pass 2
+    """Per implementation of :func:`compared`: the geomean ratio to cuDNN of pass 1, pass 2
     and their mean, and per group the mean of the two passes' geomeans."""
     overall: dict[str, dict[str, float]] = {}
     by_group: dict[str, dict[str, float]] = {}
-    for name in COMPARED:
+    for name in compared():
         (g1, groups1), (g2, groups2) = (summarize_ratios(rows, name, pass_=p) for p in (1, 2))
         if g1 is None or g2 is None:
             continue
@@ -374,11 +390,13 @@ def format_table(report: BenchReport) -> str:
     ratio to cuDNN (``x/cudnn``) and the fraction of the matmul ceiling (``x/ceil``);
     the worst error ratio to naive, the pass-to-pass noise and correctness; then the
     geometric means and why any implementation did not run."""
-    impls = [n for n in IMPLEMENTATIONS if any(r.implementation == n and r.ok
-                                                 for r in report.rows)]
-    compared = [n for n in COMPARED if n in impls]
+    ran = {r.implementation for r in report.rows if r.ok}
+    impls = [n for n in implementations() if n in ran]
+    impls += sorted(ran - set(impls))  # a kernel registered for the run only
+    summarised = [n for n in compared() if n in impls]
     head = f"{'shape':38s}" + "".join(f"{n[:10]:>11s}" for n in impls)
-    head += "".join(f"{_SHORT[n] + '/cudnn':>10s}{_SHORT[n] + '/ceil':>9s}" for n in compared)
+    head += "".join(f"{_SHORT.get(n, n[:3]) + '/cudnn':>10s}{_SHORT.get(n, n[:3]) + '/ceil':>9s}"
+                    for n in summarised)
     head += f"{'err/nv':>7s}{'noise%':>7s}  ok"
     lines = [head] if report.rows else []
     by_shape: dict[str, dict[str, BenchRow]] = {}
@@ -389,7 +407,7 @@ def format_table(report: BenchReport) -> str:
         for n in impls:
             r = cells.get(n)
             line += f"{r.tflops:11.1f}" if r and r.ok else f"{'-':>11s}"
-        for n in compared:
+        for n in summarised:
             r = cells.get(n)
             ok = r is not None and r.ok
             line += f"{r.ratio_to_cudnn:10.3f}" if ok and r.ratio_to_cudnn else f"{'-':>10s}"
@@ -435,7 +453,7 @@ def run(args: argparse.Namespace) -> BenchReport:
     backend = jax.default_backend()
     on_gpu = backend in ("gpu", "cuda")
     quick = args.quick or not on_gpu
-    impls = [n for n in args.implementations if n in IMPLEMENTATIONS]
+    impls = [n for n in args.implementations if n in implementations()]
     ceiling = matmul_ceiling(256 if quick else 8192, jnp.float32 if quick else jnp.bfloat16,
                              warmup_s=0.0 if quick else DEFAULT_WARMUP_S)
     rows: list[BenchRow] = []
@@ -448,7 +466,7 @@ def run(args: argparse.Namespace) -> BenchReport:
         print(f"[bench] {shape.label} done", file=sys.stderr, flush=True)
     long_seqs = [] if args.serving_only else args.long_seqs or (
         [128, 256] if quick else [16384 * 2**i for i in range(4)])
-    flash = [n for n in (*OURS, "cudnn", "naive") if n in impls]
+    flash = [n for n in (*ours(), *reversed(BASELINES)) if n in impls]
     longs = long_context(flash, long_seqs, heads=2 if quick else 16,
                          head_dim=32 if quick else 128, repeats=2 if quick else 3,
                          quick=quick)
@@ -464,7 +482,7 @@ def run(args: argparse.Namespace) -> BenchReport:
         progress=lambda s: print(f"[bench] serving {s.label} done", file=sys.stderr, flush=True))
     return BenchReport(
         created_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        command=" ".join(["python -m kernels.bench", *sys.argv[1:]]),
+        command=" ".join(["python -m kernels.tools.bench", *sys.argv[1:]]),
         jax_version=jax.__version__, backend=backend,
         device_kind=jax.devices()[0].device_kind, interpret_mode=not on_gpu,
         matmul_ceiling_tflops=ceiling,
@@ -477,13 +495,13 @@ def run(args: argparse.Namespace) -> BenchReport:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m kernels.bench", description=__doc__.split("\n\n")[0],
+        prog="python -m kernels.tools.bench", description=__doc__.split("\n\n")[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--out", type=Path, help="write the JSON report here")
     parser.add_argument("--quick", action="store_true",
                         help="tiny shapes (always the case without a GPU; not performance)")
-    parser.add_argument("--implementations", nargs="+", default=list(IMPLEMENTATIONS),
-                        choices=IMPLEMENTATIONS)
+    parser.add_argument("--implementations", nargs="+", default=implementations(),
+                        choices=implementations())
     parser.add_argument("--dtypes", nargs="+", default=["bfloat16", "float16"],
                         choices=["bfloat16", "float16", "float32"])
     parser.add_argument("--head-dims", nargs="+", type=int, default=[64, 128])

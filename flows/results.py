@@ -1,0 +1,142 @@
+"""What the stages of a rollout hand each other: one immutable context for the session,
+and one frozen result type per stage, returned by the stage's task and passed by the
+flow into the parameters of the stages that need it (Prefect's way: task return values;
+a result passed on also shows as the later task run's input in the Prefect UI).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from evaluation.model import MiniLM
+from evaluation.report import EvaluationReport
+from flows.settings import RolloutSettings
+from gates.decision import GateDecision
+from gates.preregistration import Registration
+from gates.thresholds import Thresholds
+from lineage.rollout import RolloutRecord
+from lineage.version_runners import VersionPool
+
+
+class ServingModel:
+    """The serving model, loaded on first use (a rollout stopped at preregistration
+    never loads it), and the pool of versions that run with it. Closed by the session."""
+
+    def __init__(self, record: RolloutRecord):
+        self._record = record
+        self._model: MiniLM | None = None
+        self._pool: VersionPool | None = None
+
+    @property
+    def model(self) -> MiniLM:
+        if self._model is None:
+            self._model = MiniLM.load()
+            self._pool = VersionPool(self._record.tracking, self._record.family,
+                                     self._model, self._record.signing.trust)
+        return self._model
+
+    @property
+    def versions(self) -> VersionPool:
+        """The versions' runners (each version by its own logged code)."""
+        self.model  # noqa: B018 - loads the model and opens the pool
+        return self._pool
+
+    def close(self) -> None:
+        """Stop the versions' worker processes (the model stays loaded)."""
+        if self._pool is not None:
+            self._pool.close()
+
+
+@dataclass(frozen=True)
+class RolloutContext:
+    """What is true for the whole session before any stage runs, and never changes: the
+    settings, the record (store, family, parent run, signer), and the serving model with
+    its pool of versions (loaded once, on first use; a resource, not a finding).
+
+    One object because every stage needs the same few of these, and they are set once
+    when the session opens. Nothing a stage establishes goes here: that is returned as
+    the stage's result. Stage tasks receive it ``quote``-d (``flows.tasks.stage_task``),
+    so Prefect neither walks nor copies it as a task input (it holds a signer, a
+    tracking client and, once loaded, the model's weights)."""
+
+    settings: RolloutSettings
+    record: RolloutRecord
+    serving: ServingModel = field(repr=False)
+
+    @property
+    def model(self) -> MiniLM:
+        return self.serving.model
+
+    @property
+    def versions(self) -> VersionPool:
+        return self.serving.versions
+
+
+class _Result(BaseModel):
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+
+class Preregistered(_Result):
+    """``preregister``: the thresholds frozen, signed, before anything is evaluated."""
+
+    registration: Registration
+
+
+class Built(_Result):
+    """``build``: the candidate compiled, exported, logged and registered."""
+
+    build_run_id: str
+    version: str = Field(description="the registered model version")
+
+
+class Prepared(_Result):
+    """``prepare_testset``: the test set on disk (built when it was missing)."""
+
+    testset_dir: Path
+
+
+class Evaluated(_Result):
+    """``evaluate``: one split's report and the run its evidence is logged to."""
+
+    report: EvaluationReport
+    run_id: str
+    split: str
+    judged_against: str | None = Field(
+        None, description="the production version the candidate was evaluated against (the "
+        "promotion's compare-and-swap refuses if production moved since)")
+
+
+class Gated(_Result):
+    """``gate``: the decision on the held-out report, under the registered thresholds."""
+
+    version: str = Field(description="the version judged")
+    decision: GateDecision
+    run_id: str = Field(description="the decision run (every later stage links to it)")
+    thresholds: Thresholds = Field(description="the registered thresholds judged by (their "
+                                   "canary plan and approval policy drive the later stages)")
+
+    @property
+    def passed(self) -> bool:
+        return self.decision.passed
+
+
+class Confirmed(_Result):
+    """``confirm``: the accuracy-only decision on an unspent confirmation split."""
+
+    decision: GateDecision
+    run_id: str = Field(description="the confirmation's decision run")
+    evaluation: Evaluated
+
+    @property
+    def passed(self) -> bool:
+        return self.decision.passed
+
+
+class Promoted(_Result):
+    """``promote``: production moved to the candidate."""
+
+    version: str
+    previous_version: str | None

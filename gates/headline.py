@@ -1,0 +1,48 @@
+"""What a rollout's one-line summary says: the verdict and, in the same line, everything
+that was not assessed.
+
+A promotion whose speed and memory were never measured (an interpreted candidate under
+a profile that lets that pass) must not read as "every criterion passed": the caveat
+belongs in the headline a release manager and an auditor read first (the CLI's result
+line, the rollout run's note, the version's description), not one click deeper.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from gates.canary import CanaryStepResult
+from gates.decision import GateDecision
+
+ALL_PASSED = "every gate, shadow, canary and confirmation criterion passed"
+"""The words used only when nothing was left unassessed."""
+
+
+def not_assessed(decision: GateDecision, traffic: Sequence[CanaryStepResult] = ()) -> list[str]:
+    """What was not assessed, in words: the gate's criteria by kind (with the reason) and
+    the traffic stages whose latency or memory could not be judged. Empty: everything was."""
+    out = []
+    names = [c for c in decision.criteria if c.status == "not_assessed"]
+    if names:
+        kinds = sorted({c.kind for c in names})
+        why = decision.speed_not_assessed_reason or "the kernel did not run natively"
+        out.append(f"{' and '.join(kinds)} not assessed at the gate ({len(names)} "
+                   f"criteria: {why})")
+    latency = [t.step for t in traffic if not t.latency_assessed]
+    if latency:
+        out.append(f"latency not assessed in {', '.join(latency)}")
+    memory = [t.step for t in traffic if t.memory_not_assessed_reason]
+    if memory:
+        out.append(f"memory growth not assessed in {', '.join(memory)}")
+    return out
+
+
+def promotion_reason(decision: GateDecision, traffic: Sequence[CanaryStepResult] = ()) -> str:
+    """The promoted rollout's reason: :data:`ALL_PASSED` only when nothing was left
+    unassessed, else what passed and, in the same line, what was not assessed."""
+    missing = not_assessed(decision, traffic)
+    if not missing:
+        return ALL_PASSED
+    passed = sum(c.status == "pass" for c in decision.criteria)
+    return (f"passed what was assessed ({passed} gate criteria, shadow, canary, confirmation); "
+            + "; ".join(missing) + ": the promotion says nothing about those")

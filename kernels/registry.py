@@ -1,0 +1,127 @@
+"""The registry of kernels: name -> :class:`kernels.kernel.Kernel`, loaded lazily.
+
+The built-in entries are ``"module:Class"`` paths, imported the first time a name is
+looked up (``IMPLEMENTATIONS[name]``) or the registry is iterated: ``import kernels``
+loads no kernel module, and a kernel module that imports platform-only libraries keeps
+them inside its call, so a CPU host pays for neither. Adding a kernel is its module,
+one line in ``BUILTIN`` and its tests; a test or plugin calls :func:`register` (and
+:func:`unregister`, or the :func:`registered` context manager) instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+from collections.abc import Iterator, MutableMapping
+
+from kernels.kernel import Kernel
+
+BUILTIN: dict[str, str] = {
+    "naive": "kernels.naive:NaiveKernel",
+    "xla": "kernels.xla:XlaKernel",
+    "cudnn": "kernels.xla:CudnnKernel",
+    "pallas_tpu": "kernels.pallas_tpu:PallasTpuKernel",
+    "pallas_gpu": "kernels.pallas_gpu:PallasGpuKernel",
+    "pallas_mosaic_gpu": "kernels.pallas_mosaic_gpu:PallasMosaicGpuKernel",
+}
+"""The built-in kernels, in registry order: name -> ``module:Class``."""
+
+
+def _load(name: str, path: str) -> Kernel:
+    module, _, cls = path.partition(":")
+    kernel = getattr(importlib.import_module(module), cls)()
+    if kernel.name != name:
+        raise ValueError(f"registry entry {name!r} ({path}) declares the name {kernel.name!r}")
+    return kernel
+
+
+class Registry(MutableMapping[str, Kernel]):
+    """name -> ``Kernel``; an entry given as a ``"module:Class"`` string is imported on
+    first access. Setting a name to a ``Kernel`` instance (or a path) registers it;
+    ``del`` unregisters it (so ``monkeypatch.setitem`` works as for a dict)."""
+
+    def __init__(self, entries: dict[str, str | Kernel]):
+        self._entries: dict[str, str | Kernel] = dict(entries)
+
+    def __getitem__(self, name: str) -> Kernel:
+        entry = self._entries[name]
+        if isinstance(entry, str):
+            entry = self._entries[name] = _load(name, entry)
+        return entry
+
+    def __setitem__(self, name: str, kernel: str | Kernel) -> None:
+        if not isinstance(kernel, str | Kernel):
+            raise TypeError(f"registry entries are Kernel instances or 'module:Class' paths, "
+                            f"got {type(kernel).__name__}")
+        self._entries[name] = kernel
+
+    def __delitem__(self, name: str) -> None:
+        del self._entries[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._entries))
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    def __repr__(self) -> str:
+        return f"Registry({list(self._entries)})"
+
+
+IMPLEMENTATIONS = Registry(BUILTIN)
+"""The one registry (also ``kernels.IMPLEMENTATIONS``)."""
+
+
+def register(kernel: Kernel | type[Kernel], *, replace: bool = False) -> Kernel:
+    """Add ``kernel`` (an instance, or a subclass taking no arguments) under its name.
+
+    Returns:
+        the registered instance.
+
+    Raises:
+        TypeError: not a ``Kernel``.
+        ValueError: the name is ``auto``/``native`` or taken (unless ``replace``).
+    """
+    if isinstance(kernel, type):
+        kernel = kernel()
+    if not isinstance(kernel, Kernel):
+        raise TypeError(f"register takes a kernels.kernel.Kernel, got {type(kernel).__name__}")
+    if kernel.name in ("auto", "native"):
+        raise ValueError(f"{kernel.name!r} is a selection mode, not a kernel name")
+    if kernel.name in IMPLEMENTATIONS and not replace:
+        raise ValueError(f"a kernel named {kernel.name!r} is registered already")
+    IMPLEMENTATIONS[kernel.name] = kernel
+    return kernel
+
+
+def unregister(name: str) -> None:
+    """Remove the kernel ``name`` (``KeyError`` when none is registered)."""
+    del IMPLEMENTATIONS[name]
+
+
+@contextlib.contextmanager
+def registered(kernel: Kernel | type[Kernel], *, replace: bool = False) -> Iterator[Kernel]:
+    """Register ``kernel`` for the ``with`` block, then restore what was there."""
+    name = kernel.name
+    previous = IMPLEMENTATIONS._entries.get(name)  # noqa: SLF001 - keep a lazy entry lazy
+    instance = register(kernel, replace=replace)
+    try:
+        yield instance
+    finally:
+        if previous is None:
+            IMPLEMENTATIONS.pop(name, None)
+        else:
+            IMPLEMENTATIONS[name] = previous
+
+
+def tuned() -> tuple[str, ...]:
+    """Names of the kernels whose tilings the measured GPU table records, registry order."""
+    return tuple(n for n, k in IMPLEMENTATIONS.items() if k.tuned)
+
+
+def ours() -> tuple[str, ...]:
+    """Names of our flash kernels (the benchmark summarises them against cuDNN)."""
+    return tuple(n for n, k in IMPLEMENTATIONS.items() if k.ours)
