@@ -36,6 +36,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from evaluation.cases import CATEGORIES, TestCase
+from evaluation.coverage import is_refusal
 from kernels.api import AttentionFn
 from kernels.reference import attention_reference, relative_error, rounding_floor
 
@@ -75,6 +76,8 @@ class CaseAccuracy(BaseModel):
     rel_diff_to_baseline: float = Field(description="||out - naive|| / ||naive||")
     seconds: float = Field(description="wall time of the call, compile included (s)")
     error: str | None = Field(default=None, description="exception raised by the implementation")
+    refused: bool = Field(default=False, description="the implementation refused the case by "
+                          "contract (NotImplementedError naming why): a coverage failure")
 
 
 class CategoryAccuracy(BaseModel):
@@ -104,6 +107,10 @@ class AccuracyResult(BaseModel):
     implementation: str = Field(description="role or name, e.g. candidate, baseline, production")
     cases: list[CaseAccuracy]
     categories: dict[str, CategoryAccuracy]
+
+    def refused(self) -> dict[str, str]:
+        """case_id -> why, for every case the implementation refused."""
+        return {c.case_id: c.error or "" for c in self.cases if c.refused}
 
     def metrics(self) -> dict[str, float]:
         """The flat ``accuracy.{cat}.*`` metrics of ARCHITECTURE.md. Statistics of an
@@ -154,7 +161,8 @@ def _score(case: TestCase, out: np.ndarray | None, ref: np.ndarray, base: np.nda
     floor = error_floor(spec.dtype, base_err, spec.kv_shape[1])
     row = dict(case_id=spec.case_id, category=spec.category, tags=spec.tags, dtype=spec.dtype,
                q_shape=spec.q_shape, kv_shape=spec.kv_shape, causal=spec.causal,
-               baseline_rel_error=base_err, error_floor=floor, seconds=seconds, error=error)
+               baseline_rel_error=base_err, error_floor=floor, seconds=seconds, error=error,
+               refused=is_refusal(error))
     if out is None or out.shape != ref.shape:
         if out is not None:
             row["error"] = f"output shape {out.shape} != expected {ref.shape}"

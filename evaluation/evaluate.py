@@ -12,6 +12,7 @@ import jax
 
 from evaluation.accuracy import evaluate_accuracy
 from evaluation.cases import split_kind
+from evaluation.coverage import Contract, split_by_contract
 from evaluation.documents import assign_splits, load_documents
 from evaluation.model import MiniLM
 from evaluation.model_check import float64_attention, model_accuracy
@@ -136,6 +137,7 @@ def evaluate_candidate(
     measure_speed: bool = True,
     reference_cache_dir: str | Path | None = None,
     profile: bool | None = None,
+    serving: Contract | None = None,
 ) -> EvaluationReport:
     """Evaluate a candidate attention kernel on one split of a test set.
 
@@ -171,6 +173,11 @@ def evaluate_candidate(
         profile: record a ``jax.profiler`` trace of the in-process implementations at
             the first benchmark shape into ``out_dir/profile`` (``evaluation.profiling``);
             default: when the candidate's speed is assessed (native hardware).
+        serving: the registration's serving contract (``evaluation.coverage``): cases
+            outside it are not drawn (listed in ``report.not_drawn``), the model check
+            runs its attention in ``serving.model_dtype``, and cases the candidate
+            refuses inside it are ``report.refused`` (metric ``coverage.refused_cases``).
+            ``None``: every case, float32 model.
 
     Returns:
         The ``EvaluationReport`` (also written to ``out_dir/evaluation_report.json``).
@@ -187,6 +194,8 @@ def evaluate_candidate(
     backend = default_backend()
     device = jax.devices()[0]
 
+    if model is not None and serving is not None:
+        model = model.with_attention_dtype(serving.model_dtype)
     runners = {"candidate": as_runner(candidate, config, model),
                "baseline": as_runner(baseline, None, model)}
     if production is not None:
@@ -212,7 +221,11 @@ def evaluate_candidate(
         logger.error("evaluation stopped: %s", report.failure_reason)
         return report
 
-    cases = load_split(testset_dir, split)
+    cases, report.not_drawn = split_by_contract(load_split(testset_dir, split), serving)
+    report.serving = serving.describe() if serving is not None else None
+    if not cases:
+        raise ValueError(f"no case of split {split!r} is inside the serving contract "
+                         f"({report.serving}); {len(report.not_drawn)} cases left out")
     bar = (lambda n, desc: _progress_bar(n, desc)) if progress else (lambda n, desc: None)
     reference = ReferenceCache(reference_cache_dir)
     report.accuracy = evaluate_accuracy(cases, runners, baseline="baseline", reference=reference,
@@ -228,7 +241,8 @@ def evaluate_candidate(
         ref = model.embed(texts, attention_fn=float64_attention)
         report.model_accuracy = {
             role: model_accuracy(texts, lambda t, r=runner: r.embed(t)[0], name=role,
-                                 reference_embeddings=ref, weights_sha256=model.weights_sha256)
+                                 reference_embeddings=ref, weights_sha256=model.weights_sha256,
+                                 dtype=model.config.attention_dtype)
             for role, runner in runners.items()}
 
     native = {role: infos[role].native if role in infos else False
@@ -263,10 +277,13 @@ def evaluate_candidate(
         report.profile = _profile(runners, (perf_shapes or default_shapes(backend))[0],
                                   out_dir / PROFILE_DIR)
 
+    report.refused = refusals(report, "candidate")
+
     def flat(role: str, speed: bool) -> dict[str, float]:
         out = report.accuracy[role].metrics()
         if role in report.model_accuracy:
             out.update(report.model_accuracy[role].metrics())
+        out["coverage.refused_cases"] = float(len(refusals(report, role)))
         if speed and perf is not None:
             out.update(perf.metrics(role))
         return out
@@ -283,6 +300,16 @@ def evaluate_candidate(
     report.finished_at = utc_now()
     report.write(out_dir / REPORT_FILENAME)
     return report
+
+
+def refusals(report: EvaluationReport, role: str) -> dict[str, str]:
+    """case_id -> why, for each case ``role`` refused inside the contract; the MiniLM
+    check as ``model:minilm`` when it refused the model's calls."""
+    out = report.accuracy[role].refused() if role in report.accuracy else {}
+    check = report.model_accuracy.get(role)
+    if check is not None and check.refused:
+        out["model:minilm"] = check.refused
+    return out
 
 
 def _profile(runners: dict[str, Runner], shape: AttentionShape, out_dir: Path) -> ProfileTrace | None:

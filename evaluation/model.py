@@ -49,6 +49,9 @@ class BertConfig(NamedTuple):
     num_layers: int
     max_positions: int
     layer_norm_eps: float
+    attention_dtype: str = "float32"
+    """The dtype q/k/v enter the attention kernel in (the serving contract's
+    ``model_dtype``); the rest of the model stays float32 and the output is cast back."""
 
     @property
     def head_dim(self) -> int:
@@ -146,7 +149,7 @@ def _qkv(x, layer, cfg: BertConfig):
 
 def _encoder_layer(x, layer, lengths, attention_fn: AttentionFn, cfg: BertConfig):
     """One post-LN BERT layer; attention masks padded keys through ``kv_lengths``."""
-    q, k, v = _qkv(x, layer, cfg)
+    q, k, v = (a.astype(cfg.attention_dtype) for a in _qkv(x, layer, cfg))
     attn = attention_fn(q, k, v, causal=False, scale=None, q_lengths=None, kv_lengths=lengths)
     attn = jnp.asarray(attn, dtype=x.dtype).reshape(x.shape)
     x = _layer_norm(x + _dense(attn, layer["o"]), layer["ln_attn"], cfg.layer_norm_eps)
@@ -226,6 +229,14 @@ class MiniLM:
                 or ``config.json``.
         """
         return _load_cached(str(Path(path).resolve() if path else model_dir()))
+
+    def with_attention_dtype(self, dtype: str) -> MiniLM:
+        """This encoder running its attention in ``dtype`` (same weights and tokenizer;
+        ``self`` when it already does): a bf16 serving contract runs MiniLM in bf16."""
+        if dtype == self.config.attention_dtype:
+            return self
+        return MiniLM(self.params, self.tokenizer, self.config._replace(attention_dtype=dtype),
+                      self.weights_sha256, self.path)
 
     def weights_facts(self) -> dict[str, str]:
         """What the weights are, for lineage: name, source package and its version (or

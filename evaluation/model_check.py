@@ -5,12 +5,14 @@ difference isolates the attention kernel."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import jax
 import numpy as np
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
+from evaluation.coverage import is_refusal
 from kernels.reference import attention_reference
 
 
@@ -54,6 +56,10 @@ class ModelAccuracy(BaseModel):
     cosine_similarities: list[float]
     min_cosine_similarity: float
     mean_cosine_similarity: float
+    dtype: str = Field("float32", description="the dtype the model ran its attention in")
+    refused: str | None = Field(None, description="the implementation refused the model's "
+                                "calls by contract (NotImplementedError: why); no similarity "
+                                "then (NaN: the check fails, and coverage counts it)")
 
     def metrics(self) -> dict[str, float]:
         """``model.min_cosine_similarity`` and ``model.mean_cosine_similarity``."""
@@ -81,7 +87,7 @@ def cosine_similarities(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def model_accuracy(documents, embed: Callable[[list[str]], np.ndarray], *,
                    reference_embeddings: np.ndarray, name: str = "candidate",
-                   weights_sha256: str | None = None) -> ModelAccuracy:
+                   weights_sha256: str | None = None, dtype: str = "float32") -> ModelAccuracy:
     """Cosine similarity of sentence embeddings: an implementation vs float64 attention.
 
     Args:
@@ -94,17 +100,31 @@ def model_accuracy(documents, embed: Callable[[list[str]], np.ndarray], *,
             candidate, baseline and production.
         name: label stored in the result.
         weights_sha256: the encoder weights' digest, for the record.
+        dtype: the dtype the model ran its attention in (the serving contract's), recorded.
 
     Returns:
         ``ModelAccuracy``; a NaN embedding gives a NaN similarity and a NaN minimum.
 
+    A refusal by contract (``NotImplementedError`` naming why, here or relayed by a
+    version's process) is recorded in ``refused``, not raised.
+
     Raises:
         ValueError: no documents, or embeddings of mismatched shape.
+        Exception: whatever ``embed`` raises other than a refusal (a crash).
     """
     texts = _texts(documents)
-    cos = cosine_similarities(embed(texts), reference_embeddings)
+    try:
+        cos = cosine_similarities(embed(texts), reference_embeddings)
+    except Exception as err:
+        why = f"{type(err).__name__}: {err}"
+        if not is_refusal(why):
+            raise  # a crash, not a refusal: the stage ends the rollout as Errored
+        return ModelAccuracy(implementation=name, n_documents=len(texts), dtype=dtype,
+                             weights_sha256=weights_sha256, cosine_similarities=[],
+                             min_cosine_similarity=math.nan, mean_cosine_similarity=math.nan,
+                             refused=why)
     return ModelAccuracy(
-        implementation=name, n_documents=len(texts), weights_sha256=weights_sha256,
+        implementation=name, n_documents=len(texts), weights_sha256=weights_sha256, dtype=dtype,
         cosine_similarities=[float(c) for c in cos],
         # np.min propagates NaN, so one broken document fails the whole check
         min_cosine_similarity=float(np.min(cos)), mean_cosine_similarity=float(np.mean(cos)),

@@ -103,6 +103,12 @@ class EvaluationReport(BaseModel):
         None, description="where the float64 reference came from (evaluation.reference_cache)")
     profile: ProfileTrace | None = Field(
         None, description="jax.profiler trace of the in-process kernels (native hardware)")
+    serving: str | None = Field(None, description="the registration's serving contract the "
+                                "cases were drawn by (None: every case)")
+    not_drawn: dict[str, str] = Field(default_factory=dict, description="case_id -> why it is "
+                                      "outside the serving contract (not evaluated)")
+    refused: dict[str, str] = Field(default_factory=dict, description="case_id (or 'model:"
+                                    "minilm') -> why the candidate refused it inside the contract")
     speed_assessed: bool = False
     speed_not_assessed_reason: str | None = None
 

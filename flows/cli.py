@@ -5,7 +5,7 @@ under .kernelgate/, the pipeline's signing key in ~/.kernelgate/keys (created on
 use), whatever device JAX sees. Point at shared servers with PREFECT_API_URL and
 MLFLOW_TRACKING_URI. Exit codes: 0 the command did its job (a rejection or rollback is
 a result, printed), 1 an error or a failed audit, 2 bad arguments or a re-validation
-that rolled back.
+that rolled back, 3 a rollout that errored (a stage crashed; signed, outcome printed).
 """
 
 from __future__ import annotations
@@ -119,15 +119,15 @@ def _settings(implementation: str, thresholds: Path, store_dir: Path, block_q: i
     _fail_fast_if_down()
     import kernels
     from flows.judge import BUILD_SHAPE
+    from flows.kernel_choice import rollout_kernel
     from flows.settings import RolloutSettings
     from gates.thresholds import load_thresholds
 
     # Fail on bad arguments before anything is logged, built or evaluated.
     try:
-        name = kernels.native_flash_kernel(implementation, kernels.default_backend())
-        typer.echo(f"kernel: {kernels.why_picked(implementation, kernels.default_backend())}",
-                   err=True)
         load_thresholds(thresholds)
+        name, why = rollout_kernel(implementation, kernels.default_backend(), thresholds)
+        typer.echo(f"kernel: {why}", err=True)
         config = None
         if block_q is not None or block_kv is not None:
             config = kernels.BlockSizes(block_q=block_q, block_kv=block_kv)
@@ -168,11 +168,15 @@ def rollout(implementation: Implementation = "auto",
     settings = _settings(implementation, thresholds, store_dir, block_q, block_kv, family,
                          new_family, key_dir, testset_profile=testset_profile,
                          documents_dir=documents_dir, loosening_approval=loosening_approval)
+    from flows.errored import EXIT_CODES, RolloutErrored
     from flows.rollout import rollout as rollout_flow
 
-    outcome = rollout_flow(settings)
+    try:
+        outcome = rollout_flow(settings)
+    except RolloutErrored as err:  # a crash: signed as errored, printed, not a traceback
+        outcome = err.outcome
     typer.echo("\n" + outcome.markdown().replace("**", ""))
-    raise typer.Exit(0 if outcome.result in ("promoted", "rejected", "rolled_back") else 1)
+    raise typer.Exit(EXIT_CODES.get(outcome.result, 1))
 
 
 @app.command()

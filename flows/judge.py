@@ -77,7 +77,8 @@ def evaluate(context: RolloutContext, preregistered: Preregistered, built: Built
                 production=production, model=context.model if settings.model_check else None,
                 repeats=settings.perf_repeats, perf_shapes=settings.perf_shapes,
                 measure_speed=measure_speed,
-                reference_cache_dir=settings.store_dir / REFERENCE_CACHE_DIR)
+                reference_cache_dir=settings.store_dir / REFERENCE_CACHE_DIR,
+                serving=context.serving.contract)
         finally:
             evidence.log_evaluation_files(record, run_id, out_dir=out,
                                           testset_dir=testset.testset_dir)
@@ -134,7 +135,8 @@ def confirm(context: RolloutContext, preregistered: Preregistered, built: Built,
     record = context.record
     spent = spent_confirmation_digests(StoreSource(record.tracking, record.family,
                                                    record.signing.trust, stages=("evaluation",)))
-    split = unspent_draw(testset.testset_dir, spent, model=context.model)
+    split = unspent_draw(testset.testset_dir, spent,  # drawn as built, whatever the contract
+                         model=context.model.with_attention_dtype("float32"))
     run_logger().info("confirmation split %s (%d spent by %s before)", split, len(spent),
                       record.family)
     evaluated = evaluate(context, preregistered, built, testset, split=split,

@@ -16,24 +16,37 @@ from evaluation.report import EvaluationReport
 from flows.settings import RolloutSettings
 from gates.decision import GateDecision
 from gates.preregistration import Registration
-from gates.thresholds import Thresholds
+from gates.serving_contract import ServingContract
+from gates.thresholds import Thresholds, load_thresholds
 from lineage.rollout import RolloutRecord
 from lineage.version_runners import VersionPool
+
+
+def serving_contract(settings: RolloutSettings) -> ServingContract:
+    """The serving contract of the thresholds file a rollout registers (the default,
+    serving everything, when the file does not parse: preregistration refuses it, saying
+    why, before anything is evaluated)."""
+    try:
+        return load_thresholds(settings.thresholds).serving
+    except (OSError, ValueError):
+        return ServingContract()
 
 
 class ServingModel:
     """The serving model, loaded on first use (a rollout stopped at preregistration
     never loads it), and the pool of versions that run with it. Closed by the session."""
 
-    def __init__(self, record: RolloutRecord):
+    def __init__(self, record: RolloutRecord, contract: ServingContract | None = None):
         self._record = record
+        self.contract = contract or ServingContract()
         self._model: MiniLM | None = None
         self._pool: VersionPool | None = None
 
     @property
     def model(self) -> MiniLM:
+        """MiniLM, its attention in the serving contract's ``model_dtype``."""
         if self._model is None:
-            self._model = MiniLM.load()
+            self._model = MiniLM.load().with_attention_dtype(self.contract.model_dtype)
             self._pool = VersionPool(self._record.tracking, self._record.family,
                                      self._model, self._record.signing.trust)
         return self._model

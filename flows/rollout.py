@@ -17,11 +17,19 @@ from pathlib import Path
 from prefect import flow
 
 from evaluation.report import EvaluationReport
+from flows.errored import errored_outcome, errored_state
 from flows.judge import build, confirm, evaluate, gate
 from flows.promotion import approve, enter_canary, promote, reject, roll_back
 from flows.results import RolloutContext
 from flows.settings import RolloutSettings
-from flows.tasks import end_state, finish, prepare_testset, preregister, rollout_session
+from flows.tasks import (
+    end_state,
+    finish,
+    prepare_testset,
+    preregister,
+    rollout_session,
+    tag_result,
+)
 from flows.traffic import canary_step, record_traffic, shadow
 from gates.decision import short_reason as gate_reason
 from gates.headline import promotion_reason
@@ -31,9 +39,17 @@ from lineage.rollout import RolloutOutcome
 @flow(name="kernelgate-rollout", log_prints=True)
 def rollout(settings: RolloutSettings | None = None) -> RolloutOutcome:
     """Governed rollout of one candidate kernel; the run ends in a state named for what
-    happened (*Promoted*, *Rejected* or *RolledBack*) and returns the outcome."""
-    with rollout_session(settings or RolloutSettings()) as context:
-        outcome = _stages(context)
+    happened (*Promoted*, *Rejected* or *RolledBack*) and returns the outcome. A crash
+    in a stage ends it *Errored* (``flows.errored``: signed, never a gate verdict;
+    calling the flow raises ``RolloutErrored`` with the outcome)."""
+    try:
+        with rollout_session(settings or RolloutSettings()) as context:
+            outcome = _stages(context)
+    except Exception as err:
+        if (errored := errored_outcome(err)) is None:
+            raise
+        tag_result("errored")
+        return errored_state(errored, err)
     return end_state(outcome.result, outcome.reason, outcome)
 
 

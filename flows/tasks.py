@@ -25,7 +25,15 @@ from prefect.utilities.annotations import quote
 import kernels
 from evaluation.documents import load_documents
 from evaluation.testset import ensure_testset
-from flows.results import Prepared, Preregistered, RolloutContext, ServingModel
+from flows.errored import OUTCOME_ATTRIBUTE, mark_stage, stage_of
+from flows.kernel_choice import rollout_kernel
+from flows.results import (
+    Prepared,
+    Preregistered,
+    RolloutContext,
+    ServingModel,
+    serving_contract,
+)
 from flows.settings import RolloutSettings
 from gates.decision import GateDecision
 from lineage import keys, registered_model, registration, registry, rollout, tags
@@ -42,7 +50,11 @@ class StageTask(Task):
     findings are its return value; later stages get them as ordinary parameters."""
 
     def __call__(self, context: RolloutContext, /, *args, **kwargs):
-        return super().__call__(quote(context), *args, **kwargs)
+        try:
+            return super().__call__(quote(context), *args, **kwargs)
+        except Exception as err:
+            mark_stage(err, self.name)  # the errored outcome names the stage
+            raise
 
 
 def stage_task(*, name: str):
@@ -77,8 +89,8 @@ def signing_for(settings: RolloutSettings) -> Signing:
 
 def family_of(settings: RolloutSettings) -> str:
     """The family a rollout works on: ``settings.family``, else the kernel's name."""
-    return settings.family or kernels.native_flash_kernel(settings.implementation,
-                                                          kernels.default_backend())
+    return settings.family or rollout_kernel(settings.implementation, kernels.default_backend(),
+                                             settings.thresholds)[0]
 
 
 @task(name="open", cache_policy=NO_CACHE, persist_result=False)
@@ -94,7 +106,7 @@ def open_rollout(settings: RolloutSettings, *, stage: str = "rollout", family: s
         ValueError: unknown implementation or bad family name.
     """
     backend = kernels.default_backend()
-    implementation = kernels.native_flash_kernel(settings.implementation, backend)
+    implementation = rollout_kernel(settings.implementation, backend, settings.thresholds)[0]
     tracking = tr.tracking_for(settings.store_dir)
     family = family or family_of(settings)
     record = rollout.open_rollout(tracking, family=family, implementation=implementation,
@@ -113,7 +125,7 @@ def open_rollout(settings: RolloutSettings, *, stage: str = "rollout", family: s
                 cleared_by_run_id=record.rollout_run_id, signing=record.signing,
                 owner_is_dead=owner_is_dead):
             logger.warning("cleared the stale %s alias of %s", alias, family)
-    return RolloutContext(settings=settings, record=record, serving=ServingModel(record))
+    return RolloutContext(settings=settings, record=record, serving=ServingModel(record, serving_contract(settings)))
 
 
 SLOT_LEASE_S = float(os.environ.get("KERNELGATE_ROLLOUT_SLOT_LEASE_S", "300"))
@@ -177,7 +189,9 @@ def rollout_session(settings: RolloutSettings, *, stage: str = "rollout",
         try:
             yield context
         except BaseException as err:
-            _close_failed(context.record, f"{type(err).__name__}: {err}")
+            closed = _close_failed(context.record, f"{type(err).__name__}: {err}", stage_of(err))
+            if closed is not None and isinstance(err, Exception):
+                setattr(err, OUTCOME_ATTRIBUTE, closed)  # the flow ends Errored with it
             raise
         finally:
             context.serving.close()
@@ -195,26 +209,28 @@ def built_version(record: rollout.RolloutRecord) -> str | None:
     return None
 
 
-def _close_failed(record: rollout.RolloutRecord, reason: str) -> None:
-    """Close a failed rollout by what its record says it did: nothing when its outcome
+def _close_failed(record: rollout.RolloutRecord, reason: str,
+                  stage: str = "error") -> RolloutOutcome | None:
+    """Close a crashed rollout by what its record says it did: nothing when its outcome
     is written (the run ended); a note when its candidate already serves (promoted);
-    else the candidate (if one was registered) rejected and the run FAILED."""
+    else the candidate (if one was registered) rejected and the run closed *errored*
+    (FAILED) at ``stage``, signed. Returns the outcome written, if any."""
     if record.tracking.client().get_run(record.rollout_run_id).info.status != "RUNNING":
-        return
+        return None
     version = built_version(record)
     if version is not None and version == registered_model.alias_version(record.tracking, record.family,
                                                                   "production"):
-        rollout.close_rollout(record, result="promoted", stage="promotion", version=version,
-                              reason=f"promoted; a step after the promotion failed: {reason}")
-        return
+        return rollout.close_rollout(record, result="promoted", stage="promotion", version=version,
+                                     reason=f"promoted; a step after the promotion failed: {reason}")
     try:
         if version is not None:
             registry.reject(record.tracking, record.family, version,
                             f"rollout failed: {reason}", signing=record.signing,
                             parent_run_id=record.rollout_run_id)
     finally:
-        rollout.close_rollout(record, result="failed", stage="error", reason=reason,
-                              version=version)
+        outcome = rollout.close_rollout(record, result="errored", stage=stage, reason=reason,
+                                        version=version)
+    return outcome
 
 
 @stage_task(name="preregister")
@@ -257,7 +273,8 @@ def prepare_testset(context: RolloutContext) -> Prepared:
     folder = settings.testset_dir or settings.store_dir / "testsets" / profile
     return Prepared(testset_dir=ensure_testset(folder, profile=profile,
                                                documents_dir=settings.documents_dir,
-                                               model=context.model))
+                                               model=context.model.with_attention_dtype(
+                                                   "float32")))  # the set as built, any contract
 
 
 def finish(context: RolloutContext, result: Result, stage: str, reason: str, *,
@@ -284,9 +301,11 @@ def finish(context: RolloutContext, result: Result, stage: str, reason: str, *,
 STATE_NAMES: dict[str, str] = {"promoted": "Promoted", "rejected": "Rejected",
                                "rolled_back": "RolledBack", "passed": "Passed",
                                "evaluated": "Evaluated", "built": "Built",
-                               "nothing_in_production": "NothingInProduction"}
+                               "nothing_in_production": "NothingInProduction",
+                               "errored": "Errored"}
 """Result -> the name of the Completed-type state a flow run ends in (the Prefect UI's
-runs list shows it; a failure stays Prefect's own *Failed*)."""
+runs list shows it). *Errored* (a crash) is Failed-type instead (``flows.errored``); a
+failure before the record opened stays Prefect's own *Failed*."""
 
 RESULT_TAG_PREFIX = "kernelgate-result:"
 """Flow-run tag naming the result (``kernelgate-result:promoted``), to filter runs on."""
@@ -297,6 +316,12 @@ def end_state(result: str, reason: str, data: object) -> State:
     *Rejected*, *RolledBack*, …) with ``reason`` as its message and ``data`` as its
     result; also tags the flow run ``kernelgate-result:<result>``. Return it from the
     flow: Prefect ends the run in that state and the caller gets ``data``."""
+    tag_result(result)
+    return Completed(name=STATE_NAMES.get(result, "Completed"), message=reason[:500], data=data)
+
+
+def tag_result(result: str) -> None:
+    """Tag the current flow run ``kernelgate-result:<result>`` (a warning if it cannot)."""
     run_id = flow_run.get_id()
     if run_id is not None:
         try:
@@ -308,4 +333,3 @@ def end_state(result: str, reason: str, data: object) -> State:
                                                             f"{RESULT_TAG_PREFIX}{result}"}))
         except Exception as err:  # noqa: BLE001 - the state below still says it
             run_logger().warning("could not tag the flow run with its result: %s", err)
-    return Completed(name=STATE_NAMES.get(result, "Completed"), message=reason[:500], data=data)

@@ -32,6 +32,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from gates.approval_policy import ApprovalPolicy
 from gates.preregistration import Registration, check_registration
+from gates.serving_contract import COVERAGE_METRIC, named_refusals
 from gates.thresholds import PLATFORMS, ChangeCriterion, Thresholds, ValueCriterion, compare
 
 DECISION_SCHEMA_VERSION = 1
@@ -226,6 +227,9 @@ def _judge(
         why = f"not assessed: {why}; its {c.kind} is recorded for information only"
         return CriterionResult(**_header(c), status="not_assessed", reason=why)
     result = _judge_value(c, report) if isinstance(c, ValueCriterion) else _judge_change(c, report)
+    if c.metric == COVERAGE_METRIC and result.status == "fail":  # name the refused cases
+        result = result.model_copy(update={"reason": named_refusals(
+            result.reason, getattr(report, "refused", None))})
     few = _too_few_cases(c.metric, report, min_cases)
     if few is not None and result.status != "not_applicable":
         status, why = few

@@ -33,6 +33,7 @@ from gates.canary_plan import CanaryPlan
 from gates.directions import Looser as L
 from gates.directions import limit
 from gates.schema_base import _KEY, _N, Finite, Name, _Strict
+from gates.serving_contract import ServingContract
 from gates.thresholds_file import SCHEMA_VERSION, read_mapping
 from gates.thresholds_file import upgrade_v1 as upgrade_v1  # re-exported
 
@@ -56,7 +57,7 @@ KNOWN_METRICS: frozenset[str] = frozenset(
      for m in _CATEGORY_METRICS}
     | {"model.min_cosine_similarity", "model.mean_cosine_similarity", "latency.p50_s",
        "latency.p95_s", "latency.p99_s", "throughput.tflops", "memory.peak_bytes",
-       "compile.time_s"})
+       "compile.time_s", "coverage.refused_cases"})
 """Metric names an evaluation report carries (ARCHITECTURE.md, "evaluation"): a criterion
 naming anything else is a typo, refused when loaded, not failed as "missing" later."""
 
@@ -165,6 +166,9 @@ class Thresholds(_Strict):
         description="An accuracy.{cat}.* criterion is inconclusive when accuracy.{cat}.n_cases "
         "is below this.")
     platforms: dict[Platform, PlatformCriteria] = limit(L.FEWER, label="{key}/")
+    serving: ServingContract = limit(
+        L.NESTED, default_factory=ServingContract,
+        description="what the registration serves (gates.serving_contract); default: everything")
     canary: CanaryPlan = limit(L.NESTED)
     approval: ApprovalPolicy = limit(L.NESTED)
 

@@ -83,10 +83,10 @@ def native_flash_kernel(implementation: str, backend: str) -> str:
     pallas_tpu on a TPU, pallas_gpu on a GPU).
 
     On a CPU or TPU host that head is what :func:`attention`'s ``auto`` runs. On a GPU it
-    is not necessarily: ``auto`` runs, per call shape, what the measured selection table
-    picks (``kernels.selection``; cuDNN for bf16/f16 in today's ``gpu_table.json``) and
-    falls back in ``AUTO_ORDER`` from there, so ``native`` on a GPU is the GPU's own flash
-    kernel, a fixed choice, not a copy of ``auto``'s per-shape pick.
+    is not necessarily: ``auto`` runs, per call shape, what the selection table measured
+    fastest on this device kind (``kernels.selection``; entries of another device kind are
+    never used) and falls back in ``AUTO_ORDER`` from there, so ``native`` on a GPU is the
+    GPU's own flash kernel, a fixed choice, not a copy of ``auto``'s per-shape pick.
 
     Raises:
         ValueError: unknown implementation name.
@@ -108,9 +108,10 @@ def why_picked(implementation: str, backend: str) -> str:
     if implementation == "native":
         if backend == "gpu":
             return (f"native -> {name}: the first kernel of this gpu host's fallback order; "
-                    f"kernels.attention(implementation='auto') instead runs what the measured "
-                    f"selection table (kernels/gpu_table.json) picks per shape, e.g. cudnn "
-                    f"for bf16/f16")
+                    f"kernels.attention(implementation='auto') instead runs, per shape, what "
+                    f"the selection table (kernels/gpu_table.json) measured fastest on this "
+                    f"device kind (kernels.selection.select_gpu_implementation says which and "
+                    f"why; without entries for this kind, the documented default)")
         return (f"native -> {name}: the kernel kernels.attention(implementation='auto') runs "
                 f"first on this {backend} host")
     if implementation != "auto":

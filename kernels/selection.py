@@ -7,9 +7,14 @@ This module only reads it; :func:`select_gpu_implementation` picks the entry of 
 nearest measured shape. Data, not code: re-running the autotuner on another device or
 JAX version rewrites the table and ``auto`` follows it.
 
-Schema version 1 throughout: ``mosaic_config`` and ``mosaic_candidates`` (issue 14) are
-optional, so a table written before pallas_mosaic_gpu existed reads unchanged (no
-pallas_mosaic_gpu entry: ``auto`` never picks it from that table).
+Schema version 2 keys the table by device kind: each entry names the device kind it was
+measured on, and a GPU only ever picks from entries measured on its own kind (another
+kind's entries are ignored, and the reason says so). A version-1 table (one device kind
+for the whole file) still reads: its entries count as measured on the table's
+``device_kind`` (``NVIDIA H200`` for the committed one). ``mosaic_config`` and
+``mosaic_candidates`` (issue 14) are optional, so a table written before
+pallas_mosaic_gpu existed reads unchanged (no pallas_mosaic_gpu entry: ``auto`` never
+picks it from that table).
 
 A pallas_gpu table tiling is applied only when it fits the device's shared memory for
 the call's dtype and head_dim (``kernels.gpu_limits``): the nearest entry may have been
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +45,8 @@ from kernels.pallas_gpu import default_config, fitted_config
 from kernels.registry import IMPLEMENTATIONS, tuned
 from kernels.shapes import AttentionShape
 
-TABLE_SCHEMA_VERSION = 1
+TABLE_SCHEMA_VERSION = 2
+READABLE_SCHEMA_VERSIONS = (1, 2)
 DEFAULT_TABLE_PATH = Path(__file__).with_name("gpu_table.json")
 CUDNN_DTYPES = ("bfloat16", "float16")
 """The dtypes of the documented default without a table (cuDNN's)."""
@@ -68,6 +75,9 @@ class TableEntry(BaseModel):
     num_heads: int
     head_dim: int
     causal: bool
+    device_kind: str | None = Field(
+        None, description="the device kind it was measured on (schema 2); None (schema 1): "
+                          "the table's device_kind")
     best: str = Field(description="registry name of the fastest correct implementation")
     tflops: dict[str, float] = Field(description="implementation -> TFLOP/s (best tiling)")
     pallas_config: dict[str, Any]
@@ -124,10 +134,24 @@ def load_table(path: Path | str | None = None) -> SelectionTable | None:
     if not path.exists():
         return None
     table = _load_cached(str(path), path.stat().st_mtime)
-    if table.schema_version != TABLE_SCHEMA_VERSION:
-        raise ValueError(f"{path}: schema_version {table.schema_version}, expected "
-                         f"{TABLE_SCHEMA_VERSION}; re-run python -m kernels.tools.autotune")
+    if table.schema_version not in READABLE_SCHEMA_VERSIONS:
+        raise ValueError(f"{path}: schema_version {table.schema_version}, expected one of "
+                         f"{READABLE_SCHEMA_VERSIONS}; re-run python -m kernels.tools.autotune")
     return table
+
+
+def measured_on(entry: TableEntry, table: SelectionTable) -> str:
+    """The device kind ``entry`` was measured on."""
+    return entry.device_kind or table.device_kind
+
+
+def current_device_kind() -> str | None:
+    """This host's GPU device kind (e.g. ``NVIDIA H200``), None off-GPU (a GPU call
+    planned on a CPU host, as the tests do, reads every entry)."""
+    import jax
+
+    device = jax.devices()[0]
+    return device.device_kind if device.platform in ("gpu", "cuda", "rocm") else None
 
 
 def _log2_ratio(a: float, b: float) -> float:
@@ -143,11 +167,15 @@ def _distance(entry: TableEntry, shape: AttentionShape) -> float:
             + 0.25 * _log2_ratio(shape.batch * shape.num_heads, entry.batch * entry.num_heads))
 
 
-def nearest_entry(shape: AttentionShape, table: SelectionTable | None) -> TableEntry | None:
-    """The table entry closest to ``shape`` (None without a table or entries)."""
-    if table is None or not table.entries:
+def nearest_entry(shape: AttentionShape, table: SelectionTable | None,
+                  device_kind: str | None = None) -> TableEntry | None:
+    """The table entry closest to ``shape`` among those measured on ``device_kind``
+    (None: any kind); None without a table or such entries."""
+    if table is None:
         return None
-    return min(table.entries, key=lambda e: _distance(e, shape))
+    entries = [e for e in table.entries
+               if device_kind is None or measured_on(e, table) == device_kind]
+    return min(entries, key=lambda e: _distance(e, shape)) if entries else None
 
 
 def fitting_tiling(config: BlockSizes, shape: AttentionShape) -> tuple[BlockSizes | None, str]:
@@ -169,7 +197,8 @@ def fitting_tiling(config: BlockSizes, shape: AttentionShape) -> tuple[BlockSize
     return fitted, note + f"using {fitted.model_dump()}"
 
 
-def select_gpu_implementation(shape: AttentionShape, *, table_path: Path | str | None = None
+def select_gpu_implementation(shape: AttentionShape, *, table_path: Path | str | None = None,
+                              device_kind: str | None = None
                               ) -> tuple[str, BlockSizes | None, str]:
     """The fastest of pallas_gpu, pallas_mosaic_gpu and cudnn for a call, from the
     measured table.
@@ -186,17 +215,22 @@ def select_gpu_implementation(shape: AttentionShape, *, table_path: Path | str |
         pallas_mosaic_gpu runs.
     """
     table = load_table(table_path)
-    entry = nearest_entry(shape, table)
+    kind = device_kind if device_kind is not None else current_device_kind()
+    entry = nearest_entry(shape, table, kind)
     if entry is None:
+        why = "no measured GPU table" if table is None else (
+            f"the measured table has no entry for {kind} (measured on "
+            f"{sorted({measured_on(e, table) for e in table.entries})}; another device kind's "
+            "figures are never used)")
         if shape.dtype in CUDNN_DTYPES:
-            return "cudnn", None, "no measured GPU table; documented default cudnn for bf16/f16"
+            return "cudnn", None, f"{why}; documented default cudnn for bf16/f16"
         return ("pallas_gpu",
                 fitted_config(shape.dtype, shape.head_dim, shape.q_len, shape.kv_len),
-                f"no measured GPU table; {shape.dtype} is not run by cuDNN, pallas_gpu "
+                f"{why}; {shape.dtype} is not run by cuDNN, pallas_gpu "
                 "default tiling fitted to the device")
     where = (f"nearest measured shape {entry.dtype} B{entry.batch} S{entry.seq} "
              f"H{entry.num_heads} D{entry.head_dim} causal={entry.causal} on "
-             f"{table.device_kind} (jax {table.jax_version}, {table.created_at}): "
+             f"{measured_on(entry, table)} (jax {table.jax_version}, {table.created_at}): "
              + ", ".join(f"{k} {v:.0f} TFLOP/s" for k, v in entry.tflops.items()))
     name = entry.best
     kernel = IMPLEMENTATIONS.get(name)
@@ -215,7 +249,8 @@ def measured_configs(shape: AttentionShape, *, table_path: Path | str | None = N
     """Per Pallas kernel, the tiling measured at the shape nearest ``shape`` (empty
     without a table; pallas_gpu's fitted to the device for ``shape``, and left out when
     nothing fits); ``auto`` uses it for whichever of them it falls back to."""
-    entry = nearest_entry(shape, load_table(table_path))
+    table = load_table(table_path)
+    entry = nearest_entry(shape, table, current_device_kind())
     if entry is None:
         return {}
     out = {name: cfg for name in tuned() if (cfg := entry.config_of(name)) is not None}
@@ -238,24 +273,60 @@ def select_pallas_config(shape: AttentionShape, *, table_path: Path | str | None
 
 
 def _key(entry: TableEntry) -> tuple:
-    return (entry.dtype, entry.batch, entry.seq, entry.num_heads, entry.head_dim, entry.causal)
+    return (entry.device_kind, entry.dtype, entry.batch, entry.seq, entry.num_heads, entry.head_dim, entry.causal)
 
 
 def merge_tables(old: SelectionTable, new: SelectionTable) -> SelectionTable:
     """``old``'s entries with ``new``'s added (a re-measured shape replaces the old
     entry), so that a sweep too long for one run can be done in parts. Both must come
-    from the same device kind and JAX version: one table, one measurement setting.
+    from the same JAX version; entries of another device kind are kept side by side
+    (schema 2: each entry names its device kind, a version-1 table's the table's).
 
     Raises:
-        ValueError: the device kind or JAX version differ.
+        ValueError: the JAX version differs.
     """
-    if (old.device_kind, old.jax_version) != (new.device_kind, new.jax_version):
-        raise ValueError(f"cannot merge a table from {new.device_kind} / jax {new.jax_version} "
-                         f"into one from {old.device_kind} / jax {old.jax_version}; "
-                         "re-tune every shape instead")
+    if old.jax_version != new.jax_version:
+        raise ValueError(f"cannot merge a table from jax {new.jax_version} into one from "
+                         f"jax {old.jax_version}; re-tune every shape instead")
+    old = old.model_copy(update={"schema_version": TABLE_SCHEMA_VERSION, "entries": [
+        e.model_copy(update={"device_kind": measured_on(e, old)}) for e in old.entries]})
+    new = new.model_copy(update={"schema_version": TABLE_SCHEMA_VERSION, "entries": [
+        e.model_copy(update={"device_kind": measured_on(e, new)}) for e in new.entries]})
     fresh = {_key(e) for e in new.entries}
     data = old.tuning_data if old.tuning_data == new.tuning_data else \
         f"{old.tuning_data}; then {new.tuning_data}"
     return new.model_copy(update={
         "entries": [e for e in old.entries if _key(e) not in fresh] + new.entries,
         "command": f"{old.command} ; {new.command}", "tuning_data": data})
+
+
+def fastest_over(serves: Callable[[str, int, int], bool], *,
+                 table_path: Path | str | None = None,
+                 device_kind: str | None = None) -> tuple[str, str] | None:
+    """The implementation the table measured fastest over the shapes a registration
+    serves: among this device kind's entries that ``serves(dtype, head_dim, seq)``
+    accepts, the one with the highest geometric-mean TFLOP/s over the entries where
+    every compared implementation was measured. Returns ``(name, why)``, or ``None``
+    when no table or no entry inside the contract exists (the caller keeps its default).
+
+    Raises:
+        pydantic.ValidationError, ValueError: a malformed table (:func:`load_table`).
+    """
+    table = load_table(table_path)
+    if table is None:
+        return None
+    kind = device_kind if device_kind is not None else current_device_kind()
+    inside = [e for e in table.entries if (kind is None or measured_on(e, table) == kind)
+              and serves(e.dtype, e.head_dim, e.seq)]
+    if not inside:
+        return None
+    names = set.intersection(*(set(e.tflops) for e in inside))
+    if not names:
+        return None
+    geomean = {n: math.exp(sum(math.log(max(e.tflops[n], 1e-9)) for e in inside) / len(inside))
+               for n in names}
+    best = max(sorted(geomean), key=geomean.get)
+    figures = ", ".join(f"{n} {geomean[n]:.0f}" for n in sorted(geomean, key=geomean.get,
+                                                                     reverse=True))
+    return best, (f"fastest by geometric-mean TFLOP/s over the {len(inside)} shapes of "
+                  f"kernels/gpu_table.json inside the serving contract ({figures})")

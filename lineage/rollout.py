@@ -28,7 +28,9 @@ from lineage.tracking import Tracking
 
 PROJECT_DIR = Path(__file__).resolve().parents[1]
 
-Result = Literal["promoted", "rejected", "rolled_back", "failed", "built", "evaluated"]
+Result = Literal["promoted", "rejected", "rolled_back", "errored", "failed", "built", "evaluated"]
+"""``errored``: a stage crashed (``flows.errored``); ``failed``: the same, as records
+written before *Errored* existed name it."""
 
 
 class RolloutRecord(BaseModel):
@@ -176,7 +178,7 @@ def close_rollout(record: RolloutRecord, *, result: Result, stage: str, reason: 
             "reason": reason, "aliases": outcome.aliases,
             "tags": {**record.env_tags, **run_tags}},
            record.signing.signer)
-    tr.end_run(record.tracking, record.rollout_run_id, "FAILED" if result == "failed" else "FINISHED")
+    tr.end_run(record.tracking, record.rollout_run_id, "FAILED" if result in ("errored", "failed") else "FINISHED")
     words = result.replace("_", " ")
     record.tracking.client().update_run(record.rollout_run_id, name=run_title(
         record.implementation, version, result, stage))
@@ -193,5 +195,5 @@ def run_title(implementation: str, version: str | None, result: str, stage: str)
     """The parent run's name, saying what it was: ``rollout xla v3 — rejected at gate``,
     ``evaluation pallas_tpu v4 — evaluated``, ``rollout xla v5 — promoted``."""
     what = _WHAT.get(result, "rollout")
-    where = f" at {stage}" if result in ("rejected", "rolled_back", "failed") else ""
+    where = f" at {stage}" if result in ("rejected", "rolled_back", "errored", "failed") else ""
     return f"{what} {implementation} v{version or '-'} — {result.replace('_', ' ')}{where}"

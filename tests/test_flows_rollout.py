@@ -24,10 +24,14 @@ from prefect.client.schemas.objects import StateType
 from prefect.flow_runs import resume_flow_run
 from prefect.testing.utilities import prefect_test_harness
 
+import kernels
 from evaluation import serving
+from evaluation.testset import load_split
 from flows import judge, promotion, tasks, traffic
+from flows.errored import RolloutErrored
 from flows.rollout import rollout
 from flows.settings import RolloutSettings
+from kernels.kernel import Capability, Kernel
 from kernels.shapes import AttentionShape
 from lineage import registered_model, registry, tags
 from lineage.rollout import close_rollout
@@ -431,7 +435,8 @@ def test_a_rollout_that_fails_in_canary_is_closed_by_what_its_record_says(
         seeded, make_settings, tracking, monkeypatch):
     """A stage raises once the candidate is registered and in canary: the session reads
     back from the record what the rollout did (the version its build registered), rejects
-    that version (canary rolled back) and ends the parent run FAILED; production stays."""
+    that version (canary rolled back) and ends the parent run FAILED, *errored*;
+    production stays."""
     from flows import rollout as rollout_module
 
     seen = {}
@@ -442,8 +447,9 @@ def test_a_rollout_that_fails_in_canary_is_closed_by_what_its_record_says(
         raise RuntimeError("confirmation store unreachable")
 
     monkeypatch.setattr(rollout_module, "confirm", broken)
-    with pytest.raises(RuntimeError, match="unreachable"):
+    with pytest.raises(RolloutErrored, match="unreachable") as raised:
         rollout(make_settings("good"))
+    assert isinstance(raised.value.__cause__, RuntimeError)
     version = seen["version"]
     after = registered_model.aliases(tracking, FAMILY)
     assert after.get("canary") != version and after["production"] == seeded["production"]
@@ -451,7 +457,7 @@ def test_a_rollout_that_fails_in_canary_is_closed_by_what_its_record_says(
     assert "rollout failed: RuntimeError: confirmation store unreachable" in vtags[
         tags.REJECTION_REASON]
     run = tracking.client().get_run(vtags[tags.ROLLOUT_RUN_ID])
-    assert (run.info.status, run.data.tags[tags.RESULT]) == ("FAILED", "failed")
+    assert (run.info.status, run.data.tags[tags.RESULT]) == ("FAILED", "errored")
 
 
 def test_a_failure_after_the_promotion_closes_the_record_as_promoted(
@@ -506,3 +512,75 @@ def test_every_stage_task_hands_prefect_the_context_quoted(monkeypatch):
         passed = seen.pop()
         assert isinstance(passed[0], quote) and passed[0].unquote() is context, stage.name
         assert passed[1:] == ("a result",), stage.name
+
+
+class RefusesLowPrecision(faulty_kernels.FaultyKernel):
+    """Correct (XLA) but declares no float16, while its registration (the flow test's
+    thresholds) serves float16 too: it refuses those cases by its capability (it still
+    builds: the build's example problem is bf16)."""
+
+    name = "test_refuses_low_precision"
+    description = "fault injection: refuses part of its serving contract"
+    fault = "good"
+    capability = Capability(dtypes=("float32", "bfloat16"))
+
+    def check_supported(self, spec, backend, config=None):
+        Kernel.check_supported(self, spec, backend, config)  # the capability decides
+
+
+def test_a_kernel_refusing_part_of_its_contract_is_rejected_naming_the_refused_cases(
+        seeded, make_settings, tracking, store):
+    refused = [c.spec.case_id for c in load_split(store / "testset", "heldout")
+               if c.spec.dtype == "float16"]
+    assert refused, "the CI test set's held-out split has float16 cases"
+    with kernels.registered(RefusesLowPrecision):
+        state = rollout(make_settings("refuses_low_precision"), return_state=True)
+    assert (state.name, state.type) == ("Rejected", StateType.COMPLETED)
+    outcome = state.result()
+    assert (outcome.result, outcome.stage) == ("rejected", "gate")
+    assert "coverage" in outcome.reason
+    (line,) = [x for x in outcome.decision_summary.splitlines() if x.startswith("- fail: coverage:")]
+    assert f"coverage.refused_cases = {len(refused)} violates == 0" in line
+    assert "refused inside the serving contract" in line and refused[0] in line
+    assert "supports dtypes ('float32', 'bfloat16'), got float16" in line
+    assert_production_unchanged(tracking, seeded, outcome.version)
+
+
+def test_a_stage_that_crashes_ends_errored_signed_with_nothing_half_written(
+        seeded, make_settings, tracking, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("decision service exploded")
+
+    monkeypatch.setattr(judge, "decide", broken)
+    state = rollout(make_settings("good"), return_state=True)
+    assert (state.name, state.type) == ("Errored", StateType.FAILED)
+    assert "kernelgate-result:errored" in flow_run_tags(state)
+    error = state.result(raise_on_failure=False)
+    assert isinstance(error, RolloutErrored)
+    outcome = error.outcome
+    assert (outcome.result, outcome.stage) == ("errored", "gate")
+    assert "RuntimeError: decision service exploded" in outcome.reason
+    assert outcome.decision_summary is None  # a crash is never shown as a gate verdict
+    assert_production_unchanged(tracking, seeded, outcome.version)
+    assert outcome.version not in registered_model.aliases(tracking, FAMILY).values()
+    assert "rollout failed: RuntimeError" in version_tags(tracking, outcome.version)[
+        tags.REJECTION_REASON]
+    client = tracking.client()
+    run = client.get_run(outcome.rollout_run_id)
+    assert (run.info.status, run.data.tags[tags.RESULT]) == ("FAILED", "errored")
+    assert "decision service exploded" in run.data.tags[tags.NOTE]
+    signed = {a.path for a in client.list_artifacts(outcome.rollout_run_id, "attestations")}
+    assert "attestations/outcome.dsse.json" in signed
+    experiment = run.info.experiment_id
+    assert not client.search_runs([experiment], filter_string=(
+        f"tags.`{tags.PARENT}` = '{outcome.rollout_run_id}' and tags.`{tags.STAGE}` = 'gate'"))
+    assert not client.search_runs([experiment], filter_string="attributes.status = 'RUNNING'")
+
+
+def test_exit_codes_are_the_ones_the_readme_documents():
+    from flows.errored import EXIT_CODES
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    table = readme.split("<!-- exit-codes -->")[1]
+    for result, code in EXIT_CODES.items():
+        assert f"| {code} | {result.replace('_', ' ')} |" in table, result

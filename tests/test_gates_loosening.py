@@ -20,6 +20,7 @@ from gates.approval_policy import ApprovalPolicy, Approver
 from gates.canary_plan import CanaryPlan, CanaryStep, LatencyTest
 from gates.directions import Looser, direction_of, limit
 from gates.loosening import loosenings
+from gates.serving_contract import ServingContract
 from gates.thresholds import (
     ChangeCriterion,
     PlatformCriteria,
@@ -112,6 +113,10 @@ def _approval(**values) -> Callable[[dict], None]:
     return lambda data: data["approval"].update(values)
 
 
+def _serving(**values) -> Callable[[dict], None]:
+    return lambda data: data.setdefault("serving", {}).update(values)
+
+
 def _step(name: str, **values) -> Callable[[dict], None]:
     return lambda data: [s.update(values) for s in data["canary"]["steps"] if s["name"] == name]
 
@@ -187,6 +192,20 @@ LOOSENINGS = [
      ["canary.steps[s5].traffic_fraction 0.05 -> 0.1"]),
     ("traffic fraction lowered", _step("s50", traffic_fraction=0.25),
      ["canary.steps[s50].traffic_fraction 0.5 -> 0.25"]),
+    # serving contract: narrower is looser (the kernel must run less)
+    ("a served dtype dropped", _serving(dtypes=["float32", "bfloat16"]),
+     ["serving.dtypes: float16 removed"]),
+    ("smallest head_dim raised", _serving(min_head_dim=64), ["serving.min_head_dim 1 -> 64"]),
+    ("largest head_dim set", _serving(max_head_dim=256), ["serving.max_head_dim unset -> 256"]),
+    ("shortest sequence raised", _serving(min_seq=1024), ["serving.min_seq 1 -> 1024"]),
+    ("longest sequence set", _serving(max_seq=4096), ["serving.max_seq unset -> 4096"]),
+    ("the serving model in another dtype", _serving(model_dtype="bfloat16"),
+     ["serving.model_dtype float32 -> bfloat16"]),
+    ("bf16 long sequences only", _serving(dtypes=["bfloat16"], model_dtype="bfloat16",
+                                          min_head_dim=64, max_head_dim=256, min_seq=1024),
+     ["serving.dtypes: float32 removed", "serving.dtypes: float16 removed",
+      "serving.min_head_dim 1 -> 64", "serving.max_head_dim unset -> 256",
+      "serving.min_seq 1 -> 1024", "serving.model_dtype float32 -> bfloat16"]),
     # approval
     ("required_for shrinks", _approval(required_for=["shadow->canary"]),
      ["approval.required_for: canary->production removed"]),
@@ -266,6 +285,35 @@ def test_tightenings_and_names_report_nothing(edit):
     assert loosenings(_parsed(BASE), _edited(edit)) == []
 
 
+def test_a_wider_serving_contract_is_a_tightening():
+    narrow = {"dtypes": ["bfloat16"], "model_dtype": "bfloat16", "min_head_dim": 64,
+              "max_head_dim": 128, "min_seq": 1024, "max_seq": 4096}
+    wide = {"dtypes": ["bfloat16", "float16"], "model_dtype": "bfloat16", "min_head_dim": 32,
+            "max_head_dim": 256, "min_seq": 512, "max_seq": 8192}
+    old, new = _parsed(BASE | {"serving": narrow}), _parsed(BASE | {"serving": wide})
+    assert loosenings(old, new) == []
+    assert sorted(loosenings(new, old)) == sorted([
+        "serving.dtypes: float16 removed", "serving.min_head_dim 32 -> 64",
+        "serving.max_head_dim 256 -> 128", "serving.min_seq 512 -> 1024",
+        "serving.max_seq 8192 -> 4096"])
+
+
+def test_a_profile_without_a_contract_serves_everything():
+    serving = _parsed(BASE).serving
+    assert serving == ServingContract()
+    assert serving.serves("float16", 256, 1, 131072) and serving.model_dtype == "float32"
+    bf16 = ServingContract(dtypes=["bfloat16"], model_dtype="bfloat16", min_head_dim=64,
+                           max_head_dim=256, min_seq=1024)
+    assert bf16.serves("bfloat16", 128, 1, 1024)  # a decode call over 1024 keys
+    assert bf16.outside("float32", 128, 1024, 1024) == "dtype float32 not served ['bfloat16']"
+    assert bf16.outside("bfloat16", 32, 2048, 2048) == "head_dim 32 outside 64..256"
+    assert bf16.outside("bfloat16", 64, 512, 512) == "sequence 512 outside >= 1024"
+    with pytest.raises(ValueError, match="model_dtype float32 is not a served dtype"):
+        ServingContract(dtypes=["bfloat16"])
+    with pytest.raises(ValueError, match="max_head_dim 32 < min_head_dim 64"):
+        ServingContract(min_head_dim=64, max_head_dim=32)
+
+
 def test_an_unchanged_profile_reports_nothing_and_the_reverse_of_a_loosening_does():
     base = _parsed(BASE)
     assert loosenings(base, base) == []
@@ -277,7 +325,7 @@ def test_an_unchanged_profile_reports_nothing_and_the_reverse_of_a_loosening_doe
 # --- every field declares its direction ------------------------------------------------
 
 SCHEMA_MODELS = {Thresholds, CanaryPlan, LatencyTest, CanaryStep, ApprovalPolicy, Approver,
-                 PlatformCriteria, ValueCriterion, ChangeCriterion}
+                 PlatformCriteria, ValueCriterion, ChangeCriterion, ServingContract}
 
 
 def _models_in(annotation) -> list[type[BaseModel]]:

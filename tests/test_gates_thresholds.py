@@ -33,10 +33,11 @@ KNOWN_METRICS = {
     "throughput.tflops",
     "memory.peak_bytes",
     "compile.time_s",
+    "coverage.refused_cases",
 }
 
 
-@pytest.mark.parametrize("name", ["local-dry-run.yaml", "staging.yaml", "production.yaml"])
+@pytest.mark.parametrize("name", ["local-dry-run.yaml", "staging.yaml", "production.yaml", "bf16-long.yaml"])
 def test_shipped_profiles_load_and_use_only_known_metrics(name):
     path = ROOT / "thresholds" / name
     thresholds = load_thresholds(path)
@@ -45,6 +46,9 @@ def test_shipped_profiles_load_and_use_only_known_metrics(name):
         criteria = thresholds.platforms[platform]
         metrics = {c.metric for c in (*criteria.value, *criteria.change)}
         assert metrics <= KNOWN_METRICS, metrics - KNOWN_METRICS
+        # a kernel must run every case its registration serves (refusals fail coverage)
+        assert any(c.metric == "coverage.refused_cases" and c.op == "==" and c.value == 0
+                   for c in criteria.value)
         # NaN outputs never pass, on any platform
         assert any(
             c.metric == "accuracy.all.nan_count" and c.op == "==" and c.value == 0

@@ -265,6 +265,12 @@ def test_autotune_merge_adds_shapes_and_replaces_remeasured_ones(tmp_path):
     assert sorted((e.seq, e.causal) for e in merged.entries) == [
         (64, False), (64, True), (96, False), (96, True)]  # S=64 re-measured, not duplicated
     assert merged.command.count(" ; ") == 1
-    other = merged.model_copy(update={"device_kind": "NVIDIA H200"})
+    assert {e.device_kind for e in merged.entries} == {first.device_kind}  # written per entry
+    # another device kind's entries are kept side by side (the table is keyed by kind) ...
+    other = first.model_copy(update={"device_kind": "NVIDIA H200", "entries": [
+        e.model_copy(update={"device_kind": "NVIDIA H200"}) for e in first.entries]})
+    both = selection.merge_tables(merged, other)
+    assert len(both.entries) == len(merged.entries) + len(other.entries)
+    # ... but one table is one JAX version
     with pytest.raises(ValueError, match="cannot merge"):
-        selection.merge_tables(other, first)
+        selection.merge_tables(other.model_copy(update={"jax_version": "0.0.1"}), first)

@@ -214,16 +214,23 @@ REFERENCES = ("cudnn", "xla")
 """The output every candidate must agree with: cuDNN's where it runs, else XLA's."""
 
 
-def search_space(name: str, shape: AttentionShape, quick: bool) -> list[BlockSizes]:
-    """The tilings of the tuned kernel ``name`` to try on ``shape`` (see ``SEARCH_SPACES``)."""
+def search_space(name: str, shape: AttentionShape, quick: bool,
+                 max_tilings: int | None = None) -> list[BlockSizes]:
+    """The tilings of the tuned kernel ``name`` to try on ``shape`` (see ``SEARCH_SPACES``),
+    at most ``max_tilings`` of them (spread evenly over the space, its first kept)."""
     if name in SEARCH_SPACES:
-        return SEARCH_SPACES[name](shape, quick)
+        space = SEARCH_SPACES[name](shape, quick)
+        if max_tilings is not None and len(space) > max_tilings:
+            step = len(space) / max_tilings
+            space = [space[int(i * step)] for i in range(max_tilings)]
+        return space
     spec, _, _ = validate(*shape.structs(), causal=shape.causal)
     return [IMPLEMENTATIONS[name].resolve_config(spec, None)]
 
 
 def tune_shape(shape: AttentionShape, *, quick: bool, seed: int, repeats: int,
-               target_repeat_s: float, mosaic: bool = True) -> TableEntry:
+               target_repeat_s: float, mosaic: bool = True,
+               max_tilings: int | None = None) -> TableEntry:
     """Time cudnn and every candidate tiling of each tuned kernel of the registry
     (``kernels.registry.tuned``; pallas_mosaic_gpu left out when ``mosaic`` is False) on
     one shape; the fastest correct one wins.
@@ -254,9 +261,10 @@ def tune_shape(shape: AttentionShape, *, quick: bool, seed: int, repeats: int,
     for name in tuned():
         if name == "pallas_mosaic_gpu" and not mosaic:
             continue
-        results[name] = _tune(name, search_space(name, shape, quick), shape, (q, k, v),
+        results[name] = _tune(name, search_space(name, shape, quick, max_tilings), shape, (q, k, v),
                               baseline, **timing)
-        if name == "pallas_gpu" and not quick and shape.head_dim <= SERVING_HEAD_DIM:
+        if (name == "pallas_gpu" and not quick and shape.head_dim <= SERVING_HEAD_DIM
+                and max_tilings is None):
             results[name] += _tune(name, stage_variants(results[name], shape), shape,
                                    (q, k, v), baseline, **timing)
         if good := [r for r in results[name] if r.tflops]:
@@ -298,17 +306,18 @@ def tuning_shapes(testset_dir: Path) -> list[AttentionShape]:
 
 def autotune(shapes: Sequence[AttentionShape], *, quick: bool, repeats: int,
              target_repeat_s: float, command: str, tuning_data: str,
-             mosaic: bool = True) -> SelectionTable:
+             mosaic: bool = True, max_tilings: int | None = None) -> SelectionTable:
     """Tune every shape; return the table (not yet written)."""
     entries = []
     for i, shape in enumerate(shapes):
         entry = tune_shape(shape, quick=quick, seed=1000 + i, repeats=repeats,
-                           target_repeat_s=target_repeat_s, mosaic=mosaic)
+                           target_repeat_s=target_repeat_s, mosaic=mosaic,
+                           max_tilings=max_tilings)
         print(f"[autotune] {shape.label}: best {entry.best} "
               + " ".join(f"{k}={v:.1f}" for k, v in entry.tflops.items())
               + f" pallas_gpu={entry.pallas_config} pallas_mosaic_gpu={entry.mosaic_config}",
               file=sys.stderr, flush=True)
-        entries.append(entry)
+        entries.append(entry.model_copy(update={"device_kind": jax.devices()[0].device_kind}))
     return SelectionTable(
         jax_version=jax.__version__, device_kind=jax.devices()[0].device_kind,
         created_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), command=command,
@@ -337,6 +346,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="do not tune pallas_mosaic_gpu (the table then never picks it)")
     parser.add_argument("--with-grid", action="store_true",
                         help="with --testset: also tune the benchmark grid's shapes")
+    parser.add_argument("--max-tilings", type=int, default=None,
+                        help="at most this many tilings per tuned kernel and shape (so per "
+                             "head_dim), spread over its search space")
     parser.add_argument("--merge", action="store_true",
                         help="add to the table at --out (same device and JAX) instead of "
                              "replacing it; re-measured shapes replace their entries")
@@ -361,7 +373,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     table = autotune(shapes, quick=quick, repeats=3 if quick else args.repeats,
                      target_repeat_s=0.0 if quick else args.target_repeat_s,
                      command=" ".join(["python -m kernels.tools.autotune", *sys.argv[1:]]),
-                     tuning_data=data, mosaic=not args.no_mosaic)
+                     tuning_data=data, mosaic=not args.no_mosaic, max_tilings=args.max_tilings)
     if (args.merge or args.serving) and (old := load_table(args.out)) is not None:
         table = merge_tables(old, table)
     args.out.parent.mkdir(parents=True, exist_ok=True)
