@@ -241,6 +241,8 @@ def preregister(context: RolloutContext) -> Preregistered:
         ValueError: the file does not parse against the thresholds schema.
         lineage.registration.LooseningRefused: it loosens the family's thresholds after a
             rejection without a named approval.
+        lineage.bindings.BindingsRefused: the family's newest registration froze the same
+            file with other verdict-changing settings (named).
     """
     record, settings = context.record, context.settings
     approval = settings.loosening_approval.read_bytes() if settings.loosening_approval else None
