@@ -37,6 +37,12 @@ from kernels.shapes import AttentionShape
 
 logger = logging.getLogger(__name__)
 
+def _attention_dtype(model) -> str:
+    """The dtype ``model``'s attention runs in (MiniLM's config); float32 for a model
+    that declares none (a stand-in in tests)."""
+    return getattr(getattr(model, "config", None), "attention_dtype", "float32")
+
+
 def compile_workers(backend: str) -> int:
     """Threads that compile the test set's shapes at once: on an accelerator host all
     cores but one (compiling is host work; the device idles meanwhile); on a CPU none
@@ -242,7 +248,7 @@ def evaluate_candidate(
         report.model_accuracy = {
             role: model_accuracy(texts, lambda t, r=runner: r.embed(t)[0], name=role,
                                  reference_embeddings=ref, weights_sha256=model.weights_sha256,
-                                 dtype=model.config.attention_dtype)
+                                 dtype=_attention_dtype(model))
             for role, runner in runners.items()}
 
     native = {role: infos[role].native if role in infos else False

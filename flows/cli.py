@@ -56,9 +56,11 @@ from flows.cli_ops import notifications_app, run_until_signalled  # noqa: E402
 app.add_typer(keys_app, name="keys")
 app.add_typer(notifications_app, name="notifications")
 from flows.cli_approvals import approve, approve_loosening  # noqa: E402
+from flows.cli_log import CheckpointFiles, reanchor, witnessing  # noqa: E402
 
 app.command()(approve)
 app.command(name="approve-loosening")(approve_loosening)
+app.command()(reanchor)
 from flows.cli_stack import stack_app  # noqa: E402
 
 app.add_typer(stack_app, name="stack")
@@ -70,8 +72,7 @@ def _tracking(store_dir: Path, *, must_exist: bool):
     from lineage import tracking as tr
 
     if not os.environ.get("MLFLOW_TRACKING_URI") and must_exist and not (store_dir / "mlflow.db").exists():
-        raise typer.BadParameter(f"no MLflow store at {store_dir.resolve()} (run a rollout first, "
-                                 "or pass --store-dir / set MLFLOW_TRACKING_URI)")
+        raise typer.BadParameter(f"no MLflow store at {store_dir.resolve()} (run a rollout first, or pass --store-dir / set MLFLOW_TRACKING_URI)")
     tracking = tr.tracking_for(store_dir)
     try:
         tr.check_reachable(tracking)
@@ -82,8 +83,7 @@ def _tracking(store_dir: Path, *, must_exist: bool):
 
 
 def _fail_fast_if_down() -> None:
-    """A tracking server (``MLFLOW_TRACKING_URI``) that does not answer: say so, naming it,
-    within seconds (before JAX or MLflow is imported), and exit 1."""
+    """A tracking server (``MLFLOW_TRACKING_URI``) that does not answer: say so, naming it, within seconds (before JAX or MLflow is imported), and exit 1."""
     uri = os.environ.get("MLFLOW_TRACKING_URI", "")
     if not uri.startswith(("http://", "https://")):
         return
@@ -228,8 +228,8 @@ def audit(target: Annotated[str, typer.Argument(help="alias (production, canary,
           recheck_reference: Annotated[int, typer.Option(
               min=0, help="recompute this many cached float64 references of the held-out "
               "evaluation with NumPy here (0: skip)")] = 2,
-          key_dir: KeyDir = None) -> None:
-    """Re-derive why a version is where it is: verify every signed attestation, the alias history, the complete chain, each decision and every artifact (exit 1 on any problem)."""
+          key_dir: KeyDir = None, checkpoint: CheckpointFiles = None) -> None:
+    """Re-derive why a version is where it is: verify every signed attestation, the family's signed log (against the pipeline's checkpoint, yours, and the head this audit remembered), the complete chain, each decision and every artifact (exit 1 on any problem)."""
     from lineage import keys
     from lineage.audit import audit as run_audit
     from lineage.bundle import BundleSource, export_bundle
@@ -250,14 +250,14 @@ def audit(target: Annotated[str, typer.Argument(help="alias (production, canary,
         raise typer.BadParameter(str(err)) from None
     if bundle is not None:
         source = BundleSource(bundle, trust)
-        result = run_audit(None, check_name(family or source.family), target, source=source)
+        result = run_audit(None, check_name(family or source.family), target, source=source, witnessing=witnessing(key_dir, checkpoint, bundle))
     else:
         tracking = _tracking(store_dir, must_exist=True)
         fam = _existing_family(tracking, family)
         result = run_audit(tracking, fam, target, trust=trust, load_model=load_model,
-                           recheck_reference=recheck_reference)
+                           recheck_reference=recheck_reference, witnessing=witnessing(key_dir, checkpoint, None))
         if export is not None:
-            typer.echo(f"bundle written to {export_bundle(tracking, fam, result, trust_files, export)}")
+            typer.echo(f"bundle written to {export_bundle(tracking, fam, result, trust_files, export, key_dir or keys.default_key_dir())}")
     typer.echo(result.render())
     raise typer.Exit(result.exit_code)
 

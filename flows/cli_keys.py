@@ -85,7 +85,7 @@ def keys_rotate(key_dir: KeyDir = None, store_dir: StoreDir = Path(".kernelgate"
     tracking = tr.tracking_for(store_dir)
     folder = key_dir or keys.default_key_dir()
     signing = Signing(signer=keys.load_signer(folder / f"{keys.PIPELINE_KEY}.pem"),
-                      trust=keys.folder_trust(folder))
+                      trust=keys.folder_trust(folder), key_dir=folder)
     for family in key_rotation.families(tracking):
         for line in key_rotation.reattest(tracking, family, signing,
                                           reason=f"key rotation: {old[:12]} -> {new[:12]}"):

@@ -23,7 +23,7 @@ from flows.settings import RolloutSettings
 from flows.tasks import end_state, prepare_testset, rollout_session, run_logger
 from lineage import chain, registered_model, registry, tags, version_runners
 from lineage import tracking as tr
-from lineage.attestations import attest
+from lineage.log_writer import append
 from lineage.sources import StoreSource
 
 
@@ -75,9 +75,9 @@ def _finish(ctx: RolloutContext, version: str | None, result: str, reason: str,
     tr.log_model_json(record.tracking, record.rollout_run_id, outcome, tags.REVALIDATION_ARTIFACT)
     run_tags = {tags.RESULT: result, tags.NOTE: reason}
     tr.set_tags(record.tracking, record.rollout_run_id, run_tags)
-    attest(record.tracking, record.rollout_run_id, "outcome",
+    append(record.tracking, record.rollout_run_id, "outcome",
            {"family": record.family, "version": version, "result": result,
-            "reason": reason, "tags": run_tags}, record.signing.signer)
+            "reason": reason, "tags": run_tags}, record.signing)
     tr.end_run(record.tracking, record.rollout_run_id, "FAILED" if result == "error" else "FINISHED")
     try:
         create_markdown_artifact(

@@ -84,7 +84,7 @@ def signing_for(settings: RolloutSettings) -> Signing:
     """
     key_dir = settings.key_dir or keys.default_key_dir()
     signer = keys.load_signer(keys.ensure_pipeline_key(key_dir))
-    return Signing(signer=signer, trust=keys.folder_trust(key_dir))
+    return Signing(signer=signer, trust=keys.folder_trust(key_dir), key_dir=key_dir)
 
 
 def family_of(settings: RolloutSettings) -> str:

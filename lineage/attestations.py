@@ -21,6 +21,7 @@ import hashlib
 import json
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from google.protobuf import json_format
@@ -40,11 +41,12 @@ PREDICATE_PREFIX = "https://kernelgate.dev/attestation/"
 ATTESTATION_DIR = "attestations"
 
 KINDS = ("registration", "build", "evaluation", "decision", "approval", "shadow", "canary",
-         "alias", "outcome", "loosening")
+         "alias", "outcome", "loosening", "checkpoint", "reanchor", "reanchor-approval")
 """What is attested: a preregistration, a build, an evaluation, a gate decision (held-out
 or confirmation), an approval, a shadow stage, a canary step, an alias move (assign,
 promote, rollback, clear; numbered per family), a rollout's outcome, an approval to
-loosen thresholds."""
+loosen thresholds, a checkpoint of the family's log (``lineage.checkpoints``), a re-anchor
+of a damaged log and a person's approval of it (``lineage.reanchor``)."""
 
 
 class AttestationError(KernelgateError, RuntimeError):
@@ -244,6 +246,9 @@ class Signing(BaseModel):
 
     signer: Signer
     trust: TrustPolicy
+    key_dir: Path | None = None
+    """The pipeline's key folder, where its checkpoints of each family's log live
+    (``lineage.checkpoints``); None: none are written or read."""
 
     @model_validator(mode="after")
     def _pipeline_role(self) -> Signing:

@@ -34,7 +34,7 @@ from datetime import timedelta
 
 from evaluation.report import EvaluationReport
 from gates.decision import decide
-from lineage import chain, registered_model, store_check
+from lineage import chain, checkpoints, family_log, registered_model, store_check
 from lineage.attestations import Attestation, AttestationError
 from lineage.audit_report import AuditReport, Walk
 from lineage.bundle import verify_artifacts
@@ -238,7 +238,8 @@ def _registrations(source: EvidenceSource) -> list[str]:
 
 def audit(tracking: Tracking | None, family: str, target: str, *, trust=None,
           source: EvidenceSource | None = None, load_model: bool = True,
-          recheck_reference: int = 0) -> AuditReport:
+          recheck_reference: int = 0,
+          witnessing: checkpoints.Witnessing | None = None) -> AuditReport:
     """Audit the version behind ``target`` (an alias or a version number) of ``family``.
 
     Args:
@@ -249,6 +250,8 @@ def audit(tracking: Tracking | None, family: str, target: str, *, trust=None,
         recheck_reference: recompute this many of the held-out evaluation's cached
             float64 references with NumPy on this host (``evaluation.reference_cache``;
             needs the test set where the evaluation read it); 0: do not.
+        witnessing: check the family's signed log against checkpoints and the head the
+            auditor remembers (``lineage.checkpoints``), and remember it when intact.
 
     Returns:
         :class:`AuditReport`; never raises on bad lineage (every problem is named).
@@ -256,6 +259,12 @@ def audit(tracking: Tracking | None, family: str, target: str, *, trust=None,
     source = source or StoreSource(tracking, family, trust)
     walk = Walk()
     walk.problems += [f"attestation does not verify: {p}" for p in source.problems()]
+    log = family_log.read(source)
+    seen = witnessing or checkpoints.Witnessing()
+    found, warnings = checkpoints.witness(log, source.trust, **seen.model_dump())
+    walk.problems += log.problems + found
+    if seen.home is not None and not log.problems and not found:
+        checkpoints.remember(log, seen.home)
     online = isinstance(source, StoreSource)
     actual = registered_model.aliases(tracking, family) if online else source.view.get("aliases", {})
     signed = _history(source, actual, walk)
@@ -268,7 +277,7 @@ def audit(tracking: Tracking | None, family: str, target: str, *, trust=None,
                            registrations=_registrations(source),
                            attestations_verified=len(source.attestations()),
                            artifacts_verified=verified, artifacts_checked=checked,
-                           problems=walk.problems)
+                           problems=walk.problems, warnings=log.warnings + warnings)
 
     if version is None:
         walk.link("version", None, False, f"{target!r} is not a version number and no such alias "

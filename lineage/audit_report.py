@@ -30,6 +30,7 @@ class AuditReport(BaseModel):
     artifacts_verified: int
     artifacts_checked: int
     problems: list[str]
+    warnings: list[str] = []  # said, not failing: a legacy prefix, a re-anchored gap
 
     @property
     def ok(self) -> bool:
@@ -58,6 +59,7 @@ class AuditReport(BaseModel):
         if self.registrations:
             lines.append("  registrations (oldest first):")
             lines += [f"    {r}" for r in self.registrations]
+        lines += [f"  WARNING: {w}" for w in self.warnings]
         lines += [f"  PROBLEM: {p}" for p in self.problems]
         lines.append(self.summary())
         return "\n".join(lines)

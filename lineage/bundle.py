@@ -8,8 +8,11 @@ with no MLflow at all. The layout is defined here once, for both directions::
     artifacts/<run id>/<path>                the artifacts those envelopes sign
     keys/<name>.pub.json                     the public keys trusted at export (a copy:
                                              an auditor checks their ids, not this folder)
+    checkpoints/<genesis>.json               the pipeline's signed checkpoint of the family's
+                                             log (its length and head) at export
     store_view.json                          the registry as it was: aliases, version ->
-                                             build run, deleted runs
+                                             build run, deleted runs (unsigned: a hint; the
+                                             audit trusts the signed history and checkpoint)
     audit.txt                                the online audit at export time
     VERIFY.md                                the command that re-checks it offline
 """
@@ -26,7 +29,7 @@ from typing import Protocol
 
 from mlflow.exceptions import MlflowException
 
-from lineage import registered_model
+from lineage import checkpoints, family_log, registered_model
 from lineage import tracking as tr
 from lineage.attestations import (
     ATTESTATION_DIR,
@@ -42,6 +45,7 @@ from lineage.tracking import Tracking
 ATTESTATIONS = "attestations"
 ARTIFACTS = "artifacts"
 KEYS = "keys"
+CHECKPOINTS = "checkpoints"
 STORE_VIEW = "store_view.json"
 AUDIT_TEXT = "audit.txt"
 VERIFY_TEXT = "VERIFY.md"
@@ -110,6 +114,11 @@ class BundleSource:
         """Unknown in a bundle (no run tags exported): always empty."""
         return set()
 
+    def checkpoint_files(self) -> list[Path]:
+        """The signed checkpoints the bundle carries (verified by the audit, with the
+        auditor's keys)."""
+        return sorted((self.folder / CHECKPOINTS).glob("*.json"))
+
 
 def verify_artifacts(source: BundleSource, runs: set[str]) -> tuple[int, int, list[str]]:
     """Re-hash every artifact the attestations of ``runs`` sign against its signed digest.
@@ -147,10 +156,11 @@ class AuditText(Protocol):
 
 
 def export_bundle(tracking: Tracking, family: str, report: AuditText, trust_files: list[Path],
-                  out: Path) -> Path:
+                  out: Path, key_dir: Path | None = None) -> Path:
     """Write a self-contained audit bundle: every envelope of the family, the artifacts
     they sign, the trusted public keys, the registry as it is now, the audit text and
-    the command that re-checks it offline. Returns ``out``.
+    the command that re-checks it offline, and the pipeline's signed checkpoint of the
+    family's log from ``key_dir`` (where there is one). Returns ``out``.
 
     Raises:
         FileExistsError: ``out`` exists and is not empty.
@@ -170,6 +180,12 @@ def export_bundle(tracking: Tracking, family: str, report: AuditText, trust_file
             target.parent.mkdir(parents=True, exist_ok=True)
             with contextlib.suppress(MlflowException, OSError):  # missing: offline check names it
                 target.write_bytes(tr.read_artifact(tracking, run_id, path))
+    log = family_log.read(source)
+    if key_dir is not None and log.genesis is not None:
+        checkpoint = checkpoints.checkpoint_file(key_dir, family, log.genesis)
+        if checkpoint.is_file():
+            (out / CHECKPOINTS).mkdir(parents=True, exist_ok=True)
+            shutil.copy(checkpoint, out / CHECKPOINTS / checkpoint.name)
     keys = out / KEYS
     keys.mkdir(parents=True, exist_ok=True)
     for path in trust_files:
@@ -190,5 +206,15 @@ def export_bundle(tracking: Tracking, family: str, report: AuditText, trust_file
         "It verifies every envelope with the keys you pass (check their ids against the ones "
         "you trust, not against this folder), every artifact against its signed digest, "
         "re-derives each gate decision from the signed report and registration, and replays "
-        "the signed alias history. audit.txt is the online audit at export time.\n")
+        "the family's signed log and its alias history. audit.txt is the online audit at "
+        "export time.\n\n"
+        "Nothing in this folder is trusted unsigned. Pass your own keys: `--trusted-key` "
+        "with public keys you hold yourself (the copies in keys/ came with the bundle). "
+        "Deleting the last entries of the log leaves no gap; a signed checkpoint of its "
+        "length and head does: the bundle carries the pipeline's (checkpoints/), and "
+        "`--checkpoint FILE` checks against one you kept (from the pipeline's key folder, "
+        "`<key dir>/checkpoints/<family>/`, or an earlier bundle). `kernelgate audit` also "
+        "remembers the last head it verified under your kernelgate home (KERNELGATE_HOME) "
+        "and refuses a shorter or forked log. store_view.json is unsigned: aliases in it "
+        "that the signed history does not leave are named.\n")
     return out

@@ -27,8 +27,8 @@ from evaluation.testset import MANIFEST_FILE, load_manifest
 from kernels.build import KernelBuild
 from lineage import tags
 from lineage import tracking as tr
-from lineage.attestations import attest
 from lineage.environment import collect_environment
+from lineage.log_writer import append
 from lineage.rollout import PROJECT_DIR, RolloutRecord
 from lineage.versions import LoggedModel, build_params, log_version_model, register_version
 
@@ -128,7 +128,7 @@ def log_evaluation_result(record: RolloutRecord, run_id: str, report: Evaluation
                 tags.BUILD_RUN_ID: build_run_id, tags.REGISTRATION_ID: registration_id,
                 tags.SPLIT: report.split}
     tr.set_tags(record.tracking, run_id, run_tags)
-    attest(record.tracking, run_id, "evaluation", {
+    append(record.tracking, run_id, "evaluation", {
         "family": record.family, "version": version, "build_run_id": build_run_id,
         "registration_id": registration_id, "split": report.split,
         "split_digest": report.split_digest, "testset_digest": report.testset_digest,
@@ -136,7 +136,7 @@ def log_evaluation_result(record: RolloutRecord, run_id: str, report: Evaluation
         "speed_assessed": report.speed_assessed, "metrics": metrics,
         "report_artifact": f"evaluation/{REPORT_FILENAME}", "tags": run_tags,
         "datasets": tr.dataset_facts(client.get_run(run_id))},
-        record.signing.signer)
+        record.signing)
 
 
 def log_traffic(record: RolloutRecord, path: Path) -> None:

@@ -23,7 +23,8 @@ from gates.decision import GateDecision
 from kernels.errors import KernelgateError
 from lineage import tags
 from lineage import tracking as tr
-from lineage.attestations import AttestationError, Signing, attest
+from lineage.attestations import AttestationError, Signing
+from lineage.log_writer import append
 from lineage.sources import EvidenceSource, signed_artifact
 from lineage.tracking import Tracking
 
@@ -61,11 +62,11 @@ def log_decision(tracking: Tracking, family: str, decision: GateDecision, *, bui
         client = tracking.client()
         for status in ("pass", "fail", "inconclusive", "not_assessed", "not_applicable"):
             client.log_metric(run_id, f"criteria.{status}", len(decision.by_status(status)))
-        attest(tracking, run_id, "decision", {
+        append(tracking, run_id, "decision", {
             "family": family, "version": version, "build_run_id": build_run_id,
             "evaluation_run_id": evaluation_run_id, "registration_id": decision.registration_id,
             "verdict": decision.verdict, "scope": decision.scope,
-            "decision_artifact": tags.DECISION_ARTIFACT, "tags": run_tags}, signing.signer)
+            "decision_artifact": tags.DECISION_ARTIFACT, "tags": run_tags}, signing)
     return run_id
 
 
@@ -108,9 +109,9 @@ def log_approval(tracking: Tracking, record: ApprovalRecord, *, decision_run_id:
         tr.log_model_json(tracking, run_id, record, tags.APPROVAL_ARTIFACT)
         if person_envelope is not None:
             tr.log_bytes(tracking, run_id, person_envelope, tags.PERSON_APPROVAL_ARTIFACT)
-        attest(tracking, run_id, "approval", {
+        append(tracking, run_id, "approval", {
             "family": record.family, "version": record.version, "decision_run_id": decision_run_id,
-            "record": json.loads(record.model_dump_json()), "tags": run_tags}, signing.signer)
+            "record": json.loads(record.model_dump_json()), "tags": run_tags}, signing)
     return run_id
 
 
@@ -142,10 +143,10 @@ def log_canary_step(tracking: Tracking, family: str, result: CanaryStepResult, *
             "output_drift_max", "memory_growth_bytes", "error_count", "nan_count")}
         for name, value in metrics.items():
             client.log_metric(run_id, name, value)
-        attest(tracking, run_id, "canary", {
+        append(tracking, run_id, "canary", {
             "family": family, "version": version, "decision_run_id": decision_run_id,
             "step": result.step, "passed": result.passed, "breaches": result.breaches,
-            "metrics": metrics, "tags": run_tags}, signing.signer)
+            "metrics": metrics, "tags": run_tags}, signing)
     return run_id
 
 
@@ -159,10 +160,10 @@ def log_shadow(tracking: Tracking, family: str, version: str, traffic: BaseModel
                       run_name=f"shadow-v{version}", run_tags=run_tags) as run_id:
         tr.log_model_json(tracking, run_id, traffic, "shadow/traffic.json")
         tr.log_model_json(tracking, run_id, result, "shadow/analysis.json")
-        attest(tracking, run_id, "shadow", {
+        append(tracking, run_id, "shadow", {
             "family": family, "version": version, "decision_run_id": decision_run_id,
             "passed": result.passed, "breaches": result.breaches, "tags": run_tags},
-            signing.signer)
+            signing)
     return run_id
 
 
@@ -188,7 +189,7 @@ def log_alias_change(tracking: Tracking, change: BaseModel, *, signing: Signing,
     with tr.stage_run(tracking, data["family"], stage, parent_run_id=parent_run_id,
                       run_name=f"{data['action']}-{data['alias']}", run_tags=run_tags) as run_id:
         tr.log_model_json(tracking, run_id, change, tags.ALIAS_CHANGE_ARTIFACT)
-        attest(tracking, run_id, "alias", {
+        append(tracking, run_id, "alias", {
             **data, "sequence": sequence, "previous_envelope": previous_envelope,
-            "chain": chain or {}, "tags": run_tags}, signing.signer)
+            "chain": chain or {}, "tags": run_tags}, signing)
     return run_id

@@ -31,17 +31,18 @@ from lineage.attestations import (
     AttestationError,
     Signing,
     TrustPolicy,
-    attest,
     make_envelope,
     verify_envelope,
 )
 from lineage.bindings import RolloutBindings, refuse_rebinding
 from lineage.bindings import changes as binding_changes
+from lineage.family_log import read as read_log
+from lineage.log_writer import append, damage, intact_log
 from lineage.sources import EvidenceSource, StoreSource, signed_artifact
 from lineage.tracking import Tracking
 
 __all__ = ["LooseningRefused", "PreregistrationError", "Registration", "had_rejection",
-           "latest_registration",
+           "latest_registration", "rejection_in_log",
            "load_registration", "preregister", "registered_thresholds", "thresholds_for_gate",
            "verify_registration"]
 
@@ -68,12 +69,38 @@ def latest_registration(source: EvidenceSource) -> tuple[Attestation, Thresholds
     return newest, registered_thresholds(source, _registration_of(newest))
 
 
+def _rejects(a: Attestation) -> bool:
+    return ((a.kind == "decision" and a.predicate.get("verdict") == "reject")
+            or (a.kind in ("shadow", "canary") and a.predicate.get("passed") is False)
+            or (a.kind == "alias" and a.predicate.get("action") == "rollback")
+            or (a.kind == "outcome" and a.predicate.get("result") in ("rejected", "rolled_back")))
+
+
 def had_rejection(source: EvidenceSource) -> bool:
-    """Whether any candidate of the family was rejected or rolled back (signed)."""
-    return any((a.kind == "decision" and a.predicate.get("verdict") == "reject")
-               or (a.kind in ("shadow", "canary") and a.predicate.get("passed") is False)
-               or (a.kind == "alias" and a.predicate.get("action") == "rollback")
-               for a in source.attestations())
+    """Whether any candidate of the family was rejected or rolled back (signed), or the
+    family's signed log cannot say: see :func:`rejection_in_log`."""
+    return rejection_in_log(source) is not None
+
+
+def rejection_in_log(source: EvidenceSource, damage: list[str] | None = None) -> str | None:
+    """Why a loosening needs a person's approval, read from the family's signed log (never
+    from "what is still in the store"), or None: a rejection or rollback in the log; a
+    missing entry (a deleted envelope may have been one), re-anchored or not; or a record
+    signed before the log existed that rejects; ``damage``: what a writer found wrong with
+    the log (``lineage.log_writer.damage``: it also sees a cut at the end)."""
+    log = read_log(source)
+    missing = sorted(set(log.gaps()) | set(log.acknowledged))
+    if missing or log.problems or damage:
+        return (f"the family's signed log is missing entries {missing or ''} or is damaged "
+                f"({'; '.join(damage or log.problems) or 're-anchored'}): a rejection may have "
+                "been deleted")
+    found = [a for a in log.entries.values() if _rejects(a)]
+    if found:
+        first = min(found, key=lambda a: a.predicate["log"]["seq"])
+        return f"a {first.kind} in run {first.run_id} rejected or rolled back a candidate"
+    if any(_rejects(a) for a in source.attestations() if "log" not in a.predicate):
+        return "a record signed before the log existed rejected or rolled back a candidate"
+    return None
 
 
 def _check_loosening_approval(envelope: bytes, previous: Thresholds, family: str,
@@ -128,16 +155,18 @@ def preregister(path: str | Path, *, tracking: Tracking, family: str, signing: S
             refuse_rebinding(previous[0].predicate["registration_id"], bound, bindings)
         loosened += [f"binding {change}" for change in binding_changes(bound, bindings)]
     approved = None
-    if loosened and had_rejection(source):
+    why = rejection_in_log(source, damage(read_log(source), signing)[0]) if loosened else None
+    if why is not None:
         if loosening_approval is None:
             raise LooseningRefused(
                 f"{path} loosens the family's previous registration "
-                f"{previous[0].predicate['registration_id']} after a rejection: "
+                f"{previous[0].predicate['registration_id']} after a rejection ({why}): "
                 + "; ".join(loosened)
                 + ". A person named in that registration's approval policy must approve it "
                 "(kernelgate approve-loosening), or keep the thresholds")
         approved = _check_loosening_approval(loosening_approval, previous[1], family, digest,
                                              loosened)
+    intact_log(source, signing)  # a damaged log takes no new registration (LogDamaged)
     artifact = f"thresholds/{path.name}"
     with tr.stage_run(tracking, family, "preregistration", parent_run_id=parent_run_id,
                       run_name=f"preregistration-{thresholds.profile}") as run_id:
@@ -148,7 +177,7 @@ def preregister(path: str | Path, *, tracking: Tracking, family: str, signing: S
         run_tags = {tags.THRESHOLDS_SHA256: digest, tags.THRESHOLDS_ARTIFACT: artifact,
                     tags.REGISTERED_AT: registered_at.isoformat(), tags.PROFILE: thresholds.profile}
         tr.set_tags(tracking, run_id, run_tags)
-        attest(tracking, run_id, "registration", {
+        append(tracking, run_id, "registration", {
             "registration_id": run_id, "family": family, "profile": thresholds.profile,
             "thresholds_sha256": digest, "thresholds_artifact": artifact,
             "registered_at": registered_at.isoformat(),
@@ -156,7 +185,7 @@ def preregister(path: str | Path, *, tracking: Tracking, family: str, signing: S
             "previous_envelope": previous[0].envelope_sha256 if previous else None,
             "loosened": loosened, "loosening_approval": approved, "tags": run_tags,
             "bindings": None if bindings is None else bindings.model_dump(mode="json")},
-            signing.signer)
+            signing)
     return Registration(registration_id=run_id, family=family, profile=thresholds.profile,
                         thresholds_sha256=digest, thresholds_artifact=artifact,
                         registered_at=registered_at)

@@ -18,8 +18,8 @@
   and that still exists, or takes ``production`` down (the native baseline serves), and
   says why either way.
 
-Every alias move and its invariant check live here together: a move added elsewhere
-could bypass the check.
+Every alias move and its invariant check live here together (a move added elsewhere
+could bypass it); each is an entry of the family's signed log (``lineage.log_writer``).
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from mlflow.exceptions import MlflowException
 from pydantic import AwareDatetime, BaseModel, ConfigDict
 
 from kernels.errors import KernelgateError
-from lineage import chain, tags
-from lineage.attestations import Signing, TrustPolicy
+from lineage import chain, family_log, log_writer, tags
+from lineage.attestations import Signing
 from lineage.records import log_alias_change
 from lineage.registered_model import (
     Alias,
@@ -108,6 +108,7 @@ def reconcile(tracking: Tracking, family: str, signing: Signing) -> list[str]:
     Finishes a move whose intent was signed but whose alias move a crash interrupted,
     and undoes an alias moved outside the pipeline; the caller logs what changed.
     """
+    log_writer.require_intact(tracking, family, signing)  # a cut history is no guide
     moves, _ = store_alias_history(tracking, family, signing.trust)
     wanted, actual = signed_aliases(moves), aliases(tracking, family)
     changed = []
@@ -119,10 +120,10 @@ def reconcile(tracking: Tracking, family: str, signing: Signing) -> list[str]:
 
 
 def _refuse_incomplete(tracking: Tracking, family: str, version: str, transition,
-                       decision_run_id: str | None, trust: TrustPolicy) -> chain.ChainEvidence:
-    evidence = chain.collect(StoreSource(tracking, family, trust), version,
-                             decision_run_id=decision_run_id)
-    found = chain.problems(evidence, transition)
+                       decision_run_id: str | None, signing: Signing) -> chain.ChainEvidence:
+    source = StoreSource(tracking, family, signing.trust)
+    evidence = chain.collect(source, version, decision_run_id=decision_run_id)
+    found = chain.problems(evidence, transition) + log_writer.damage(family_log.read(source), signing)[0]
     if found:
         raise PromotionRefused(f"{registered_model_name(family)} v{version}: {transition} refused: "
                                + "; ".join(found))
@@ -156,7 +157,7 @@ def assign_canary(tracking: Tracking, family: str, version: str, *, decision_run
     Raises:
         PromotionRefused: naming every missing or wrong piece of evidence.
     """
-    _refuse_incomplete(tracking, family, version, "shadow->canary", decision_run_id, signing.trust)
+    _refuse_incomplete(tracking, family, version, "shadow->canary", decision_run_id, signing)
     change = AliasChange(family=family, alias="canary", version=version,
                          previous_version=alias_version(tracking, family, "canary"), at=_now(),
                          action="assign", decision_run_id=decision_run_id)
@@ -191,7 +192,7 @@ def promote(tracking: Tracking, family: str, version: str, *, decision_run_id: s
             f"(signed history: v{signed_production}), not the v{expected_previous} this candidate "
             "was judged against; evaluate it again against the current production")
     evidence = _refuse_incomplete(tracking, family, version, "canary->production",
-                                  decision_run_id, signing.trust)
+                                  decision_run_id, signing)
     change = AliasChange(family=family, alias="production", version=version,
                          previous_version=expected_previous, at=_now(), action="promote",
                          decision_run_id=decision_run_id)
@@ -233,19 +234,18 @@ def rollback(tracking: Tracking, family: str, *, reason: str, signing: Signing,
     For ``production``: restore the newest earlier production version that still exists
     and whose chain is still complete (the signed history says which were promoted), or
     remove the alias when none is usable; the reason records which versions were passed
-    over and why. ``to`` (a person's choice, e.g. ``kernelgate rollback --to N``)
-    restores that version instead, under the same rules: it must have been promoted
-    and not rolled back since (signed history), still exist and have a complete chain.
-    For ``canary``/``shadow``: remove the alias.
+    over and why. ``to`` (a person's choice: ``kernelgate rollback --to N``) restores
+    that version instead, if promoted and not rolled back since (signed history), still
+    there, its chain complete. For ``canary``/``shadow``: remove the alias.
 
     Raises:
         ValueError: empty reason, ``alias`` points at nothing, or ``to`` is given for an
             alias other than production or is the current version.
-        PromotionRefused: ``to`` was never promoted (or was rolled back since), no longer
-            exists, or its chain is incomplete.
+        PromotionRefused, LogDamaged: ``to`` is not usable; the signed log is damaged.
     """
     if not reason.strip():
         raise ValueError("rollback needs a reason")
+    log_writer.require_intact(tracking, family, signing)  # LogDamaged: nothing moves
     current = alias_version(tracking, family, alias)
     if current is None:
         raise ValueError(f"{registered_model_name(family)}: alias {alias!r} points at nothing; "
@@ -262,7 +262,7 @@ def rollback(tracking: Tracking, family: str, *, reason: str, signing: Signing,
                                    f"production version (signed history: {history})")
         if not version_exists(tracking, family, to):
             raise PromotionRefused(f"{registered_model_name(family)} v{to} no longer exists")
-        _refuse_incomplete(tracking, family, to, "canary->production", None, signing.trust)
+        _refuse_incomplete(tracking, family, to, "canary->production", None, signing)
         restored = to
     elif alias == "production":
         passed_over = []
@@ -273,7 +273,7 @@ def rollback(tracking: Tracking, family: str, *, reason: str, signing: Signing,
                 continue
             try:
                 _refuse_incomplete(tracking, family, candidate, "canary->production", None,
-                                   signing.trust)
+                                   signing)
             except PromotionRefused as exc:
                 passed_over.append(f"v{candidate} unusable ({exc})")
                 continue

@@ -22,8 +22,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from lineage import registered_model, tags
 from lineage import tracking as tr
-from lineage.attestations import Signing, attest
+from lineage.attestations import Signing
 from lineage.environment import collect_environment
+from lineage.log_writer import append
 from lineage.tracking import Tracking
 
 PROJECT_DIR = Path(__file__).resolve().parents[1]
@@ -173,11 +174,11 @@ def close_rollout(record: RolloutRecord, *, result: Result, stage: str, reason: 
     tr.log_model_json(record.tracking, record.rollout_run_id, outcome, tags.OUTCOME_ARTIFACT)
     run_tags = {tags.RESULT: result, tags.DECIDED_AT_STAGE: stage, tags.NOTE: reason}
     link(record, run_tags)
-    attest(record.tracking, record.rollout_run_id, "outcome",
+    append(record.tracking, record.rollout_run_id, "outcome",
            {"family": record.family, "version": version, "result": result, "stage": stage,
             "reason": reason, "aliases": outcome.aliases,
             "tags": {**record.env_tags, **run_tags}},
-           record.signing.signer)
+           record.signing)
     tr.end_run(record.tracking, record.rollout_run_id, "FAILED" if result in ("errored", "failed") else "FINISHED")
     words = result.replace("_", " ")
     record.tracking.client().update_run(record.rollout_run_id, name=run_title(

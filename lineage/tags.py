@@ -32,6 +32,7 @@ Stage = Literal[
     "promotion",
     "rollback",
     "revalidation",
+    "reanchor",
 ]
 STAGES: tuple[Stage, ...] = Stage.__args__  # type: ignore[attr-defined]
 

@@ -31,7 +31,8 @@ from kernels.build import KernelBuild
 from lineage import model as version_model
 from lineage import model_files, registered_model, tags
 from lineage import tracking as tr
-from lineage.attestations import AttestationError, Signing, attest
+from lineage.attestations import AttestationError, Signing
+from lineage.log_writer import append
 from lineage.sources import EvidenceSource, signed_artifact
 from lineage.tracking import Tracking
 
@@ -159,7 +160,7 @@ def register_version(tracking: Tracking, family: str, run_id: str, build: Kernel
                                       implementation=build.implementation,
                                       config=build.requested_config,
                                       artifact_path=logged.artifact_path)
-    attest(tracking, run_id, "build", {
+    append(tracking, run_id, "build", {
         "family": family, "version": version, "build_run_id": run_id,
         "implementation": build.implementation, "config": config,
         "build_config": build.config.model_dump() if build.config else None,
@@ -170,7 +171,7 @@ def register_version(tracking: Tracking, family: str, run_id: str, build: Kernel
         "version_tags": {tags.IMPLEMENTATION: build.implementation,
                          tags.CONFIG: json.dumps(config)},
         "model_files": logged.manifest, "tags": dict(run_tags or {})},
-        signing.signer)
+        signing)
     return version
 
 

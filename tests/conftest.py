@@ -19,6 +19,12 @@ def _key_folder(tmp_path_factory):
         os.environ["KERNELGATE_KEY_DIR"] = previous
 
 
+@pytest.fixture(autouse=True)
+def _kernelgate_home(tmp_path_factory, monkeypatch):
+    """Each test's own kernelgate home: the heads its audits remember (never ~/.kernelgate)."""
+    monkeypatch.setenv("KERNELGATE_HOME", str(tmp_path_factory.mktemp("home")))
+
+
 @pytest.fixture
 def signing(_key_folder):
     """The pipeline's signer and trust, as a rollout in this test session would have."""

@@ -25,7 +25,8 @@ from gates.preregistration import Registration
 from gates.thresholds import load_thresholds
 from lineage import registered_model, registry, tags
 from lineage import tracking as tr
-from lineage.attestations import Signing, attest
+from lineage.attestations import Signing
+from lineage.log_writer import append
 from lineage.records import log_approval, log_canary_step, log_decision, log_shadow
 from lineage.registered_model import register_build
 from lineage.registration import preregister, registered_thresholds
@@ -155,11 +156,11 @@ def signed_build(tracking: Tracking, family: str, signing: Signing, *,
         tr.log_bytes(tracking, build_run_id, b"\x00exported-module\x01", "build/export/gpu.bin")
         version = register_build(tracking, family, build_run_id, implementation=implementation,
                                  config=None, artifact_path="build")
-        attest(tracking, build_run_id, "build", {
+        append(tracking, build_run_id, "build", {
             "family": family, "version": version, "build_run_id": build_run_id,
             "implementation": implementation, "config": None, "code_sha256": "0" * 64,
             "version_tags": {tags.IMPLEMENTATION: implementation, tags.CONFIG: "null"}},
-            signing.signer)
+            signing)
     return build_run_id, version
 
 
@@ -172,12 +173,12 @@ def signed_evaluation(tracking: Tracking, family: str, signing: Signing, *, buil
         tr.log_model_json(tracking, run_id, report, "evaluation/evaluation_report.json")
         for name, value in report.metrics.items():
             tracking.client().log_metric(run_id, name, value)
-        attest(tracking, run_id, "evaluation", {
+        append(tracking, run_id, "evaluation", {
             "family": family, "version": version, "build_run_id": build_run_id,
             "registration_id": registration_id, "split": report.split,
             "split_digest": report.split_digest, "metrics": report.metrics,
             "report_artifact": "evaluation/evaluation_report.json", "tags": run_tags},
-            signing.signer)
+            signing)
     return run_id
 
 

@@ -81,7 +81,18 @@ def copy_store(src: Path, dst: Path) -> Path:
     point the copy at itself, wherever ``src``'s runs say it was made. Returns ``dst``."""
     shutil.copytree(src, dst)
     relocate(dst / "mlflow.db", recorded_root(dst / "mlflow.db"), str(Path(dst).resolve()))
+    forget_artifact_locations()
     return dst
+
+
+def forget_artifact_locations() -> None:
+    """Drop MLflow's in-process cache of artifact repositories, which is keyed by run id
+    alone (``mlflow.tracking._tracking_service.utils._artifact_repos_cache``): a copy's
+    runs keep their ids, so a write to a copied run in a process that wrote that run
+    before (the attack fixture's rollouts) would land in the *original* folder."""
+    from mlflow.tracking._tracking_service import utils
+
+    utils._artifact_repos_cache.clear()
 
 
 def tree_digest(folder: Path) -> dict[str, str]:

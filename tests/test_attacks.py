@@ -49,11 +49,14 @@ KINDS = {
     7: "the approval form loses its rules",
     8: "a canary test that cannot fire counts as assessed",
     9: "a dataset logged again from another folder keeps the first source",
-    10: "what serves is not what was audited (the loaded model reports its own code digest)",
-    11: "an approver's key is a pipeline key",
-    12: "the key-compromise procedure (rotate, revoke, reconcile) takes production down",
-    13: "lineage facts the MLflow UI shows (environment tags, dataset inputs) are not signed",
-    14: "settings that change a verdict are not part of the registration",
+    10: "evidence deleted from the store leaves no trace the rules read",
+    11: "the end of the signed history can be cut",
+    12: "an exported bundle is trusted unsigned",
+    13: "what serves is not what was audited (the loaded model reports its own code digest)",
+    14: "an approver's key is a pipeline key",
+    15: "the key-compromise procedure (rotate, revoke, reconcile) takes production down",
+    16: "lineage facts the MLflow UI shows (environment tags, dataset inputs) are not signed",
+    17: "settings that change a verdict are not part of the registration",
 }
 
 
@@ -99,13 +102,23 @@ class Lab:
         from lineage import keys
         from lineage.attestations import Signing
 
-        self.signing = Signing(signer=keys.load_signer(keys.ensure_pipeline_key()),
-                               trust=keys.folder_trust())
+        # the key folder (with its checkpoints) as the pipeline left it, one per attack: an
+        # attack's own signed moves advance its checkpoint only
+        self.keys = shutil.copytree(keys.default_key_dir(), self.root / "keys")
+        self.home = self.root / "home"  # the auditor's remembered heads
+        self.signing = Signing(signer=keys.load_signer(keys.ensure_pipeline_key(self.keys)),
+                               trust=keys.folder_trust(self.keys), key_dir=self.keys)
 
-    def audit(self, target: str = "production"):
+    def witnessing(self, **kw):
+        from lineage.checkpoints import Witnessing
+
+        return Witnessing(**{"key_dir": self.keys, "home": self.home, **kw})
+
+    def audit(self, target: str = "production", **kw):
         from lineage.audit import audit
 
-        return audit(self.tracking, FAMILY, target, trust=self.signing.trust, load_model=False)
+        return audit(self.tracking, FAMILY, target, trust=self.signing.trust, load_model=False,
+                     witnessing=self.witnessing(), **kw)
 
     def source(self, **kw):
         from lineage.sources import StoreSource
@@ -182,7 +195,10 @@ def pristine(tmp_path_factory):
 
         with pytest.MonkeyPatch.context() as cut:
             cut.setattr(rollout_module, "confirm", stopped)
-            with pytest.raises(RuntimeError, match="stopped before confirmation"):
+            # a crash in a stage ends the rollout Errored (signed), never a verdict
+            from flows.errored import RolloutErrored
+
+            with pytest.raises(RolloutErrored, match="stopped before confirmation"):
                 rollout(settings("good"))
     pristine = root / "pristine"
     shutil.copytree(root / "store", pristine)
@@ -201,6 +217,24 @@ def results():
             by_kind[row["kind"]]["caught"] += row["caught"]
         Path(out).write_text(json.dumps({"attacks": found, "by_kind": list(by_kind.values())},
                                         indent=1))
+
+
+def test_a_write_to_one_copy_leaves_the_others_byte_identical(pristine):
+    """A signed write into a copied run (whose id the fixture's process has written
+    before) lands in that copy only: the pristine store and another copy are unchanged."""
+    from lineage.attestations import attest
+    from tests.store_copies import tree_digest
+
+    before = tree_digest(pristine.path)
+    one = Lab(pristine.root, pristine.path, pristine.versions, "copy-one")
+    other = Lab(pristine.root, pristine.path, pristine.versions, "copy-two")
+    untouched = tree_digest(other.store / "mlartifacts")
+    run_id = one.mv(one.versions["v2"]).run_id
+    attest(one.tracking, run_id, "outcome", {"family": FAMILY}, one.signing.signer, name="probe")
+    assert _artifact_file(one, run_id, "attestations/probe.dsse.json").is_file()
+    assert tree_digest(other.store / "mlartifacts") == untouched
+    assert tree_digest(pristine.path) == before
+    assert not list(pristine.root.glob("store/mlartifacts/*/*/artifacts/attestations/probe.dsse.json"))
 
 
 def test_the_untouched_store_passes_the_audit(pristine):
@@ -717,7 +751,150 @@ def same_test_set_from_another_folder(lab: Lab) -> str:
     return " vs ".join(sources)
 
 
-# --- kind 10: what serves is not what was audited ------------------------------------------
+# --- kind 10: evidence deleted from the store leaves no trace the rules read ------------------
+
+
+def _loosened(lab: Lab) -> Path:
+    def loosen(d):
+        for criterion in d["platforms"]["cpu"]["value"]:
+            if criterion["name"] == "hard-error-ratio":
+                criterion["value"] = 50.0
+    return _thresholds_with(lab, loosen)
+
+
+def _delete_envelopes(lab: Lab, which: Callable) -> list[str]:
+    gone = []
+    for a in lab.source().attestations():
+        if which(a):
+            _artifact_file(lab, a.run_id, a.path).unlink()
+            gone.append(f"{a.run_id}/{a.path}")
+    assert gone
+    return gone
+
+
+def _loosening_refused_and_named(lab: Lab) -> str:
+    """What a rollout with the loosened file meets: its preregistration refuses, the
+    reconcile its open starts with refuses, the audit names the gap."""
+    from lineage.family_log import LogDamaged
+    from lineage.registration import LooseningRefused, preregister
+
+    with pytest.raises(LooseningRefused) as refused:
+        preregister(_loosened(lab), tracking=lab.tracking, family=FAMILY, signing=lab.signing)
+    with pytest.raises(LogDamaged):
+        registry.reconcile(lab.tracking, FAMILY, lab.signing)
+    return str(refused.value) + "\n" + _detected(lab.audit())
+
+
+@attack(10, "is missing")
+def rejection_decision_deleted_then_loosened_rollout(lab: Lab) -> str:
+    """Issue 20: a rollout with loosened thresholds is refused; the attacker deletes the
+    rejection's decision.dsse.json and rolls out again with the loosened file."""
+    from lineage.registration import LooseningRefused, preregister
+
+    with pytest.raises(LooseningRefused):
+        preregister(_loosened(lab), tracking=lab.tracking, family=FAMILY, signing=lab.signing)
+    _delete_envelopes(lab, lambda a: a.kind == "decision" and a.predicate.get("verdict") == "reject")
+    return _loosening_refused_and_named(lab)
+
+
+@attack(10, "is missing")
+def failed_canary_and_its_rollbacks_deleted_then_loosened_rollout(lab: Lab) -> str:
+    """Every envelope that says a candidate failed (the failed canary, its rollbacks, the
+    gate rejection, the rollouts' outcomes): what is left in the store shows no rejection
+    at all, and the rule that read "what is still in the store" was fooled by that."""
+    from lineage.registration import _rejects
+
+    _delete_envelopes(lab, _rejects)
+    assert not any(_rejects(a) for a in lab.source().attestations())
+    return _loosening_refused_and_named(lab)
+
+
+# --- kind 11: the end of the signed history can be cut ----------------------------------------
+
+
+def _signed_rollback(lab: Lab):
+    change = registry.rollback(lab.tracking, FAMILY, reason="nightly re-validation failed",
+                               signing=lab.signing)
+    assert (change.previous_version, change.version) == (lab.versions["v2"], lab.versions["v1"])
+    return change
+
+
+@attack(11, "were cut")
+def signed_rollback_cut_from_the_end_of_the_history(lab: Lab) -> str:
+    """After a signed rollback v2 -> v1: delete the rollback's alias.dsse.json, set
+    production back to v2, delete v2's rollback tags. The log alone has no gap; the
+    pipeline's checkpoint and the head the auditor remembered see the cut, and reconcile
+    refuses instead of keeping v2."""
+    from lineage.family_log import LogDamaged
+
+    _signed_rollback(lab)
+    assert lab.audit().exit_code == 0  # remembered: the head after the rollback
+    moves, _ = registered_model.store_alias_history(lab.tracking, FAMILY, lab.signing.trust)
+    _artifact_file(lab, moves[-1].run_id, moves[-1].path).unlink()
+    lab.client.set_registered_model_alias(lab.model, "production", lab.versions["v2"])
+    for key in (tags.ROLLBACK_REASON, tags.ROLLED_BACK_AT):
+        lab.client.delete_model_version_tag(lab.model, lab.versions["v2"], key)
+    with pytest.raises(LogDamaged) as refused:
+        registry.reconcile(lab.tracking, FAMILY, lab.signing)
+    report = lab.audit()
+    found = _detected(report)
+    assert "pipeline's checkpoint" in found and "head you verified before" in found
+    # the auditor's own head alone (the key's owner could rewrite the checkpoint)
+    shutil.rmtree(lab.keys / "checkpoints")
+    alone = _detected(lab.audit())
+    assert "head you verified before" in alone
+    return f"{refused.value}\n{found}"
+
+
+def test_kernelgate_audit_passes_an_untouched_store_with_a_rolled_back_version(pristine):
+    """The judges of kind 11 are silent on an untouched store: the CLI audit (the pipeline's
+    checkpoint in its key folder, the head remembered in KERNELGATE_HOME) exits 0 with a
+    signed rollback in the history, twice (the second against the remembered head)."""
+    lab = Lab(pristine.root, pristine.path, pristine.versions, "untouched-cli")
+    _signed_rollback(lab)
+    env = {"KERNELGATE_KEY_DIR": str(lab.keys), "KERNELGATE_HOME": str(lab.home)}
+    args = ("audit", "--family", FAMILY, "--store-dir", str(lab.store), "--no-load-model",
+            "--recheck-reference", "0")
+    for _ in range(2):
+        code, out = _cli(lab, *args, env=env)
+        assert code == 0, out
+    assert list((lab.home / "witnessed" / FAMILY).glob("*.json"))
+
+
+# --- kind 12: an exported bundle is trusted unsigned ------------------------------------------
+
+
+@attack(12, "were cut")
+def rollback_cut_from_an_exported_bundle(lab: Lab) -> str:
+    """Delete the rollback's folder from an exported bundle and edit its unsigned
+    store_view.json: the checkpoint the bundle carries (signed) sees the cut; a bundle
+    whose checkpoint is deleted too fails for carrying none."""
+    from lineage.audit import audit
+    from lineage.bundle import STORE_VIEW, BundleSource, export_bundle
+
+    change = _signed_rollback(lab)
+    out = lab.root / "bundle"
+    export_bundle(lab.tracking, FAMILY, lab.audit(), sorted(lab.keys.glob("*.pub.json")), out,
+                  key_dir=lab.keys)
+
+    def offline():
+        source = BundleSource(out, lab.signing.trust)
+        return audit(None, FAMILY, "production", source=source, witnessing=lab.witnessing(
+            key_dir=None, home=None, require=True, files=source.checkpoint_files()))
+
+    assert offline().exit_code == 0, offline().render()
+    moves, _ = registered_model.store_alias_history(lab.tracking, FAMILY, lab.signing.trust)
+    assert moves[-1].predicate["action"] == "rollback" and change.version == lab.versions["v1"]
+    for folder in ("attestations", "artifacts"):
+        shutil.rmtree(out / folder / moves[-1].run_id, ignore_errors=True)
+    view = json.loads((out / STORE_VIEW).read_text())
+    view["aliases"]["production"] = lab.versions["v2"]
+    (out / STORE_VIEW).write_text(json.dumps(view))
+    found = _detected(offline())
+    shutil.rmtree(out / "checkpoints")
+    assert "no signed checkpoint" in _detected(offline())
+    return found
+# --- kind 13: what serves is not what was audited ------------------------------------------
 
 
 def _doctored_copy(lab: Lab, version: str) -> Path:
@@ -740,7 +917,7 @@ def _doctored_copy(lab: Lab, version: str) -> Path:
     return doctored
 
 
-@attack(10, "code/lineage/model.py")
+@attack(13, "code/lineage/model.py")
 def storage_location_pointed_at_a_doctored_model(lab: Lab) -> str:
     from lineage.version_runners import VersionPool, VersionWorker
 
@@ -753,7 +930,7 @@ def storage_location_pointed_at_a_doctored_model(lab: Lab) -> str:
     return _detected(lab.audit())
 
 
-@attack(10, "model/artifacts/kernel.json")
+@attack(13, "model/artifacts/kernel.json")
 def model_file_edited_under_its_storage_location(lab: Lab) -> str:
     """kernel.json edited in place: the run's artifact digest and the file manifest both
     name it."""
@@ -765,16 +942,16 @@ def model_file_edited_under_its_storage_location(lab: Lab) -> str:
     return _detected(lab.audit())
 
 
-# --- kind 11: an approver's key is a pipeline key -------------------------------------------
+# --- kind 14: an approver's key is a pipeline key -------------------------------------------
 
 
-@attack(11, "pipeline-role")
+@attack(14, "pipeline-role")
 def approver_key_created_with_keys_create_promotes(lab: Lab) -> str:
     from flows.cli_keys import keys_app
     from lineage import keys
     from lineage.attestations import Signing
 
-    key_dir = shutil.copytree(keys.default_key_dir(), lab.root / "keys")
+    key_dir = lab.keys
     from typer.testing import CliRunner
 
     done = CliRunner().invoke(keys_app, ["create", "--name", "alice", "--key-dir", str(key_dir)])
@@ -790,15 +967,15 @@ def approver_key_created_with_keys_create_promotes(lab: Lab) -> str:
     return str(refused.value)
 
 
-# --- kind 12: rotation and revocation take production down ----------------------------------
+# --- kind 15: rotation and revocation take production down ----------------------------------
 
 
-@attack(12, "AUDIT PASSED")
+@attack(15, "AUDIT PASSED")
 def rotate_revoke_then_the_reconcile_every_rollout_starts_with(lab: Lab) -> str:
     from lineage import keys
     from lineage.attestations import Signing
 
-    key_dir = shutil.copytree(keys.default_key_dir(), lab.root / "keys")
+    key_dir = lab.keys
     old = keys.load_signer(key_dir / "pipeline.pem").public_key.keyid
     code, out = _cli(lab, "keys", "rotate", "--key-dir", str(key_dir), "--store-dir",
                      str(lab.store))
@@ -815,10 +992,10 @@ def rotate_revoke_then_the_reconcile_every_rollout_starts_with(lab: Lab) -> str:
     return f"production stays v{lab.versions['v2']}; audit: " + out.splitlines()[-1]
 
 
-# --- kind 13: lineage facts the MLflow UI shows are not signed -------------------------------
+# --- kind 16: lineage facts the MLflow UI shows are not signed -------------------------------
 
 
-@attack(13, "kernelgate.env.device_kind")
+@attack(16, "kernelgate.env.device_kind")
 def device_kind_tag_rewritten_in_the_backend_store(lab: Lab) -> str:
     run_id = lab.mv(lab.versions["v2"]).run_id
     assert lab.sql("UPDATE tags SET value = 'NVIDIA H100' WHERE run_uuid = ? AND key = ?",
@@ -826,17 +1003,17 @@ def device_kind_tag_rewritten_in_the_backend_store(lab: Lab) -> str:
     return _detected(lab.audit())
 
 
-@attack(13, "dataset input")
+@attack(16, "dataset input")
 def evaluation_dataset_digest_rewritten_in_the_backend_store(lab: Lab) -> str:
     assert lab.sql("UPDATE datasets SET digest = ? WHERE name LIKE 'kernelgate-testset%'",
                    "0" * 32) >= 1
     return _detected(lab.audit())
 
 
-# --- kind 14: verdict-changing settings are not part of the registration ---------------------
+# --- kind 17: verdict-changing settings are not part of the registration ---------------------
 
 
-@attack(14, "shadow_requests")
+@attack(17, "shadow_requests")
 def same_registration_rolled_out_with_fewer_shadow_requests(lab: Lab) -> str:
     from lineage.bindings import BindingsRefused, RolloutBindings, whole_numbers
     from lineage.registration import latest_registration, preregister

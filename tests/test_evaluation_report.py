@@ -61,7 +61,7 @@ def report(report_dir) -> EvaluationReport:
 
 def test_flat_metrics_carry_the_architecture_names(report):
     expected = {f"accuracy.{c}.{s}" for c in ("ordinary", "hard", "adversarial", "all")
-                for s in ACCURACY_STATS} | SPEED_METRICS
+                for s in ACCURACY_STATS} | SPEED_METRICS | {"coverage.refused_cases"}
     assert set(report.metrics) == expected
     assert set(report.baseline_metrics) == expected
     assert set(report.production_metrics) == expected

@@ -91,6 +91,32 @@ def test_audit_of_the_legacy_production_passes(legacy):
     assert result.returncode == 0, out
     assert "AUDIT PASSED: kernelgate-legacy production -> v1" in out
     assert "[ok] loaded model: 1  loaded in its own process" in out, out
+    assert "WARNING: signed log of legacy:" in out and "before the log existed" in out, out
+
+
+def test_the_log_starts_after_the_legacy_prefix(tmp_path):
+    """A new entry on a store made before the log existed is entry 1 of the family's log;
+    the old records stay a legacy prefix (a warning), and the audit still passes."""
+    from lineage import family_log, keys, registry
+    from lineage import tracking as tr
+    from lineage.attestations import Signing
+    from lineage.audit import audit
+    from lineage.sources import StoreSource
+
+    root = _extract(tmp_path / "x")
+    folder = root / "keys"
+    signing = Signing(signer=keys.load_signer(keys.ensure_pipeline_key(folder)),
+                      trust=keys.folder_trust(folder), key_dir=folder)
+    tracking = tr.local_tracking(root / "store")
+    before = family_log.read(StoreSource(tracking, FAMILY, signing.trust))
+    assert before.entries == {} and before.legacy >= 10 and before.problems == []
+    registry.clear_stale(tracking, FAMILY, "shadow", reason="test", signing=signing)
+    registry.assign_shadow(tracking, FAMILY, "1", signing=signing)
+    after = family_log.read(StoreSource(tracking, FAMILY, signing.trust))
+    assert sorted(after.entries) == [1] and after.problems == [] and after.legacy == before.legacy
+    report = audit(tracking, FAMILY, "production", trust=signing.trust, load_model=False)
+    assert report.exit_code == 0, report.render()
+    assert any("before the log existed" in w for w in report.warnings)
 
 
 LOAD_SCRIPT = textwrap.dedent("""

@@ -1,0 +1,101 @@
+"""Re-anchoring a family's signed log that is damaged for real (a disk lost, a restore
+from an older backup): the only way past :class:`~lineage.family_log.LogDamaged`.
+
+A person named in the approval policy of the family's latest registration signs, with
+their own key, what is missing or damaged and why (a ``reanchor-approval`` envelope);
+the pipeline checks that key against the policy, keeps the person's envelope as an
+artifact of a ``reanchor`` run and appends a ``reanchor`` entry to the log that lists
+every entry it gives up on. The audit says so on every run after (a warning line, not a
+failure): nothing missing is ever silently forgotten. The loosening rule counts a
+re-anchored range as a possible rejection (``lineage.registration``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from securesystemslib.signer import Signer, SSlibKey
+
+from kernels.errors import KernelgateError
+from lineage import family_log, log_writer
+from lineage import tracking as tr
+from lineage.attestations import (
+    Attestation,
+    AttestationError,
+    Signing,
+    TrustPolicy,
+    make_envelope,
+    verify_envelope,
+)
+from lineage.registration import latest_registration
+from lineage.sources import StoreSource
+from lineage.tracking import Tracking
+
+APPROVAL_ARTIFACT = "log/reanchor-approval.dsse.json"
+
+
+class ReanchorRefused(KernelgateError, RuntimeError):
+    """The log is intact, the reason is empty, or the key is not a named approver's."""
+
+
+def reanchor(tracking: Tracking, family: str, approver: Signer, reason: str,
+             signing: Signing) -> Attestation:
+    """Re-anchor ``family``'s damaged log with a named approver's signed approval.
+
+    Returns the ``reanchor`` entry appended.
+
+    Raises:
+        ReanchorRefused: nothing is damaged, no reason, or ``approver`` is not named in
+            the approval policy of the family's latest verified registration.
+    """
+    if not reason.strip():
+        raise ReanchorRefused("a re-anchor needs a reason (what was lost, and how)")
+    source = StoreSource(tracking, family, signing.trust)
+    log = family_log.read(source)
+    damage, checkpoint = log_writer.damage(log, signing)
+    if not damage:
+        raise ReanchorRefused(f"the signed log of {family} is intact: nothing to re-anchor")
+    latest = latest_registration(source)
+    approvers = {a.keyid: a for a in latest[1].approval.approvers} if latest else {}
+    keyid = approver.public_key.keyid
+    if keyid not in approvers:
+        raise ReanchorRefused(
+            f"key {keyid[:12]} is not an approver named in {family}'s latest registration "
+            f"(named: {sorted(a.name for a in approvers.values()) or 'none'})")
+    length = max(log.length, checkpoint.length if checkpoint else 0)
+    missing = sorted(set(log.gaps()) | set(range(log.length + 1, length + 1))
+                     | ({checkpoint.length} if checkpoint and checkpoint.length <= log.length
+                        and log.digest_at(checkpoint.length) != checkpoint.head else set()))
+    predicate = {"family": family, "missing": missing, "damage": damage, "reason": reason,
+                 "genesis": log.genesis or (checkpoint.genesis if checkpoint else None)}
+    digest = hashlib.sha256(json.dumps(damage).encode()).hexdigest()
+    approval = make_envelope("reanchor-approval", {f"log/{family}/damage": digest}, predicate,
+                             approver)
+    check_approval(approval, approvers_trust(approvers), predicate)
+    with tr.stage_run(tracking, family, "reanchor", run_name="reanchor-log") as run_id:
+        tr.log_bytes(tracking, run_id, approval, APPROVAL_ARTIFACT)
+        return log_writer.append(tracking, run_id, "reanchor", {
+            **predicate, "approver": approvers[keyid].name, "approver_keyid": keyid,
+            "approval_artifact": APPROVAL_ARTIFACT}, signing, force=True)
+
+
+def approvers_trust(approvers: dict) -> TrustPolicy:
+    """The approvers' public keys as a trust policy."""
+    return TrustPolicy(public_keys={k: SSlibKey.from_dict(k, dict(a.public_key))
+                                    for k, a in approvers.items()})
+
+
+def check_approval(envelope: bytes, trust: TrustPolicy, predicate: dict) -> None:
+    """The person's envelope approves exactly this re-anchor.
+
+    Raises:
+        ReanchorRefused: not signed by a trusted approver, or for something else.
+    """
+    try:
+        approval = verify_envelope(envelope, trust, path="re-anchor approval")
+    except AttestationError as err:
+        raise ReanchorRefused(str(err)) from err
+    if approval.kind != "reanchor-approval" or any(
+            approval.predicate.get(k) != v for k, v in predicate.items() if k != "damage"):
+        raise ReanchorRefused("the re-anchor approval is for another family or range")
