@@ -190,12 +190,9 @@ def _promotion_links(promotion: Attestation, evidence: chain.ChainEvidence,
     walk.link("promotion", promotion.run_id, not problems, "; ".join(problems) or detail)
 
 
-
 def _model_files(tracking: Tracking, source: StoreSource, version: str, walk: Walk) -> None:
-    """The files at the version's storage location (what ``models:/…`` loads) against
-    the signed build's file manifest; a version built before manifests is a warning."""
+    """The files ``models:/…`` loads against the signed manifest (``lineage.model_files``)."""
     from lineage import model_files
-
     try:
         found = model_files.check(tracking, source, version)
     except AttestationError as exc:
@@ -214,9 +211,8 @@ def _loaded_model(tracking: Tracking, source: StoreSource, version: str, walk: W
         return
     try:
         drift = worker.info.get("jax_drift")
-        walk.link("loaded model", version, True,
-                  "loaded in its own process from the checked files; code sha256 "
-                  f"{worker.info['code_sha256'][:12]} computed from them"
+        walk.link("loaded model", version, True, "loaded in its own process from the checked "
+                  f"files; code sha256 {worker.info['code_sha256'][:12]} computed from them"
                   + (f"; {drift}" if drift else ""))
     finally:
         worker.close()

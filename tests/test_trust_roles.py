@@ -118,10 +118,13 @@ def test_rotate_revoke_reconcile_keeps_production_and_the_audit_passes(tmp_path,
     _, problems = registered_model.store_alias_history(tracking, family, after.trust)
     assert any("backdated" in p for p in problems), problems
     tracking.client().delete_run(run_id)
-    # revoked from the start instead: old moves void, but the re-attested ones keep production
+    # revoked from the start instead: the old key's entries are void, so the family log is
+    # damaged (re-anchor needed) and reconcile refuses; still nothing moves production
+    from lineage.family_log import LogDamaged
+
     keys.revoke(old, key_dir, at=None)
-    voided = _signing(key_dir)
-    assert registry.reconcile(tracking, family, voided) == []
+    with pytest.raises(LogDamaged):
+        registry.reconcile(tracking, family, _signing(key_dir))
     assert registered_model.alias_version(tracking, family, "production") == chain.version
 
 
