@@ -61,16 +61,17 @@ from flows.cli_log import CheckpointFiles, reanchor, witnessing  # noqa: E402
 app.command()(approve)
 app.command(name="approve-loosening")(approve_loosening)
 app.command()(reanchor)
+from flows.cli_calibrate import calibrate  # noqa: E402
 from flows.cli_stack import stack_app  # noqa: E402
 
 app.add_typer(stack_app, name="stack")
+app.command()(calibrate)
 
 
 def _tracking(store_dir: Path, *, must_exist: bool):
     """The store, checked reachable within seconds (naming it) before any work."""
     _fail_fast_if_down()
     from lineage import tracking as tr
-
     if not os.environ.get("MLFLOW_TRACKING_URI") and must_exist and not (store_dir / "mlflow.db").exists():
         raise typer.BadParameter(f"no MLflow store at {store_dir.resolve()} (run a rollout first, or pass --store-dir / set MLFLOW_TRACKING_URI)")
     tracking = tr.tracking_for(store_dir)
@@ -88,7 +89,6 @@ def _fail_fast_if_down() -> None:
     if not uri.startswith(("http://", "https://")):
         return
     from lineage.store import StoreUnreachable, Tracking, check_reachable
-
     try:
         check_reachable(Tracking(tracking_uri=uri))
     except StoreUnreachable as err:

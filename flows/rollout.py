@@ -2,7 +2,8 @@
 that run only its first stages.
 
 The rollout's body is the stage list of the design notes: preregister → build →
-evaluate → gate → shadow → approval → canary steps → confirm → promote, or roll back.
+evaluate → gate → shadow → approval → canary steps → canary verdict → confirm → promote,
+or roll back.
 Each stage is a task (``flows.judge``, ``flows.traffic``, ``flows.promotion``) calling
 plain functions of the packages below; it returns what it established as a typed result
 (``flows.results``), which the flow passes on to the stages that need it. Every
@@ -30,7 +31,14 @@ from flows.tasks import (
     rollout_session,
     tag_result,
 )
-from flows.traffic import canary_step, record_traffic, shadow
+from flows.traffic import (
+    canary_calibration,
+    canary_step,
+    canary_verdict,
+    record_traffic,
+    settle,
+    shadow,
+)
 from gates.decision import short_reason as gate_reason
 from gates.headline import promotion_reason
 from lineage.rollout import RolloutOutcome
@@ -71,11 +79,16 @@ def _stages(ctx: RolloutContext) -> RolloutOutcome:
         return roll_back(ctx, gated, "shadow", f"shadow: {'; '.join(result.breaches)}")
     if not approve(ctx, "shadow->canary", gated, judged):
         return roll_back(ctx, gated, "approval", "approval for shadow->canary rejected or timed out")
+    calibration, cited = canary_calibration(ctx, gated, evaluated)
+    if cited.startswith("no fresh"):
+        return roll_back(ctx, gated, "canary", f"canary: {cited}")
     enter_canary(ctx, gated)
     for step, requests in traffic.canary:
-        judged.append(result := canary_step(ctx, gated, evaluated, step, requests))
+        judged.append(result := canary_step(ctx, gated, evaluated, step, requests, judged[1:]))
         if not result.passed:
             return roll_back(ctx, gated, step.name, f"{step.name}: {'; '.join(result.breaches)}")
+    if why := settle(gated, canary_verdict(ctx, gated, judged[1:], calibration)):
+        return roll_back(ctx, gated, "canary", f"canary: {why}")
     confirmed = confirm(ctx, preregistered, built, testset)
     if not confirmed.passed:
         return roll_back(ctx, gated, "confirmation",

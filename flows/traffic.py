@@ -9,8 +9,11 @@ from evaluation.documents import assign_splits, load_documents
 from flows.results import Evaluated, Gated, RolloutContext
 from flows.tasks import run_logger, stage_task
 from gates.canary import CanaryStepResult, analyse_canary_step
-from gates.canary_plan import CanaryStep
-from lineage import evidence, registered_model, registry, version_runners
+from gates.canary_latency import CanaryVerdict, conclude_canary
+from gates.canary_plan import CanaryPlan, CanaryStep
+from lineage import calibration, evidence, registered_model, registry, version_runners
+from lineage import tracking as tr
+from lineage.environment import collect_environment
 from lineage.records import log_canary_step, log_shadow
 
 
@@ -45,18 +48,28 @@ def _progress(label: str):
     return report
 
 
-def _judged(gated: Gated, evaluated: Evaluated, result: serving.TrafficResult,
-            step: CanaryStep) -> CanaryStepResult:
-    # Latency and memory in traffic are judged only where the candidate runs natively.
-    report = evaluated.report
-    reason = None if report.speed_assessed else report.speed_not_assessed_reason
+def judge_step(plan: CanaryPlan, result: serving.TrafficResult, step: CanaryStep,
+               earlier: list[CanaryStepResult] | None, reason: str | None) -> CanaryStepResult:
+    """A replayed step analysed against ``plan`` (the canary's and the calibration's one
+    path): ABBA timings for the paired test where ``earlier`` is given (a canary step)
+    and latency is assessed (``reason`` None), with the earlier steps' results."""
     candidate_s, production_s = result.matched_latencies()
+    abba = result.abba_timings() if earlier is not None and reason is None else None
     return analyse_canary_step(
         step, candidate_s, production_s, result.drifts(),
         result.errors("candidate"), result.nan_count("candidate"), result.memory_start_bytes,
-        result.memory_end_bytes, gated.thresholds.canary, latency_not_assessed_reason=reason,
+        result.memory_end_bytes, plan, latency_not_assessed_reason=reason,
         memory_not_assessed_reason=reason, production_error_count=result.errors("production"),
-        served=(result.served_count("candidate"), result.served_count("production")))
+        served=(result.served_count("candidate"), result.served_count("production")),
+        abba=abba, earlier=earlier or [])
+
+
+def _judged(gated: Gated, evaluated: Evaluated, result: serving.TrafficResult,
+            step: CanaryStep, earlier: list[CanaryStepResult] | None = None) -> CanaryStepResult:
+    # Latency and memory in traffic are judged only where the candidate runs natively.
+    report = evaluated.report
+    reason = None if report.speed_assessed else report.speed_not_assessed_reason
+    return judge_step(gated.thresholds.canary, result, step, earlier, reason)
 
 
 def _endpoints(context: RolloutContext, alias: registered_model.Alias,
@@ -91,16 +104,22 @@ def shadow(context: RolloutContext, gated: Gated, evaluated: Evaluated,
 
 @stage_task(name="canary-step")
 def canary_step(context: RolloutContext, gated: Gated, evaluated: Evaluated, step: CanaryStep,
-                traffic: recorded_traffic.RecordedTraffic) -> CanaryStepResult:
+                traffic: recorded_traffic.RecordedTraffic,
+                earlier: list[CanaryStepResult]) -> CanaryStepResult:
     """One canary step: ``step.traffic_fraction`` of the step's requests served by the
-    candidate (alias ``canary``), then analysed against the preregistered plan."""
+    candidate (alias ``canary``), then analysed against the preregistered plan with the
+    ``earlier`` canary steps' results (their paired samples join this step's look).
+
+    A native candidate's compared requests are timed ABBA (twice a side) for the paired
+    latency test; an interpreted one's once (its latency is not assessed, with the reason)."""
     record, version = context.record, gated.version
     production, candidate = _endpoints(context, "canary", version)
     serving.warm_up(traffic.requests, [production, candidate], context.model)
     result = serving.replay_canary_step(traffic.requests, step.traffic_fraction, production,
                                         candidate, salt=f"{record.rollout_run_id}:{step.name}",
-                                        progress=_progress(step.name))
-    judged = _judged(gated, evaluated, result, step)
+                                        progress=_progress(step.name),
+                                        abba=evaluated.report.speed_assessed)
+    judged = _judged(gated, evaluated, result, step, earlier)
     run_id = log_canary_step(record.tracking, record.family, judged, version=version,
                              decision_run_id=gated.run_id, signing=record.signing,
                              parent_run_id=record.rollout_run_id)
@@ -108,3 +127,54 @@ def canary_step(context: RolloutContext, gated: Gated, evaluated: Evaluated, ste
     run_logger().info("%s: %s -> %s", step.name, serving.traffic_summary(result),
                           "pass" if judged.passed else f"breach: {judged.breaches}")
     return judged
+
+
+def _latency_can_block(gated: Gated, evaluated: Evaluated) -> bool:
+    return gated.thresholds.canary.paired and evaluated.report.speed_assessed
+
+
+@stage_task(name="canary-calibration")
+def canary_calibration(context: RolloutContext, gated: Gated,
+                       evaluated: Evaluated) -> tuple[str | None, str]:
+    """The A/A calibration the canary rests on: ``(run id or None, what it is or why none
+    counts)``. Needed where the plan sets ``max_calibration_age_days`` and the latency
+    can block (a native candidate); the flow rolls back when that one is missing."""
+    days = gated.thresholds.canary.latency.max_calibration_age_days
+    if not days or not _latency_can_block(gated, evaluated):
+        return None, "no calibration required"
+    record = context.record
+    source = calibration.StoreSource(record.tracking, record.family, record.signing.trust,
+                                     stages=("calibration",))
+    facts = calibration.device_facts(collect_environment())
+    run_id, about = calibration.fresh_calibration(source, facts, days)
+    run_logger().info("canary calibration: %s", about)
+    return run_id, about if run_id else f"no fresh calibration of this device: {about}"
+
+
+@stage_task(name="canary-verdict")
+def canary_verdict(context: RolloutContext, gated: Gated, steps: list[CanaryStepResult],
+                   calibration_run_id: str | None) -> CanaryVerdict:
+    """The whole canary's verdict (``gates.canary_latency.conclude_canary``), citing the
+    calibration used, logged to the rollout run (``canary/verdict.json``)."""
+    verdict = conclude_canary(gated.thresholds.canary, steps).model_copy(
+        update={"calibration_run_id": calibration_run_id})
+    record = context.record
+    tr.log_model_json(record.tracking, record.rollout_run_id, verdict, "canary/verdict.json")
+    run_logger().info("canary verdict: %s (%s)", verdict.verdict, verdict.reason)
+    return verdict
+
+
+def settle(gated: Gated, verdict: CanaryVerdict) -> str | None:
+    """The roll-back reason the whole-canary verdict gives, or None to go on. An
+    inconclusive canary under ``inconclusive: pause`` goes on to the
+    ``canary->production`` approval (a Prefect pause for a person) where one is
+    required; with no person to ask it is rejected, and the reason says so."""
+    if verdict.verdict == "pass":
+        return None
+    if verdict.verdict == "fail":
+        return verdict.reason
+    if verdict.inconclusive_policy == "pause":
+        if gated.thresholds.approval.requires_person("canary->production"):
+            return None
+        return f"{verdict.reason} (policy pause, but no person to ask: rejected)"
+    return f"{verdict.reason} (policy: reject)"

@@ -3,13 +3,15 @@
 After each canary step (a fraction of traffic served by the candidate, the rest by
 production) the step is judged on:
 
-* latency — on the requests both endpoints served (the candidate's, mirrored to
-  production, timed back to back in alternating order), a one-sided Mann-Whitney U test (``scipy.stats.mannwhitneyu``, H1: candidate
-  latencies are stochastically greater, i.e. the candidate is slower) at the
-  preregistered alpha, with two effect sizes: the common-language effect size
-  ``U / (n_candidate * n_production)`` = P(candidate request slower than a production one)
-  (McGraw & Wong 1992) and the ratio of medians. A breach needs ``p < alpha`` *and*
-  ``median ratio >= min_slowdown_ratio`` (statistically and practically slower);
+* latency — with the paired test (``signed_rank_abba``, ``gates.canary_latency``): the
+  step's compared requests, each timed ABBA on both sides, give per-request log ratios
+  (kept in the result: the raw samples, signed with the step); the look tests them with
+  every earlier step's at the alpha the plan spends on this step. The effect size is
+  the share of requests slower on the candidate. Tail latency: the p99 ratio of
+  per-request latencies (``max_p99_ratio``). The whole canary is concluded by
+  ``gates.canary_latency.conclude_canary``. With the legacy ``mannwhitneyu`` test (stored
+  registrations only), a one-sided Mann-Whitney U test at the full alpha per step,
+  breaching on ``p < alpha`` *and* ``median ratio >= min_slowdown_ratio``;
 * output drift — per-request relative L2 difference between candidate and production
   embeddings; any value above ``max_output_drift`` (or non-finite) breaches;
 * error and NaN counts against their limits;
@@ -19,12 +21,14 @@ production) the step is judged on:
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 from numpy.typing import ArrayLike
 from pydantic import BaseModel, ConfigDict
 from scipy import stats
 
+from gates import canary_latency, latency_judge
 from gates.canary_plan import CanaryPlan, CanaryStep, smallest_p_value
 
 
@@ -59,7 +63,17 @@ class CanaryStepResult(BaseModel):
     memory_growth_bytes: int
     breaches: list[str]
     passed: bool
+    # paired test: the raw ABBA timings ([n, 2] seconds a side), their log ratios, the look
+    candidate_timings_s: list[list[float]] = []
+    production_timings_s: list[list[float]] = []
+    log_ratios: list[float] = []
+    latency_look: latency_judge.LatencyLook | None = None
+    p99_latency_ratio: float | None = None
 
+
+SHADOW_NOT_LOOKED = ("the paired latency test spends its alpha over the canary steps only; "
+                     "it does not look at this stage")
+"""The shadow stage's latency under the paired test: by design, not a gap in evidence."""
 
 MIN_LATENCY_SAMPLES = 2
 """Fewer latencies than this on either side: the latency test is not run (reported
@@ -86,6 +100,8 @@ def analyse_canary_step(
     memory_end_bytes: int,
     plan: CanaryPlan,
     *,
+    abba: tuple[ArrayLike, ArrayLike] | None = None,
+    earlier: Sequence[CanaryStepResult] = (),
     latency_not_assessed_reason: str | None = None,
     memory_not_assessed_reason: str | None = None,
     production_error_count: int = 0,
@@ -103,6 +119,11 @@ def analyse_canary_step(
             (they breach).
         error_count, nan_count: requests that raised / returned non-finite outputs.
         memory_start_bytes, memory_end_bytes: device memory in use at the step's start and end.
+        abba: the paired test's ``(candidate, production)`` ABBA timings, each
+            ``[n, 2]`` seconds (``TrafficResult.abba_timings``); None where the step was
+            timed once a side (latency not assessed).
+        earlier: the results of the canary steps before this one (in order): their log
+            ratios join this step's look.
         latency_not_assessed_reason: when given (e.g. the candidate runs interpreted, not
             natively), the latency test is still computed and reported but cannot breach;
             the reason is recorded, as for speed criteria at the gate.
@@ -126,28 +147,17 @@ def analyse_canary_step(
            production_error_count) < 0:
         raise ValueError("counts and memory bytes must be non-negative")
 
-    test = plan.latency
-    reachable = smallest_p_value(int(cand.size), int(prod.size))
-    if min(cand.size, prod.size) < MIN_LATENCY_SAMPLES:
-        latency_not_assessed_reason = latency_not_assessed_reason or (
-            f"too few requests for the latency test (candidate {cand.size}, production "
-            f"{prod.size}; {MIN_LATENCY_SAMPLES} each needed)")
-        u = p = cles = math.nan
-    elif reachable >= test.alpha:
-        # With these sample sizes no ordering of the latencies gives p < alpha: a test
-        # that cannot fire must not count as assessed.
-        latency_not_assessed_reason = latency_not_assessed_reason or (
-            f"the latency test cannot reach alpha={test.alpha:g} with {cand.size} candidate "
-            f"and {prod.size} production requests (smallest possible p {reachable:.3g})")
-        u = p = cles = math.nan
+    if plan.paired:
+        lat = _paired(step, plan, abba, earlier, latency_not_assessed_reason)
     else:
-        res = stats.mannwhitneyu(cand, prod, alternative=test.alternative, method="auto")
-        u, p = float(res.statistic), float(res.pvalue)
-        cles = u / (cand.size * prod.size)
+        lat = _legacy(cand, prod, plan, latency_not_assessed_reason)
     cand_med = float(np.median(cand)) if cand.size else math.nan
     prod_med = float(np.median(prod)) if prod.size else math.nan
-    ratio = cand_med / prod_med if prod_med > 0 else (1.0 if cand_med == 0 else math.inf)
-    slower = bool(p < test.alpha and ratio >= test.min_slowdown_ratio)
+    if lat.get("median_latency_ratio") is None:
+        lat["median_latency_ratio"] = (cand_med / prod_med if prod_med > 0
+                                       else (1.0 if cand_med == 0 else math.inf))
+    breach = lat.pop("breach")
+    latency_not_assessed_reason = lat["latency_not_assessed_reason"]
     latency_assessed = latency_not_assessed_reason is None
 
     finite = drift[np.isfinite(drift)]
@@ -157,11 +167,7 @@ def analyse_canary_step(
     growth = int(memory_end_bytes) - int(memory_start_bytes)
 
     checks = [
-        (
-            slower and latency_assessed,
-            f"latency: candidate slower than production (Mann-Whitney U one-sided p={p:.3g} < "
-            f"alpha={test.alpha:g}, median ratio {ratio:.3f} >= {test.min_slowdown_ratio:g})",
-        ),
+        (breach is not None and latency_assessed, breach or ""),
         (
             nonfinite > 0,
             f"output drift: {nonfinite} request(s) with non-finite drift",
@@ -192,17 +198,11 @@ def analyse_canary_step(
         n_production=int(prod.size),
         served_by_candidate=None if served is None else int(served[0]),
         served_by_production=None if served is None else int(served[1]),
-        latency_test=f"{test.test} ({test.alternative})",
-        alpha=test.alpha,
-        u_statistic=u,
-        p_value=p,
-        common_language_effect=cles,
-        median_latency_ratio=ratio,
+        latency_test=f"{plan.latency.test} ({plan.latency.alternative})",
         candidate_median_s=cand_med,
         production_median_s=prod_med,
-        latency_slower=slower,
         latency_assessed=latency_assessed,
-        latency_not_assessed_reason=latency_not_assessed_reason,
+        **lat,
         memory_not_assessed_reason=memory_not_assessed_reason,
         output_drift_max=drift_max,
         output_drift_p99=drift_p99,
@@ -213,3 +213,75 @@ def analyse_canary_step(
         breaches=breaches,
         passed=not breaches,
     )
+
+
+def _legacy(cand: np.ndarray, prod: np.ndarray, plan: CanaryPlan,
+            reason: str | None) -> dict:
+    """The legacy unpaired Mann-Whitney U at the full alpha (stored registrations only)."""
+    test = plan.latency
+    reachable = smallest_p_value(int(cand.size), int(prod.size))
+    u = p = cles = math.nan
+    if min(cand.size, prod.size) < MIN_LATENCY_SAMPLES:
+        reason = reason or (
+            f"too few requests for the latency test (candidate {cand.size}, production "
+            f"{prod.size}; {MIN_LATENCY_SAMPLES} each needed)")
+    elif reachable >= test.alpha:
+        # With these sample sizes no ordering of the latencies gives p < alpha: a test
+        # that cannot fire must not count as assessed.
+        reason = reason or (
+            f"the latency test cannot reach alpha={test.alpha:g} with {cand.size} candidate "
+            f"and {prod.size} production requests (smallest possible p {reachable:.3g})")
+    else:
+        res = stats.mannwhitneyu(cand, prod, alternative=test.alternative, method="auto")
+        u, p = float(res.statistic), float(res.pvalue)
+        cles = u / (cand.size * prod.size)
+    ratio = (float(np.median(cand) / np.median(prod)) if cand.size and prod.size
+             and np.median(prod) > 0 else None)
+    slower = bool(p < test.alpha and (ratio or 0.0) >= test.min_slowdown_ratio)
+    return {"alpha": test.alpha, "u_statistic": u, "p_value": p, "common_language_effect": cles,
+            "median_latency_ratio": ratio, "latency_slower": slower,
+            "latency_not_assessed_reason": reason,
+            "breach": (f"latency: candidate slower than production (Mann-Whitney U one-sided "
+                       f"p={p:.3g} < alpha={test.alpha:g}, median ratio {ratio:.3f} >= "
+                       f"{test.min_slowdown_ratio:g})") if slower else None}
+
+
+def _paired(step: CanaryStep, plan: CanaryPlan, abba: tuple | None,
+            earlier: Sequence[CanaryStepResult], reason: str | None) -> dict:
+    """The paired look of a canary step (see ``gates.canary_latency``)."""
+    names = [s.name for s in plan.steps]
+    out = {"alpha": math.nan, "u_statistic": math.nan, "p_value": math.nan,
+           "common_language_effect": math.nan, "median_latency_ratio": None,
+           "latency_slower": False, "breach": None}
+    if abba is not None:
+        c = np.asarray(abba[0], dtype=np.float64).reshape(-1, 2)
+        p = np.asarray(abba[1], dtype=np.float64).reshape(-1, 2)
+        r = latency_judge.abba_log_ratios(c, p) if len(c) else np.zeros(0)
+        out.update(candidate_timings_s=c.tolist(), production_timings_s=p.tolist(),
+                   log_ratios=r.tolist(),
+                   p99_latency_ratio=canary_latency.p99_ratio(c, p) if len(c) else None)
+    if reason is None and step.name not in names:
+        reason = SHADOW_NOT_LOOKED
+    reason = reason or plan.power_problem()
+    if reason is None and abba is None:
+        reason = "the step was not timed ABBA (no paired samples)"
+    if reason is not None:
+        return {**out, "latency_not_assessed_reason": reason}
+    index = names.index(step.name)
+    look = canary_latency.step_look(plan, index, out["log_ratios"],
+                                    [e.log_ratios for e in earlier])
+    r = np.asarray(out["log_ratios"])
+    out.update(alpha=look.alpha, p_value=look.p_value, latency_slower=look.slower,
+               latency_look=look, latency_not_assessed_reason=None,
+               common_language_effect=float(np.mean(r > 0)) if r.size else math.nan,
+               median_latency_ratio=float(np.exp(np.median(r))) if r.size else None)
+    if look.slower:
+        out["breach"] = (f"latency: candidate slower than production (signed-rank one-sided "
+                         f"p={look.p_value:.3g} < alpha_k={look.alpha:.3g} on the {look.n_pairs} "
+                         f"paired requests so far, median ratio {look.median_ratio:.3f}, H0 "
+                         f"ratio <= {plan.latency.tolerated_slowdown_ratio:g})")
+    tail = canary_latency.tail_breach(plan, out["p99_latency_ratio"] or math.nan,
+                                      len(r), "")
+    if tail:
+        out["breach"] = f"{out['breach']}; {tail}" if out["breach"] else tail
+    return out

@@ -13,6 +13,7 @@ from pydantic import field_validator, model_validator
 
 from gates.directions import Looser as L
 from gates.directions import limit
+from gates.latency_judge import pairs_for_power, signed_rank_power
 from gates.schema_base import _KEY, _N, Finite, Name, _Strict
 
 
@@ -39,16 +40,60 @@ class CanaryStep(_Strict):
 class LatencyTest(_Strict):
     """Preregistered one-sided test "is the candidate slower than production?".
 
-    ``scipy.stats.mannwhitneyu(candidate, production, alternative="greater")``; a step
-    breaches when ``p < alpha`` and the median slowdown ratio is at least
-    ``min_slowdown_ratio`` (practical significance, so a tiny but significant shift on
-    many requests does not abort a rollout).
+    ``signed_rank_abba`` (``gates.latency_judge``): each compared request is timed ABBA;
+    step ``k`` tests the per-request log ratios of steps ``1..k`` with the one-sided
+    Wilcoxon signed-rank test at ``alpha_k``, the parts of ``alpha`` spent in proportion
+    to the compared requests each step adds (``spending: by_requests``), so an identical
+    kernel is rolled back at any step with probability at most ``alpha``. The plan
+    states the smallest slowdown it must catch (``min_slowdown_ratio``), the power to
+    catch it and the per-request log-ratio noise (``noise_sd``) it is valid for; a canary
+    that ends without a rejection but with too few pairs or more noise is
+    *inconclusive*, and ``inconclusive`` says what that does.
+
+    ``mannwhitneyu`` is the legacy unpaired test, one per step at the full alpha, with
+    ``min_slowdown_ratio`` as a practical-significance floor on the median ratio: kept
+    only so that registrations stored before the paired test still load and their
+    canaries can be re-derived by the audit. No shipped profile uses it.
     """
 
-    test: Literal["mannwhitneyu"] = limit(L.ANY_CHANGE, default="mannwhitneyu")
+    test: Literal["signed_rank_abba", "mannwhitneyu"] = limit(L.ANY_CHANGE)
     alternative: Literal["greater"] = limit(L.ANY_CHANGE, default="greater")
-    alpha: Finite = limit(L.LOWER, ge=1e-6, lt=0.5)
+    alpha: Finite = limit(L.LOWER, ge=1e-6, lt=0.5, description="Whole-canary false-rollback "
+                          "rate (signed_rank_abba); per step (mannwhitneyu).")
     min_slowdown_ratio: Finite = limit(L.HIGHER, default=1.0, ge=1.0, le=10.0)
+    tolerated_slowdown_ratio: Finite = limit(
+        L.HIGHER, default=1.0, ge=1.0, le=10.0, description="H0 of the paired test: the "
+        "candidate's median request is at most this much slower (1.0: not slower at all).")
+    power: Finite | None = limit(
+        L.LOWER, default=None, gt=0, lt=1,
+        description="Chance of catching a true slowdown of min_slowdown_ratio.")
+    noise_sd: Finite | None = limit(
+        L.HIGHER, default=None, gt=0, le=5,
+        description="Per-request log-ratio sd (robust: 1.4826 MAD) the plan is valid for; "
+        "a canary measuring more is inconclusive.")
+    spending: Literal["by_requests"] = limit(L.ANY_CHANGE, default="by_requests")
+    inconclusive: Literal["reject", "pause"] | None = limit(
+        L.ANY_CHANGE, default=None, description="What an inconclusive canary does: reject "
+        "(roll back, recorded) or pause for a person (reject where no person can be asked).")
+    max_calibration_age_days: Finite | None = limit(
+        L.HIGHER, default=None, gt=0, le=3650,
+        description="Require a fresh A/A calibration of the serving device this recent.")
+
+    @model_validator(mode="after")
+    def _complete(self) -> LatencyTest:
+        paired = ("power", "noise_sd", "inconclusive")
+        if self.test == "signed_rank_abba":
+            missing = [n for n in paired if getattr(self, n) is None]
+            if missing:
+                raise ValueError(f"latency test signed_rank_abba needs {missing}")
+            if self.min_slowdown_ratio <= self.tolerated_slowdown_ratio:
+                raise ValueError("latency test signed_rank_abba needs min_slowdown_ratio > "
+                                 "tolerated_slowdown_ratio: the slowdown its power is stated for")
+        elif self.tolerated_slowdown_ratio != 1.0 or any(
+                getattr(self, n) is not None for n in (*paired, "max_calibration_age_days")):
+            raise ValueError("the legacy mannwhitneyu test takes no power, noise_sd, inconclusive, "
+                             "tolerated_slowdown_ratio or max_calibration_age_days")
+        return self
 
 
 class CanaryPlan(_Strict):
@@ -62,6 +107,52 @@ class CanaryPlan(_Strict):
         description="Max rel. L2 between candidate and production embeddings, per request.")
     latency: LatencyTest = limit(L.NESTED)
     max_memory_growth_bytes: int = limit(L.HIGHER, ge=0, le=2**40)
+    max_p99_ratio: Finite | None = limit(
+        L.HIGHER, default=None, gt=1, le=100,
+        description="Max p99(candidate)/p99(production) request latency, per step and over "
+        "the whole canary (judged where at least 500 pairs were compared).")
+
+    @property
+    def paired(self) -> bool:
+        """True for the paired, alpha-spending latency test (``signed_rank_abba``)."""
+        return self.latency.test == "signed_rank_abba"
+
+    def pairs_per_step(self) -> list[int]:
+        """Compared requests each step adds: ``floor(fraction * requests)``."""
+        return [math.floor(s.traffic_fraction * s.requests) for s in self.steps]
+
+    def step_alphas(self) -> list[float]:
+        """The alpha each look spends (by the requests each step adds; sum = alpha)."""
+        weights = [max(n, 1) for n in self.pairs_per_step()]
+        return [self.latency.alpha * w / sum(weights) for w in weights]
+
+    def required_pairs(self) -> int:
+        """The pairs the last look needs to reach the stated power (paired test)."""
+        t = self.latency
+        return pairs_for_power(self.step_alphas()[-1], self.detectable_ratio, t.noise_sd,
+                               t.power)
+
+    @property
+    def detectable_ratio(self) -> float:
+        """``min_slowdown_ratio / tolerated_slowdown_ratio``: the shift the test must see."""
+        return self.latency.min_slowdown_ratio / self.latency.tolerated_slowdown_ratio
+
+    def power_problem(self) -> str | None:
+        """Why the plan's sizes cannot reach its stated power, or None when they can (or
+        the test is the legacy one). The loader refuses such a plan where latency can
+        block (``Thresholds.not_assessed_blocks_promotion``); elsewhere the canary
+        reports its latency as not assessed with this reason."""
+        if not self.paired:
+            return None
+        t, total = self.latency, sum(self.pairs_per_step())
+        reached = signed_rank_power(total, self.step_alphas()[-1], self.detectable_ratio,
+                                    t.noise_sd)
+        if reached >= t.power:
+            return None
+        return (f"the canary's {total} compared requests cannot reach its power: {reached:.3f} < "
+                f"{t.power:g} at slowdown {t.min_slowdown_ratio:g} and noise sd "
+                f"{t.noise_sd:g} (alpha of the last look {self.step_alphas()[-1]:.3g}); it "
+                f"needs {self.required_pairs()}: serve more requests")
 
     @field_validator("steps")
     @classmethod
@@ -81,7 +172,7 @@ class CanaryPlan(_Strict):
             if getattr(self, name) > fewest:
                 raise ValueError(f"{name} ({getattr(self, name)}) exceeds the requests of the "
                                  f"smallest step ({fewest}): the limit could never be reached")
-        for step in self.steps:
+        for step in self.steps if not self.paired else ():
             n_candidate = math.floor(step.traffic_fraction * step.requests)
             # production's latencies are taken on the candidate's requests (mirrored)
             smallest = smallest_p_value(n_candidate, n_candidate)
@@ -92,6 +183,18 @@ class CanaryPlan(_Strict):
                     "one-sided Mann-Whitney "
                     f"p-value is {smallest:.3g}, never below alpha={self.latency.alpha:g}: the "
                     "latency test could never fire; serve more requests in the step")
+        empty = [s.name for s, n in zip(self.steps, self.pairs_per_step(), strict=True) if n < 1]
+        if self.paired and empty:
+            raise ValueError(f"canary steps {empty} compare no request (fraction x requests < 1)")
+        total = sum(self.pairs_per_step())
+        if self.paired and 2.0 ** -total >= self.step_alphas()[-1]:
+            # a test that can never fire is refused on every profile; one that can but
+            # lacks the stated power is refused where latency can block (power_problem)
+            raise ValueError(
+                f"the canary's {total} compared requests give a smallest one-sided signed-rank "
+                f"p-value of {2.0 ** -total:.3g}, never below the last look's alpha="
+                f"{self.step_alphas()[-1]:.3g}: the latency test could never fire; serve more "
+                "requests")
         return self
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gates.canary import CanaryStepResult
+from gates.canary import SHADOW_NOT_LOOKED, CanaryStepResult
 from gates.decision import GateDecision
 
 ALL_PASSED = "every gate, shadow, canary and confirmation criterion passed"
@@ -28,7 +28,8 @@ def not_assessed(decision: GateDecision, traffic: Sequence[CanaryStepResult] = (
         why = decision.speed_not_assessed_reason or "the kernel did not run natively"
         out.append(f"{' and '.join(kinds)} not assessed at the gate ({len(names)} "
                    f"criteria: {why})")
-    latency = [t.step for t in traffic if not t.latency_assessed]
+    latency = [t.step for t in traffic if not t.latency_assessed
+               and t.latency_not_assessed_reason != SHADOW_NOT_LOOKED]
     if latency:
         out.append(f"latency not assessed in {', '.join(latency)}")
     memory = [t.step for t in traffic if t.memory_not_assessed_reason]

@@ -183,6 +183,15 @@ class Thresholds(_Strict):
             raise ValueError(f"thresholds must define every platform; missing {missing}")
         return v
 
+    @model_validator(mode="after")
+    def _canary_power(self) -> Thresholds:
+        # The power rule binds where latency can block: on a profile where not-assessed
+        # blocks promotion, every candidate that reaches the canary runs natively.
+        problem = self.canary.power_problem()
+        if problem and self.not_assessed_blocks_promotion:
+            raise ValueError(f"canary latency plan: {problem}")
+        return self
+
     @property
     def source_sha256(self) -> str | None:
         """sha256 (hex) of the file bytes this profile was loaded from, or None if built in code."""

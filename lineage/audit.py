@@ -34,7 +34,7 @@ from datetime import timedelta
 
 from evaluation.report import EvaluationReport
 from gates.decision import decide
-from lineage import chain, checkpoints, family_log, registered_model, store_check
+from lineage import canary_audit, chain, checkpoints, family_log, registered_model, store_check
 from lineage.attestations import Attestation, AttestationError
 from lineage.audit_report import AuditReport, Walk
 from lineage.bundle import verify_artifacts
@@ -143,6 +143,9 @@ def _display(walk: Walk, evidence: chain.ChainEvidence, missing: list[str],
         kind = "shadow" if stage is evidence.shadow else "canary"
         walk.link(f"{kind} run", stage.run_id, stage.passed,
                   f"{stage.name}: {'passed' if stage.passed else 'did not pass'}", problem=False)
+    plan = evidence.thresholds.canary if evidence.thresholds is not None else None
+    for name, ref, ok, detail in canary_audit.rederive(source, plan, evidence.canary):
+        walk.link(name, ref, ok, detail)
 
 
 def _linked_runs(evidence: chain.ChainEvidence, promotion: Attestation | None) -> set[str]:

@@ -33,6 +33,7 @@ Stage = Literal[
     "rollback",
     "revalidation",
     "reanchor",
+    "calibration",
 ]
 STAGES: tuple[Stage, ...] = Stage.__args__  # type: ignore[attr-defined]
 

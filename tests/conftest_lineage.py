@@ -96,7 +96,8 @@ platforms:
   max_error_count: 0
   max_nan_count: 0
   max_output_drift: 1.0e-3
-  latency: {{test: mannwhitneyu, alternative: greater, alpha: 0.05, min_slowdown_ratio: 1.05}}
+  latency: {{test: signed_rank_abba, alternative: greater, alpha: 0.05, min_slowdown_ratio: 1.2,
+            power: 0.9, noise_sd: 0.1, spending: by_requests, inconclusive: reject}}
   max_memory_growth_bytes: 1000000
 approval:
   required_for: {json.dumps(list(required_for))}
@@ -211,12 +212,20 @@ def build_chain(
                  version=version, decision=decision)
 
 
-def _passing_step(step, plan):
-    """A traffic-stage analysis that passes: equal latency distributions, no drift."""
+_SYMMETRIC = (0.01 * (1 + np.arange(40) // 2) * np.resize([1, -1], 40))[:, None]
+"""Per-request log ratios symmetric about 0 (each magnitude once each way)."""
+
+
+def _passing_step(step, plan, earlier=(), slowdown: float = 1.0):
+    """A traffic-stage analysis that passes: equal latency distributions (timed ABBA,
+    ``slowdown`` on the candidate side), no drift."""
     rng = np.random.default_rng(len(step.name))
     latencies = rng.lognormal(np.log(0.01), 0.05, 40)
+    abba = np.stack([latencies, latencies], axis=1)
     return analyse_canary_step(step, latencies, latencies * 1.0, np.zeros(10), error_count=0,
-                               nan_count=0, memory_start_bytes=0, memory_end_bytes=0, plan=plan)
+                               nan_count=0, memory_start_bytes=0, memory_end_bytes=0, plan=plan,
+                               abba=(abba * slowdown, abba * np.exp(_SYMMETRIC)),
+                               earlier=list(earlier))
 
 
 def complete_chain(tracking: Tracking, family: str, chain: Chain, *, signing: Signing,
@@ -247,8 +256,10 @@ def complete_chain(tracking: Tracking, family: str, chain: Chain, *, signing: Si
         run_id = log_approval(tracking, record, decision_run_id=chain.decision_run_id,
                               signing=signing)
         registered_model.link_approval(tracking, family, chain.version, transition, run_id)
+    earlier = []
     for step in plan.steps:
-        run_id = log_canary_step(tracking, family, _passing_step(step, plan), version=chain.version,
+        earlier.append(_passing_step(step, plan, earlier))
+        run_id = log_canary_step(tracking, family, earlier[-1], version=chain.version,
                                  decision_run_id=chain.decision_run_id, signing=signing)
         registered_model.link_traffic_run(tracking, family, chain.version, "canary", run_id)
     report = evaluation_report(confirmation_metrics or passing_metrics(), split="confirmation",

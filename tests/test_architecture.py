@@ -110,8 +110,8 @@ def test_modules_are_small_or_say_why(module):
 
 
 ROLLOUT_STAGES = ("preregister", "build", "prepare_testset", "evaluate", "gate",
-                  "record_traffic", "approve", "shadow", "enter_canary", "canary_step",
-                  "confirm", "promote")
+                  "record_traffic", "approve", "shadow", "canary_calibration", "enter_canary",
+                  "canary_step", "canary_verdict", "confirm", "promote")
 """The stage list of the design notes, in order (approval is asked three times)."""
 
 

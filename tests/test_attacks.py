@@ -720,14 +720,23 @@ def three_versus_three_requests_plan(lab: Lab) -> str:
     return _load_refused(_thresholds_with(lab, tiny))
 
 
-@attack(8, "cannot reach alpha")
-def three_versus_three_at_runtime(lab: Lab) -> str:
+@attack(8, "cannot reach its power")
+def underpowered_plan_at_runtime(lab: Lab) -> str:
+    """On a profile where not-assessed does not block, an underpowered paired plan loads;
+    a ten-times-slower candidate then is *not assessed*, with the reason, never passed
+    as assessed."""
+    import numpy as np
+
     from gates.canary import analyse_canary_step
     from gates.thresholds import load_thresholds
 
     plan = load_thresholds(THRESHOLDS).canary
+    small = plan.model_copy(update={"steps": [s.model_copy(update={"requests": 16})
+                                              for s in plan.steps]})
+    n = small.pairs_per_step()[0]
     ten_times_slower = analyse_canary_step(
-        plan.steps[0], [1.0, 1.1, 1.2], [0.1, 0.11, 0.12], [0.0, 0.0, 0.0], 0, 0, 0, 0, plan)
+        small.steps[0], [1.0] * n, [0.1] * n, [0.0] * n, 0, 0, 0, 0, small,
+        abba=(np.full((n, 2), 1.0), np.full((n, 2), 0.1)))
     assert not ten_times_slower.latency_assessed
     return str(ten_times_slower.latency_not_assessed_reason)
 

@@ -44,7 +44,8 @@ def _requests(n: int, rng: np.random.Generator) -> list[Request]:
 def _plan() -> CanaryPlan:
     step = CanaryStep(name="canary-25pct", traffic_fraction=0.25, requests=80)
     return CanaryPlan(steps=[step], max_error_count=0, max_nan_count=0, max_output_drift=1e-3,
-                      latency=LatencyTest(alpha=0.05, min_slowdown_ratio=1.05),
+                      latency=LatencyTest(test="mannwhitneyu", alpha=0.05,
+                                          min_slowdown_ratio=1.05),
                       max_memory_growth_bytes=1 << 30)
 
 

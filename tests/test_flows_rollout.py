@@ -199,7 +199,7 @@ def test_slow_candidate_is_rejected_by_the_canary_latency_test(seeded, make_sett
     outcome = rollout(make_settings("slow"))
     assert outcome.result == "rolled_back"
     assert outcome.stage in ("shadow", "canary-25pct", "canary-50pct")
-    assert "latency" in outcome.reason and "Mann-Whitney" in outcome.reason
+    assert "latency" in outcome.reason and "signed-rank" in outcome.reason
     assert_production_unchanged(tracking, seeded, outcome.version)
 
 

@@ -227,3 +227,31 @@ def test_registration_after_evaluation_run_is_flagged(tracking, request, tmp_pat
     result = _audit(tracking, family, signing)
     assert result.exit_code == 1
     assert any("after the evaluation run was created" in p for p in result.problems), result.render()
+
+
+def test_a_canary_step_signed_with_a_verdict_its_samples_do_not_give_is_caught(
+        tracking, promoted, signing):
+    """The audit re-derives each canary look from the signed ABBA samples: a step whose
+    samples show a slowdown, signed as passed (valid signature, wrong verdict), is named."""
+    from gates.thresholds import parse_thresholds
+    from lineage.records import log_canary_step
+    from tests.conftest_lineage import _passing_step
+
+    family, chain = promoted
+    report = _audit(tracking, family, signing)
+    assert report.ok, report.render()
+    rederived = [link for link in report.chain if link.name == "canary re-derived"]
+    assert len(rederived) == 2 and all(link.ok for link in rederived)
+    plan = parse_thresholds(thresholds_yaml(profile="prod").encode()).canary
+    first = _passing_step(plan.steps[0], plan)
+    slow = _passing_step(plan.steps[1], plan, [first], slowdown=1.5)
+    assert not slow.passed  # what the samples say
+    doctored = slow.model_copy(update={
+        "breaches": [], "passed": True, "latency_slower": False,
+        "latency_look": slow.latency_look.model_copy(update={"slower": False})})
+    log_canary_step(tracking, family, doctored, version=chain.version,
+                    decision_run_id=chain.decision_run_id, signing=signing)
+    report = _audit(tracking, family, signing)
+    assert not report.ok
+    assert any("canary re-derived" in p and "slower True" in p for p in report.problems), \
+        report.problems

@@ -348,10 +348,12 @@ def test_canary_step_is_recorded_signed(tracking, family, tmp_path, signing):
     chain = build_chain(tracking, family, path, passing_metrics(), signing=signing)
     plan = load_thresholds(path).canary
     rng = np.random.default_rng(0)
+    abba = rng.lognormal(np.log(0.01), 0.3, (2, 20, 2))  # the paired test's raw samples
     result = analyse_canary_step(plan.steps[0], rng.lognormal(np.log(0.01), 0.3, 20),
                                  rng.lognormal(np.log(0.01), 0.3, 80), np.array([1e-6, np.nan]),
                                  error_count=0, nan_count=0, memory_start_bytes=0,
-                                 memory_end_bytes=0, plan=plan)
+                                 memory_end_bytes=0, plan=plan, abba=(abba[0], abba[1]))
+    assert np.isfinite(result.p_value) and len(result.log_ratios) == 20
     assert not result.passed  # the NaN drift breaches
     run_id = log_canary_step(tracking, family, result, version=chain.version,
                              decision_run_id=chain.decision_run_id, signing=signing)

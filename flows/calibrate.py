@@ -1,0 +1,101 @@
+"""``kernelgate calibrate``: production against itself through the exact canary path.
+
+Each of ``runs`` A/A canaries cuts a fresh request stream from the held-out documents
+(seed = the run's number) into the registered plan's steps, replays every step with
+``evaluation.serving.replay_canary_step(..., abba=True)`` with production's version on
+both sides (the same endpoint), judges it with the canary's own function
+(``flows.traffic.judge_step``, the earlier steps' results included), stops at a breach
+as the rollout does, and concludes with ``gates.canary_latency.conclude_canary``. The
+verdicts and every run's per-request log ratios become a signed ``calibration`` record
+(``lineage.calibration``), valid for this device, driver, JAX version and serving code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from evaluation import recorded_traffic, serving
+from evaluation.documents import assign_splits, load_documents
+from evaluation.model import MiniLM
+from flows.traffic import judge_step
+from gates.canary_latency import conclude_canary
+from gates.canary_plan import CanaryPlan
+from gates.thresholds import load_thresholds
+from lineage import calibration, chain, registered_model, version_runners
+from lineage.attestations import Signing
+from lineage.environment import collect_environment
+from lineage.sources import StoreSource
+from lineage.tracking import Tracking
+
+
+def registered_plan(tracking: Tracking, family: str, version: str, trust,
+                    fallback: Path | None) -> tuple[CanaryPlan, str | None]:
+    """The canary plan production's version was registered with (and the registration
+    id), else the plan of the ``fallback`` thresholds file."""
+    evidence = chain.collect(StoreSource(tracking, family, trust), version)
+    if evidence.thresholds is not None:
+        return evidence.thresholds.canary, evidence.registration.registration_id
+    if fallback is None:
+        raise ValueError(f"production v{version} of {family} has no readable registration; "
+                         "pass --thresholds")
+    return load_thresholds(fallback).canary, None
+
+
+def a_a_canary(plan: CanaryPlan, endpoint: serving.Endpoint, model: MiniLM, documents,
+               seed: int) -> tuple[str, str, list[float]]:
+    """One A/A canary: ``(verdict, reason, every compared request's log ratio)``."""
+    traffic = recorded_traffic.record_traffic(documents, sum(s.requests for s in plan.steps),
+                                              seed=seed)
+    results = []
+    for step, part in zip(plan.steps, recorded_traffic.split_traffic(
+            traffic, [s.requests for s in plan.steps]), strict=True):
+        serving.warm_up(part.requests, [endpoint], model)
+        replayed = serving.replay_canary_step(part.requests, step.traffic_fraction, endpoint,
+                                              endpoint, salt=f"calibration-{seed}:{step.name}",
+                                              abba=True)
+        results.append(judge_step(plan, replayed, step, results, None))
+        if not results[-1].passed:
+            break
+    verdict = conclude_canary(plan, results)
+    return verdict.verdict, verdict.reason, [x for r in results for x in r.log_ratios]
+
+
+def calibrate(tracking: Tracking, family: str, *, runs: int, signing: Signing,
+              thresholds: Path | None = None,
+              progress: Callable[[int, int, str], None] | None = None
+              ) -> tuple[str, calibration.CalibrationRecord]:
+    """Run ``runs`` A/A canaries of production and log the signed calibration record.
+    Returns ``(calibration run id, record)``.
+
+    Raises:
+        ValueError: the family has no production version, or no plan to size runs by.
+    """
+    version = registered_model.alias_version(tracking, family, "production")
+    if version is None:
+        raise ValueError(f"{family} has no production version to calibrate")
+    plan, registration_id = registered_plan(tracking, family, version, signing.trust,
+                                            thresholds)
+    if not plan.paired:
+        raise ValueError("the registered plan uses the legacy mannwhitneyu test: nothing to "
+                         "calibrate (register signed_rank_abba)")
+    model = MiniLM.load()
+    documents = assign_splits(load_documents(None))["heldout"]
+    pool = version_runners.VersionPool(tracking, family, model, signing.trust)
+    try:
+        endpoint = version_runners.endpoint(pool, "production", expect_version=version)
+        verdicts, ratios = [], []
+        for i in range(runs):
+            verdict, reason, r = a_a_canary(plan, endpoint, model, documents, seed=i)
+            verdicts.append((verdict, reason))
+            ratios.append(r)
+            if progress:
+                progress(i + 1, runs, verdict)
+    finally:
+        pool.close()
+    facts = calibration.device_facts(collect_environment())
+    record = calibration.summarise(family=family, production_version=version,
+                                   registration_id=registration_id, facts=facts,
+                                   alpha=plan.latency.alpha, verdicts=verdicts,
+                                   log_ratios=ratios)
+    return calibration.log_calibration(tracking, record, signing=signing), record

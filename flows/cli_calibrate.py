@@ -1,0 +1,60 @@
+"""``kernelgate calibrate``: A/A runs of production through the exact canary path,
+recorded as a signed calibration (``flows.calibrate``). Heavy imports stay inside."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from flows.cli_keys import KeyDir, check_name
+
+
+def calibrate(
+        family: Annotated[str | None, typer.Option(
+            help="kernel family (default: the native flash kernel's name)")] = None,
+        runs: Annotated[int, typer.Option(min=1, max=100_000,
+                                          help="A/A canaries to run")] = 200,
+        store_dir: Annotated[Path, typer.Option(help="local store")] = Path(".kernelgate"),
+        thresholds: Annotated[Path | None, typer.Option(
+            exists=True, dir_okay=False, help="plan to size the runs by when production has "
+            "no readable registration")] = None,
+        key_dir: KeyDir = None) -> None:
+    """Run production against itself through the canary path RUNS times and record the A/A false-rollback rate and the latency noise as a signed calibration of this device."""
+    import kernels
+    from flows.calibrate import calibrate as run_calibration
+    from flows.settings import RolloutSettings
+    from flows.tasks import signing_for
+    from lineage import tracking as tr
+
+    if not os.environ.get("MLFLOW_TRACKING_URI") and not (store_dir / "mlflow.db").exists():
+        raise typer.BadParameter(f"no MLflow store at {store_dir.resolve()}", param_hint="--store-dir")
+    tracking = tr.tracking_for(store_dir)
+    try:
+        tr.check_reachable(tracking)
+    except tr.StoreUnreachable as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(1) from None
+    fam = check_name(family or kernels.native_flash_kernel("auto", kernels.default_backend()))
+    if tracking.client().get_experiment_by_name(tr.experiment_name(fam)) is None:
+        raise typer.BadParameter(f"no family {fam!r} in this store", param_hint="--family")
+    signing = signing_for(RolloutSettings(store_dir=store_dir, key_dir=key_dir))
+
+    def progress(done: int, total: int, verdict: str) -> None:
+        if done == total or done % max(1, total // 10) == 0:
+            typer.echo(f"calibration: {done}/{total} A/A canaries (last: {verdict})", err=True)
+
+    try:
+        run_id, record = run_calibration(tracking, fam, runs=runs, signing=signing,
+                                         thresholds=thresholds, progress=progress)
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+    low, high = record.rate_95
+    typer.echo(f"calibration run {run_id}: {record.false_rollbacks}/{record.runs} A/A canaries "
+               f"rolled back (rate {record.false_rollback_rate:.3f}, 95% [{low:.3f}, {high:.3f}], "
+               f"alpha {record.alpha:g}: {'within' if record.within_alpha else 'EXCEEDS'}); "
+               f"{record.inconclusive} inconclusive; noise sd {record.noise_sd}; "
+               f"device {record.facts['device_kind']}")
+    raise typer.Exit(0 if record.within_alpha else 1)

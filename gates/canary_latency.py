@@ -1,0 +1,137 @@
+"""The canary's paired latency analysis: each step's look, and the whole-canary verdict.
+
+A step's compared requests are timed ABBA (``evaluation.serving``); their per-request log
+ratios (``gates.latency_judge.abba_log_ratios``) are kept with the step's result (the raw
+samples, signed with it). Step ``k`` looks at the log ratios of steps ``1..k`` at the
+alpha the plan spends on it (``CanaryPlan.step_alphas``) against H0 "the median request
+is at most ``tolerated_slowdown_ratio`` slower". At the end of the canary
+:func:`conclude_canary` applies the whole-canary verdict: a step's breach, the errors
+and the p99 latency ratio over every step together, and the latency test's
+``conclude`` (fail / pass / inconclusive).
+
+Pure: no I/O; the audit re-derives both from the signed samples.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Literal
+
+import numpy as np
+from numpy.typing import ArrayLike
+from pydantic import BaseModel, ConfigDict
+
+from gates import latency_judge
+from gates.canary_plan import CanaryPlan
+
+MIN_TAIL_PAIRS = 500
+"""Fewer compared requests than this: a p99 rests on fewer than 5 requests, not a tail; the
+tail ratio is reported but not judged."""
+
+CanaryVerdictName = Literal["pass", "fail", "inconclusive"]
+
+
+def request_latencies(timings_s: ArrayLike) -> np.ndarray:
+    """Per-request latency (seconds) from ``[n, 2]`` ABBA timings: their mean."""
+    t = np.asarray(timings_s, dtype=np.float64).reshape(-1, 2)
+    return t.mean(axis=1)
+
+
+def p99_ratio(candidate_s: ArrayLike, production_s: ArrayLike) -> float:
+    """``p99(candidate) / p99(production)`` of per-request latencies (NaN when empty)."""
+    c, p = request_latencies(candidate_s), request_latencies(production_s)
+    if c.size == 0 or p.size == 0:
+        return math.nan
+    return float(np.quantile(c, 0.99) / np.quantile(p, 0.99))
+
+
+def tail_breach(plan: CanaryPlan, ratio: float, n_pairs: int, where: str) -> str | None:
+    """The breach message when ``ratio`` exceeds ``plan.max_p99_ratio`` on enough pairs."""
+    limit = plan.max_p99_ratio
+    if limit is None or n_pairs < MIN_TAIL_PAIRS or not ratio > limit:
+        return None
+    return f"tail latency{where}: p99 ratio {ratio:.3f} > {limit:g} ({n_pairs} requests)"
+
+
+def step_look(plan: CanaryPlan, step_index: int, log_ratios: ArrayLike,
+              earlier: Sequence[Sequence[float]]) -> latency_judge.LatencyLook:
+    """Step ``step_index``'s look: its ``log_ratios`` with the ``earlier`` steps', at the
+    alpha the plan spends on the step; ``median_ratio`` is the measured one (unshifted)."""
+    r = np.concatenate([np.asarray(x, dtype=np.float64) for x in (*earlier, log_ratios)]) \
+        if (earlier or len(log_ratios)) else np.zeros(0)
+    shift = math.log(plan.latency.tolerated_slowdown_ratio)
+    found = latency_judge.look(plan.steps[step_index].name, r - shift,
+                               plan.step_alphas()[step_index])
+    median = float(np.exp(np.median(r))) if r.size else math.nan
+    return found.model_copy(update={"median_ratio": median})
+
+
+class CanaryVerdict(BaseModel):
+    """The whole canary's verdict (after its last step, or the step that stopped it)."""
+
+    model_config = ConfigDict(frozen=True, ser_json_inf_nan="strings")
+
+    verdict: CanaryVerdictName
+    reason: str
+    latency_verdict: Literal["pass", "fail", "inconclusive", "not_assessed"]
+    latency_reason: str
+    n_pairs: int
+    required_pairs: int | None
+    noise_sd: float | None
+    p99_ratio: float
+    error_count: int
+    breaches: list[str]
+    inconclusive_policy: Literal["reject", "pause"] | None = None
+    calibration_run_id: str | None = None
+
+
+def conclude_canary(plan: CanaryPlan, results: Sequence) -> CanaryVerdict:
+    """The whole-canary verdict from the canary steps' results (``CanaryStepResult``, in
+    step order; the shadow stage is not one of them).
+
+    ``fail``: a step breached, the errors over every step exceed ``max_error_count``, the
+    p99 ratio over every compared request exceeds ``max_p99_ratio``, or the latency test
+    rejected. ``inconclusive``: none of those, but the latency test (where assessed) ends
+    with too few pairs or too much noise. Otherwise ``pass``.
+
+    Raises:
+        ValueError: no results.
+    """
+    if not results:
+        raise ValueError("no canary steps to conclude from")
+    breaches = [f"{r.step}: {b}" for r in results for b in r.breaches]
+    errors = sum(r.error_count for r in results)
+    if errors > plan.max_error_count:
+        breaches.append(f"errors over the whole canary: {errors} > {plan.max_error_count}")
+    cand = [t for r in results for t in r.candidate_timings_s]
+    prod = [t for r in results for t in r.production_timings_s]
+    ratio = p99_ratio(cand, prod)
+    assessed = all(r.latency_assessed for r in results)
+    if assessed and (tail := tail_breach(plan, ratio, len(cand), " over the whole canary")):
+        breaches.append(tail)
+    n_pairs = sum(len(r.log_ratios) for r in results)
+    required = plan.required_pairs() if plan.paired else None
+    sd = latency_judge.robust_sd([x for r in results for x in r.log_ratios])
+    if not plan.paired:
+        lat, why = "pass", "latency: judged per step (legacy mannwhitneyu test)"
+    elif not assessed:
+        reason = next(r.latency_not_assessed_reason for r in results if not r.latency_assessed)
+        lat, why = "not_assessed", f"latency not assessed: {reason}"
+    else:
+        looks = [r.latency_look for r in results]
+        lat, why = latency_judge.conclude(
+            looks, required_pairs=required, noise_sd=plan.latency.noise_sd)
+    if breaches:
+        verdict, reason = "fail", "; ".join(breaches)
+    elif lat == "fail":
+        verdict, reason = "fail", why
+    elif lat == "inconclusive":
+        verdict, reason = "inconclusive", f"inconclusive: {why}"
+    else:
+        verdict, reason = "pass", why
+    return CanaryVerdict(verdict=verdict, reason=reason, latency_verdict=lat,
+                         latency_reason=why, n_pairs=n_pairs, required_pairs=required,
+                         noise_sd=None if math.isnan(sd) else sd, p99_ratio=ratio,
+                         error_count=errors, breaches=breaches,
+                         inconclusive_policy=plan.latency.inconclusive)

@@ -1,0 +1,90 @@
+"""Issue 21's acceptance by simulation: committed per-request ABBA samples
+(``tests/data/latency/*.json``, every file: the CPU's now, the H200's when captured),
+resampled into at least 1000 simulated canaries at each shipped profile's sizes, run
+through the canary's own analysis (``tests.latency_sim``).
+
+* A/A: the whole-canary false-rollback rate (verdict ``fail``) is at most alpha plus its
+  95 % binomial margin.
+* Planted slowdown: the candidate's timings multiplied by the profile's
+  ``min_slowdown_ratio`` are rolled back at least at the profile's stated power.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests import latency_sim as sim
+
+N = 1000
+FILES = sim.sample_files()
+# profiles with the same canary plan (bf16-long is local-dry-run's) are simulated once
+DISTINCT = list({sim.plan_of(p).model_dump_json(include={"steps", "latency", "max_p99_ratio"}): p
+                 for p in sim.PROFILES}.values())
+CASES = [(f, p) for f in FILES for p in sorted(DISTINCT)]
+
+
+def test_samples_are_committed():
+    assert FILES, "no committed latency samples under tests/data/latency/"
+    for path in FILES:
+        cand, prod = sim.load_sample(path)
+        assert cand.shape == prod.shape and cand.shape[1] == 2 and len(cand) >= 100
+
+
+@pytest.mark.parametrize(("path", "profile"), CASES, ids=[f"{f.stem}-{p}" for f, p in CASES])
+def test_a_a_false_rollbacks_within_alpha(path, profile):
+    plan = sim.plan_of(profile)
+    cand, prod = sim.load_sample(path)
+    alpha = plan.latency.alpha
+    result = sim.simulate(plan, cand, prod, n=N, seed=11)
+    assert result["fail_rate"] <= alpha + sim.margin(alpha, N), result
+    # inconclusive (too noisy) is not a rollback by the test, but a reject policy makes
+    # it one: it stays rare on the device the plan's noise_sd was written for
+    assert result["inconclusive"] / N <= 0.05, result
+
+
+@pytest.mark.parametrize(("path", "profile"), CASES, ids=[f"{f.stem}-{p}" for f, p in CASES])
+def test_power_at_the_preregistered_min_slowdown(path, profile):
+    plan = sim.plan_of(profile)
+    cand, prod = sim.load_sample(path)
+    result = sim.simulate(plan, cand, prod, n=N, seed=12,
+                          slowdown=plan.latency.min_slowdown_ratio)
+    assert result["fail_rate"] >= plan.latency.power, result
+
+
+@pytest.mark.parametrize("path", FILES, ids=[f.stem for f in FILES])
+def test_no_slowdown_below_the_tolerated_one_is_caught_more_than_alpha(path):
+    """The judge tested the other way: a candidate 2x slower passes a plan that tolerates
+    2x (its H0), and is caught by a plan that tolerates none."""
+    plan = sim.plan_of("local-dry-run")
+    cand, prod = sim.load_sample(path)
+    tolerant = plan.model_copy(update={"latency": plan.latency.model_copy(
+        update={"tolerated_slowdown_ratio": 2.0, "min_slowdown_ratio": 2.2})})
+    at_h0 = sim.simulate(tolerant, cand, prod, n=300, seed=13, slowdown=2.0)
+    assert at_h0["fail_rate"] <= plan.latency.alpha + sim.margin(plan.latency.alpha, 300)
+    caught = sim.simulate(plan, cand, prod, n=100, seed=14, slowdown=2.0)
+    assert caught["fail_rate"] == 1.0
+
+
+@pytest.mark.parametrize("path", FILES, ids=[f.stem for f in FILES])
+def test_the_legacy_judge_lacks_the_power_the_new_plan_states(path):
+    """Today's judge (unpaired Mann-Whitney per step at full alpha, median-ratio floor)
+    on the same samples: at the local plan's min slowdown it misses most slowdowns the
+    paired judge catches (the A/A side of the legacy judge, with its three uncorrected
+    looks, is recorded in reliability/canary-calibration.json)."""
+    import numpy as np
+    from scipy import stats
+
+    plan = sim.plan_of("local-dry-run")
+    cand, prod = sim.load_sample(path)
+    rho = plan.latency.min_slowdown_ratio
+    rng = np.random.default_rng(15)
+    caught = 0
+    for _ in range(300):
+        for k in (5, 25, 50):
+            i = rng.integers(0, len(cand), k)
+            c, p = cand[i, 0] * rho, prod[i, 0]
+            if (stats.mannwhitneyu(c, p, alternative="greater").pvalue < 0.05
+                    and np.median(c) / np.median(p) >= 1.05):
+                caught += 1
+                break
+    assert caught / 300 < plan.latency.power

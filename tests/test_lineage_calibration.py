@@ -1,0 +1,93 @@
+"""A/A calibrations: the signed record, staleness, and one A/A canary through the serving
+path (``flows.calibrate.a_a_canary``, the function ``kernelgate calibrate`` repeats)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from lineage import calibration
+from lineage import tracking as tr
+from lineage.sources import StoreSource
+
+FACTS = {"device_kind": "cpu", "driver_version": None, "jax_version": "0.0-test",
+         "serving_digest": "ab" * 32}
+
+
+@pytest.fixture(scope="module")
+def tracking(tmp_path_factory):
+    return tr.local_tracking(tmp_path_factory.mktemp("mlflow"))
+
+
+def _record(verdicts, family="calibrated", facts=FACTS):
+    return calibration.summarise(family=family, production_version="1", registration_id=None,
+                                 facts=facts, alpha=0.05, verdicts=verdicts,
+                                 log_ratios=[[0.01, -0.02, 0.0]] * len(verdicts))
+
+
+def test_the_summary_counts_false_rollbacks_with_an_interval():
+    record = _record([("fail", "slower")] * 3 + [("pass", "ok")] * 97)
+    assert record.false_rollbacks == 3 and record.false_rollback_rate == 0.03
+    low, high = record.rate_95
+    assert low < 0.03 < high and record.within_alpha
+    assert not _record([("fail", "x")] * 30 + [("pass", "ok")] * 70).within_alpha
+
+
+def test_a_fresh_matching_calibration_is_found_and_a_stale_one_is_not(tracking, signing):
+    family = "calibrated"
+    tr.ensure_experiment(tracking, family)
+    run_id = calibration.log_calibration(
+        tracking, _record([("pass", "ok")] * 50, family), signing=signing)
+    source = StoreSource(tracking, family, signing.trust, stages=("calibration",))
+    found, about = calibration.fresh_calibration(source, FACTS, 30)
+    assert found == run_id and "0/50" in about
+    for changed in ("driver_version", "jax_version", "serving_digest", "device_kind"):
+        other = {**FACTS, changed: "something else"}
+        found, why = calibration.fresh_calibration(source, other, 30)
+        assert found is None and changed in why
+    later = datetime.now(UTC) + timedelta(days=40)
+    found, why = calibration.fresh_calibration(source, FACTS, 30, now=later)
+    assert found is None and "days old" in why
+
+
+def test_an_untrusted_calibration_does_not_count(tracking, signing, tmp_path):
+    from lineage import keys
+
+    family = "calibrated"
+    stranger = keys.folder_trust(tmp_path)  # trusts no key
+    source = StoreSource(tracking, family, stranger, stages=("calibration",))
+    found, why = calibration.fresh_calibration(source, FACTS, 30)
+    assert found is None
+
+
+def test_the_serving_digest_follows_the_serving_code(tmp_path):
+    for name in calibration.SERVING_FILES:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(name)
+    before = calibration.serving_digest(tmp_path)
+    (tmp_path / "evaluation" / "serving.py").write_text("changed")
+    assert calibration.serving_digest(tmp_path) != before
+
+
+def test_one_a_a_canary_through_the_serving_path():
+    from evaluation import serving
+    from evaluation.documents import assign_splits, load_documents
+    from evaluation.model import MiniLM
+    from evaluation.runners import LocalRunner
+    from flows.calibrate import a_a_canary
+    from gates.canary_plan import CanaryPlan
+
+    plan = CanaryPlan.model_validate({
+        "steps": [{"name": "a", "traffic_fraction": 0.5, "requests": 8},
+                  {"name": "b", "traffic_fraction": 1.0, "requests": 8}],
+        "max_error_count": 0, "max_nan_count": 0, "max_output_drift": 1e-3,
+        "max_memory_growth_bytes": 2**40,
+        "latency": {"test": "signed_rank_abba", "alpha": 0.05, "min_slowdown_ratio": 3.0,
+                    "power": 0.9, "noise_sd": 0.5, "inconclusive": "reject"}})
+    model = MiniLM.load()
+    endpoint = serving.Endpoint("xla", LocalRunner.for_implementation("xla", model=model))
+    documents = assign_splits(load_documents(None))["heldout"]
+    verdict, reason, ratios = a_a_canary(plan, endpoint, model, documents, seed=0)
+    assert len(ratios) == 12 and verdict in ("pass", "inconclusive", "fail"), reason
+    assert verdict != "fail" or "slower" in reason
