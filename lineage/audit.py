@@ -34,7 +34,15 @@ from datetime import timedelta
 
 from evaluation.report import EvaluationReport
 from gates.decision import decide
-from lineage import canary_audit, chain, checkpoints, family_log, registered_model, store_check
+from lineage import (
+    canary_audit,
+    chain,
+    checkpoints,
+    family_log,
+    model_files,
+    registered_model,
+    store_check,
+)
 from lineage.attestations import Attestation, AttestationError
 from lineage.audit_report import AuditReport, Walk
 from lineage.bundle import verify_artifacts
@@ -193,17 +201,6 @@ def _promotion_links(promotion: Attestation, evidence: chain.ChainEvidence,
     walk.link("promotion", promotion.run_id, not problems, "; ".join(problems) or detail)
 
 
-def _model_files(tracking: Tracking, source: StoreSource, version: str, walk: Walk) -> None:
-    """The files ``models:/…`` loads against the signed manifest (``lineage.model_files``)."""
-    from lineage import model_files
-    try:
-        found = model_files.check(tracking, source, version)
-    except AttestationError as exc:
-        walk.link("model files", version, False, str(exc))
-        return
-    walk.link("model files", version, not found.problems, found.summary())
-
-
 def _loaded_model(tracking: Tracking, source: StoreSource, version: str, walk: Walk) -> None:
     from lineage.version_runners import VersionWorker
 
@@ -312,7 +309,7 @@ def audit(tracking: Tracking | None, family: str, target: str, *, trust=None,
         if promotion is not None:
             walk.problems += store_check.link_tag_problems(tracking, family, version, promotion)
         if evidence.build is not None:
-            _model_files(tracking, source, version, walk)
+            walk.link("model files", version, *model_files.check_link(tracking, source, version))
         if load_model and evidence.build is not None:
             _loaded_model(tracking, source, version, walk)
         if recheck_reference and evidence.decision is not None:

@@ -134,3 +134,13 @@ def check(tracking: Tracking, source: EvidenceSource, version: str) -> ModelFile
         found = fetch(tracking, source, version, Path(tmp))
         found.path = None
         return found
+
+
+def check_link(tracking: Tracking, source: EvidenceSource, version: str) -> tuple[bool, str]:
+    """The audit's ``model files`` link: ``(ok, detail)`` of :func:`check` (no signed
+    build is a failed link too)."""
+    try:
+        found = check(tracking, source, version)
+    except AttestationError as exc:
+        return False, str(exc)
+    return not found.problems, found.summary()
