@@ -243,9 +243,9 @@ def audit(target: Annotated[str, typer.Argument(help="alias (production, canary,
             trust = keys.folder_trust(folder)
             if revoked_key:
                 trust.revoked |= {keys.load_public_key(p).keyid for p in revoked_key}
-            trust_files = sorted(folder.glob("*.pub.json"))
-            typer.echo(f"trusting the public keys in {folder} ({len(trust.public_keys)}); pass "
-                       "--trusted-key to choose your own", err=True)
+            trust_files = keys.pipeline_public_files(folder)
+            typer.echo(f"trusting the pipeline role's public keys in {folder} ({len(trust.public_keys)}; "
+                       "never approver keys); pass --trusted-key to choose your own", err=True)
     except keys.KeyFileError as err:
         raise typer.BadParameter(str(err)) from None
     if bundle is not None:

@@ -23,6 +23,7 @@ from prefect.states import Completed, State
 from prefect.utilities.annotations import quote
 
 import kernels
+from evaluation.documents import load_documents
 from evaluation.testset import ensure_testset
 from flows.errored import OUTCOME_ATTRIBUTE, mark_stage, stage_of
 from flows.kernel_choice import rollout_kernel
@@ -38,6 +39,7 @@ from gates.decision import GateDecision
 from lineage import keys, registered_model, registration, registry, rollout, tags
 from lineage import tracking as tr
 from lineage.attestations import Signing
+from lineage.bindings import RolloutBindings, bindings_for
 from lineage.rollout import Result, RolloutOutcome
 
 
@@ -239,14 +241,30 @@ def preregister(context: RolloutContext) -> Preregistered:
         ValueError: the file does not parse against the thresholds schema.
         lineage.registration.LooseningRefused: it loosens the family's thresholds after a
             rejection without a named approval.
+        lineage.bindings.BindingsRefused: the family's newest registration froze the same
+            file with other verdict-changing settings (named).
     """
     record, settings = context.record, context.settings
     approval = settings.loosening_approval.read_bytes() if settings.loosening_approval else None
+    # the test set's digest is bound by the registration: prepared first (idempotent)
+    testset_dir = prepare_testset.fn(context).testset_dir
     registered = registration.preregister(
         settings.thresholds, tracking=record.tracking, family=record.family,
-        signing=record.signing, parent_run_id=record.rollout_run_id, loosening_approval=approval)
+        signing=record.signing, parent_run_id=record.rollout_run_id, loosening_approval=approval,
+        bindings=rollout_bindings(settings, testset_dir, record.backend))
     rollout.link(record, {tags.REGISTRATION_ID: registered.registration_id})
     return Preregistered(registration=registered)
+
+
+def rollout_bindings(settings: RolloutSettings, testset_dir, backend: str) -> RolloutBindings:
+    """The settings of ``settings`` that can change a verdict, as the registration binds
+    them (``lineage.bindings``)."""
+    return bindings_for(perf_shapes=settings.perf_shapes, perf_repeats=settings.perf_repeats,
+                        shadow_requests=settings.shadow_requests,
+                        model_check=settings.model_check,
+                        testset_profile=settings.testset_profile_for(backend),
+                        testset_dir=testset_dir,
+                        documents=load_documents(settings.documents_dir))
 
 
 @stage_task(name="prepare-testset")

@@ -27,7 +27,7 @@ from typing import Any
 from google.protobuf import json_format
 from in_toto_attestation.v1.resource_descriptor import ResourceDescriptor
 from in_toto_attestation.v1.statement import Statement
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from securesystemslib.dsse import Envelope
 from securesystemslib.exceptions import VerificationError
 from securesystemslib.signer import Signer, SSlibKey
@@ -66,10 +66,18 @@ class TrustPolicy(BaseModel):
 
     public_keys: dict[str, SSlibKey]
     revoked: set[str] = Field(default_factory=set)
+    revoked_at: dict[str, datetime] = Field(
+        default_factory=dict, description="keys revoked from a position: a statement they "
+        "signed verifies only when it was attested before it")
 
     def usable(self) -> list[SSlibKey]:
-        """The trusted keys that are not revoked."""
+        """The trusted keys that are not revoked from the start."""
         return [k for keyid, k in self.public_keys.items() if keyid not in self.revoked]
+
+    def signs_now(self, keyid: str) -> bool:
+        """Whether a new statement signed by ``keyid`` would verify."""
+        return (keyid in self.public_keys and keyid not in self.revoked
+                and keyid not in self.revoked_at)
 
 
 class Attestation(BaseModel):
@@ -160,9 +168,27 @@ def verify_envelope(data: bytes, trust: TrustPolicy, *, run_id: str = "", path: 
         subjects = {s["name"]: s["digest"]["sha256"] for s in statement.get("subject", [])}
     except (ValueError, KeyError, TypeError) as err:
         raise AttestationError(f"{run_id}/{path}: not an in-toto statement ({err})") from err
+    accepted = _before_revocation(accepted, predicate, trust, f"{run_id}/{path}")
     return Attestation(kind=predicate.get("kind", ""), run_id=run_id, path=path,
                        subjects=subjects, predicate=predicate, keyid=sorted(accepted)[0],
                        envelope_sha256=hashlib.sha256(data).hexdigest())
+
+
+def _before_revocation(accepted, predicate: Mapping[str, Any], trust: TrustPolicy,
+                       where: str) -> set[str]:
+    """The accepting keys whose revocation (if any) comes after the statement's signed
+    time. Raises AttestationError when none is left."""
+    try:
+        at = datetime.fromisoformat(str(predicate.get("attested_at")))
+    except ValueError:
+        at = None
+    kept = {k for k in accepted if k not in trust.revoked_at
+            or (at is not None and at < trust.revoked_at[k])}
+    if not kept:
+        positions = {k: trust.revoked_at[k].isoformat() for k in sorted(accepted)}
+        raise AttestationError(f"{where}: signed at {predicate.get('attested_at')} by key(s) "
+                               f"revoked before that: {positions}")
+    return kept
 
 
 def attest(tracking: Tracking, run_id: str, kind: str, predicate: Mapping[str, Any],
@@ -225,3 +251,12 @@ class Signing(BaseModel):
     key_dir: Path | None = None
     """The pipeline's key folder, where its checkpoints of each family's log live
     (``lineage.checkpoints``); None: none are written or read."""
+
+    @model_validator(mode="after")
+    def _pipeline_role(self) -> Signing:
+        keyid = self.signer.public_key.keyid
+        if not self.trust.signs_now(keyid):
+            raise ValueError(f"key {keyid} is not a pipeline-role key of this trust (not the "
+                             "pipeline's current key, or revoked): the pipeline's records and "
+                             "alias moves are signed only by a pipeline key")
+        return self

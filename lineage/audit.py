@@ -18,8 +18,9 @@ trusts (never a key found in the store) it:
 5. cross-checks what MLflow shows — metrics, params, run tags, the version's tags —
    against the values the signatures vouch for, and re-hashes every artifact against
    its signed digest;
-6. loads the version's logged model in a process of its own and checks that the code
-   it runs is the code the signed build recorded.
+6. hashes the files at the version's storage location (what ``models:/…`` loads)
+   against the signed build's file manifest, computing the code digest itself
+   (``lineage.model_files``), and loads that checked copy in a process of its own.
 
 It names every problem; ``exit_code`` is 0 only when there is none. It works on the
 MLflow store or on an exported bundle (``lineage.bundle``, which also writes it; the
@@ -33,7 +34,15 @@ from datetime import timedelta
 
 from evaluation.report import EvaluationReport
 from gates.decision import decide
-from lineage import canary_audit, chain, checkpoints, family_log, registered_model, store_check
+from lineage import (
+    canary_audit,
+    chain,
+    checkpoints,
+    family_log,
+    model_files,
+    registered_model,
+    store_check,
+)
 from lineage.attestations import Attestation, AttestationError
 from lineage.audit_report import AuditReport, Walk
 from lineage.bundle import verify_artifacts
@@ -192,22 +201,19 @@ def _promotion_links(promotion: Attestation, evidence: chain.ChainEvidence,
     walk.link("promotion", promotion.run_id, not problems, "; ".join(problems) or detail)
 
 
-
 def _loaded_model(tracking: Tracking, source: StoreSource, version: str, walk: Walk) -> None:
     from lineage.version_runners import VersionWorker
-    from lineage.versions import recorded_kernel
 
     try:
-        kernel = recorded_kernel(source, version)
-        worker = VersionWorker(tracking, source.family, version, expected_code=kernel["code_sha256"])
+        worker = VersionWorker(tracking, source.family, version, trust=source.trust)
     except (AttestationError, RuntimeError) as exc:
         walk.link("loaded model", version, False, str(exc))
         return
     try:
         drift = worker.info.get("jax_drift")
-        walk.link("loaded model", version, True,
-                  f"loaded in its own process; its code sha256 {worker.info['code_sha256'][:12]} "
-                  "is the signed build's" + (f"; {drift}" if drift else ""))
+        walk.link("loaded model", version, True, "loaded in its own process from the checked "
+                  f"files; code sha256 {worker.info['code_sha256'][:12]} computed from them"
+                  + (f"; {drift}" if drift else ""))
     finally:
         worker.close()
 
@@ -302,6 +308,8 @@ def audit(tracking: Tracking | None, family: str, target: str, *, trust=None,
         walk.problems += found + store_check.deleted_problems(source, runs)
         if promotion is not None:
             walk.problems += store_check.link_tag_problems(tracking, family, version, promotion)
+        if evidence.build is not None:
+            walk.link("model files", version, *model_files.check_link(tracking, source, version))
         if load_model and evidence.build is not None:
             _loaded_model(tracking, source, version, walk)
         if recheck_reference and evidence.decision is not None:

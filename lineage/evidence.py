@@ -44,12 +44,13 @@ def log_build(record: RolloutRecord, build: KernelBuild, build_dir: Path,
                       parent_run_id=record.rollout_run_id,
                       run_name=f"build-{build.implementation}") as run_id:
         tr.log_params(record.tracking, run_id, build_params(build))
-        tr.set_tags(record.tracking, run_id, {
+        run_tags = {
             **collect_environment(PROJECT_DIR).as_tags(),
             tags.SOURCE_SHA256: build.source_sha256,
             **{tags.SOURCE_FILE_PREFIX + name: digest
                for name, digest in build.source_files.items()},
-        })
+        }
+        tr.set_tags(record.tracking, run_id, run_tags)
         client = record.tracking.client()
         if build.local is not None:
             client.log_metric(run_id, "build.compile_time_s", build.local.compile_time_s)
@@ -61,7 +62,8 @@ def log_build(record: RolloutRecord, build: KernelBuild, build_dir: Path,
         client.log_metric(run_id, "model.size_bytes", logged.size_bytes)
         tr.set_tags(record.tracking, run_id, {tags.CODE_SHA256: logged.code_sha256})
         version = register_version(record.tracking, record.family, run_id, build, logged,
-                                   record.signing)
+                                   record.signing,
+                                   run_tags={**run_tags, tags.CODE_SHA256: logged.code_sha256})
     return run_id, version, logged
 
 
@@ -132,7 +134,8 @@ def log_evaluation_result(record: RolloutRecord, run_id: str, report: Evaluation
         "split_digest": report.split_digest, "testset_digest": report.testset_digest,
         "started_at": report.started_at.isoformat(), "status": report.status,
         "speed_assessed": report.speed_assessed, "metrics": metrics,
-        "report_artifact": f"evaluation/{REPORT_FILENAME}", "tags": run_tags},
+        "report_artifact": f"evaluation/{REPORT_FILENAME}", "tags": run_tags,
+        "datasets": tr.dataset_facts(client.get_run(run_id))},
         record.signing)
 
 

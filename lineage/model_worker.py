@@ -1,12 +1,15 @@
 """Serve one registered version from a process of its own (run as a script, not imported).
 
-    python -P lineage/model_worker.py models:/kernelgate-<family>/<version>
+    python -P lineage/model_worker.py <local model folder>
 
-The process loads the version with ``mlflow.pyfunc.load_model``, which puts the
-version's code snapshot first on ``sys.path`` before anything of ours is imported; so
-the kernel, the encoder and the wrapper that run are the version's, whatever the
-checkout holds. (``-P`` keeps this script's folder off ``sys.path``.) Two versions with
-different code run side by side as two such processes.
+The parent (``lineage.version_runners.VersionWorker``) copies the version's files from
+its storage location and checks them against the signed file manifest; this process
+loads that checked copy with ``mlflow.pyfunc.load_model``, which puts the version's code
+snapshot first on ``sys.path`` before anything of ours is imported; so the kernel, the
+encoder and the wrapper that run are the version's, whatever the checkout holds. (``-P``
+keeps this script's folder off ``sys.path``.) Two versions with different code run side
+by side as two such processes. The code digest it reports is computed from the files of
+the folder it loaded (``code/``), never taken from the loaded model's ``describe()``.
 
 Protocol, over stdin/stdout: each message is an 8-byte little-endian length and a
 pickle (both ends are this project's own processes on one machine). The first reply is
@@ -98,6 +101,19 @@ def _handlers(model):
             "shutdown": lambda msg: {}}
 
 
+def _code_digest(folder: str) -> str:
+    """``lineage.model.code_digest`` of the ``code/`` files of the loaded folder, computed
+    here from the bytes (pycache excluded: this process may have just written it)."""
+    import hashlib
+    from pathlib import Path
+
+    code = Path(folder) / "code"
+    files = sorted((p.relative_to(code).as_posix(), p) for p in code.rglob("*")
+                   if p.is_file() and "__pycache__" not in p.parts)
+    lines = "".join(f"{name} {hashlib.sha256(p.read_bytes()).hexdigest()}\n" for name, p in files)
+    return hashlib.sha256(lines.encode()).hexdigest()
+
+
 def main(argv: list[str]) -> int:
     """Load ``argv[1]`` and answer requests until ``shutdown`` or end of input."""
     protocol_out = os.fdopen(os.dup(1), "wb")
@@ -108,7 +124,8 @@ def main(argv: list[str]) -> int:
 
         model = mlflow.pyfunc.load_model(argv[1]).unwrap_python_model()
         handlers = _handlers(model)
-        _write(protocol_out, {"ok": True, "describe": model.describe()})
+        _write(protocol_out, {"ok": True, "describe": {**model.describe(),
+                                                       "code_sha256": _code_digest(argv[1])}})
     except Exception as err:  # noqa: BLE001 - reported to the parent, which raises
         _write(protocol_out, {"ok": False, "error": f"{type(err).__name__}: {err}",
                               "traceback": traceback.format_exc()})

@@ -223,6 +223,11 @@ def alias_history(source: EvidenceSource) -> tuple[list[Attestation], list[str]]
         expected = moves[i - 2].envelope_sha256 if i > 1 else None
         if move.predicate.get("previous_envelope") != expected:
             problems.append(f"signed alias history: move {i} does not chain to move {i - 1}")
+        if i > 1 and str(move.predicate.get("attested_at", "")) < str(
+                moves[i - 2].predicate.get("attested_at", "")):
+            # a key revoked from a position could otherwise sign a backdated move after it
+            problems.append(f"signed alias history: move {i} is signed as earlier than move "
+                            f"{i - 1} (backdated)")
     return moves, problems
 
 

@@ -34,6 +34,8 @@ from lineage.attestations import (
     make_envelope,
     verify_envelope,
 )
+from lineage.bindings import RolloutBindings, refuse_rebinding
+from lineage.bindings import changes as binding_changes
 from lineage.family_log import read as read_log
 from lineage.log_writer import append, damage, intact_log
 from lineage.sources import EvidenceSource, StoreSource, signed_artifact
@@ -124,7 +126,8 @@ def _check_loosening_approval(envelope: bytes, previous: Thresholds, family: str
 
 def preregister(path: str | Path, *, tracking: Tracking, family: str, signing: Signing,
                 parent_run_id: str | None = None,
-                loosening_approval: bytes | None = None) -> Registration:
+                loosening_approval: bytes | None = None,
+                bindings: RolloutBindings | None = None) -> Registration:
     """Freeze the thresholds file at ``path`` in MLflow, signed; return its registration.
 
     Call it before the candidate is evaluated: the gate later refuses evaluations that
@@ -134,7 +137,10 @@ def preregister(path: str | Path, *, tracking: Tracking, family: str, signing: S
         FileNotFoundError: no such file.
         ValueError: the file is not a valid thresholds file (nothing is registered then).
         LooseningRefused: it loosens the family's previous registration after a
-            rejection, and no valid approval of that loosening was given.
+            rejection, and no valid approval of that loosening was given (a changed
+            binding counts as a loosening then).
+        lineage.bindings.BindingsRefused: the same thresholds file as the family's newest
+            registration, with other ``bindings`` (the rollout settings it signs).
     """
     path = Path(path)
     data = path.read_bytes()
@@ -143,6 +149,11 @@ def preregister(path: str | Path, *, tracking: Tracking, family: str, signing: S
     source = StoreSource(tracking, family, signing.trust)
     previous = latest_registration(source)
     loosened = loosenings(previous[1], thresholds) if previous else []
+    if previous and bindings is not None:
+        bound = previous[0].predicate.get("bindings")
+        if previous[0].predicate.get("thresholds_sha256") == digest:
+            refuse_rebinding(previous[0].predicate["registration_id"], bound, bindings)
+        loosened += [f"binding {change}" for change in binding_changes(bound, bindings)]
     approved = None
     why = rejection_in_log(source, damage(read_log(source), signing)[0]) if loosened else None
     if why is not None:
@@ -172,7 +183,8 @@ def preregister(path: str | Path, *, tracking: Tracking, family: str, signing: S
             "registered_at": registered_at.isoformat(),
             "previous_registration_id": previous[0].predicate["registration_id"] if previous else None,
             "previous_envelope": previous[0].envelope_sha256 if previous else None,
-            "loosened": loosened, "loosening_approval": approved, "tags": run_tags},
+            "loosened": loosened, "loosening_approval": approved, "tags": run_tags,
+            "bindings": None if bindings is None else bindings.model_dump(mode="json")},
             signing)
     return Registration(registration_id=run_id, family=family, profile=thresholds.profile,
                         thresholds_sha256=digest, thresholds_artifact=artifact,

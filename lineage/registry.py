@@ -72,7 +72,7 @@ class AliasChange(BaseModel):
     version: str | None  # None: alias removed
     previous_version: str | None
     at: AwareDatetime
-    action: Literal["assign", "promote", "rollback", "clear", "reconcile"]
+    action: Literal["assign", "promote", "rollback", "clear", "reconcile", "reattest"]
     reason: str = ""
     decision_run_id: str | None = None
 

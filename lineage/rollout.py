@@ -47,6 +47,8 @@ class RolloutRecord(BaseModel):
     backend: str = Field(description="cpu / gpu / tpu: where this process runs")
     rollout_run_id: str
     work_dir: Path = Field(description="local folder for this run's files before logging")
+    env_tags: dict[str, str] = Field(default_factory=dict, description=(
+        "the environment tags of the parent run (signed with the outcome)"))
 
 
 def open_rollout(tracking: Tracking, *, family: str, implementation: str, backend: str,
@@ -58,12 +60,13 @@ def open_rollout(tracking: Tracking, *, family: str, implementation: str, backen
         ValueError: ``family`` is not a valid family name.
     """
     run_id = tr.start_run(tracking, family, stage, run_name=run_name or f"{stage} {implementation}")
-    tr.set_tags(tracking, run_id, collect_environment(PROJECT_DIR).as_tags())
+    env_tags = collect_environment(PROJECT_DIR).as_tags()
+    tr.set_tags(tracking, run_id, env_tags)
     work_dir = (Path(work_root) / run_id).resolve()
     work_dir.mkdir(parents=True, exist_ok=True)
     return RolloutRecord(tracking=tracking, signing=signing, family=family,
                          implementation=implementation, backend=backend, rollout_run_id=run_id,
-                         work_dir=work_dir)
+                         work_dir=work_dir, env_tags=env_tags)
 
 
 @contextlib.contextmanager
@@ -173,7 +176,8 @@ def close_rollout(record: RolloutRecord, *, result: Result, stage: str, reason: 
     link(record, run_tags)
     append(record.tracking, record.rollout_run_id, "outcome",
            {"family": record.family, "version": version, "result": result, "stage": stage,
-            "reason": reason, "aliases": outcome.aliases, "tags": run_tags},
+            "reason": reason, "aliases": outcome.aliases,
+            "tags": {**record.env_tags, **run_tags}},
            record.signing)
     tr.end_run(record.tracking, record.rollout_run_id, "FAILED" if result in ("errored", "failed") else "FINISHED")
     words = result.replace("_", " ")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import sys
 
 from mlflow.exceptions import MlflowException
 
@@ -54,6 +55,8 @@ def cross_check(tracking: Tracking, source: StoreSource, runs: set[str], family:
                 if run.data.params.get(key) != str(value):
                     problems.append(f"run {run_id}: param {key} is "
                                          f"{run.data.params.get(key)!r}, signed {value!r}")
+            if "datasets" in p:
+                problems += dataset_problems(run_id, tr.dataset_facts(run), p["datasets"])
         stored = tr.list_artifact_files(tracking, run_id)
         for path in stored:
             if path.startswith(f"{ATTESTATION_DIR}/"):
@@ -114,13 +117,39 @@ def deleted_problems(source: StoreSource, runs: set[str]) -> list[str]:
             for run_id in sorted(runs & source.deleted())]
 
 
+def dataset_problems(run_id: str, shown: list[dict], signed: list) -> list[str]:
+    """The dataset inputs MLflow shows for a run against the signed list: one problem per
+    input whose digest, source or sha256 differs, or that is missing or added."""
+    def key(d) -> tuple[str, str]:
+        return str(d.get("context")), str(d.get("name"))
+    now, then = {key(d): d for d in shown}, {key(d): d for d in signed}
+    problems = []
+    for k in sorted(set(now) | set(then)):
+        label = f"run {run_id}: dataset input {k[1]} ({k[0]})"
+        if k not in now:
+            problems.append(f"{label}: signed but not shown by MLflow")
+        elif k not in then:
+            problems.append(f"{label}: shown by MLflow but not signed")
+        else:
+            problems += [f"{label}: {field} is {now[k].get(field)!r}, signed "
+                         f"{then[k].get(field)!r}" for field in ("digest", "sha256", "source")
+                         if str(now[k].get(field)) != str(then[k].get(field))]
+    return problems
+
+
 def same_value(a: float, b) -> bool:
     """Equal up to float formatting; NaN equals NaN and an infinity itself (a metric
-    that was NaN when signed and is NaN now is unchanged)."""
+    that was NaN when signed and is NaN now is unchanged). MLflow stores an infinity as
+    the largest finite double (``±1.7976931348623157e308``): read back, that is the
+    infinity it was."""
     try:
-        x, y = float(a), float(b)
+        x, y = (_stored_infinity(float(v)) for v in (a, b))
     except (TypeError, ValueError):
         return False
     if math.isnan(x) or math.isnan(y) or math.isinf(x) or math.isinf(y):
         return (math.isnan(x) and math.isnan(y)) or x == y
     return abs(x - y) <= 1e-12 * max(1.0, abs(y))
+
+
+def _stored_infinity(x: float) -> float:
+    return math.copysign(math.inf, x) if abs(x) >= sys.float_info.max else x

@@ -275,6 +275,19 @@ def log_dataset(
 MLFLOW_DIGEST_CHARS = 32
 
 
+def dataset_facts(run) -> list[dict[str, str]]:
+    """The dataset inputs an MLflow run shows (``run.inputs``), as a signed predicate
+    lists them: name, digest, source, context and full sha256, sorted."""
+    out = []
+    for item in (run.inputs.dataset_inputs if run.inputs else []):
+        input_tags = {t.key: t.value for t in item.tags}
+        out.append({"name": item.dataset.name, "digest": item.dataset.digest,
+                    "source": item.dataset.source,
+                    "context": input_tags.get(tags.DATASET_CONTEXT, ""),
+                    "sha256": input_tags.get(tags.DATASET_SHA256, "")})
+    return sorted(out, key=lambda d: (d["context"], d["name"], d["digest"]))
+
+
 class ArtifactIntegrityError(KernelgateError, RuntimeError):
     """An artifact is missing, has no recorded sha256, or no longer matches it."""
 

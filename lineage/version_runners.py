@@ -1,11 +1,12 @@
 """Runners that execute a registered version's own code.
 
 :class:`VersionPool` gives a :class:`evaluation.runners.Runner` per version for
-evaluation, shadow, canary, rollback checks and re-validation. A version whose logged
-code is byte-for-byte this process's code (same snapshot digest) runs here; any other
-version runs in a process of its own (:class:`VersionWorker`, ``model_worker.py``)
-that loaded its snapshot, and that process's loaded-code digest must equal the one
-recorded at build. Source drift cannot happen on these paths: code either is the
+evaluation, shadow, canary, rollback checks and re-validation. A version's files are
+first copied from its storage location (what ``models:/…`` loads) and checked against
+its signed file manifest (``lineage.model_files``), the code digest computed from them:
+a version whose checked code is byte-for-byte this process's code (same snapshot
+digest) runs here; any other version runs in a process of its own
+(:class:`VersionWorker`, ``model_worker.py``) that loads the checked copy. Source drift cannot happen on these paths: code either is the
 version's, proven by digest, or runs from the version's snapshot.
 """
 
@@ -30,7 +31,7 @@ from evaluation.serving import Endpoint
 from kernels.config import BlockSizes
 from kernels.shapes import AttentionShape
 from lineage import model as version_model
-from lineage import registered_model
+from lineage import model_files, registered_model
 from lineage.attestations import TrustPolicy
 from lineage.sources import StoreSource
 from lineage.tracking import Tracking
@@ -44,22 +45,39 @@ NATIVE_BASELINE = "xla"
 class VersionWorker:
     """A registered version loaded in a process of its own, as a ``Runner``.
 
+    Its files are copied from the version's storage location (what ``models:/…``
+    loads) and checked against the signed build's file manifest *here*, with the code
+    digest computed from them (``lineage.model_files``); the process loads that checked
+    copy, nothing else. What the loaded model says of itself is never the evidence.
+
     Raises (at construction):
-        RuntimeError: the process could not load the version (the message carries its
-            error), or the code it loaded is not the code recorded at build.
+        RuntimeError: the files are not the signed ones (naming each), or the process
+            could not load the version (the message carries its error).
+        lineage.attestations.AttestationError: the version has no signed build.
     """
 
-    def __init__(self, tracking: Tracking, family: str, version: str, *, expected_code: str):
+    def __init__(self, tracking: Tracking, family: str, version: str, *, trust: TrustPolicy):
         self.family, self.version = family, version
         env = {**os.environ, "MLFLOW_TRACKING_URI": tracking.tracking_uri,
                "MLFLOW_REGISTRY_URI": tracking.tracking_uri}
         # Two JAX processes share one accelerator: neither may take it all up front.
         env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+        self._cwd = tempfile.mkdtemp(prefix="kernelgate-worker-")
+        self._proc = None
+        try:
+            self.files = model_files.fetch(tracking, StoreSource(tracking, family, trust,
+                                                                 stages=("build",)),
+                                           version, Path(self._cwd) / "model")
+        except BaseException:
+            shutil.rmtree(self._cwd, ignore_errors=True)
+            raise
+        if self.files.problems:
+            shutil.rmtree(self._cwd, ignore_errors=True)
+            raise RuntimeError(f"v{version} of {family} refused: {self.files.summary()}")
         # Kept open for the process's lifetime (its errors are read on failure); closed in close().
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115
-        self._cwd = tempfile.mkdtemp(prefix="kernelgate-worker-")
-        uri = f"models:/{registered_model.registered_model_name(family)}/{version}"
-        self._proc = subprocess.Popen([sys.executable, "-P", str(WORKER_SCRIPT), uri],
+        self._proc = subprocess.Popen([sys.executable, "-P", str(WORKER_SCRIPT),
+                                       str(self.files.path)],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                       stderr=self._stderr, cwd=self._cwd, env=env)
         hello = self._receive()
@@ -67,12 +85,10 @@ class VersionWorker:
             self.close()
             raise RuntimeError(f"v{version} of {family} could not be loaded in its own process: "
                                f"{hello['error']}")
-        self.info = hello["describe"]
+        # the code digest is the one computed from the checked files, not the model's word
+        self.info = {**hello["describe"], "code_sha256": self.files.code_sha256,
+                     "files_checked": self.files.summary()}
         self.name = f"{self.info['implementation']}@v{version}"
-        if self.info["code_sha256"] != expected_code:
-            self.close()
-            raise RuntimeError(f"v{version} loaded code {self.info['code_sha256']}, but its build "
-                               f"recorded {expected_code}: the logged model was altered")
 
     def _receive(self) -> dict:
         header = self._proc.stdout.read(8)
@@ -122,6 +138,9 @@ class VersionWorker:
 
     def close(self) -> None:
         """Ask the process to stop, then make sure it has."""
+        if self._proc is None:
+            shutil.rmtree(self._cwd, ignore_errors=True)
+            return
         if self._proc.poll() is None:
             with contextlib.suppress(RuntimeError, OSError, ValueError):
                 self._ask("shutdown")
@@ -153,7 +172,10 @@ class VersionPool:
         if version not in self._runners:
             source = StoreSource(self.tracking, self.family, self.trust, stages=("build",))
             kernel = recorded_kernel(source, version)
-            if kernel["code_sha256"] == self._here:
+            files = model_files.check(self.tracking, source, version)
+            if files.problems:
+                raise RuntimeError(f"v{version} of {self.family} refused: {files.summary()}")
+            if files.manifest_signed and files.code_sha256 == self._here:
                 config = kernel["config"]
                 local = LocalRunner.for_implementation(
                     kernel["implementation"], None if config is None else BlockSizes(**config),
@@ -162,7 +184,7 @@ class VersionPool:
                 self._runners[version] = local
             else:
                 self._runners[version] = VersionWorker(self.tracking, self.family, version,
-                                                       expected_code=kernel["code_sha256"])
+                                                       trust=self.trust)
         return self._runners[version]
 
     def in_own_process(self, version: str) -> bool:

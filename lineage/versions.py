@@ -24,12 +24,12 @@ import numpy as np
 import pandas as pd
 from mlflow.models import ModelSignature
 from mlflow.types import ColSpec, Schema, TensorSpec
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from evaluation.model import MiniLM
 from kernels.build import KernelBuild
 from lineage import model as version_model
-from lineage import registered_model, tags
+from lineage import model_files, registered_model, tags
 from lineage import tracking as tr
 from lineage.attestations import AttestationError, Signing
 from lineage.log_writer import append
@@ -57,6 +57,9 @@ class LoggedModel(BaseModel):
     files: int
     size_bytes: int
     seconds: float
+    manifest: dict[str, str] = Field(
+        default_factory=dict, description="every file of the model folder -> sha256 (signed "
+        "in the build as ``model_files``; ``lineage.model_files``)")
 
 
 def _requirements() -> list[str]:
@@ -120,10 +123,11 @@ def log_version_model(tracking: Tracking, run_id: str, build: KernelBuild, build
             signature=SIGNATURE, input_example=pd.DataFrame({"text": INPUT_EXAMPLE}),
             pip_requirements=_requirements())
         files = [p for p in out.rglob("*") if p.is_file()]
+        manifest = model_files.folder_manifest(out)
         tr.log_directory(tracking, run_id, out, MODEL_ARTIFACT)
         size = sum(p.stat().st_size for p in files)
     return LoggedModel(artifact_path=MODEL_ARTIFACT, code_sha256=code_sha256, files=len(files),
-                       size_bytes=size, seconds=time.perf_counter() - start)
+                       size_bytes=size, seconds=time.perf_counter() - start, manifest=manifest)
 
 
 def serving_config(build: KernelBuild) -> dict | None:
@@ -143,10 +147,14 @@ def build_params(build: KernelBuild) -> dict:
 
 
 def register_version(tracking: Tracking, family: str, run_id: str, build: KernelBuild,
-                     logged: LoggedModel, signing: Signing) -> str:
+                     logged: LoggedModel, signing: Signing,
+                     run_tags: dict[str, str] | None = None) -> str:
     """Register the logged model as a version and sign the ``build`` attestation: its
     subjects are every file of the build run (the model's code included), its predicate
-    what serves and the version number. Returns the version."""
+    what serves, the version number, every file of the model folder by sha256
+    (``model_files``, checked wherever the version is loaded: ``lineage.model_files``)
+    and the build run's ``run_tags`` (environment and code facts the UI shows, which the
+    audit compares). Returns the version."""
     config = serving_config(build)
     version = registered_model.register_build(tracking, family, run_id,
                                       implementation=build.implementation,
@@ -161,7 +169,8 @@ def register_version(tracking: Tracking, family: str, run_id: str, build: Kernel
         "jaxlib_version": build.jaxlib_version, "model_artifact": logged.artifact_path,
         "params": {k: str(v) for k, v in tr.flat_params(build_params(build)).items()},
         "version_tags": {tags.IMPLEMENTATION: build.implementation,
-                         tags.CONFIG: json.dumps(config)}},
+                         tags.CONFIG: json.dumps(config)},
+        "model_files": logged.manifest, "tags": dict(run_tags or {})},
         signing)
     return version
 

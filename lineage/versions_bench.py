@@ -35,10 +35,11 @@ from evaluation.model import MiniLM
 from evaluation.recorded_traffic import record_traffic
 from evaluation.runners import LocalRunner
 from kernels.shapes import AttentionShape
-from lineage import registered_model
+from lineage import keys
 from lineage import tracking as tr
+from lineage.attestations import Signing
 from lineage.version_runners import VersionWorker
-from lineage.versions import log_version_model, recorded_kernel
+from lineage.versions import log_version_model, register_version
 
 FAMILY = "versions-bench"
 
@@ -69,13 +70,14 @@ def run(implementation: str, n_requests: int) -> dict:
         shape = AttentionShape(batch=1, q_len=256, kv_len=256, num_heads=4, num_kv_heads=2,
                                head_dim=128, dtype="bfloat16")
         build = kernels.build(implementation, None, shape, output_dir=tmp / "build")
+        key = tmp / "keys" / f"{keys.PIPELINE_KEY}.pem"
+        keys.create_key(key)
+        signing = Signing(signer=keys.load_signer(key), trust=keys.folder_trust(key.parent))
         with tr.stage_run(tracking, FAMILY, "build") as run_id:
             logged = log_version_model(tracking, run_id, build, tmp / "build", encoder)
-        version = registered_model.register_build(tracking, FAMILY, run_id, implementation=build.implementation,
-                                          config=build.config, artifact_path=logged.artifact_path)
+            version = register_version(tracking, FAMILY, run_id, build, logged, signing)
         start = time.perf_counter()
-        worker = VersionWorker(tracking, FAMILY, version,
-                               expected_code=recorded_kernel(tracking, FAMILY, version)["code_sha256"])
+        worker = VersionWorker(tracking, FAMILY, version, trust=signing.trust)
         load_s = time.perf_counter() - start
         try:
             through_model = _time_runner(worker, texts)

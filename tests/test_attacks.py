@@ -52,6 +52,11 @@ KINDS = {
     10: "evidence deleted from the store leaves no trace the rules read",
     11: "the end of the signed history can be cut",
     12: "an exported bundle is trusted unsigned",
+    13: "what serves is not what was audited (the loaded model reports its own code digest)",
+    14: "an approver's key is a pipeline key",
+    15: "the key-compromise procedure (rotate, revoke, reconcile) takes production down",
+    16: "lineage facts the MLflow UI shows (environment tags, dataset inputs) are not signed",
+    17: "settings that change a verdict are not part of the registration",
 }
 
 
@@ -83,6 +88,12 @@ class Lab:
         self.root = root / "attacks" / name
         self.store = self.root / "store"
         copy_store(pristine, self.store)  # its runs point at this copy, not the original
+        # MLflow caches each run's artifact repository process-wide by run id alone, and
+        # every copy has the same run ids: without this an attack's artifact writes and
+        # the audit's reads go to whichever copy first touched the run.
+        from mlflow.tracking._tracking_service import utils as mlflow_tracking
+
+        mlflow_tracking._artifact_repos_cache.clear()
         self.testset = root / "testset"
         self.tracking = tr.local_tracking(self.store)
         self.versions = versions
@@ -892,3 +903,135 @@ def rollback_cut_from_an_exported_bundle(lab: Lab) -> str:
     shutil.rmtree(out / "checkpoints")
     assert "no signed checkpoint" in _detected(offline())
     return found
+# --- kind 13: what serves is not what was audited ------------------------------------------
+
+
+def _doctored_copy(lab: Lab, version: str) -> Path:
+    """A copy of the version's model whose wrapper serves constant embeddings (and whose
+    describe() still reports the signed code digest), with the version's storage
+    location pointed at it."""
+    import mlflow.artifacts
+
+    name = registered_model.registered_model_name(FAMILY)
+    doctored = Path(mlflow.artifacts.download_artifacts(
+        artifact_uri=lab.client.get_model_version_download_uri(name, version),
+        dst_path=str(lab.root / "doctored"), tracking_uri=lab.tracking.tracking_uri))
+    wrapper = doctored / "code" / "lineage" / "model.py"
+    text = wrapper.read_text()
+    needle = "return self.encoder.embed(list(texts), attention_fn=self.attention_fn)"
+    assert needle in text
+    wrapper.write_text(text.replace(needle, "return np.ones((len(texts), 384), np.float32)"))
+    assert lab.sql("UPDATE model_versions SET storage_location = ? WHERE name = ? AND version = ?",
+                   doctored.as_uri(), name, int(version)) == 1
+    return doctored
+
+
+@attack(13, "code/lineage/model.py")
+def storage_location_pointed_at_a_doctored_model(lab: Lab) -> str:
+    from lineage.version_runners import VersionPool, VersionWorker
+
+    v2 = lab.versions["v2"]
+    _doctored_copy(lab, v2)
+    for make in (lambda: VersionWorker(lab.tracking, FAMILY, v2, trust=lab.signing.trust),
+                 lambda: VersionPool(lab.tracking, FAMILY, None, lab.signing.trust).runner(v2)):
+        with pytest.raises(RuntimeError, match="code/lineage/model.py"):
+            make()
+    return _detected(lab.audit())
+
+
+@attack(13, "model/artifacts/kernel.json")
+def model_file_edited_under_its_storage_location(lab: Lab) -> str:
+    """kernel.json edited in place: the run's artifact digest and the file manifest both
+    name it."""
+    v2 = lab.versions["v2"]
+    path = _artifact_file(lab, lab.mv(v2).run_id, "model/artifacts/kernel.json")
+    data = json.loads(path.read_text())
+    data["implementation"] = "naive"
+    path.write_text(json.dumps(data))
+    return _detected(lab.audit())
+
+
+# --- kind 14: an approver's key is a pipeline key -------------------------------------------
+
+
+@attack(14, "pipeline-role")
+def approver_key_created_with_keys_create_promotes(lab: Lab) -> str:
+    from flows.cli_keys import keys_app
+    from lineage import keys
+    from lineage.attestations import Signing
+
+    key_dir = lab.keys
+    from typer.testing import CliRunner
+
+    done = CliRunner().invoke(keys_app, ["create", "--name", "alice", "--key-dir", str(key_dir)])
+    assert done.exit_code == 0, done.output
+    alice = keys.load_signer(key_dir / keys.APPROVER_DIR / "alice.pem")
+    assert alice.public_key.keyid not in keys.folder_trust(key_dir).public_keys
+    with pytest.raises(ValueError) as refused:
+        registry.promote(lab.tracking, FAMILY, lab.versions["v1"],
+                         decision_run_id=lab.mv(lab.versions["v1"]).tags[tags.DECISION_RUN_ID],
+                         expected_previous=lab.versions["v2"],
+                         signing=Signing(signer=alice, trust=keys.folder_trust(key_dir)))
+    assert registered_model.alias_version(lab.tracking, FAMILY, "production") == lab.versions["v2"]
+    return str(refused.value)
+
+
+# --- kind 15: rotation and revocation take production down ----------------------------------
+
+
+@attack(15, "AUDIT PASSED")
+def rotate_revoke_then_the_reconcile_every_rollout_starts_with(lab: Lab) -> str:
+    from lineage import keys
+    from lineage.attestations import Signing
+
+    key_dir = lab.keys
+    old = keys.load_signer(key_dir / "pipeline.pem").public_key.keyid
+    code, out = _cli(lab, "keys", "rotate", "--key-dir", str(key_dir), "--store-dir",
+                     str(lab.store))
+    assert code == 0 and "re-attested attacked: production" in out, out
+    code, out = _cli(lab, "keys", "revoke", old, "--key-dir", str(key_dir))
+    assert code == 0 and "revoked" in out, out
+    signing = Signing(signer=keys.load_signer(key_dir / "pipeline.pem"),
+                      trust=keys.folder_trust(key_dir))
+    assert registry.reconcile(lab.tracking, FAMILY, signing) == []
+    assert registered_model.alias_version(lab.tracking, FAMILY, "production") == lab.versions["v2"]
+    code, out = _cli(lab, "audit", "--family", FAMILY, "--store-dir", str(lab.store),
+                     "--key-dir", str(key_dir), "--no-load-model", "--recheck-reference", "0")
+    assert code == 0, out
+    return f"production stays v{lab.versions['v2']}; audit: " + out.splitlines()[-1]
+
+
+# --- kind 16: lineage facts the MLflow UI shows are not signed -------------------------------
+
+
+@attack(16, "kernelgate.env.device_kind")
+def device_kind_tag_rewritten_in_the_backend_store(lab: Lab) -> str:
+    run_id = lab.mv(lab.versions["v2"]).run_id
+    assert lab.sql("UPDATE tags SET value = 'NVIDIA H100' WHERE run_uuid = ? AND key = ?",
+                   run_id, "kernelgate.env.device_kind") == 1
+    return _detected(lab.audit())
+
+
+@attack(16, "dataset input")
+def evaluation_dataset_digest_rewritten_in_the_backend_store(lab: Lab) -> str:
+    assert lab.sql("UPDATE datasets SET digest = ? WHERE name LIKE 'kernelgate-testset%'",
+                   "0" * 32) >= 1
+    return _detected(lab.audit())
+
+
+# --- kind 17: verdict-changing settings are not part of the registration ---------------------
+
+
+@attack(17, "shadow_requests")
+def same_registration_rolled_out_with_fewer_shadow_requests(lab: Lab) -> str:
+    from lineage.bindings import BindingsRefused, RolloutBindings, whole_numbers
+    from lineage.registration import latest_registration, preregister
+
+    newest, _ = latest_registration(lab.source())
+    bound = RolloutBindings.model_validate(whole_numbers(newest.predicate["bindings"]))
+    with pytest.raises(BindingsRefused) as refused:
+        preregister(THRESHOLDS, tracking=lab.tracking, family=FAMILY, signing=lab.signing,
+                    bindings=bound.model_copy(update={"shadow_requests": 2}))
+    preregister(THRESHOLDS, tracking=lab.tracking, family=FAMILY, signing=lab.signing,
+                bindings=bound)  # the registered values: accepted
+    return str(refused.value)

@@ -174,7 +174,8 @@ def test_the_same_code_loads_identically_in_its_own_process(store, signed):
     tracking, _, built = store
     run_id, version = built["here"]
     kernel = recorded_kernel(_source(tracking, signed), version)
-    worker = VersionWorker(tracking, FAMILY, version, expected_code=kernel["code_sha256"])
+    worker = VersionWorker(tracking, FAMILY, version, trust=signed.trust)
+    assert worker.info["code_sha256"] == kernel["code_sha256"]
     try:
         pool = VersionPool(tracking, FAMILY, MiniLM.load(), signed.trust)
         in_process, _ = pool.runner(version).embed(TEXTS)
@@ -185,10 +186,50 @@ def test_the_same_code_loads_identically_in_its_own_process(store, signed):
         worker.close()
 
 
-def test_a_worker_refuses_code_that_is_not_the_recorded_code(store, signed):
+def _storage_location(tracking, version: str, value: str | None = None) -> str:
+    import sqlite3
+
+    db = tracking.tracking_uri.removeprefix("sqlite:///")
+    with sqlite3.connect(db) as conn:
+        if value is not None:
+            conn.execute("UPDATE model_versions SET storage_location = ? WHERE name = ? AND "
+                         "version = ?", (value, registered_model.registered_model_name(FAMILY),
+                                         int(version)))
+        (found,) = conn.execute("SELECT storage_location FROM model_versions WHERE name = ? "
+                                "AND version = ?", (registered_model.registered_model_name(FAMILY),
+                                                    int(version))).fetchone()
+    return found
+
+
+def test_runners_refuse_files_that_are_not_the_signed_files(store, signed, tmp_path):
+    """The version's storage location repointed at a doctored copy whose wrapper serves
+    constant embeddings and reports the signed code digest: refused, naming the file."""
+    from lineage import model_files
+
     tracking, _, built = store
-    with pytest.raises(RuntimeError, match="altered"):
-        VersionWorker(tracking, FAMILY, built["changed"][1], expected_code="0" * 64)
+    version = built["here"][1]
+    original = _storage_location(tracking, version)
+    assert not model_files.check(tracking, _source(tracking, signed), version).problems
+    import mlflow.artifacts
+
+    doctored = Path(mlflow.artifacts.download_artifacts(
+        artifact_uri=original, dst_path=str(tmp_path / "doctored"),
+        tracking_uri=tracking.tracking_uri))
+    wrapper = doctored / "code" / "lineage" / "model.py"
+    wrapper.write_text(wrapper.read_text().replace(
+        "return self.encoder.embed(list(texts), attention_fn=self.attention_fn)",
+        "return np.ones((len(texts), 384), np.float32)"))
+    _storage_location(tracking, version, doctored.as_uri())
+    try:
+        found = model_files.check(tracking, _source(tracking, signed), version)
+        assert found.problems == ["code/lineage/model.py: sha256 differs from the signed file "
+                                  "manifest"], found
+        with pytest.raises(RuntimeError, match="code/lineage/model.py"):
+            VersionWorker(tracking, FAMILY, version, trust=signed.trust)
+        with pytest.raises(RuntimeError, match="code/lineage/model.py"):
+            VersionPool(tracking, FAMILY, None, signed.trust).runner(version)
+    finally:
+        _storage_location(tracking, version, original)
 
 
 def test_rollback_runs_the_older_versions_code(store, tmp_path, signed):
