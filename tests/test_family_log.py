@@ -140,11 +140,12 @@ def test_a_checkpoint_brought_by_the_auditor_and_one_of_another_log(lab, tmp_pat
     kept.write_bytes(checkpoints.checkpoint_file(lab.key_dir, "fam", log.genesis).read_bytes())
     found, _ = checkpoints.witness(log, lab.signing.trust, files=[kept])
     assert found == []
-    stranger = keys.load_signer(keys.ensure_pipeline_key(tmp_path / "other"))
+    # a stranger's own pipeline key (a Signing only takes a signer its trust names)
+    stranger = keys.ensure_pipeline_key(tmp_path / "other")
     forged = tmp_path / "forged.json"
     forged.write_bytes(checkpoints.sign_checkpoint(
         family_log.Head(family="fam", genesis=log.genesis, length=1, head=log.genesis),
-        Signing(signer=stranger, trust=lab.signing.trust)))
+        Signing(signer=keys.load_signer(stranger), trust=keys.folder_trust(tmp_path / "other"))))
     found, _ = checkpoints.witness(log, lab.signing.trust, files=[forged])
     assert any("unusable" in p for p in found)
     longer = family_log.Head(family="fam", genesis=log.genesis, length=log.length + 3, head="a" * 64)
