@@ -52,6 +52,7 @@ BlockQ = Annotated[int | None, typer.Option(min=1, help="query block size (token
 BlockKV = Annotated[int | None, typer.Option(min=1, help="key/value block size (tokens)")]
 from flows.cli_keys import KeyDir, check_name, keys_app  # noqa: E402
 from flows.cli_ops import notifications_app, run_until_signalled  # noqa: E402
+from flows.cli_store import existing_family, fail_fast_if_down, families, open_store  # noqa: E402
 
 app.add_typer(keys_app, name="keys")
 app.add_typer(notifications_app, name="notifications")
@@ -68,55 +69,10 @@ app.add_typer(stack_app, name="stack")
 app.command()(calibrate)
 
 
-def _tracking(store_dir: Path, *, must_exist: bool):
-    """The store, checked reachable within seconds (naming it) before any work."""
-    _fail_fast_if_down()
-    from lineage import tracking as tr
-    if not os.environ.get("MLFLOW_TRACKING_URI") and must_exist and not (store_dir / "mlflow.db").exists():
-        raise typer.BadParameter(f"no MLflow store at {store_dir.resolve()} (run a rollout first, or pass --store-dir / set MLFLOW_TRACKING_URI)")
-    tracking = tr.tracking_for(store_dir)
-    try:
-        tr.check_reachable(tracking)
-    except tr.StoreUnreachable as err:
-        typer.echo(f"error: {err}", err=True)
-        raise typer.Exit(1) from None
-    return tracking
-
-
-def _fail_fast_if_down() -> None:
-    """A tracking server (``MLFLOW_TRACKING_URI``) that does not answer: say so, naming it, within seconds (before JAX or MLflow is imported), and exit 1."""
-    uri = os.environ.get("MLFLOW_TRACKING_URI", "")
-    if not uri.startswith(("http://", "https://")):
-        return
-    from lineage.store import StoreUnreachable, Tracking, check_reachable
-    try:
-        check_reachable(Tracking(tracking_uri=uri))
-    except StoreUnreachable as err:
-        typer.echo(f"error: {err}", err=True)
-        raise typer.Exit(1) from None
-
-
-def _families(tracking) -> list[str]:
-    return sorted(e.name.removeprefix("kernelgate-")
-                  for e in tracking.client().search_experiments(max_results=1000)
-                  if e.name.startswith("kernelgate-"))
-
-
-def _existing_family(tracking, family: str | None) -> str:
-    import kernels
-
-    family = check_name(family or kernels.native_flash_kernel("auto", kernels.default_backend()))
-    known = _families(tracking)
-    if family not in known:
-        raise typer.BadParameter(f"no family {family!r} in this store; families: {known or 'none'}",
-                                 param_hint="--family")
-    return family
-
-
 def _settings(implementation: str, thresholds: Path, store_dir: Path, block_q: int | None,
               block_kv: int | None, family: str | None, new_family: bool,
               key_dir: Path | None, **extra):
-    _fail_fast_if_down()
+    fail_fast_if_down()
     import kernels
     from flows.judge import BUILD_SHAPE
     from flows.kernel_choice import rollout_kernel
@@ -139,13 +95,13 @@ def _settings(implementation: str, thresholds: Path, store_dir: Path, block_q: i
         raise typer.BadParameter(f"{err}") from None
     if family is not None:
         check_name(family)
-        tracking = _tracking(store_dir, must_exist=False)
-        if family not in _families(tracking) and family != name and not new_family:
+        tracking = open_store(store_dir, must_exist=False)
+        if family not in families(tracking) and family != name and not new_family:
             raise typer.BadParameter(
-                f"no family {family!r} in this store yet (families: {_families(tracking) or 'none'}); "
+                f"no family {family!r} in this store yet (families: {families(tracking) or 'none'}); "
                 "pass --new-family to start one", param_hint="--family")
     else:
-        _tracking(store_dir, must_exist=False)
+        open_store(store_dir, must_exist=False)
     return RolloutSettings(implementation=implementation, thresholds=thresholds.resolve(),
                            store_dir=store_dir, config=config, family=family, key_dir=key_dir,
                            **extra)
@@ -200,8 +156,8 @@ def evaluate(implementation: Implementation = "auto",
 def revalidate(family: Family = None, store_dir: StoreDir = Path(".kernelgate"),
                key_dir: KeyDir = None) -> None:
     """Re-evaluate what `production` points at, running the version's own code; roll back on failure (the nightly job)."""
-    tracking = _tracking(store_dir, must_exist=True)
-    family = _existing_family(tracking, family)
+    tracking = open_store(store_dir, must_exist=True)
+    family = existing_family(tracking, family)
     from flows.revalidate import revalidate_production
     from flows.settings import RolloutSettings
 
@@ -252,8 +208,8 @@ def audit(target: Annotated[str, typer.Argument(help="alias (production, canary,
         source = BundleSource(bundle, trust)
         result = run_audit(None, check_name(family or source.family), target, source=source, witnessing=witnessing(key_dir, checkpoint, bundle))
     else:
-        tracking = _tracking(store_dir, must_exist=True)
-        fam = _existing_family(tracking, family)
+        tracking = open_store(store_dir, must_exist=True)
+        fam = existing_family(tracking, family)
         result = run_audit(tracking, fam, target, trust=trust, load_model=load_model,
                            recheck_reference=recheck_reference, witnessing=witnessing(key_dir, checkpoint, None))
         if export is not None:
@@ -269,8 +225,8 @@ def timeline(family: Family = None, store_dir: StoreDir = Path(".kernelgate"),
     """Where each rollout's time went: result, version and every stage's seconds, read from the MLflow store."""
     from lineage.timeline import render, rollout_timelines
 
-    tracking = _tracking(store_dir, must_exist=True)
-    timelines = rollout_timelines(tracking, _existing_family(tracking, family))
+    tracking = open_store(store_dir, must_exist=True)
+    timelines = rollout_timelines(tracking, existing_family(tracking, family))
     typer.echo(render(timelines))
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)
@@ -289,8 +245,8 @@ def rollback_cmd(reason: Annotated[str, typer.Option(help="why; recorded, signed
     """Roll production back by hand (signed and recorded like any rollback; the Prefect UI's `manual-rollback` deployment does the same)."""
     if len(reason.strip()) < 3:
         raise typer.BadParameter("a rollback needs a reason", param_hint="--reason")
-    tracking = _tracking(store_dir, must_exist=True)
-    fam = _existing_family(tracking, family)
+    tracking = open_store(store_dir, must_exist=True)
+    fam = existing_family(tracking, family)
     from flows.rollback import manual_rollback
     from lineage.registry import PromotionRefused
 

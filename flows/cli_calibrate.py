@@ -3,13 +3,13 @@ recorded as a signed calibration (``flows.calibrate``). Heavy imports stay insid
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from flows.cli_keys import KeyDir, check_name
+from flows.cli_keys import KeyDir
+from flows.cli_store import existing_family, open_store
 
 
 def calibrate(
@@ -23,23 +23,12 @@ def calibrate(
             "no readable registration")] = None,
         key_dir: KeyDir = None) -> None:
     """Run production against itself through the canary path RUNS times and record the A/A false-rollback rate and the latency noise as a signed calibration of this device."""
-    import kernels
     from flows.calibrate import calibrate as run_calibration
     from flows.settings import RolloutSettings
     from flows.tasks import signing_for
-    from lineage import tracking as tr
 
-    if not os.environ.get("MLFLOW_TRACKING_URI") and not (store_dir / "mlflow.db").exists():
-        raise typer.BadParameter(f"no MLflow store at {store_dir.resolve()}", param_hint="--store-dir")
-    tracking = tr.tracking_for(store_dir)
-    try:
-        tr.check_reachable(tracking)
-    except tr.StoreUnreachable as err:
-        typer.echo(f"error: {err}", err=True)
-        raise typer.Exit(1) from None
-    fam = check_name(family or kernels.native_flash_kernel("auto", kernels.default_backend()))
-    if tracking.client().get_experiment_by_name(tr.experiment_name(fam)) is None:
-        raise typer.BadParameter(f"no family {fam!r} in this store", param_hint="--family")
+    tracking = open_store(store_dir, must_exist=True)
+    fam = existing_family(tracking, family)
     signing = signing_for(RolloutSettings(store_dir=store_dir, key_dir=key_dir))
 
     def progress(done: int, total: int, verdict: str) -> None:

@@ -1,0 +1,65 @@
+"""Opening the store for a command: checked reachable within seconds, naming it, before
+any work; the family named on the command line checked to exist there. Shared by every
+``kernelgate`` command that reads or writes a store (``flows.cli``, ``flows.cli_calibrate``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import typer
+
+from flows.cli_keys import check_name
+
+
+def open_store(store_dir: Path, *, must_exist: bool):
+    """The store, checked reachable within seconds (naming it) before any work."""
+    fail_fast_if_down()
+    from lineage import tracking as tr
+    if not os.environ.get("MLFLOW_TRACKING_URI") and must_exist and not (store_dir / "mlflow.db").exists():
+        raise typer.BadParameter(f"no MLflow store at {store_dir.resolve()} (run a rollout first, or pass --store-dir / set MLFLOW_TRACKING_URI)")
+    tracking = tr.tracking_for(store_dir)
+    try:
+        tr.check_reachable(tracking)
+    except tr.StoreUnreachable as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(1) from None
+    return tracking
+
+
+def fail_fast_if_down() -> None:
+    """A tracking server (``MLFLOW_TRACKING_URI``) that does not answer: say so, naming it, within seconds (before JAX or MLflow is imported), and exit 1."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI", "")
+    if not uri.startswith(("http://", "https://")):
+        return
+    from lineage.store import StoreUnreachable, Tracking, check_reachable
+    try:
+        check_reachable(Tracking(tracking_uri=uri))
+    except StoreUnreachable as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(1) from None
+
+
+def families(tracking) -> list[str]:
+    """The family names of the store's experiments (``kernelgate-<family>``)."""
+    return sorted(e.name.removeprefix("kernelgate-")
+                  for e in tracking.client().search_experiments(max_results=1000)
+                  if e.name.startswith("kernelgate-"))
+
+
+def existing_family(tracking, family: str | None) -> str:
+    """``family`` (default: the native flash kernel's name), refused naming the store's
+    families when it has no experiment there.
+
+    Raises:
+        typer.BadParameter: an invalid or unknown family.
+    """
+    import kernels
+
+    family = check_name(family or kernels.native_flash_kernel("auto", kernels.default_backend()))
+    known = families(tracking)
+    if family not in known:
+        raise typer.BadParameter(f"no family {family!r} in this store; families: {known or 'none'}",
+                                 param_hint="--family")
+    return family
