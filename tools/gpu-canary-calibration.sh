@@ -24,16 +24,7 @@ repeats=${KG_REPEATS:-8}
 mkdir -p "$out/latency"
 export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
 
-step() {  # step NAME TIMEOUT_S COMMAND...: run, log to $out/NAME.log, append a timed line
-  local name=$1 limit=$2; shift 2
-  local t0 t1 rc
-  t0=$(date +%s%N)
-  timeout -k 10 "$limit" "$@" > "$out/$name.log" 2>&1; rc=$?
-  t1=$(date +%s%N)
-  printf '%-22s rc=%-4s %8.1f s   %s\n' "$name" "$rc" "$(( (t1 - t0) / 1000000 ))e-3" "$*" \
-    | tee -a "$out/steps.txt"
-  tail -n 4 "$out/$name.log" | sed 's/^/    /'
-}
+. "$(dirname "$0")/device-steps.sh"
 
 case ${1:-} in
   samples)
