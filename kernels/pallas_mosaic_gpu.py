@@ -478,7 +478,14 @@ def _build_kernel(plan: _Plan):
                         acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
                     else:
                         # Rows that did not move have alpha == 1: skip the whole
-                        # rescale when no row of this warpgroup moved.
+                        # rescale when no row of this warpgroup moved. The max over the
+                        # rows is a cross-warp reduction through Mosaic GPU's one
+                        # reduction scratch in shared memory, shared by both consumers:
+                        # safe because it runs inside this consumer's softmax phase,
+                        # which the ping-pong schedule barrier makes exclusive (the
+                        # other consumer's softmax ends with its arrival on `schedule`
+                        # before this phase opens, and this one's ends before that
+                        # consumer's next phase can open).
                         any_moved = jnp.max(jnp.where(moved, 1.0, 0.0)) > 0.0
                         acc = lax.cond(
                             any_moved,
