@@ -85,6 +85,9 @@ class Kernel(abc.ABC):
             exporting for another platform needs :meth:`export_context`.
         export_needs_local_device: its lowering queries the target device (so it
             exports only from a host that has one).
+        variant_fields: the names of its variant switches (techniques a benchmark
+            switches on one at a time, e.g. ``kernels.mosaic_variants.MosaicVariant``);
+            the registered kernel always runs their defaults.
     """
 
     name: ClassVar[str]
@@ -98,6 +101,7 @@ class Kernel(abc.ABC):
     ours: ClassVar[bool] = False
     lowers_at_trace_time: ClassVar[bool] = False
     export_needs_local_device: ClassVar[bool] = False
+    variant_fields: ClassVar[tuple[str, ...]] = ()
 
     @abc.abstractmethod
     def __call__(self, q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool,

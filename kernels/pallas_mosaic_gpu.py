@@ -39,6 +39,11 @@ arXiv:2407.08608), exact attention with an online softmax (FlashAttention-2, Dao
   one FMA; ``exp2(-inf) = 0`` with ``approx_math``. Block 0 always contains key 0, which
   every row sees, so ``m`` is finite after the first block and ``-inf - -inf`` never
   occurs. ``P`` is rounded to the input dtype (bf16 or f16) for the second ``wgmma``.
+- **Variants** (``kernels.mosaic_variants.MosaicVariant``, all off by default; issue
+  24 times each by itself with ``kernels.tools.variants``): a lazy rescale of the
+  accumulator (the running max moves only when a block's max exceeds it by more than a
+  threshold; the rescale is skipped when no row of the warpgroup moved), the row sum
+  before or after the ping-pong hand-over, and the consumer/producer register split.
 - **Contract.** GQA by index mapping (query head ``h`` streams K/V head
   ``h // group``; nothing is repeated). ``kv_lengths``: keys at or past the length are
   masked and the blocks past it never loaded; V rows past it are zeroed before the
@@ -96,6 +101,7 @@ from jax import lax
 from kernels.config import BlockSizes
 from kernels.contract import AttentionSpec
 from kernels.kernel import Capability, Kernel, round_up
+from kernels.mosaic_variants import MosaicVariant, lazy_max
 from kernels.tile_schedule import tile_schedule
 
 KERNEL_NAME = "kernelgate_flash_fwd_mosaic_gpu"
@@ -116,8 +122,9 @@ BLOCK_KV_CHOICES = (64, 128, 256)
 STAGE_RANGE = (2, 4)
 _GPU_PLATFORMS = ("gpu", "cuda")
 _LOG2_E = math.log2(math.e)
-_CONSUMER_REGISTERS = 232
-_PRODUCER_REGISTERS = 40
+REDUCTION_SCRATCH_BYTES = 128 * 4 * 4
+"""Mosaic GPU's default ``CompilerParams.reduction_scratch_bytes`` (JAX 0.10/0.11): the
+shared memory a cross-warp reduction (a row vector to a scalar) is given."""
 
 
 # ----------------------------------------------------------------------------- config
@@ -160,27 +167,40 @@ def check_block_sizes(config: BlockSizes) -> None:
                          f"and two consumer warpgroups), got {config.num_warps}")
 
 
-def _smem(config: BlockSizes, head_dim: int, itemsize: int, separate_output: bool) -> int:
+def _smem(config: BlockSizes, head_dim: int, itemsize: int, separate_output: bool,
+          scratch_bytes: int = 0) -> int:
     d = _padded_head_dim(head_dim)
     q_and_o = 2 * config.block_q * d * (2 if separate_output else 1)
     tiles = (q_and_o + 2 * config.num_stages * config.block_kv * d) * itemsize
     barriers = 8 * (4 + 4 * config.num_stages + 1)
-    return tiles + barriers
+    return tiles + barriers + scratch_bytes
 
 
-def separate_output(config: BlockSizes, head_dim: int, itemsize: int = 2) -> bool:
+def variant_scratch_bytes(variant: MosaicVariant | None) -> int:
+    """Shared memory a variant adds (bytes): the lazy rescale's warpgroup-wide max
+    uses Mosaic GPU's cross-warp reduction scratch (``REDUCTION_SCRATCH_BYTES``)."""
+    if variant is not None and variant.lazy_rescale_log2 is not None:
+        return REDUCTION_SCRATCH_BYTES
+    return 0
+
+
+def separate_output(config: BlockSizes, head_dim: int, itemsize: int = 2,
+                    scratch_bytes: int = 0) -> bool:
     """Whether the output is staged in its own buffers (so the next query tile can load
     while a consumer finishes the current one) or in the query buffers (when the
     separate ones would not fit shared memory, e.g. at head_dim 256)."""
-    return _smem(config, head_dim, itemsize, True) <= SMEM_LIMIT_BYTES
+    return _smem(config, head_dim, itemsize, True, scratch_bytes) <= SMEM_LIMIT_BYTES
 
 
-def smem_bytes(config: BlockSizes, head_dim: int, itemsize: int = 2) -> int:
+def smem_bytes(config: BlockSizes, head_dim: int, itemsize: int = 2,
+               scratch_bytes: int = 0) -> int:
     """Shared memory one CTA allocates for ``config`` (bytes): two query tiles, two
     output staging tiles unless they must share the query tiles
     (:func:`separate_output`), the K and V rings, and the barriers (8 bytes each).
-    ``config`` must be resolved (every field set)."""
-    return _smem(config, head_dim, itemsize, separate_output(config, head_dim, itemsize))
+    ``config`` must be resolved (every field set). ``scratch_bytes``: what a variant
+    adds (:func:`variant_scratch_bytes`)."""
+    return _smem(config, head_dim, itemsize,
+                 separate_output(config, head_dim, itemsize, scratch_bytes), scratch_bytes)
 
 
 def _padded_head_dim(head_dim: int) -> int:
@@ -275,6 +295,7 @@ class _Plan:
     dtype: Any
     interpret: bool
     separate_output: bool
+    variant: MosaicVariant = MosaicVariant()
 
     @property
     def num_q_pairs(self) -> int:
@@ -378,6 +399,8 @@ def _build_kernel(plan: _Plan):
     ops = _Ops(plan.interpret)
     block_q, block_kv, stages, d = plan.block_q, plan.block_kv, plan.stages, plan.head_dim
     c = plan.qk_scale_log2
+    lazy = plan.variant.lazy_rescale_log2
+    rowsum_early = plan.variant.rowsum_early(d)
     row_layout = plgpu.Layout.WGMMA.reduce(1)
     loop_grid = (plan.batch * plan.num_heads * plan.num_q_pairs,)
 
@@ -398,7 +421,7 @@ def _build_kernel(plan: _Plan):
 
         # ------------------------------------------------------------------ consumers
         def consumer():
-            plgpu.set_max_registers(_CONSUMER_REGISTERS, action="increase")
+            plgpu.set_max_registers(plan.variant.consumer_registers, action="increase")
             q_tile = q_smem.at[wg]
             o_tile = o_smem.at[wg] if plan.separate_output else q_tile
             early_q_free = plan.separate_output
@@ -447,13 +470,30 @@ def _build_kernel(plan: _Plan):
                             rows = row0 + ops.iota((block_q, block_kv), 0)
                             visible = jnp.logical_and(visible, cols <= rows)
                         s = jnp.where(visible, s, -jnp.inf)
-                    m_new = jnp.maximum(m_i, s.max(axis=1) * c)
+                    m_block = jnp.maximum(m_i, s.max(axis=1) * c)
+                    m_new, moved = lazy_max(m_i, m_block, lazy)
                     alpha = jnp.exp2(m_i - m_new)
                     p = jnp.exp2(s * c - lax.broadcast_in_dim(m_new, s.shape, [0]))
-                    acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
+                    if lazy is None:
+                        acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
+                    else:
+                        # Rows that did not move have alpha == 1: skip the whole
+                        # rescale when no row of this warpgroup moved. The max over the
+                        # rows is a cross-warp reduction through Mosaic GPU's one
+                        # reduction scratch in shared memory, shared by both consumers:
+                        # safe because it runs inside this consumer's softmax phase,
+                        # which the ping-pong schedule barrier makes exclusive (the
+                        # other consumer's softmax ends with its arrival on `schedule`
+                        # before this phase opens, and this one's ends before that
+                        # consumer's next phase can open).
+                        any_moved = jnp.max(jnp.where(moved, 1.0, 0.0)) > 0.0
+                        acc = lax.cond(
+                            any_moved,
+                            lambda a: a * lax.broadcast_in_dim(alpha, a.shape, [0]),
+                            lambda a: a, acc)
                     l_i = l_i * alpha
                     p_lo = p.astype(plan.dtype)
-                    if d <= 128:
+                    if rowsum_early:
                         # Finish the row sums and rescaling before the hand-over, so this
                         # consumer's next turn on the tensor core starts right away (the
                         # order JAX's example found fastest for head_dim <= 128).
@@ -462,7 +502,7 @@ def _build_kernel(plan: _Plan):
                     plgpu.barrier_arrive(schedule)  # softmax done
                     plgpu.barrier_wait(v_ready.at[slot])
                     plgpu.barrier_wait(schedule)  # the other consumer has issued its Q K^T
-                    if d > 128:
+                    if not rowsum_early:
                         l_i = l_i + p.sum(axis=1)
 
                     def prefetch_wait():
@@ -503,7 +543,7 @@ def _build_kernel(plan: _Plan):
 
         # ------------------------------------------------------------------ producer
         def producer():
-            plgpu.set_max_registers(_PRODUCER_REGISTERS, action="decrease")
+            plgpu.set_max_registers(plan.variant.producer_registers, action="decrease")
 
             @plgpu.nd_loop(loop_grid, collective_axes="sm",
                            init_carry=(jnp.int32(0), jnp.int32(0)))
@@ -593,8 +633,8 @@ def _num_sms() -> int:
 def pallas_mosaic_gpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool,
                                 scale: float, q_lengths: jax.Array | None,
                                 kv_lengths: jax.Array | None, config: BlockSizes | None = None,
-                                interpret: Any = False, num_sms: int | None = None
-                                ) -> jax.Array:
+                                interpret: Any = False, num_sms: int | None = None,
+                                variant: MosaicVariant | None = None) -> jax.Array:
     """Flash-attention forward (FlashAttention-3 design) on a Hopper GPU via Mosaic GPU.
 
     Args:
@@ -612,6 +652,8 @@ def pallas_mosaic_gpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, cau
       num_sms: persistent CTAs to launch; default the device's SM count
         (``DEFAULT_NUM_SMS`` off-GPU, e.g. when exporting from a CPU host), and one CTA
         in interpret mode.
+      variant: ``kernels.mosaic_variants.MosaicVariant`` switches (issue 24: lazy
+        rescale, row-sum order, register split); ``None`` = every default.
 
     Returns:
       Array shaped and typed like ``q``; logits, softmax state and accumulator float32.
@@ -631,7 +673,8 @@ def pallas_mosaic_gpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, cau
                                   f"got {head_dim}")
     check_block_sizes(config or BlockSizes())
     cfg = (config or BlockSizes()).merged_over(default_config(head_dim))
-    need = smem_bytes(cfg, head_dim, jnp.dtype(q.dtype).itemsize)
+    extra = variant_scratch_bytes(variant)
+    need = smem_bytes(cfg, head_dim, jnp.dtype(q.dtype).itemsize, extra)
     if need > SMEM_LIMIT_BYTES:
         raise ValueError(f"pallas_mosaic_gpu: {cfg.model_dump()} at head_dim {head_dim} needs "
                          f"{need} bytes of shared memory, over {SMEM_LIMIT_BYTES}")
@@ -657,7 +700,9 @@ def pallas_mosaic_gpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, cau
                  causal=causal, qk_scale_log2=float(scale) * _LOG2_E,
                  has_q_lengths=q_lengths is not None, has_kv_lengths=kv_lengths is not None,
                  num_ctas=num_ctas, dtype=q.dtype, interpret=bool(interpret),
-                 separate_output=separate_output(cfg, head_dim, jnp.dtype(q.dtype).itemsize))
+                 separate_output=separate_output(cfg, head_dim, jnp.dtype(q.dtype).itemsize,
+                                                 extra),
+                 variant=variant or MosaicVariant())
     operands = [jnp.asarray(x, jnp.int32) for x in (q_lengths, kv_lengths) if x is not None]
     interpret_params = interpret
     if interpret is True:
@@ -692,6 +737,7 @@ class PallasMosaicGpuKernel(Kernel):
     native_platforms = ("gpu",)
     capability = Capability(dtypes=SUPPORTED_DTYPES, max_head_dim=MAX_HEAD_DIM)
     config_fields = ("block_q", "block_kv", "num_warps", "num_stages")
+    variant_fields = tuple(MosaicVariant.model_fields)
     trace_name = KERNEL_NAME
     tuned = True
     ours = True

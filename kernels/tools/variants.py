@@ -1,0 +1,329 @@
+"""Time pallas_mosaic_gpu's variant switches side by side in one process (issue 24).
+
+For every shape of the chosen set (``kernels/tools/fa3_variants.json``: ``priority``,
+bf16 head_dim 64 and 256 non-causal S=16384, where the kernel loses most; or ``grid``,
+head_dim 64/128/256, causal and not, S=16384 at B=1 and S=4096 at B=4,
+heads = 2048 / head_dim) it times cuDNN (``jax.nn.dot_product_attention``,
+``implementation="cudnn"``) and each variant, in three passes (the median of each
+pass's median; ratios within this process), against the matmul ceiling measured in the
+same process (the best of a few large bf16 GEMMs). Every variant is checked against
+float64 twice: on sampled rows of the timed inputs, and on a small shape of its own
+(causal, lengths that are no tile multiples, GQA) where its error must stay within
+``bench.ERROR_RATIO_LIMIT`` of naive's. The compiled kernel's ``ptxas`` report
+(``MOSAIC_GPU_DUMP_PTXAS=1``: registers, spill stores and loads) is captured from the
+process's stdout/stderr at its first compile and parsed into the row.
+
+Needs JAX, numpy and pydantic (``kernels.config`` imports it); no other package.
+
+Usage (on a Hopper GPU):
+    python3 -m kernels.tools.variants --shapes priority --variants default lazy-rescale-8 \\
+        --out variants.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import math
+import os
+import re
+import statistics
+import sys
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from kernels.config import BlockSizes
+from kernels.contract import validate
+from kernels.mosaic_variants import MosaicVariant
+from kernels.naive import naive_attention
+from kernels.pallas_mosaic_gpu import pallas_mosaic_gpu_attention, resolve_config
+from kernels.reference import attention_reference, relative_error, rounding_floor
+from kernels.selection import select_pallas_config
+from kernels.shapes import AttentionShape, random_inputs
+from kernels.timing import compile_and_warm, time_call
+from kernels.tools import bench
+from kernels.tools.ptxas_report import captured_output, parse_ptxas
+
+VARIANTS_FILE = Path(__file__).with_name("fa3_variants.json")
+PASSES = 3
+CEILING_SIZES = (4096, 8192, 12288)
+SCHEMA_VERSION = 1
+
+
+def load_variant_sets(path: Path | str = VARIANTS_FILE) -> dict[str, Any]:
+    """The variant file: ``variants`` (name, optional ``variant`` fields, ``config`` per
+    head_dim, ``head_dims``) and the shape sets ``priority_shapes``/``grid_shapes``.
+
+    Raises:
+        ValueError: a variant's switches or tiling are invalid, or names repeat.
+    """
+    data = json.loads(Path(path).read_text())
+    names = [e["name"] for e in data["variants"]]
+    if len(names) != len(set(names)):
+        raise ValueError(f"{path}: variant names repeat: {names}")
+    for entry in data["variants"]:
+        MosaicVariant(**entry.get("variant", {}))  # raises on a bad switch
+        for d, cfg in entry.get("config", {}).items():
+            BlockSizes(**cfg)
+            if not str(d).isdigit():
+                raise ValueError(f"{path}: {entry['name']}: config keys are head_dims, got {d!r}")
+    return data
+
+
+def block_sizes(entry: dict[str, Any], head_dim: int) -> BlockSizes | None:
+    """The entry's tiling at ``head_dim`` (``None``: the table's or the default)."""
+    cfg = entry.get("config", {}).get(str(head_dim))
+    return BlockSizes(**cfg) if cfg else None
+
+
+def shapes(spec: dict[str, Any]) -> list[AttentionShape]:
+    """The benchmark shapes of a shape set (``batch * seq = 16384``, heads 2048/d)."""
+    return [AttentionShape(dtype=spec["dtype"], batch=max(1, bench.TOKENS // seq), q_len=seq,
+                           kv_len=seq, num_heads=bench.MODEL_WIDTH // d,
+                           num_kv_heads=bench.MODEL_WIDTH // d, head_dim=d, causal=causal)
+            for d in spec["head_dims"] for causal in spec["causal"] for seq in spec["seqs"]]
+
+
+# --------------------------------------------------------------------------- measuring
+
+
+def matmul_ceiling(sizes: Sequence[int] = CEILING_SIZES) -> dict[str, float]:
+    """TFLOP/s of bf16 ``n^3`` products for each size, and their best (``ceiling``)."""
+    rates = {str(n): bench.matmul_ceiling(n, jnp.bfloat16) for n in sizes}
+    return {**rates, "ceiling": max(rates.values())}
+
+
+def _timed(fn, args) -> dict[str, Any]:
+    passes = [time_call(fn, args, repeats=7, target_repeat_s=0.03) for _ in range(PASSES)]
+    return {"median_s": statistics.median(p.median_s for p in passes),
+            "pass_median_s": [p.median_s for p in passes]}
+
+
+def _variant_fn(shape, variant, config, interpret=False):
+    def fn(q, k, v):
+        return pallas_mosaic_gpu_attention(q, k, v, causal=shape.causal,
+                                           scale=1.0 / math.sqrt(shape.head_dim),
+                                           q_lengths=None, kv_lengths=None, config=config,
+                                           variant=variant, interpret=interpret)
+    return fn
+
+
+def small_check(variant: MosaicVariant, config: BlockSizes | None, head_dim: int,
+                dtype: str, seed: int, *, seqs: tuple[int, int] = (1000, 1100),
+                interpret: bool = False) -> dict[str, Any]:
+    """The variant on a small causal GQA shape (B2, H4/2, ``seqs`` = (q_len, kv_len)
+    with lengths that are no tile multiples, the second example padded) against float64;
+    ``correct``: finite, within ``bench.ERROR_RATIO_LIMIT`` of naive's error (floor
+    ``bench.ERROR_FLOOR``), padded query rows exactly zero."""
+    rng = np.random.default_rng(seed)
+    (b, h, hkv), (sq, skv) = (2, 4, 2), seqs
+    q = jnp.asarray(rng.standard_normal((b, sq, h, head_dim)), dtype)
+    k = jnp.asarray(rng.standard_normal((b, skv, hkv, head_dim)), dtype)
+    v = jnp.asarray(rng.standard_normal((b, skv, hkv, head_dim)), dtype)
+    ql = jnp.array([sq, (sq * 3) // 5], jnp.int32)
+    kl = jnp.array([skv, (skv * 2) // 3], jnp.int32)
+    scale = 1.0 / math.sqrt(head_dim)
+    out = pallas_mosaic_gpu_attention(q, k, v, causal=True, scale=scale, q_lengths=ql,
+                                      kv_lengths=kl, config=config, variant=variant,
+                                      interpret=interpret)
+    out = np.asarray(jnp.asarray(out, jnp.float32), np.float64)
+    ref = attention_reference(q, k, v, causal=True, scale=scale, q_lengths=ql, kv_lengths=kl)
+    naive = naive_attention(q, k, v, causal=True, scale=scale, q_lengths=ql, kv_lengths=kl)
+    err = relative_error(out, ref)
+    base = max(relative_error(np.asarray(jnp.asarray(naive, jnp.float32), np.float64), ref),
+               bench.ERROR_FLOOR[dtype])
+    padded = np.arange(sq)[None, :] >= np.asarray(ql)[:, None]
+    return {"rel_error": err, "error_ratio": err / base,
+            "correct": bool(np.isfinite(err) and err / base <= bench.ERROR_RATIO_LIMIT
+                            and np.all(out[padded] == 0.0))}
+
+
+def run_shape(shape: AttentionShape, entries: Sequence[dict[str, Any]], ceiling: float,
+              seed: int, *, interpret: bool = False,
+              small_seqs: tuple[int, int] = (1000, 1100)) -> list[dict[str, Any]]:
+    """cuDNN and every applicable variant on one shape: timing, sampled float64 check,
+    small-shape check, ptxas report. A failing variant is a row with its error.
+    ``interpret``/``small_seqs``: JAX's GPU interpret mode and a smaller check (CPU tests)."""
+    q, k, v = random_inputs(shape, seed)
+    rng = np.random.default_rng(seed)
+    pairs = [(int(rng.integers(shape.batch)), int(rng.integers(shape.num_heads)))
+             for _ in range(2)]
+    rows_idx = np.sort(rng.choice(shape.q_len, size=min(128, shape.q_len), replace=False))
+    host = [np.asarray(x.astype(jnp.float32)) for x in (q, k, v)]
+    ref = bench.sampled_reference(*host, causal=shape.causal,
+                                  scale=1.0 / math.sqrt(shape.head_dim), pairs=pairs,
+                                  rows=rows_idx)
+    del host
+    rows: list[dict[str, Any]] = []
+    cudnn_s = None
+    try:
+        fn = bench.attention_fn("cudnn", shape, None)
+        compiled, *_ = compile_and_warm(fn, (q, k, v))
+        err = relative_error(bench._sampled(compiled(q, k, v), pairs, rows_idx), ref)
+        timing = _timed(compiled, (q, k, v))
+        cudnn_s = timing["median_s"]
+        rows.append({"shape": shape.label, "variant": "cudnn", **timing, "rel_error": err,
+                     "tflops": shape.flops() / cudnn_s / 1e12})
+    except Exception as e:  # noqa: BLE001 - a failing baseline is a row, not a crash
+        rows.append({"shape": shape.label, "variant": "cudnn", "error": _full(e)})
+    for entry in entries:
+        if shape.head_dim not in entry.get("head_dims", (shape.head_dim,)):
+            continue
+        variant = MosaicVariant(**entry.get("variant", {}))
+        config = block_sizes(entry, shape.head_dim) or select_pallas_config(
+            shape, implementation="pallas_mosaic_gpu")
+        spec = validate(*shape.structs(), causal=shape.causal)[0]
+        row: dict[str, Any] = {"shape": shape.label, "variant": entry["name"],
+                               "switches": variant.model_dump(),
+                               "config": resolve_config(spec, config).model_dump()}
+        try:
+            output: list[str] = []
+            with captured_output(output):
+                compiled, row["compile_s"], *_ = compile_and_warm(
+                    _variant_fn(shape, variant, config, interpret), (q, k, v))
+            row["ptxas"] = parse_ptxas("".join(output)) or "no ptxas report captured"
+            out = compiled(q, k, v)
+            row["rel_error"] = relative_error(bench._sampled(out, pairs, rows_idx), ref)
+            del out
+            row.update(_timed(compiled, (q, k, v)))
+            row["tflops"] = shape.flops() / row["median_s"] / 1e12
+            row["of_ceiling"] = row["tflops"] / ceiling
+            if cudnn_s:
+                row["ratio_to_cudnn"] = cudnn_s / row["median_s"]
+            row["small_check"] = small_check(variant, config, shape.head_dim, shape.dtype,
+                                             seed, seqs=small_seqs, interpret=interpret)
+        except Exception as e:  # noqa: BLE001 - a failing variant is a result
+            row["error"] = _full(e)
+            print(f"--- {entry['name']} on {shape.label} failed:\n{row['error']}",
+                  file=sys.stderr, flush=True)
+        rows.append(row)
+    default = next((r for r in rows if r["variant"] == "default" and "median_s" in r), None)
+    for row in rows:
+        if "median_s" in row and default is not None and row["variant"] != "cudnn":
+            row["ratio_to_default"] = default["median_s"] / row["median_s"]
+        if "rel_error" in row:
+            # The benchmark's rule: cuDNN's own error on these rows (floor ERROR_FLOOR);
+            # without cuDNN, the dtype's rounding floor (kernels.reference).
+            floor = bench.ERROR_FLOOR[shape.dtype]
+            cudnn_err = next((r.get("rel_error") for r in rows if r["variant"] == "cudnn"), None)
+            base = (max(cudnn_err, floor) if cudnn_err is not None
+                    else max(floor, rounding_floor(shape.dtype, shape.kv_len)))
+            row["sampled_error_ratio_to_cudnn"] = row["rel_error"] / base
+            row["correct"] = bool(
+                math.isfinite(row["rel_error"])
+                and row["rel_error"] / base <= bench.ERROR_RATIO_LIMIT
+                and row.get("small_check", {"correct": True})["correct"])
+    return rows
+
+
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit)\b")
+
+
+def _headline(text: str) -> str:
+    """The traceback's last ``SomeError: message`` line (JAX appends notes after it)."""
+    lines = text.strip().splitlines()
+    return next((ln for ln in reversed(lines) if _EXCEPTION_LINE.match(ln)), lines[-1])
+
+
+def _full(err: BaseException) -> str:
+    return "".join(traceback.format_exception(err))[-6000:]
+
+
+# --------------------------------------------------------------------------- report
+
+
+def format_table(rows: Sequence[dict[str, Any]]) -> str:
+    """One line per (shape, variant): ms, TFLOP/s, ratios, ceiling fraction, errors,
+    registers and spills."""
+    head = (f"{'shape':<38} {'variant':<24} {'ms':>8} {'TF/s':>6} {'/cudnn':>7} "
+            f"{'/default':>8} {'/ceil':>6} {'err/cud':>7} {'ok':>3} {'regs':>5} {'spill':>7}")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"{r['shape']:<38} {r['variant']:<24} FAILED: "
+                         f"{_headline(r['error'])[:120]}")
+            continue
+        ptx = r.get("ptxas")
+        regs = ptx.get("registers") if isinstance(ptx, dict) else None
+        spill = (f"{ptx['spill_store_bytes']}/{ptx['spill_load_bytes']}"
+                 if isinstance(ptx, dict) else "-")
+
+        def f(key, fmt, r=r):
+            return format(r[key], fmt) if r.get(key) is not None else "-"
+
+        lines.append(f"{r['shape']:<38} {r['variant']:<24} {r['median_s'] * 1e3:>8.3f} "
+                     f"{r['tflops']:>6.1f} {f('ratio_to_cudnn', '7.3f'):>7} "
+                     f"{f('ratio_to_default', '8.3f'):>8} {f('of_ceiling', '6.3f'):>6} "
+                     f"{f('sampled_error_ratio_to_cudnn', '7.3f'):>7} "
+                     f"{'yes' if r.get('correct', r['variant'] == 'cudnn') else 'NO':>3} "
+                     f"{regs if regs is not None else '-':>5} {spill:>7}")
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Command-line options (see the module docstring)."""
+    p = argparse.ArgumentParser(prog="python3 -m kernels.tools.variants",
+                                description=__doc__.splitlines()[0])
+    p.add_argument("--shapes", choices=("priority", "grid"), default="priority")
+    p.add_argument("--variants", nargs="+", default=None,
+                   help="names from the variant file (default: all); 'default' is always run")
+    p.add_argument("--head-dims", nargs="+", type=int, default=None,
+                   help="restrict the shape set to these head_dims")
+    p.add_argument("--file", default=str(VARIANTS_FILE))
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--ceiling-sizes", nargs="+", type=int, default=list(CEILING_SIZES),
+                   help="square bf16 GEMM sizes whose best rate is the matmul ceiling")
+    p.add_argument("--out", default=None, help="write the JSON report here")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the variant sets; print the table; write JSON. Exit 1 when a variant row is
+    incorrect or failed, 2 on bad arguments."""
+    args = build_parser().parse_args(argv)
+    data = load_variant_sets(args.file)
+    by_name = {e["name"]: e for e in data["variants"]}
+    wanted = ["default"] + [n for n in (args.variants or by_name) if n != "default"]
+    unknown = [n for n in wanted if n not in by_name]
+    if unknown:
+        print(f"unknown variants {unknown}; the file has {sorted(by_name)}", file=sys.stderr)
+        return 2
+    os.environ.setdefault("MOSAIC_GPU_DUMP_PTXAS", "1")
+    spec = dict(data[f"{args.shapes}_shapes"])
+    if args.head_dims:
+        spec["head_dims"] = [d for d in spec["head_dims"] if d in args.head_dims] or args.head_dims
+    others = [by_name[n] for n in wanted if n != "default"]
+    if others and all("head_dims" in e for e in others):
+        # Only where the chosen variants run (the default is timed beside them there).
+        mine = {d for e in others for d in e["head_dims"]}
+        spec["head_dims"] = [d for d in spec["head_dims"] if d in mine] or sorted(mine)
+    seed = args.seed if args.seed is not None else int(np.random.default_rng().integers(1 << 31))
+    device = jax.devices()[0]
+    print(f"device {device.device_kind}, jax {jax.__version__}, seed {seed}", flush=True)
+    ceiling = matmul_ceiling(args.ceiling_sizes)
+    print(f"matmul ceiling (bf16, best of {args.ceiling_sizes}): {ceiling['ceiling']:.1f} TFLOP/s",
+          flush=True)
+    rows: list[dict[str, Any]] = []
+    for shape in shapes(spec):
+        rows += run_shape(shape, [by_name[n] for n in wanted], ceiling["ceiling"], seed)
+        print(format_table([r for r in rows if r["shape"] == shape.label]), flush=True)
+    report = {"schema_version": SCHEMA_VERSION, "created": dt.datetime.now(dt.UTC).isoformat(),
+              "device": device.device_kind, "jax_version": jax.__version__, "seed": seed,
+              "passes": PASSES, "matmul_ceiling_tflops": ceiling, "shape_set": args.shapes,
+              "variants": {n: by_name[n] for n in wanted}, "rows": rows}
+    print("\n" + format_table(rows))
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=2))
+    bad = [r for r in rows if r["variant"] != "cudnn" and not r.get("correct")]
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,321 @@
+"""The variant switches of pallas_mosaic_gpu (issue 24): validation, defaults that keep
+the kernel as it was, lowering for CUDA from this CPU host, the lazy rescale rule of the
+online softmax against float64, and the lazy variant in JAX's GPU interpret mode.
+``gpu`` tests run every variant of ``kernels/tools/fa3_variants.json`` natively against
+float64, with the poisoned-padding and low-precision-extreme cases of issue 23."""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+from kernels import pallas_mosaic_gpu
+from kernels.build import source_digests
+from kernels.mosaic_variants import MAX_LAZY_RESCALE_LOG2, MosaicVariant, lazy_max
+from kernels.naive import naive_attention
+from kernels.pallas_mosaic_gpu import pallas_mosaic_gpu_attention
+from kernels.reference import attention_reference, relative_error
+from kernels.registry import IMPLEMENTATIONS
+from kernels.tools import ptxas_report
+from kernels.tools import variants as variants_tool
+from tests import test_kernels_poisoned as poisoned
+from tests.kernels_helpers import Case, assert_accurate, random_inputs
+
+ON_GPU = jax.default_backend() in ("gpu", "cuda")
+
+
+# ----------------------------------------------------------------------------- config
+
+
+@pytest.mark.parametrize("bad, named", [
+    (dict(lazy_rescale_log2=0.0), "lazy_rescale_log2"),
+    (dict(lazy_rescale_log2=MAX_LAZY_RESCALE_LOG2 + 0.5), "lazy_rescale_log2"),
+    (dict(consumer_registers=236), "multiple of 8"),
+    (dict(producer_registers=16), "[24, 256]"),
+    (dict(consumer_registers=248, producer_registers=24), "520 exceeds the 512"),
+    (dict(ping_pong=False), "ping_pong"),
+])
+def test_bad_variant_is_refused_naming_the_constraint(bad, named):
+    with pytest.raises(ValidationError) as err:
+        MosaicVariant(**bad)
+    assert named in str(err.value)
+
+
+def test_defaults_are_the_kernel_before_the_switches():
+    default = MosaicVariant()
+    assert default.is_default() and default.label() == "default"
+    assert (default.consumer_registers, default.producer_registers) == (232, 40)
+    # JAX's example's row-sum order: before the hand-over up to head_dim 128.
+    assert [default.rowsum_early(d) for d in (64, 128, 192, 256)] == [True, True, False, False]
+    on = MosaicVariant(lazy_rescale_log2=8.0)
+    assert not on.is_default() and on.label() == "lazy_rescale_log2=8.0"
+
+
+def test_the_kernel_declares_its_variant_fields():
+    assert IMPLEMENTATIONS["pallas_mosaic_gpu"].variant_fields == tuple(MosaicVariant.model_fields)
+    assert IMPLEMENTATIONS["naive"].variant_fields == ()
+
+
+def test_the_variants_module_is_part_of_the_source_digest():
+    """A variant becomes a default only by editing kernels/mosaic_variants.py, which is
+    one of the files the build's fingerprint hashes."""
+    assert "mosaic_variants.py" in source_digests()
+
+
+def test_lazy_rescale_accounts_for_its_reduction_scratch():
+    cfg = pallas_mosaic_gpu.default_config(128)
+    base = pallas_mosaic_gpu.smem_bytes(cfg, 128)
+    extra = pallas_mosaic_gpu.variant_scratch_bytes(MosaicVariant(lazy_rescale_log2=8.0))
+    assert extra > 0 and pallas_mosaic_gpu.variant_scratch_bytes(MosaicVariant()) == 0
+    assert pallas_mosaic_gpu.smem_bytes(cfg, 128, 2, extra) == base + extra
+
+
+# ----------------------------------------------------------------------------- lowering
+
+
+def _lowered(variant, head_dim=128, causal=False):
+    q = jax.ShapeDtypeStruct((1, 512, 2, head_dim), jnp.bfloat16)
+    fn = functools.partial(pallas_mosaic_gpu_attention, causal=causal, scale=0.1,
+                           q_lengths=None, kv_lengths=None, variant=variant)
+    return jax.jit(fn).trace(q, q, q).lower(lowering_platforms=("cuda",)).as_text()
+
+
+def test_default_variant_lowers_to_the_same_kernel_and_each_switch_changes_it():
+    base = _lowered(None)
+    assert _lowered(MosaicVariant()) == base
+    for variant in (MosaicVariant(lazy_rescale_log2=8.0),
+                    MosaicVariant(rowsum_before_handover=False),
+                    MosaicVariant(consumer_registers=240, producer_registers=24)):
+        text = _lowered(variant)
+        assert text.count("mosaic_gpu_v2") == 1 and text != base, variant.label()
+    # At head_dim 256 the default order is "after": switching it to "before" changes it.
+    assert _lowered(MosaicVariant(rowsum_before_handover=True), 256) != _lowered(None, 256)
+
+
+def test_every_variant_of_the_benchmark_file_lowers_for_cuda():
+    for entry in variants_tool.load_variant_sets()["variants"]:
+        variant = MosaicVariant(**entry.get("variant", {}))
+        for head_dim in entry.get("head_dims", (64, 128, 256)):
+            q = jax.ShapeDtypeStruct((1, 512, 2, head_dim), jnp.bfloat16)
+            config = variants_tool.block_sizes(entry, head_dim)
+            fn = functools.partial(pallas_mosaic_gpu_attention, causal=True, scale=0.1,
+                                   q_lengths=None, kv_lengths=None, variant=variant,
+                                   config=config)
+            text = jax.jit(fn).trace(q, q, q).lower(lowering_platforms=("cuda",)).as_text()
+            assert "mosaic_gpu_v2" in text, entry["name"]
+
+
+# ----------------------------------------------------------------------------- the rule
+
+
+def _online_softmax(logits, v, block, threshold):
+    """Pure-JAX model of the kernel's float32 online softmax over key blocks
+    (``m`` in scaled log2 units, as the kernel keeps it), with :func:`lazy_max`.
+    Returns the output and how many (row, block) rescales the accumulator needed."""
+    rows, n = logits.shape
+    m = jnp.full((rows,), -jnp.inf, jnp.float32)
+    l_sum = jnp.zeros((rows,), jnp.float32)
+    acc = jnp.zeros((rows, v.shape[1]), jnp.float32)
+    rescales, p_max = 0, 0.0
+    for start in range(0, n, block):
+        s = logits[:, start:start + block]
+        m_new, moved = lazy_max(m, jnp.maximum(m, s.max(axis=1)), threshold)
+        alpha = jnp.exp2(m - m_new)
+        p = jnp.exp2(s - m_new[:, None])
+        acc = acc * alpha[:, None] + p @ v[start:start + block]
+        l_sum = l_sum * alpha + p.sum(axis=1)
+        m = m_new
+        rescales += int(np.sum(np.asarray(moved)[...])) if start else 0
+        p_max = max(p_max, float(p.max()))
+    return acc / l_sum[:, None], rescales, p_max
+
+
+@pytest.mark.parametrize("threshold", [None, 1.0, 4.0, MAX_LAZY_RESCALE_LOG2])
+def test_lazy_rescale_rule_is_exact_against_float64(threshold):
+    """Logits that grow along the keys (so the running max keeps moving) plus noise:
+    the lazy rule gives the float64 softmax within float32 rounding, p stays within
+    2**threshold, and it needs fewer rescales than the eager rule."""
+    rng = np.random.default_rng()
+    rows, n, d, block = 32, 1024, 64, 64
+    logits = (np.linspace(0.0, 40.0, n)[None, :] + 3.0 * rng.standard_normal((rows, n)))
+    v = rng.standard_normal((n, d))
+    w = np.exp2(logits - logits.max(axis=1, keepdims=True))
+    ref = (w / w.sum(axis=1, keepdims=True)) @ v
+    out, rescales, p_max = _online_softmax(jnp.asarray(logits, jnp.float32),
+                                           jnp.asarray(v, jnp.float32), block, threshold)
+    assert relative_error(np.asarray(out, np.float64), ref) < 1e-5
+    assert p_max <= 2.0 ** (threshold or 0.0) * (1 + 1e-6)
+    _, eager, _ = _online_softmax(jnp.asarray(logits, jnp.float32),
+                                  jnp.asarray(v, jnp.float32), block, None)
+    if threshold is not None:
+        assert rescales < eager, (rescales, eager)
+
+
+def test_lazy_max_moves_a_row_from_minus_infinity():
+    m_new, moved = lazy_max(jnp.array([-jnp.inf, 1.0]), jnp.array([3.0, 1.5]), 8.0)
+    assert np.asarray(moved).tolist() == [True, False]
+    assert np.asarray(m_new).tolist() == [3.0, 1.0]
+
+
+# ----------------------------------------------------------------------------- interpret
+
+
+@pytest.mark.parametrize("variant", [MosaicVariant(lazy_rescale_log2=MAX_LAZY_RESCALE_LOG2),
+                                     MosaicVariant(rowsum_before_handover=False)],
+                         ids=lambda v: v.label())
+def test_variant_in_interpret_mode_against_float64(variant):
+    """The real kernel (barriers, masking, lengths) with the switch on, ``wgmma``
+    replaced by ``lax.dot_general``: causal, lengths that are no tile multiples, and
+    growing logits (``q_scale``) so the lazy rule keeps stale maxima."""
+    case = Case("variant", batch=2, q_len=200, kv_len=330, num_heads=2, num_kv_heads=1,
+                head_dim=64, dtype="bfloat16", causal=True, q_lengths=(200, 77),
+                kv_lengths=(330, 129))
+    q, k, v, ql, kl = random_inputs(case, seed=int(np.random.default_rng().integers(1 << 31)),
+                                    q_scale=3.0)
+    scale = 1.0 / math.sqrt(case.head_dim)
+    out = pallas_mosaic_gpu_attention(q, k, v, causal=True, scale=scale, q_lengths=ql,
+                                      kv_lengths=kl, interpret=True, variant=variant)
+    ref = attention_reference(q, k, v, causal=True, scale=scale, q_lengths=ql, kv_lengths=kl)
+    naive = naive_attention(q, k, v, causal=True, scale=scale, q_lengths=ql, kv_lengths=kl)
+    naive_err = relative_error(np.asarray(naive, np.float64), ref)
+    assert_accurate(jnp.asarray(out, jnp.float32), ref, "bfloat16", naive_err)
+    rows = np.arange(case.q_len)[None, :] >= np.asarray(ql)[:, None]
+    assert np.all(np.asarray(out, np.float32)[rows] == 0.0)
+
+
+# ----------------------------------------------------------------------------- GPU
+
+
+def _gpu_variants():
+    return [MosaicVariant(**e.get("variant", {}))
+            for e in variants_tool.load_variant_sets()["variants"] if e.get("variant")]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
+@pytest.mark.parametrize("variant", _gpu_variants(), ids=lambda v: v.label())
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_gpu_variant_poisoned_padding_and_extremes(variant, dtype):
+    """Issue 23's kinds for each variant: poison in the padding never reaches the
+    output (padded query rows exactly 0), and large equal logits with one or two
+    visible keys stay finite and equal to float64."""
+    seed = int(np.random.default_rng().integers(1 << 31))
+    for poison in poisoned.POISONS:
+        for causal in (False, True):
+            (q, k, v), (qc, kc, vc), ql, kl, q_pad = poisoned._padded_inputs(
+                dtype, poison, seed, causal=causal)
+            out = pallas_mosaic_gpu_attention(q, k, v, causal=causal, scale=0.125,
+                                              q_lengths=ql, kv_lengths=kl, variant=variant)
+            out = np.asarray(jnp.asarray(out, jnp.float32), np.float64)
+            ref = attention_reference(qc, kc, vc, causal=causal, scale=0.125,
+                                      q_lengths=ql, kv_lengths=kl)
+            assert np.all(np.isfinite(out)), (poison, causal)
+            assert np.all(out[q_pad] == 0.0), (poison, causal)
+            assert relative_error(out, ref) < poisoned.TOLERANCE[dtype], (poison, causal)
+    for visible in (1, 2):
+        (q, k, v), kl = poisoned._extreme_inputs(dtype, seed, visible)
+        out = pallas_mosaic_gpu_attention(q, k, v, causal=False, scale=0.125,
+                                          q_lengths=None, kv_lengths=kl, variant=variant)
+        out = np.asarray(jnp.asarray(out, jnp.float32), np.float64)
+        ref = attention_reference(q, k, v, scale=0.125, kv_lengths=kl)
+        assert np.all(np.isfinite(out)), visible
+        assert relative_error(out, ref) < poisoned.TOLERANCE[dtype], visible
+
+
+def test_variant_file_is_valid_json_with_unique_names():
+    sets = variants_tool.load_variant_sets()
+    names = [e["name"] for e in sets["variants"]]
+    assert len(names) == len(set(names)) and "default" in names
+    json.dumps(sets)
+
+
+# ----------------------------------------------------------------------------- the tool
+
+PTXAS_SAMPLE = """ptxas info    : Compiling entry function 'kernelgate_flash_fwd_mosaic_gpu' for 'sm_90a'
+ptxas info    : Function properties for kernelgate_flash_fwd_mosaic_gpu
+    0 bytes stack frame, 24 bytes spill stores, 16 bytes spill loads
+ptxas info    : Used 168 registers
+"""
+
+
+def test_ptxas_report_is_parsed_and_absence_is_reported():
+    assert ptxas_report.parse_ptxas(PTXAS_SAMPLE) == {
+        "registers": 168, "spill_store_bytes": 24, "spill_load_bytes": 16}
+    assert ptxas_report.parse_ptxas("no compiler output here") is None
+
+
+def test_output_written_at_the_file_descriptor_level_is_captured():
+    """Mosaic GPU's C++ prints the ptxas report to fd 1/2, past Python's sys.stdout."""
+    import os
+
+    sink: list[str] = []
+    with ptxas_report.captured_output(sink):
+        os.write(1, b"ptxas info    : Used 200 registers\n")
+        os.write(2, b"0 bytes spill stores, 0 bytes spill loads\n")
+    assert ptxas_report.parse_ptxas("".join(sink)) == {
+        "registers": 200, "spill_store_bytes": 0, "spill_load_bytes": 0}
+
+
+def test_shape_sets_follow_the_fa3_paper_grid():
+    sets = variants_tool.load_variant_sets()
+    grid = variants_tool.shapes(sets["grid_shapes"])
+    assert len(grid) == 12
+    for shape in grid:
+        assert shape.batch * shape.q_len == 16384 and shape.num_heads * shape.head_dim == 2048
+    priority = variants_tool.shapes(sets["priority_shapes"])
+    assert {(s.head_dim, s.causal, s.q_len) for s in priority} == {(64, False, 16384),
+                                                                     (256, False, 16384)}
+
+
+def test_a_bad_variant_file_is_refused(tmp_path):
+    bad = tmp_path / "v.json"
+    bad.write_text(json.dumps({"variants": [{"name": "x", "variant": {"lazy_rescale_log2": 99}}]}))
+    with pytest.raises(ValidationError, match="lazy_rescale_log2"):
+        variants_tool.load_variant_sets(bad)
+    bad.write_text(json.dumps({"variants": [{"name": "x"}, {"name": "x"}]}))
+    with pytest.raises(ValueError, match="repeat"):
+        variants_tool.load_variant_sets(bad)
+
+
+def test_table_shows_failures_and_spills():
+    rows = [{"shape": "s", "variant": "cudnn", "median_s": 1e-3, "tflops": 500.0},
+            {"shape": "s", "variant": "lazy", "median_s": 0.9e-3, "tflops": 555.0,
+             "ratio_to_cudnn": 1.11, "ratio_to_default": 1.05, "of_ceiling": 0.8,
+             "sampled_error_ratio_to_cudnn": 1.0, "correct": True,
+             "ptxas": {"registers": 232, "spill_store_bytes": 8, "spill_load_bytes": 8}},
+            {"shape": "s", "variant": "broken", "error": "Traceback...\nValueError: ptxas failed"}]
+    text = variants_tool.format_table(rows)
+    assert "8/8" in text and "232" in text and "FAILED: ValueError: ptxas failed" in text
+
+
+@pytest.mark.slow
+def test_a_variant_row_is_timed_checked_and_compared_with_the_default(monkeypatch):
+    """run_shape end to end on this CPU host: the kernel in interpret mode, one timing
+    call instead of three passes, cuDNN absent (its row names why). About 60 s on two
+    CPU cores (interpret mode), hence ``slow``."""
+    monkeypatch.setattr(variants_tool, "_timed", lambda fn, args: {
+        "median_s": variants_tool.time_call(fn, args, repeats=1, max_calls=1,
+                                            warmup_s=0.0).median_s, "pass_median_s": []})
+    shape = variants_tool.AttentionShape(dtype="bfloat16", batch=1, q_len=256, kv_len=256,
+                                         num_heads=1, num_kv_heads=1, head_dim=64,
+                                         causal=False)
+    entries = [{"name": "default"}, {"name": "lazy", "variant": {"lazy_rescale_log2": 8.0}},
+               {"name": "wide", "variant": {}, "head_dims": [256]}]
+    rows = variants_tool.run_shape(shape, entries, ceiling=1.0, seed=3, interpret=True,
+                                   small_seqs=(100, 150))
+    by = {r["variant"]: r for r in rows}
+    assert set(by) == {"cudnn", "default", "lazy"}  # "wide" is not for head_dim 64
+    assert "error" in by["cudnn"]
+    for name in ("default", "lazy"):
+        row = by[name]
+        assert row["correct"] and row["small_check"]["correct"], row
+        assert row["ptxas"] == "no ptxas report captured"  # no ptxas off-GPU
+    assert by["default"]["ratio_to_default"] == 1.0
+    assert by["lazy"]["switches"]["lazy_rescale_log2"] == 8.0
