@@ -49,16 +49,21 @@ def families(tracking) -> list[str]:
 
 
 def existing_family(tracking, family: str | None) -> str:
-    """``family`` (default: the native flash kernel's name), refused naming the store's
-    families when it has no experiment there.
+    """``family``, refused naming the store's families when it has no experiment there.
+
+    Without ``family``: the store's only family when it has one (a store of
+    ``pallas_mosaic_gpu`` rollouts on a host whose native kernel is ``pallas_gpu`` is
+    audited without ``--family``, H200 2026-12-01), else this host's native flash kernel.
 
     Raises:
         typer.BadParameter: an invalid or unknown family.
     """
     import kernels
 
-    family = check_name(family or kernels.native_flash_kernel("auto", kernels.default_backend()))
     known = families(tracking)
+    if family is None and len(known) == 1:
+        family = known[0]
+    family = check_name(family or kernels.native_flash_kernel("auto", kernels.default_backend()))
     if family not in known:
         raise typer.BadParameter(f"no family {family!r} in this store; families: {known or 'none'}",
                                  param_hint="--family")

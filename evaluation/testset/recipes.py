@@ -122,6 +122,25 @@ _GPU_EXTRA_HARD = (
           num_kv_heads=4, head_dim=64, dtype="bfloat16", lengths="random"),
 )
 
+# Adversarial cases inside the long-sequence low-precision contracts (thresholds/bf16-long:
+# bf16, head_dim 64-256, S >= 1024): without them every rollout of such a registration was
+# inconclusive on its adversarial criterion (H200, 2026-12-01). The single-key case is the
+# "large equal values, very few visible keys" kind from public bug reports.
+_GPU_EXTRA_ADVERSARIAL = (
+    _adv("long-huge-logits-causal-bf16", ("long", "huge_logits", "softmax_overflow", "causal"),
+         2048, 2048, num_heads=2, num_kv_heads=2, head_dim=128, dtype="bfloat16", causal=True,
+         values="huge_logits"),
+    _adv("long-all-keys-masked-bf16", ("long", "all_masked", "padding", "zero_length"), 1024,
+         1024, batch=3, num_heads=2, num_kv_heads=2, head_dim=64, dtype="bfloat16",
+         lengths="with_zero"),
+    _adv("long-near-limit-bf16-d256", ("long", "near_limit", "head_dim", "q_len!=kv_len"), 1024,
+         2048, num_heads=2, num_kv_heads=2, head_dim=256, dtype="bfloat16", values="near_limit"),
+    _adv("long-constant-causal-bf16", ("long", "constant", "causal"), 1024, 1024, num_heads=2,
+         num_kv_heads=2, head_dim=128, dtype="bfloat16", causal=True, values="constant"),
+    _adv("long-single-key-padded-bf16", ("long", "single_key", "padding"), 1024, 1024, batch=2,
+         num_heads=2, num_kv_heads=2, head_dim=64, dtype="bfloat16", lengths="single_key"),
+)
+
 
 @dataclass(frozen=True)
 class OrdinaryPlan:
@@ -151,7 +170,7 @@ PROFILES: dict[str, ProfileSpec] = {
                       OrdinaryPlan(single_layers=((0, "float32"), (5, "float16")),
                                    batched_layers=((2, "float32"), (4, "bfloat16")),
                                    batch=4, max_length=256)),
-    "gpu": ProfileSpec(_CI_HARD + _GPU_EXTRA_HARD, _CI_ADVERSARIAL,
+    "gpu": ProfileSpec(_CI_HARD + _GPU_EXTRA_HARD, _CI_ADVERSARIAL + _GPU_EXTRA_ADVERSARIAL,
                        OrdinaryPlan(single_layers=((0, "float32"), (3, "bfloat16"),
                                                    (5, "float16")),
                                     batched_layers=((1, "float32"), (2, "bfloat16"),

@@ -1,0 +1,36 @@
+"""Which family a store command reads when ``--family`` is not given."""
+
+from __future__ import annotations
+
+import pytest
+import typer
+
+import kernels
+from flows import cli_store
+
+
+@pytest.fixture
+def store_families(monkeypatch):
+    """Stand in for the store's experiment list (``cli_store.families``)."""
+    def use(names: list[str]) -> None:
+        monkeypatch.setattr(cli_store, "families", lambda tracking: sorted(names))
+    return use
+
+
+def test_a_store_of_one_family_is_read_without_naming_it(store_families) -> None:
+    native = kernels.native_flash_kernel("auto", kernels.default_backend())
+    other = "pallas_mosaic_gpu" if native != "pallas_mosaic_gpu" else "xla"
+    store_families([other])
+    assert cli_store.existing_family(None, None) == other
+
+
+def test_several_families_default_to_the_native_kernel(store_families) -> None:
+    native = kernels.native_flash_kernel("auto", kernels.default_backend())
+    store_families([native, "pallas_mosaic_gpu", "naive"])
+    assert cli_store.existing_family(None, None) == native
+
+
+def test_an_unknown_family_is_refused_naming_the_known_ones(store_families) -> None:
+    store_families(["pallas_mosaic_gpu", "naive"])
+    with pytest.raises(typer.BadParameter, match=r"no family 'xla'.*pallas_mosaic_gpu"):
+        cli_store.existing_family(None, "xla")
