@@ -42,23 +42,35 @@ def registered_plan(tracking: Tracking, family: str, version: str, trust,
     return load_thresholds(fallback).canary, None
 
 
-def a_a_canary(plan: CanaryPlan, endpoint: serving.Endpoint, model: MiniLM, documents,
-               seed: int) -> tuple[str, str, list[float]]:
-    """One A/A canary: ``(verdict, reason, every compared request's log ratio)``."""
+def canary_run(plan: CanaryPlan, production: serving.Endpoint, candidate: serving.Endpoint,
+               model: MiniLM, documents, seed: int) -> tuple[str, str, list[float]]:
+    """One canary of ``candidate`` against ``production`` through the canary's replay and
+    judge: ``(verdict, reason, every compared request's log ratio)``. The request stream
+    is cut fresh from ``documents`` with ``seed`` into the plan's steps; each step is
+    warmed on both endpoints, replayed with ABBA timing, judged with the earlier steps'
+    results, and the canary stops at a breach as a rollout's does."""
     traffic = recorded_traffic.record_traffic(documents, sum(s.requests for s in plan.steps),
                                               seed=seed)
+    endpoints = [production] if candidate is production else [production, candidate]
     results = []
     for step, part in zip(plan.steps, recorded_traffic.split_traffic(
             traffic, [s.requests for s in plan.steps]), strict=True):
-        serving.warm_up(part.requests, [endpoint], model)
-        replayed = serving.replay_canary_step(part.requests, step.traffic_fraction, endpoint,
-                                              endpoint, salt=f"calibration-{seed}:{step.name}",
+        serving.warm_up(part.requests, endpoints, model)
+        replayed = serving.replay_canary_step(part.requests, step.traffic_fraction, production,
+                                              candidate, salt=f"calibration-{seed}:{step.name}",
                                               abba=True)
         results.append(judge_step(plan, replayed, step, results, None))
         if not results[-1].passed:
             break
     verdict = conclude_canary(plan, results)
     return verdict.verdict, verdict.reason, [x for r in results for x in r.log_ratios]
+
+
+def a_a_canary(plan: CanaryPlan, endpoint: serving.Endpoint, model: MiniLM, documents,
+               seed: int) -> tuple[str, str, list[float]]:
+    """One A/A canary (:func:`canary_run` with ``endpoint`` on both sides):
+    ``(verdict, reason, every compared request's log ratio)``."""
+    return canary_run(plan, endpoint, endpoint, model, documents, seed)
 
 
 def calibrate(tracking: Tracking, family: str, *, runs: int, signing: Signing,

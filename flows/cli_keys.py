@@ -31,9 +31,40 @@ def check_name(name: str) -> str:
     return name
 
 
+StoreDir = Annotated[Path, typer.Option(
+    help="local store whose families' signed logs record the key change")]
+
+
+def _store(store_dir: Path):
+    """The store's tracking, or None (said) when there is none to record in."""
+    from lineage import tracking as tr
+
+    if not os.environ.get("MLFLOW_TRACKING_URI") and not (store_dir / "mlflow.db").exists():
+        typer.echo(f"no MLflow store at {store_dir}: the key change is in no family's log",
+                   err=True)
+        return None
+    return tr.tracking_for(store_dir)
+
+
+def _pipeline_signing(folder: Path):
+    from lineage import keys
+    from lineage.attestations import Signing
+
+    return Signing(signer=keys.load_signer(folder / f"{keys.PIPELINE_KEY}.pem"),
+                   trust=keys.folder_trust(folder), key_dir=folder)
+
+
+def _record(tracking, change, folder: Path) -> None:
+    """Sign ``change`` into every family's log of the store (``lineage.key_changes``)."""
+    from lineage import key_changes
+
+    for family in key_changes.log_everywhere(tracking, change, _pipeline_signing(folder)):
+        typer.echo(f"logged in {family}'s signed log: {change.describe()}")
+
+
 @keys_app.command("create")
 def keys_create(name: Annotated[str, typer.Option(help="key name; 'pipeline' is the pipeline's")] = "pipeline",
-                key_dir: KeyDir = None) -> None:
+                key_dir: KeyDir = None, store_dir: StoreDir = Path(".kernelgate")) -> None:
     """Create an Ed25519 key (PEM, mode 0600) and its public key: the pipeline's in the key folder, a person's (any other name) in its approvers/ folder, with the approvers entry for a thresholds file."""
     from lineage import keys
 
@@ -50,6 +81,12 @@ def keys_create(name: Annotated[str, typer.Option(help="key name; 'pipeline' is 
         typer.echo("an approver's key, never a pipeline key: it counts only where a "
                    "registration's approval policy lists it. Approvers entry for a thresholds "
                    f"file's approval policy:\n  - {json.dumps(entry)}")
+        tracking = _store(store_dir)
+        if tracking is not None and (folder / f"{keys.PIPELINE_KEY}.pem").exists():
+            from lineage.key_changes import KeyChange
+
+            _record(tracking, KeyChange(action="approver_key", keyid=public.keyid, name=name),
+                    folder)
 
 
 @keys_app.command("list")
@@ -67,25 +104,21 @@ def keys_list(key_dir: KeyDir = None) -> None:
         typer.echo(f"approver {keys.load_public_key(path).keyid} ({path.name})")
 
 
-StoreDir = Annotated[Path, typer.Option(help="local store whose current aliases are re-attested")]
-
-
 @keys_app.command("rotate")
 def keys_rotate(key_dir: KeyDir = None, store_dir: StoreDir = Path(".kernelgate")) -> None:
     """Retire the pipeline key (what it signed still verifies), create a new one, and re-sign every family's current aliases with it (nothing moves)."""
     from lineage import key_rotation, keys
-    from lineage import tracking as tr
-    from lineage.attestations import Signing
+    from lineage.key_changes import KeyChange
 
     old, new = keys.rotate(key_dir)
     typer.echo(f"retired {old}; new pipeline key {new}")
-    if not os.environ.get("MLFLOW_TRACKING_URI") and not (store_dir / "mlflow.db").exists():
-        typer.echo(f"no MLflow store at {store_dir}: nothing to re-attest", err=True)
+    tracking = _store(store_dir)
+    if tracking is None:
         return
-    tracking = tr.tracking_for(store_dir)
     folder = key_dir or keys.default_key_dir()
-    signing = Signing(signer=keys.load_signer(folder / f"{keys.PIPELINE_KEY}.pem"),
-                      trust=keys.folder_trust(folder), key_dir=folder)
+    # the rotation first (signed by the new key), then the aliases re-attested after it
+    _record(tracking, KeyChange(action="rotate", keyid=old, new_keyid=new), folder)
+    signing = _pipeline_signing(folder)
     for family in key_rotation.families(tracking):
         for line in key_rotation.reattest(tracking, family, signing,
                                           reason=f"key rotation: {old[:12]} -> {new[:12]}"):
@@ -97,12 +130,24 @@ def keys_revoke(keyid: Annotated[str, typer.Argument(help="the key id to revoke"
                 key_dir: KeyDir = None,
                 at: Annotated[str | None, typer.Option(
                     help="ISO time from which its signatures are void, or 'start' for all of "
-                    "them (default: when the key was retired, else now)")] = None) -> None:
-    """Revoke a key from a position: what it signed before stays valid, nothing later verifies."""
+                    "them (default: when the key was retired, else now)")] = None,
+                store_dir: StoreDir = Path(".kernelgate")) -> None:
+    """Revoke a key from a position: what it signed before stays valid, nothing later verifies; the revocation is signed into every family's log."""
     from datetime import datetime
 
     from lineage import keys
+    from lineage.key_changes import KeyChange
 
+    folder = key_dir or keys.default_key_dir()
+    current = folder / f"{keys.PIPELINE_KEY}.pem"
+    if current.exists() and keys.load_signer(current).public_key.keyid == keyid:
+        raise typer.BadParameter(
+            f"{keyid} is the current pipeline key: run `kernelgate keys rotate` first (the "
+            "revocation is signed into each family's log by a key that stays valid)")
     position = "default" if at is None else None if at == "start" else datetime.fromisoformat(at)
     when = keys.revoke(keyid, key_dir, at=position)
     typer.echo(f"revoked {keyid} " + (f"from {when.isoformat()}" if when else "from the start"))
+    tracking = _store(store_dir)
+    if tracking is not None and current.exists():
+        _record(tracking, KeyChange(action="revoke", keyid=keyid,
+                                    revoked_from=when.isoformat() if when else None), folder)

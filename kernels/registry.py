@@ -6,13 +6,24 @@ loads no kernel module, and a kernel module that imports platform-only libraries
 them inside its call, so a CPU host pays for neither. Adding a kernel is its module,
 one line in ``BUILTIN`` and its tests; a test or plugin calls :func:`register` (and
 :func:`unregister`, or the :func:`registered` context manager) instead.
+
+A process can also be given kernels that live outside ``kernels/`` without editing
+code: ``KERNELGATE_KERNELS="name=module:attribute,..."`` adds each entry, loaded lazily
+like a built-in one (``attribute`` is a ``Kernel`` subclass or a function returning a
+``Kernel``; its ``name`` must be the entry's). The GPU calibration's slowed variant is
+one (``tests/slowed_kernel.py``: ``kernelgate rollout --implementation
+slowed_pallas_gpu_x16`` on the device). Such a kernel's code is not part of ``kernels/``,
+so it is outside a version's code snapshot and source digest: a test and tool
+mechanism, not a way to ship a kernel (that is a module here and a line in ``BUILTIN``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib
-from collections.abc import Iterator, MutableMapping
+import os
+import re
+from collections.abc import Iterator, Mapping, MutableMapping
 
 from kernels.kernel import Kernel
 
@@ -26,10 +37,45 @@ BUILTIN: dict[str, str] = {
 }
 """The built-in kernels, in registry order: name -> ``module:Class``."""
 
+PLUGINS_ENV = "KERNELGATE_KERNELS"
+"""The environment variable of the kernels added from outside ``kernels/``."""
+_ENTRY = re.compile(r"^(?P<name>[A-Za-z_][\w]*)=(?P<path>[A-Za-z_][\w.]*:[A-Za-z_]\w*)$")
+
+
+def plugins_from_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The entries of ``KERNELGATE_KERNELS`` in ``environ`` (default ``os.environ``):
+    a comma-separated list of ``name=module:attribute``; name -> ``module:attribute``.
+
+    Raises:
+        ValueError: an entry not of that form, a name given twice, a built-in name or a
+            selection mode (``auto``, ``native``); the message names the variable.
+    """
+    value = (os.environ if environ is None else environ).get(PLUGINS_ENV, "")
+    out: dict[str, str] = {}
+    for raw in value.split(","):
+        entry = raw.strip()
+        if not entry:
+            continue
+        match = _ENTRY.match(entry)
+        if match is None:
+            raise ValueError(f"{PLUGINS_ENV}: {entry!r} is not name=module:attribute")
+        name, path = match["name"], match["path"]
+        if name in ("auto", "native"):
+            raise ValueError(f"{PLUGINS_ENV}: {name!r} is a selection mode, not a kernel name")
+        if name in BUILTIN:
+            raise ValueError(f"{PLUGINS_ENV}: {name!r} is a built-in kernel's name")
+        if name in out:
+            raise ValueError(f"{PLUGINS_ENV}: {name!r} is given twice")
+        out[name] = path
+    return out
+
 
 def _load(name: str, path: str) -> Kernel:
     module, _, cls = path.partition(":")
     kernel = getattr(importlib.import_module(module), cls)()
+    if not isinstance(kernel, Kernel):
+        raise TypeError(f"registry entry {name!r} ({path}) gives a {type(kernel).__name__}, "
+                        "not a kernels.kernel.Kernel")
     if kernel.name != name:
         raise ValueError(f"registry entry {name!r} ({path}) declares the name {kernel.name!r}")
     return kernel
@@ -71,8 +117,9 @@ class Registry(MutableMapping[str, Kernel]):
         return f"Registry({list(self._entries)})"
 
 
-IMPLEMENTATIONS = Registry(BUILTIN)
-"""The one registry (also ``kernels.IMPLEMENTATIONS``)."""
+IMPLEMENTATIONS = Registry({**BUILTIN, **plugins_from_env()})
+"""The one registry (also ``kernels.IMPLEMENTATIONS``): the built-in kernels, then those
+of ``KERNELGATE_KERNELS``."""
 
 
 def register(kernel: Kernel | type[Kernel], *, replace: bool = False) -> Kernel:

@@ -4,8 +4,7 @@ The audit re-derives instead of reading verdicts. With the public keys the *audi
 trusts (never a key found in the store) it:
 
 1. verifies every attestation envelope of the family (deleted runs included) and names
-   every one that does not verify — tampered, unsigned, or signed by a revoked or
-   unknown key;
+   every one that does not verify — tampered, unsigned, or signed by a revoked or unknown key;
 2. replays the signed alias history (numbered, hash-chained moves) and compares it with
    the aliases MLflow shows: an alias moved by hand, or a signed move deleted, is named;
 3. follows the version behind the target through the chain ``lineage.chain`` defines —
@@ -15,9 +14,8 @@ trusts (never a key found in the store) it:
    split used twice), whatever tags say; a deleted run is missing evidence;
 4. re-derives each gate decision with ``gates.decision.decide`` from the signed report
    and the signed registration, and compares it with the signed decision;
-5. cross-checks what MLflow shows — metrics, params, run tags, the version's tags —
-   against the values the signatures vouch for, and re-hashes every artifact against
-   its signed digest;
+5. cross-checks what MLflow shows (metrics, params, run tags, the version's tags) against
+   the signed values, and re-hashes every artifact against its signed digest;
 6. hashes the files at the version's storage location (what ``models:/…`` loads)
    against the signed build's file manifest, computing the code digest itself
    (``lineage.model_files``), and loads that checked copy in a process of its own.
@@ -39,6 +37,7 @@ from lineage import (
     chain,
     checkpoints,
     family_log,
+    key_changes,
     model_files,
     registered_model,
     store_check,
@@ -273,7 +272,8 @@ def audit(tracking: Tracking | None, family: str, target: str, *, trust=None,
                            registrations=_registrations(source),
                            attestations_verified=len(source.attestations()),
                            artifacts_verified=verified, artifacts_checked=checked,
-                           problems=walk.problems, warnings=log.warnings + warnings)
+                           problems=walk.problems, warnings=log.warnings + warnings,
+                           key_changes=key_changes.key_changes(log))
 
     if version is None:
         walk.link("version", None, False, f"{target!r} is not a version number and no such alias "

@@ -31,6 +31,7 @@ class AuditReport(BaseModel):
     artifacts_checked: int
     problems: list[str]
     warnings: list[str] = []  # said, not failing: a legacy prefix, a re-anchored gap
+    key_changes: list[str] = []  # the family log's key changes, in log order
 
     @property
     def ok(self) -> bool:
@@ -59,6 +60,9 @@ class AuditReport(BaseModel):
         if self.registrations:
             lines.append("  registrations (oldest first):")
             lines += [f"    {r}" for r in self.registrations]
+        if self.key_changes:
+            lines.append("  key changes (signed log order):")
+            lines += [f"    {k}" for k in self.key_changes]
         lines += [f"  WARNING: {w}" for w in self.warnings]
         lines += [f"  PROBLEM: {p}" for p in self.problems]
         lines.append(self.summary())

@@ -34,6 +34,7 @@ Stage = Literal[
     "revalidation",
     "reanchor",
     "calibration",
+    "key_change",
 ]
 STAGES: tuple[Stage, ...] = Stage.__args__  # type: ignore[attr-defined]
 

@@ -989,8 +989,9 @@ def rotate_revoke_then_the_reconcile_every_rollout_starts_with(lab: Lab) -> str:
     code, out = _cli(lab, "keys", "rotate", "--key-dir", str(key_dir), "--store-dir",
                      str(lab.store))
     assert code == 0 and "re-attested attacked: production" in out, out
-    code, out = _cli(lab, "keys", "revoke", old, "--key-dir", str(key_dir))
-    assert code == 0 and "revoked" in out, out
+    code, out = _cli(lab, "keys", "revoke", old, "--key-dir", str(key_dir), "--store-dir",
+                     str(lab.store))
+    assert code == 0 and "revoked" in out and "logged in attacked's signed log" in out, out
     signing = Signing(signer=keys.load_signer(key_dir / "pipeline.pem"),
                       trust=keys.folder_trust(key_dir))
     assert registry.reconcile(lab.tracking, FAMILY, signing) == []
@@ -998,6 +999,9 @@ def rotate_revoke_then_the_reconcile_every_rollout_starts_with(lab: Lab) -> str:
     code, out = _cli(lab, "audit", "--family", FAMILY, "--store-dir", str(lab.store),
                      "--key-dir", str(key_dir), "--no-load-model", "--recheck-reference", "0")
     assert code == 0, out
+    # the rotation and the revocation are entries of the family's log, in that order
+    assert "key changes (signed log order):" in out, out
+    assert out.index(f"pipeline key {old[:12]} retired") < out.index(f"key {old[:12]} revoked")
     return f"production stays v{lab.versions['v2']}; audit: " + out.splitlines()[-1]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import numpy as np
 import pytest
 
 from lineage import calibration
@@ -70,24 +71,62 @@ def test_the_serving_digest_follows_the_serving_code(tmp_path):
     assert calibration.serving_digest(tmp_path) != before
 
 
-def test_one_a_a_canary_through_the_serving_path():
-    from evaluation import serving
-    from evaluation.documents import assign_splits, load_documents
-    from evaluation.model import MiniLM
-    from evaluation.runners import LocalRunner
-    from flows.calibrate import a_a_canary
+def _small_plan():
     from gates.canary_plan import CanaryPlan
 
-    plan = CanaryPlan.model_validate({
+    return CanaryPlan.model_validate({
         "steps": [{"name": "a", "traffic_fraction": 0.5, "requests": 8},
                   {"name": "b", "traffic_fraction": 1.0, "requests": 8}],
         "max_error_count": 0, "max_nan_count": 0, "max_output_drift": 1e-3,
         "max_memory_growth_bytes": 2**40,
         "latency": {"test": "signed_rank_abba", "alpha": 0.05, "min_slowdown_ratio": 3.0,
                     "power": 0.9, "noise_sd": 0.5, "inconclusive": "reject"}})
+
+
+def test_one_a_a_canary_through_the_serving_path():
+    from evaluation import serving
+    from evaluation.documents import assign_splits, load_documents
+    from evaluation.model import MiniLM
+    from evaluation.runners import LocalRunner
+    from flows.calibrate import a_a_canary
+
+    plan = _small_plan()
     model = MiniLM.load()
     endpoint = serving.Endpoint("xla", LocalRunner.for_implementation("xla", model=model))
     documents = assign_splits(load_documents(None))["heldout"]
     verdict, reason, ratios = a_a_canary(plan, endpoint, model, documents, seed=0)
     assert len(ratios) == 12 and verdict in ("pass", "inconclusive", "fail"), reason
     assert verdict != "fail" or "slower" in reason
+
+
+class _Slower:
+    """A runner whose every request reports ``factor`` times the inner runner's latency
+    (a planted slowdown that a loaded CI host cannot blur)."""
+
+    def __init__(self, inner, factor: float):
+        self.inner, self.factor, self.name = inner, factor, f"{inner.name} x{factor:g}"
+
+    def embed(self, texts):
+        embeddings, seconds = self.inner.embed(texts)
+        return embeddings, seconds * self.factor
+
+
+def test_a_canary_of_another_candidate_uses_it_on_the_candidate_side():
+    from evaluation import serving
+    from evaluation.documents import assign_splits, load_documents
+    from evaluation.model import MiniLM
+    from evaluation.runners import LocalRunner
+    from flows.calibrate import canary_run
+
+    plan = _small_plan()
+    model = MiniLM.load()
+    runner = LocalRunner.for_implementation("xla", model=model)
+    production = serving.Endpoint("xla", runner)
+    slowed = serving.Endpoint("xla slowed", _Slower(runner, 8.0))
+    documents = assign_splits(load_documents(None))["heldout"]
+    verdict, reason, ratios = canary_run(plan, production, slowed, model, documents, seed=1)
+    assert verdict == "fail" and "slower" in reason, reason
+    assert np.median(ratios) == pytest.approx(np.log(8.0), abs=0.5)
+    # the same stream with production on both sides is not rolled back for speed
+    _, _, ratios = canary_run(plan, production, production, model, documents, seed=1)
+    assert abs(float(np.median(ratios))) < np.log(8.0) / 2

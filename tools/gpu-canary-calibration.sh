@@ -15,6 +15,22 @@
 #                                              (local-dry-run) plan's sizes, and an audit
 #   tools/gpu-canary-calibration.sh aa         $KG_AA (default 5) A/A rollouts of the same
 #                                              kernel against production, each decision kept
+#   tools/gpu-canary-calibration.sh stage2 [store|canaries|rollouts|merge]
+#                                              stage 2: one store $KG_S2_STORE (default
+#                                              /tmp/kg-store2) built once (a rollout under
+#                                              tools/gpu-canary-stage2.yaml, where only the
+#                                              canary judges speed; skipped when production
+#                                              exists), $KG_RUNS2
+#                                              (default 5) A/A canaries against production
+#                                              and as many of the slowed variant
+#                                              slowed_<production kernel>_x$KG_SLOW_REPEATS
+#                                              (default 16; tests/slowed_kernel.py,
+#                                              registered through KERNELGATE_KERNELS), then two
+#                                              full rollouts (A/A, slowed), then the merge of
+#                                              the JSON into $OUT/canary-calibration.json
+#                                              (commit to reliability/). No argument: store
+#                                              and canaries (one call); then `rollouts` and
+#                                              `merge` (the next call, same machine and store)
 #
 # The store is $KG_STORE (default /tmp/kg-store), kept between calls on one machine.
 set -uo pipefail
@@ -49,6 +65,54 @@ case ${1:-} in
     done
     step timeline 60 python3 -m flows.cli timeline --store-dir "$store" --json "$out/timeline.json"
     ;;
-  *) sed -n 2,18p "$0"; exit 2 ;;
+  stage2)
+    part=${2:-first}
+    store=${KG_S2_STORE:-/tmp/kg-store2}
+    # results kept beside the store ($OUT is fresh in each device call), copied to $OUT
+    s2="$store.results"; mkdir -p "$s2"
+    s2_thresholds=${KG_S2_THRESHOLDS:-tools/gpu-canary-stage2.yaml}
+    nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$s2/device.txt" 2>&1
+    slowed() {  # the slowed variant's name, once production exists
+      python3 tools/canary_runs.py slowed-name --store-dir "$store" \
+        --repeats "${KG_SLOW_REPEATS:-16}" 2>/dev/null | tail -n 1
+    }
+    if [ "$part" = first ] || [ "$part" = store ]; then
+      [ -f /tmp/gpu_table.json ] && cp /tmp/gpu_table.json kernels/gpu_table.json
+      if [ -z "$(slowed)" ]; then
+        step s2-store 480 python3 -m flows.cli rollout --store-dir "$store" \
+          --thresholds "$s2_thresholds"
+      fi
+    fi
+    name=$(slowed)
+    [ -n "$name" ] || { echo "stage2: no production in $store (run: stage2 store)"; exit 1; }
+    export KERNELGATE_KERNELS="$name=tests.slowed_kernel:$name"
+    echo "stage2: slowed variant $name"
+    if [ "$part" = first ] || [ "$part" = canaries ]; then
+      step s2-aa-canaries 240 python3 tools/canary_runs.py run --store-dir "$store" \
+        --runs "${KG_RUNS2:-5}" --out "$s2/aa-canaries.json"
+      grep -E "run [0-9]+/|rolled back" "$out/s2-aa-canaries.log"
+      step s2-slowed-canaries 240 python3 tools/canary_runs.py run --store-dir "$store" \
+        --runs "${KG_RUNS2:-5}" --candidate "$name" --out "$s2/slowed-canaries.json"
+      grep -E "run [0-9]+/|rolled back" "$out/s2-slowed-canaries.log"
+    fi
+    if [ "$part" = rollouts ]; then
+      read -r family kernel < <(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); \
+print(d['family'], d['production_kernel'])" "$s2/aa-canaries.json")
+      step s2-aa-rollout 270 python3 -m flows.cli rollout --store-dir "$store" \
+        --thresholds "$s2_thresholds" --family "$family" --implementation "$kernel"
+      cp "$out/s2-aa-rollout.log" "$s2/aa-rollout.log"
+      step s2-slowed-rollout 270 python3 -m flows.cli rollout --store-dir "$store" \
+        --thresholds "$s2_thresholds" --family "$family" --implementation "$name"
+      cp "$out/s2-slowed-rollout.log" "$s2/slowed-rollout.log"
+      grep -hE "^# kernelgate rollout|decided at stage|reason:" "$s2"/*-rollout.log
+    fi
+    if [ "$part" = rollouts ] || [ "$part" = merge ]; then
+      step s2-merge 60 python3 tools/merge_canary_calibration.py --stage2 "$s2" \
+        --into reliability/canary-calibration.json --out "$out/canary-calibration.json"
+      tail -n 20 "$out/s2-merge.log"
+    fi
+    mkdir -p "$out/stage2" && cp -r "$s2"/. "$out/stage2/"
+    ;;
+  *) sed -n 2,35p "$0"; exit 2 ;;
 esac
 echo "--- steps"; cat "$out/steps.txt"

@@ -1,0 +1,105 @@
+"""Key changes as entries of each family's signed log (issue 20): rotation, revocation
+and new approver keys are seen by the audit in log order, and a deleted one is a gap."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from lineage import family_log, key_changes, keys
+from lineage import tracking as tr
+from lineage.attestations import Signing
+from lineage.audit_report import AuditReport
+from lineage.key_changes import KeyChange
+from lineage.sources import StoreSource
+
+FAMILIES = ("fam-a", "fam-b")
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    monkeypatch.setenv("KERNELGATE_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    tracking = tr.tracking_for(tmp_path / "store")
+    for family in FAMILIES:
+        tracking.client().create_registered_model(f"kernelgate-{family}")
+    key_dir = tmp_path / "keys"
+    keys.ensure_pipeline_key(key_dir)
+    return tracking, key_dir, tmp_path / "store"
+
+
+def _signing(key_dir: Path) -> Signing:
+    return Signing(signer=keys.load_signer(key_dir / "pipeline.pem"),
+                   trust=keys.folder_trust(key_dir), key_dir=key_dir)
+
+
+def _log(tracking, family, key_dir):
+    return family_log.read(StoreSource(tracking, family, keys.folder_trust(key_dir)))
+
+
+def _cli(*args: str) -> tuple[int, str]:
+    from flows.cli import app
+
+    result = CliRunner().invoke(app, list(args), catch_exceptions=False)
+    return result.exit_code, result.output
+
+
+def test_key_changes_are_entries_of_every_familys_log_in_order(store):
+    tracking, key_dir, _ = store
+    changes = [KeyChange(action="approver_key", keyid="a" * 64, name="alice"),
+               KeyChange(action="rotate", keyid="b" * 64, new_keyid="c" * 64),
+               KeyChange(action="revoke", keyid="b" * 64, revoked_from=None)]
+    for change in changes:
+        assert key_changes.log_everywhere(tracking, change, _signing(key_dir)) == list(FAMILIES)
+    for family in FAMILIES:
+        log = _log(tracking, family, key_dir)
+        assert log.problems == [] and log.length == 3
+        assert [log.entries[s].kind for s in (1, 2, 3)] == ["key_change"] * 3
+        lines = key_changes.key_changes(log)
+        assert [line.split(":")[0] for line in lines] == ["entry 1", "entry 2", "entry 3"]
+        assert "created for alice" in lines[0] and "retired" in lines[1]
+        assert "revoked from the start" in lines[2]
+
+
+def test_a_deleted_key_change_is_a_gap(store):
+    tracking, key_dir, _ = store
+    for change in (KeyChange(action="approver_key", keyid="a" * 64, name="alice"),
+                   KeyChange(action="revoke", keyid="b" * 64, revoked_from="2026-01-01T00:00:00"),
+                   KeyChange(action="approver_key", keyid="d" * 64, name="dana")):
+        key_changes.log_key_change(tracking, "fam-a", change, _signing(key_dir))
+    middle = _log(tracking, "fam-a", key_dir).entries[2]
+    uri = tracking.client().get_run(middle.run_id).info.artifact_uri
+    (Path(uri.removeprefix("file://")) / middle.path).unlink()
+    log = _log(tracking, "fam-a", key_dir)
+    assert any("entry 2 of 3 is missing" in p for p in log.problems), log.problems
+    assert len(key_changes.key_changes(log)) == 2
+
+
+def test_the_cli_signs_rotation_revocation_and_approver_keys_into_the_logs(store):
+    tracking, key_dir, store_dir = store
+    old = keys.load_signer(key_dir / "pipeline.pem").public_key.keyid
+    code, out = _cli("keys", "create", "--name", "alice", "--key-dir", str(key_dir),
+                     "--store-dir", str(store_dir))
+    assert code == 0 and "logged in fam-a's signed log: approver key" in out, out
+    code, out = _cli("keys", "rotate", "--key-dir", str(key_dir), "--store-dir", str(store_dir))
+    assert code == 0 and f"pipeline key {old[:12]} retired" in out, out
+    new = keys.load_signer(key_dir / "pipeline.pem").public_key.keyid
+    code, out = _cli("keys", "revoke", new, "--key-dir", str(key_dir),
+                     "--store-dir", str(store_dir))
+    assert code != 0 and "current pipeline key" in out, out  # refused, nothing written
+    code, out = _cli("keys", "revoke", old, "--key-dir", str(key_dir),
+                     "--store-dir", str(store_dir))
+    assert code == 0 and f"key {old[:12]} revoked from" in out, out
+    for family in FAMILIES:
+        log = _log(tracking, family, key_dir)
+        assert log.problems == [], log.problems
+        lines = key_changes.key_changes(log)
+        assert len(lines) == 3 and "alice" in lines[0] and "retired" in lines[1]
+        assert "revoked from" in lines[2]
+    report = AuditReport(family="fam-a", target="production", model_name="kernelgate-fam-a",
+                         version=None, aliases={}, signed_aliases={}, chain=[],
+                         registrations=[], attestations_verified=3, artifacts_verified=0,
+                         artifacts_checked=0, problems=[], key_changes=lines)
+    assert "key changes (signed log order):" in report.render()
