@@ -108,3 +108,30 @@ def test_below_full_power_one_slowed_pass_is_allowed_but_a_small_ratio_is_not(tm
     record = merge_tool.judge(_canaries("production", ["pass"] * 5, 1.0), slowed, [])
     assert not record["slowed_canaries"]["ratio_met"]
     assert merge_tool.device_key("NVIDIA H200") == "h200"
+
+
+def _calibration(tmp_path: Path, runs: int, false_rollbacks: int, within: bool) -> Path:
+    record = {"family": "pallas_gpu", "production_version": "1", "registration_id": "r",
+              "created_at": "2026-12-01T12:15:19+00:00", "alpha": 0.05, "runs": runs,
+              "false_rollbacks": false_rollbacks,
+              "false_rollback_rate": false_rollbacks / runs, "rate_95": [0.0, 1.0],
+              "within_alpha": within, "inconclusive": 0, "noise_sd": 0.06,
+              "facts": {"device_kind": "NVIDIA H200"}, "verdicts": [], "log_ratios": []}
+    path = tmp_path / "calibration.json"
+    path.write_text(json.dumps(record))
+    return path
+
+
+@pytest.mark.parametrize(("runs", "rolled_back", "within", "met"), [
+    (200, 9, True, True),     # the H200's stage 1 (2026-12-01)
+    (200, 20, False, False),  # over alpha's margin
+    (100, 4, True, False),    # too few A/A canaries for the stage-1 criterion
+])
+def test_stage1_is_met_only_with_200_runs_within_alpha(tmp_path, runs, rolled_back, within,
+                                                        met) -> None:
+    into = {"simulation": {"kept": True}, "h200": {"stage2": {"kept": True}}}
+    merged, summary = merge_tool.stage1(_calibration(tmp_path, runs, rolled_back, within),
+                                        "NVIDIA H200", into)
+    assert summary["met"] is met
+    assert merged["h200"]["stage1"]["false_rollbacks"] == rolled_back
+    assert merged["h200"]["stage2"] == {"kept": True} and merged["simulation"] == {"kept": True}

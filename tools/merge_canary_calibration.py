@@ -144,12 +144,49 @@ def merge(stage2: Path, into: dict) -> tuple[dict, dict]:
     return merged, record
 
 
+def stage1(calibration: Path, device_kind: str, into: dict) -> tuple[dict, dict]:
+    """``(merged calibration file, the stage-1 summary)`` from a ``kernelgate calibrate``
+    record (``calibration.json``, the signed artifact of the calibration run): the A/A
+    canaries' false-rollback count and rate against alpha's 95 % margin, as the record
+    states them, with its device facts. The per-run verdicts and log ratios stay in the
+    record itself (committed beside it)."""
+    record = json.loads(calibration.read_text())
+    keep = ("family", "production_version", "registration_id", "created_at", "alpha", "runs",
+            "false_rollbacks", "false_rollback_rate", "rate_95", "within_alpha",
+            "inconclusive", "noise_sd")
+    summary = {k: record[k] for k in keep}
+    summary["facts"] = record.get("facts")
+    summary["record"] = calibration.as_posix()
+    summary["met"] = bool(record["within_alpha"]) and record["runs"] >= 200
+    summary["criterion"] = ">= 200 A/A canaries through the exact canary path, false rollbacks "
+    summary["criterion"] += "within alpha's 95 % margin"
+    key = device_key(device_kind)
+    merged = dict(into)
+    entry = merged.get(key) if isinstance(merged.get(key), dict) else {}
+    merged[key] = {**entry, "stage1": summary}
+    return merged, summary
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--stage2", type=Path, required=True, help="the stage-2 folder")
+    parser.add_argument("--stage1", type=Path, default=None,
+                        help="a calibration record (calibration.json) to merge as stage 1 "
+                             "(with --device-kind) instead of a stage-2 folder")
+    parser.add_argument("--device-kind", default="NVIDIA H200")
+    parser.add_argument("--stage2", type=Path, default=None, help="the stage-2 folder")
     parser.add_argument("--into", type=Path, required=True, help="the calibration file read")
     parser.add_argument("--out", type=Path, required=True, help="where the merged file goes")
     args = parser.parse_args(argv)
+    if (args.stage1 is None) == (args.stage2 is None):
+        parser.error("give exactly one of --stage1 CALIBRATION_JSON and --stage2 FOLDER")
+    if args.stage1 is not None:
+        into = json.loads(args.into.read_text()) if args.into.is_file() else {}
+        merged, summary = stage1(args.stage1, args.device_kind, into)
+        args.out.write_text(json.dumps(merged, indent=2) + "\n")
+        print(f"stage 1: {summary['false_rollbacks']}/{summary['runs']} A/A canaries rolled "
+              f"back ({summary['false_rollback_rate']:.3f}, 95 % {summary['rate_95']}, alpha "
+              f"{summary['alpha']}): {'met' if summary['met'] else 'NOT met'}")
+        return 0 if summary["met"] else 1
     try:
         into = json.loads(args.into.read_text()) if args.into.is_file() else {}
         merged, record = merge(args.stage2, into)
