@@ -1,6 +1,9 @@
 """Serve one registered version from a process of its own (run as a script, not imported).
 
-    python -P lineage/model_worker.py <local model folder>
+    python -P lineage/model_worker.py <local model folder> [<MiniLM attention dtype>]
+
+The attention dtype (default float32) is the serving contract's ``model_dtype`` of the
+rollout asking, so both sides of a canary run MiniLM's attention in the same dtype.
 
 The parent (``lineage.version_runners.VersionWorker``) copies the version's files from
 its storage location and checks them against the signed file manifest; this process
@@ -123,9 +126,16 @@ def main(argv: list[str]) -> int:
         import mlflow.pyfunc
 
         model = mlflow.pyfunc.load_model(argv[1]).unwrap_python_model()
+        attention_dtype = argv[2] if len(argv) > 2 else "float32"
+        if attention_dtype != model.encoder.config.attention_dtype:
+            if not hasattr(model.encoder, "with_attention_dtype"):
+                raise RuntimeError(f"this version's code cannot run MiniLM's attention in "
+                                   f"{attention_dtype} (it predates serving contracts)")
+            model.encoder = model.encoder.with_attention_dtype(attention_dtype)
         handlers = _handlers(model)
-        _write(protocol_out, {"ok": True, "describe": {**model.describe(),
-                                                       "code_sha256": _code_digest(argv[1])}})
+        _write(protocol_out, {"ok": True, "describe": {
+            **model.describe(), "code_sha256": _code_digest(argv[1]),
+            "attention_dtype": model.encoder.config.attention_dtype}})
     except Exception as err:  # noqa: BLE001 - reported to the parent, which raises
         _write(protocol_out, {"ok": False, "error": f"{type(err).__name__}: {err}",
                               "traceback": traceback.format_exc()})

@@ -56,7 +56,8 @@ class VersionWorker:
         lineage.attestations.AttestationError: the version has no signed build.
     """
 
-    def __init__(self, tracking: Tracking, family: str, version: str, *, trust: TrustPolicy):
+    def __init__(self, tracking: Tracking, family: str, version: str, *, trust: TrustPolicy,
+                 attention_dtype: str = "float32"):
         self.family, self.version = family, version
         env = {**os.environ, "MLFLOW_TRACKING_URI": tracking.tracking_uri,
                "MLFLOW_REGISTRY_URI": tracking.tracking_uri}
@@ -76,8 +77,10 @@ class VersionWorker:
             raise RuntimeError(f"v{version} of {family} refused: {self.files.summary()}")
         # Kept open for the process's lifetime (its errors are read on failure); closed in close().
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115
+        # MiniLM's attention dtype is the registration's serving contract (model_dtype), not
+        # the version's: both sides of a bf16 canary run MiniLM's attention in bf16.
         self._proc = subprocess.Popen([sys.executable, "-P", str(WORKER_SCRIPT),
-                                       str(self.files.path)],
+                                       str(self.files.path), attention_dtype],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                       stderr=self._stderr, cwd=self._cwd, env=env)
         hello = self._receive()
@@ -183,8 +186,9 @@ class VersionPool:
                 local.name = f"{kernel['implementation']}@v{version}"
                 self._runners[version] = local
             else:
-                self._runners[version] = VersionWorker(self.tracking, self.family, version,
-                                                       trust=self.trust)
+                self._runners[version] = VersionWorker(
+                    self.tracking, self.family, version, trust=self.trust,
+                    attention_dtype=self.encoder.config.attention_dtype)
         return self._runners[version]
 
     def in_own_process(self, version: str) -> bool:

@@ -186,6 +186,26 @@ def test_the_same_code_loads_identically_in_its_own_process(store, signed):
         worker.close()
 
 
+def test_a_worker_runs_minilm_in_the_contracts_attention_dtype(store, signed):
+    """A version in its own process serves MiniLM with the attention dtype the pool's
+    encoder has (the serving contract's model_dtype): a bf16 canary must not compare a
+    bf16 candidate with a float32 production (both sides measured in one dtype)."""
+    tracking, _, built = store
+    _, version = built["here"]
+    bf16 = MiniLM.load().with_attention_dtype("bfloat16")
+    worker = VersionWorker(tracking, FAMILY, version, trust=signed.trust,
+                           attention_dtype="bfloat16")
+    try:
+        assert worker.info["attention_dtype"] == "bfloat16"
+        in_worker, _ = worker.embed(TEXTS)
+        in_process, _ = VersionPool(tracking, FAMILY, bf16, signed.trust).runner(version).embed(TEXTS)
+        f32, _ = VersionPool(tracking, FAMILY, MiniLM.load(), signed.trust).runner(version).embed(TEXTS)
+        np.testing.assert_allclose(in_worker, in_process, rtol=1e-5, atol=1e-6)
+        assert np.max(np.abs(in_worker - f32)) > 1e-4  # bf16 attention is visibly not f32
+    finally:
+        worker.close()
+
+
 def _storage_location(tracking, version: str, value: str | None = None) -> str:
     import sqlite3
 
