@@ -16,6 +16,7 @@ from flows.results import (
 )
 from flows.tasks import run_logger, stage_task
 from gates.decision import decide
+from gates.thresholds import load_thresholds
 from kernels.shapes import AttentionShape
 from lineage import evidence, registered_model, registration, version_runners
 from lineage.chain import spent_confirmation_digests
@@ -78,7 +79,8 @@ def evaluate(context: RolloutContext, preregistered: Preregistered, built: Built
                 repeats=settings.perf_repeats, perf_shapes=settings.perf_shapes,
                 measure_speed=measure_speed,
                 reference_cache_dir=settings.store_dir / REFERENCE_CACHE_DIR,
-                serving=context.serving.contract)
+                serving=context.serving.contract,
+                model_documents=load_thresholds(settings.thresholds).model_check_documents)
         finally:
             evidence.log_evaluation_files(record, run_id, out_dir=out,
                                           testset_dir=testset.testset_dir)
