@@ -48,6 +48,16 @@ def build(context: RolloutContext) -> Built:
     return Built(build_run_id=build_run_id, version=version)
 
 
+def _model_documents(thresholds_path) -> int | None:
+    """The MiniLM check's document count the thresholds file in hand registers
+    (``model_check_documents``); None (the default) when it no longer parses: the gate
+    then refuses it, as it refuses any file whose bytes changed since registration."""
+    try:
+        return load_thresholds(thresholds_path).model_check_documents
+    except (OSError, ValueError):
+        return None
+
+
 @stage_task(name="evaluate")
 def evaluate(context: RolloutContext, preregistered: Preregistered, built: Built,
              testset: Prepared, *, split: str = "heldout", measure_speed: bool = True,
@@ -80,7 +90,7 @@ def evaluate(context: RolloutContext, preregistered: Preregistered, built: Built
                 measure_speed=measure_speed,
                 reference_cache_dir=settings.store_dir / REFERENCE_CACHE_DIR,
                 serving=context.serving.contract,
-                model_documents=load_thresholds(settings.thresholds).model_check_documents)
+                model_documents=_model_documents(settings.thresholds))
         finally:
             evidence.log_evaluation_files(record, run_id, out_dir=out,
                                           testset_dir=testset.testset_dir)
