@@ -93,20 +93,27 @@ def validate_testset(testset_dir: Path, split: str, result_path: Path) -> Valida
                              split_digest=outcome.split_digest)
 
 
-def split_documents(testset_dir: Path, split: str) -> list:
+def split_documents(testset_dir: Path, split: str, count: int | None = None) -> list:
     """Documents for the model-level check of ``split``, from the source the test set was
     built from (its manifest's ``document_source``): for a confirmation split or draw,
-    exactly the documents its cases were made from (later draws use the following
-    confirmation documents, which must stay unseen); otherwise the first
-    ``MODEL_DOCUMENTS_PER_SPLIT`` documents assigned to the split."""
+    the documents its cases were made from (later draws use the following confirmation
+    documents, which must stay unseen), the first ``count`` of them when given; otherwise
+    the first ``count`` (default ``MODEL_DOCUMENTS_PER_SPLIT``) documents assigned to
+    the split.
+
+    Raises:
+        ValueError: ``count`` below 1.
+    """
+    if count is not None and count < 1:
+        raise ValueError(f"the model check needs at least one document, got count={count}")
     manifest = load_manifest(testset_dir)
     source = manifest.document_source
     docs = load_documents(None if source == "installed-distributions" else source)
     kind = split_kind(split)
     if kind == "confirmation":
         names = {d.name for d in manifest.split(split).documents}
-        return [d for d in assign_splits(docs)[kind] if d.name in names]
-    return assign_splits(docs, per_split=MODEL_DOCUMENTS_PER_SPLIT)[kind]
+        return [d for d in assign_splits(docs)[kind] if d.name in names][:count]
+    return assign_splits(docs, per_split=count or MODEL_DOCUMENTS_PER_SPLIT)[kind]
 
 
 def _progress_bar(total: int, desc: str):
@@ -144,6 +151,7 @@ def evaluate_candidate(
     reference_cache_dir: str | Path | None = None,
     profile: bool | None = None,
     serving: Contract | None = None,
+    model_documents: int | None = None,
 ) -> EvaluationReport:
     """Evaluate a candidate attention kernel on one split of a test set.
 
@@ -165,8 +173,12 @@ def evaluate_candidate(
         production_config: block sizes production was registered with (named production).
         model: an ``evaluation.model.MiniLM`` for the model-level check (skipped if None);
             local runners embed with it, a version's runner with its own encoder.
-        documents: texts or ``Document``s for it; default: the first
-            ``MODEL_DOCUMENTS_PER_SPLIT`` installed documents assigned to ``split``.
+        documents: texts or ``Document``s for it; default: ``split_documents(testset_dir,
+            split, model_documents)``.
+        model_documents: how many documents the model check embeds when ``documents``
+            is not given (the registration's ``model_check_documents``); ``None``: the
+            first ``MODEL_DOCUMENTS_PER_SPLIT`` assigned to the split, every document of
+            a confirmation draw.
         perf_shapes, repeats, warmup: performance settings (defaults per platform,
             see ``evaluation.performance``).
         error_threshold: optional line on the error plot.
@@ -242,7 +254,7 @@ def evaluate_candidate(
 
     if model is not None:
         if documents is None:
-            documents = split_documents(testset_dir, split)
+            documents = split_documents(testset_dir, split, model_documents)
         texts = [d if isinstance(d, str) else d.text for d in documents]
         ref = model.embed(texts, attention_fn=float64_attention)
         report.model_accuracy = {

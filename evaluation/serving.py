@@ -16,13 +16,14 @@ import json
 import math
 import os
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 from pydantic import BaseModel, Field
 
-from evaluation.model import MiniLM
+from evaluation.model import DEFAULT_MAX_LENGTH, MiniLM, bucket_length
 from evaluation.recorded_traffic import Request
 from evaluation.runners import Runner
 from kernels.reference import relative_error
@@ -248,15 +249,34 @@ def replay_canary_step(requests: Sequence[Request], fraction: float, production:
                    mirror_all=False, salt=salt, progress=progress, abba=abba)
 
 
+_WARMED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""runner -> the padded lengths it has served in this process (its compiled programs live
+as long as it does: the version pool keeps one runner per version for the session)."""
+
+
 def warm_up(requests: Sequence[Request], endpoints: Sequence[Endpoint], model: MiniLM) -> int:
     """Serve one request per padded length bucket (``model`` tokenises) on each
-    endpoint, so compilation stays out of every latency that is later compared.
-    Returns requests served."""
+    endpoint, so compilation stays out of every latency that is later compared. A bucket
+    the endpoint's runner already served in this process (an earlier stage: shadow, then
+    each canary step) is compiled already and is not served again. Returns requests
+    served."""
     texts = model.one_text_per_bucket([r.text for r in requests])
+    _, lengths = model.tokenize(texts)
+    buckets = [bucket_length(int(n), DEFAULT_MAX_LENGTH) for n in lengths]
+    served = 0
     for endpoint in endpoints:
-        for text in texts:
-            endpoint.serve(text)
-    return len(texts) * len(endpoints)
+        try:
+            done = _WARMED.setdefault(endpoint.runner, set())
+        except TypeError:  # a runner that cannot be weakly referenced: always warmed
+            done = set()
+        for text, bucket in zip(texts, buckets, strict=True):
+            if bucket in done:
+                continue
+            _, _, error = endpoint.serve(text)
+            if error is None:
+                done.add(bucket)
+            served += 1
+    return served
 
 
 def traffic_summary(result: TrafficResult) -> str:

@@ -34,7 +34,6 @@ for _name in os.environ["PREFECT_LOGGING_EXTRA_LOGGERS"].split(","):
     logging.getLogger(_name.strip()).setLevel(logging.INFO)
 
 # Heavy imports (JAX, MLflow, Prefect) happen inside the commands: `--help` stays fast.
-from flows.paths import DEFAULT_THRESHOLDS  # noqa: E402
 
 app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False)
 
@@ -43,8 +42,10 @@ Implementation = Annotated[str, typer.Option(
          "interpreted), native (the head of this host's fallback order: xla on a CPU host), or "
          "any name of the kernel registry (kernels.registry: pallas_tpu, pallas_gpu, "
          "pallas_mosaic_gpu, xla, cudnn, naive, ...; an unknown name is refused with the list)")]
-Thresholds = Annotated[Path, typer.Option(help="thresholds file to preregister",
-                                          exists=True, dir_okay=False)]
+Thresholds = Annotated[Path | None, typer.Option(
+    help="thresholds file to preregister; default: thresholds/local-dry-run.yaml, or "
+         "thresholds/local-interpreted.yaml when the kernel runs interpreted here (it says which)",
+    exists=True, dir_okay=False)]
 StoreDir = Annotated[Path, typer.Option(help="local store: MLflow SQLite, artifacts, test sets")]
 Family = Annotated[str | None, typer.Option(
     help="kernel family (MLflow experiment and registered model); default: the kernel's name")]
@@ -69,10 +70,26 @@ app.add_typer(stack_app, name="stack")
 app.command()(calibrate)
 
 
-def _settings(implementation: str, thresholds: Path, store_dir: Path, block_q: int | None,
+def compilation_cache(store_dir: Path) -> Path | None:
+    """Keep compiled programs across runs in ``<store>/jax-cache`` (returned) unless
+    ``JAX_COMPILATION_CACHE_DIR`` names a folder (``make`` sets one for every target; then
+    None): a CPU rollout compiles about 150 programs, the interpreted kernel's at 1-2 s
+    each and the MiniLM forward with it inlined at about 2 s per length bucket."""
+    if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        return None
+    import jax
+
+    folder = (store_dir / "jax-cache").resolve()
+    jax.config.update("jax_compilation_cache_dir", str(folder))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    return folder
+
+
+def _settings(implementation: str, thresholds: Path | None, store_dir: Path, block_q: int | None,
               block_kv: int | None, family: str | None, new_family: bool,
               key_dir: Path | None, **extra):
     fail_fast_if_down()
+    compilation_cache(store_dir)
     import kernels
     from flows.judge import BUILD_SHAPE
     from flows.kernel_choice import rollout_kernel
@@ -81,6 +98,11 @@ def _settings(implementation: str, thresholds: Path, store_dir: Path, block_q: i
 
     # Fail on bad arguments before anything is logged, built or evaluated.
     try:
+        if thresholds is None:
+            from flows.kernel_choice import default_thresholds
+
+            thresholds, why = default_thresholds(implementation, kernels.default_backend())
+            typer.echo(f"thresholds: {why}", err=True)
         load_thresholds(thresholds)
         name, why = rollout_kernel(implementation, kernels.default_backend(), thresholds)
         typer.echo(f"kernel: {why}", err=True)
@@ -109,7 +131,7 @@ def _settings(implementation: str, thresholds: Path, store_dir: Path, block_q: i
 
 @app.command()
 def rollout(implementation: Implementation = "auto",
-            thresholds: Thresholds = DEFAULT_THRESHOLDS,
+            thresholds: Thresholds = None,
             store_dir: StoreDir = Path(".kernelgate"),
             family: Family = None,
             new_family: Annotated[bool, typer.Option(help="allow --family to name a new family")] = False,
@@ -137,7 +159,7 @@ def rollout(implementation: Implementation = "auto",
 
 @app.command()
 def evaluate(implementation: Implementation = "auto",
-             thresholds: Thresholds = DEFAULT_THRESHOLDS,
+             thresholds: Thresholds = None,
              store_dir: StoreDir = Path(".kernelgate"),
              family: Family = None,
              new_family: Annotated[bool, typer.Option(help="allow --family to name a new family")] = False,

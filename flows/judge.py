@@ -16,6 +16,7 @@ from flows.results import (
 )
 from flows.tasks import run_logger, stage_task
 from gates.decision import decide
+from gates.thresholds import load_thresholds
 from kernels.shapes import AttentionShape
 from lineage import evidence, registered_model, registration, version_runners
 from lineage.chain import spent_confirmation_digests
@@ -45,6 +46,16 @@ def build(context: RolloutContext) -> Built:
                       build_run_id, logged.files, logged.size_bytes / 1e6,
                       logged.code_sha256[:12], version)
     return Built(build_run_id=build_run_id, version=version)
+
+
+def _model_documents(thresholds_path) -> int | None:
+    """The MiniLM check's document count the thresholds file in hand registers
+    (``model_check_documents``); None (the default) when it no longer parses: the gate
+    then refuses it, as it refuses any file whose bytes changed since registration."""
+    try:
+        return load_thresholds(thresholds_path).model_check_documents
+    except (OSError, ValueError):
+        return None
 
 
 @stage_task(name="evaluate")
@@ -78,7 +89,8 @@ def evaluate(context: RolloutContext, preregistered: Preregistered, built: Built
                 repeats=settings.perf_repeats, perf_shapes=settings.perf_shapes,
                 measure_speed=measure_speed,
                 reference_cache_dir=settings.store_dir / REFERENCE_CACHE_DIR,
-                serving=context.serving.contract)
+                serving=context.serving.contract,
+                model_documents=_model_documents(settings.thresholds))
         finally:
             evidence.log_evaluation_files(record, run_id, out_dir=out,
                                           testset_dir=testset.testset_dir)

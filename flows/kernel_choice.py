@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from flows.paths import DEFAULT_THRESHOLDS, INTERPRETED_THRESHOLDS
+
 
 def rollout_kernel(implementation: str, backend: str,
                    thresholds_path: Path | None) -> tuple[str, str]:
@@ -47,3 +49,24 @@ def rollout_kernel(implementation: str, backend: str,
     if pick is None:
         return name, f"{why}; the selection table has no entry inside the serving contract"
     return pick[0], f"auto -> {pick[0]}: {pick[1]}"
+
+
+def default_thresholds(implementation: str, backend: str) -> tuple[Path, str]:
+    """``(thresholds file, one sentence why)`` for a rollout given no ``--thresholds``:
+    ``thresholds/local-interpreted.yaml`` when the kernel ``implementation`` resolves to
+    runs interpreted on ``backend`` (not among its native platforms), else
+    ``thresholds/local-dry-run.yaml``. Both profiles have the same criteria and serving
+    contract; the interpreted one judges at smaller sizes (its file says which and why).
+
+    Raises:
+        ValueError: unknown implementation.
+    """
+    import kernels
+
+    name, _ = rollout_kernel(implementation, backend, DEFAULT_THRESHOLDS)
+    if kernels.IMPLEMENTATIONS[name].is_native(backend):
+        return DEFAULT_THRESHOLDS, f"{name} is native on {backend}: the local-dry-run profile"
+    return INTERPRETED_THRESHOLDS, (
+        f"{name} runs interpreted on {backend}: the local-interpreted profile (local-dry-run's "
+        "criteria; MiniLM check on 4 documents, canary of 16 candidate requests, whose latency "
+        "is not assessed); pass --thresholds thresholds/local-dry-run.yaml for its sizes")

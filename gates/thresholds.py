@@ -165,6 +165,11 @@ class Thresholds(_Strict):
         L.LOWER, default=1, ge=0,
         description="An accuracy.{cat}.* criterion is inconclusive when accuracy.{cat}.n_cases "
         "is below this.")
+    model_check_documents: int = limit(
+        L.LOWER, default=16, ge=1, le=1024,
+        description="Documents of the split whose MiniLM embeddings (the candidate inside "
+        "the model vs float64 attention) the model.* criteria judge; a confirmation draw "
+        "uses at most this many of its own documents.")
     platforms: dict[Platform, PlatformCriteria] = limit(L.FEWER, label="{key}/")
     serving: ServingContract = limit(
         L.NESTED, default_factory=ServingContract,

@@ -159,3 +159,34 @@ def test_abba_times_each_compared_request_twice_a_side_in_balanced_order():
     assert single.abba_timings()[0].shape == (0, 2)
     assert all(len(r.candidate_timings_s) == 1 for r in single.records
                if r.served_by == "candidate")
+
+
+class _Tokens:
+    """A stand-in for MiniLM's tokenizer: a word is a token, plus [CLS] and [SEP]."""
+
+    def tokenize(self, texts):
+        ids = [[0] * (len(t.split()) + 2) for t in texts]
+        return ids, np.array([len(i) for i in ids])
+
+    def one_text_per_bucket(self, texts):
+        from evaluation.model import DEFAULT_MAX_LENGTH, bucket_length
+
+        _, lengths = self.tokenize(texts)
+        return list({bucket_length(int(n), DEFAULT_MAX_LENGTH): t
+                     for n, t in zip(lengths, texts, strict=True)}.values())
+
+
+def test_warm_up_serves_each_bucket_once_per_runner_across_stages():
+    """Shadow, then three canary steps: a runner that kept its compiled programs is not
+    served its buckets again; a new runner (or a new bucket) is."""
+    clock = _Clock()
+    runner = _SameKernel("candidate", clock)
+    short = [Request(request_id=f"s{i}", text="w " * n, source="d") for i, n in enumerate((3, 20, 50))]
+    longer = [*short, Request(request_id="l", text="w " * 200, source="d")]
+    model = _Tokens()
+    first = serving.warm_up(short, [serving.Endpoint("c", runner)], model)
+    again = serving.warm_up(short, [serving.Endpoint("c, next stage", runner)], model)
+    grown = serving.warm_up(longer, [serving.Endpoint("c", runner)], model)
+    fresh = serving.warm_up(short, [serving.Endpoint("p", _SameKernel("p", clock))], model)
+    assert (first, again, grown, fresh) == (3, 0, 1, 3)
+    assert len(clock.calls) == 7

@@ -192,3 +192,22 @@ def test_documents_split_by_name_and_clean_markup(tmp_path):
     assert Document.from_text("x", prose).sha256 == Document.from_text("y", prose).sha256
     with pytest.raises(FileNotFoundError):
         folder_documents(tmp_path / "missing")
+
+
+def test_the_model_check_documents_are_the_first_of_the_split_and_never_another_split(built):
+    """``split_documents(..., count)``: the registration's ``model_check_documents`` picks
+    the first ``count`` of the documents the check uses by default (held-out: of its
+    first 16; a confirmation split: of the documents its cases were cut from)."""
+    from evaluation.evaluate import MODEL_DOCUMENTS_PER_SPLIT, split_documents
+
+    out, manifest = built
+    names = lambda docs: [d.name for d in docs]  # noqa: E731
+    heldout = split_documents(out, "heldout")
+    assert len(heldout) == MODEL_DOCUMENTS_PER_SPLIT
+    assert names(split_documents(out, "heldout", 4)) == names(heldout)[:4]
+    confirmation = split_documents(out, "confirmation")
+    assert set(names(confirmation)) == {d.name for d in manifest.split("confirmation").documents}
+    assert names(split_documents(out, "confirmation", 4)) == names(confirmation)[:4]
+    assert not set(names(heldout)) & set(names(confirmation))
+    with pytest.raises(ValueError, match="at least one document"):
+        split_documents(out, "heldout", 0)

@@ -37,7 +37,8 @@ KNOWN_METRICS = {
 }
 
 
-@pytest.mark.parametrize("name", ["local-dry-run.yaml", "staging.yaml", "production.yaml", "bf16-long.yaml"])
+@pytest.mark.parametrize("name", ["local-dry-run.yaml", "local-interpreted.yaml", "staging.yaml",
+                                  "production.yaml", "bf16-long.yaml"])
 def test_shipped_profiles_load_and_use_only_known_metrics(name):
     path = ROOT / "thresholds" / name
     thresholds = load_thresholds(path)
@@ -75,6 +76,39 @@ def test_staging_is_production_with_a_small_canary():
     assert sum(s.requests for s in staging.canary.steps) * 20 < sum(
         s.requests for s in production.canary.steps)
     assert all(s.requests * s.traffic_fraction >= 20 for s in staging.canary.steps)
+
+
+def test_the_interpreted_profile_is_local_dry_run_at_smaller_declared_sizes():
+    """local-interpreted (``make run`` on a CPU host) judges by local-dry-run's criteria,
+    contract and approval; only the sizes differ: fewer MiniLM documents and a canary
+    that states it cannot reach its latency power (so latency is *not assessed*, with
+    that reason, never silently judged on too few requests)."""
+    local = load_thresholds(ROOT / "thresholds" / "local-dry-run.yaml")
+    quick = load_thresholds(ROOT / "thresholds" / "local-interpreted.yaml")
+    assert quick.profile != local.profile  # a registration (and chain) of its own
+    assert quick.platforms == local.platforms and quick.serving == local.serving
+    assert quick.approval == local.approval and quick.canary.latency == local.canary.latency
+    assert not quick.not_assessed_blocks_promotion
+    assert 1 <= quick.model_check_documents < local.model_check_documents
+    assert sum(quick.canary.pairs_per_step()) < sum(local.canary.pairs_per_step())
+    assert local.canary.power_problem() is None
+    assert "cannot reach its power" in quick.canary.power_problem()
+    # the canary still compares requests at every step
+    assert all(n >= 1 for n in quick.canary.pairs_per_step())
+
+
+def test_model_check_documents_defaults_to_sixteen_and_fewer_is_looser():
+    from gates.loosening import loosenings
+
+    text = thresholds_yaml()
+    default = parse_thresholds(text.encode())
+    assert default.model_check_documents == 16
+    fewer = parse_thresholds((text + "model_check_documents: 4\n").encode())
+    more = parse_thresholds((text + "model_check_documents: 32\n").encode())
+    assert any("model_check_documents" in str(x) for x in loosenings(default, fewer))
+    assert not any("model_check_documents" in str(x) for x in loosenings(default, more))
+    with pytest.raises(ValueError, match="model_check_documents"):
+        parse_thresholds((text + "model_check_documents: 0\n").encode())
 
 
 def test_profiles_differ_where_the_design_says():

@@ -120,3 +120,23 @@ def test_auto_never_picks_a_kernel_that_refuses_part_of_the_contract(tmp_path, m
     assert name == "pallas_gpu", why  # the only one of the three that runs float32
     name, why = kernel_choice.rollout_kernel("auto", "gpu", root / "thresholds" / "bf16-long.yaml")
     assert name == "pallas_mosaic_gpu", why  # cuDNN needs head_dim multiples of 8
+
+
+@pytest.mark.parametrize(("implementation", "backend", "profile", "kernel"), [
+    ("auto", "cpu", "local-interpreted", "pallas_tpu"),   # make run on a CPU host
+    ("pallas_tpu", "cpu", "local-interpreted", "pallas_tpu"),
+    ("native", "cpu", "local-dry-run", "xla"),
+    ("xla", "cpu", "local-dry-run", "xla"),
+    ("pallas_tpu", "tpu", "local-dry-run", "pallas_tpu"),
+])
+def test_a_rollout_without_thresholds_registers_the_profile_of_how_its_kernel_runs(
+        implementation, backend, profile, kernel):
+    """No --thresholds: an interpreted candidate gets local-interpreted (smaller sizes,
+    declared), a native one local-dry-run; the sentence says which and why."""
+    from flows import kernel_choice
+    from gates.thresholds import load_thresholds
+
+    path, why = kernel_choice.default_thresholds(implementation, backend)
+    assert load_thresholds(path).profile == profile
+    assert kernel in why and profile in why
+    assert ("interpreted" in why) == (profile == "local-interpreted")
