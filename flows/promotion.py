@@ -35,8 +35,9 @@ APPROVAL_POLL_S = 2
 
 
 class ApprovalForm(RunInput, ApprovalInput):
-    """The release manager's form in the Prefect UI: approve, approver and comment are
-    required; ``signed_approval`` takes the output of ``kernelgate approve`` (an answer
+    """The release manager's form in the Prefect UI: the decision (an explicit choice of
+    ``approve`` or ``reject``, no default), approver and comment are required;
+    ``signed_approval`` takes the output of ``kernelgate approve`` (an answer
     signed with the approver's own key)."""
 
     signed_approval: str = Field(
@@ -75,7 +76,7 @@ def _ask(context: RolloutContext, transition: Transition, gated: Gated,
             notice = f"**Your answer was not accepted** ({_errors(err)}); answer again.\n\n"
             continue
         try:  # the form's rules, again: a client can resume with any JSON
-            typed = ApprovalInput.model_validate(given.model_dump(include={"approve", "approver",
+            typed = ApprovalInput.model_validate(given.model_dump(include={"decision", "approver",
                                                                            "comment"}))
         except ValidationError as err:
             notice = f"**Your answer was not accepted** ({_errors(err)}); answer again.\n\n"

@@ -191,8 +191,9 @@ def _answer_in_ui(page, base: str, run_id: str, *, approve: bool, comment: str,
     dialog = page.get_by_role("dialog")
     dialog.get_by_text("Approve `shadow->canary`", exact=False).or_(
         dialog.get_by_text("Approve shadow->canary", exact=False)).first.wait_for()
-    if approve:
-        dialog.get_by_role("switch").first.click()
+    # the decision is a required choice (an enum: Prefect's form renders a select)
+    dialog.get_by_role("combobox").first.click()
+    page.get_by_role("option", name="approve" if approve else "reject", exact=True).click()
     boxes = dialog.locator("textarea")
     boxes.nth(0).fill("rm@example.com")
     boxes.nth(1).fill(comment)

@@ -256,8 +256,8 @@ def test_blank_approver_is_asked_again_then_approved(
     settings = make_settings("good", family=APPROVAL_FAMILY, thresholds=thresholds_with(
         tmp_path, required_for=["shadow->canary"], timeout_s=240))
     outcome = _rollout_answered(settings, "shadow->canary",
-                                {"approve": True, "approver": "   ", "comment": "ok"},
-                                {"approve": True, "approver": "rm@example.com", "comment": "ok"})
+                                {"decision": "approve", "approver": "   ", "comment": "ok"},
+                                {"decision": "approve", "approver": "rm@example.com", "comment": "ok"})
     assert outcome.result == "promoted", outcome.reason
     assert registered_model.alias_version(tracking, APPROVAL_FAMILY, "production") == outcome.version
     runs = tracking.client().search_runs(
@@ -274,7 +274,7 @@ def test_rejected_approval_rolls_back(seeded, make_settings, tracking, tmp_path)
         tmp_path, required_for=["shadow->canary"], timeout_s=240))
     before = registered_model.aliases(tracking, APPROVAL_FAMILY)
     outcome = _rollout_answered(settings, "shadow->canary",
-                                {"approve": False, "approver": "rm@example.com",
+                                {"decision": "reject", "approver": "rm@example.com",
                                  "comment": "not this week"})
     assert (outcome.result, outcome.stage) == ("rolled_back", "approval")
     assert_production_unchanged(tracking, before, outcome.version, APPROVAL_FAMILY)
