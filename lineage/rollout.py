@@ -148,6 +148,9 @@ class RolloutOutcome(BaseModel):
     tracking_uri: str
     ui_command: str
     audit_command: str = ""
+    run_link: str = Field(default="", description=(
+        "the rollout run in the MLflow UI, model-training view (embedded store: the "
+        "address `kernelgate ui` serves on its default port)"))
 
     def verdict(self) -> str:
         """The verdict line: result, stage and, in the same line, what was not assessed
@@ -181,6 +184,8 @@ class RolloutOutcome(BaseModel):
             f"* aliases now: `{self.aliases}`",
             f"* MLflow rollout run: `{self.rollout_run_id}` ({self.tracking_uri})",
         ]
+        if self.run_link:
+            lines.append(f"* in the MLflow UI: {self.run_link}")
         if self.audit_command:
             lines.append(f"* audit it: `{self.audit_command}`")
         lines.append(f"* open the MLflow UI: `{self.ui_command}`")
@@ -205,6 +210,15 @@ def _commands(tracking: Tracking, family: str, version: str | None) -> tuple[str
     return (f"open {tracking.tracking_uri}", f"{cli} audit {target} --family {family}")
 
 
+def _run_link(record: RolloutRecord) -> str:
+    """The rollout run's address in the MLflow UI, in its model-training view."""
+    uri = record.tracking.tracking_uri
+    base = uri.rstrip("/") if uri.startswith(("http://", "https://")) else "http://127.0.0.1:5000"
+    experiment_id = record.tracking.client().get_run(record.rollout_run_id).info.experiment_id
+    return (f"{base}/#/experiments/{experiment_id}/runs/{record.rollout_run_id}"
+            f"?{tags.UI_VIEW_QUERY}")
+
+
 def close_rollout(record: RolloutRecord, *, result: Result, stage: str, reason: str,
                   version: str | None, decision_summary: str | None = None,
                   not_assessed_note: str | None = None, decided_by: str | None = None,
@@ -220,6 +234,7 @@ def close_rollout(record: RolloutRecord, *, result: Result, stage: str, reason: 
         aliases=registered_model.aliases(record.tracking, record.family),
         rollout_run_id=record.rollout_run_id, tracking_uri=record.tracking.tracking_uri,
         ui_command=ui_command, audit_command=audit_command,
+        run_link=_run_link(record),
     )
     tr.log_model_json(record.tracking, record.rollout_run_id, outcome, tags.OUTCOME_ARTIFACT)
     run_tags = {tags.RESULT: result, tags.DECIDED_AT_STAGE: stage, tags.NOTE: reason}

@@ -32,3 +32,27 @@ def test_stage_wall_times_and_versions_are_read_back_from_the_store(tmp_path):
     assert abs(by_stage["prepare-testset"].seconds - 2.25) < 1e-2
     text = render([timeline])
     assert "v7" in text and "37.5 s" in text and "(logging only)" not in text
+
+
+def test_a_closed_rollout_names_its_verdict_caveat_version_and_next_commands(tmp_path, signing):
+    """The rollout run's name carries the verdict with what was not assessed; the
+    outcome's last lines give the audit command, `kernelgate ui` and the run's address
+    in MLflow's model-training view; the timeline prints the version."""
+    from lineage.rollout import close_rollout, open_rollout
+
+    tracking = tr.local_tracking(tmp_path / "store")
+    record = open_rollout(tracking, family="fam", implementation="pallas_tpu", backend="cpu",
+                          work_root=tmp_path / "runs", signing=signing)
+    caveat = "memory and speed not assessed at the gate"
+    outcome = close_rollout(record, result="promoted", stage="promotion", reason="passed what "
+                            "was assessed", version="4", decided_by="the gate",
+                            not_assessed=caveat)
+    run = tracking.client().get_run(record.rollout_run_id)
+    assert run.info.run_name.endswith(f"promoted; {caveat}")
+    assert run.data.tags[tags.DECIDED_BY] == "the gate"
+    text = outcome.markdown()
+    assert f"**promoted; {caveat}**" in text.splitlines()[0]
+    assert "audit 4 --family fam --store-dir" in text and "ui --store-dir" in text
+    assert f"runs/{record.rollout_run_id}?{tags.UI_VIEW_QUERY}" in outcome.run_link
+    (timeline,) = rollout_timelines(tracking, "fam")
+    assert timeline.version == "4" and timeline.result == "promoted"
