@@ -16,6 +16,9 @@ import os
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS",
                       "kernelgate,kernels,evaluation,gates,lineage,flows")
+from flows.log_noise import quiet_environment, route_to_debug_log  # noqa: E402
+
+quiet_environment()  # before MLflow, GX or tqdm is imported
 # Prefect's local server gets 20 s to start by default; a busy 2-core host needed more
 # (seen: "Timed out while attempting to connect to ephemeral Prefect API server").
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
@@ -35,7 +38,10 @@ for _name in os.environ["PREFECT_LOGGING_EXTRA_LOGGERS"].split(","):
 
 # Heavy imports (JAX, MLflow, Prefect) happen inside the commands: `--help` stays fast.
 
-app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False)
+# Plain (click) help and errors, not rich's tables: readable at 80 columns, and rich is
+# never imported for a --help or a refusal.
+app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False,
+                  rich_markup_mode=None, pretty_exceptions_enable=False)
 
 Implementation = Annotated[str, typer.Option(
     help="candidate kernel: auto (the flash kernel of this device; on a CPU host the TPU kernel, "
@@ -51,6 +57,12 @@ Family = Annotated[str | None, typer.Option(
     help="kernel family (MLflow experiment and registered model); default: the kernel's name")]
 BlockQ = Annotated[int | None, typer.Option(min=1, help="query block size (tokens)")]
 BlockKV = Annotated[int | None, typer.Option(min=1, help="key/value block size (tokens)")]
+from flows.cli_args import (  # noqa: E402
+    check_family,
+    check_implementation,
+    check_known_family,
+    check_thresholds,
+)
 from flows.cli_keys import KeyDir, check_name, keys_app  # noqa: E402
 from flows.cli_ops import notifications_app, run_until_signalled  # noqa: E402
 from flows.cli_store import existing_family, fail_fast_if_down, families, open_store  # noqa: E402
@@ -88,6 +100,11 @@ def compilation_cache(store_dir: Path) -> Path | None:
 def _settings(implementation: str, thresholds: Path | None, store_dir: Path, block_q: int | None,
               block_kv: int | None, family: str | None, new_family: bool,
               key_dir: Path | None, **extra):
+    # What needs neither JAX nor the store first: a bad argument is refused in < 1 s.
+    check_implementation(implementation)
+    check_family(family, implementation, store_dir, new_family=new_family,
+                 remote=bool(os.environ.get("MLFLOW_TRACKING_URI")))
+    check_thresholds(thresholds)
     fail_fast_if_down()
     compilation_cache(store_dir)
     import kernels
@@ -146,6 +163,9 @@ def rollout(implementation: Implementation = "auto",
     settings = _settings(implementation, thresholds, store_dir, block_q, block_kv, family,
                          new_family, key_dir, testset_profile=testset_profile,
                          documents_dir=documents_dir, loosening_approval=loosening_approval)
+    debug_log = route_to_debug_log(store_dir / "logs" / "third-party.log")
+    typer.echo(f"third-party log lines (MLflow, Great Expectations, warnings): {debug_log}",
+               err=True)
     from flows.errored import EXIT_CODES, RolloutErrored
     from flows.rollout import rollout as rollout_flow
 
@@ -178,6 +198,7 @@ def evaluate(implementation: Implementation = "auto",
 def revalidate(family: Family = None, store_dir: StoreDir = Path(".kernelgate"),
                key_dir: KeyDir = None) -> None:
     """Re-evaluate what `production` points at, running the version's own code; roll back on failure (the nightly job)."""
+    check_known_family(family, store_dir)
     tracking = open_store(store_dir, must_exist=True)
     family = existing_family(tracking, family)
     from flows.revalidate import revalidate_production
@@ -208,6 +229,8 @@ def audit(target: Annotated[str, typer.Argument(help="alias (production, canary,
               "evaluation with NumPy here (0: skip)")] = 2,
           key_dir: KeyDir = None, checkpoint: CheckpointFiles = None) -> None:
     """Re-derive why a version is where it is: verify every signed attestation, the family's signed log (against the pipeline's checkpoint, yours, and the head this audit remembered), the complete chain, each decision and every artifact (exit 1 on any problem)."""
+    if bundle is None:
+        check_known_family(family, store_dir)
     from lineage import keys
     from lineage.audit import audit as run_audit
     from lineage.bundle import BundleSource, export_bundle
@@ -244,11 +267,13 @@ def audit(target: Annotated[str, typer.Argument(help="alias (production, canary,
 def timeline(family: Family = None, store_dir: StoreDir = Path(".kernelgate"),
              json_out: Annotated[Path | None, typer.Option(
                  "--json", dir_okay=False, help="also write the timelines as JSON here")] = None) -> None:
-    """Where each rollout's time went: result, version and every stage's seconds, read from the MLflow store."""
+    """Where each rollout's time went: result, version and every stage's wall time (recorded by the flow into each stage's run), read from the MLflow store; every family unless --family."""
+    check_known_family(family, store_dir)
     from lineage.timeline import render, rollout_timelines
 
     tracking = open_store(store_dir, must_exist=True)
-    timelines = rollout_timelines(tracking, existing_family(tracking, family))
+    chosen = [existing_family(tracking, family)] if family else families(tracking)
+    timelines = [t for fam in chosen for t in rollout_timelines(tracking, fam)]
     typer.echo(render(timelines))
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)
@@ -267,6 +292,7 @@ def rollback_cmd(reason: Annotated[str, typer.Option(help="why; recorded, signed
     """Roll production back by hand (signed and recorded like any rollback; the Prefect UI's `manual-rollback` deployment does the same)."""
     if len(reason.strip()) < 3:
         raise typer.BadParameter("a rollback needs a reason", param_hint="--reason")
+    check_known_family(family, store_dir)
     tracking = open_store(store_dir, must_exist=True)
     fam = existing_family(tracking, family)
     from flows.rollback import manual_rollback
@@ -292,7 +318,11 @@ def ui(store_dir: StoreDir = Path(".kernelgate"),
     cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", tracking.tracking_uri,
            "--default-artifact-root", tracking.artifact_root or "", "--port", str(port),
            "--workers", "1"]
-    typer.echo(f"MLflow UI on http://127.0.0.1:{port}  ({' '.join(cmd)})")
+    from lineage.tags import UI_VIEW_QUERY
+
+    typer.echo(f"MLflow UI on http://127.0.0.1:{port}  ({' '.join(cmd)})\n"
+               f"registered models (model-training view, not GenAI): "
+               f"http://127.0.0.1:{port}/#/models?{UI_VIEW_QUERY}")
     raise typer.Exit(run_until_signalled(cmd))
 
 

@@ -35,7 +35,7 @@ def approve(flow_run_id: Annotated[str, typer.Argument(help="the paused rollout'
     signer = keys.load_signer(key)
     envelope = sign_approval(signer, flow_run_id=flow_run_id, transition=transition,
                              approve=not reject, comment=comment)
-    resume_flow_run(flow_run_id, run_input={"approve": not reject,
+    resume_flow_run(flow_run_id, run_input={"decision": "reject" if reject else "approve",
                                             "approver": name or f"key {signer.public_key.keyid[:12]}",
                                             "comment": comment,
                                             "signed_approval": envelope.decode()})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import kernels
 from evaluation.evaluate import evaluate_candidate
+from evaluation.performance import default_shapes
 from evaluation.testset.draws import unspent_draw
 from flows.results import (
     Built,
@@ -40,7 +41,8 @@ def build(context: RolloutContext) -> Built:
     out = record.work_dir / "build"
     build = kernels.build(record.implementation, context.settings.config, BUILD_SHAPE,
                           output_dir=out)
-    build_run_id, version, logged = evidence.log_build(record, build, out, context.model)
+    bench = context.settings.perf_shapes or default_shapes(record.backend)
+    build_run_id, version, logged = evidence.log_build(record, build, out, context.model, bench)
     run_logger().info("built %s: build run %s, logged as an MLflow model (%d files, %.1f MB, "
                       "code sha256 %s) and registered as v%s", build.implementation,
                       build_run_id, logged.files, logged.size_bytes / 1e6,
@@ -130,6 +132,11 @@ def gate(context: RolloutContext, preregistered: Preregistered, built: Built,
             evaluation started before it.
     """
     gated = _judge(context, preregistered, built, evaluated, thresholds_path=thresholds_path)
+    record = context.record
+    # linked now, not only on promotion: a rejected version's description links its chain
+    registered_model.link_gate(record.tracking, record.family, built.version,
+                               decision_run_id=gated.run_id, evaluation_run_id=evaluated.run_id,
+                               registration_id=preregistered.registration.registration_id)
     run_logger().info("gate: %s — %s", gated.decision.verdict, gated.decision.summary)
     return gated
 

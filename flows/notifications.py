@@ -1,9 +1,10 @@
 """Who is told what: Prefect automations that send a notification when a rollout pauses
-for approval, when any kernelgate flow run ends rolled back, and when a nightly
-re-validation crashes or fails (``kernelgate notifications create --webhook URL``).
+for approval, when any kernelgate flow run ends rolled back, when nobody answered an
+approval in time (*TimedOut*), and when a nightly re-validation crashes or fails
+(``kernelgate notifications create --webhook URL``).
 
-Prefect's own pieces only: a ``CustomWebhookNotificationBlock`` and three
-``Automation``s with reactive ``EventTrigger``s on the flow-run state events
+Prefect's own pieces only: a ``CustomWebhookNotificationBlock`` and one
+``Automation`` per rule of :data:`RULES`, with reactive ``EventTrigger``s on the flow-run state events
 (``prefect.flow-run.<state name>``: the named end states make *RolledBack* one event);
 each action is ``SendNotification`` through that block. ``prefect.yaml`` triggers can
 only start deployments, so a command creates these.
@@ -33,6 +34,9 @@ RULES: dict[str, tuple[set[str], list[str], str]] = {
         "kernelgate: a rollout waits for your approval"),
     "kernelgate: rolled back": (
         {"prefect.flow-run.RolledBack"}, KERNELGATE_FLOWS, "kernelgate: rolled back"),
+    "kernelgate: approval timed out": (
+        {"prefect.flow-run.TimedOut"}, [ROLLOUT_FLOW],
+        "kernelgate: nobody answered an approval in time; the candidate was rejected"),
     "kernelgate: nightly run crashed or failed": (
         {"prefect.flow-run.Crashed", "prefect.flow-run.Failed"}, [NIGHTLY_FLOW],
         "kernelgate: the nightly re-validation did not finish"),
@@ -42,7 +46,7 @@ RULES: dict[str, tuple[set[str], list[str], str]] = {
 
 def create_notifications(webhook_url: str, *, allow_private_urls: bool = False,
                          block_name: str = BLOCK_NAME) -> list[Automation]:
-    """Save the webhook block (replacing one of the same name) and create the three
+    """Save the webhook block (replacing one of the same name) and create the
     automations (replacing those of the same names); returns the automations.
 
     Raises:

@@ -14,7 +14,7 @@ from prefect.runtime import flow_run
 from pydantic import Field, ValidationError
 
 from flows.results import Confirmed, Evaluated, Gated, Promoted, RolloutContext
-from flows.tasks import finish, run_logger, stage_task
+from flows.tasks import finish, run_logger, stage_clock, stage_task
 from gates.approval import (
     ApprovalInput,
     ApprovalRecord,
@@ -35,8 +35,9 @@ APPROVAL_POLL_S = 2
 
 
 class ApprovalForm(RunInput, ApprovalInput):
-    """The release manager's form in the Prefect UI: approve, approver and comment are
-    required; ``signed_approval`` takes the output of ``kernelgate approve`` (an answer
+    """The release manager's form in the Prefect UI: the decision (an explicit choice of
+    ``approve`` or ``reject``, no default), approver and comment are required;
+    ``signed_approval`` takes the output of ``kernelgate approve`` (an answer
     signed with the approver's own key)."""
 
     signed_approval: str = Field(
@@ -72,13 +73,13 @@ def _ask(context: RolloutContext, transition: Transition, gated: Gated,
             _running_again()
             return record_timeout(policy, **about)
         except ValidationError as err:  # the server took it; the form's own rules did not
-            notice = f"**Your answer was not accepted** ({_errors(err)}); answer again.\n\n"
+            notice = _refused(transition, _errors(err))
             continue
         try:  # the form's rules, again: a client can resume with any JSON
-            typed = ApprovalInput.model_validate(given.model_dump(include={"approve", "approver",
+            typed = ApprovalInput.model_validate(given.model_dump(include={"decision", "approver",
                                                                            "comment"}))
         except ValidationError as err:
-            notice = f"**Your answer was not accepted** ({_errors(err)}); answer again.\n\n"
+            notice = _refused(transition, _errors(err))
             continue
         authenticated, how = False, "unauthenticated: typed into the Prefect UI"
         if given.signed_approval.strip():
@@ -87,15 +88,23 @@ def _ask(context: RolloutContext, transition: Transition, gated: Gated,
                                             flow_run_id=str(flow_run.get_id()),
                                             transition=transition, approve=typed.approve)
             except AttestationError as err:
-                notice = f"**The signed approval was not accepted:** {err}. Answer again.\n\n"
+                notice = _refused(transition, f"the signed approval: {err}")
                 continue
             typed, authenticated = typed.model_copy(update={"approver": name}), True
         if policy.require_signed and not authenticated:
-            notice = ("**This policy requires a signed approval:** run `kernelgate approve "
-                      f"{flow_run.get_id()} --key <your key>` and paste its output.\n\n")
+            notice = _refused(transition, "this policy requires a signed approval: run "
+                              f"`kernelgate approve {flow_run.get_id()} --key <your key>` and "
+                              "paste its output")
             continue
         return record_answer(typed, authenticated=authenticated, authentication=how, **about)
     raise AssertionError("unreachable")
+
+
+def _refused(transition: str, why: str) -> str:
+    """Say why an answer was refused where the release manager looks: a warning line in
+    the flow run's log, and the notice atop the re-asked form (returned, markdown)."""
+    run_logger().warning("the answer to %s was not accepted (%s); asking again", transition, why)
+    return f"**Your answer was not accepted:** {why}. Answer again.\n\n"
 
 
 def _running_again() -> None:
@@ -116,15 +125,22 @@ def _running_again() -> None:
 
 
 def _errors(err: ValidationError) -> str:
-    return "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors())
+    """The refused fields in words (a blank one said as blank: whitespace is not a name)."""
+    def said(e) -> str:
+        if e["type"] == "string_too_short":
+            return "must not be blank (spaces alone are not an answer)"
+        return e["msg"]
+    return "; ".join(f"{'.'.join(map(str, e['loc']))}: {said(e)}" for e in err.errors())
 
 
-def approve(context: RolloutContext, transition: Transition, gated: Gated,
-            traffic: Sequence[CanaryStepResult] = (), confirmed: Confirmed | None = None) -> bool:
+def ask_approval(context: RolloutContext, transition: Transition, gated: Gated,
+                 traffic: Sequence[CanaryStepResult] = (),
+                 confirmed: Confirmed | None = None) -> ApprovalRecord | None:
     """Ask a person (pause with a typed form showing the gate decision, the ``traffic``
     steps judged so far and the confirmation) where the preregistered policy requires
-    it; a timeout rejects. Whatever happens is logged as a signed approval run and
-    linked from the version. Returns whether the transition may go ahead.
+    it; a timeout rejects. Whatever happens is logged as a signed approval run (its
+    description says who, when, and whether signed) and linked from the version.
+    Returns the answer, or None when the policy asks nobody for ``transition``.
 
     A flow-level step, not a task: Prefect pauses flow runs, not task runs.
     """
@@ -132,7 +148,7 @@ def approve(context: RolloutContext, transition: Transition, gated: Gated,
     policy = gated.thresholds.approval
     record = context.record
     if transition not in policy.required_for:
-        return True
+        return None
     if policy.auto_approve:
         answer = record_auto_approval(policy, transition=transition, family=record.family,
                                       version=gated.version)
@@ -140,14 +156,38 @@ def approve(context: RolloutContext, transition: Transition, gated: Gated,
     else:
         logger.info("waiting up to %ss for a release manager to approve %s in the Prefect UI",
                     policy.timeout_s, transition)
-        answer = _ask(context, transition, gated, traffic, confirmed)
-    run_id = log_approval(record.tracking, answer, decision_run_id=gated.run_id,
-                          signing=record.signing, parent_run_id=record.rollout_run_id)
+    with stage_clock(context, "approval"):  # the wait for a person included
+        if not policy.auto_approve:
+            answer = _ask(context, transition, gated, traffic, confirmed)
+        run_id = log_approval(record.tracking, answer, decision_run_id=gated.run_id,
+                              signing=record.signing, parent_run_id=record.rollout_run_id)
     registered_model.link_approval(record.tracking, record.family, gated.version, transition, run_id)
     logger.info("approval %s: %s by %s (%s; %s)", transition,
                 "approved" if answer.approved else "rejected", answer.approver,
                 answer.authentication, answer.comment)
-    return answer.approved
+    return answer
+
+
+def approve(context: RolloutContext, transition: Transition, gated: Gated,
+            traffic: Sequence[CanaryStepResult] = (),
+            confirmed: Confirmed | None = None) -> RolloutOutcome | None:
+    """The approval stage: None when ``transition`` may go ahead (approved, or nobody is
+    asked); otherwise the candidate is rejected and the rollout closed — *Rejected* when
+    a person said no (naming them, how they were identified, and their comment),
+    *TimedOut* when nobody answered within the preregistered timeout."""
+    answer = ask_approval(context, transition, gated, traffic, confirmed)
+    if answer is None or answer.approved:
+        return None
+    if answer.timed_out:
+        result, who = "timed_out", "nobody: no answer within the preregistered timeout"
+        reason = (f"no answer to {transition} within {gated.thresholds.approval.timeout_s:g} s; "
+                  "the preregistered timeout rejects")
+    else:
+        result, who = "rejected", f"{answer.approver} ({answer.authentication})"
+        reason = f"{transition} rejected by {answer.approver}: {answer.comment}"
+    reject(context, gated, reason)
+    return finish(context, result, "approval", reason, version=gated.version,
+                  decision=gated.decision, decided_by=who, traffic=traffic)
 
 
 @stage_task(name="enter-canary")
@@ -190,8 +230,26 @@ def reject(context: RolloutContext, gated: Gated, reason: str) -> None:
     run_logger().warning("v%s rejected: %s", gated.version, reason)
 
 
-def roll_back(context: RolloutContext, gated: Gated, stage: str, reason: str) -> RolloutOutcome:
-    """Reject the candidate and close the rollout as rolled back at ``stage``."""
+def approvers(context: RolloutContext, gated: Gated) -> str:
+    """Who decided a promotion: the preregistered criteria and plan, and each approval's
+    approver (``(auto)`` where the policy auto-approves)."""
+    record = context.record
+    asked = registered_model.approvers(record.tracking, record.family, gated.version)
+    people = "; ".join(f"{t}: {who}" for t, who in asked.items())
+    return ("the gate, shadow, canary and confirmation (preregistered)"
+            + (f"; approvals: {people}" if people else ""))
+
+
+DECIDERS = {"shadow": "the shadow analysis (preregistered plan)",
+            "confirmation": "the confirmation split's gate (preregistered thresholds)"}
+"""Stage -> who decided a roll-back there (any other stage: a canary step or verdict)."""
+
+
+def roll_back(context: RolloutContext, gated: Gated, stage: str, reason: str,
+              traffic: Sequence[CanaryStepResult] = ()) -> RolloutOutcome:
+    """Reject the candidate and close the rollout as rolled back at ``stage`` (a shadow,
+    canary or confirmation breach), naming what decided it."""
     reject(context, gated, reason)
     return finish(context, "rolled_back", stage, reason, version=gated.version,
-                  decision=gated.decision)
+                  decision=gated.decision, traffic=traffic,
+                  decided_by=DECIDERS.get(stage, "the canary analysis (preregistered plan)"))

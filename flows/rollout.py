@@ -20,7 +20,7 @@ from prefect import flow
 from evaluation.report import EvaluationReport
 from flows.errored import errored_outcome, errored_state
 from flows.judge import build, confirm, evaluate, gate
-from flows.promotion import approve, enter_canary, promote, reject, roll_back
+from flows.promotion import approve, approvers, enter_canary, promote, reject, roll_back
 from flows.results import RolloutContext
 from flows.settings import RolloutSettings
 from flows.tasks import (
@@ -47,7 +47,9 @@ from lineage.rollout import RolloutOutcome
 @flow(name="kernelgate-rollout", log_prints=True)
 def rollout(settings: RolloutSettings | None = None) -> RolloutOutcome:
     """Governed rollout of one candidate kernel; the run ends in a state named for what
-    happened (*Promoted*, *Rejected* or *RolledBack*) and returns the outcome. A crash
+    happened (*Promoted*, *Rejected* — the gate or a person said no —, *TimedOut* — no
+    answer within the preregistered timeout — or *RolledBack* — a shadow, canary or
+    confirmation breach) and returns the outcome; its message says who decided. A crash
     in a stage ends it *Errored* (``flows.errored``: signed, never a gate verdict;
     calling the flow raises ``RolloutErrored`` with the outcome)."""
     try:
@@ -58,7 +60,7 @@ def rollout(settings: RolloutSettings | None = None) -> RolloutOutcome:
             raise
         tag_result("errored")
         return errored_state(errored, err)
-    return end_state(outcome.result, outcome.reason, outcome)
+    return end_state(outcome.result, outcome.summary(), outcome)
 
 
 def _stages(ctx: RolloutContext) -> RolloutOutcome:
@@ -70,15 +72,16 @@ def _stages(ctx: RolloutContext) -> RolloutOutcome:
     gated = gate(ctx, preregistered, built, evaluated, thresholds_path=ctx.settings.thresholds)
     if not gated.passed:
         reject(ctx, gated, why := gate_reason(gated.decision))
-        return finish(ctx, "rejected", "gate", why, version=built.version, decision=gated.decision)
+        return finish(ctx, "rejected", "gate", why, version=built.version, decision=gated.decision,
+                      decided_by="the gate (preregistered thresholds)")
     traffic = record_traffic(ctx, gated)
-    if not approve(ctx, "candidate->shadow", gated):
-        return roll_back(ctx, gated, "approval", "approval for candidate->shadow rejected or timed out")
+    if (stopped := approve(ctx, "candidate->shadow", gated)) is not None:
+        return stopped  # Rejected (a person said no) or TimedOut
     judged = [result := shadow(ctx, gated, evaluated, traffic.shadow)]  # shown in the forms
     if not result.passed:
-        return roll_back(ctx, gated, "shadow", f"shadow: {'; '.join(result.breaches)}")
-    if not approve(ctx, "shadow->canary", gated, judged):
-        return roll_back(ctx, gated, "approval", "approval for shadow->canary rejected or timed out")
+        return roll_back(ctx, gated, "shadow", f"shadow: {'; '.join(result.breaches)}", judged)
+    if (stopped := approve(ctx, "shadow->canary", gated, judged)) is not None:
+        return stopped
     calibration, cited = canary_calibration(ctx, gated, evaluated)
     if cited.startswith("no fresh"):
         return roll_back(ctx, gated, "canary", f"canary: {cited}")
@@ -86,18 +89,20 @@ def _stages(ctx: RolloutContext) -> RolloutOutcome:
     for step, requests in traffic.canary:
         judged.append(result := canary_step(ctx, gated, evaluated, step, requests, judged[1:]))
         if not result.passed:
-            return roll_back(ctx, gated, step.name, f"{step.name}: {'; '.join(result.breaches)}")
+            return roll_back(ctx, gated, step.name, f"{step.name}: {'; '.join(result.breaches)}",
+                             judged)
     if why := settle(gated, canary_verdict(ctx, gated, judged[1:], calibration)):
-        return roll_back(ctx, gated, "canary", f"canary: {why}")
+        return roll_back(ctx, gated, "canary", f"canary: {why}", judged)
     confirmed = confirm(ctx, preregistered, built, testset)
     if not confirmed.passed:
         return roll_back(ctx, gated, "confirmation",
-                         f"confirmation split: {gate_reason(confirmed.decision)}")
-    if not approve(ctx, "canary->production", gated, judged, confirmed):
-        return roll_back(ctx, gated, "approval", "approval for canary->production rejected or timed out")
+                         f"confirmation split: {gate_reason(confirmed.decision)}", judged)
+    if (stopped := approve(ctx, "canary->production", gated, judged, confirmed)) is not None:
+        return stopped
     promote(ctx, gated, evaluated)
     return finish(ctx, "promoted", "promotion", promotion_reason(gated.decision, judged),
-                  version=built.version, decision=gated.decision)
+                  version=built.version, decision=gated.decision, traffic=judged,
+                  decided_by=approvers(ctx, gated))
 
 
 @flow(name="kernelgate-build-kernel")
@@ -130,4 +135,4 @@ def evaluate_candidate(settings: RolloutSettings | None = None,
                          version=built.version, decision=gated.decision)
     if report_path:
         evaluated.report.write(report_path)
-    return end_state(outcome.result, outcome.reason, evaluated.report)
+    return end_state(outcome.result, outcome.summary(), evaluated.report)

@@ -6,26 +6,24 @@ Each task calls plain functions of the packages below; the flows order them."""
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
-from prefect import Task, get_run_logger, task
+from prefect import task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
 from prefect.concurrency.sync import concurrency
-from prefect.exceptions import MissingContextError, ObjectAlreadyExists, ObjectNotFound
+from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 from prefect.runtime import flow_run
 from prefect.settings import PREFECT_API_URL
 from prefect.states import Completed, State
-from prefect.utilities.annotations import quote
 
 import kernels
 from evaluation.documents import load_documents
 from evaluation.testset import ensure_testset
-from flows.errored import OUTCOME_ATTRIBUTE, mark_stage, stage_of
+from flows.errored import OUTCOME_ATTRIBUTE, stage_of
 from flows.kernel_choice import rollout_kernel
 from flows.results import (
     Prepared,
@@ -35,43 +33,15 @@ from flows.results import (
     serving_contract,
 )
 from flows.settings import RolloutSettings
+from flows.stages import StageTask, run_logger, stage_clock, stage_task  # noqa: F401 - re-exported
+from gates.canary import CanaryStepResult
 from gates.decision import GateDecision
+from gates.headline import caveat
 from lineage import keys, registered_model, registration, registry, rollout, tags
 from lineage import tracking as tr
 from lineage.attestations import Signing
 from lineage.bindings import RolloutBindings, bindings_for
 from lineage.rollout import Result, RolloutOutcome
-
-
-class StageTask(Task):
-    """A stage's task: its first parameter is the session's ``RolloutContext``, handed to
-    Prefect wrapped in ``quote`` (Prefect's annotation for an input it must neither walk
-    nor copy: the context holds a signer, a tracking client and the model). The stage's
-    findings are its return value; later stages get them as ordinary parameters."""
-
-    def __call__(self, context: RolloutContext, /, *args, **kwargs):
-        try:
-            return super().__call__(quote(context), *args, **kwargs)
-        except Exception as err:
-            mark_stage(err, self.name)  # the errored outcome names the stage
-            raise
-
-
-def stage_task(*, name: str):
-    """Make a function a stage task: never cached, results not persisted (the evidence
-    is logged to MLflow; a re-run must do the stage again)."""
-    def decorate(fn):
-        return StageTask(fn, name=name, cache_policy=NO_CACHE, persist_result=False)
-    return decorate
-
-
-def run_logger() -> logging.Logger | logging.LoggerAdapter:
-    """The Prefect run logger inside a flow or task run (lines show in the UI), the
-    ``flows`` logger when a task's function is called directly."""
-    try:
-        return get_run_logger()
-    except MissingContextError:
-        return logging.getLogger("flows")
 
 
 def signing_for(settings: RolloutSettings) -> Signing:
@@ -113,6 +83,8 @@ def open_rollout(settings: RolloutSettings, *, stage: str = "rollout", family: s
                                   backend=backend, work_root=settings.store_dir / "runs",
                                   signing=signing_for(settings), stage=stage, run_name=run_name)
     logger = run_logger()
+    if (flow_run_id := flow_run.get_id()) is not None:  # the rollout run links its flow run
+        rollout.link(record, {tags.PREFECT_FLOW_RUN_ID: str(flow_run_id)})
     for run_id in rollout.close_dead_runs(tracking, family, alive_run_id=record.rollout_run_id,
                                           lease_s=settings.stale_alias_after_s,
                                           owner_is_dead=owner_is_dead):
@@ -280,14 +252,19 @@ def prepare_testset(context: RolloutContext) -> Prepared:
 
 
 def finish(context: RolloutContext, result: Result, stage: str, reason: str, *,
-           version: str | None, decision: GateDecision | None = None) -> RolloutOutcome:
+           version: str | None, decision: GateDecision | None = None,
+           decided_by: str | None = None,
+           traffic: Sequence[CanaryStepResult] = ()) -> RolloutOutcome:
     """Close the rollout's record with its outcome (``version``: the candidate;
-    ``decision``: its gate decision, summarised), and show it in the Prefect UI."""
+    ``decision``: its gate decision, summarised; ``traffic``: the shadow and canary steps
+    judged; ``decided_by``: who or what decided), and show it in the Prefect UI. Every
+    verdict line says, in the same line, what was not assessed (``gates.headline``)."""
     context.serving.close()
     outcome = rollout.close_rollout(
         context.record, result=result, stage=stage, reason=reason, version=version,
         decision_summary=decision.summary if decision else None,
-        not_assessed_note=decision.not_assessed_note if decision else None)
+        not_assessed_note=decision.not_assessed_note if decision else None,
+        decided_by=decided_by, not_assessed=caveat(decision, traffic))
     logger = run_logger()
     try:
         create_markdown_artifact(outcome.markdown(),
@@ -295,13 +272,12 @@ def finish(context: RolloutContext, result: Result, stage: str, reason: str, *,
                                  description=f"kernelgate rollout of {context.record.family}")
     except Exception as err:  # noqa: BLE001 - the MLflow record is complete; this is a courtesy
         logger.warning("could not write the Prefect summary artifact: %s", err)
-    logger.info("rollout %s: %s at %s — %s", outcome.family, outcome.result, outcome.stage,
-                outcome.reason)
+    logger.info("rollout %s: %s", outcome.family, outcome.summary())
     return outcome
 
 
 STATE_NAMES: dict[str, str] = {"promoted": "Promoted", "rejected": "Rejected",
-                               "rolled_back": "RolledBack", "passed": "Passed",
+                               "timed_out": "TimedOut", "rolled_back": "RolledBack", "passed": "Passed",
                                "evaluated": "Evaluated", "built": "Built",
                                "nothing_in_production": "NothingInProduction",
                                "errored": "Errored"}

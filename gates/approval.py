@@ -10,7 +10,7 @@ that is logged to MLflow (``lineage.records.log_approval``).
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import (
     AwareDatetime,
@@ -28,12 +28,30 @@ Text = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
 lets ``"   "`` through; the flow validates the answer again with this."""
 
 
-class ApprovalInput(BaseModel):
-    """The release manager's answer in the approval form."""
+Decision = Literal["approve", "reject"]
+"""The release manager's explicit choice: required, no default (a checkbox that renders
+unchecked let a filled-in form reject by omission)."""
 
-    approve: bool = Field(description="Approve the transition (unchecked rejects).")
+
+class ApprovalInput(BaseModel):
+    """The release manager's answer in the approval form: an explicit ``decision``
+    (``"approve"`` or ``"reject"``, no default), the approver and a comment (both
+    non-blank after stripping whitespace).
+
+    Raises:
+        pydantic.ValidationError: a missing or unknown decision, a blank approver or comment.
+    """
+
+    decision: Decision = Field(
+        title="Decision",
+        description="approve: the candidate goes on; reject: it stops here and is rolled back.")
     approver: Text = Field(description="Who decided (name or e-mail).")
     comment: Text = Field(description="Why; shown to auditors.")
+
+    @property
+    def approve(self) -> bool:
+        """Whether the answer approves the transition."""
+        return self.decision == "approve"
 
 
 class ApprovalRecord(BaseModel):

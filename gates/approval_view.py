@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from gates.canary import CanaryStepResult
 from gates.decision import CriterionResult, GateDecision, short_reason
+from gates.headline import verdict_line
 
 _STATUS = {"pass": "pass", "fail": "**FAIL**", "inconclusive": "**inconclusive**",
            "not_assessed": "not assessed", "not_applicable": "n/a"}
@@ -55,20 +56,23 @@ def _served(r: CanaryStepResult) -> tuple[int, int]:
 
 def traffic_table(results: Sequence[CanaryStepResult]) -> str:
     """Shadow and canary steps: requests served by each side, the candidate's median
-    latency as a ratio of production's (``latency × prod.``), the one-sided test's
-    p-value with its preregistered α, and the result (the breaches, drift included,
-    when it failed)."""
-    head = ("| step | requests cand./prod. | latency × prod. | p (α) | result |\n"
+    latency as a ratio of production's (``latency ×``), the one-sided test's p-value with
+    its preregistered α, and the result. Narrow enough for the Prefect UI's dialog at
+    1280 px: a failed step's breaches (drift included) are listed above the table, its
+    cell says ``FAIL`` and points there."""
+    head = ("| step | served cand./prod. | latency × | p (α) | result |\n"
             "|---|---|---|---|---|")
-    rows = []
+    rows, breaches = [], []
     for r in results:
-        latency = (f"{r.median_latency_ratio:.3g}×" if r.latency_assessed
-                   else f"{r.median_latency_ratio:.3g}× (not assessed)")
-        result = "pass" if r.passed else "**FAIL**: " + "; ".join(r.breaches)
+        latency = (f"{r.median_latency_ratio:.3g}" if r.latency_assessed
+                   else f"{r.median_latency_ratio:.3g} (n/a)")
+        result = "pass" if r.passed else "**FAIL** (see above)"
+        if not r.passed:
+            breaches.append(f"- **{r.step} failed:** " + "; ".join(r.breaches))
         cand, prod = _served(r)
         rows.append(f"| {r.step} {r.traffic_fraction:.0%} | {cand} / {prod} "
-                    f"| {latency} | {r.p_value:.3g} ({r.alpha:g}) | {result} |")
-    return "\n".join([head, *rows])
+                    f"| {latency} | {r.p_value:.2g} ({r.alpha:g}) | {result} |")
+    return "\n".join([*breaches, *([""] if breaches else []), head, *rows])
 
 
 def traffic_line(r: CanaryStepResult) -> str:
@@ -82,13 +86,26 @@ def traffic_line(r: CanaryStepResult) -> str:
 
 
 def _decision_block(title: str, decision: GateDecision, *, table: bool = True) -> str:
+    """A decision's heading (the verdict and, in the same line, what was not assessed),
+    its tally and reasons, then its criteria: the table, or (where another table must
+    come last) one line per criterion."""
     tally = decision.summary.splitlines()[0] if decision.summary else decision.verdict
-    lines = [f"### {title}: **{decision.verdict}**", "", tally]
+    lines = [f"### {title}: **{verdict_line(decision.verdict, decision)}**", "", tally]
     if not decision.passed:
         lines += ["", short_reason(decision)]
     if decision.not_assessed_note:
         lines += ["", f"*{decision.not_assessed_note}*"]
-    return "\n".join([*lines, "", gate_table(decision)] if table else lines)
+    return "\n".join([*lines, "", gate_table(decision) if table else criteria_rows(decision)])
+
+
+def criteria_rows(decision: GateDecision) -> str:
+    """One markdown list row per criterion: name, result, observed against required."""
+    rows = []
+    for c in decision.criteria:
+        observed, required = criterion_cells(c)
+        rows.append(f"- {c.name}: {_STATUS.get(c.status, c.status)} ({observed}, "
+                    f"required {required})")
+    return "\n".join(rows)
 
 
 def approval_markdown(transition: str, version: str, decision: GateDecision, *,

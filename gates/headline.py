@@ -18,6 +18,19 @@ ALL_PASSED = "every gate, shadow, canary and confirmation criterion passed"
 """The words used only when nothing was left unassessed."""
 
 
+def _traffic_items(traffic: Sequence[CanaryStepResult]) -> list[str]:
+    """The traffic stages whose latency or memory growth could not be judged, in words."""
+    out = []
+    latency = [t.step for t in traffic if not t.latency_assessed
+               and t.latency_not_assessed_reason != SHADOW_NOT_LOOKED]
+    if latency:
+        out.append(f"latency not assessed in {', '.join(latency)}")
+    memory = [t.step for t in traffic if t.memory_not_assessed_reason]
+    if memory:
+        out.append(f"memory growth not assessed in {', '.join(memory)}")
+    return out
+
+
 def not_assessed(decision: GateDecision, traffic: Sequence[CanaryStepResult] = ()) -> list[str]:
     """What was not assessed, in words: the gate's criteria by kind (with the reason) and
     the traffic stages whose latency or memory could not be judged. Empty: everything was."""
@@ -28,14 +41,29 @@ def not_assessed(decision: GateDecision, traffic: Sequence[CanaryStepResult] = (
         why = decision.speed_not_assessed_reason or "the kernel did not run natively"
         out.append(f"{' and '.join(kinds)} not assessed at the gate ({len(names)} "
                    f"criteria: {why})")
-    latency = [t.step for t in traffic if not t.latency_assessed
-               and t.latency_not_assessed_reason != SHADOW_NOT_LOOKED]
-    if latency:
-        out.append(f"latency not assessed in {', '.join(latency)}")
-    memory = [t.step for t in traffic if t.memory_not_assessed_reason]
-    if memory:
-        out.append(f"memory growth not assessed in {', '.join(memory)}")
-    return out
+    return out + _traffic_items(traffic)
+
+
+def caveat(decision: GateDecision | None, traffic: Sequence[CanaryStepResult] = ()) -> str | None:
+    """The short form of :func:`not_assessed` for a verdict line (a run name, a heading):
+    ``"speed and memory not assessed at the gate; latency not assessed in canary-5pct"``,
+    without the reasons. None when everything was assessed (or there was no decision)."""
+    if decision is None:
+        return None
+    out = []
+    kinds = sorted({c.kind for c in decision.criteria if c.status == "not_assessed"})
+    if kinds:
+        out.append(f"{' and '.join(kinds)} not assessed at the gate")
+    return "; ".join(out + _traffic_items(traffic)) or None
+
+
+def verdict_line(verdict: str, decision: GateDecision | None,
+                 traffic: Sequence[CanaryStepResult] = ()) -> str:
+    """``verdict`` and, in the same line, what was not assessed:
+    ``"promoted; speed and memory not assessed at the gate"`` (just ``verdict`` when
+    nothing was left unassessed)."""
+    short = caveat(decision, traffic)
+    return verdict if short is None else f"{verdict}; {short}"
 
 
 def promotion_reason(decision: GateDecision, traffic: Sequence[CanaryStepResult] = ()) -> str:

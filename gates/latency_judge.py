@@ -35,12 +35,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from statistics import NormalDist
 from typing import Literal
 
 import numpy as np
 from numpy.typing import ArrayLike
 from pydantic import BaseModel, ConfigDict
-from scipy import stats
+
+_NORMAL = NormalDist()
+"""The standard normal (stdlib: the power arithmetic is needed wherever a thresholds file
+is loaded, the CLI's argument checks included, and ``scipy.stats`` takes seconds to
+import; the signed-rank test itself imports it where it runs)."""
 
 Verdict = Literal["fail", "pass", "inconclusive"]
 MAD_TO_SD = 1.4826
@@ -80,7 +85,7 @@ def signed_rank_power(n_pairs: int, alpha: float, slowdown_ratio: float,
     if n_pairs < 1 or 2.0 ** -n_pairs >= alpha:
         return 0.0
     effect = math.sqrt(3.0 * n_pairs / math.pi) * math.log(slowdown_ratio) / noise_sd
-    return float(stats.norm.cdf(effect - stats.norm.ppf(1.0 - alpha)))
+    return float(_NORMAL.cdf(effect - _NORMAL.inv_cdf(1.0 - alpha)))
 
 
 def pairs_for_power(alpha: float, slowdown_ratio: float, noise_sd: float,
@@ -92,7 +97,7 @@ def pairs_for_power(alpha: float, slowdown_ratio: float, noise_sd: float,
     """
     if not 0.0 < power < 1.0:
         raise ValueError(f"power must lie in (0, 1), got {power}")
-    z = stats.norm.ppf(1.0 - alpha) + stats.norm.ppf(power)
+    z = _NORMAL.inv_cdf(1.0 - alpha) + _NORMAL.inv_cdf(power)
     n = max(1, math.ceil(math.pi / 3.0 * (z * noise_sd / math.log(slowdown_ratio)) ** 2))
     while signed_rank_power(n, alpha, slowdown_ratio, noise_sd) < power:
         n += 1
@@ -158,6 +163,8 @@ def look(step: str, log_ratios: ArrayLike, alpha: float) -> LatencyLook:
     r = np.asarray(log_ratios, dtype=np.float64)
     if r.ndim != 1 or not np.all(np.isfinite(r)):
         raise ValueError("log ratios must be a finite 1-D array")
+    from scipy import stats  # here: seconds to import, needed only where a look is taken
+
     nonzero = r[r != 0.0]
     p = 1.0 if nonzero.size == 0 else float(
         stats.wilcoxon(nonzero, alternative="greater").pvalue)

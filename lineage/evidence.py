@@ -18,13 +18,14 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from evaluation.model import MiniLM
 from evaluation.report import REPORT_FILENAME, EvaluationReport
 from evaluation.testset import MANIFEST_FILE, load_manifest
 from kernels.build import KernelBuild
+from kernels.shapes import AttentionShape
 from lineage import tags
 from lineage import tracking as tr
 from lineage.environment import collect_environment
@@ -33,8 +34,20 @@ from lineage.rollout import PROJECT_DIR, RolloutRecord
 from lineage.versions import LoggedModel, build_params, log_version_model, register_version
 
 
+def serving_shapes(encoder: MiniLM) -> list[AttentionShape]:
+    """The attention shapes the serving model calls: one request (batch 1) at each length
+    bucket, its heads and head_dim, in its attention dtype."""
+    from evaluation.model import LENGTH_BUCKETS
+
+    cfg = encoder.config
+    return [AttentionShape(batch=1, q_len=n, kv_len=n, num_heads=cfg.num_heads,
+                           num_kv_heads=cfg.num_heads, head_dim=cfg.head_dim,
+                           dtype=cfg.attention_dtype, causal=False) for n in LENGTH_BUCKETS]
+
+
 def log_build(record: RolloutRecord, build: KernelBuild, build_dir: Path,
-              encoder: MiniLM) -> tuple[str, str, LoggedModel]:
+              encoder: MiniLM, bench_shapes: Sequence[AttentionShape] = ()
+              ) -> tuple[str, str, LoggedModel]:
     """Log a finished build as a ``build`` run of the rollout, with the build as an
     MLflow model of what serves (``lineage.versions.log_version_model``), register it
     as a model version, and sign a ``build`` attestation (subjects: every file of the
@@ -63,7 +76,9 @@ def log_build(record: RolloutRecord, build: KernelBuild, build_dir: Path,
         tr.set_tags(record.tracking, run_id, {tags.CODE_SHA256: logged.code_sha256})
         version = register_version(record.tracking, record.family, run_id, build, logged,
                                    record.signing,
-                                   run_tags={**run_tags, tags.CODE_SHA256: logged.code_sha256})
+                                   run_tags={**run_tags, tags.CODE_SHA256: logged.code_sha256},
+                                   shapes={"serving": serving_shapes(encoder),
+                                           "benchmark": list(bench_shapes)})
     return run_id, version, logged
 
 

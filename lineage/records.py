@@ -94,6 +94,30 @@ def load_decision(source: EvidenceSource, decision_run_id: str) -> DecisionRecor
                           version=signed.get("version"), decision=decision)
 
 
+def _answer_word(record: ApprovalRecord) -> str:
+    if record.timed_out:
+        return "timed out"
+    if record.auto_approved:
+        return "auto-approved"
+    return "approved" if record.approved else "rejected"
+
+
+def approval_description(record: ApprovalRecord) -> str:
+    """The approval run's description (MLflow's run note): what was answered, by whom,
+    when, and whether the answer was signed: ``shadow->canary of v3: rejected by rm at
+    2026-12-01 12:00:00 UTC (unauthenticated: typed into the Prefect UI) — "not this
+    week"``."""
+    how = ("signed: " if record.authenticated else "") + record.authentication
+    if record.timed_out:
+        who = "nobody answered"
+    elif record.auto_approved:
+        who = "no person (the preregistered policy auto-approves)"
+    else:
+        who = f"by {record.approver}"
+    return (f"{record.transition} of v{record.version}: {_answer_word(record)} {who} at "
+            f"{record.at:%Y-%m-%d %H:%M:%S %Z} ({how}) — \"{record.comment}\"")
+
+
 def log_approval(tracking: Tracking, record: ApprovalRecord, *, decision_run_id: str,
                  signing: Signing, parent_run_id: str | None = None,
                  person_envelope: bytes | None = None) -> str:
@@ -102,9 +126,9 @@ def log_approval(tracking: Tracking, record: ApprovalRecord, *, decision_run_id:
     Returns the run id."""
     run_tags = {tags.DECISION_RUN_ID: decision_run_id, tags.TRANSITION: record.transition,
                 tags.APPROVED: str(record.approved).lower(), tags.APPROVER: record.approver,
-                tags.MODEL_VERSION: record.version}
+                tags.MODEL_VERSION: record.version, tags.NOTE: approval_description(record)}
     with tr.stage_run(tracking, record.family, "approval", parent_run_id=parent_run_id,
-                      run_name=f"approval-{'approved' if record.approved else 'rejected'}",
+                      run_name=f"approval {record.transition} — {_answer_word(record)}",
                       run_tags=run_tags) as run_id:
         tr.log_model_json(tracking, run_id, record, tags.APPROVAL_ARTIFACT)
         if person_envelope is not None:

@@ -56,7 +56,8 @@ def ensure_registered_model(tracking: Tracking, family: str) -> str:
 
 
 def register_build(tracking: Tracking, family: str, build_run_id: str, *, implementation: str,
-                   config: BlockSizes | None, artifact_path: str = "model") -> str:
+                   config: BlockSizes | None, artifact_path: str = "model",
+                   extra_tags: dict[str, str] | None = None) -> str:
     """Create a model version for a build run; returns the version number (as str).
 
     The version is tagged with what it serves: ``implementation`` and its resolved
@@ -78,7 +79,8 @@ def register_build(tracking: Tracking, family: str, build_run_id: str, *, implem
         name, source=f"runs:/{build_run_id}/{artifact_path}", run_id=build_run_id,
         tags={tags.BUILD_RUN_ID: build_run_id, tags.FAMILY: family,
               tags.IMPLEMENTATION: implementation,
-              tags.CONFIG: json.dumps(config.model_dump(exclude_none=True) if config else None)})
+              tags.CONFIG: json.dumps(config.model_dump(exclude_none=True) if config else None),
+              **(extra_tags or {})})
     return str(version.version)
 
 
@@ -145,6 +147,20 @@ def link_traffic_run(tracking: Tracking, family: str, version: str,
     tag_version(tracking, family, version, {tags.CANARY_RUN_IDS: json.dumps([*runs, run_id])})
 
 
+def link_gate(tracking: Tracking, family: str, version: str, *, decision_run_id: str,
+              evaluation_run_id: str, registration_id: str) -> None:
+    """Link the held-out gate decision, its evaluation and registration to the version it
+    judged, whatever the verdict (for people: a rejected version's description links its
+    chain; the promotion sets the same values from the signed chain).
+
+    Raises:
+        MlflowException: no such registered model or version.
+    """
+    tag_version(tracking, family, version, {tags.DECISION_RUN_ID: decision_run_id,
+                                            tags.EVALUATION_RUN_ID: evaluation_run_id,
+                                            tags.REGISTRATION_ID: registration_id})
+
+
 def link_confirmation(tracking: Tracking, family: str, version: str, decision_run_id: str) -> None:
     """Link the confirmation-split decision to the version it judged (for people).
 
@@ -164,6 +180,36 @@ def link_approval(tracking: Tracking, family: str, version: str, transition: str
     tag_version(tracking, family, version, {tags.approval_run_id(transition): approval_run_id})
 
 
+def approvers(tracking: Tracking, family: str, version: str) -> dict[str, str]:
+    """Transition -> who answered its approval for ``version`` (the approval runs the
+    version's link tags name; for people: the signed records are what the audit reads).
+
+    Raises:
+        MlflowException: no such registered model or version.
+    """
+    client = tracking.client()
+    out = {}
+    for key, run_id in sorted(version_tags(tracking, family, version).items()):
+        if key.startswith(tags.APPROVAL_RUN_ID + "."):
+            transition = key.removeprefix(tags.APPROVAL_RUN_ID + ".approval-").replace("-to-", "->")
+            out[transition] = client.get_run(run_id).data.tags.get(tags.APPROVER, "?")
+    return out
+
+
+def _tiling_lines(values: dict[str, str]) -> list[str]:
+    """What the version serves, for its description: the kernel, the block sizes asked
+    for, the tiling rule and the tiling it resolves to per shape (versions registered
+    before these tags: the block sizes asked for, ``null`` meaning the kernel's choice)."""
+    implementation, config = values.get(tags.IMPLEMENTATION, "?"), values.get(tags.CONFIG)
+    if tags.TILING_RULE not in values:
+        return [f"`{implementation}` with config `{config}` (null: the kernel's choice per call)"]
+    lines = [f"`{implementation}`; tiling: {values[tags.TILING_RULE]}", "",
+             "| shape (batch×length×heads×head_dim) | block sizes |", "|---|---|"]
+    for label, blocks in json.loads(values.get(tags.TILING, "{}")).items():
+        lines.append(f"| {label} | {blocks} |")
+    return lines
+
+
 def describe_version(tracking: Tracking, family: str, version: str, decision: str) -> str:
     """Write the version's MLflow description: ``decision`` in one line, then its chain
     as markdown links to every run the version's link tags name (build, evaluation,
@@ -180,7 +226,8 @@ def describe_version(tracking: Tracking, family: str, version: str, decision: st
     def link(label: str, run_id: str | None) -> str | None:
         if not run_id:
             return None
-        return f"- {label}: [{run_id[:8]}](#/experiments/{experiment.experiment_id}/runs/{run_id})"
+        return (f"- {label}: [{run_id[:8]}](#/experiments/{experiment.experiment_id}/runs/"
+                f"{run_id}?{tags.UI_VIEW_QUERY})")
 
     rows = [link("build", values.get(tags.BUILD_RUN_ID)),
             link("evaluation (held-out)", values.get(tags.EVALUATION_RUN_ID)),
@@ -194,10 +241,9 @@ def describe_version(tracking: Tracking, family: str, version: str, decision: st
     rows.append(link("confirmation decision", values.get(tags.CONFIRMATION_RUN_ID)))
     rows.append(link("rollout (parent run: promotion and rollback runs are its children)",
                      values.get(tags.ROLLOUT_RUN_ID)))
-    config = values.get(tags.CONFIG)
     text = "\n".join([
         f"**{decision}**", "",
-        f"`{values.get(tags.IMPLEMENTATION, '?')}` with config `{config}`", "",
+        *_tiling_lines(values), "",
         "Chain of evidence (each run holds its signed `attestations/*.dsse.json`; "
         "`kernelgate audit` re-verifies them):", "",
         *[r for r in rows if r]])

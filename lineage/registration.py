@@ -73,7 +73,8 @@ def _rejects(a: Attestation) -> bool:
     return ((a.kind == "decision" and a.predicate.get("verdict") == "reject")
             or (a.kind in ("shadow", "canary") and a.predicate.get("passed") is False)
             or (a.kind == "alias" and a.predicate.get("action") == "rollback")
-            or (a.kind == "outcome" and a.predicate.get("result") in ("rejected", "rolled_back")))
+            or (a.kind == "outcome" and a.predicate.get("result") in ("rejected", "timed_out",
+                                                                "rolled_back")))
 
 
 def had_rejection(source: EvidenceSource) -> bool:

@@ -29,9 +29,13 @@ from lineage.tracking import Tracking
 
 PROJECT_DIR = Path(__file__).resolve().parents[1]
 
-Result = Literal["promoted", "rejected", "rolled_back", "errored", "failed", "built", "evaluated"]
-"""``errored``: a stage crashed (``flows.errored``); ``failed``: the same, as records
-written before *Errored* existed name it."""
+Result = Literal["promoted", "rejected", "timed_out", "rolled_back", "errored", "failed", "built",
+                 "evaluated"]
+"""``rejected``: the gate or a person said no; ``timed_out``: nobody answered an approval
+within the preregistered timeout (which rejects); ``rolled_back``: a shadow, canary or
+confirmation breach (or a re-validation failure); ``errored``: a stage crashed
+(``flows.errored``); ``failed``: the same, as records written before *Errored* existed
+name it."""
 
 
 class RolloutRecord(BaseModel):
@@ -132,21 +136,46 @@ class RolloutOutcome(BaseModel):
     result: Result
     stage: str = Field(description="the stage that decided the result")
     reason: str
+    decided_by: str | None = Field(default=None, description=(
+        "who or what decided: the gate, a named approver (and how they were identified), "
+        "nobody (a timeout), the shadow/canary/confirmation analysis, a crash"))
+    not_assessed: str | None = Field(default=None, description=(
+        "what was not assessed, short (gates.headline.caveat); None: everything was"))
     decision_summary: str | None = None
     not_assessed_note: str | None = None
     aliases: dict[str, str] = Field(default_factory=dict)
     rollout_run_id: str
     tracking_uri: str
     ui_command: str
+    audit_command: str = ""
+    run_link: str = Field(default="", description=(
+        "the rollout run in the MLflow UI, model-training view (embedded store: the "
+        "address `kernelgate ui` serves on its default port)"))
+
+    def verdict(self) -> str:
+        """The verdict line: result, stage and, in the same line, what was not assessed
+        (``promoted; speed and memory not assessed at the gate``)."""
+        words = self.result.replace("_", " ")
+        if self.result in STOPPED:
+            words += f" at {self.stage}"
+        return words if not self.not_assessed else f"{words}; {self.not_assessed}"
+
+    def summary(self) -> str:
+        """One line for a flow run's state message, a notification, the version's
+        description: the verdict, who decided, and the reason."""
+        who = f" (decided by {self.decided_by})" if self.decided_by else ""
+        return f"{self.verdict()}{who}: {self.reason}"
 
     def markdown(self) -> str:
-        """A short markdown summary for the Prefect UI."""
+        """A short markdown summary for the Prefect UI and the CLI's last lines."""
         lines = [
-            f"# kernelgate rollout: {self.family} v{self.version or '-'} — **{self.result}**",
+            f"# kernelgate rollout: {self.family} v{self.version or '-'} — **{self.verdict()}**",
             "",
             f"* decided at stage: `{self.stage}`",
-            f"* reason: {self.reason}",
         ]
+        if self.decided_by:
+            lines.append(f"* decided by: {self.decided_by}")
+        lines.append(f"* reason: {self.reason}")
         if self.decision_summary:
             lines.append(f"* gate: {self.decision_summary}")
         if self.not_assessed_note and self.not_assessed_note not in (self.decision_summary or ""):
@@ -154,47 +183,90 @@ class RolloutOutcome(BaseModel):
         lines += [
             f"* aliases now: `{self.aliases}`",
             f"* MLflow rollout run: `{self.rollout_run_id}` ({self.tracking_uri})",
-            f"* open the MLflow UI: `{self.ui_command}`",
         ]
+        if self.run_link:
+            lines.append(f"* in the MLflow UI: {self.run_link}")
+        if self.audit_command:
+            lines.append(f"* audit it: `{self.audit_command}`")
+        lines.append(f"* open the MLflow UI: `{self.ui_command}`")
         return "\n".join(lines)
+
+
+STOPPED = ("rejected", "timed_out", "rolled_back", "errored", "failed")
+"""Results that stopped the candidate (a verdict line names the stage)."""
+
+
+def _commands(tracking: Tracking, family: str, version: str | None) -> tuple[str, str]:
+    """The commands that open the MLflow UI on this store and audit ``version`` (or
+    production), as a person would type them (``kernelgate ...``, with ``--store-dir``
+    for an embedded store)."""
+    exe = Path(sys.prefix) / "bin" / "kernelgate"
+    cli = str(exe) if exe.exists() else "kernelgate"
+    target = version or "production"
+    if tracking.tracking_uri.startswith("sqlite:///"):
+        store = Path(tracking.tracking_uri.removeprefix("sqlite:///")).parent
+        return (f"{cli} ui --store-dir {store}",
+                f"{cli} audit {target} --family {family} --store-dir {store}")
+    return (f"open {tracking.tracking_uri}", f"{cli} audit {target} --family {family}")
+
+
+def _run_link(record: RolloutRecord) -> str:
+    """The rollout run's address in the MLflow UI, in its model-training view."""
+    uri = record.tracking.tracking_uri
+    base = uri.rstrip("/") if uri.startswith(("http://", "https://")) else "http://127.0.0.1:5000"
+    experiment_id = record.tracking.client().get_run(record.rollout_run_id).info.experiment_id
+    return (f"{base}/#/experiments/{experiment_id}/runs/{record.rollout_run_id}"
+            f"?{tags.UI_VIEW_QUERY}")
 
 
 def close_rollout(record: RolloutRecord, *, result: Result, stage: str, reason: str,
                   version: str | None, decision_summary: str | None = None,
-                  not_assessed_note: str | None = None) -> RolloutOutcome:
-    """End the parent run with the outcome and write it as a JSON artifact."""
+                  not_assessed_note: str | None = None, decided_by: str | None = None,
+                  not_assessed: str | None = None) -> RolloutOutcome:
+    """End the parent run with the outcome and write it as a JSON artifact; the run's
+    name and the version's description say the verdict line (what was not assessed in
+    it) and who decided."""
+    ui_command, audit_command = _commands(record.tracking, record.family, version)
     outcome = RolloutOutcome(
         family=record.family, version=version, result=result, stage=stage, reason=reason,
+        decided_by=decided_by, not_assessed=not_assessed,
         decision_summary=decision_summary, not_assessed_note=not_assessed_note,
         aliases=registered_model.aliases(record.tracking, record.family),
         rollout_run_id=record.rollout_run_id, tracking_uri=record.tracking.tracking_uri,
-        ui_command=(f"{Path(sys.prefix) / 'bin' / 'mlflow'} ui --backend-store-uri "
-                    f"{record.tracking.tracking_uri}"),
+        ui_command=ui_command, audit_command=audit_command,
+        run_link=_run_link(record),
     )
     tr.log_model_json(record.tracking, record.rollout_run_id, outcome, tags.OUTCOME_ARTIFACT)
     run_tags = {tags.RESULT: result, tags.DECIDED_AT_STAGE: stage, tags.NOTE: reason}
+    if version is not None:
+        run_tags[tags.MODEL_VERSION] = version
+    if decided_by:
+        run_tags[tags.DECIDED_BY] = decided_by
     link(record, run_tags)
     append(record.tracking, record.rollout_run_id, "outcome",
            {"family": record.family, "version": version, "result": result, "stage": stage,
-            "reason": reason, "aliases": outcome.aliases,
+            "reason": reason, "decided_by": decided_by, "aliases": outcome.aliases,
             "tags": {**record.env_tags, **run_tags}},
            record.signing)
     tr.end_run(record.tracking, record.rollout_run_id, "FAILED" if result in ("errored", "failed") else "FINISHED")
-    words = result.replace("_", " ")
     record.tracking.client().update_run(record.rollout_run_id, name=run_title(
-        record.implementation, version, result, stage))
+        record.implementation, version, result, stage, not_assessed))
     if version is not None and registered_model.version_exists(record.tracking, record.family, version):
         registered_model.describe_version(record.tracking, record.family, version,
-                                  f"{words} at {stage}: {reason}")
+                                          outcome.summary())
     return outcome
 
 
 _WHAT = {"evaluated": "evaluation", "built": "build"}
 
 
-def run_title(implementation: str, version: str | None, result: str, stage: str) -> str:
-    """The parent run's name, saying what it was: ``rollout xla v3 — rejected at gate``,
-    ``evaluation pallas_tpu v4 — evaluated``, ``rollout xla v5 — promoted``."""
+def run_title(implementation: str, version: str | None, result: str, stage: str,
+              not_assessed: str | None = None) -> str:
+    """The parent run's name, saying what it was and, in the same line, what was not
+    assessed: ``rollout xla v3 — rejected at gate``, ``evaluation pallas_tpu v4 —
+    evaluated``, ``rollout pallas_tpu v5 — promoted; speed and memory not assessed at
+    the gate``."""
     what = _WHAT.get(result, "rollout")
-    where = f" at {stage}" if result in ("rejected", "rolled_back", "errored", "failed") else ""
-    return f"{what} {implementation} v{version or '-'} — {result.replace('_', ' ')}{where}"
+    where = f" at {stage}" if result in STOPPED else ""
+    caveat = f"; {not_assessed}" if not_assessed else ""
+    return f"{what} {implementation} v{version or '-'} — {result.replace('_', ' ')}{where}{caveat}"

@@ -40,6 +40,13 @@ STAGES: tuple[Stage, ...] = Stage.__args__  # type: ignore[attr-defined]
 
 # MLflow's own tags
 EXPERIMENT_KIND: Final = "mlflow.experimentKind"  # experiment tag: which UI view opens
+UI_VIEW_QUERY: Final = "workflowType=machine_learning"
+"""The query MLflow 3's UI reads to pick its model-training views over the GenAI ones.
+Read in MLflow 3.17's bundle (``mlflow/server/js/build/static/js/main.*.js``): the
+workflow type is the ``workflowType`` query parameter (``genai`` or
+``machine_learning``), else the browser's local-storage key ``mlflow.workflowType``,
+else ``genai``; with the workflow switcher on, the experiment's kind is derived from
+that, not from the ``mlflow.experimentKind`` tag. Every link for people carries it."""
 CLASSIC_EXPERIMENT: Final = "custom_model_development"  # runs and models, not GenAI traces
 PARENT: Final = "mlflow.parentRunId"
 NOTE: Final = "mlflow.note.content"  # run / version description shown in the UI
@@ -97,6 +104,13 @@ ALIAS: Final = "kernelgate.alias"
 # rollout / revalidation (parent) runs
 RESULT: Final = "kernelgate.result"
 DECIDED_AT_STAGE: Final = "kernelgate.decided_at_stage"
+DECIDED_BY: Final = "kernelgate.decided_by"
+TILING_RULE: Final = "kernelgate.tiling_rule"  # version: how its block sizes are chosen
+TILING: Final = "kernelgate.tiling"  # version: JSON, shape -> block sizes (serving, benchmark)
+PREFECT_FLOW_RUN_ID: Final = "kernelgate.prefect_flow_run_id"
+STAGE_STARTED_AT: Final = "kernelgate.stage_started_at"
+STAGE_ENDED_AT: Final = "kernelgate.stage_ended_at"
+STAGE_TIME_PREFIX: Final = "kernelgate.stage_time."  # rollout run: + stage without a run of its own
 
 # model version and registered model
 PROMOTED_AT: Final = "kernelgate.promoted_at"

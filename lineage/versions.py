@@ -17,6 +17,7 @@ import json
 import shutil
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import mlflow.pyfunc
@@ -28,8 +29,9 @@ from pydantic import BaseModel, Field
 
 from evaluation.model import MiniLM
 from kernels.build import KernelBuild
+from kernels.shapes import AttentionShape
 from lineage import model as version_model
-from lineage import model_files, registered_model, tags
+from lineage import model_files, registered_model, tags, tiling
 from lineage import tracking as tr
 from lineage.attestations import AttestationError, Signing
 from lineage.log_writer import append
@@ -146,9 +148,20 @@ def build_params(build: KernelBuild) -> dict:
             "shape": build.shape.model_dump()}
 
 
+def tiling_tags(build: KernelBuild, shapes: dict[str, Sequence[AttentionShape]]) -> dict[str, str]:
+    """The version tags saying its tiling: the rule and, per shape of each group
+    (``{"serving": [...], "benchmark": [...]}``), the block sizes it resolves to."""
+    resolved = {f"{group}: {label}": blocks for group, group_shapes in shapes.items()
+                for label, blocks in tiling.resolved_tiling(
+                    build.implementation, build.requested_config, group_shapes).items()}
+    return {tags.TILING_RULE: tiling.tiling_rule(build.implementation, build.requested_config),
+            tags.TILING: json.dumps(resolved)}
+
+
 def register_version(tracking: Tracking, family: str, run_id: str, build: KernelBuild,
                      logged: LoggedModel, signing: Signing,
-                     run_tags: dict[str, str] | None = None) -> str:
+                     run_tags: dict[str, str] | None = None,
+                     shapes: dict[str, Sequence[AttentionShape]] | None = None) -> str:
     """Register the logged model as a version and sign the ``build`` attestation: its
     subjects are every file of the build run (the model's code included), its predicate
     what serves, the version number, every file of the model folder by sha256
@@ -156,10 +169,11 @@ def register_version(tracking: Tracking, family: str, run_id: str, build: Kernel
     and the build run's ``run_tags`` (environment and code facts the UI shows, which the
     audit compares). Returns the version."""
     config = serving_config(build)
+    tiled = tiling_tags(build, shapes) if shapes else {}
     version = registered_model.register_build(tracking, family, run_id,
                                       implementation=build.implementation,
                                       config=build.requested_config,
-                                      artifact_path=logged.artifact_path)
+                                      artifact_path=logged.artifact_path, extra_tags=tiled)
     append(tracking, run_id, "build", {
         "family": family, "version": version, "build_run_id": run_id,
         "implementation": build.implementation, "config": config,
@@ -169,7 +183,7 @@ def register_version(tracking: Tracking, family: str, run_id: str, build: Kernel
         "jaxlib_version": build.jaxlib_version, "model_artifact": logged.artifact_path,
         "params": {k: str(v) for k, v in tr.flat_params(build_params(build)).items()},
         "version_tags": {tags.IMPLEMENTATION: build.implementation,
-                         tags.CONFIG: json.dumps(config)},
+                         tags.CONFIG: json.dumps(config), **tiled},
         "model_files": logged.manifest, "tags": dict(run_tags or {})},
         signing)
     return version

@@ -251,7 +251,7 @@ def complete_chain(tracking: Tracking, family: str, chain: Chain, *, signing: Si
         elif policy.auto_approve:
             record = record_auto_approval(policy, **about)
         else:
-            record = record_answer(ApprovalInput(approve=True, approver="rm@example.com",
+            record = record_answer(ApprovalInput(decision="approve", approver="rm@example.com",
                                                  comment="evidence reviewed"), **about)
         run_id = log_approval(tracking, record, decision_run_id=chain.decision_run_id,
                               signing=signing)

@@ -702,10 +702,10 @@ def resume_without_approver_or_with_a_blank_one(lab: Lab) -> str:
     from gates.approval import ApprovalInput
 
     schema = ApprovalForm.with_initial_data(description="approve?").model_json_schema()
-    assert {"approve", "approver", "comment"} <= set(schema["required"])
+    assert {"decision", "approver", "comment"} <= set(schema["required"])
     assert schema["properties"]["approver"]["minLength"] == 1
     with pytest.raises(ValidationError) as refused:
-        ApprovalInput.model_validate({"approve": True, "approver": "   ", "comment": "ok"})
+        ApprovalInput.model_validate({"decision": "approve", "approver": "   ", "comment": "ok"})
     return str(refused.value)
 
 

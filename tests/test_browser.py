@@ -191,8 +191,9 @@ def _answer_in_ui(page, base: str, run_id: str, *, approve: bool, comment: str,
     dialog = page.get_by_role("dialog")
     dialog.get_by_text("Approve `shadow->canary`", exact=False).or_(
         dialog.get_by_text("Approve shadow->canary", exact=False)).first.wait_for()
-    if approve:
-        dialog.get_by_role("switch").first.click()
+    # the decision is a required choice (an enum: Prefect's form renders a select)
+    dialog.get_by_role("combobox").first.click()
+    page.get_by_role("option", name="approve" if approve else "reject", exact=True).click()
     boxes = dialog.locator("textarea")
     boxes.nth(0).fill("rm@example.com")
     boxes.nth(1).fill(comment)
@@ -240,12 +241,12 @@ def test_release_manager_rejects_in_the_form_and_the_rollout_rolls_back(
     thread.join(timeout=900)
     assert "error" not in result, result.get("error")
     state = result["state"]
-    assert state.name == "RolledBack", state.message
-    assert result["outcome"].stage == "approval"
+    assert state.name == "Rejected", state.message  # a person said no: not RolledBack
+    assert result["outcome"].stage == "approval" and "rm@example.com" in state.message
     after = registered_model.aliases(local_tracking(store / "store"), FAMILY)
     assert after.get("production") == before.get("production")
-    _final_state_shown(page, prefect_ui, run_id, "RolledBack",
-                       screenshots / "prefect-rolled-back.png")
+    _final_state_shown(page, prefect_ui, run_id, "Rejected",
+                       screenshots / "prefect-rejected.png")
 
 
 @pytest.fixture
@@ -271,12 +272,16 @@ def test_auditor_follows_production_to_every_linked_run(store, mlflow_ui, page, 
     if version is None:
         pytest.fail("no production version: the approval test must run first")
     name = registered_model.registered_model_name(FAMILY)
-    page.goto(f"{mlflow_ui}/#/models/{name}", wait_until="domcontentloaded")
+    # the README's path: the registry in MLflow 3's model-training view (the UI's default
+    # is GenAI, which has no Models entry)
+    page.goto(f"{mlflow_ui}/#/models?{tags.UI_VIEW_QUERY}", wait_until="domcontentloaded")
+    page.get_by_role("link", name=name, exact=True).first.click()
     page.get_by_role("link", name=f"Version {version}", exact=True).first.click()
-    page.wait_for_url(re.compile(rf".*/models/{name}/versions/{version}$"))
+    page.wait_for_url(re.compile(rf".*/models/{name}/versions/{version}(\?.*)?$"))
     description = page.get_by_text("Chain of evidence", exact=False).first
     description.wait_for(timeout=60_000)
-    page.get_by_text("promoted at promotion", exact=False).first.wait_for()
+    page.get_by_text("promoted", exact=False).first.wait_for()
+    page.get_by_text("not assessed", exact=False).first.wait_for()  # the caveat, first line
     page.screenshot(path=str(screenshots / "mlflow-production-version.png"), full_page=True)
     vtags = registered_model.version_tags(tracking, FAMILY, version)
     expected = {vtags[tags.BUILD_RUN_ID], vtags[tags.EVALUATION_RUN_ID],
@@ -284,11 +289,13 @@ def test_auditor_follows_production_to_every_linked_run(store, mlflow_ui, page, 
                 vtags[tags.CONFIRMATION_RUN_ID], vtags[tags.ROLLOUT_RUN_ID],
                 *[v for k, v in vtags.items() if k.startswith(tags.APPROVAL_RUN_ID + ".")]}
     hrefs = page.locator("a[href*='/runs/']").evaluate_all("els => els.map(e => e.href)")
-    linked = {h.rstrip("/").rsplit("/runs/", 1)[1].split("/")[0] for h in hrefs}
+    assert all(tags.UI_VIEW_QUERY in h for h in hrefs), hrefs  # model-training view
+    linked = {h.rstrip("/").rsplit("/runs/", 1)[1].split("?")[0].split("/")[0] for h in hrefs}
     assert expected <= linked, expected - linked
     for run_id in sorted(expected):
         href = next(h for h in hrefs if run_id in h)
         page.goto(href, wait_until="domcontentloaded")
         run = tracking.client().get_run(run_id)
         page.get_by_text(run.info.run_name, exact=False).first.wait_for(timeout=60_000)
+        assert page.get_by_text("Evaluations", exact=True).count() == 0, href  # no GenAI page
     page.screenshot(path=str(screenshots / "mlflow-linked-run.png"), full_page=True)

@@ -18,6 +18,33 @@ ROOT = Path(__file__).parents[1]
 KERNELGATE = Path(sys.executable).parent / "kernelgate"
 
 
+HEAVY = ("jax", "mlflow", "prefect", "great_expectations", "scipy", "rich")
+
+
+@pytest.mark.parametrize("args", [
+    ["rollout", "--implementation", "bogus"],
+    ["rollout", "--family", "Bad Name!"],
+    ["rollout", "--family", "nosuch"],
+    ["rollout", "--thresholds", "README.md"],
+    ["timeline", "--family", "nosuch"],
+    ["audit", "--family", "nosuch"],
+], ids=lambda a: " ".join(a))
+def test_bad_arguments_are_refused_before_anything_heavy_is_imported(args, tmp_path):
+    """Every bad-input refusal exits 2 naming the option before JAX, MLflow, Prefect,
+    GX, SciPy or rich is imported (what makes it take well under a second: the figure
+    is in BENCHMARKS.md, measured, not timed here)."""
+    code = ("import sys\nfrom flows.cli import app\ntry:\n    app(args=sys.argv[1:])\n"
+            "except SystemExit as e:\n    print('exit', e.code, sorted(m for m in "
+            f"{HEAVY!r} if m in sys.modules))\n")
+    store = ["--store-dir", str(tmp_path)] if args[0] != "rollout" or "nosuch" in args else []
+    result = subprocess.run([sys.executable, "-c", code, *args, *store], capture_output=True,
+                            text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            timeout=120)
+    assert result.stdout.strip().splitlines()[-1] == "exit 2 []", (result.stdout, result.stderr)
+    option = next(a for a in args if a.startswith("--"))
+    assert option in result.stderr, result.stderr
+
+
 def test_help_takes_at_most_a_second():
     """Measured as the CPU time of the process (wall time on a shared 2-core machine
     says more about the neighbours), and no heavy library is imported for it."""

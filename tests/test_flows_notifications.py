@@ -79,7 +79,9 @@ def test_pause_rollback_and_nightly_failure_are_notified(webhook):
         result = CliRunner().invoke(app, ["notifications", "create", "--webhook", url,
                                           "--allow-private-urls"])
         assert result.exit_code == 0, result.output
-        assert result.output.count("automation ") == 3
+        from flows.notifications import RULES
+
+        assert result.output.count("automation ") == len(RULES) == 4
         # created twice: replaced, not duplicated
         result = CliRunner().invoke(app, ["notifications", "create", "--webhook", url,
                                           "--allow-private-urls"])

@@ -224,8 +224,9 @@ def _answer_when_paused(transition: str, run_input: dict, timeout_s: float = 240
     raise AssertionError("the rollout never paused for approval")
 
 
-def _rollout_answered(settings, transition: str, *run_inputs: dict):
-    """Run the rollout while another thread answers its pauses with ``run_inputs`` in turn."""
+def _rollout_answered(settings, transition: str, *run_inputs: dict, return_state: bool = False):
+    """Run the rollout while another thread answers its pauses with ``run_inputs`` in turn
+    (the outcome, or the flow run's final state with ``return_state``)."""
     errors: list[BaseException] = []
 
     def answer_all():
@@ -237,11 +238,21 @@ def _rollout_answered(settings, transition: str, *run_inputs: dict):
 
     answer = threading.Thread(target=answer_all, daemon=True)
     answer.start()
-    outcome = rollout(settings)
+    outcome = rollout(settings, return_state=return_state)
     answer.join(timeout=5)
     if errors:
         raise errors[0]
     return outcome
+
+
+def flow_run_log(state) -> list[str]:
+    """The messages of a flow run's log lines (what the Prefect UI shows)."""
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    with get_client(sync_client=True) as client:
+        logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(
+            any_=[state.state_details.flow_run_id])))
+    return [log.message for log in logs]
 
 
 def test_blank_approver_is_asked_again_then_approved(
@@ -255,10 +266,15 @@ def test_blank_approver_is_asked_again_then_approved(
 
     settings = make_settings("good", family=APPROVAL_FAMILY, thresholds=thresholds_with(
         tmp_path, required_for=["shadow->canary"], timeout_s=240))
-    outcome = _rollout_answered(settings, "shadow->canary",
-                                {"approve": True, "approver": "   ", "comment": "ok"},
-                                {"approve": True, "approver": "rm@example.com", "comment": "ok"})
+    state = _rollout_answered(settings, "shadow->canary",
+                              {"decision": "approve", "approver": "   ", "comment": "ok"},
+                              {"decision": "approve", "approver": "rm@example.com", "comment": "ok"},
+                              return_state=True)
+    outcome = state.result()
     assert outcome.result == "promoted", outcome.reason
+    # the release manager sees why: a warning line in the flow run's log
+    refused = [m for m in flow_run_log(state) if "not accepted" in m]
+    assert len(refused) == 1 and "approver" in refused[0] and "blank" in refused[0], refused
     assert registered_model.alias_version(tracking, APPROVAL_FAMILY, "production") == outcome.version
     runs = tracking.client().search_runs(
         [tracking.client().get_experiment_by_name(f"kernelgate-{APPROVAL_FAMILY}").experiment_id],
@@ -269,23 +285,44 @@ def test_blank_approver_is_asked_again_then_approved(
     assert (record.approved, record.approver, record.comment) == (True, "rm@example.com", "ok")
 
 
-def test_rejected_approval_rolls_back(seeded, make_settings, tracking, tmp_path):
+def test_a_person_s_rejection_ends_rejected_naming_them(seeded, make_settings, tracking, tmp_path):
+    """A person's explicit rejection ends *Rejected* (not RolledBack, not like a
+    timeout); the rejecter is named in the outcome, the state message and the version's
+    description, which links the version's chain; the approval run says who and how."""
     settings = make_settings("good", family=APPROVAL_FAMILY, thresholds=thresholds_with(
         tmp_path, required_for=["shadow->canary"], timeout_s=240))
     before = registered_model.aliases(tracking, APPROVAL_FAMILY)
-    outcome = _rollout_answered(settings, "shadow->canary",
-                                {"approve": False, "approver": "rm@example.com",
-                                 "comment": "not this week"})
-    assert (outcome.result, outcome.stage) == ("rolled_back", "approval")
+    state = _rollout_answered(settings, "shadow->canary",
+                              {"decision": "reject", "approver": "rm@example.com",
+                               "comment": "not this week"}, return_state=True)
+    assert (state.name, state.type) == ("Rejected", StateType.COMPLETED)
+    outcome = state.result()
+    assert (outcome.result, outcome.stage) == ("rejected", "approval")
+    assert "rm@example.com" in outcome.decided_by and "unauthenticated" in outcome.decided_by
+    assert "rm@example.com" in state.message and "not this week" in state.message
     assert_production_unchanged(tracking, before, outcome.version, APPROVAL_FAMILY)
+    mv = tracking.client().get_model_version(
+        registered_model.registered_model_name(APPROVAL_FAMILY), outcome.version)
+    first = mv.description.splitlines()[0]
+    assert "rejected at approval" in first and "rm@example.com" in first
+    for label in ("build", "evaluation (held-out)", "gate decision", "approval shadow → canary",
+                  "shadow", "rollout"):
+        assert f"- {label}" in mv.description, (label, mv.description)
+    approval_run = tracking.client().get_run(mv.tags[tags.approval_run_id("shadow->canary")])
+    note = approval_run.data.tags[tags.NOTE]
+    assert "rejected by rm@example.com" in note and "unauthenticated" in note
+    assert "not this week" in note
 
 
-def test_approval_timeout_rolls_back(seeded, make_settings, tracking, tmp_path):
+def test_approval_timeout_ends_timed_out(seeded, make_settings, tracking, tmp_path):
     settings = make_settings("good", family=APPROVAL_FAMILY, thresholds=thresholds_with(
         tmp_path, required_for=["shadow->canary"], timeout_s=3))
     before = registered_model.aliases(tracking, APPROVAL_FAMILY)
-    outcome = rollout(settings)
-    assert (outcome.result, outcome.stage) == ("rolled_back", "approval")
+    state = rollout(settings, return_state=True)
+    assert (state.name, state.type) == ("TimedOut", StateType.COMPLETED)
+    outcome = state.result()
+    assert (outcome.result, outcome.stage) == ("timed_out", "approval")
+    assert outcome.decided_by.startswith("nobody") and "3 s" in outcome.reason
     assert_production_unchanged(tracking, before, outcome.version, APPROVAL_FAMILY)
 
 

@@ -18,7 +18,7 @@ IDS = dict(transition="canary->production", family="pallas_tpu", version="3")
 
 
 def test_answer_is_recorded_as_given():
-    record = record_answer(ApprovalInput(approve=False, approver="rm", comment="p99 worse"), **IDS)
+    record = record_answer(ApprovalInput(decision="reject", approver="rm", comment="p99 worse"), **IDS)
     assert (record.approved, record.approver, record.comment) == (False, "rm", "p99 worse")
     assert record.at.utcoffset() is not None and not record.timed_out
     assert ApprovalRecord.model_validate_json(record.model_dump_json()) == record
@@ -53,4 +53,19 @@ def test_auto_approval_needs_policy_and_reason():
 
 def test_form_requires_an_approver():
     with pytest.raises(ValidationError, match="approver"):
-        ApprovalInput(approve=True, approver="", comment="")
+        ApprovalInput(decision="approve", approver="", comment="")
+
+
+def test_form_decision_is_an_explicit_required_choice_without_default():
+    """The decision is a required choice of exactly "approve" / "reject" (no default, so
+    a form filled in without choosing cannot reject by omission); anything else is refused."""
+    schema = ApprovalInput.model_json_schema()
+    decision = schema["properties"]["decision"]
+    assert "decision" in schema["required"] and "default" not in decision
+    assert sorted(decision["enum"]) == ["approve", "reject"]
+    with pytest.raises(ValidationError, match="decision"):
+        ApprovalInput.model_validate({"approver": "rm", "comment": "ok"})
+    with pytest.raises(ValidationError, match="decision"):
+        ApprovalInput.model_validate({"decision": True, "approver": "rm", "comment": "ok"})
+    assert ApprovalInput(decision="approve", approver="rm", comment="ok").approve
+    assert not ApprovalInput(decision="reject", approver="rm", comment="ok").approve

@@ -80,12 +80,20 @@ def test_canary_to_production_shows_each_step_and_the_confirmation():
     # requests each side answered where recorded (``ok``), else the latency samples
     assert [row[1] for row in rows] == ["100 / 300", f"{slow.n_candidate} / {slow.n_production}"]
     for row, step in zip(rows, (ok, slow), strict=True):
-        assert row[2].startswith(f"{step.median_latency_ratio:.3g}×")
-        assert row[3].startswith(f"{step.p_value:.3g}")
-    assert rows[0][-1] == "pass" and "FAIL" in rows[1][-1] and "latency" in rows[1][-1]
-    assert "Confirmation split" in text and f"**{confirmation.verdict}**" in text
+        assert row[2].startswith(f"{step.median_latency_ratio:.3g}")
+        assert row[3].startswith(f"{step.p_value:.2g}")
+    assert rows[0][-1] == "pass" and "FAIL" in rows[1][-1]
+    # the failed step's breaches are above the table (the cells stay narrow)
+    (failed,) = [line for line in text.splitlines() if line.startswith(f"- **{slow.step} failed")]
+    assert "latency" in failed and text.index(failed) < text.index("| step")
+    assert max(len(line) for line in text.splitlines() if line.startswith("| ")) < 90
+    assert "Confirmation split" in text and f"**{confirmation.verdict}" in text
     assert "Held-out gate" not in text
     assert text.index("Confirmation split") < text.index("| step")
+    # the confirmation's criteria as rows, one each, with observed and required
+    for c in confirmation.criteria:
+        (row,) = [line for line in text.splitlines() if line.startswith(f"- {c.name}: ")]
+        assert "required" in row
 
 
 def test_rejection_reasons_and_not_assessed_note_appear_once():
@@ -98,3 +106,15 @@ def test_rejection_reasons_and_not_assessed_note_appear_once():
     assert len(re.findall(re.escape(reason), text)) == 1
     memory = next(c for c in decision.criteria if c.name == "memory")
     assert "latency" not in memory.reason and "memory" in memory.reason
+
+
+def test_gate_heading_says_what_was_not_assessed_in_the_verdict_line():
+    metrics = {k: v for k, v in passing_metrics().items() if not k.startswith("latency.")}
+    decision = _decision(metrics=metrics, speed_assessed=False,
+                         speed_not_assessed_reason="ran interpreted", target_platform="tpu",
+                         device_platform="cpu")
+    assert any(c.status == "not_assessed" for c in decision.criteria)
+    heading = next(line for line in approval_markdown("shadow->canary", "3", decision).splitlines()
+                   if line.startswith("### Held-out gate"))
+    kinds = {c.kind for c in decision.criteria if c.status == "not_assessed"}
+    assert "not assessed" in heading and all(k in heading for k in kinds)

@@ -276,10 +276,10 @@ def test_approval_required_by_policy(tracking, family, tmp_path, signing, answer
         record_auto_approval(policy, transition="canary->production", family=family, version="1")
     ids = dict(transition="canary->production", family=family, version=chain.version)
     record, why = {
-        "rejected": (record_answer(ApprovalInput(approve=False, approver="rm", comment="no"), **ids),
+        "rejected": (record_answer(ApprovalInput(decision="reject", approver="rm", comment="no"), **ids),
                      "does not approve"),
         "timed_out": (record_timeout(policy, **ids), "timed out"),
-        "wrong_version": (record_answer(ApprovalInput(approve=True, approver="rm", comment="ok"),
+        "wrong_version": (record_answer(ApprovalInput(decision="approve", approver="rm", comment="ok"),
                                         **(ids | {"version": "999"})), "missing"),
         "auto": (ApprovalRecord(**ids, approved=True, approver="(auto)", comment="forged",
                                 at=datetime.now(UTC), auto_approved=True), "requires a person"),

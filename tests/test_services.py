@@ -78,7 +78,7 @@ def test_rollouts_through_the_worker(stack, env, prefect, testset, tmp_path_fact
 
     paused = sv.wait_state(prefect, other, {"PAUSED"}, timeout_s=RUN_TIMEOUT_S)
     assert paused.state.state_details.pause_key.startswith("approval-canary-to-production")
-    resume_flow_run(other, run_input={"approve": True, "approver": "release manager",
+    resume_flow_run(other, run_input={"decision": "approve", "approver": "release manager",
                                       "comment": "approved through the Prefect API"})
     for run_id in (first, second, other):
         sv.wait_state(prefect, run_id, {"COMPLETED"}, timeout_s=RUN_TIMEOUT_S)

@@ -1,0 +1,136 @@
+"""The command line's first checks: bad arguments refused in well under a second, before
+JAX, MLflow or Prefect is imported (``flows.cli`` calls these first; the full checks,
+which need the kernels and the store, follow for arguments that pass).
+
+* ``--implementation``: ``auto``, ``native`` or a name of the kernel registry. The
+  built-in names are read from ``kernels/registry.py``'s ``BUILTIN`` literal without
+  importing the package (its ``__init__`` imports JAX); a process that already imported
+  ``kernels`` (a test that registered a kernel) is asked directly.
+* ``--family``: a valid name, and, unless ``--new-family``, one the embedded store
+  already has (read from its SQLite file, read-only) or the kernel's own name.
+* ``--thresholds``: the file parses against the thresholds schema (pydantic, no JAX).
+"""
+
+from __future__ import annotations
+
+import ast
+import sqlite3
+import sys
+from pathlib import Path
+
+import typer
+
+from flows.cli_keys import check_name
+from flows.paths import PROJECT_DIR
+
+REGISTRY_SOURCE = PROJECT_DIR / "kernels" / "registry.py"
+
+
+def kernel_names() -> list[str]:
+    """The kernel registry's names: the live registry when ``kernels`` is imported,
+    else the ``BUILTIN`` literal of ``kernels/registry.py`` (no import)."""
+    if "kernels.registry" in sys.modules:
+        from kernels.registry import IMPLEMENTATIONS
+
+        return sorted(IMPLEMENTATIONS)
+    for node in ast.parse(REGISTRY_SOURCE.read_text()).body:
+        if (isinstance(node, ast.AnnAssign | ast.Assign)
+                and "BUILTIN" in [t.id for t in (getattr(node, "targets", None) or [node.target])
+                                  if isinstance(t, ast.Name)]):
+            return sorted(ast.literal_eval(node.value))
+    raise RuntimeError(f"no BUILTIN registry literal in {REGISTRY_SOURCE}")
+
+
+def check_implementation(implementation: str) -> str:
+    """``implementation`` if it is ``auto``, ``native`` or a registry name.
+
+    Raises:
+        typer.BadParameter: naming the choices (as ``kernels.api`` does).
+    """
+    names = kernel_names()
+    if implementation not in ("auto", "native") and implementation not in names:
+        raise typer.BadParameter(f"unknown implementation {implementation!r}; choose one of "
+                                 f"{names}, 'auto' or 'native'", param_hint="--implementation")
+    return implementation
+
+
+def local_families(store_dir: Path) -> list[str] | None:
+    """The families of the embedded store at ``store_dir`` (its SQLite file read
+    read-only), ``[]`` when it has no store yet; None when it cannot be read this way
+    (the full check decides then)."""
+    db = Path(store_dir) / "mlflow.db"
+    if not db.exists():
+        return []
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=2) as conn:
+            rows = conn.execute("SELECT name FROM experiments WHERE lifecycle_stage = 'active'")
+            return sorted(n.removeprefix("kernelgate-") for (n,) in rows
+                          if n.startswith("kernelgate-"))
+    except sqlite3.Error:
+        return None
+
+
+def check_family(family: str | None, implementation: str, store_dir: Path, *,
+                 new_family: bool, remote: bool) -> None:
+    """Refuse an invalid family name, or (without ``--new-family``) one the embedded
+    store does not have and that is no kernel's own name. ``remote``: the store is a
+    tracking server (checked later, once it is reached).
+
+    Raises:
+        typer.BadParameter: naming the store's families.
+    """
+    if family is None:
+        return
+    _family_name(family)
+    if new_family or remote or family == implementation or family in kernel_names():
+        return
+    known = local_families(store_dir)
+    if known is not None and family not in known:
+        raise typer.BadParameter(
+            f"no family {family!r} in this store yet (families: {known or 'none'}); "
+            "pass --new-family to start one", param_hint="--family")
+
+
+def _family_name(family: str) -> str:
+    try:
+        return check_name(family)
+    except typer.BadParameter as err:
+        raise typer.BadParameter(err.message, param_hint="--family") from None
+
+
+def check_thresholds(thresholds: Path | None) -> None:
+    """The thresholds file parses against the schema (None: the default is chosen later,
+    from the shipped files, once the kernel is known).
+
+    Raises:
+        typer.BadParameter: the parser's reason.
+    """
+    if thresholds is None:
+        return
+    from gates.thresholds import load_thresholds
+
+    try:
+        load_thresholds(thresholds)
+    except (ValueError, OSError) as err:
+        raise typer.BadParameter(str(err), param_hint="--thresholds") from None
+
+
+def check_known_family(family: str | None, store_dir: Path) -> None:
+    """For commands that read a family: refuse an invalid name, or one the embedded store
+    does not have, before MLflow is imported (a tracking server's families are checked
+    once it is reached).
+
+    Raises:
+        typer.BadParameter: naming the store's families.
+    """
+    if family is None:
+        return
+    _family_name(family)
+    import os
+
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        return
+    known = local_families(store_dir)
+    if known is not None and family not in known:
+        raise typer.BadParameter(f"no family {family!r} in this store; families: {known or 'none'}",
+                                 param_hint="--family")
