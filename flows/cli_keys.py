@@ -73,6 +73,7 @@ StoreDir = Annotated[Path, typer.Option(help="local store whose current aliases 
 @keys_app.command("rotate")
 def keys_rotate(key_dir: KeyDir = None, store_dir: StoreDir = Path(".kernelgate")) -> None:
     """Retire the pipeline key (what it signed still verifies), create a new one, and re-sign every family's current aliases with it (nothing moves)."""
+    from flows.log_sequencer import server_sequencer
     from lineage import key_rotation, keys
     from lineage import tracking as tr
     from lineage.attestations import Signing
@@ -85,7 +86,8 @@ def keys_rotate(key_dir: KeyDir = None, store_dir: StoreDir = Path(".kernelgate"
     tracking = tr.tracking_for(store_dir)
     folder = key_dir or keys.default_key_dir()
     signing = Signing(signer=keys.load_signer(folder / f"{keys.PIPELINE_KEY}.pem"),
-                      trust=keys.folder_trust(folder), key_dir=folder)
+                      trust=keys.folder_trust(folder), key_dir=folder,
+                      sequencer=server_sequencer())
     for family in key_rotation.families(tracking):
         for line in key_rotation.reattest(tracking, family, signing,
                                           reason=f"key rotation: {old[:12]} -> {new[:12]}"):
