@@ -98,3 +98,15 @@ def test_rejection_reasons_and_not_assessed_note_appear_once():
     assert len(re.findall(re.escape(reason), text)) == 1
     memory = next(c for c in decision.criteria if c.name == "memory")
     assert "latency" not in memory.reason and "memory" in memory.reason
+
+
+def test_a_signed_only_policy_says_how_to_sign_before_the_evidence():
+    from gates.approval_view import signed_only_note
+
+    note = signed_only_note("0f3c-run", ["alice", "bob"])
+    text = approval_markdown("canary->production", "4", _decision(), signed_only=note)
+    assert "kernelgate approve 0f3c-run --key" in text and "alice, bob" in text
+    assert "typed here is refused" in text
+    assert text.index("kernelgate approve") < text.index("### ")  # above the evidence
+    assert "nobody can approve" in signed_only_note("r", [])
+    assert "kernelgate approve" not in approval_markdown("canary->production", "4", _decision())
