@@ -31,7 +31,11 @@ from kernels.errors import KernelgateError
 
 class SequenceTaken(KernelgateError, RuntimeError):
     """The log position a writer signed for was claimed by another writer first; nothing
-    was logged. The writer reads the new head and signs again."""
+    was logged. The writer reads the new head and signs again. ``seq``: that position."""
+
+    def __init__(self, message: str, seq: int | None = None) -> None:
+        super().__init__(message)
+        self.seq = seq
 
 
 @runtime_checkable

@@ -120,9 +120,24 @@ def require_intact(tracking: Tracking, family: str, signing: Signing) -> FamilyL
 
 
 CLAIM_WAIT_S = 120.0
-"""How long a writer that keeps losing its log position waits for the winner's entry to
+"""How long a writer that keeps losing *one* log position waits for the winner's entry to
 appear before giving up (a winner that died between its claim and its entry leaves the
-position taken and empty: the log needs a person then)."""
+position taken and empty: the log needs a person then). While the log moves on — other
+writers winning one position after another — the writer keeps trying."""
+
+
+class Stalled:
+    """Whether lost claims show a log that stopped moving: the same position lost for
+    ``CLAIM_WAIT_S`` seconds (the clock restarts whenever the lost position changes)."""
+
+    def __init__(self) -> None:
+        self.seq: int | None = None
+        self.since = time.monotonic()
+
+    def __call__(self, err: SequenceTaken) -> bool:
+        if err.seq != self.seq:
+            self.seq, self.since = err.seq, time.monotonic()
+        return time.monotonic() - self.since > CLAIM_WAIT_S
 
 
 def append(tracking: Tracking, run_id: str, kind: str, predicate: Mapping[str, Any],
@@ -135,7 +150,8 @@ def append(tracking: Tracking, run_id: str, kind: str, predicate: Mapping[str, A
 
     With a sequencer (``signing.sequencer``) the entry first claims its position; when
     another writer holds it, nothing is logged and (``retry``) the entry is signed again
-    from the new head, with growing randomised pauses, for up to ``CLAIM_WAIT_S``.
+    from the new head, with growing randomised pauses, until one position has been lost
+    for ``CLAIM_WAIT_S`` seconds (its claimant died: see ``Stalled``).
 
     Args:
         family: the log's family (default: ``predicate["family"]``).
@@ -148,11 +164,11 @@ def append(tracking: Tracking, run_id: str, kind: str, predicate: Mapping[str, A
 
     Raises:
         LogDamaged: the log is damaged (see :func:`intact_log`) and ``force`` is False.
-        SequenceTaken: the position was lost (``retry`` False), or kept being lost for
-            ``CLAIM_WAIT_S`` seconds.
+        SequenceTaken: the position was lost (``retry`` False), or one position stayed
+            lost for ``CLAIM_WAIT_S`` seconds.
     """
     family = family or predicate["family"]
-    deadline = time.monotonic() + CLAIM_WAIT_S
+    stalled = Stalled()
     for attempt in range(1, 10_000):
         try:
             return _append_once(tracking, run_id, kind, predicate, signing, subjects=subjects,
@@ -160,7 +176,7 @@ def append(tracking: Tracking, run_id: str, kind: str, predicate: Mapping[str, A
         except SequenceTaken as err:
             if not retry:
                 raise
-            if time.monotonic() > deadline:
+            if stalled(err):
                 raise gave_up(err) from err
             backoff(attempt)
     raise AssertionError("unreachable")
@@ -170,7 +186,7 @@ def gave_up(err: SequenceTaken) -> SequenceTaken:
     """The error of a writer that kept losing its log position for ``CLAIM_WAIT_S``."""
     return SequenceTaken(f"{err} — for {CLAIM_WAIT_S:g} s: if the writer holding that position "
                          "died between its claim and its entry, the position stays empty and "
-                         "the log needs a person (kernelgate reanchor)")
+                         "the log needs a person (kernelgate reanchor)", seq=err.seq)
 
 
 def backoff(attempt: int) -> None:
@@ -191,12 +207,13 @@ def _append_once(tracking: Tracking, run_id: str, kind: str, predicate: Mapping[
                                       else None)
     if expect_seq is not None and seq != expect_seq:
         raise SequenceTaken(f"entry {expect_seq} of {family}'s signed log was taken by another "
-                            f"writer (the log is at entry {seq - 1}); nothing was logged")
+                            f"writer (the log is at entry {seq - 1}); nothing was logged",
+                            seq=expect_seq)
 
     def claim(digest: str) -> None:
         if signing.sequencer is not None and not signing.sequencer.claim(family, seq, digest):
             raise SequenceTaken(f"entry {seq} of {family}'s signed log was claimed by another "
-                                "writer first; nothing was logged")
+                                "writer first; nothing was logged", seq=seq)
 
     entry = attest(tracking, run_id, kind,
                    {**predicate, family_log.LOG_FIELD: {"family": family, "seq": seq, "prev": prev}},

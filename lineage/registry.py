@@ -95,9 +95,9 @@ def _move(tracking: Tracking, family: str, change: AliasChange, signing: Signing
 
     Raises:
         PromotionRefused: the alias moved meanwhile (promotion, rollback, clearing).
-        SequenceTaken: the log position kept being lost for ``CLAIM_WAIT_S`` seconds.
+        SequenceTaken: one log position stayed lost for ``CLAIM_WAIT_S`` seconds.
     """
-    deadline = time.monotonic() + log_writer.CLAIM_WAIT_S
+    stalled = log_writer.Stalled()
     for attempt in range(1, 10_000):
         # the log's length first, then the history the move is numbered from: a move
         # signed by another writer in between makes the append refuse (expect_seq)
@@ -119,7 +119,7 @@ def _move(tracking: Tracking, family: str, change: AliasChange, signing: Signing
                              log_seq=head + 1 if signing.sequencer is not None else None)
             break
         except SequenceTaken as err:
-            if time.monotonic() > deadline:
+            if stalled(err):
                 raise log_writer.gave_up(err) from err
             log_writer.backoff(attempt)
     # the alias as the signed history now leaves it: a move signed after this one by
