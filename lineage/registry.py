@@ -101,7 +101,8 @@ def _move(tracking: Tracking, family: str, change: AliasChange, signing: Signing
     for attempt in range(1, 10_000):
         # the log's length first, then the history the move is numbered from: a move
         # signed by another writer in between makes the append refuse (expect_seq)
-        head = family_log.read(StoreSource(tracking, family, signing.trust)).length
+        head = (family_log.read(StoreSource(tracking, family, signing.trust)).length
+                if signing.sequencer is not None else None)
         moves, _ = store_alias_history(tracking, family, signing.trust)
         if attempt > 1:
             now = signed_aliases(moves).get(change.alias)
@@ -116,16 +117,18 @@ def _move(tracking: Tracking, family: str, change: AliasChange, signing: Signing
             log_alias_change(tracking, change, signing=signing, sequence=len(moves) + 1,
                              previous_envelope=moves[-1].envelope_sha256 if moves else None,
                              chain=chain_links, parent_run_id=parent_run_id,
-                             log_seq=head + 1 if signing.sequencer is not None else None)
+                             log_seq=None if head is None else head + 1)
             break
         except SequenceTaken as err:
             if stalled(err):
                 raise log_writer.gave_up(err) from err
             log_writer.backoff(attempt)
-    # the alias as the signed history now leaves it: a move signed after this one by
-    # another writer wins even if its alias was set first
-    moves, _ = store_alias_history(tracking, family, signing.trust)
-    _apply(tracking, family, change.alias, signed_aliases(moves).get(change.alias))
+    version = change.version
+    if signing.sequencer is not None:  # concurrent writers: the alias as the signed history
+        # now leaves it (a move signed after this one wins even if its alias was set first)
+        moves, _ = store_alias_history(tracking, family, signing.trust)
+        version = signed_aliases(moves).get(change.alias)
+    _apply(tracking, family, change.alias, version)
     return change
 
 

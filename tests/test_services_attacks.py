@@ -216,5 +216,5 @@ def test_an_older_backup_restored_is_a_cut_log(attack, monkeypatch):
         log_writer.require_intact(tracking, attack.family, signing)
     sv.report("attack_older_backup", {"entries_before": length,
                                       "entries_after_restore": attack.log(tracking).length,
-                                      "detected_by": "the Prefect variable kernelgate-checkpoint-<family>",
+                                      "detected_by": "the Prefect variable `kernelgate-checkpoint-<family>`",
                                       "next_move_refused": True})
