@@ -19,7 +19,9 @@
   says why either way.
 
 Every alias move and its invariant check live here together (a move added elsewhere
-could bypass it); each is an entry of the family's signed log (``lineage.log_writer``).
+could bypass it); each is an entry of the family's signed log (``lineage.log_writer``),
+a compare-and-swap on its sequence where writers race (``_move``). Kept over 350 lines
+for that reason: splitting the moves from their checks would open a path around them.
 """
 
 from __future__ import annotations
