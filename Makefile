@@ -61,7 +61,7 @@ SERVICES_WORKERS ?= 2
 test-services: $(STAMP)  ## servers on PostgreSQL (tests marked services); writes $(SERVICES_REPORT)
 	mkdir -p $(dir $(SERVICES_REPORT))
 	rm -f $(SERVICES_REPORT)
-	KERNELGATE_SERVICES_REPORT=$(SERVICES_REPORT) $(PY) -m pytest -q -m services -n $(SERVICES_WORKERS) --dist loadfile --durations=10 tests/test_services.py tests/test_services_faults.py
+	KERNELGATE_SERVICES_REPORT=$(SERVICES_REPORT) $(PY) -m pytest -q -m services -n $(SERVICES_WORKERS) --dist loadfile --durations=10 tests/test_services.py tests/test_services_faults.py tests/test_services_attacks.py
 	$(PY) -m tests.services $(SERVICES_REPORT)
 
 attacks: $(STAMP)  ## replay the attacks on the evidence; writes reliability/attacks.json (RELIABILITY.md)

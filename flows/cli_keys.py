@@ -47,11 +47,15 @@ def _store(store_dir: Path):
 
 
 def _pipeline_signing(folder: Path):
+    """The pipeline's signing from the key folder, with the servers profile's log
+    sequencer where one is configured (``flows.log_sequencer.server_sequencer``)."""
+    from flows.log_sequencer import server_sequencer
     from lineage import keys
     from lineage.attestations import Signing
 
     return Signing(signer=keys.load_signer(folder / f"{keys.PIPELINE_KEY}.pem"),
-                   trust=keys.folder_trust(folder), key_dir=folder)
+                   trust=keys.folder_trust(folder), key_dir=folder,
+                   sequencer=server_sequencer())
 
 
 def _record(tracking, change, folder: Path) -> None:

@@ -36,6 +36,7 @@ def reanchor(family: Annotated[str, typer.Option(help="kernel family whose log i
              store_dir: Annotated[Path, typer.Option(help="local store")] = Path(".kernelgate"),
              key_dir: KeyDir = None) -> None:
     """Re-anchor a family's damaged signed log: a named approver signs what is missing; every later audit shows it."""
+    from flows.log_sequencer import server_sequencer
     from lineage import keys
     from lineage import tracking as tr
     from lineage.attestations import Signing
@@ -44,7 +45,8 @@ def reanchor(family: Annotated[str, typer.Option(help="kernel family whose log i
 
     folder = key_dir or keys.default_key_dir()
     signing = Signing(signer=keys.load_signer(keys.ensure_pipeline_key(folder)),
-                      trust=keys.folder_trust(folder), key_dir=folder)
+                      trust=keys.folder_trust(folder), key_dir=folder,
+                      sequencer=server_sequencer())
     try:
         entry = do_reanchor(tr.tracking_for(store_dir), check_name(family), keys.load_signer(key),
                             reason, signing)

@@ -23,7 +23,7 @@ from gates.approval import (
     record_timeout,
 )
 from gates.approval_policy import Transition
-from gates.approval_view import approval_markdown
+from gates.approval_view import approval_markdown, signed_only_note
 from gates.canary import CanaryStepResult
 from lineage import registered_model, registry, tags
 from lineage.approvals import verify_approval
@@ -65,7 +65,10 @@ def _ask(context: RolloutContext, transition: Transition, gated: Gated,
         form = ApprovalForm.with_initial_data(
             description=notice + approval_markdown(
                 transition, gated.version, gated.decision, traffic=list(traffic),
-                confirmation=confirmed and confirmed.decision))
+                confirmation=confirmed and confirmed.decision,
+                signed_only=signed_only_note(str(flow_run.get_id()),
+                                             [a.name for a in policy.approvers])
+                if policy.require_signed else None))
         try:
             given = pause_flow_run(wait_for_input=form, timeout=max(1, math.ceil(remaining)),
                                    poll_interval=APPROVAL_POLL_S, key=pause_key(transition, attempt))
@@ -92,9 +95,9 @@ def _ask(context: RolloutContext, transition: Transition, gated: Gated,
                 continue
             typed, authenticated = typed.model_copy(update={"approver": name}), True
         if policy.require_signed and not authenticated:
-            notice = _refused(transition, "this policy requires a signed approval: run "
-                              f"`kernelgate approve {flow_run.get_id()} --key <your key>` and "
-                              "paste its output")
+            notice = _refused(transition, "this policy requires a signed approval (an answer "
+                              "typed into the form is not one): run `kernelgate approve "
+                              f"{flow_run.get_id()} --key <your key>` and paste its output")
             continue
         return record_answer(typed, authenticated=authenticated, authentication=how, **about)
     raise AssertionError("unreachable")

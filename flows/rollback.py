@@ -5,6 +5,11 @@ The same path as every rollback (``lineage.registry.rollback``): a signed alias-
 intent logged as a ``rollback`` run, then the move; the version rolled away from is
 tagged with the reason. The registry refuses a target that was never promoted, was
 rolled back since, no longer exists or whose chain is incomplete.
+
+It takes the family's place in line like a rollout: its lock on an embedded store, its
+slot in the family's Prefect concurrency limit on a tracking server
+(``flows.tasks.family_slot``), so a rollback asked for during a rollout waits for that
+rollout to end and then rolls back what it left.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from pydantic import Field
 
 import kernels
 from flows.settings import RolloutSettings
-from flows.tasks import end_state, run_logger, signing_for
+from flows.tasks import end_state, family_slot, run_logger, signing_for
 from lineage import registry, rollout
 from lineage import tracking as tr
 from lineage.registry import AliasChange
@@ -33,7 +38,9 @@ def manual_rollback(
     store_dir: Annotated[str, Field(description="the local store (when MLFLOW_TRACKING_URI is unset)")] = ".kernelgate",
 ) -> AliasChange:
     """Roll ``production`` of ``family`` back to ``to_version`` (or the newest earlier
-    usable version); the run ends in the state *RolledBack* and returns the alias change.
+    usable version), after waiting for the family's lock or slot (a rollout of the family
+    in progress ends first); the run ends in the state *RolledBack* and returns the alias
+    change.
 
     Raises:
         ValueError: nothing in production, or ``to_version`` is what it serves.
@@ -44,7 +51,7 @@ def manual_rollback(
     settings = RolloutSettings(store_dir=Path(store_dir))
     tracking = tr.tracking_for(settings.store_dir)
     signing = signing_for(settings)
-    with rollout.family_lock(settings.store_dir, family):
+    with rollout.family_lock(settings.store_dir, family), family_slot(family):
         registry.reconcile(tracking, family, signing)
         change = registry.rollback(
             tracking, family, reason=f"manual rollback requested by {requested_by}: {reason}",

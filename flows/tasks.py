@@ -25,6 +25,7 @@ from evaluation.documents import load_documents
 from evaluation.testset import ensure_testset
 from flows.errored import OUTCOME_ATTRIBUTE, stage_of
 from flows.kernel_choice import rollout_kernel
+from flows.log_sequencer import server_sequencer
 from flows.results import (
     Prepared,
     Preregistered,
@@ -47,14 +48,17 @@ from lineage.rollout import Result, RolloutOutcome
 def signing_for(settings: RolloutSettings) -> Signing:
     """The pipeline's signer (its key created on first use in the key folder) and the
     keys it trusts when it reads its own records back (current and retired, minus
-    revoked).
+    revoked). On a tracking server with a Prefect server, appends to a family's log are
+    claimed in Prefect variables and the log's checkpoint is kept there too
+    (``flows.log_sequencer``).
 
     Raises:
         lineage.keys.KeyFileError: the key file is unusable.
     """
     key_dir = settings.key_dir or keys.default_key_dir()
     signer = keys.load_signer(keys.ensure_pipeline_key(key_dir))
-    return Signing(signer=signer, trust=keys.folder_trust(key_dir), key_dir=key_dir)
+    return Signing(signer=signer, trust=keys.folder_trust(key_dir), key_dir=key_dir,
+                   sequencer=server_sequencer())
 
 
 def family_of(settings: RolloutSettings) -> str:

@@ -108,12 +108,30 @@ def criteria_rows(decision: GateDecision) -> str:
     return "\n".join(rows)
 
 
+def signed_only_note(flow_run_id: str, approvers: Sequence[str]) -> str:
+    """What a policy with ``require_signed`` tells the release manager above the form:
+    the command that signs an answer, that a typed answer is refused, and who may sign
+    (``approvers``: the registered policy's names)."""
+    who = (f"Approvers named in the registered policy: {', '.join(approvers)}." if approvers
+           else "**No approver is named in the registered policy: nobody can approve** (add "
+                "the entry `kernelgate keys create --name NAME` prints to the thresholds "
+                "file's `approval.approvers` and roll out again).")
+    return ("**This policy takes only signed approvals.** Run `kernelgate approve "
+            f"{flow_run_id} --key <your key>` and paste its output into *Signed approval*; "
+            f"an answer typed here is refused. {who}")
+
+
 def approval_markdown(transition: str, version: str, decision: GateDecision, *,
                       traffic: Sequence[CanaryStepResult] = (),
-                      confirmation: GateDecision | None = None) -> str:
+                      confirmation: GateDecision | None = None,
+                      signed_only: str | None = None) -> str:
     """The evidence the release manager is asked to approve for ``transition``. One
-    table, last: the Prefect UI's markdown renders nothing after a table."""
+    table, last: the Prefect UI's markdown renders nothing after a table.
+    ``signed_only``: :func:`signed_only_note`, shown first (a policy with
+    ``require_signed``)."""
     parts = [f"## Approve `{transition}` for v{version}?"]
+    if signed_only:
+        parts.append(signed_only)
     shadow = [r for r in traffic if r.step == "shadow"]
     if transition == "canary->production":
         parts.append(_decision_block("Confirmation split (accuracy only)", confirmation,

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -194,12 +194,16 @@ def _before_revocation(accepted, predicate: Mapping[str, Any], trust: TrustPolic
 
 def attest(tracking: Tracking, run_id: str, kind: str, predicate: Mapping[str, Any],
            signer: Signer, *, subjects: Mapping[str, str] | None = None,
-           name: str | None = None) -> Attestation:
+           name: str | None = None,
+           before_logging: Callable[[str], None] | None = None) -> Attestation:
     """Sign ``predicate`` with the run's artifacts as subjects and log the envelope.
 
     Subjects default to every artifact the run holds now, with the sha256 recorded when
     each was logged (this process wrote them moments ago). The envelope is logged as
     ``attestations/<name or kind>.dsse.json``; the parsed attestation is returned.
+    ``before_logging`` is called with the envelope's sha256 once it is signed and before
+    it is logged (the family log's claim of its position); what it raises propagates and
+    nothing is logged.
     """
     if subjects is None:
         subjects = {subject_name(run_id, path): digest
@@ -207,6 +211,8 @@ def attest(tracking: Tracking, run_id: str, kind: str, predicate: Mapping[str, A
                     if not path.startswith(f"{ATTESTATION_DIR}/")}
     data = make_envelope(kind, subjects, {"run_id": run_id, **predicate}, signer)
     path = f"{ATTESTATION_DIR}/{name or kind}.dsse.json"
+    if before_logging is not None:
+        before_logging(hashlib.sha256(data).hexdigest())
     tr.log_bytes(tracking, run_id, data, path)
     return Attestation(kind=kind, run_id=run_id, path=path, subjects=dict(subjects),
                        predicate=json.loads(_payload(data))["predicate"],
@@ -252,6 +258,11 @@ class Signing(BaseModel):
     key_dir: Path | None = None
     """The pipeline's key folder, where its checkpoints of each family's log live
     (``lineage.checkpoints``); None: none are written or read."""
+    sequencer: Any = None
+    """A ``lineage.log_sequence.LogSequencer`` (on a tracking server: Prefect variables):
+    every log append claims its position there first (a compare-and-swap) and the
+    pipeline's checkpoint is kept there too; None: appends are not claimed (the embedded
+    profile, where ``lineage.rollout.family_lock`` serialises a family's writers)."""
 
     @model_validator(mode="after")
     def _pipeline_role(self) -> Signing:

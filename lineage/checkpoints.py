@@ -73,7 +73,11 @@ def sign_checkpoint(head: Head, signing: Signing) -> bytes:
 
 
 def write_checkpoint(head: Head, signing: Signing) -> Path | None:
-    """Sign ``head`` and write it beside the pipeline's key (None: no key folder known)."""
+    """Sign ``head`` and write it beside the pipeline's key and with the signing's
+    sequencer (``lineage.log_sequence``, e.g. a Prefect variable), where there is one.
+    Returns the file beside the key (None: no key folder known)."""
+    if signing.sequencer is not None:
+        signing.sequencer.write_checkpoint(head.family, sign_checkpoint(head, signing))
     if signing.key_dir is None:
         return None
     path = checkpoint_file(signing.key_dir, head.family, head.genesis)

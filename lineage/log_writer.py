@@ -6,30 +6,91 @@ entries back from the store (every verified envelope, deleted runs included) and
 the pipeline keeps one, its checkpoint beside its key: the log must be intact and reach
 the checkpoint, otherwise :class:`~lineage.family_log.LogDamaged` is raised and nothing
 is written (a writer that numbered on from a cut log would fork it). On the embedded
-profile writers of a family are serialised by ``lineage.rollout.family_lock``. After the
-entry is logged, the checkpoint is moved to it.
+profile writers of a family are serialised by ``lineage.rollout.family_lock``; on a
+tracking server every append is a compare-and-swap on the log's sequence: the signed entry
+claims its number with the signing's sequencer (``lineage.log_sequence``) before it is
+logged, and a writer that lost the number logs nothing and signs again from the new head.
+After the entry is logged, the checkpoint (beside the key, and with the sequencer) is moved
+to it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import random
+import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from lineage import checkpoints, family_log
-from lineage.attestations import Attestation, Signing, attest
+from lineage.attestations import Attestation, AttestationError, Signing, attest
 from lineage.family_log import FamilyLog, Head, LogDamaged
+from lineage.log_sequence import SequenceTaken
 from lineage.sources import EvidenceSource, StoreSource
 from lineage.tracking import Tracking
 
 
-def damage(log: FamilyLog, signing: Signing) -> tuple[list[str], Head | None]:
+class Kept(NamedTuple):
+    """The pipeline's checkpoints as read *before* the log (a concurrent writer logs its
+    entry, then moves the checkpoints: read in this order they never run ahead of the
+    log, so a writer racing another is never mistaken for a cut log)."""
+
+    beside_key: dict[str, bytes]
+    """genesis -> checkpoint envelope, from ``<key dir>/checkpoints/<family>/``"""
+    with_sequencer: bytes | None
+
+
+def kept_checkpoints(family: str, signing: Signing) -> Kept:
+    """Read the pipeline's checkpoints of ``family``'s logs (call before reading the log)."""
+    beside: dict[str, bytes] = {}
+    if signing.key_dir is not None:
+        folder = checkpoints.checkpoint_file(signing.key_dir, family, "x").parent
+        for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+            with contextlib.suppress(OSError):
+                beside[path.stem] = path.read_bytes()
+    data = signing.sequencer.checkpoint(family) if signing.sequencer is not None else None
+    return Kept(beside_key=beside, with_sequencer=data)
+
+
+def damage(log: FamilyLog, signing: Signing, kept: Kept | None = None
+           ) -> tuple[list[str], Head | None]:
     """What is wrong with ``log`` for a writer (its own problems, and against the
-    pipeline's checkpoint), and that checkpoint (None: none kept)."""
-    checkpoint, why = checkpoints.pipeline_checkpoint(log, signing.key_dir, signing.trust)
-    found = list(log.problems) + why
+    pipeline's checkpoints), and the furthest of those checkpoints (None: none kept).
+    ``kept``: the checkpoints read before ``log`` was (default: read now)."""
+    found = list(log.problems)
+    checkpoint = None
+    if kept is None:
+        checkpoint, why = checkpoints.pipeline_checkpoint(log, signing.key_dir, signing.trust)
+        found += why
+        data = signing.sequencer.checkpoint(log.family) if signing.sequencer is not None else None
+    else:
+        data = kept.with_sequencer
+        if log.genesis is not None and log.genesis in kept.beside_key:
+            label = str(checkpoints.checkpoint_file(signing.key_dir, log.family, log.genesis))
+            try:
+                checkpoint = checkpoints.read_checkpoint(kept.beside_key[log.genesis],
+                                                         signing.trust, label=label)
+            except AttestationError as err:
+                found.append(f"pipeline checkpoint unusable: {err}")
     if checkpoint is not None:
         found += checkpoints.compare(log, checkpoint, "the pipeline's checkpoint")[0]
+    if data is not None:
+        where = signing.sequencer.where(log.family)
+        try:
+            held = checkpoints.read_checkpoint(data, signing.trust, label=where)
+        except AttestationError as err:
+            found.append(f"pipeline checkpoint unusable: {err}")
+        else:
+            found += checkpoints.compare(log, held, f"the pipeline's checkpoint at {where}")[0]
+            if checkpoint is None or held.length > checkpoint.length:
+                checkpoint = held
     return found, checkpoint
+
+
+def current_damage(source: EvidenceSource, signing: Signing) -> list[str]:
+    """:func:`damage` of the family's log read from ``source`` now (checkpoints first)."""
+    kept = kept_checkpoints(source.family, signing)
+    return damage(family_log.read(source), signing, kept)[0]
 
 
 def intact_log(source: EvidenceSource, signing: Signing) -> FamilyLog:
@@ -39,8 +100,9 @@ def intact_log(source: EvidenceSource, signing: Signing) -> FamilyLog:
         LogDamaged: a gap, broken link or fork, or shorter than (or forked from) the
             pipeline's checkpoint; the message names each and how to re-anchor.
     """
+    kept = kept_checkpoints(source.family, signing)
     log = family_log.read(source)
-    found, _ = damage(log, signing)
+    found, _ = damage(log, signing, kept)
     if found:
         raise _damaged(found, source.family)
     return log
@@ -57,35 +119,109 @@ def require_intact(tracking: Tracking, family: str, signing: Signing) -> FamilyL
     return intact_log(StoreSource(tracking, family, signing.trust), signing)
 
 
+CLAIM_WAIT_S = 120.0
+"""How long a writer that keeps losing *one* log position waits for the winner's entry to
+appear before giving up (a winner that died between its claim and its entry leaves the
+position taken and empty: the log needs a person then). While the log moves on — other
+writers winning one position after another — the writer keeps trying."""
+
+
+class Stalled:
+    """Whether lost claims show a log that stopped moving: the same position lost for
+    ``CLAIM_WAIT_S`` seconds (the clock restarts whenever the lost position changes)."""
+
+    def __init__(self) -> None:
+        self.seq: int | None = None
+        self.since = time.monotonic()
+
+    def __call__(self, err: SequenceTaken) -> bool:
+        if err.seq != self.seq:
+            self.seq, self.since = err.seq, time.monotonic()
+        return time.monotonic() - self.since > CLAIM_WAIT_S
+
+
 def append(tracking: Tracking, run_id: str, kind: str, predicate: Mapping[str, Any],
            signing: Signing, *, subjects: Mapping[str, str] | None = None,
            name: str | None = None, family: str | None = None,
-           force: bool = False) -> Attestation:
+           force: bool = False, retry: bool = True,
+           expect_seq: int | None = None) -> Attestation:
     """Sign ``predicate`` as the family's next log entry and log it with the run
     (``attestations/<name or kind>.dsse.json``); move the pipeline's checkpoint to it.
+
+    With a sequencer (``signing.sequencer``) the entry first claims its position; when
+    another writer holds it, nothing is logged and (``retry``) the entry is signed again
+    from the new head, with growing randomised pauses, until one position has been lost
+    for ``CLAIM_WAIT_S`` seconds (its claimant died: see ``Stalled``).
 
     Args:
         family: the log's family (default: ``predicate["family"]``).
         force: append to a damaged log (only a re-anchor does: it says what is missing).
+        retry: False: raise :class:`SequenceTaken` at the first lost claim (a caller whose
+            predicate depends on the head, such as an alias move, re-derives it).
+        expect_seq: the position the caller prepared ``predicate`` for (read the log's
+            length *before* reading what the predicate depends on); another position is
+            refused as :class:`SequenceTaken` (the log moved on meanwhile).
 
     Raises:
         LogDamaged: the log is damaged (see :func:`intact_log`) and ``force`` is False.
+        SequenceTaken: the position was lost (``retry`` False), or one position stayed
+            lost for ``CLAIM_WAIT_S`` seconds.
     """
     family = family or predicate["family"]
+    stalled = Stalled()
+    for attempt in range(1, 10_000):
+        try:
+            return _append_once(tracking, run_id, kind, predicate, signing, subjects=subjects,
+                                name=name, family=family, force=force, expect_seq=expect_seq)
+        except SequenceTaken as err:
+            if not retry:
+                raise
+            if stalled(err):
+                raise gave_up(err) from err
+            backoff(attempt)
+    raise AssertionError("unreachable")
+
+
+def gave_up(err: SequenceTaken) -> SequenceTaken:
+    """The error of a writer that kept losing its log position for ``CLAIM_WAIT_S``."""
+    return SequenceTaken(f"{err} — for {CLAIM_WAIT_S:g} s: if the writer holding that position "
+                         "died between its claim and its entry, the position stays empty and "
+                         "the log needs a person (kernelgate reanchor)", seq=err.seq)
+
+
+def backoff(attempt: int) -> None:
+    """Pause before signing again after a lost claim (randomised, growing to 2 s)."""
+    time.sleep(random.uniform(0.05, min(2.0, 0.1 * 2 ** min(attempt, 5))))
+
+
+def _append_once(tracking: Tracking, run_id: str, kind: str, predicate: Mapping[str, Any],
+                 signing: Signing, *, subjects: Mapping[str, str] | None, name: str | None,
+                 family: str, force: bool, expect_seq: int | None = None) -> Attestation:
+    kept = kept_checkpoints(family, signing)  # before the log: see Kept
     log = family_log.read(StoreSource(tracking, family, signing.trust))
-    found, checkpoint = damage(log, signing)
+    found, checkpoint = damage(log, signing, kept)
     if found and not force:
         raise _damaged(found, family)
     seq = max(log.length, checkpoint.length if checkpoint else 0) + 1
     prev = log.digest_at(seq - 1) or (checkpoint.head if checkpoint and checkpoint.length == seq - 1
                                       else None)
+    if expect_seq is not None and seq != expect_seq:
+        raise SequenceTaken(f"entry {expect_seq} of {family}'s signed log was taken by another "
+                            f"writer (the log is at entry {seq - 1}); nothing was logged",
+                            seq=expect_seq)
+
+    def claim(digest: str) -> None:
+        if signing.sequencer is not None and not signing.sequencer.claim(family, seq, digest):
+            raise SequenceTaken(f"entry {seq} of {family}'s signed log was claimed by another "
+                                "writer first; nothing was logged", seq=seq)
+
     entry = attest(tracking, run_id, kind,
                    {**predicate, family_log.LOG_FIELD: {"family": family, "seq": seq, "prev": prev}},
-                   signing.signer, subjects=subjects, name=name)
+                   signing.signer, subjects=subjects, name=name, before_logging=claim)
     genesis = log.genesis or (checkpoint.genesis if checkpoint else None) or entry.envelope_sha256
     checkpoints.write_checkpoint(Head(family=family, genesis=genesis, length=seq,
                                       head=entry.envelope_sha256), signing)
     return entry
 
 
-__all__ = ["LogDamaged", "append", "damage", "intact_log", "require_intact"]
+__all__ = ["LogDamaged", "SequenceTaken", "append", "current_damage", "damage", "intact_log", "require_intact"]

@@ -193,7 +193,8 @@ def log_shadow(tracking: Tracking, family: str, version: str, traffic: BaseModel
 
 def log_alias_change(tracking: Tracking, change: BaseModel, *, signing: Signing,
                      sequence: int, previous_envelope: str | None,
-                     chain: dict | None = None, parent_run_id: str | None = None) -> str:
+                     chain: dict | None = None, parent_run_id: str | None = None,
+                     log_seq: int | None = None) -> str:
     """Log an alias move (``lineage.registry.AliasChange``) as a signed ``promotion`` or
     ``rollback`` run — before the alias moves (the signed intent).
 
@@ -202,6 +203,13 @@ def log_alias_change(tracking: Tracking, change: BaseModel, *, signing: Signing,
         previous_envelope: sha256 of the previous move's envelope (a hash chain: a
             deleted move leaves a gap the audit sees).
         chain: for a promotion, the signed links of the evidence it rests on.
+        log_seq: the family-log position the move was prepared for (its ``sequence`` and
+            ``previous_envelope`` were read after the log's length); another is refused.
+
+    Raises:
+        lineage.log_sequence.SequenceTaken: another writer took the log position first
+            (this run ends FAILED, unsigned; the caller signs the move again from the new
+            head: ``lineage.registry``).
     """
     data = change.model_dump(mode="json")
     stage = "rollback" if data["action"] == "rollback" else "promotion"
@@ -215,5 +223,5 @@ def log_alias_change(tracking: Tracking, change: BaseModel, *, signing: Signing,
         tr.log_model_json(tracking, run_id, change, tags.ALIAS_CHANGE_ARTIFACT)
         append(tracking, run_id, "alias", {
             **data, "sequence": sequence, "previous_envelope": previous_envelope,
-            "chain": chain or {}, "tags": run_tags}, signing)
+            "chain": chain or {}, "tags": run_tags}, signing, retry=False, expect_seq=log_seq)
     return run_id

@@ -37,7 +37,7 @@ from lineage.attestations import (
 from lineage.bindings import RolloutBindings, refuse_rebinding
 from lineage.bindings import changes as binding_changes
 from lineage.family_log import read as read_log
-from lineage.log_writer import append, damage, intact_log
+from lineage.log_writer import append, current_damage, intact_log
 from lineage.sources import EvidenceSource, StoreSource, signed_artifact
 from lineage.tracking import Tracking
 
@@ -156,7 +156,7 @@ def preregister(path: str | Path, *, tracking: Tracking, family: str, signing: S
             refuse_rebinding(previous[0].predicate["registration_id"], bound, bindings)
         loosened += [f"binding {change}" for change in binding_changes(bound, bindings)]
     approved = None
-    why = rejection_in_log(source, damage(read_log(source), signing)[0]) if loosened else None
+    why = rejection_in_log(source, current_damage(source, signing)) if loosened else None
     if why is not None:
         if loosening_approval is None:
             raise LooseningRefused(

@@ -19,7 +19,9 @@
   says why either way.
 
 Every alias move and its invariant check live here together (a move added elsewhere
-could bypass it); each is an entry of the family's signed log (``lineage.log_writer``).
+could bypass it); each is an entry of the family's signed log (``lineage.log_writer``),
+a compare-and-swap on its sequence where writers race (``_move``). Kept over 350 lines
+for that reason: splitting the moves from their checks would open a path around them.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict
 from kernels.errors import KernelgateError
 from lineage import chain, family_log, log_writer, tags
 from lineage.attestations import Signing
+from lineage.log_sequence import SequenceTaken
 from lineage.records import log_alias_change
 from lineage.registered_model import (
     Alias,
@@ -83,12 +86,51 @@ def _now() -> datetime:
 
 def _move(tracking: Tracking, family: str, change: AliasChange, signing: Signing, *,
           parent_run_id: str | None, chain_links: dict | None = None) -> AliasChange:
-    """Sign the intent, then move the alias (the order that lets reconcile finish it)."""
-    moves, _ = store_alias_history(tracking, family, signing.trust)
-    log_alias_change(tracking, change, signing=signing, sequence=len(moves) + 1,
-                     previous_envelope=moves[-1].envelope_sha256 if moves else None,
-                     chain=chain_links, parent_run_id=parent_run_id)
-    _apply(tracking, family, change.alias, change.version)
+    """Sign the intent, then move the alias (the order that lets reconcile finish it).
+
+    The signed move is a compare-and-swap on the family's log (``lineage.log_writer``):
+    when another writer took the log position first, nothing of this attempt is signed
+    and the move is signed again from the new head — numbered after the other move, its
+    ``previous_version`` what the signed history now says. A promotion, rollback or
+    clearing whose alias the other writer moved away from ``previous_version`` is refused
+    instead (it was decided about a state that no longer holds).
+
+    Raises:
+        PromotionRefused: the alias moved meanwhile (promotion, rollback, clearing).
+        SequenceTaken: one log position stayed lost for ``CLAIM_WAIT_S`` seconds.
+    """
+    stalled = log_writer.Stalled()
+    for attempt in range(1, 10_000):
+        # the log's length first, then the history the move is numbered from: a move
+        # signed by another writer in between makes the append refuse (expect_seq)
+        head = (family_log.read(StoreSource(tracking, family, signing.trust)).length
+                if signing.sequencer is not None else None)
+        moves, _ = store_alias_history(tracking, family, signing.trust)
+        if attempt > 1:
+            now = signed_aliases(moves).get(change.alias)
+            if now != change.previous_version:
+                if change.action != "assign":
+                    raise PromotionRefused(
+                        f"{registered_model_name(family)}: {change.action} of {change.alias} "
+                        f"refused: another writer moved it to v{now} meanwhile (this move "
+                        f"expected v{change.previous_version}); look again")
+                change = change.model_copy(update={"previous_version": now})
+        try:
+            log_alias_change(tracking, change, signing=signing, sequence=len(moves) + 1,
+                             previous_envelope=moves[-1].envelope_sha256 if moves else None,
+                             chain=chain_links, parent_run_id=parent_run_id,
+                             log_seq=None if head is None else head + 1)
+            break
+        except SequenceTaken as err:
+            if stalled(err):
+                raise log_writer.gave_up(err) from err
+            log_writer.backoff(attempt)
+    version = change.version
+    if signing.sequencer is not None:  # concurrent writers: the alias as the signed history
+        # now leaves it (a move signed after this one wins even if its alias was set first)
+        moves, _ = store_alias_history(tracking, family, signing.trust)
+        version = signed_aliases(moves).get(change.alias)
+    _apply(tracking, family, change.alias, version)
     return change
 
 
@@ -123,7 +165,7 @@ def _refuse_incomplete(tracking: Tracking, family: str, version: str, transition
                        decision_run_id: str | None, signing: Signing) -> chain.ChainEvidence:
     source = StoreSource(tracking, family, signing.trust)
     evidence = chain.collect(source, version, decision_run_id=decision_run_id)
-    found = chain.problems(evidence, transition) + log_writer.damage(family_log.read(source), signing)[0]
+    found = chain.problems(evidence, transition) + log_writer.current_damage(source, signing)
     if found:
         raise PromotionRefused(f"{registered_model_name(family)} v{version}: {transition} refused: "
                                + "; ".join(found))

@@ -161,6 +161,15 @@ def table(data: dict) -> str:
             f"metric points written, {s['metric_points_read_back']} read back; "
             f"{s['tags_written']} tags written, {s['tags_read_back']} read back "
             f"({s['seconds']} s)")
+    if s := data.get("attack_concurrent_moves"):
+        row("attack: concurrent alias moves (`tests/test_services_attacks.py`)",
+            f"{s['moves']} moves of `shadow` at once from {s['processes']} processes: every move "
+            f"signed once: {s['signed_once']}, signed history and log intact: "
+            f"{s['history_intact']} ({s['seconds']} s)")
+    if s := data.get("attack_older_backup"):
+        row("attack: an older backup of the MLflow database restored",
+            f"log {s['entries_before']} -> {s['entries_after_restore']} entries; detected as a cut "
+            f"log by {s['detected_by']}; the next alias move refused: {s['next_move_refused']}")
     return "| drill | result |\n|---|---|\n" + "\n".join(rows)
 
 

@@ -118,3 +118,15 @@ def test_gate_heading_says_what_was_not_assessed_in_the_verdict_line():
                    if line.startswith("### Held-out gate"))
     kinds = {c.kind for c in decision.criteria if c.status == "not_assessed"}
     assert "not assessed" in heading and all(k in heading for k in kinds)
+
+
+def test_a_signed_only_policy_says_how_to_sign_before_the_evidence():
+    from gates.approval_view import signed_only_note
+
+    note = signed_only_note("0f3c-run", ["alice", "bob"])
+    text = approval_markdown("canary->production", "4", _decision(), signed_only=note)
+    assert "kernelgate approve 0f3c-run --key" in text and "alice, bob" in text
+    assert "typed here is refused" in text
+    assert text.index("kernelgate approve") < text.index("### ")  # above the evidence
+    assert "nobody can approve" in signed_only_note("r", [])
+    assert "kernelgate approve" not in approval_markdown("canary->production", "4", _decision())

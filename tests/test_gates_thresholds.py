@@ -251,3 +251,10 @@ def test_anchors_and_merge_keys_still_load():
     merged = thresholds_yaml().replace(
         "  max_error_count: 0\n", "  <<: {max_error_count: 5}\n  max_error_count: 0\n")
     assert parse_thresholds(merged.encode()).canary.max_error_count == 0
+
+
+def test_production_takes_only_signed_approvals_and_staging_keeps_ui_answers():
+    production = load_thresholds(ROOT / "thresholds" / "production.yaml")
+    staging = load_thresholds(ROOT / "thresholds" / "staging.yaml")
+    assert production.approval.require_signed and "canary->production" in production.approval.required_for
+    assert not staging.approval.require_signed

@@ -1,0 +1,220 @@
+"""Attacks on the server profile (issue 22), each on databases and an artifact root of its
+own: one Prefect server and the accounts are shared (``flows.stack.up`` without worker or
+deployments); each attack gets its own MLflow databases, copied from the stack's pristine
+ones with ``CREATE DATABASE … TEMPLATE``, its own artifact root and its own MLflow server,
+and a family of its own (the Prefect variables that claim its log positions and keep its
+checkpoint are per family).
+
+Run with ``make test-services`` (figures into ``reliability/services.json``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from flows import stack as st
+from flows.log_sequencer import PrefectSequencer, checkpoint_name
+from lineage import family_log, keys, log_writer, registered_model, registry
+from lineage.attestations import Signing
+from lineage.checkpoints import read_checkpoint
+from lineage.family_log import LogDamaged
+from lineage.sources import StoreSource
+from lineage.tracking import Tracking
+from tests import services as sv
+
+pytestmark = pytest.mark.services
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _create_from(config: st.StackConfig, name: str, template: str) -> None:
+    import psycopg2
+
+    conn = psycopg2.connect(config.postgres_url, connect_timeout=5)
+    conn.autocommit = True
+    try:
+        with conn.cursor() as cur:
+            cur.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+    finally:
+        conn.close()
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    """Prefect server, accounts and pristine MLflow databases (templates, no server on
+    them): ``(config, stack, templates)``."""
+    config = sv.test_config(tmp_path_factory.mktemp("attack-stack"))
+    values = st.random_secrets(config)
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    templates = {"mlflow": config.databases.mlflow + "_t", "mlflow_auth": config.databases.mlflow_auth + "_t"}
+    try:
+        running = st.up(config, worker=False, deploy=False)
+        st.stop_process(running.pids.pop("mlflow-server"))  # a template has no sessions
+        for field, name in templates.items():
+            _create_from(config, name, getattr(config.databases, field))
+        from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
+
+        with temporary_settings({PREFECT_API_URL: running.prefect_api_url,
+                                 PREFECT_API_AUTH_STRING: config.secrets.value("prefect_auth")}):
+            yield config, running, templates
+    finally:
+        st.down(config.state_dir)
+        for name in [*config.databases.model_dump().values(), *templates.values()]:
+            st.drop_database(config, name)
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+class Attack:
+    """One attack's own MLflow (databases from the templates, artifact root, server), a
+    family of its own and the pipeline's signing on the worker host."""
+
+    def __init__(self, servers, folder: Path, name: str) -> None:
+        config, running, templates = servers
+        tag = uuid.uuid4().hex[:6]
+        self.databases = st.Databases(prefect=config.databases.prefect,
+                                      mlflow=f"{config.databases.mlflow}_{tag}",
+                                      mlflow_auth=f"{config.databases.mlflow_auth}_{tag}")
+        for field in ("mlflow", "mlflow_auth"):
+            _create_from(config, getattr(self.databases, field), templates[field])
+        self.config = config.model_copy(update={"databases": self.databases})
+        self.folder, self.running, self.family = folder, running, f"atk-{name}-{tag}"
+        self.artifact_root = folder / "artifacts"
+        self.start_mlflow()
+        self.env = {**running.client_env("pipeline", config), "MLFLOW_TRACKING_URI": self.url}
+        self.key_dir = folder / "keys"
+        self.signing = Signing(signer=keys.load_signer(keys.ensure_pipeline_key(self.key_dir)),
+                               trust=keys.folder_trust(self.key_dir), key_dir=self.key_dir,
+                               sequencer=PrefectSequencer())
+
+    def start_mlflow(self, port: int = 0) -> None:
+        self.pid, _, self.url = st.start_mlflow_server(
+            self.config, self.folder, port or st.free_port(self.config.host), self.artifact_root)
+
+    def stop(self) -> None:
+        st.stop_process(self.pid)
+        for field in ("mlflow", "mlflow_auth"):
+            st.drop_database(self.config, getattr(self.databases, field))
+
+    def tracking(self, monkeypatch) -> Tracking:
+        for key, value in self.env.items():
+            monkeypatch.setenv(key, value)
+        return Tracking(tracking_uri=self.url)
+
+    def log(self, tracking: Tracking):
+        return family_log.read(StoreSource(tracking, self.family, self.signing.trust))
+
+
+@pytest.fixture
+def attack(servers, tmp_path, request):
+    made = Attack(servers, tmp_path, request.node.name.removeprefix("test_")[:12].replace("_", "-"))
+    try:
+        yield made
+    finally:
+        made.stop()
+
+
+MOVER = """
+import concurrent.futures, json, sys, threading
+from flows.log_sequencer import PrefectSequencer
+from lineage import keys, registry
+from lineage.attestations import Signing
+from lineage.checkpoints import read_checkpoint
+from lineage.tracking import Tracking
+family, key_dir, uri, versions = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
+signing = Signing(signer=keys.load_signer(keys.ensure_pipeline_key(key_dir)),
+                  trust=keys.folder_trust(key_dir), key_dir=key_dir, sequencer=PrefectSequencer())
+tracking = Tracking(tracking_uri=uri)
+barrier = threading.Barrier(len(versions))
+def move(v):
+    barrier.wait()
+    return registry.assign_shadow(tracking, family, v, signing=signing).version
+with concurrent.futures.ThreadPoolExecutor(len(versions)) as pool:
+    print(json.dumps(list(pool.map(move, versions))))
+"""
+
+
+def test_concurrent_alias_moves_from_two_processes_are_each_signed_once(attack, monkeypatch):
+    from tests.conftest_lineage import signed_build
+
+    tracking = attack.tracking(monkeypatch)
+    v1 = signed_build(tracking, attack.family, attack.signing)[1]
+    v2 = signed_build(tracking, attack.family, attack.signing)[1]
+    per_process = 3
+    started = time.monotonic()
+    movers = [subprocess.Popen(
+        [sys.executable, "-c", MOVER, attack.family, str(attack.key_dir), attack.url,
+         json.dumps([v1 if (i + p) % 2 else v2 for i in range(per_process)])],
+        env={**os.environ, **attack.env, "PYTHONPATH": str(ROOT)}, cwd=ROOT,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for p in range(2)]
+    outputs = [m.communicate(timeout=600) for m in movers]
+    took = time.monotonic() - started
+    for mover, (_, err) in zip(movers, outputs, strict=True):
+        assert mover.returncode == 0, err[-3000:]
+    moved = [v for out, _ in outputs for v in json.loads(out.strip().splitlines()[-1])]
+    log = attack.log(tracking)
+    assert log.problems == [], log.problems
+    moves, problems = registered_model.store_alias_history(tracking, attack.family,
+                                                           attack.signing.trust)
+    assert problems == [], problems
+    assert [int(m.predicate["sequence"]) for m in moves] == list(range(1, 2 * per_process + 1))
+    assert sorted(str(m.predicate["version"]) for m in moves) == sorted(moved)
+    for earlier, later in zip(moves, moves[1:], strict=False):
+        assert later.predicate["previous_version"] == earlier.predicate["version"]
+    assert registered_model.alias_version(tracking, attack.family, "shadow") == \
+        registered_model.signed_aliases(moves)["shadow"]
+    # the checkpoint outside the store is at the log's head
+    kept = PrefectSequencer().checkpoint(attack.family)
+    assert kept is not None
+    assert read_checkpoint(kept, attack.signing.trust, label="variable") == log.head()
+    sv.report("attack_concurrent_moves", {"processes": 2, "moves": 2 * per_process,
+                                          "signed_once": True, "history_intact": True,
+                                          "seconds": round(took, 1)})
+
+
+def test_an_older_backup_restored_is_a_cut_log(attack, monkeypatch):
+    from tests.conftest_lineage import signed_build
+
+    tracking = attack.tracking(monkeypatch)
+    version = signed_build(tracking, attack.family, attack.signing)[1]
+    registry.assign_shadow(tracking, attack.family, version, signing=attack.signing)
+    dump = attack.folder / "older.dump"
+    subprocess.run(["pg_dump", "-Fc", "-f", str(dump),
+                    attack.config.database_url(attack.databases.mlflow)], check=True, timeout=120)
+    registry.rollback(tracking, attack.family, alias="shadow", reason="drill",
+                      signing=attack.signing)
+    length = attack.log(tracking).length
+    # restore the older backup: the rollback's entries are gone from the store
+    port = int(attack.url.rsplit(":", 1)[1])
+    st.stop_process(attack.pid)
+    st.drop_database(attack.config, attack.databases.mlflow)
+    st.create_database(attack.config, attack.databases.mlflow)
+    subprocess.run(["pg_restore", "--no-owner", "-d",
+                    attack.config.database_url(attack.databases.mlflow), str(dump)],
+                   check=True, timeout=120)
+    attack.start_mlflow(port)
+    assert attack.log(tracking).length < length
+    # the key folder beside the pipeline is gone too (a worker host rebuilt): only the
+    # checkpoint in the Prefect variable is left to see the cut
+    signing = attack.signing.model_copy(update={"key_dir": None})
+    with pytest.raises(LogDamaged, match=checkpoint_name(attack.family)) as err:
+        registry.assign_shadow(tracking, attack.family, version, signing=signing)
+    assert "last entries were cut" in str(err.value)
+    with pytest.raises(LogDamaged, match="last entries were cut"):
+        log_writer.require_intact(tracking, attack.family, signing)
+    sv.report("attack_older_backup", {"entries_before": length,
+                                      "entries_after_restore": attack.log(tracking).length,
+                                      "detected_by": "the Prefect variable `kernelgate-checkpoint-<family>`",
+                                      "next_move_refused": True})
