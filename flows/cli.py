@@ -77,24 +77,10 @@ app.command(name="approve-loosening")(approve_loosening)
 app.command()(reanchor)
 from flows.cli_calibrate import calibrate  # noqa: E402
 from flows.cli_stack import stack_app  # noqa: E402
+from flows.paths import compilation_cache  # noqa: E402
 
 app.add_typer(stack_app, name="stack")
 app.command()(calibrate)
-
-
-def compilation_cache(store_dir: Path) -> Path | None:
-    """Keep compiled programs across runs in ``<store>/jax-cache`` (returned) unless
-    ``JAX_COMPILATION_CACHE_DIR`` names a folder (``make`` sets one for every target; then
-    None): a CPU rollout compiles about 150 programs, the interpreted kernel's at 1-2 s
-    each and the MiniLM forward with it inlined at about 2 s per length bucket."""
-    if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
-        return None
-    import jax
-
-    folder = (store_dir / "jax-cache").resolve()
-    jax.config.update("jax_compilation_cache_dir", str(folder))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    return folder
 
 
 def _settings(implementation: str, thresholds: Path | None, store_dir: Path, block_q: int | None,

@@ -99,16 +99,16 @@ def test_cli_refuses_block_sizes_for_an_untiled_kernel(tmp_path):
 def test_the_cli_keeps_compiled_programs_in_the_store_unless_told_where(tmp_path, monkeypatch):
     import jax
 
-    from flows import cli
+    from flows import paths
 
     before = (jax.config.jax_compilation_cache_dir,
               jax.config.jax_persistent_cache_min_compile_time_secs)
     monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "elsewhere"))
-    assert cli.compilation_cache(tmp_path / "store") is None
+    assert paths.compilation_cache(tmp_path / "store") is None
     assert jax.config.jax_compilation_cache_dir == before[0]
     monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR")
     try:
-        folder = cli.compilation_cache(tmp_path / "store")
+        folder = paths.compilation_cache(tmp_path / "store")
         assert folder == (tmp_path / "store" / "jax-cache").resolve()
         assert jax.config.jax_compilation_cache_dir == str(folder)
         assert jax.config.jax_persistent_cache_min_compile_time_secs == 0

@@ -42,7 +42,18 @@ FULL_POWER = 0.99
 MAX_AA_ROLLBACKS = 1
 
 _HEADLINE = re.compile(r"^#\s*kernelgate rollout:\s*(?P<family>\S+)\s+v(?P<version>\S+)\s+\S+\s+"
-                       r"(?P<result>\S+)\s*$")
+                       r"\**(?P<verdict>[^*]+?)\**\s*$")
+_RESULTS = ("rolled back", "timed out", "promoted", "rejected", "errored")
+"""The verdict line's first words, as ``RolloutOutcome.verdict`` writes the result
+("rolled back at canary-25pct; ..."; older CLIs printed the bare result)."""
+
+
+def _result(verdict: str) -> str:
+    words = verdict.strip().replace("_", " ")
+    for result in _RESULTS:
+        if words.startswith(result):
+            return result.replace(" ", "_")
+    raise ValueError(f"no rollout result in the verdict {verdict!r}")
 
 
 def parse_rollout_log(text: str) -> dict:
@@ -57,7 +68,8 @@ def parse_rollout_log(text: str) -> dict:
         line = line.strip()
         match = _HEADLINE.match(line)
         if match:
-            out = {**match.groupdict(), "stage": None, "reason": None}
+            out = {"family": match["family"], "version": match["version"],
+                   "result": _result(match["verdict"]), "stage": None, "reason": None}
         elif out and line.startswith("* decided at stage:"):
             out["stage"] = line.split(":", 1)[1].strip().strip("`")
         elif out and line.startswith("* reason:") and out.get("reason") is None:
