@@ -218,3 +218,103 @@ def test_an_older_backup_restored_is_a_cut_log(attack, monkeypatch):
                                       "entries_after_restore": attack.log(tracking).length,
                                       "detected_by": "the Prefect variable `kernelgate-checkpoint-<family>`",
                                       "next_move_refused": True})
+
+
+def _answer_paused(flow_name: str, key: str, run_input: dict, timeout_s: float = 300) -> str:
+    """Resume the paused run of ``flow_name`` through the Prefect API (as any holder of the
+    stack's Prefect auth string) once the form of pause ``key`` is saved; returns its id."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (
+        FlowFilter,
+        FlowFilterName,
+        FlowRunFilter,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+    )
+    from prefect.client.schemas.objects import StateType
+    from prefect.flow_runs import resume_flow_run
+
+    paused = FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.PAUSED])))
+    deadline = time.monotonic() + timeout_s
+    with get_client(sync_client=True) as client:
+        while time.monotonic() < deadline:
+            for run in client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=[flow_name])),
+                                             flow_run_filter=paused):
+                try:
+                    client.read_flow_run_input(flow_run_id=run.id, key=f"paused-{key}-schema")
+                except Exception:  # noqa: BLE001 - paused, but the form is not saved yet
+                    continue
+                resume_flow_run(run.id, run_input=run_input)
+                return str(run.id)
+            time.sleep(0.5)
+    raise AssertionError(f"{flow_name} never paused for {key}")
+
+
+def test_an_unsigned_production_approval_is_refused(servers, tmp_path):
+    """The shipped production policy (``require_signed``, a named approver) asks for
+    ``canary->production`` in a flow run on the stack's Prefect server; an attacker holding
+    the Prefect auth string (one string for every client, the auditor's included) answers
+    through the Prefect API with a typed approval in the named approver's name. The server
+    takes the input; the flow refuses it with the message saying how to sign, asks again,
+    and — nobody signing — ends as the timeout's rejection, never an approval."""
+    import contextvars
+    import threading
+    from types import SimpleNamespace
+
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    from flows import promotion
+    from gates.thresholds import parse_thresholds
+    from tests.test_gates_approval_view import _decision
+
+    shipped = parse_thresholds((ROOT / "thresholds" / "production.yaml").read_bytes()).approval
+    assert shipped.require_signed and "canary->production" in shipped.required_for
+    alice = keys.create_key(tmp_path / "alice.key")
+    policy = shipped.model_copy(update={"timeout_s": 60, "approvers": [
+        {"name": "alice", "keyid": alice.keyid, "public_key": alice.to_dict()}]})
+    policy = type(shipped).model_validate(policy.model_dump())
+    transition, name = "canary->production", f"attack-unsigned-{uuid.uuid4().hex[:6]}"
+
+    @flow(name=name)
+    def asking():
+        context = SimpleNamespace(record=SimpleNamespace(family="xla"))
+        gated = SimpleNamespace(thresholds=SimpleNamespace(approval=policy), version="7",
+                                decision=_decision())
+        return promotion._ask(context, transition, gated, (), None)
+
+    answered: list[str] = []
+    errors: list[BaseException] = []
+
+    def attacker():
+        try:
+            answered.append(_answer_paused(name, promotion.pause_key(transition, 0),
+                                           {"decision": "approve", "approver": "alice",
+                                            "comment": "looks fine", "signed_approval": ""}))
+        except BaseException as err:  # noqa: BLE001 - re-raised in the test's thread
+            errors.append(err)
+
+    started = time.monotonic()
+    answer = threading.Thread(target=contextvars.copy_context().run, args=(attacker,), daemon=True)
+    answer.start()
+    record = asking()
+    answer.join(timeout=10)
+    took = time.monotonic() - started
+    if errors:
+        raise errors[0]
+    assert answered, "the attacker never answered"
+    # not promoted: the only way out was the timeout's rejection
+    assert (record.approved, record.timed_out, record.approver) == (False, True, "(nobody)")
+    with get_client(sync_client=True) as client:
+        lines = [log.message for log in client.read_logs(log_filter=LogFilter(
+            flow_run_id=LogFilterFlowRunId(any_=[answered[0]])))]
+    refused = [m for m in lines if "not accepted" in m]
+    assert len(refused) == 1, lines
+    assert "requires a signed approval" in refused[0]
+    assert f"kernelgate approve {answered[0]} --key" in refused[0]
+    sv.report("attack_unsigned_approval", {"typed_answers": 1, "refused": True,
+                                           "approved": record.approved,
+                                           "ended": "timeout rejection",
+                                           "seconds": round(took, 1)})
+
