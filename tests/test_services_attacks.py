@@ -318,3 +318,61 @@ def test_an_unsigned_production_approval_is_refused(servers, tmp_path):
                                            "ended": "timeout rejection",
                                            "seconds": round(took, 1)})
 
+
+def test_a_manual_rollback_during_a_rollout_waits_for_its_slot(attack, monkeypatch):
+    """A release manager's ``kernelgate rollback`` (its own process) started while a
+    rollout holds the family's Prefect concurrency slot waits until the slot is free,
+    then rolls back: the rollout's alias move and the rollback's are one history, every
+    move once, in the order the slot gave them."""
+    import threading
+
+    from flows.tasks import family_slot
+    from tests.conftest_lineage import promotable_chain, promote, signed_build, thresholds_yaml
+
+    tracking = attack.tracking(monkeypatch)
+    thresholds = attack.folder / "thresholds.yaml"
+    thresholds.write_text(thresholds_yaml())
+    for _ in range(2):
+        promote(tracking, attack.family, promotable_chain(tracking, attack.family, thresholds,
+                                                          signing=attack.signing), attack.signing)
+    before = registered_model.aliases(tracking, attack.family)
+    candidate = signed_build(tracking, attack.family, attack.signing)[1]
+    lines: list[str] = []
+    with family_slot(attack.family) as held:  # what a rollout of the family holds
+        assert held
+        rollback = subprocess.Popen(
+            [sys.executable, "-m", "flows.cli", "rollback", "--reason", "drill: bad latency",
+             "--requested-by", "rm@example.com", "--family", attack.family],
+            env={**os.environ, **attack.env, "PYTHONPATH": str(ROOT),
+                 "KERNELGATE_KEY_DIR": str(attack.key_dir)},
+            cwd=attack.folder, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        reader = threading.Thread(target=lambda: lines.extend(rollback.stdout), daemon=True)
+        reader.start()
+        deadline = time.monotonic() + 300
+        while not any("waiting for the" in line for line in lines):
+            assert rollback.poll() is None, "".join(lines)[-3000:]
+            assert time.monotonic() < deadline, "".join(lines)[-3000:]
+            time.sleep(0.5)
+        waiting_since = time.monotonic()
+        time.sleep(5)  # it keeps waiting while the rollout holds the slot
+        assert rollback.poll() is None and not any("holding the" in line for line in lines)
+        assert registered_model.aliases(tracking, attack.family) == before
+        registry.assign_shadow(tracking, attack.family, candidate, signing=attack.signing)
+        released = time.monotonic()
+    assert rollback.wait(timeout=300) == 0, "".join(lines)[-3000:]
+    reader.join(timeout=10)
+    after = registered_model.aliases(tracking, attack.family)
+    assert after["production"] != before["production"] and after["shadow"] == candidate
+    log = attack.log(tracking)
+    assert log.problems == [], log.problems
+    moves, problems = registered_model.store_alias_history(tracking, attack.family,
+                                                           attack.signing.trust)
+    assert problems == [], problems
+    assert [int(m.predicate["sequence"]) for m in moves] == list(range(1, len(moves) + 1))
+    # the rollout's move came first, the rollback's after it: serialised by the slot
+    assert [m.predicate["alias"] for m in moves[-2:]] == ["shadow", "production"], \
+        [m.predicate for m in moves[-2:]]
+    sv.report("attack_rollback_during_rollout", {
+        "waited_s": round(released - waiting_since, 1), "rolled_back_after_release": True,
+        "history_intact": True, "moves": len(moves)})
+
