@@ -181,6 +181,65 @@ def create_accounts(config: StackConfig, mlflow_url: str) -> None:
                 os.environ[key] = value
 
 
+def claim_families(config: StackConfig, mlflow_url: str) -> list[str]:
+    """Create the experiment and registered model of each of ``config.families`` as the
+    pipeline account (idempotent), so it owns them before any other account can create
+    the names (``lineage.ownership``); returns the families claimed.
+
+    Raises:
+        StackError: a family is already owned by another account (the message says how
+            an admin hands it back), or a password variable is unset.
+    """
+    from lineage.ownership import FamilyOwnedElsewhere, refusing_squatted
+    from lineage.registered_model import ensure_registered_model
+    from lineage.tracking import Tracking, ensure_experiment
+
+    keys = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")
+    old = {k: os.environ.get(k) for k in keys}
+    os.environ.update(dict(zip(keys, ("pipeline", config.secrets.value("pipeline")), strict=True)))
+    tracking = Tracking(tracking_uri=mlflow_url)
+    try:
+        for family in config.families:
+            with refusing_squatted(tracking, family, "create the experiment"):
+                ensure_experiment(tracking, family)
+            with refusing_squatted(tracking, family, "create the registered model"):
+                ensure_registered_model(tracking, family)
+    except FamilyOwnedElsewhere as err:
+        raise StackError(f"{err} (owned by: {', '.join(_owners(config, mlflow_url, family)) or 'unknown'})"
+                         ) from err
+    finally:
+        for key, value in old.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    return list(config.families)
+
+
+def _owners(config: StackConfig, mlflow_url: str, family: str) -> list[str]:
+    """The accounts owning ``family`` on the server, read as the admin."""
+    from mlflow.server import get_app_client
+
+    from lineage.ownership import owners
+    from lineage.tracking import Tracking, experiment_name
+
+    keys = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")
+    old = {k: os.environ.get(k) for k in keys}
+    os.environ.update(dict(zip(keys, ("admin", config.secrets.value("mlflow_admin")), strict=True)))
+    try:
+        found = Tracking(tracking_uri=mlflow_url).client().get_experiment_by_name(
+            experiment_name(family))
+        return owners(get_app_client("basic-auth", tracking_uri=mlflow_url),
+                      [a for a in ACCOUNTS if a != "pipeline"], family,
+                      found.experiment_id if found else None)
+    finally:
+        for key, value in old.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 def _prefect_cli(args: list[str], env: dict[str, str], timeout_s: float = 180) -> str:
     done = subprocess.run([_bin("prefect"), "--no-prompt", *args], env={**os.environ, **env},
                           cwd=PROJECT_DIR, capture_output=True, text=True, timeout=timeout_s)
@@ -250,6 +309,7 @@ def up(config: StackConfig, *, worker: bool = True, deploy: bool = True) -> Stac
             _prefect_cli(["deploy", "--all"], {**env, "KERNELGATE_HOME": str(PROJECT_DIR)})
         wait_ready(stack.mlflow_url, stack.pids["mlflow-server"], stack.logs["mlflow-server"])
         create_accounts(config, stack.mlflow_url)
+        claim_families(config, stack.mlflow_url)
         if worker:
             start_worker(config, stack)
     except BaseException:

@@ -10,6 +10,7 @@ import secrets
 import socket
 from datetime import timedelta
 from pathlib import Path
+from typing import Annotated
 from urllib.parse import urlsplit, urlunsplit
 
 import yaml
@@ -80,6 +81,9 @@ class StackConfig(BaseModel):
         scheduler_loop_s: how often the server's scheduler creates scheduled runs (seconds).
         prefect_ui: serve the Prefect UI (where release managers approve).
         secrets: environment variables with the passwords.
+        families: kernel families whose experiment and registered model ``up`` creates
+            as the pipeline account, so that no other account can create them first and
+            lock the pipeline out (MLflow's basic-auth has no permission for creating).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -97,6 +101,7 @@ class StackConfig(BaseModel):
     scheduler_loop_s: int = Field(60, ge=1, le=3600)
     prefect_ui: bool = True
     secrets: Secrets = Secrets()
+    families: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]+$")]] = Field(default_factory=list)
 
     @classmethod
     def load(cls, path: str | Path = DEFAULT_CONFIG) -> StackConfig:

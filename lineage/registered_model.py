@@ -25,6 +25,7 @@ from mlflow.exceptions import MlflowException
 from kernels.config import BlockSizes
 from lineage import tags
 from lineage.attestations import Attestation, TrustPolicy
+from lineage.ownership import refusing_squatted
 from lineage.records import LineageError
 from lineage.sources import EvidenceSource, StoreSource
 from lineage.tracking import Tracking, experiment_name
@@ -66,6 +67,7 @@ def register_build(tracking: Tracking, family: str, build_run_id: str, *, implem
 
     Raises:
         LineageError: the run does not exist or is not a ``build`` run.
+        lineage.ownership.FamilyOwnedElsewhere: another account owns the registered model.
     """
     client = tracking.client()
     try:
@@ -74,13 +76,14 @@ def register_build(tracking: Tracking, family: str, build_run_id: str, *, implem
         raise LineageError(f"build run {build_run_id!r} not found") from exc
     if run.data.tags.get(tags.STAGE) != "build":
         raise LineageError(f"run {build_run_id} is not a build run")
-    name = ensure_registered_model(tracking, family)
-    version = client.create_model_version(
-        name, source=f"runs:/{build_run_id}/{artifact_path}", run_id=build_run_id,
-        tags={tags.BUILD_RUN_ID: build_run_id, tags.FAMILY: family,
-              tags.IMPLEMENTATION: implementation,
-              tags.CONFIG: json.dumps(config.model_dump(exclude_none=True) if config else None),
-              **(extra_tags or {})})
+    with refusing_squatted(tracking, family, "create a model version"):
+        name = ensure_registered_model(tracking, family)
+        version = client.create_model_version(
+            name, source=f"runs:/{build_run_id}/{artifact_path}", run_id=build_run_id,
+            tags={tags.BUILD_RUN_ID: build_run_id, tags.FAMILY: family,
+                  tags.IMPLEMENTATION: implementation,
+                  tags.CONFIG: json.dumps(config.model_dump(exclude_none=True) if config else None),
+                  **(extra_tags or {})})
     return str(version.version)
 
 

@@ -32,6 +32,7 @@ from pydantic import BaseModel
 
 from kernels.errors import KernelgateError
 from lineage import tags
+from lineage.ownership import refusing_squatted
 from lineage.store import (  # noqa: F401 - re-exported: the store's location and client
     STORE_DIR,
     StoreUnreachable,
@@ -76,13 +77,18 @@ def start_run(
     run_name: str | None = None,
     run_tags: Mapping[str, str] | None = None,
 ) -> str:
-    """Create a run in the family's experiment and return its id (status RUNNING)."""
+    """Create a run in the family's experiment and return its id (status RUNNING).
+
+    Raises:
+        lineage.ownership.FamilyOwnedElsewhere: another account owns the experiment.
+    """
     all_tags = {tags.STAGE: stage, tags.FAMILY: family, **(run_tags or {})}
     if parent_run_id:
         all_tags[tags.PARENT] = parent_run_id
-    run = tracking.client().create_run(
-        ensure_experiment(tracking, family), run_name=run_name or stage, tags=all_tags
-    )
+    with refusing_squatted(tracking, family, "create a run"):
+        run = tracking.client().create_run(
+            ensure_experiment(tracking, family), run_name=run_name or stage, tags=all_tags
+        )
     return run.info.run_id
 
 

@@ -33,6 +33,8 @@ from tests import services as sv
 pytestmark = pytest.mark.services
 
 ROOT = Path(__file__).resolve().parents[1]
+CLAIMED = "atk-claimed"
+"""The family the shared stack's ``up`` claims for the pipeline (``StackConfig.families``)."""
 
 
 def _create_from(config: st.StackConfig, name: str, template: str) -> None:
@@ -51,7 +53,7 @@ def _create_from(config: st.StackConfig, name: str, template: str) -> None:
 def servers(tmp_path_factory):
     """Prefect server, accounts and pristine MLflow databases (templates, no server on
     them): ``(config, stack, templates)``."""
-    config = sv.test_config(tmp_path_factory.mktemp("attack-stack"))
+    config = sv.test_config(tmp_path_factory.mktemp("attack-stack"), families=[CLAIMED])
     values = st.random_secrets(config)
     saved = {k: os.environ.get(k) for k in values}
     os.environ.update(values)
@@ -376,3 +378,63 @@ def test_a_manual_rollback_during_a_rollout_waits_for_its_slot(attack, monkeypat
         "waited_s": round(released - waiting_since, 1), "rolled_back_after_release": True,
         "history_intact": True, "moves": len(moves)})
 
+
+def _as(monkeypatch, attack: Attack, account: str) -> Tracking:
+    """The attack's MLflow as ``account`` (its client environment)."""
+    for key, value in attack.running.client_env(account, attack.config).items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", attack.url)
+    return Tracking(tracking_uri=attack.url)
+
+
+def test_a_squatted_family_is_refused_naming_its_owner(attack, monkeypatch):
+    """The auditor creates ``kernelgate-<family>`` (experiment, a run, registered model)
+    before the pipeline: the pipeline's first write is refused with an error saying the
+    family is another account's and how an admin hands it back (``stack up``, which has
+    the admin, names the owner); after the README's hand-back the
+    pipeline writes. A family ``stack up`` claimed cannot be written by the auditor."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.server import get_app_client
+
+    from lineage.ownership import FamilyOwnedElsewhere
+    from lineage.tracking import experiment_name, start_run
+    from tests.conftest_lineage import signed_build
+
+    name = experiment_name(attack.family)
+    squatter = _as(monkeypatch, attack, "auditor").client()
+    experiment_id = squatter.create_experiment(name)
+    squatter.create_run(experiment_id)
+    squatter.create_registered_model(name)
+    tracking = _as(monkeypatch, attack, "pipeline")
+    with pytest.raises(FamilyOwnedElsewhere) as err:
+        signed_build(tracking, attack.family, attack.signing)
+    said = str(err.value)
+    assert "owned by another account" in said and "'pipeline'" in said and name in said
+    assert "README" in said and "A squatted family" in said
+    # where an admin is at hand (`stack up` claiming the family), the owner is named
+    with pytest.raises(st.StackError, match="owned by: auditor"):
+        st.claim_families(attack.config.model_copy(update={"families": [attack.family]}),
+                          attack.url)
+    # the registered model alone squatted: the model-version write is refused the same way
+    _as(monkeypatch, attack, "admin")
+    auth = get_app_client("basic-auth", tracking_uri=attack.url)
+    auth.grant_user_permission("pipeline", "experiment", experiment_id, "MANAGE")
+    tracking = _as(monkeypatch, attack, "pipeline")
+    with pytest.raises(FamilyOwnedElsewhere, match="create a model version"):
+        signed_build(tracking, attack.family, attack.signing)
+    # the README's hand-back (as the admin), then the pipeline writes
+    _as(monkeypatch, attack, "admin")
+    auth.grant_user_permission("pipeline", "registered_model", name, "MANAGE")
+    auth.revoke_user_permission("auditor", "experiment", experiment_id)
+    auth.revoke_user_permission("auditor", "registered_model", name)
+    tracking = _as(monkeypatch, attack, "pipeline")
+    assert signed_build(tracking, attack.family, attack.signing)[1]
+    # the family claimed at `stack up`: the pipeline owns it, the auditor may only read it
+    assert start_run(tracking, CLAIMED, "build")
+    _as(monkeypatch, attack, "auditor")
+    claimed = tracking.client().get_experiment_by_name(experiment_name(CLAIMED))
+    assert claimed is not None
+    with pytest.raises(MlflowException, match="PERMISSION_DENIED|403"):
+        tracking.client().create_run(claimed.experiment_id)
+    sv.report("attack_squatting", {"refused": True, "owner_named_at_stack_up": "auditor",
+                                   "handed_back_by_admin": True, "claimed_at_stack_up": True})

@@ -1,0 +1,88 @@
+"""Who may write a family: the experiment and registered model ``kernelgate-<family>``
+belong to the account that created them (MLflow's basic-auth app gives the creator
+MANAGE and everyone else the default, READ), and it has no permission for *creating* —
+so any account can create a family's name first and lock the pipeline out of it
+("squatting", issue 22).
+
+``kernelgate stack up`` creates the configured families as the pipeline account before
+anyone else can (``flows.stack.claim_families``); a write the server refuses with 403 on
+a family's experiment or model is turned into :class:`FamilyOwnedElsewhere`, which says
+so and how an admin hands the name back (README "A squatted family"). Only an MLflow
+admin may read other users' permissions, so the owner is named where an admin's client
+is at hand (``stack up``) and otherwise said to be another account (a run's ``user_id``
+is whatever its writer sent: no evidence of an owner).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+from mlflow.exceptions import MlflowException
+from mlflow.protos.databricks_pb2 import PERMISSION_DENIED
+
+HAND_BACK = 'README "A squatted family"'
+"""Where an admin reads how to hand a squatted family back to the pipeline account."""
+
+
+class FamilyOwnedElsewhere(MlflowException):
+    """The family's experiment or registered model belongs to another account: the
+    server refused this account's write (HTTP 403; still an ``MlflowException`` with
+    ``PERMISSION_DENIED``, so whoever handled the server's refusal still does)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, error_code=PERMISSION_DENIED)
+
+
+def _denied(err: MlflowException) -> bool:
+    return not isinstance(err, FamilyOwnedElsewhere) and (
+        err.error_code == "PERMISSION_DENIED" or err.get_http_status_code() == 403)
+
+
+def owners(auth, accounts, family: str, experiment_id: str | None) -> list[str]:
+    """The ``accounts`` holding MANAGE on ``family``'s experiment or registered model, read
+    with an admin's ``auth`` client (``mlflow.server.get_app_client("basic-auth")``: only an
+    admin may read other users' permissions)."""
+    from lineage.tracking import experiment_name
+
+    found = []
+    for account in accounts:
+        for kind, key in (("experiment", experiment_id), ("registered_model", experiment_name(family))):
+            if key is None:
+                continue
+            with contextlib.suppress(MlflowException):
+                if auth.get_user_permission(account, kind, key).permission == "MANAGE":
+                    found.append(account)
+                    break
+    return found
+
+
+@contextlib.contextmanager
+def refusing_squatted(tracking, family: str, what: str, owner=None) -> Iterator[None]:
+    """Run a write to ``family``'s experiment or registered model (``what``, in words);
+    a 403 from the server becomes :class:`FamilyOwnedElsewhere`. ``owner``: a callable
+    returning the owning accounts, where the caller can know them (an admin's).
+
+    Raises:
+        FamilyOwnedElsewhere: naming the family, the refused account, the owner where
+            known, and how an admin hands the name back.
+    """
+    from lineage.tracking import experiment_name
+
+    try:
+        yield
+    except MlflowException as err:
+        if not _denied(err):
+            raise
+        import os
+
+        name = experiment_name(family)
+        named = ", ".join(owner()) if owner else ""
+        account = os.environ.get("MLFLOW_TRACKING_USERNAME") or "this account"
+        raise FamilyOwnedElsewhere(
+            f"family {family!r} is owned by another account "
+            f"({'owner: ' + named if named else 'which one only an MLflow admin can read'}): "
+            f"the server refused {account!r} to {what} on `{name}` (403). The pipeline only "
+            f"writes families it created; an MLflow admin hands `{name}` back to the pipeline "
+            f"account ({HAND_BACK}), or `kernelgate stack up` with the family in stack.yaml's "
+            "`families` claims it before anyone else on a new server") from err
