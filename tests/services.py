@@ -170,6 +170,22 @@ def table(data: dict) -> str:
         row("attack: an older backup of the MLflow database restored",
             f"log {s['entries_before']} -> {s['entries_after_restore']} entries; detected as a cut "
             f"log by {s['detected_by']}; the next alias move refused: {s['next_move_refused']}")
+    if s := data.get("attack_unsigned_approval"):
+        row("attack: unsigned production approval (typed answer through the Prefect API)",
+            f"{s['typed_answers']} typed `approve` in a named approver's name refused: "
+            f"{s['refused']} (the message says to run `kernelgate approve … --key`); approved: "
+            f"{s['approved']}; ended as the {s['ended']} ({s['seconds']} s)")
+    if s := data.get("attack_rollback_during_rollout"):
+        row("attack: `kernelgate rollback` while a rollout holds the family's slot",
+            f"waited the {s['waited_s']} s the stand-in rollout held the slot, then rolled back: "
+            f"{s['rolled_back_after_release']}; history of {s['moves']} moves intact: "
+            f"{s['history_intact']}")
+    if s := data.get("attack_squatting"):
+        row("attack: the auditor creates `kernelgate-<family>` first (squatting)",
+            f"the pipeline's write refused naming the family as another account's: "
+            f"{s['refused']}; `stack up` names the owner ({s['owner_named_at_stack_up']}); "
+            f"handed back by the admin, then written: {s['handed_back_by_admin']}; a family "
+            f"claimed at `stack up` read-only to the auditor: {s['claimed_at_stack_up']}")
     return "| drill | result |\n|---|---|\n" + "\n".join(rows)
 
 
