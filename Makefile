@@ -43,10 +43,14 @@ TEST_WORKERS ?= 2
 export JAX_COMPILATION_CACHE_DIR ?= $(CURDIR)/.kernelgate/jax-cache
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS ?= 0
 export JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES ?= 0
+# --dist loadfile: one module per worker. `loadscope` is the same here (no test classes: it
+# groups module-level tests by module); `worksteal` splits a module over both workers and
+# builds its module-scoped fixtures twice (test_attacks.py's pristine store is five
+# rollouts; test_flows_rollout.py's Prefect harness, test set and seeded production).
 test: $(STAMP)  ## the test suite (CPU; slow, GPU, browser and services tests excluded; 2 processes)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15
 
-test-slow: $(STAMP)  ## only the slow tests (large interpret-mode shapes)
+test-slow: $(STAMP)  ## only the slow tests (large interpret-mode shapes, the attack variants beyond one per kind)
 	$(PY) -m pytest -q -m slow
 
 test-browser: $(STAMP)  ## the browser tests: Prefect approval form and MLflow lineage in headless Chromium
@@ -66,7 +70,7 @@ test-services: $(STAMP)  ## servers on PostgreSQL (tests marked services); write
 
 attacks: $(STAMP)  ## replay the attacks on the evidence; writes reliability/attacks.json (RELIABILITY.md)
 	mkdir -p reliability
-	KERNELGATE_ATTACK_REPORT=reliability/attacks.json $(PY) -m pytest -q tests/test_attacks.py
+	KERNELGATE_ATTACK_REPORT=reliability/attacks.json $(PY) -m pytest -q -m 'not gpu and not services and not browser' tests/test_attacks.py
 	$(PY) -m tests.attack_table reliability/attacks.json
 
 lint: $(STAMP)  ## ruff
