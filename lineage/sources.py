@@ -12,11 +12,15 @@ the signed digest.
 from __future__ import annotations
 
 import hashlib
+import tempfile
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Protocol
 
 from mlflow.entities import ViewType
 from mlflow.exceptions import MlflowException
+from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+from mlflow.store.artifact.local_artifact_repo import LocalArtifactRepository
 
 from lineage import tags
 from lineage import tracking as tr
@@ -86,9 +90,35 @@ def signed_artifact(source: EvidenceSource, run_id: str, kind: str, path: str
     return attestation, data
 
 
+def _files(repo, path: str) -> list[str]:
+    """Every artifact file under ``path`` of an artifact repository (recursive), sorted."""
+    found: list[str] = []
+    for info in repo.list_artifacts(path):
+        found.extend(_files(repo, info.path) if info.is_dir else [info.path])
+    return sorted(found)
+
+
+def _read(repo, path: str) -> bytes:
+    """One artifact's bytes from an artifact repository (a local one: the file itself,
+    not a download through a thread pool into a temporary folder)."""
+    if isinstance(repo, LocalArtifactRepository):
+        return (Path(repo.artifact_dir) / path).read_bytes()
+    with tempfile.TemporaryDirectory() as tmp:
+        return Path(repo.download_artifacts(path, dst_path=tmp)).read_bytes()
+
+
 class StoreSource:
     """The family's signed record in an MLflow store (runs found by stage tag — a hint —
     deleted runs included; read once, on first use).
+
+    Every run's envelopes are listed and read, and every one verified, on each load: a
+    writer (``lineage.log_writer``) reads the family this way before each append, so a
+    deleted or altered entry anywhere in the log stops it. The runs come from one paged
+    ``search_runs``; their ``attestations/`` folders are listed and read through each run's
+    own artifact repository (``run.info.artifact_uri`` from that search), not through
+    MLflow's ``runs:/`` URIs, which fetch the run again (twice) for every listing and
+    every download: that was most of an append's time (profiled, BENCHMARKS.md). A local
+    repository's envelopes are read as files (no download into a temporary folder).
 
     Args:
         stages: only runs of these stages (``None``: every run of the family).
@@ -127,14 +157,15 @@ class StoreSource:
 
     def _read_run(self, run_id: str) -> None:
         try:
-            paths = [p for p in tr.list_artifact_files(self.tracking, run_id, ATTESTATION_DIR)
-                     if p.endswith(".dsse.json")]
+            repo = get_artifact_repository(self.runs[run_id].info.artifact_uri,
+                                           tracking_uri=self.tracking.tracking_uri)
+            paths = [p for p in _files(repo, ATTESTATION_DIR) if p.endswith(".dsse.json")]
         except (MlflowException, OSError) as err:
             self._problems.append(f"run {run_id}: attestations unreadable ({err})")
             return
         for path in paths:
             try:
-                data = tr.read_artifact(self.tracking, run_id, path)
+                data = _read(repo, path)
                 self._found.append(verify_envelope(data, self.trust, run_id=run_id, path=path))
             except (AttestationError, MlflowException, OSError) as err:
                 self._problems.append(str(err))
