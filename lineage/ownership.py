@@ -21,11 +21,14 @@ from collections.abc import Iterator
 from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import PERMISSION_DENIED
 
+from kernels.errors import KernelgateError
+from lineage.names import experiment_name
+
 HAND_BACK = 'README "A squatted family"'
 """Where an admin reads how to hand a squatted family back to the pipeline account."""
 
 
-class FamilyOwnedElsewhere(MlflowException):
+class FamilyOwnedElsewhere(KernelgateError, MlflowException):
     """The family's experiment or registered model belongs to another account: the
     server refused this account's write (HTTP 403; still an ``MlflowException`` with
     ``PERMISSION_DENIED``, so whoever handled the server's refusal still does)."""
@@ -43,8 +46,6 @@ def owners(auth, accounts, family: str, experiment_id: str | None) -> list[str]:
     """The ``accounts`` holding MANAGE on ``family``'s experiment or registered model, read
     with an admin's ``auth`` client (``mlflow.server.get_app_client("basic-auth")``: only an
     admin may read other users' permissions)."""
-    from lineage.tracking import experiment_name
-
     found = []
     for account in accounts:
         for kind, key in (("experiment", experiment_id), ("registered_model", experiment_name(family))):
@@ -67,8 +68,6 @@ def refusing_squatted(tracking, family: str, what: str, owner=None) -> Iterator[
         FamilyOwnedElsewhere: naming the family, the refused account, the owner where
             known, and how an admin hands the name back.
     """
-    from lineage.tracking import experiment_name
-
     try:
         yield
     except MlflowException as err:

@@ -32,6 +32,7 @@ from pydantic import BaseModel
 
 from kernels.errors import KernelgateError
 from lineage import tags
+from lineage.names import experiment_name  # noqa: F401 - re-exported for callers
 from lineage.ownership import refusing_squatted
 from lineage.store import (  # noqa: F401 - re-exported: the store's location and client
     STORE_DIR,
@@ -43,13 +44,6 @@ from lineage.store import (  # noqa: F401 - re-exported: the store's location an
     tracking_for,
 )
 from lineage.tags import Stage
-
-
-def experiment_name(family: str) -> str:
-    """The experiment (and registered model) name of a kernel family: ``kernelgate-<family>``."""
-    if not family or not family.replace("_", "").replace("-", "").isalnum():
-        raise ValueError(f"family must be a non-empty [A-Za-z0-9_-] name, got {family!r}")
-    return f"kernelgate-{family}"
 
 
 def ensure_experiment(tracking: Tracking, family: str) -> str:
