@@ -19,7 +19,7 @@ from flows.tasks import run_logger, stage_task
 from gates.decision import decide
 from gates.thresholds import load_thresholds
 from kernels.shapes import AttentionShape
-from lineage import evidence, registered_model, registration, version_runners
+from lineage import evidence, registered_model, registration, tags, version_runners
 from lineage.chain import spent_confirmation_digests
 from lineage.records import log_decision
 from lineage.sources import StoreSource
@@ -133,10 +133,14 @@ def gate(context: RolloutContext, preregistered: Preregistered, built: Built,
     """
     gated = _judge(context, preregistered, built, evaluated, thresholds_path=thresholds_path)
     record = context.record
-    # linked now, not only on promotion: a rejected version's description links its chain
-    registered_model.link_gate(record.tracking, record.family, built.version,
-                               decision_run_id=gated.run_id, evaluation_run_id=evaluated.run_id,
-                               registration_id=preregistered.registration.registration_id)
+    # linked now, not only on promotion: a rejected version's description links its chain.
+    # Only a version's first gate links: a re-validation gates production again, and its
+    # links stay the ones the promotion signed (the audit compares them).
+    if tags.DECISION_RUN_ID not in registered_model.version_tags(record.tracking, record.family,
+                                                                 built.version):
+        registered_model.link_gate(record.tracking, record.family, built.version,
+                                   decision_run_id=gated.run_id, evaluation_run_id=evaluated.run_id,
+                                   registration_id=preregistered.registration.registration_id)
     run_logger().info("gate: %s — %s", gated.decision.verdict, gated.decision.summary)
     return gated
 

@@ -127,7 +127,9 @@ def main(argv: list[str]) -> int:
 
         model = mlflow.pyfunc.load_model(argv[1]).unwrap_python_model()
         attention_dtype = argv[2] if len(argv) > 2 else "float32"
-        if attention_dtype != model.encoder.config.attention_dtype:
+        # a version built before serving contracts has no attention dtype: float32
+        current = getattr(model.encoder.config, "attention_dtype", "float32")
+        if attention_dtype != current:
             if not hasattr(model.encoder, "with_attention_dtype"):
                 raise RuntimeError(f"this version's code cannot run MiniLM's attention in "
                                    f"{attention_dtype} (it predates serving contracts)")
@@ -135,7 +137,7 @@ def main(argv: list[str]) -> int:
         handlers = _handlers(model)
         _write(protocol_out, {"ok": True, "describe": {
             **model.describe(), "code_sha256": _code_digest(argv[1]),
-            "attention_dtype": model.encoder.config.attention_dtype}})
+            "attention_dtype": getattr(model.encoder.config, "attention_dtype", "float32")}})
     except Exception as err:  # noqa: BLE001 - reported to the parent, which raises
         _write(protocol_out, {"ok": False, "error": f"{type(err).__name__}: {err}",
                               "traceback": traceback.format_exc()})

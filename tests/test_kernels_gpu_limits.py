@@ -171,7 +171,25 @@ def test_nothing_fits_a_small_budget_so_auto_moves_on(monkeypatch):
     assert res.name != "pallas_gpu" and "no tiling fits" in res.skipped["pallas_gpu"]
 
 
-def test_table_tiling_for_another_dtype_is_never_applied_unfitted():
+@pytest.fixture
+def bf16_d128_table(tmp_path, monkeypatch):
+    """The table of the issue's case: one bf16 head_dim-128 causal entry, pallas_gpu best
+    with a 64x64 s3 tiling (which does not fit float32 at head_dim 256). Synthetic, so the
+    check does not depend on what the committed table's autotune happened to measure."""
+    entry = selection.TableEntry(
+        dtype="bfloat16", batch=1, seq=1024, num_heads=16, head_dim=128, causal=True,
+        best="pallas_gpu", tflops={"pallas_gpu": 400.0, "cudnn": 380.0},
+        pallas_config={"block_q": 64, "block_kv": 64, "num_warps": 4, "num_stages": 3})
+    table = selection.SelectionTable(
+        jax_version="0.11.2", device_kind="NVIDIA H200", created_at="2026-12-01T00:00:00+00:00",
+        command="test", tuning_data="synthetic", entries=[entry])
+    path = tmp_path / "gpu_table.json"
+    path.write_text(table.model_dump_json())
+    monkeypatch.setattr(selection, "DEFAULT_TABLE_PATH", path)
+    return path
+
+
+def test_table_tiling_for_another_dtype_is_never_applied_unfitted(bf16_d128_table):
     # The issue's case: float32 d256 took the bf16 d128 entry's 64x64 s3 tiling.
     shape = AttentionShape(batch=1, q_len=384, kv_len=384, num_heads=2, num_kv_heads=2,
                            head_dim=256, dtype="float32", causal=True)
