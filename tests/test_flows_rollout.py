@@ -372,9 +372,18 @@ def test_nightly_revalidation_rolls_back_a_production_version_that_broke(
     history = registered_model.production_history(tracking, FAMILY, signing.trust)
     assert history[-1] == promoted.version
 
+    links = (tags.DECISION_RUN_ID, tags.EVALUATION_RUN_ID, tags.REGISTRATION_ID)
+    signed = {k: version_tags(tracking, promoted.version)[k] for k in links}
     healthy = revalidate_production(FAMILY, make_settings("nan_under_fault"))
     assert healthy.result == "passed"
     assert registered_model.alias_version(tracking, FAMILY, "production") == promoted.version
+    # the re-validation's gate leaves the links the promotion signed (it had overwritten
+    # them: the services backup drill's audit failed on it, 2026-12-01)
+    assert {k: version_tags(tracking, promoted.version)[k] for k in links} == signed
+    from lineage.audit import audit
+
+    report = audit(tracking, FAMILY, "production", trust=signing.trust, load_model=False)
+    assert report.exit_code == 0, report.render()
 
     monkeypatch.setattr(Fault, "active", True)
     broken = revalidate_production(FAMILY, make_settings("nan_under_fault"))
