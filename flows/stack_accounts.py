@@ -7,10 +7,18 @@ squatting). ``flows.stack.up`` calls both."""
 from __future__ import annotations
 
 import os
+from unittest import mock
 
 from flows.stack_config import StackConfig, StackError
 
 ACCOUNTS = ("pipeline", "auditor", "release-manager")
+
+
+def _as_account(username: str, password: str):
+    """MLflow's client credentials set to ``username`` for a block, the caller's restored
+    after it (``unittest.mock.patch.dict`` on ``os.environ``)."""
+    return mock.patch.dict(os.environ, {"MLFLOW_TRACKING_USERNAME": username,
+                                        "MLFLOW_TRACKING_PASSWORD": password})
 
 
 def create_accounts(config: StackConfig, mlflow_url: str) -> None:
@@ -24,10 +32,7 @@ def create_accounts(config: StackConfig, mlflow_url: str) -> None:
     from mlflow.server import get_app_client
 
     passwords = {a: config.secrets.value(a.replace("-", "_")) for a in ACCOUNTS}
-    old = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")}
-    os.environ["MLFLOW_TRACKING_USERNAME"] = "admin"
-    os.environ["MLFLOW_TRACKING_PASSWORD"] = config.secrets.value("mlflow_admin")
-    try:
+    with _as_account("admin", config.secrets.value("mlflow_admin")):
         auth = get_app_client("basic-auth", tracking_uri=mlflow_url)
         for account, password in passwords.items():
             try:
@@ -36,12 +41,6 @@ def create_accounts(config: StackConfig, mlflow_url: str) -> None:
                 if "RESOURCE_ALREADY_EXISTS" not in str(err):
                     raise
                 auth.update_user_password(account, password)
-    finally:
-        for key, value in old.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def claim_families(config: StackConfig, mlflow_url: str) -> list[str]:
@@ -57,25 +56,17 @@ def claim_families(config: StackConfig, mlflow_url: str) -> list[str]:
     from lineage.registered_model import ensure_registered_model
     from lineage.tracking import Tracking, ensure_experiment
 
-    keys = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")
-    old = {k: os.environ.get(k) for k in keys}
-    os.environ.update(dict(zip(keys, ("pipeline", config.secrets.value("pipeline")), strict=True)))
     tracking = Tracking(tracking_uri=mlflow_url)
     try:
-        for family in config.families:
-            with refusing_squatted(tracking, family, "create the experiment"):
-                ensure_experiment(tracking, family)
-            with refusing_squatted(tracking, family, "create the registered model"):
-                ensure_registered_model(tracking, family)
+        with _as_account("pipeline", config.secrets.value("pipeline")):
+            for family in config.families:
+                with refusing_squatted(tracking, family, "create the experiment"):
+                    ensure_experiment(tracking, family)
+                with refusing_squatted(tracking, family, "create the registered model"):
+                    ensure_registered_model(tracking, family)
     except FamilyOwnedElsewhere as err:
         raise StackError(f"{err} (owned by: {', '.join(_owners(config, mlflow_url, family)) or 'unknown'})"
                          ) from err
-    finally:
-        for key, value in old.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
     return list(config.families)
 
 
@@ -86,18 +77,9 @@ def _owners(config: StackConfig, mlflow_url: str, family: str) -> list[str]:
     from lineage.ownership import owners
     from lineage.tracking import Tracking, experiment_name
 
-    keys = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")
-    old = {k: os.environ.get(k) for k in keys}
-    os.environ.update(dict(zip(keys, ("admin", config.secrets.value("mlflow_admin")), strict=True)))
-    try:
+    with _as_account("admin", config.secrets.value("mlflow_admin")):
         found = Tracking(tracking_uri=mlflow_url).client().get_experiment_by_name(
             experiment_name(family))
         return owners(get_app_client("basic-auth", tracking_uri=mlflow_url),
                       [a for a in ACCOUNTS if a != "pipeline"], family,
                       found.experiment_id if found else None)
-    finally:
-        for key, value in old.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
