@@ -46,7 +46,9 @@ case ${1:-} in
       --implementation pallas_mosaic_gpu --thresholds thresholds/bf16-long.yaml
     step rollout-auto 240 python3 -m flows.cli rollout --store-dir "$store" \
       --thresholds thresholds/bf16-long.yaml
-    step audit 60 python3 -m flows.cli audit production --store-dir "$store"
+    step audit-v1 60 python3 -m flows.cli audit 1 --store-dir "$store"
+    step audit-v2 60 python3 -m flows.cli audit 2 --store-dir "$store"
+    step audit-production 60 python3 -m flows.cli audit production --store-dir "$store"
     step timeline 30 python3 -m flows.cli timeline --store-dir "$store" --json "$out/timeline.json"
     ;;
   *) sed -n 2,17p "$0"; exit 2 ;;
