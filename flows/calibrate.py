@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 from evaluation import recorded_traffic, serving
 from evaluation.documents import assign_splits, load_documents
@@ -21,6 +22,7 @@ from evaluation.model import MiniLM
 from flows.traffic import judge_step
 from gates.canary_latency import conclude_canary
 from gates.canary_plan import CanaryPlan
+from gates.serving_contract import ServingContract
 from gates.thresholds import load_thresholds
 from lineage import calibration, chain, registered_model, version_runners
 from lineage.attestations import Signing
@@ -29,17 +31,43 @@ from lineage.sources import StoreSource
 from lineage.tracking import Tracking
 
 
+class RegisteredServing(NamedTuple):
+    """What production's registration fixes for a canary: the plan, the registration's
+    id (``None`` when read from a fallback file) and the serving contract, whose
+    ``model_dtype`` is the dtype MiniLM's attention runs in on both sides."""
+
+    plan: CanaryPlan
+    registration_id: str | None
+    serving: ServingContract
+
+
 def registered_plan(tracking: Tracking, family: str, version: str, trust,
-                    fallback: Path | None) -> tuple[CanaryPlan, str | None]:
-    """The canary plan production's version was registered with (and the registration
-    id), else the plan of the ``fallback`` thresholds file."""
+                    fallback: Path | None) -> RegisteredServing:
+    """The canary plan and serving contract production's version was registered with
+    (and the registration id), else those of the ``fallback`` thresholds file.
+
+    Raises:
+        ValueError: no readable registration and no ``fallback``.
+    """
     evidence = chain.collect(StoreSource(tracking, family, trust), version)
     if evidence.thresholds is not None:
-        return evidence.thresholds.canary, evidence.registration.registration_id
+        return RegisteredServing(evidence.thresholds.canary,
+                                 evidence.registration.registration_id,
+                                 evidence.thresholds.serving)
     if fallback is None:
         raise ValueError(f"production v{version} of {family} has no readable registration; "
                          "pass --thresholds")
-    return load_thresholds(fallback).canary, None
+    thresholds = load_thresholds(fallback)
+    return RegisteredServing(thresholds.canary, None, thresholds.serving)
+
+
+def serving_model(contract: ServingContract) -> MiniLM:
+    """MiniLM with its attention in the contract's ``model_dtype``, as a rollout's canary
+    serves it (``flows.results.ServingModel``): a calibration in another dtype would time
+    other programs, and a kernel whose contract is bf16 only refuses float32 requests
+    (seen on the H200, 2026-12-01: 200 of 200 A/A canaries of a bf16-only production
+    "rolled back" because every production request failed)."""
+    return MiniLM.load().with_attention_dtype(contract.model_dtype)
 
 
 def canary_run(plan: CanaryPlan, production: serving.Endpoint, candidate: serving.Endpoint,
@@ -86,12 +114,12 @@ def calibrate(tracking: Tracking, family: str, *, runs: int, signing: Signing,
     version = registered_model.alias_version(tracking, family, "production")
     if version is None:
         raise ValueError(f"{family} has no production version to calibrate")
-    plan, registration_id = registered_plan(tracking, family, version, signing.trust,
-                                            thresholds)
+    plan, registration_id, contract = registered_plan(tracking, family, version,
+                                                      signing.trust, thresholds)
     if not plan.paired:
         raise ValueError("the registered plan uses the legacy mannwhitneyu test: nothing to "
                          "calibrate (register signed_rank_abba)")
-    model = MiniLM.load()
+    model = serving_model(contract)
     documents = assign_splits(load_documents(None))["heldout"]
     pool = version_runners.VersionPool(tracking, family, model, signing.trust)
     try:

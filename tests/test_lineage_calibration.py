@@ -130,3 +130,36 @@ def test_a_canary_of_another_candidate_uses_it_on_the_candidate_side():
     # the same stream with production on both sides is not rolled back for speed
     _, _, ratios = canary_run(plan, production, production, model, documents, seed=1)
     assert abs(float(np.median(ratios))) < np.log(8.0) / 2
+
+
+def test_calibrate_serves_production_in_its_registered_model_dtype(tracking, signing,
+                                                                   monkeypatch):
+    """On the H200 (2026-12-01) ``kernelgate calibrate`` of a bf16-only production
+    (``thresholds/bf16-long.yaml``: model_dtype bfloat16) loaded MiniLM in float32: every
+    production request was refused and 200 of 200 A/A canaries were "rolled back". The
+    calibration must time what the rollout's canary serves: the registration's dtype."""
+    from evaluation import serving
+    from evaluation.runners import LocalRunner
+    from flows import calibrate as cal
+    from gates.serving_contract import ServingContract
+
+    contract = ServingContract(dtypes=["bfloat16"], model_dtype="bfloat16")
+    seen = {}
+
+    class Pool:  # the version pool, without a registered version's worker process
+        def __init__(self, tracking, family, model, trust):
+            seen["dtype"], self.model = model.config.attention_dtype, model
+
+        def close(self):
+            seen["closed"] = True
+
+    monkeypatch.setattr(cal.registered_model, "alias_version", lambda *a, **k: "1")
+    monkeypatch.setattr(cal, "registered_plan",
+                        lambda *a, **k: cal.RegisteredServing(_small_plan(), None, contract))
+    monkeypatch.setattr(cal.version_runners, "VersionPool", Pool)
+    monkeypatch.setattr(cal.version_runners, "endpoint", lambda pool, alias, **k: serving.Endpoint(
+        "xla", LocalRunner.for_implementation("xla", model=pool.model)))
+    _, record = cal.calibrate(tracking, "bf16-only", runs=1, signing=signing)
+    assert seen == {"dtype": "bfloat16", "closed": True}
+    # the one A/A canary compared requests: none failed on either side
+    assert record.runs == 1 and len(record.log_ratios[0]) == 12, record.reasons

@@ -85,9 +85,8 @@ def run(args) -> int:
 
     from evaluation import serving
     from evaluation.documents import assign_splits, load_documents
-    from evaluation.model import MiniLM
     from evaluation.runners import LocalRunner
-    from flows.calibrate import canary_run, registered_plan
+    from flows.calibrate import canary_run, registered_plan, serving_model
     from gates.latency_judge import robust_sd, signed_rank_power
     from lineage import version_runners
 
@@ -95,10 +94,10 @@ def run(args) -> int:
     tracking, family = _open(args.store_dir, args.family)
     trust = _signing(args.store_dir, args.key_dir).trust
     version, kernel = _production(tracking, family, trust)
-    plan, registration_id = registered_plan(tracking, family, version, trust, None)
+    plan, registration_id, contract = registered_plan(tracking, family, version, trust, None)
     if not plan.paired:
         raise SystemExit("the registered plan is not the paired test: nothing to run")
-    model = MiniLM.load()
+    model = serving_model(contract)  # the registration's model_dtype, as the rollout serves
     documents = assign_splits(load_documents(None))["heldout"]
     pool = version_runners.VersionPool(tracking, family, model, trust)
     runs, ratios = [], []
