@@ -4,9 +4,10 @@ rescale rule of its online softmax.
 :class:`MosaicVariant` holds the techniques of FlashAttention-3 (Shah et al., 2024,
 arXiv:2407.08608) and FlashAttention-4 that ``kernels.pallas_mosaic_gpu`` can switch on
 one at a time, so that one benchmark call times each by itself
-(``kernels.tools.variants``). Every default keeps the kernel's behaviour before the
+(``kernels.tools.variants``). Every field default keeps the kernel's behaviour before the
 switches existed (the lowered kernel is the same); a variant becomes a default only by a
-change of this file, which changes the kernels' source digest (``kernels.build``).
+change of this file (:data:`DEFAULT_SWITCHES_BY_PADDED_HEAD_DIM`, per head_dim), which
+changes the kernels' source digest (``kernels.build``).
 
 Already in the kernel, so not switches: two consumer warpgroups in ping-pong (one's
 softmax under the other's ``wgmma``), ``exp2`` with the scale folded into ``log2 e``
@@ -40,6 +41,26 @@ SETMAXNREG_RANGE = (24, 256)
 """``setmaxnreg`` (PTX ISA 8.0) takes a count in [24, 256], a multiple of 8."""
 MAX_LAZY_RESCALE_LOG2 = 8.0
 """Largest lazy-rescale threshold (log2 units): ``p <= 2**8`` inside float16's range."""
+
+
+DEFAULT_SWITCHES_BY_PADDED_HEAD_DIM: dict[int, dict[str, float]] = {
+    256: {"lazy_rescale_log2": 8.0},
+}
+"""Switches the kernel runs with when no variant is asked for, per padded head_dim (a
+multiple of 64). Only what was measured to pay on the H200 and passed the `gpu` tests
+there (2026-12-01, ``kernels/tools/bench_results/h200-2026-12-01-session5/fa3-grid``):
+the lazy rescale at head_dim 256, +4 to +8 % on each of the bf16 grid's four rows (1.01 /
+0.92 / 1.10 / 1.13 of cuDNN: full 16k and 4k, causal 16k and 4k), where at head_dim 128
+it changed nothing (within +-1 %) and at head_dim 64 it lost 12 %; every
+poisoned-padding and extreme-magnitude case of ``tests/test_kernels_mosaic_variants.py``
+passed with it in bf16 and f16."""
+
+
+def registered_default(padded_head_dim: int) -> MosaicVariant:
+    """The switches of the kernel as registered at ``padded_head_dim`` (what
+    ``variant=None`` means): :data:`DEFAULT_SWITCHES_BY_PADDED_HEAD_DIM`, else every switch
+    off (:class:`MosaicVariant`'s field defaults)."""
+    return MosaicVariant(**DEFAULT_SWITCHES_BY_PADDED_HEAD_DIM.get(padded_head_dim, {}))
 
 
 class MosaicVariant(BaseModel):

@@ -39,8 +39,9 @@ arXiv:2407.08608), exact attention with an online softmax (FlashAttention-2, Dao
   one FMA; ``exp2(-inf) = 0`` with ``approx_math``. Block 0 always contains key 0, which
   every row sees, so ``m`` is finite after the first block and ``-inf - -inf`` never
   occurs. ``P`` is rounded to the input dtype (bf16 or f16) for the second ``wgmma``.
-- **Variants** (``kernels.mosaic_variants.MosaicVariant``, all off by default; issue
-  24 times each by itself with ``kernels.tools.variants``): a lazy rescale of the
+- **Variants** (``kernels.mosaic_variants.MosaicVariant``; off by default except the
+  lazy rescale at padded head_dim 256, ``registered_default``; issue 24 times each by
+  itself with ``kernels.tools.variants``): a lazy rescale of the
   accumulator (the running max moves only when a block's max exceeds it by more than a
   threshold; the rescale is skipped when no row of the warpgroup moved), the row sum
   before or after the ping-pong hand-over, and the consumer/producer register split.
@@ -101,7 +102,7 @@ from jax import lax
 from kernels.config import BlockSizes
 from kernels.contract import AttentionSpec
 from kernels.kernel import Capability, Kernel, round_up
-from kernels.mosaic_variants import MosaicVariant, lazy_max
+from kernels.mosaic_variants import MosaicVariant, lazy_max, registered_default
 from kernels.tile_schedule import tile_schedule
 
 KERNEL_NAME = "kernelgate_flash_fwd_mosaic_gpu"
@@ -246,7 +247,8 @@ def check_supported(spec: AttentionSpec, backend: str, config: BlockSizes | None
     if config is not None:
         check_block_sizes(config)
     resolved = resolve_config(spec, config)
-    need = smem_bytes(resolved, spec.head_dim, jnp.dtype(spec.dtype).itemsize)
+    extra = variant_scratch_bytes(registered_default(_padded_head_dim(spec.head_dim)))
+    need = smem_bytes(resolved, spec.head_dim, jnp.dtype(spec.dtype).itemsize, extra)
     if need > SMEM_LIMIT_BYTES:
         raise ValueError(
             f"pallas_mosaic_gpu: block_q={resolved.block_q}, block_kv={resolved.block_kv}, "
@@ -653,7 +655,9 @@ def pallas_mosaic_gpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, cau
         (``DEFAULT_NUM_SMS`` off-GPU, e.g. when exporting from a CPU host), and one CTA
         in interpret mode.
       variant: ``kernels.mosaic_variants.MosaicVariant`` switches (issue 24: lazy
-        rescale, row-sum order, register split); ``None`` = every default.
+        rescale, row-sum order, register split); ``None`` = the kernel as registered at
+        this head_dim (``mosaic_variants.registered_default``: the lazy rescale at
+        padded head_dim 256, every switch off below).
 
     Returns:
       Array shaped and typed like ``q``; logits, softmax state and accumulator float32.
@@ -673,6 +677,8 @@ def pallas_mosaic_gpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, cau
                                   f"got {head_dim}")
     check_block_sizes(config or BlockSizes())
     cfg = (config or BlockSizes()).merged_over(default_config(head_dim))
+    if variant is None:  # the switches this head_dim is registered with
+        variant = registered_default(_padded_head_dim(head_dim))
     extra = variant_scratch_bytes(variant)
     need = smem_bytes(cfg, head_dim, jnp.dtype(q.dtype).itemsize, extra)
     if need > SMEM_LIMIT_BYTES:
@@ -702,7 +708,7 @@ def pallas_mosaic_gpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, cau
                  num_ctas=num_ctas, dtype=q.dtype, interpret=bool(interpret),
                  separate_output=separate_output(cfg, head_dim, jnp.dtype(q.dtype).itemsize,
                                                  extra),
-                 variant=variant or MosaicVariant())
+                 variant=variant)
     operands = [jnp.asarray(x, jnp.int32) for x in (q_lengths, kv_lengths) if x is not None]
     interpret_params = interpret
     if interpret is True:

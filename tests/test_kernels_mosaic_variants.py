@@ -99,6 +99,19 @@ def test_default_variant_lowers_to_the_same_kernel_and_each_switch_changes_it():
     assert _lowered(MosaicVariant(rowsum_before_handover=True), 256) != _lowered(None, 256)
 
 
+def test_the_kernel_as_registered_runs_the_lazy_rescale_at_head_dim_256_only():
+    """Issue 24's measured default: the lazy rescale paid at head_dim 256 on the H200 and
+    lost at 64, so ``variant=None`` lowers to it at 256 (192 < d <= 256 pads to 256)
+    and to every switch off at 64 and 128."""
+    lazy = MosaicVariant(lazy_rescale_log2=8.0)
+    for head_dim in (256, 200):
+        assert _lowered(None, head_dim) == _lowered(lazy, head_dim)
+        assert _lowered(None, head_dim) != _lowered(MosaicVariant(), head_dim)
+    for head_dim in (64, 128):
+        assert _lowered(None, head_dim) == _lowered(MosaicVariant(), head_dim)
+        assert _lowered(None, head_dim) != _lowered(lazy, head_dim)
+
+
 def test_every_variant_of_the_benchmark_file_lowers_for_cuda():
     for entry in variants_tool.load_variant_sets()["variants"]:
         variant = MosaicVariant(**entry.get("variant", {}))
