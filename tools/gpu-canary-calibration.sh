@@ -30,7 +30,13 @@
 #                                              the JSON into $OUT/canary-calibration.json
 #                                              (commit to reliability/). No argument: store
 #                                              and canaries (one call); then `rollouts` and
-#                                              `merge` (the next call, same machine and store)
+#                                              `merge` (the next call, same machine and store);
+#                                              `calibrate`: stage 1's `kernelgate calibrate
+#                                              --runs $KG_RUNS` on the same store.
+#                                              On the H200 use
+#                                              KG_S2_THRESHOLDS=tools/gpu-canary-stage2-bf16.yaml
+#                                              (the yaml says why: a float32 pallas_gpu store
+#                                              was rolled back against xla, 2026-12-01)
 #
 # The store is $KG_STORE (default /tmp/kg-store), kept between calls on one machine.
 set -uo pipefail
@@ -94,6 +100,14 @@ case ${1:-} in
       step s2-slowed-canaries 240 python3 tools/canary_runs.py run --store-dir "$store" \
         --runs "${KG_RUNS2:-5}" --candidate "$name" --out "$s2/slowed-canaries.json"
       grep -E "run [0-9]+/|rolled back" "$out/s2-slowed-canaries.log"
+    fi
+    if [ "$part" = calibrate ]; then
+      # stage 1 on the stage-2 store: its registration's canary plan is the local
+      # profile's (same latency plan and sizes), served in the registration's model_dtype
+      step s2-calibrate 560 python3 -m flows.cli calibrate --store-dir "$store" \
+        --runs "${KG_RUNS:-200}"
+      find "$store" -type d -name calibration -exec cp -r {} "$s2/" \; 2>/dev/null
+      tail -n 3 "$out/s2-calibrate.log"
     fi
     if [ "$part" = rollouts ]; then
       read -r family kernel < <(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); \
