@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 STAMP := $(VENV)/.installed
 
-.PHONY: help venv lock run test test-slow test-browser test-services attacks lint bench ui stack stack-down clean
+.PHONY: help venv lock run test test-slow test-browser docs-screenshots test-services attacks lint bench ui stack stack-down clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -56,7 +56,13 @@ test-slow: $(STAMP)  ## only the slow tests (large interpret-mode shapes, the at
 test-browser: $(STAMP)  ## the browser tests: Prefect approval form and MLflow lineage in headless Chromium
 	@test -x /usr/bin/chromium || { echo "needs /usr/bin/chromium: apt-get install -y chromium"; exit 1; }
 	mkdir -p .kernelgate/screenshots
-	KERNELGATE_SCREENSHOTS=.kernelgate/screenshots $(PY) -m pytest -q -m browser tests/test_browser.py
+	KERNELGATE_SCREENSHOTS=.kernelgate/screenshots $(PY) -m pytest -q -m browser --durations=5 tests/test_browser.py
+
+# The screenshots README shows are the browser tests' own (so they cannot drift from what
+# the tests assert): family xla, rolled out by --implementation native, at 1280 px wide.
+docs-screenshots: test-browser  ## rewrite docs/*.png from a browser-test run (commit them)
+	cp .kernelgate/screenshots/prefect-production-form.png docs/approval-form.png
+	cp .kernelgate/screenshots/mlflow-production-version.png docs/mlflow-version.png
 
 # CI sets SERVICES_REPORT elsewhere (the committed report is what RELIABILITY.md quotes) and
 # runs one process, alongside `make test`; alone, two processes (two stacks) overlap the waits.

@@ -11,6 +11,7 @@ Pure functions over the gates' records; ``flows.promotion`` puts the text above 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from gates.canary import CanaryStepResult
@@ -55,24 +56,34 @@ def _served(r: CanaryStepResult) -> tuple[int, int]:
 
 
 def traffic_table(results: Sequence[CanaryStepResult]) -> str:
-    """Shadow and canary steps: requests served by each side, the candidate's median
-    latency as a ratio of production's (``latency ×``), the one-sided test's p-value with
-    its preregistered α, and the result. Narrow enough for the Prefect UI's dialog at
-    1280 px: a failed step's breaches (drift included) are listed above the table, its
-    cell says ``FAIL`` and points there."""
-    head = ("| step | served cand./prod. | latency × | p (α) | result |\n"
+    """Shadow and canary steps, one row each: the step's traffic share, requests served by
+    each side (candidate / production), the candidate's median latency as a ratio of
+    production's (``latency ×``), the one-sided test's p-value with its preregistered α
+    (``n/a`` where latency is not assessed, the reason above the table) and the result.
+
+    Narrow enough for the Prefect UI's dialog at 1280 px (455 px for the table, whose
+    cells never wrap: measured 2026-12-01, and asserted by ``tests/test_browser.py``):
+    the step is named by its traffic share (fractions strictly increase, so it is
+    unique), and whatever is long (a failed step's breaches, drift included; why latency
+    was not assessed) is listed above the table, its cell saying ``FAIL`` or ``n/a``."""
+    head = ("| step | served | latency × | p (α) | result |\n"
             "|---|---|---|---|---|")
-    rows, breaches = [], []
+    rows, notes = [], []
+    untested: dict[str, list[str]] = {}  # why latency was not assessed -> steps
     for r in results:
-        latency = (f"{r.median_latency_ratio:.3g}" if r.latency_assessed
-                   else f"{r.median_latency_ratio:.3g} (n/a)")
-        result = "pass" if r.passed else "**FAIL** (see above)"
         if not r.passed:
-            breaches.append(f"- **{r.step} failed:** " + "; ".join(r.breaches))
+            notes.append(f"- **{r.step} failed:** " + "; ".join(r.breaches))
+        if not r.latency_assessed:
+            untested.setdefault(r.latency_not_assessed_reason or "no latency test ran",
+                                []).append(r.step)
+        p = _p_text(r, "{p} ({alpha:.2g})", "n/a") if r.latency_assessed else "n/a"
         cand, prod = _served(r)
-        rows.append(f"| {r.step} {r.traffic_fraction:.0%} | {cand} / {prod} "
-                    f"| {latency} | {r.p_value:.2g} ({r.alpha:g}) | {result} |")
-    return "\n".join([*breaches, *([""] if breaches else []), head, *rows])
+        rows.append(f"| {r.traffic_fraction:.0%} | {cand} / {prod} "
+                    f"| {r.median_latency_ratio:.3g} | {p} | {'pass' if r.passed else 'FAIL'} |")
+    notes += [f"- latency not assessed in {', '.join(steps)}: {why}"
+              for why, steps in untested.items()]
+    legend = "Served: requests answered by the candidate / by production."
+    return "\n".join([*notes, *([""] if notes else []), legend, "", head, *rows])
 
 
 def traffic_line(r: CanaryStepResult) -> str:
@@ -82,7 +93,18 @@ def traffic_line(r: CanaryStepResult) -> str:
     verdict = "pass" if r.passed else "**FAIL**: " + "; ".join(r.breaches)
     cand, prod = _served(r)
     return (f"{cand} served by the candidate / {prod} by production, median "
-            f"latency {latency}, p = {r.p_value:.3g} (α {r.alpha:g}): {verdict}")
+            f"latency {latency}, {_p_text(r, 'p = {p:.3g} (α {alpha:g})', 'no latency test')}: "
+            f"{verdict}")
+
+
+def _p_text(r: CanaryStepResult, form: str, missing: str) -> str:
+    """``form`` filled with the step's p-value and alpha; ``missing`` where no test ran
+    (a shadow or a step whose latency is not assessed records NaN for both)."""
+    if not (math.isfinite(r.p_value) and math.isfinite(r.alpha)):
+        return missing
+    if "{p}" in form:  # the table's narrow cell: two digits, a floor for tiny values
+        return form.format(p="<0.001" if r.p_value < 1e-3 else f"{r.p_value:.2g}", alpha=r.alpha)
+    return form.format(p=r.p_value, alpha=r.alpha)
 
 
 def _decision_block(title: str, decision: GateDecision, *, table: bool = True) -> str:

@@ -33,3 +33,19 @@ def test_reliability_servers_table_is_the_committed_make_test_services_output():
     load = report["load"]
     assert load["metric_points_read_back"] == load["metric_points_written"] > 0
     assert load["tags_read_back"] == load["tags_written"] > 0
+
+
+def test_the_readme_screenshots_are_what_make_docs_screenshots_copies_from_the_browser_tests():
+    """``make docs-screenshots`` copies screenshots the browser tests write (so README's
+    pictures are of the paths those tests assert), and README shows exactly those."""
+    import re
+
+    target = (ROOT / "Makefile").read_text().split("\ndocs-screenshots:")[1].split("\n\n")[0]
+    copies = re.findall(r"cp \.kernelgate/screenshots/(\S+\.png) (docs/\S+\.png)", target)
+    assert copies, target
+    written = set(re.findall(r'screenshots / "([^"]+\.png)"',
+                             (ROOT / "tests" / "test_browser.py").read_text()))
+    assert {source for source, _ in copies} <= written, written
+    shown = set(re.findall(r"\]\((docs/[^)]+\.png)\)", (ROOT / "README.md").read_text()))
+    assert shown == {dest for _, dest in copies}
+    assert all((ROOT / dest).is_file() for _, dest in copies)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 import numpy as np
 
-from gates.approval_view import approval_markdown
+from gates.approval_view import approval_markdown, traffic_table
 from gates.canary import analyse_canary_step
 from gates.decision import decide
 from tests.conftest_lineage import passing_metrics, thresholds_yaml
@@ -70,6 +71,24 @@ def test_shadow_to_canary_shows_gate_and_shadow_but_no_canary():
     assert text.rstrip().splitlines()[-1].startswith("|")
 
 
+def test_a_step_without_a_latency_test_says_so_not_nan():
+    """A step that ran no latency test (NaN p-value and alpha, as a not-assessed shadow
+    records them) reads "no latency test" in the sentence and the table, never "nan"."""
+    shadow, ok, _ = _steps()
+    untested = shadow.model_copy(update={"p_value": math.nan, "alpha": math.nan})
+    text = approval_markdown("shadow->canary", "3", _decision(), traffic=[untested, ok])
+    assert "no latency test" in text and "p = nan" not in text and "α nan" not in text
+    table = traffic_table([untested.model_copy(update={
+        "step": "canary-5pct", "latency_assessed": False,
+        "latency_not_assessed_reason": "too few requests for the test's power"}), ok])
+    assert "nan" not in table and "| n/a |" in table
+    assert f"| {ok.p_value:.2g} ({ok.alpha:.2g}) |" in table  # a tested step keeps its p (α)
+    assert "latency not assessed in canary-5pct: too few requests" in table
+    # why latency was not assessed is said once, above the table
+    assert table.index("latency not assessed in canary-5pct") < table.index("| step")
+    assert table.count("too few requests") == 1
+
+
 def test_canary_to_production_shows_each_step_and_the_confirmation():
     shadow, ok, slow = _steps()
     confirmation = _decision()
@@ -80,13 +99,16 @@ def test_canary_to_production_shows_each_step_and_the_confirmation():
     # requests each side answered where recorded (``ok``), else the latency samples
     assert [row[1] for row in rows] == ["100 / 300", f"{slow.n_candidate} / {slow.n_production}"]
     for row, step in zip(rows, (ok, slow), strict=True):
-        assert row[2].startswith(f"{step.median_latency_ratio:.3g}")
-        assert row[3].startswith(f"{step.p_value:.2g}")
-    assert rows[0][-1] == "pass" and "FAIL" in rows[1][-1]
-    # the failed step's breaches are above the table (the cells stay narrow)
+        assert row[0] == f"{step.traffic_fraction:.0%}"
+        assert row[2] == f"{step.median_latency_ratio:.3g}"
+        p = "<0.001" if step.p_value < 1e-3 else f"{step.p_value:.2g}"
+        assert row[3] == f"{p} ({step.alpha:.2g})"
+    assert rows[0][-1] == "pass" and rows[1][-1] == "FAIL"
+    # the failed step's breaches are above the table (the cells stay narrow: the Prefect
+    # UI never wraps them, and at 1280 px the dialog gives the table 455 px)
     (failed,) = [line for line in text.splitlines() if line.startswith(f"- **{slow.step} failed")]
     assert "latency" in failed and text.index(failed) < text.index("| step")
-    assert max(len(line) for line in text.splitlines() if line.startswith("| ")) < 90
+    assert max(len(cell) for row in rows for cell in row) <= 13  # "0.033 (0.017)"
     assert "Confirmation split" in text and f"**{confirmation.verdict}" in text
     assert "Held-out gate" not in text
     assert text.index("Confirmation split") < text.index("| step")
