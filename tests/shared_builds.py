@@ -24,6 +24,11 @@ import pytest
 from filelock import FileLock
 
 COMPLETE = ".complete"
+HARNESS_STARTUP_S = 600
+"""How long a test module waits for ``prefect_test_harness``'s ephemeral server. It
+starts in seconds on a quiet machine; on the shared 2-core host (load average 8-14) a
+harness timed out at 120 s (2026-12-01), and every test of its module then errors at
+set-up. ``make test`` now starts its two slowest modules, both with a harness, together."""
 
 
 def run_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:

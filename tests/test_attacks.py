@@ -41,7 +41,7 @@ from lineage import registered_model, registry, tags
 from lineage import tracking as tr
 from tests import faulty_kernels
 from tests.faulty_kernels import Fault
-from tests.shared_builds import built_once, ci_testset, copy_of
+from tests.shared_builds import HARNESS_STARTUP_S, built_once, ci_testset, copy_of
 from tests.store_copies import copy_store
 
 FAMILY = "attacked"
@@ -170,7 +170,7 @@ def _build_pristine(root: Path) -> None:
                                perf_shapes=[shape], model_check=False)
 
     versions = {}
-    with prefect_test_harness(server_startup_timeout=120), pytest.MonkeyPatch.context() as mp:
+    with prefect_test_harness(server_startup_timeout=HARNESS_STARTUP_S), pytest.MonkeyPatch.context() as mp:
         mp.delenv("MLFLOW_TRACKING_URI", raising=False)
         faulty_kernels.register(mp)
         mp.setattr(Fault, "active", False)

@@ -37,7 +37,7 @@ from lineage import registered_model, registry, tags
 from lineage.rollout import close_rollout
 from tests import faulty_kernels
 from tests.faulty_kernels import Fault
-from tests.shared_builds import ci_testset, copy_of
+from tests.shared_builds import HARNESS_STARTUP_S, ci_testset, copy_of
 
 FAMILY = "attention-test"
 APPROVAL_FAMILY = "attention-approval"
@@ -50,7 +50,7 @@ SMALL_SHAPE = [AttentionShape(batch=1, q_len=128, kv_len=128, num_heads=4, num_k
 
 @pytest.fixture(scope="module")
 def prefect_server():
-    with prefect_test_harness(server_startup_timeout=120):
+    with prefect_test_harness(server_startup_timeout=HARNESS_STARTUP_S):
         yield
 
 
