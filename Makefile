@@ -47,8 +47,10 @@ export JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES ?= 0
 # groups module-level tests by module); `worksteal` splits a module over both workers and
 # builds its module-scoped fixtures twice (test_attacks.py's pristine store is five
 # rollouts; test_flows_rollout.py's Prefect harness, test set and seeded production).
+# --no-loadscope-reorder: modules go out in collection order, which tests/conftest.py
+# starts with the slowest modules (xdist's own order, most tests first, started them last).
 test: $(STAMP)  ## the test suite (CPU; slow, GPU, browser and services tests excluded; 2 processes)
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15
 
 test-slow: $(STAMP)  ## only the slow tests (large interpret-mode shapes, the attack variants beyond one per kind)
 	$(PY) -m pytest -q -m slow

@@ -33,3 +33,21 @@ def signing(_key_folder):
 
     return Signing(signer=keys.load_signer(keys.ensure_pipeline_key(_key_folder)),
                    trust=keys.folder_trust(_key_folder))
+
+
+
+def pytest_collection_modifyitems(config, items):
+    """The slowest work first (``tests.scheduling``: the order ``make test`` hands out)."""
+    from tests.scheduling import order
+
+    order(items)
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: unknown when xdist is absent
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile`` with test_attacks.py's attacks in two parts (``tests.scheduling``)."""
+    if config.getoption("dist", None) != "loadfile":
+        return None
+    from tests.scheduling import SplitLoadFileScheduling
+
+    return SplitLoadFileScheduling(config, log)

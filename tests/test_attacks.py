@@ -41,6 +41,7 @@ from lineage import registered_model, registry, tags
 from lineage import tracking as tr
 from tests import faulty_kernels
 from tests.faulty_kernels import Fault
+from tests.shared_builds import HARNESS_STARTUP_S, built_once, ci_testset, copy_of
 from tests.store_copies import copy_store
 
 FAMILY = "attacked"
@@ -90,21 +91,21 @@ def attack(kind: int, expect: str):
 
 
 class Lab:
-    """One attack's copy of the pristine store."""
+    """One attack's copy of the pristine store (``pristine``: the fixture's namespace)."""
 
-    def __init__(self, root: Path, pristine: Path, versions: dict[str, str], name: str):
-        self.root = root / "attacks" / name
+    def __init__(self, pristine: SimpleNamespace, name: str):
+        self.root = pristine.root / "attacks" / name
         self.store = self.root / "store"
-        copy_store(pristine, self.store)  # its runs point at this copy, not the original
+        copy_store(pristine.path, self.store)  # its runs point at this copy, not the original
         # MLflow caches each run's artifact repository process-wide by run id alone, and
         # every copy has the same run ids: without this an attack's artifact writes and
         # the audit's reads go to whichever copy first touched the run.
         from mlflow.tracking._tracking_service import utils as mlflow_tracking
 
         mlflow_tracking._artifact_repos_cache.clear()
-        self.testset = root / "testset"
+        self.testset = pristine.testset  # read-only: an attack that edits it takes a copy
         self.tracking = tr.local_tracking(self.store)
-        self.versions = versions
+        self.versions = pristine.versions
         self.client = self.tracking.client()
         self.model = registered_model.registered_model_name(FAMILY)
         from lineage import keys
@@ -112,7 +113,7 @@ class Lab:
 
         # the key folder (with its checkpoints) as the pipeline left it, one per attack: an
         # attack's own signed moves advance its checkpoint only
-        self.keys = shutil.copytree(keys.default_key_dir(), self.root / "keys")
+        self.keys = shutil.copytree(pristine.keys, self.root / "keys")
         self.home = self.root / "home"  # the auditor's remembered heads
         self.signing = Signing(signer=keys.load_signer(keys.ensure_pipeline_key(self.keys)),
                                trust=keys.folder_trust(self.keys), key_dir=self.keys)
@@ -146,20 +147,19 @@ def _detected(report) -> str:
     return "\n".join(report.problems)
 
 
-@pytest.fixture(scope="module")
-def pristine(tmp_path_factory):
-    """Rollouts v1..v5 (see the module docstring) in a store kept as the pristine copy."""
+def _build_pristine(root: Path) -> None:
+    """Rollouts v1..v5 (see the module docstring) into ``root/store``, then the pristine
+    copy ``root/pristine``, the key folder as they left it (``root/keys``) and the
+    versions by label (``root/versions.json``)."""
     from prefect.testing.utilities import prefect_test_harness
 
     from evaluation import serving
-    from evaluation.testset import build_testset
     from flows import rollout as rollout_module
     from flows.rollout import rollout
     from flows.settings import RolloutSettings
     from kernels.shapes import AttentionShape
+    from lineage import keys
 
-    root = tmp_path_factory.mktemp("attacks")
-    build_testset(root / "testset", profile="ci")
     shape = AttentionShape(batch=1, q_len=128, kv_len=128, num_heads=4, num_kv_heads=4,
                            head_dim=32, dtype="float32", causal=False)
 
@@ -170,7 +170,7 @@ def pristine(tmp_path_factory):
                                perf_shapes=[shape], model_check=False)
 
     versions = {}
-    with prefect_test_harness(server_startup_timeout=120), pytest.MonkeyPatch.context() as mp:
+    with prefect_test_harness(server_startup_timeout=HARNESS_STARTUP_S), pytest.MonkeyPatch.context() as mp:
         mp.delenv("MLFLOW_TRACKING_URI", raising=False)
         faulty_kernels.register(mp)
         mp.setattr(Fault, "active", False)
@@ -208,9 +208,28 @@ def pristine(tmp_path_factory):
 
             with pytest.raises(RolloutErrored, match="stopped before confirmation"):
                 rollout(settings("good"))
-    pristine = root / "pristine"
-    shutil.copytree(root / "store", pristine)
-    return SimpleNamespace(root=root, path=pristine, versions=versions)
+    shutil.copytree(root / "store", root / "pristine")
+    shutil.copytree(keys.default_key_dir(), root / "keys")
+    (root / "versions.json").write_text(json.dumps(versions))
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory):
+    """The pristine store, built once per test run (``tests.shared_builds``: ``make test``
+    splits this module's attacks over both workers, see ``tests/conftest.py``), and this
+    module's own folder for the attacks' copies.
+
+    ``path`` (the pristine store), ``keys``, ``testset`` and ``built`` (the folder the
+    rollouts wrote) are shared and read-only; ``root`` is this module's own."""
+    def build(folder: Path) -> None:
+        copy_of(ci_testset(tmp_path_factory), folder / "testset")  # the rollouts add draws
+        _build_pristine(folder)
+
+    shared = built_once(tmp_path_factory, "attacks-pristine", build)
+    return SimpleNamespace(root=tmp_path_factory.mktemp("attacks"), path=shared / "pristine",
+                           keys=shared / "keys", testset=shared / "testset",
+                           built=shared / "store",
+                           versions=json.loads((shared / "versions.json").read_text()))
 
 
 @pytest.fixture(scope="module")
@@ -234,19 +253,19 @@ def test_a_write_to_one_copy_leaves_the_others_byte_identical(pristine):
     from tests.store_copies import tree_digest
 
     before = tree_digest(pristine.path)
-    one = Lab(pristine.root, pristine.path, pristine.versions, "copy-one")
-    other = Lab(pristine.root, pristine.path, pristine.versions, "copy-two")
+    one = Lab(pristine, "copy-one")
+    other = Lab(pristine, "copy-two")
     untouched = tree_digest(other.store / "mlartifacts")
     run_id = one.mv(one.versions["v2"]).run_id
     attest(one.tracking, run_id, "outcome", {"family": FAMILY}, one.signing.signer, name="probe")
     assert _artifact_file(one, run_id, "attestations/probe.dsse.json").is_file()
     assert tree_digest(other.store / "mlartifacts") == untouched
     assert tree_digest(pristine.path) == before
-    assert not list(pristine.root.glob("store/mlartifacts/*/*/artifacts/attestations/probe.dsse.json"))
+    assert not list(pristine.built.glob("mlartifacts/*/*/artifacts/attestations/probe.dsse.json"))
 
 
 def test_the_untouched_store_passes_the_audit(pristine):
-    lab = Lab(pristine.root, pristine.path, pristine.versions, "untouched")
+    lab = Lab(pristine, "untouched")
     report = lab.audit()
     assert report.exit_code == 0, report.render()
     assert report.attestations_verified > 20 and report.artifacts_verified > 20
@@ -282,7 +301,7 @@ def test_every_kind_keeps_one_attack_in_the_default_suite():
 
 
 def test_attack_is_refused_or_detected(case: Attack, pristine, results):
-    lab = Lab(pristine.root, pristine.path, pristine.versions, case.name)
+    lab = Lab(pristine, case.name)
     caught = False
     try:
         message = case.run(lab)
@@ -894,7 +913,7 @@ def test_kernelgate_audit_passes_an_untouched_store_with_a_rolled_back_version(p
     """The judges of kind 11 are silent on an untouched store: the CLI audit (the pipeline's
     checkpoint in its key folder, the head remembered in KERNELGATE_HOME) exits 0 with a
     signed rollback in the history, twice (the second against the remembered head)."""
-    lab = Lab(pristine.root, pristine.path, pristine.versions, "untouched-cli")
+    lab = Lab(pristine, "untouched-cli")
     _signed_rollback(lab)
     env = {"KERNELGATE_KEY_DIR": str(lab.keys), "KERNELGATE_HOME": str(lab.home)}
     args = ("audit", "--family", FAMILY, "--store-dir", str(lab.store), "--no-load-model",

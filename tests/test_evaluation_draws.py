@@ -3,8 +3,6 @@ clear stop when the documents run out."""
 
 from __future__ import annotations
 
-import shutil
-
 import numpy as np
 import pytest
 
@@ -13,18 +11,17 @@ from evaluation.model import MiniLM
 from evaluation.testset import build_testset, check_disjoint, load_manifest, load_split
 from evaluation.testset.draws import ConfirmationExhausted, ensure_draw, unspent_draw
 from evaluation.validation import validate_testset
+from tests.shared_builds import ci_testset, copy_of
 
 
 @pytest.fixture(scope="module")
 def pristine(tmp_path_factory):
-    out = tmp_path_factory.mktemp("testset")
-    build_testset(out, profile="ci", model=MiniLM.load())
-    return out
+    return ci_testset(tmp_path_factory)  # read-only: each test draws into its own copy
 
 
 @pytest.fixture
 def testset(pristine, tmp_path):
-    return shutil.copytree(pristine, tmp_path / "testset")
+    return copy_of(pristine, tmp_path / "testset")
 
 
 def test_a_draw_shares_no_case_or_document_with_any_split(testset):

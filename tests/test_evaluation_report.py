@@ -173,15 +173,15 @@ def test_model_level_metrics_when_a_model_is_given(tmp_path, synthetic_testset):
 
 @pytest.fixture(scope="module")
 def built_testset(tmp_path_factory):
-    testset = pytest.importorskip("evaluation.testset")
+    pytest.importorskip("evaluation.testset")
     model_mod = pytest.importorskip("evaluation.model")
     try:
         model = model_mod.MiniLM.load()
     except (FileNotFoundError, ImportError) as err:
         pytest.skip(f"MiniLM weights unavailable: {err}")
-    directory = tmp_path_factory.mktemp("testset")
-    testset.build_testset(directory, profile="ci", model=model)
-    return directory, model
+    from tests.shared_builds import ci_testset
+
+    return ci_testset(tmp_path_factory), model  # read-only: the evaluations write elsewhere
 
 
 def test_evaluate_on_a_built_heldout_split(built_testset, tmp_path):

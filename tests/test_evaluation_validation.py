@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 from evaluation.testset import (
-    build_testset,
     load_manifest,
     load_split,
     set_digest,
@@ -19,13 +18,13 @@ from evaluation.testset import (
     write_split_arrays,
 )
 from evaluation.validation import TestSetValidationError, validate_testset
+from tests.shared_builds import ci_testset
 
 
 @pytest.fixture(scope="module")
 def testset(tmp_path_factory):
-    out = tmp_path_factory.mktemp("testset")
-    build_testset(out, profile="ci")
-    return out
+    """The run's CI test set (read-only here: each corrupting test edits a copy)."""
+    return ci_testset(tmp_path_factory)
 
 
 def _copy(src, dst):

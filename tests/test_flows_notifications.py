@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 from flows.cli import app
 from flows.notifications import NIGHTLY_FLOW, ROLLOUT_FLOW
 from flows.tasks import end_state
+from tests.shared_builds import HARNESS_STARTUP_S
 
 
 class _Receiver(BaseHTTPRequestHandler):
@@ -73,7 +74,7 @@ def _other(label: str):
 
 def test_pause_rollback_and_nightly_failure_are_notified(webhook):
     url, received = webhook
-    with prefect_test_harness(server_startup_timeout=120):
+    with prefect_test_harness(server_startup_timeout=HARNESS_STARTUP_S):
         result = CliRunner().invoke(app, ["notifications", "create", "--webhook", "ftp://x"])
         assert result.exit_code == 2, result.output
         result = CliRunner().invoke(app, ["notifications", "create", "--webhook", url,

@@ -37,6 +37,7 @@ from lineage import registered_model, registry, tags
 from lineage.rollout import close_rollout
 from tests import faulty_kernels
 from tests.faulty_kernels import Fault
+from tests.shared_builds import HARNESS_STARTUP_S, ci_testset, copy_of
 
 FAMILY = "attention-test"
 APPROVAL_FAMILY = "attention-approval"
@@ -49,17 +50,16 @@ SMALL_SHAPE = [AttentionShape(batch=1, q_len=128, kv_len=128, num_heads=4, num_k
 
 @pytest.fixture(scope="module")
 def prefect_server():
-    with prefect_test_harness(server_startup_timeout=120):
+    with prefect_test_harness(server_startup_timeout=HARNESS_STARTUP_S):
         yield
 
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    """A store and a CI test set shared by the module (the test set takes a while)."""
-    from evaluation.testset import build_testset
-
+    """A store and a CI test set shared by the module (a copy of the run's one CI test
+    set: the rollouts add confirmation draws to it)."""
     root = tmp_path_factory.mktemp("flows")
-    build_testset(root / "testset", profile="ci")
+    copy_of(ci_testset(tmp_path_factory), root / "testset")
     return root
 
 
