@@ -183,7 +183,8 @@ def table(data: dict) -> str:
     if s := data.get("attack_squatting"):
         row("attack: the auditor creates `kernelgate-<family>` first (squatting)",
             f"the pipeline's write refused naming the family as another account's: "
-            f"{s['refused']}; `stack up` names the owner ({s['owner_named_at_stack_up']}); "
+            f"{s['refused']}; `stack up` names the owner ({s['owner_named_at_stack_up']}), "
+            f"so does `kernelgate audit` ({s.get('owner_named_by_audit', 'not run')}); "
             f"handed back by the admin, then written: {s['handed_back_by_admin']}; a family "
             f"claimed at `stack up` read-only to the auditor: {s['claimed_at_stack_up']}")
     return "| drill | result |\n|---|---|\n" + "\n".join(rows)

@@ -389,12 +389,25 @@ def _as(monkeypatch, attack: Attack, account: str) -> Tracking:
     return Tracking(tracking_uri=attack.url)
 
 
+def _audit(attack: Attack, target: str = "production"):
+    """``kernelgate audit`` of the attack's family as the account the environment names."""
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    return CliRunner().invoke(app, ["audit", target, "--family", attack.family, "--key-dir",
+                                    str(attack.key_dir), "--no-load-model",
+                                    "--recheck-reference", "0"])
+
+
 def test_a_squatted_family_is_refused_naming_its_owner(attack, monkeypatch):
     """The auditor creates ``kernelgate-<family>`` (experiment, a run, registered model)
     before the pipeline: the pipeline's first write is refused with an error saying the
     family is another account's and how an admin hands it back (``stack up``, which has
     the admin, names the owner); after the README's hand-back the
-    pipeline writes. A family ``stack up`` claimed cannot be written by the auditor."""
+    pipeline writes. ``kernelgate audit`` flags the squatted family naming its owner, and
+    no longer once it is handed back. A family ``stack up`` claimed cannot be written by
+    the auditor."""
     from mlflow.exceptions import MlflowException
     from mlflow.server import get_app_client
 
@@ -417,6 +430,20 @@ def test_a_squatted_family_is_refused_naming_its_owner(attack, monkeypatch):
     with pytest.raises(st.StackError, match="owned by: auditor"):
         st.claim_families(attack.config.model_copy(update={"families": [attack.family]}),
                           attack.url)
+    # the audit flags the squatted family, naming the owner: read with the admin's password
+    # (in this process's environment, as `stack up`'s), and without it by the squatting
+    # auditor's own permissions (the others said not read)
+    _as(monkeypatch, attack, "auditor")
+    audited = _audit(attack)
+    assert audited.exit_code == 1, audited.output
+    for resource in ("experiment", "registered model"):
+        assert f"PROBLEM: the {resource} `{name}` of family {attack.family!r} is owned by " \
+               "'auditor'" in audited.output, audited.output
+    with monkeypatch.context() as without:
+        without.delenv(attack.config.secrets.mlflow_admin)
+        audited = _audit(attack)
+    assert audited.exit_code == 1 and "is owned by 'auditor'" in audited.output, audited.output
+    assert "read for 'auditor' only" in audited.output, audited.output
     # the registered model alone squatted: the model-version write is refused the same way
     _as(monkeypatch, attack, "admin")
     auth = get_app_client("basic-auth", tracking_uri=attack.url)
@@ -430,7 +457,11 @@ def test_a_squatted_family_is_refused_naming_its_owner(attack, monkeypatch):
     auth.revoke_user_permission("auditor", "experiment", experiment_id)
     auth.revoke_user_permission("auditor", "registered_model", name)
     tracking = _as(monkeypatch, attack, "pipeline")
-    assert signed_build(tracking, attack.family, attack.signing)[1]
+    handed_back = signed_build(tracking, attack.family, attack.signing)[1]
+    assert handed_back
+    _as(monkeypatch, attack, "auditor")
+    audited = _audit(attack, handed_back)
+    assert "owned by" not in audited.output and "version" in audited.output, audited.output
     # the family claimed at `stack up`: the pipeline owns it, the auditor may only read it
     assert start_run(tracking, CLAIMED, "build")
     _as(monkeypatch, attack, "auditor")
@@ -439,4 +470,5 @@ def test_a_squatted_family_is_refused_naming_its_owner(attack, monkeypatch):
     with pytest.raises(MlflowException, match="PERMISSION_DENIED|403"):
         tracking.client().create_run(claimed.experiment_id)
     sv.report("attack_squatting", {"refused": True, "owner_named_at_stack_up": "auditor",
+                                   "owner_named_by_audit": "auditor",
                                    "handed_back_by_admin": True, "claimed_at_stack_up": True})
