@@ -443,6 +443,7 @@ def test_a_squatted_family_is_refused_naming_its_owner(attack, monkeypatch):
     assert f"audit {name} {handed_back} -> version {handed_back}" in audited.output, audited.output
     assert "owned by" not in audited.output, audited.output
     # the family claimed at `stack up`: the pipeline owns it, the auditor may only read it
+    tracking = _as(monkeypatch, attack, "pipeline")
     assert start_run(tracking, CLAIMED, "build")
     _as(monkeypatch, attack, "auditor")
     claimed = tracking.client().get_experiment_by_name(experiment_name(CLAIMED))
