@@ -217,6 +217,7 @@ def audit(target: Annotated[str, typer.Argument(help="alias (production, canary,
     """Re-derive why a version is where it is: verify every signed attestation, the family's signed log (against the pipeline's checkpoint, yours, and the head this audit remembered), the complete chain, each decision and every artifact (exit 1 on any problem)."""
     if bundle is None:
         check_known_family(family, store_dir)
+    from flows.cli_store import add_ownership_findings
     from lineage import keys
     from lineage.audit import audit as run_audit
     from lineage.bundle import BundleSource, export_bundle
@@ -243,6 +244,7 @@ def audit(target: Annotated[str, typer.Argument(help="alias (production, canary,
         fam = existing_family(tracking, family)
         result = run_audit(tracking, fam, target, trust=trust, load_model=load_model,
                            recheck_reference=recheck_reference, witnessing=witnessing(key_dir, checkpoint, None))
+        add_ownership_findings(tracking, fam, result)  # the servers profile: squatted?
         if export is not None:
             typer.echo(f"bundle written to {export_bundle(tracking, fam, result, trust_files, export, key_dir or keys.default_key_dir())}")
     typer.echo(result.render())

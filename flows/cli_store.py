@@ -68,3 +68,17 @@ def existing_family(tracking, family: str | None) -> str:
         raise typer.BadParameter(f"no family {family!r} in this store; families: {known or 'none'}",
                                  param_hint="--family")
     return family
+
+
+def add_ownership_findings(tracking, family: str, result) -> None:
+    """On the servers profile (an ``http(s)`` tracking URI), add to the audit ``result``
+    (a ``lineage.audit_report.AuditReport``) who owns ``family`` besides the pipeline
+    (``flows.stack_accounts.audit_ownership``: problems naming the owner, or a warning
+    that only the auditing account was read). A local store has no accounts: nothing."""
+    if not tracking.tracking_uri.startswith(("http://", "https://")):
+        return
+    from flows.stack_accounts import audit_ownership
+
+    problems, warnings = audit_ownership(tracking.tracking_uri, family)
+    result.problems += problems
+    result.warnings += warnings

@@ -2,14 +2,15 @@
 ``pipeline``, ``auditor`` and ``release-manager`` accounts (``create_accounts``, as the
 admin), and each configured family's experiment and registered model created as the
 pipeline account before anyone else can take the names (``claim_families``; issue 22's
-squatting). ``flows.stack.up`` calls both."""
+squatting). ``flows.stack.up`` calls both; ``kernelgate audit`` on the servers profile
+checks who owns the family it audits (``audit_ownership``)."""
 
 from __future__ import annotations
 
 import os
 from unittest import mock
 
-from flows.stack_config import StackConfig, StackError
+from flows.stack_config import Secrets, StackConfig, StackError
 
 ACCOUNTS = ("pipeline", "auditor", "release-manager")
 
@@ -83,3 +84,47 @@ def _owners(config: StackConfig, mlflow_url: str, family: str) -> list[str]:
         return owners(get_app_client("basic-auth", tracking_uri=mlflow_url),
                       [a for a in ACCOUNTS if a != "pipeline"], family,
                       found.experiment_id if found else None)
+
+
+def audit_ownership(mlflow_url: str, family: str,
+                    secrets: Secrets | None = None) -> tuple[list[str], list[str]]:
+    """Who owns ``family`` on the tracking server at ``mlflow_url``, for the audit:
+    ``(problems, warnings)``, the problems from ``lineage.ownership.squatting`` (an
+    owner other than the pipeline named; the pipeline not owning it).
+
+    With the MLflow admin's password in the environment (``secrets.mlflow_admin``,
+    ``KERNELGATE_MLFLOW_ADMIN_PASSWORD``) every account on the server is read; without it
+    only the auditing account's own permissions (``MLFLOW_TRACKING_USERNAME``: MLflow lets
+    every account read its own), which finds an auditor that squatted the family itself,
+    and a warning says the other accounts were not read. Never raises on the server's
+    refusals (a permission it may not read counts as not held)."""
+    from mlflow.server import get_app_client
+    from mlflow.server.auth.routes import LIST_USERS
+    from mlflow.utils.credentials import get_default_host_creds
+    from mlflow.utils.rest_utils import http_request, verify_rest_response
+
+    from lineage.ownership import manage_holders, squatting
+    from lineage.tracking import Tracking, experiment_name
+
+    secrets = secrets or Secrets()
+    admin = os.environ.get(secrets.mlflow_admin, "")
+    me = os.environ.get("MLFLOW_TRACKING_USERNAME", "")
+    if not admin and not me:
+        return [], [f"who owns `{experiment_name(family)}` was not checked: no MLflow account "
+                    "is set (MLFLOW_TRACKING_USERNAME)"]
+    credentials = _as_account("admin", admin) if admin else mock.patch.dict(os.environ, {})
+    with credentials:
+        found = Tracking(tracking_uri=mlflow_url).client().get_experiment_by_name(
+            experiment_name(family))
+        if admin:
+            listed = verify_rest_response(http_request(get_default_host_creds(mlflow_url),
+                                                       LIST_USERS, "GET"), LIST_USERS)
+            read = [u["username"] for u in listed.json()["users"] if not u["is_admin"]]
+        else:
+            read = [me]
+        holders = manage_holders(get_app_client("basic-auth", tracking_uri=mlflow_url), read,
+                                 family, found.experiment_id if found else None)
+    warnings = [] if admin else [
+        f"who owns `{experiment_name(family)}` was read for {me!r} only: the other accounts' "
+        f"permissions only the MLflow admin can read (set {secrets.mlflow_admin} to check them)"]
+    return squatting(holders, family, read), warnings

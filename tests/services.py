@@ -20,6 +20,9 @@ TINY_SHAPE = {"batch": 1, "q_len": 128, "kv_len": 128, "num_heads": 4, "num_kv_h
 RUN_TIMEOUT_S = 1200
 """How long a tiny rollout through the worker may take: under a minute alone on the 2-core
 host, several when it shares the cores with other rollouts, the servers and ``make test``."""
+CLAIMED = "atk-claimed"
+"""The family the shared stack's ``up`` claims for the pipeline (``StackConfig.families``;
+the squatting attack checks the auditor cannot write it)."""
 REPORT_ENV = "KERNELGATE_SERVICES_REPORT"
 """When set, the services tests write their figures (RELIABILITY.md "Servers") there."""
 
@@ -34,6 +37,20 @@ def test_config(state_dir: Path, postgres_url: str = "postgresql://postgres@127.
                                mlflow_auth=f"kgsvc_{tag}_auth"),
         scheduler_loop_s=5, rollout_slot_lease_s=60, heartbeat_s=30, prefect_ui=False,
         **overrides)
+
+
+def create_from(config: st.StackConfig, name: str, template: str) -> None:
+    """``CREATE DATABASE name TEMPLATE template`` on the config's PostgreSQL (the template
+    must have no sessions)."""
+    import psycopg2
+
+    conn = psycopg2.connect(config.postgres_url, connect_timeout=5)
+    conn.autocommit = True
+    try:
+        with conn.cursor() as cur:
+            cur.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+    finally:
+        conn.close()
 
 
 def tiny_settings(family: str, testset_dir: Path, store_dir: Path, thresholds: Path = THRESHOLDS,
@@ -183,7 +200,8 @@ def table(data: dict) -> str:
     if s := data.get("attack_squatting"):
         row("attack: the auditor creates `kernelgate-<family>` first (squatting)",
             f"the pipeline's write refused naming the family as another account's: "
-            f"{s['refused']}; `stack up` names the owner ({s['owner_named_at_stack_up']}); "
+            f"{s['refused']}; `stack up` names the owner ({s['owner_named_at_stack_up']}), "
+            f"so does `kernelgate audit` ({s.get('owner_named_by_audit', 'not run')}); "
             f"handed back by the admin, then written: {s['handed_back_by_admin']}; a family "
             f"claimed at `stack up` read-only to the auditor: {s['claimed_at_stack_up']}")
     return "| drill | result |\n|---|---|\n" + "\n".join(rows)

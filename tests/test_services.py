@@ -2,7 +2,8 @@
 on PostgreSQL, started by ``flows.stack.up`` on ephemeral ports and databases of their
 own, rollouts run by a worker from ``prefect deployment run``, accounts, load, the
 nightly schedule, backup and restore. The fault drills that kill or restart things are
-in ``test_services_faults.py`` (a stack of their own, run alongside).
+in ``test_services_faults.py`` (run alongside, or after this module on the same stack in
+one process: ``tests.services_fixtures`` makes one stack per test process).
 
 Run with ``make test-services`` (figures into ``reliability/services.json``). Kernels
 are tiny (XLA on one 128-token shape): these tests are about the servers.

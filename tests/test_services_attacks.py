@@ -1,7 +1,8 @@
 """Attacks on the server profile (issue 22), each on databases and an artifact root of its
-own: one Prefect server and the accounts are shared (``flows.stack.up`` without worker or
-deployments); each attack gets its own MLflow databases, copied from the stack's pristine
-ones with ``CREATE DATABASE … TEMPLATE``, its own artifact root and its own MLflow server,
+own: the test process's stack (``tests.services_fixtures``, shared with the other services
+modules) gives the Prefect server and the accounts; each attack gets its own MLflow
+databases, copied with ``CREATE DATABASE … TEMPLATE`` from copies of the stack's taken
+once, its own artifact root and its own MLflow server,
 and a family of its own (the Prefect variables that claim its log positions and keep its
 checkpoint are per family).
 
@@ -29,54 +30,26 @@ from lineage.family_log import LogDamaged
 from lineage.sources import StoreSource
 from lineage.tracking import Tracking
 from tests import services as sv
+from tests.services_fixtures import mlflow_templates, stack  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.services
 
 ROOT = Path(__file__).resolve().parents[1]
-CLAIMED = "atk-claimed"
+CLAIMED = sv.CLAIMED
 """The family the shared stack's ``up`` claims for the pipeline (``StackConfig.families``)."""
 
 
-def _create_from(config: st.StackConfig, name: str, template: str) -> None:
-    import psycopg2
-
-    conn = psycopg2.connect(config.postgres_url, connect_timeout=5)
-    conn.autocommit = True
-    try:
-        with conn.cursor() as cur:
-            cur.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
-    finally:
-        conn.close()
-
-
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory):
-    """Prefect server, accounts and pristine MLflow databases (templates, no server on
-    them): ``(config, stack, templates)``."""
-    config = sv.test_config(tmp_path_factory.mktemp("attack-stack"), families=[CLAIMED])
-    values = st.random_secrets(config)
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    templates = {"mlflow": config.databases.mlflow + "_t", "mlflow_auth": config.databases.mlflow_auth + "_t"}
-    try:
-        running = st.up(config, worker=False, deploy=False)
-        st.stop_process(running.pids.pop("mlflow-server"))  # a template has no sessions
-        for field, name in templates.items():
-            _create_from(config, name, getattr(config.databases, field))
-        from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
+def servers(stack, mlflow_templates):
+    """The process's stack (``tests.services_fixtures``: its Prefect server and accounts)
+    and the copies of its MLflow databases each attack's own are made from:
+    ``(config, stack, templates)``, the stack's Prefect server this module's client."""
+    from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
 
-        with temporary_settings({PREFECT_API_URL: running.prefect_api_url,
-                                 PREFECT_API_AUTH_STRING: config.secrets.value("prefect_auth")}):
-            yield config, running, templates
-    finally:
-        st.down(config.state_dir)
-        for name in [*config.databases.model_dump().values(), *templates.values()]:
-            st.drop_database(config, name)
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+    config, running, _ = stack
+    with temporary_settings({PREFECT_API_URL: running.prefect_api_url,
+                             PREFECT_API_AUTH_STRING: config.secrets.value("prefect_auth")}):
+        yield config, running, mlflow_templates
 
 
 class Attack:
@@ -90,7 +63,7 @@ class Attack:
                                       mlflow=f"{config.databases.mlflow}_{tag}",
                                       mlflow_auth=f"{config.databases.mlflow_auth}_{tag}")
         for field in ("mlflow", "mlflow_auth"):
-            _create_from(config, getattr(self.databases, field), templates[field])
+            sv.create_from(config, getattr(self.databases, field), templates[field])
         self.config = config.model_copy(update={"databases": self.databases})
         self.folder, self.running, self.family = folder, running, f"atk-{name}-{tag}"
         self.artifact_root = folder / "artifacts"
@@ -252,6 +225,11 @@ def _answer_paused(flow_name: str, key: str, run_input: dict, timeout_s: float =
     raise AssertionError(f"{flow_name} never paused for {key}")
 
 
+APPROVAL_TIMEOUT_S = 30
+"""The unsigned-approval attack's policy timeout: the attacker answers within seconds of
+the form being saved (0.5 s polls), then the flow waits the rest out, nobody signing."""
+
+
 def test_an_unsigned_production_approval_is_refused(servers, tmp_path):
     """The shipped production policy (``require_signed``, a named approver) asks for
     ``canary->production`` in a flow run on the stack's Prefect server; an attacker holding
@@ -274,7 +252,7 @@ def test_an_unsigned_production_approval_is_refused(servers, tmp_path):
     shipped = parse_thresholds((ROOT / "thresholds" / "production.yaml").read_bytes()).approval
     assert shipped.require_signed and "canary->production" in shipped.required_for
     alice = keys.create_key(tmp_path / "alice.key")
-    policy = shipped.model_copy(update={"timeout_s": 60, "approvers": [
+    policy = shipped.model_copy(update={"timeout_s": APPROVAL_TIMEOUT_S, "approvers": [
         {"name": "alice", "keyid": alice.keyid, "public_key": alice.to_dict()}]})
     policy = type(shipped).model_validate(policy.model_dump())
     transition, name = "canary->production", f"attack-unsigned-{uuid.uuid4().hex[:6]}"
@@ -389,12 +367,25 @@ def _as(monkeypatch, attack: Attack, account: str) -> Tracking:
     return Tracking(tracking_uri=attack.url)
 
 
+def _audit(attack: Attack, target: str = "production"):
+    """``kernelgate audit`` of the attack's family as the account the environment names."""
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    return CliRunner().invoke(app, ["audit", target, "--family", attack.family, "--key-dir",
+                                    str(attack.key_dir), "--no-load-model",
+                                    "--recheck-reference", "0"])
+
+
 def test_a_squatted_family_is_refused_naming_its_owner(attack, monkeypatch):
     """The auditor creates ``kernelgate-<family>`` (experiment, a run, registered model)
     before the pipeline: the pipeline's first write is refused with an error saying the
     family is another account's and how an admin hands it back (``stack up``, which has
     the admin, names the owner); after the README's hand-back the
-    pipeline writes. A family ``stack up`` claimed cannot be written by the auditor."""
+    pipeline writes. ``kernelgate audit`` flags the squatted family naming its owner, and
+    no longer once it is handed back. A family ``stack up`` claimed cannot be written by
+    the auditor."""
     from mlflow.exceptions import MlflowException
     from mlflow.server import get_app_client
 
@@ -417,6 +408,20 @@ def test_a_squatted_family_is_refused_naming_its_owner(attack, monkeypatch):
     with pytest.raises(st.StackError, match="owned by: auditor"):
         st.claim_families(attack.config.model_copy(update={"families": [attack.family]}),
                           attack.url)
+    # the audit flags the squatted family, naming the owner: read with the admin's password
+    # (in this process's environment, as `stack up`'s), and without it by the squatting
+    # auditor's own permissions (the others said not read)
+    _as(monkeypatch, attack, "auditor")
+    audited = _audit(attack)
+    assert audited.exit_code == 1, audited.output
+    for resource in ("experiment", "registered model"):
+        assert f"PROBLEM: the {resource} `{name}` of family {attack.family!r} is owned by " \
+               "'auditor'" in audited.output, audited.output
+    with monkeypatch.context() as without:
+        without.delenv(attack.config.secrets.mlflow_admin)
+        audited = _audit(attack)
+    assert audited.exit_code == 1 and "is owned by 'auditor'" in audited.output, audited.output
+    assert "read for 'auditor' only" in audited.output, audited.output
     # the registered model alone squatted: the model-version write is refused the same way
     _as(monkeypatch, attack, "admin")
     auth = get_app_client("basic-auth", tracking_uri=attack.url)
@@ -430,8 +435,15 @@ def test_a_squatted_family_is_refused_naming_its_owner(attack, monkeypatch):
     auth.revoke_user_permission("auditor", "experiment", experiment_id)
     auth.revoke_user_permission("auditor", "registered_model", name)
     tracking = _as(monkeypatch, attack, "pipeline")
-    assert signed_build(tracking, attack.family, attack.signing)[1]
+    handed_back = signed_build(tracking, attack.family, attack.signing)[1]
+    assert handed_back
+    _as(monkeypatch, attack, "auditor")
+    audited = _audit(attack, handed_back)
+    # the audit ran to its report (of a bare build), and no owner but the pipeline is left
+    assert f"audit {name} {handed_back} -> version {handed_back}" in audited.output, audited.output
+    assert "owned by" not in audited.output, audited.output
     # the family claimed at `stack up`: the pipeline owns it, the auditor may only read it
+    tracking = _as(monkeypatch, attack, "pipeline")
     assert start_run(tracking, CLAIMED, "build")
     _as(monkeypatch, attack, "auditor")
     claimed = tracking.client().get_experiment_by_name(experiment_name(CLAIMED))
@@ -439,4 +451,5 @@ def test_a_squatted_family_is_refused_naming_its_owner(attack, monkeypatch):
     with pytest.raises(MlflowException, match="PERMISSION_DENIED|403"):
         tracking.client().create_run(claimed.experiment_id)
     sv.report("attack_squatting", {"refused": True, "owner_named_at_stack_up": "auditor",
+                                   "owner_named_by_audit": "auditor",
                                    "handed_back_by_admin": True, "claimed_at_stack_up": True})

@@ -1,7 +1,8 @@
 """Faults on the server profile: the MLflow server down at start, the worker killed
 mid-canary (the heartbeat automation marks the run crashed; the next rollout cleans up),
-and PostgreSQL restarted under a running rollout. A stack of their own (module scope),
-so ``make test-services`` runs them alongside ``test_services.py``.
+and PostgreSQL restarted under a running rollout. On the test process's stack
+(``tests.services_fixtures``): ``make test-services`` runs them alongside
+``test_services.py`` (a process and a stack each), CI after it in one process (one stack).
 """
 
 from __future__ import annotations
@@ -60,46 +61,53 @@ def test_worker_killed_mid_canary(stack, env, prefect, testset, tmp_path_factory
     config, running, _ = stack
     store = tmp_path_factory.mktemp("kill-store")
     tracking = as_account("auditor")
-    # a production version for the killed rollout to leave alone (this module's stack is new)
-    first = sv.deployment_run(env, "kernelgate-rollout/candidate-rollout",
-                              sv.tiny_settings("svc-k", testset, store))
-    sv.wait_state(prefect, first, {"COMPLETED"}, timeout_s=RUN_TIMEOUT_S)
-    production = registered_model.alias_version(tracking, "svc-k", "production")
+    # a production version for the killed rollout to leave alone: svc-a's where this
+    # process's stack has one (test_services.py ran first in it, as in CI's one process:
+    # a rollout saved), else one rollout of a family of its own
+    family = "svc-k"
+    if registered_model.alias_version(tracking, "svc-a", "production") is not None and all(
+            r.info.status == "FINISHED" for r in sv.rollout_runs(tracking, "svc-a")):
+        family = "svc-a"
+    else:
+        first = sv.deployment_run(env, "kernelgate-rollout/candidate-rollout",
+                                  sv.tiny_settings(family, testset, store))
+        sv.wait_state(prefect, first, {"COMPLETED"}, timeout_s=RUN_TIMEOUT_S)
+    production = registered_model.alias_version(tracking, family, "production")
     assert production is not None
-    slow = dict(sv.tiny_settings("svc-k", testset, store), shadow_requests=8)
+    slow = dict(sv.tiny_settings(family, testset, store), shadow_requests=8)
     victim = sv.deployment_run(env, "kernelgate-rollout/candidate-rollout", slow)
     deadline = time.monotonic() + RUN_TIMEOUT_S
-    while registered_model.alias_version(tracking, "svc-k", "canary") is None:
+    while registered_model.alias_version(tracking, family, "canary") is None:
         run = prefect.read_flow_run(victim)
         assert not run.state.is_final(), f"the rollout ended before its canary: {run.state}"
         assert time.monotonic() < deadline
         time.sleep(0.3)
-    canary = registered_model.alias_version(tracking, "svc-k", "canary")
+    canary = registered_model.alias_version(tracking, family, "canary")
     killed_at = time.monotonic()
     _kill_tree(running.pids["worker"])
     crashed = sv.wait_state(prefect, victim, {"CRASHED"}, timeout_s=300, poll_s=2)
     crashed_after = time.monotonic() - killed_at
     assert "heartbeat" in (crashed.state.message or ""), crashed.state
-    assert registered_model.alias_version(tracking, "svc-k", "production") == production
-    dead = [r for r in sv.rollout_runs(tracking, "svc-k") if r.info.status == "RUNNING"]
+    assert registered_model.alias_version(tracking, family, "production") == production
+    dead = [r for r in sv.rollout_runs(tracking, family) if r.info.status == "RUNNING"]
     assert len(dead) == 1  # the killed rollout's record is still open
 
     st.start_worker(config, running)
     nxt = sv.deployment_run(env, "kernelgate-rollout/candidate-rollout",
-                            sv.tiny_settings("svc-k", testset, store))
+                            sv.tiny_settings(family, testset, store))
     sv.wait_state(prefect, nxt, {"COMPLETED"}, timeout_s=RUN_TIMEOUT_S)
     closed = tracking.client().get_run(dead[0].info.run_id)
     assert closed.info.status == "KILLED"
     assert "closed as KILLED" in closed.data.tags[tags.NOTE]
-    name = registered_model.registered_model_name("svc-k")
+    name = registered_model.registered_model_name(family)
     left = tracking.client().get_model_version(name, canary)
-    assert "canary" not in left.aliases or registered_model.alias_version(tracking, "svc-k", "canary") != canary
+    assert "canary" not in left.aliases or registered_model.alias_version(tracking, family, "canary") != canary
     assert tags.STALE_REASON in left.tags and "did not finish" in left.tags[tags.STALE_REASON]
-    assert registered_model.alias_version(tracking, "svc-k", "production") != canary
+    assert registered_model.alias_version(tracking, family, "production") != canary
     sv.report("worker_killed_mid_canary", {
         "crashed_after_s": round(crashed_after, 1), "crash_message": crashed.state.message,
         "production_unchanged": True, "killed_run_closed_as": closed.info.status,
-        "stale_canary_reason": left.tags[tags.STALE_REASON]})
+        "stale_canary_reason": left.tags[tags.STALE_REASON], "family": family})
 
 
 @pytest.fixture
