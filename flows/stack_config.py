@@ -4,6 +4,7 @@ started (``stack.json``); and the PostgreSQL and port helpers ``flows.stack`` us
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -160,11 +161,13 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
-def create_database(config: StackConfig, name: str) -> bool:
-    """Create database ``name`` unless it exists; returns whether it was created.
+@contextlib.contextmanager
+def _admin_cursor(config: StackConfig):
+    """An autocommit cursor on the config's PostgreSQL maintenance database (``CREATE`` and
+    ``DROP DATABASE`` cannot run inside a transaction).
 
     Raises:
-        StackError: PostgreSQL cannot be reached or refuses.
+        StackError: PostgreSQL cannot be reached.
     """
     import psycopg2
 
@@ -175,26 +178,32 @@ def create_database(config: StackConfig, name: str) -> bool:
     conn.autocommit = True
     try:
         with conn.cursor() as cur:
-            cur.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,))
-            if cur.fetchone():
-                return False
-            cur.execute(f'CREATE DATABASE "{name}"')
-            return True
+            yield cur
     finally:
         conn.close()
+
+
+def create_database(config: StackConfig, name: str, template: str | None = None) -> bool:
+    """Create database ``name`` unless it exists (a copy of ``template`` when given: the
+    template must have no open sessions); returns whether it was created.
+
+    Raises:
+        StackError: PostgreSQL cannot be reached.
+        psycopg2.Error: PostgreSQL refuses (e.g. the template is in use).
+    """
+    with _admin_cursor(config) as cur:
+        cur.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,))
+        if cur.fetchone():
+            return False
+        copy = f' TEMPLATE "{template}"' if template else ""
+        cur.execute(f'CREATE DATABASE "{name}"{copy}')
+        return True
 
 
 def drop_database(config: StackConfig, name: str) -> None:
     """Drop database ``name`` if it exists (closing other sessions on it first)."""
-    import psycopg2
-
-    conn = psycopg2.connect(config.postgres_url, connect_timeout=5)
-    conn.autocommit = True
-    try:
-        with conn.cursor() as cur:
-            cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        conn.close()
+    with _admin_cursor(config) as cur:
+        cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def random_secrets(config: StackConfig) -> dict[str, str]:

@@ -40,17 +40,10 @@ def test_config(state_dir: Path, postgres_url: str = "postgresql://postgres@127.
 
 
 def create_from(config: st.StackConfig, name: str, template: str) -> None:
-    """``CREATE DATABASE name TEMPLATE template`` on the config's PostgreSQL (the template
-    must have no sessions)."""
-    import psycopg2
-
-    conn = psycopg2.connect(config.postgres_url, connect_timeout=5)
-    conn.autocommit = True
-    try:
-        with conn.cursor() as cur:
-            cur.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
-    finally:
-        conn.close()
+    """``CREATE DATABASE name TEMPLATE template`` (``flows.stack_config.create_database``);
+    a test's copy must be new, so an existing ``name`` fails the test."""
+    if not st.create_database(config, name, template=template):
+        raise AssertionError(f"database {name} exists: a test's copy must be its own")
 
 
 def tiny_settings(family: str, testset_dir: Path, store_dir: Path, thresholds: Path = THRESHOLDS,
