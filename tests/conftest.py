@@ -35,7 +35,6 @@ def signing(_key_folder):
                    trust=keys.folder_trust(_key_folder))
 
 
-
 def pytest_collection_modifyitems(config, items):
     """The slowest work first (``tests.scheduling``: the order ``make test`` hands out)."""
     from tests.scheduling import order
