@@ -282,6 +282,8 @@ def test_shape_sets_follow_the_fa3_paper_grid():
     assert len(grid) == 12
     for shape in grid:
         assert shape.batch * shape.q_len == 16384 and shape.num_heads * shape.head_dim == 2048
+    both = variants_tool.shapes({**sets["grid_shapes"], "dtypes": ["bfloat16", "float16"]})
+    assert sorted({s.dtype for s in both}) == ["bfloat16", "float16"] and len(both) == 24
     priority = variants_tool.shapes(sets["priority_shapes"])
     assert {(s.head_dim, s.causal, s.q_len) for s in priority} == {(64, False, 16384),
                                                                      (256, False, 16384)}

@@ -8,7 +8,8 @@
 #                                               non-causal, S=16384 (where we lose most)
 #   bash tools/gpu-fa3-variants.sh grid NAME..  the named variants beside the default on
 #                                               the full bf16 grid (d64/128/256, causal
-#                                               and not, S=4096 B4 and 16384 B1)
+#                                               and not, S=4096 B4 and 16384 B1);
+#                                               KG_DTYPES="bfloat16 float16": both dtypes
 #   bash tools/gpu-fa3-variants.sh tests        the `gpu` tests of every variant
 #                                               (poisoned padding, low-precision extremes)
 #
@@ -69,7 +70,7 @@ case ${1:-priority} in
   grid)
     shift
     timed grid "$budget" python3 -m kernels.tools.variants --shapes grid --variants "$@" \
-      --out "$out/grid.json"
+      ${KG_DTYPES:+--dtypes $KG_DTYPES} --out "$out/grid.json"
     ;;
   tests)
     timed gpu-tests "$budget" python3 -m pytest -q -m gpu -p no:cacheprovider \

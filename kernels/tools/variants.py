@@ -84,11 +84,14 @@ def block_sizes(entry: dict[str, Any], head_dim: int) -> BlockSizes | None:
 
 
 def shapes(spec: dict[str, Any]) -> list[AttentionShape]:
-    """The benchmark shapes of a shape set (``batch * seq = 16384``, heads 2048/d)."""
-    return [AttentionShape(dtype=spec["dtype"], batch=max(1, bench.TOKENS // seq), q_len=seq,
+    """The benchmark shapes of a shape set (``batch * seq = 16384``, heads 2048/d), for
+    each of its ``dtypes`` (or its one ``dtype``)."""
+    dtypes = spec.get("dtypes") or [spec["dtype"]]
+    return [AttentionShape(dtype=dtype, batch=max(1, bench.TOKENS // seq), q_len=seq,
                            kv_len=seq, num_heads=bench.MODEL_WIDTH // d,
                            num_kv_heads=bench.MODEL_WIDTH // d, head_dim=d, causal=causal)
-            for d in spec["head_dims"] for causal in spec["causal"] for seq in spec["seqs"]]
+            for dtype in dtypes for d in spec["head_dims"] for causal in spec["causal"]
+            for seq in spec["seqs"]]
 
 
 # --------------------------------------------------------------------------- measuring
@@ -276,6 +279,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="names from the variant file (default: all); 'default' is always run")
     p.add_argument("--head-dims", nargs="+", type=int, default=None,
                    help="restrict the shape set to these head_dims")
+    p.add_argument("--dtypes", nargs="+", choices=("bfloat16", "float16"), default=None,
+                   help="run the shape set in these dtypes (default: the set's own)")
     p.add_argument("--file", default=str(VARIANTS_FILE))
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--ceiling-sizes", nargs="+", type=int, default=list(CEILING_SIZES),
@@ -297,6 +302,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     os.environ.setdefault("MOSAIC_GPU_DUMP_PTXAS", "1")
     spec = dict(data[f"{args.shapes}_shapes"])
+    if args.dtypes:
+        spec["dtypes"] = list(args.dtypes)
     if args.head_dims:
         spec["head_dims"] = [d for d in spec["head_dims"] if d in args.head_dims] or args.head_dims
     others = [by_name[n] for n in wanted if n != "default"]
