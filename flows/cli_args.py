@@ -14,6 +14,7 @@ which need the kernels and the store, follow for arguments that pass).
 from __future__ import annotations
 
 import ast
+import os
 import sqlite3
 import sys
 from pathlib import Path
@@ -28,7 +29,8 @@ REGISTRY_SOURCE = PROJECT_DIR / "kernels" / "registry.py"
 
 def kernel_names() -> list[str]:
     """The kernel registry's names: the live registry when ``kernels`` is imported,
-    else the ``BUILTIN`` literal of ``kernels/registry.py`` (no import)."""
+    else the ``BUILTIN`` literal of ``kernels/registry.py`` (no import) and the names of
+    ``KERNELGATE_KERNELS``'s ``name=module:attribute`` entries (checked when loaded)."""
     if "kernels.registry" in sys.modules:
         from kernels.registry import IMPLEMENTATIONS
 
@@ -37,7 +39,9 @@ def kernel_names() -> list[str]:
         if (isinstance(node, ast.AnnAssign | ast.Assign)
                 and "BUILTIN" in [t.id for t in (getattr(node, "targets", None) or [node.target])
                                   if isinstance(t, ast.Name)]):
-            return sorted(ast.literal_eval(node.value))
+            plugins = [e.split("=", 1)[0].strip()
+                       for e in os.environ.get("KERNELGATE_KERNELS", "").split(",") if "=" in e]
+            return sorted({*ast.literal_eval(node.value), *plugins})
     raise RuntimeError(f"no BUILTIN registry literal in {REGISTRY_SOURCE}")
 
 

@@ -71,6 +71,23 @@ def test_a_plugin_kernel_is_selectable_by_name_in_a_fresh_process():
     assert done.returncode != 0 and "unknown implementation" in done.stderr
 
 
+def test_the_cli_accepts_a_plugin_name_before_importing_the_kernels():
+    """`kernelgate rollout --implementation <plugin>` is checked by ``flows.cli_args`` before
+    JAX is imported (from the registry's source, not the live registry): the plugin names of
+    the variable count there too. On the H200 (2026-12-01) the slowed rollout of stage 2
+    was refused as an unknown implementation while the same name worked in
+    ``tools/canary_runs.py``."""
+    name = "slowed_xla_x3"
+    code = ("import sys; from flows import cli_args; "
+            "assert 'kernels.registry' not in sys.modules and 'jax' not in sys.modules; "
+            f"print(cli_args.check_implementation({name!r}))")
+    done = _python(code, **{registry.PLUGINS_ENV: f"{name}=tests.slowed_kernel:{name}"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == name
+    done = _python(code, **{registry.PLUGINS_ENV: ""})
+    assert done.returncode != 0 and "unknown implementation 'slowed_xla_x3'" in done.stderr
+
+
 # ------------------------------------------------------------------ the slowed kernel
 
 

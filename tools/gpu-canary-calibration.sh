@@ -36,7 +36,11 @@
 #                                              On the H200 use
 #                                              KG_S2_THRESHOLDS=tools/gpu-canary-stage2-bf16.yaml
 #                                              (the yaml says why: a float32 pallas_gpu store
-#                                              was rolled back against xla, 2026-12-01)
+#                                              was rolled back against xla, 2026-12-01) and
+#                                              KG_S2_IMPLEMENTATION=xla (`auto` ->
+#                                              pallas_mosaic_gpu, bf16, was rolled back
+#                                              against xla too: median ratio 1.022, a true
+#                                              detection at MiniLM's small shapes)
 #
 # The store is $KG_STORE (default /tmp/kg-store), kept between calls on one machine.
 set -uo pipefail
@@ -86,7 +90,7 @@ case ${1:-} in
       [ -f /tmp/gpu_table.json ] && cp /tmp/gpu_table.json kernels/gpu_table.json
       if [ -z "$(slowed)" ]; then
         step s2-store 480 python3 -m flows.cli rollout --store-dir "$store" \
-          --thresholds "$s2_thresholds"
+          --thresholds "$s2_thresholds" ${KG_S2_IMPLEMENTATION:+--implementation $KG_S2_IMPLEMENTATION}
       fi
     fi
     name=$(slowed)
