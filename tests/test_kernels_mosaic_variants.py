@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from kernels import pallas_mosaic_gpu
+from kernels import mosaic_variants, pallas_mosaic_gpu
 from kernels.build import source_digests
 from kernels.mosaic_variants import MAX_LAZY_RESCALE_LOG2, MosaicVariant, lazy_max
 from kernels.naive import naive_attention
@@ -287,6 +287,19 @@ def test_shape_sets_follow_the_fa3_paper_grid():
     priority = variants_tool.shapes(sets["priority_shapes"])
     assert {(s.head_dim, s.causal, s.q_len) for s in priority} == {(64, False, 16384),
                                                                      (256, False, 16384)}
+
+
+def test_the_default_row_runs_the_switches_the_kernel_is_registered_with():
+    sets = {e["name"]: e for e in variants_tool.load_variant_sets()["variants"]}
+    for head_dim in (64, 128, 256):
+        assert variants_tool.entry_variant(sets["default"], head_dim) == \
+            mosaic_variants.registered_default(head_dim)
+        assert variants_tool.entry_variant(sets["d64-tile-q64-kv256"], head_dim) == \
+            mosaic_variants.registered_default(head_dim)
+    # at 256 the registered kernel has the lazy rescale; an explicit variant is exact
+    assert variants_tool.entry_variant(sets["default"], 256).lazy_rescale_log2 is not None
+    explicit = variants_tool.entry_variant(sets["rowsum-before-handover"], 256)
+    assert explicit.lazy_rescale_log2 is None and explicit.rowsum_before_handover is True
 
 
 def test_a_bad_variant_file_is_refused(tmp_path):

@@ -41,9 +41,9 @@ import numpy as np
 
 from kernels.config import BlockSizes
 from kernels.contract import validate
-from kernels.mosaic_variants import MosaicVariant
+from kernels.mosaic_variants import MosaicVariant, registered_default
 from kernels.naive import naive_attention
-from kernels.pallas_mosaic_gpu import pallas_mosaic_gpu_attention, resolve_config
+from kernels.pallas_mosaic_gpu import HEAD_DIM_MULTIPLE, pallas_mosaic_gpu_attention, resolve_config
 from kernels.reference import attention_reference, relative_error, rounding_floor
 from kernels.selection import select_pallas_config
 from kernels.shapes import AttentionShape, random_inputs
@@ -75,6 +75,15 @@ def load_variant_sets(path: Path | str = VARIANTS_FILE) -> dict[str, Any]:
             if not str(d).isdigit():
                 raise ValueError(f"{path}: {entry['name']}: config keys are head_dims, got {d!r}")
     return data
+
+
+def entry_variant(entry: dict[str, Any], head_dim: int) -> MosaicVariant:
+    """The entry's switches at ``head_dim``: its ``variant`` (unset fields off), or, with no
+    ``variant`` (``default``, a tiling entry), the switches the kernel is registered with at
+    this head_dim (``mosaic_variants.registered_default``): what ``variant=None`` runs."""
+    if "variant" in entry:
+        return MosaicVariant(**entry["variant"])
+    return registered_default(-(-head_dim // HEAD_DIM_MULTIPLE) * HEAD_DIM_MULTIPLE)
 
 
 def block_sizes(entry: dict[str, Any], head_dim: int) -> BlockSizes | None:
@@ -179,7 +188,7 @@ def run_shape(shape: AttentionShape, entries: Sequence[dict[str, Any]], ceiling:
     for entry in entries:
         if shape.head_dim not in entry.get("head_dims", (shape.head_dim,)):
             continue
-        variant = MosaicVariant(**entry.get("variant", {}))
+        variant = entry_variant(entry, shape.head_dim)
         config = block_sizes(entry, shape.head_dim) or select_pallas_config(
             shape, implementation="pallas_mosaic_gpu")
         spec = validate(*shape.structs(), causal=shape.causal)[0]
