@@ -243,6 +243,21 @@ def test_mosaic_candidates_are_legal_default_first_and_fit():
     assert len(autotune.mosaic_candidate_configs(256)) == 1
 
 
+def test_a_short_tuning_keeps_the_64x256_tile_at_head_dim_64():
+    """`--max-tilings 4` (stage B's setting) must try the tile measured fastest at d64
+    without a mask; the even spread over the space had dropped it."""
+    shape = AttentionShape(dtype="bfloat16", batch=1, q_len=16384, kv_len=16384, num_heads=32,
+                           num_kv_heads=32, head_dim=64, causal=False)
+    for cap in (2, 3, 4, 6):
+        space = autotune.search_space("pallas_mosaic_gpu", shape, quick=False, max_tilings=cap)
+        assert len(space) == cap and len(set(space)) == cap
+        assert space[0] == pallas_mosaic_gpu.default_config(64)
+        assert (space[1].block_q, space[1].block_kv) == (64, 256)
+    full = autotune.search_space("pallas_mosaic_gpu", shape, quick=False, max_tilings=None)
+    assert len(full) > 4 and set(autotune.search_space(
+        "pallas_mosaic_gpu", shape, quick=False, max_tilings=4)) <= set(full)
+
+
 def test_autotune_on_cpu_records_why_the_mosaic_kernel_was_not_tuned():
     shape = AttentionShape(dtype="float16", batch=1, q_len=32, kv_len=32, num_heads=2,
                            num_kv_heads=2, head_dim=32, causal=True)
