@@ -28,7 +28,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Literal
+from typing import Literal, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -219,6 +219,15 @@ def aggregate(rows: Sequence[CaseAccuracy]) -> dict[str, CategoryAccuracy]:
     return out
 
 
+class CaseOffload(Protocol):
+    """Where some cases' outputs come from instead of this process
+    (``evaluation.case_processes.CaseHelper``)."""
+
+    def submit(self, cases: Sequence[TestCase]) -> Mapping[int, Callable[[], dict | None]]:
+        """index -> a call that waits for that case's ``role -> (output, seconds,
+        error)`` (None, or a role missing: run here)."""
+
+
 ReferenceFn = Callable[[TestCase], tuple[np.ndarray, "np.ndarray | None"]]
 """``reference(case) -> (float64 reference, rows)``; ``rows`` are the query rows it covers
 (``None``: all). ``evaluation.reference_cache.ReferenceCache`` is one."""
@@ -235,7 +244,7 @@ def _rows(out: np.ndarray | None, rows: np.ndarray | None) -> np.ndarray | None:
 
 def evaluate_accuracy(cases: Sequence[TestCase], implementations: Mapping[str, AttentionFn], *,
                       baseline: str = "baseline", reference: ReferenceFn = full_reference,
-                      compile_workers: int = 0,
+                      compile_workers: int = 0, helper: CaseOffload | None = None,
                       progress: ProgressFn | None = None) -> dict[str, AccuracyResult]:
     """Score several implementations on the same cases in one pass.
 
@@ -250,6 +259,9 @@ def evaluate_accuracy(cases: Sequence[TestCase], implementations: Mapping[str, A
         compile_workers: above 1, first compile every in-process implementation for
             every case at once in this many threads (``precompile``); ``seconds`` of a
             case then leaves its compile time out.
+        helper: a second process (``evaluation.case_processes``) that runs its share
+            of the cases for the roles it has; this process runs the rest meanwhile,
+            then scores every case in order as before.
         progress: optional ``progress(done, total, case_id)`` callback.
 
     Returns:
@@ -266,16 +278,24 @@ def evaluate_accuracy(cases: Sequence[TestCase], implementations: Mapping[str, A
     rows: dict[str, list[CaseAccuracy]] = {role: [] for role in implementations}
     if compile_workers > 1:
         precompile(cases, implementations, workers=compile_workers)
+    theirs = helper.submit(cases) if helper is not None else {}
+    outputs: dict[int, dict[str, tuple]] = {}
+    for i in [i for i in range(len(cases)) if i not in theirs] + sorted(theirs):
+        done = theirs[i]() if i in theirs else None
+        outputs[i] = {role: done[role] if done and role in done
+                      else _timed(implementations[role], cases[i])
+                      for role in (baseline, *(r for r in implementations if r != baseline))}
     for i, case in enumerate(cases):
         ref, ref_rows = reference(case)
-        base_out, base_s, base_error = _timed(implementations[baseline], case)
+        base_out, base_s, base_error = outputs[i][baseline]
         base_out = _rows(base_out, ref_rows)
         base_err = relative_error(base_out, ref) if base_out is not None else math.inf
-        for role, fn in implementations.items():
+        for role in implementations:
             out, seconds, error = ((base_out, base_s, base_error) if role == baseline
-                                   else _timed(fn, case))
+                                   else outputs[i].pop(role))
             out = out if role == baseline else _rows(out, ref_rows)
             rows[role].append(_score(case, out, ref, base_out, base_err, seconds, error))
+        del outputs[i]
         if progress is not None:
             progress(i + 1, len(cases), case.spec.case_id)
     return {role: AccuracyResult(implementation=role, cases=r, categories=aggregate(r))

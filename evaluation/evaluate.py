@@ -11,6 +11,7 @@ from pathlib import Path
 import jax
 
 from evaluation.accuracy import evaluate_accuracy
+from evaluation.case_processes import helper_for
 from evaluation.cases import split_kind
 from evaluation.coverage import Contract, split_by_contract
 from evaluation.documents import assign_splits, load_documents
@@ -38,15 +39,14 @@ from kernels.shapes import AttentionShape
 logger = logging.getLogger(__name__)
 
 def _attention_dtype(model) -> str:
-    """The dtype ``model``'s attention runs in (MiniLM's config); float32 for a model
-    that declares none (a stand-in in tests)."""
+    """The dtype ``model``'s attention runs in; float32 for a stand-in declaring none."""
     return getattr(getattr(model, "config", None), "attention_dtype", "float32")
 
 
 def compile_workers(backend: str) -> int:
     """Threads that compile the test set's shapes at once: on an accelerator host all
     cores but one (compiling is host work; the device idles meanwhile); on a CPU none
-    (the cores run the kernels themselves, interpreted)."""
+    (interpret mode is not thread-safe: ``evaluation.case_processes`` uses a process)."""
     return 0 if backend == "cpu" else max(1, (os.cpu_count() or 2) - 1)
 
 
@@ -98,8 +98,7 @@ def split_documents(testset_dir: Path, split: str, count: int | None = None) -> 
     built from (its manifest's ``document_source``): for a confirmation split or draw,
     the documents its cases were made from (later draws use the following confirmation
     documents, which must stay unseen), the first ``count`` of them when given; otherwise
-    the first ``count`` (default ``MODEL_DOCUMENTS_PER_SPLIT``) documents assigned to
-    the split.
+    the first ``count`` (default ``MODEL_DOCUMENTS_PER_SPLIT``) assigned to the split.
 
     Raises:
         ValueError: ``count`` below 1.
@@ -183,8 +182,8 @@ def evaluate_candidate(
             see ``evaluation.performance``).
         error_threshold: optional line on the error plot.
         progress: show tqdm progress bars.
-        measure_speed: time the implementations; ``False`` (e.g. on the confirmation
-            split, whose speed was judged on held-out) leaves speed not assessed, saying so.
+        measure_speed: time the implementations; ``False`` (e.g. the confirmation split,
+            speed judged on held-out) leaves speed not assessed, saying so.
         reference_cache_dir: where float64 references are cached between evaluations
             (``evaluation.reference_cache``; ``None``: computed, not kept). Either way the
             index of what was used is written to ``out_dir/reference_cache.json``.
@@ -248,6 +247,7 @@ def evaluate_candidate(
     reference = ReferenceCache(reference_cache_dir)
     report.accuracy = evaluate_accuracy(cases, runners, baseline="baseline", reference=reference,
                                         compile_workers=compile_workers(backend),
+                                        helper=helper_for(runners, backend),
                                         progress=bar(len(cases), f"accuracy {split}"))
     reference.write_index(out_dir / REFERENCE_INDEX_FILE)
     report.reference = reference.summary()

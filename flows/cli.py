@@ -75,6 +75,7 @@ from flows.cli_log import CheckpointFiles, reanchor, witnessing  # noqa: E402
 app.command()(approve)
 app.command(name="approve-loosening")(approve_loosening)
 app.command()(reanchor)
+from flows import prefect_server  # noqa: E402
 from flows.cli_calibrate import calibrate  # noqa: E402
 from flows.cli_stack import stack_app  # noqa: E402
 from flows.paths import compilation_cache  # noqa: E402
@@ -92,6 +93,7 @@ def _settings(implementation: str, thresholds: Path | None, store_dir: Path, blo
                  remote=bool(os.environ.get("MLFLOW_TRACKING_URI")))
     check_thresholds(thresholds)
     fail_fast_if_down()
+    prefect_server.start_early()  # comes up on the other core while JAX etc. import
     compilation_cache(store_dir)
     import kernels
     from flows.judge import BUILD_SHAPE
@@ -155,6 +157,7 @@ def rollout(implementation: Implementation = "auto",
     from flows.errored import EXIT_CODES, RolloutErrored
     from flows.rollout import rollout as rollout_flow
 
+    prefect_server.wait()
     try:
         outcome = rollout_flow(settings)
     except RolloutErrored as err:  # a crash: signed as errored, printed, not a traceback
@@ -176,6 +179,7 @@ def evaluate(implementation: Implementation = "auto",
                          new_family, key_dir)
     from flows.rollout import evaluate_candidate
 
+    prefect_server.wait()
     result = evaluate_candidate(settings, report_path=report)
     typer.echo(json.dumps({k: v for k, v in sorted(result.metrics.items())}, indent=1))
 

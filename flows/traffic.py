@@ -79,6 +79,22 @@ def _endpoints(context: RolloutContext, alias: registered_model.Alias,
     return production, candidate
 
 
+def _warm_up(context: RolloutContext, evaluated: Evaluated,
+             traffic: recorded_traffic.RecordedTraffic, production: serving.Endpoint,
+             candidate: serving.Endpoint) -> None:
+    """Compile before the compared latencies: both endpoints where the candidate's
+    latency is judged; production alone where it is not (an interpreted candidate: its
+    first request per length then includes compiling it, which nothing judges; warming
+    it cost one more interpreted request per length)."""
+    if evaluated.report.speed_assessed:
+        serving.warm_up(traffic.requests, [production, candidate], context.model)
+        return
+    serving.warm_up(traffic.requests, [production], context.model)
+    run_logger().info("warm-up: production only; %s's latency is not assessed (%s), so its "
+                      "first request per length includes compiling it", candidate.name,
+                      evaluated.report.speed_not_assessed_reason)
+
+
 @stage_task(name="shadow")
 def shadow(context: RolloutContext, gated: Gated, evaluated: Evaluated,
            traffic: recorded_traffic.RecordedTraffic) -> CanaryStepResult:
@@ -88,7 +104,7 @@ def shadow(context: RolloutContext, gated: Gated, evaluated: Evaluated,
     registry.assign_shadow(record.tracking, record.family, version,
                            signing=record.signing, owner_run_id=record.rollout_run_id)
     production, candidate = _endpoints(context, "shadow", version)
-    serving.warm_up(traffic.requests, [production, candidate], context.model)  # compile first
+    _warm_up(context, evaluated, traffic, production, candidate)
     result = serving.replay_shadow(traffic.requests, production, candidate,
                                    progress=_progress("shadow"))
     # The candidate sees every shadow request (mirrored) but serves none of them.
@@ -114,7 +130,7 @@ def canary_step(context: RolloutContext, gated: Gated, evaluated: Evaluated, ste
     latency test; an interpreted one's once (its latency is not assessed, with the reason)."""
     record, version = context.record, gated.version
     production, candidate = _endpoints(context, "canary", version)
-    serving.warm_up(traffic.requests, [production, candidate], context.model)
+    _warm_up(context, evaluated, traffic, production, candidate)
     result = serving.replay_canary_step(traffic.requests, step.traffic_fraction, production,
                                         candidate, salt=f"{record.rollout_run_id}:{step.name}",
                                         progress=_progress(step.name),

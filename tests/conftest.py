@@ -6,6 +6,12 @@ import os
 
 import pytest
 
+# The suite already runs a process per core (`make test`: two workers on the 2-core host),
+# so an interpreted candidate's cases stay in the test's own process rather than in a
+# second one (evaluation.case_processes); tests/test_evaluation_case_processes.py turns
+# the second process on where it tests it.
+os.environ.setdefault("KERNELGATE_CASE_PROCESSES", "1")
+
 
 @pytest.fixture(scope="session", autouse=True)
 def _key_folder(tmp_path_factory):
