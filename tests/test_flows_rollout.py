@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -102,6 +103,37 @@ def seeded(prefect_server, make_settings, tracking):
     return registered_model.aliases(tracking, FAMILY)
 
 
+@pytest.fixture(scope="module")
+def rejected_at_gate(prefect_server, store):
+    """One numerically wrong candidate's rollout, rejected at the gate, shared by the two
+    tests that need one (issue 26, the suite's time: a rollout of its own in each took
+    20-47 s): its final state, and the family's aliases just before it ran.
+
+    Module-scoped, so it cannot use the function-scoped ``make_settings``/``seeded``; it
+    seeds production itself when no test has yet (the same check as ``seeded``)."""
+    from lineage.tracking import local_tracking
+
+    tracking = local_tracking(store / "store")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("MLFLOW_TRACKING_URI", raising=False)
+        faulty_kernels.register(mp)
+        mp.setattr(Fault, "active", False)
+
+        def settings(implementation: str) -> RolloutSettings:
+            return RolloutSettings(implementation=f"test_{implementation}", family=FAMILY,
+                                   thresholds=THRESHOLDS, testset_dir=store / "testset",
+                                   store_dir=store / "store", shadow_requests=8,
+                                   perf_repeats=3, perf_shapes=SMALL_SHAPE, model_check=False)
+
+        if registered_model.alias_version(tracking, FAMILY, "production") is None:
+            outcome = rollout(settings("good"))
+            assert outcome.result == "promoted", outcome.reason
+        before = registered_model.aliases(tracking, FAMILY)
+        state = rollout(settings("wrong_scale"), return_state=True)
+        tags_of_run = flow_run_tags(state)
+    return SimpleNamespace(state=state, before=before, flow_run_tags=tags_of_run)
+
+
 def thresholds_with(tmp_path: Path, **approval) -> Path:
     data = yaml.safe_load(THRESHOLDS.read_text())
     data["approval"].update(approval)
@@ -157,10 +189,10 @@ def test_passing_candidate_is_promoted_with_full_lineage(seeded, make_settings, 
     assert "shadow run" in stages_seen and stages_seen.count("canary run") >= 2
 
 
-def test_numerically_wrong_candidate_stops_at_the_gate(seeded, make_settings, tracking):
-    state = rollout(make_settings("wrong_scale"), return_state=True)
+def test_numerically_wrong_candidate_stops_at_the_gate(rejected_at_gate, tracking):
+    state, seeded = rejected_at_gate.state, rejected_at_gate.before
     assert (state.name, state.type) == ("Rejected", StateType.COMPLETED)
-    assert "kernelgate-result:rejected" in flow_run_tags(state)
+    assert "kernelgate-result:rejected" in rejected_at_gate.flow_run_tags
     outcome = state.result()
     assert (outcome.result, outcome.stage) == ("rejected", "gate")
     # Each failed criterion's reason is printed once (the gate's summary); the outcome's
@@ -444,17 +476,19 @@ def test_record_matches_architecture_table(seeded, tracking, source):
 
 
 def test_manual_rollback_restores_the_chosen_version_signed_and_audited(
-        seeded, make_settings, tracking, signing):
+        seeded, rejected_at_gate, make_settings, tracking, signing):
     """``kernelgate rollback --to N`` (the ``manual-rollback`` flow): production goes back
     to the chosen earlier version through the registry's rollback path; the move is a
-    signed alias change the audit verifies, and a version that never served is refused."""
+    signed alias change the audit verifies, and a version that never served is refused
+    (the module's one candidate rejected at the gate, ``rejected_at_gate``)."""
     from flows.rollback import manual_rollback
     from lineage.audit import audit
 
     promoted = rollout(make_settings("good"))
     assert promoted.result == "promoted", promoted.reason
     earlier = registered_model.production_history(tracking, FAMILY, signing.trust)[-2]
-    rejected = rollout(make_settings("wrong_scale"))
+    rejected = rejected_at_gate.state.result()
+    assert rejected.result == "rejected" and rejected.version != earlier
     with pytest.raises(registry.PromotionRefused, match="not an earlier production"):
         manual_rollback(reason="test", requested_by="rm", to_version=int(rejected.version),
                         family=FAMILY, store_dir=str(make_settings("good").store_dir))
