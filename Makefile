@@ -37,6 +37,9 @@ run: $(STAMP)  ## the main job: a full governed rollout on embedded defaults
 	$(VENV)/bin/kernelgate rollout
 
 TEST_WORKERS ?= 2
+# Extra pytest arguments for `make test` (e.g. TEST_ARGS="--durations=60 --junitxml=t.xml"):
+# PYTEST_ADDOPTS cannot widen --durations, the command line's own value wins.
+TEST_ARGS ?=
 # One persistent XLA compilation cache for every target (the tests, and `make run` when run
 # again): the suites compile the same tiny-shape programs in many rollouts and processes
 # (a tiny rollout: 63 s cold, 44 s warm).
@@ -50,7 +53,7 @@ export JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES ?= 0
 # --no-loadscope-reorder: modules go out in collection order, which tests/conftest.py
 # starts with the slowest modules (xdist's own order, most tests first, started them last).
 test: $(STAMP)  ## the test suite (CPU; slow, GPU, browser and services tests excluded; 2 processes)
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15 $(TEST_ARGS)
 
 test-slow: $(STAMP)  ## only the slow tests (large interpret-mode shapes, the attack variants beyond one per kind)
 	$(PY) -m pytest -q -m slow
