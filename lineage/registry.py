@@ -106,7 +106,10 @@ def _move(tracking: Tracking, family: str, change: AliasChange, signing: Signing
         head = (family_log.read(StoreSource(tracking, family, signing.trust)).length
                 if signing.sequencer is not None else None)
         moves, _ = store_alias_history(tracking, family, signing.trust)
-        if attempt > 1:
+        # an assignment's previous version is what the signed history says, from the first
+        # attempt on: the caller read the MLflow alias, which another writer sets only after
+        # signing its move (services, 2026-12-01: a move signed with previous None after v1's)
+        if attempt > 1 or (signing.sequencer is not None and change.action == "assign"):
             now = signed_aliases(moves).get(change.alias)
             if now != change.previous_version:
                 if change.action != "assign":

@@ -94,6 +94,24 @@ def test_a_move_that_lost_its_position_is_signed_again_from_the_new_head(lab):
     assert registered_model.alias_version(tracking, "fam", "shadow") == v2
 
 
+def test_an_assignment_takes_its_previous_version_from_the_signed_history(lab, monkeypatch):
+    """Another writer signed its move but has not set the MLflow alias yet (it sets it after
+    signing) when this one reads the alias: the move must still name v1 as its previous
+    version. Seen in the services drill (two processes, CI 2026-12-01): previous None."""
+    tracking, signing, _, _ = lab
+    _, v1 = signed_build(tracking, "fam", signing)
+    _, v2 = signed_build(tracking, "fam", signing)
+    with monkeypatch.context() as m:  # the other writer, stopped between signing and alias
+        m.setattr(registry, "_apply", lambda *args, **kwargs: None)
+        registry.assign_shadow(tracking, "fam", v1, signing=signing)
+    assert registered_model.alias_version(tracking, "fam", "shadow") is None
+    registry.assign_shadow(tracking, "fam", v2, signing=signing)
+    moves, problems = registered_model.store_alias_history(tracking, "fam", signing.trust)
+    assert problems == [] and [m.predicate["version"] for m in moves] == [v1, v2]
+    assert moves[1].predicate["previous_version"] == v1
+    assert registered_model.alias_version(tracking, "fam", "shadow") == v2
+
+
 def test_a_position_claimed_and_never_logged_is_given_up_on_naming_it(lab, monkeypatch):
     tracking, signing, sequencer, _ = lab
     _, version = signed_build(tracking, "fam", signing)
