@@ -86,7 +86,8 @@ def check_implementation(implementation: str) -> str:
     """``implementation`` if it is ``auto``, ``native`` or a registry name.
 
     Raises:
-        typer.BadParameter: naming the choices (as ``kernels.api`` does).
+        typer.BadParameter: naming the choices (as ``kernels.api`` does), or a bad
+            ``KERNELGATE_KERNELS`` (the registry's message; :func:`kernel_names`).
     """
     names = kernel_names()
     if implementation not in ("auto", "native") and implementation not in names:
