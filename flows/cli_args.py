@@ -4,7 +4,9 @@ which need the kernels and the store, follow for arguments that pass).
 
 * ``--implementation``: ``auto``, ``native`` or a name of the kernel registry. The
   built-in names are read from ``kernels/registry.py``'s ``BUILTIN`` literal without
-  importing the package (its ``__init__`` imports JAX); a process that already imported
+  importing the package (its ``__init__`` imports JAX), those of ``KERNELGATE_KERNELS``
+  by the registry's own parser (``kernels/plugin_names.py``, loaded from its file: a bad
+  entry is refused here with the registry's message); a process that already imported
   ``kernels`` (a test that registered a kernel) is asked directly.
 * ``--family``: a valid name, and, unless ``--new-family``, one the embedded store
   already has (read from its SQLite file, read-only) or the kernel's own name.
@@ -14,10 +16,13 @@ which need the kernels and the store, follow for arguments that pass).
 from __future__ import annotations
 
 import ast
-import os
+import functools
+import importlib.util
 import sqlite3
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from types import ModuleType
 
 import typer
 
@@ -25,31 +30,64 @@ from flows.cli_keys import check_name
 from flows.paths import PROJECT_DIR
 
 REGISTRY_SOURCE = PROJECT_DIR / "kernels" / "registry.py"
+PLUGIN_NAMES_SOURCE = PROJECT_DIR / "kernels" / "plugin_names.py"
 
 
-def kernel_names() -> list[str]:
-    """The kernel registry's names: the live registry when ``kernels`` is imported,
-    else the ``BUILTIN`` literal of ``kernels/registry.py`` (no import) and the names of
-    ``KERNELGATE_KERNELS``'s ``name=module:attribute`` entries (checked when loaded)."""
-    if "kernels.registry" in sys.modules:
-        from kernels.registry import IMPLEMENTATIONS
+@functools.cache
+def _plugin_grammar() -> ModuleType:
+    """``kernels/plugin_names.py`` (standard library only), loaded from its file under a
+    private name: importing it as ``kernels.plugin_names`` would run ``kernels/__init__``,
+    which imports JAX."""
+    spec = importlib.util.spec_from_file_location("_kernelgate_plugin_names",
+                                                  PLUGIN_NAMES_SOURCE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
-        return sorted(IMPLEMENTATIONS)
+
+def source_kernel_names(environ: Mapping[str, str] | None = None) -> list[str]:
+    """The registry's names as its source and ``environ`` (default ``os.environ``) give
+    them, without importing ``kernels``: the ``BUILTIN`` literal of ``kernels/registry.py``
+    and the names of ``KERNELGATE_KERNELS`` (parsed by ``kernels/plugin_names.py``, the
+    registry's own parser), sorted.
+
+    Raises:
+        ValueError: a bad ``KERNELGATE_KERNELS`` (the registry's message, naming it).
+        RuntimeError: ``kernels/registry.py`` has no ``BUILTIN`` literal.
+    """
     for node in ast.parse(REGISTRY_SOURCE.read_text()).body:
         if (isinstance(node, ast.AnnAssign | ast.Assign)
                 and "BUILTIN" in [t.id for t in (getattr(node, "targets", None) or [node.target])
                                   if isinstance(t, ast.Name)]):
-            plugins = [e.split("=", 1)[0].strip()
-                       for e in os.environ.get("KERNELGATE_KERNELS", "").split(",") if "=" in e]
-            return sorted({*ast.literal_eval(node.value), *plugins})
+            builtin = ast.literal_eval(node.value)
+            return sorted({*builtin, *_plugin_grammar().plugins_from_env(builtin, environ)})
     raise RuntimeError(f"no BUILTIN registry literal in {REGISTRY_SOURCE}")
+
+
+def kernel_names() -> list[str]:
+    """The kernel registry's names: the live registry when ``kernels`` is imported,
+    else :func:`source_kernel_names` (no import).
+
+    Raises:
+        typer.BadParameter: ``KERNELGATE_KERNELS`` is not a list of
+            ``name=module:attribute`` (the registry's message: it would refuse it too).
+    """
+    if "kernels.registry" in sys.modules:
+        from kernels.registry import IMPLEMENTATIONS
+
+        return sorted(IMPLEMENTATIONS)
+    try:
+        return source_kernel_names()
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
 
 
 def check_implementation(implementation: str) -> str:
     """``implementation`` if it is ``auto``, ``native`` or a registry name.
 
     Raises:
-        typer.BadParameter: naming the choices (as ``kernels.api`` does).
+        typer.BadParameter: naming the choices (as ``kernels.api`` does), or a bad
+            ``KERNELGATE_KERNELS`` (the registry's message; :func:`kernel_names`).
     """
     names = kernel_names()
     if implementation not in ("auto", "native") and implementation not in names:

@@ -136,7 +136,7 @@ def default_config(head_dim: int) -> BlockSizes:
     once the autotuner has run on a GPU): 64-row consumer tiles (one ``wgmma`` M-tile per
     warpgroup), 128-row K/V tiles with a 2-deep ring at head_dim <= 128, 64-row K/V tiles
     at 256 so the float32 accumulator and logits fit the consumers' registers."""
-    padded = _padded_head_dim(head_dim)
+    padded = padded_head_dim(head_dim)
     block_kv = 128 if padded <= 128 else 64
     return BlockSizes(block_q=64, block_kv=block_kv, num_warps=NUM_WARPS, num_stages=2)
 
@@ -170,7 +170,7 @@ def check_block_sizes(config: BlockSizes) -> None:
 
 def _smem(config: BlockSizes, head_dim: int, itemsize: int, separate_output: bool,
           scratch_bytes: int = 0) -> int:
-    d = _padded_head_dim(head_dim)
+    d = padded_head_dim(head_dim)
     q_and_o = 2 * config.block_q * d * (2 if separate_output else 1)
     tiles = (q_and_o + 2 * config.num_stages * config.block_kv * d) * itemsize
     barriers = 8 * (4 + 4 * config.num_stages + 1)
@@ -204,8 +204,18 @@ def smem_bytes(config: BlockSizes, head_dim: int, itemsize: int = 2,
                  separate_output(config, head_dim, itemsize, scratch_bytes), scratch_bytes)
 
 
-def _padded_head_dim(head_dim: int) -> int:
-    return -(-head_dim // HEAD_DIM_MULTIPLE) * HEAD_DIM_MULTIPLE
+def padded_head_dim(head_dim: int) -> int:
+    """head_dim as the kernel lays it out: the smallest multiple of ``HEAD_DIM_MULTIPLE``
+    (64 elements, one 128-byte swizzled bf16/f16 row) not below ``head_dim`` (96 -> 128);
+    the tiling, the shared-memory budget and the registered variant are chosen by it.
+    Head_dims over ``MAX_HEAD_DIM`` are padded too (``check_supported`` refuses them).
+
+    Raises:
+        ValueError: ``head_dim`` below 1.
+    """
+    if head_dim < 1:
+        raise ValueError(f"pallas_mosaic_gpu: head_dim must be at least 1, got {head_dim}")
+    return round_up(head_dim, HEAD_DIM_MULTIPLE)
 
 
 def _device_capability() -> str | None:
@@ -247,7 +257,7 @@ def check_supported(spec: AttentionSpec, backend: str, config: BlockSizes | None
     if config is not None:
         check_block_sizes(config)
     resolved = resolve_config(spec, config)
-    extra = variant_scratch_bytes(registered_default(_padded_head_dim(spec.head_dim)))
+    extra = variant_scratch_bytes(registered_default(padded_head_dim(spec.head_dim)))
     need = smem_bytes(resolved, spec.head_dim, jnp.dtype(spec.dtype).itemsize, extra)
     if need > SMEM_LIMIT_BYTES:
         raise ValueError(
@@ -678,14 +688,14 @@ def pallas_mosaic_gpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, cau
     check_block_sizes(config or BlockSizes())
     cfg = (config or BlockSizes()).merged_over(default_config(head_dim))
     if variant is None:  # the switches this head_dim is registered with
-        variant = registered_default(_padded_head_dim(head_dim))
+        variant = registered_default(padded_head_dim(head_dim))
     extra = variant_scratch_bytes(variant)
     need = smem_bytes(cfg, head_dim, jnp.dtype(q.dtype).itemsize, extra)
     if need > SMEM_LIMIT_BYTES:
         raise ValueError(f"pallas_mosaic_gpu: {cfg.model_dump()} at head_dim {head_dim} needs "
                          f"{need} bytes of shared memory, over {SMEM_LIMIT_BYTES}")
 
-    d_pad = _padded_head_dim(head_dim)
+    d_pad = padded_head_dim(head_dim)
     q_pad = round_up(q_len, 2 * cfg.block_q)
     kv_pad = round_up(kv_len, cfg.block_kv)
     if kv_lengths is not None:

@@ -21,10 +21,9 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import os
-import re
 from collections.abc import Iterator, Mapping, MutableMapping
 
+from kernels import plugin_names
 from kernels.kernel import Kernel
 
 BUILTIN: dict[str, str] = {
@@ -37,37 +36,20 @@ BUILTIN: dict[str, str] = {
 }
 """The built-in kernels, in registry order: name -> ``module:Class``."""
 
-PLUGINS_ENV = "KERNELGATE_KERNELS"
+PLUGINS_ENV = plugin_names.PLUGINS_ENV
 """The environment variable of the kernels added from outside ``kernels/``."""
-_ENTRY = re.compile(r"^(?P<name>[A-Za-z_][\w]*)=(?P<path>[A-Za-z_][\w.]*:[A-Za-z_]\w*)$")
 
 
 def plugins_from_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The entries of ``KERNELGATE_KERNELS`` in ``environ`` (default ``os.environ``):
-    a comma-separated list of ``name=module:attribute``; name -> ``module:attribute``.
+    a comma-separated list of ``name=module:attribute``; name -> ``module:attribute``
+    (the grammar: :mod:`kernels.plugin_names`, shared with the command line's check).
 
     Raises:
         ValueError: an entry not of that form, a name given twice, a built-in name or a
             selection mode (``auto``, ``native``); the message names the variable.
     """
-    value = (os.environ if environ is None else environ).get(PLUGINS_ENV, "")
-    out: dict[str, str] = {}
-    for raw in value.split(","):
-        entry = raw.strip()
-        if not entry:
-            continue
-        match = _ENTRY.match(entry)
-        if match is None:
-            raise ValueError(f"{PLUGINS_ENV}: {entry!r} is not name=module:attribute")
-        name, path = match["name"], match["path"]
-        if name in ("auto", "native"):
-            raise ValueError(f"{PLUGINS_ENV}: {name!r} is a selection mode, not a kernel name")
-        if name in BUILTIN:
-            raise ValueError(f"{PLUGINS_ENV}: {name!r} is a built-in kernel's name")
-        if name in out:
-            raise ValueError(f"{PLUGINS_ENV}: {name!r} is given twice")
-        out[name] = path
-    return out
+    return plugin_names.plugins_from_env(BUILTIN, environ)
 
 
 def _load(name: str, path: str) -> Kernel:

@@ -93,7 +93,9 @@ def _move(tracking: Tracking, family: str, change: AliasChange, signing: Signing
     and the move is signed again from the new head — numbered after the other move, its
     ``previous_version`` what the signed history now says. A promotion, rollback or
     clearing whose alias the other writer moved away from ``previous_version`` is refused
-    instead (it was decided about a state that no longer holds).
+    instead (it was decided about a state that no longer holds). With concurrent writers
+    (``signing.sequencer``) the first attempt compares too: the caller's read of the alias
+    may already be stale (another writer signed its move and has not set the alias yet).
 
     Raises:
         PromotionRefused: the alias moved meanwhile (promotion, rollback, clearing).
@@ -106,10 +108,12 @@ def _move(tracking: Tracking, family: str, change: AliasChange, signing: Signing
         head = (family_log.read(StoreSource(tracking, family, signing.trust)).length
                 if signing.sequencer is not None else None)
         moves, _ = store_alias_history(tracking, family, signing.trust)
-        # an assignment's previous version is what the signed history says, from the first
-        # attempt on: the caller read the MLflow alias, which another writer sets only after
-        # signing its move (services, 2026-12-01: a move signed with previous None after v1's)
-        if attempt > 1 or (signing.sequencer is not None and change.action == "assign"):
+        # with concurrent writers (a sequencer), from the first attempt on: the caller read
+        # the MLflow alias, which another writer sets only after signing its move (services,
+        # 2026-12-01: an assignment signed with previous None after v1's), or read the signed
+        # history before checking the evidence (promote); without one, the family lock
+        # serialises the writers and a lost position never happens
+        if attempt > 1 or signing.sequencer is not None:
             now = signed_aliases(moves).get(change.alias)
             if now != change.previous_version:
                 if change.action != "assign":
@@ -250,11 +254,14 @@ def promote(tracking: Tracking, family: str, version: str, *, decision_run_id: s
              "approval_run_ids": {t: a.run_id for t, a in evidence.approvals.items()}}
     _move(tracking, family, change, signing, parent_run_id=parent_run_id, chain_links=links)
     for done in ("canary", "shadow"):
+        # refused: another writer moved the alias away from this version meanwhile (signed
+        # history), so it is no longer this version's to retire; production has moved
         if current.get(done) == version:
-            _move(tracking, family, AliasChange(
-                family=family, alias=done, version=None, previous_version=version, at=_now(),
-                action="clear", reason=f"{done} retired: v{version} was promoted"),
-                signing, parent_run_id=parent_run_id)
+            with contextlib.suppress(PromotionRefused):
+                _move(tracking, family, AliasChange(
+                    family=family, alias=done, version=None, previous_version=version,
+                    at=_now(), action="clear", reason=f"{done} retired: v{version} was promoted"),
+                    signing, parent_run_id=parent_run_id)
         drop_version_tag(tracking, family, version, tags.alias_owner(done))
     client = tracking.client()
     name = registered_model_name(family)

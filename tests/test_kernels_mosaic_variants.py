@@ -300,6 +300,9 @@ def test_the_default_row_runs_the_switches_the_kernel_is_registered_with():
     assert variants_tool.entry_variant(sets["default"], 256).lazy_rescale_log2 is not None
     explicit = variants_tool.entry_variant(sets["rowsum-before-handover"], 256)
     assert explicit.lazy_rescale_log2 is None and explicit.rowsum_before_handover is True
+    # the registered switches are those of the padded head_dim: 193..256 pad to 256
+    assert variants_tool.entry_variant(sets["default"], 193).lazy_rescale_log2 is not None
+    assert variants_tool.entry_variant(sets["default"], 192).lazy_rescale_log2 is None
 
 
 def test_a_bad_variant_file_is_refused(tmp_path):

@@ -54,6 +54,17 @@ BF16_SPEC = _spec((2, 1024, 16, 128), (2, 1024, 16, 128), jnp.bfloat16)
 # ----------------------------------------------------------------------------- config
 
 
+def test_head_dim_is_padded_to_the_next_multiple_of_64():
+    """Against the docstring's definition (the smallest multiple of 64 not below d), not
+    the helper's arithmetic; below 1 is refused naming the bound."""
+    for d in range(1, 301):
+        assert pallas_mosaic_gpu.padded_head_dim(d) == min(m for m in range(64, 1024, 64)
+                                                           if m >= d), d
+    for bad in (0, -64):
+        with pytest.raises(ValueError, match="head_dim must be at least 1, got"):
+            pallas_mosaic_gpu.padded_head_dim(bad)
+
+
 def test_default_config_is_complete_legal_and_fits_shared_memory():
     for head_dim in (32, 64, 96, 128, 256):
         spec = _spec((1, 256, 2, head_dim), (1, 256, 2, head_dim), jnp.float16)

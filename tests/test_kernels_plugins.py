@@ -5,6 +5,7 @@ with its own registry name and build fingerprint, selectable by ``kernelgate rol
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -86,6 +87,68 @@ def test_the_cli_accepts_a_plugin_name_before_importing_the_kernels():
     assert done.stdout.strip().splitlines()[-1] == name
     done = _python(code, **{registry.PLUGINS_ENV: ""})
     assert done.returncode != 0 and "unknown implementation 'slowed_xla_x3'" in done.stderr
+
+
+
+def _outcome(parse) -> list[str] | str:
+    """What ``parse()`` gives: the sorted names, or its ValueError's message."""
+    try:
+        return parse()
+    except ValueError as err:
+        return f"ValueError: {err}"
+
+
+@pytest.mark.parametrize("value", [
+    "",
+    " , ,, ",
+    " a_one=tests.x:One , ,b_two=pkg.mod:factory,,",
+    "one = tests.x:One",  # blanks inside an entry
+    "tests.x:One",  # no name: the CLI's old copy skipped it, the registry refused it
+    "a=b=c:d",
+    "one=tests.x:One;two=tests.y:Two",
+    "xla=tests.x:One",  # a built-in name: the old copy accepted it
+    "native=tests.x:One",
+    "one=tests.x:One, one=tests.y:Two",
+], ids=repr)
+def test_the_cli_check_and_the_registry_read_the_variable_alike(value):
+    """``flows.cli_args`` (no JAX) and the registry parse ``KERNELGATE_KERNELS`` with one
+    grammar: the same names, or the same refusal. The CLI's former copy of the grammar
+    (names of entries with ``=``, unchecked) gave names for the bad strings here."""
+    from flows import cli_args
+
+    environ = {registry.PLUGINS_ENV: value}
+    cli = _outcome(lambda: cli_args.source_kernel_names(environ))
+    live = _outcome(lambda: sorted({*registry.BUILTIN, *registry.plugins_from_env(environ)}))
+    assert cli == live
+    assert cli_args.source_kernel_names({}) == sorted(registry.BUILTIN)
+
+
+def test_the_plugin_grammar_is_loaded_without_jax():
+    """``kernels/plugin_names.py`` imports only the standard library, and the CLI's check
+    (which loads it from its file) leaves ``kernels``, JAX and numpy unimported — also after
+    refusing a bad variable, which exits 2 with the registry's message."""
+    source = ROOT / "kernels" / "plugin_names.py"
+    tree = ast.parse(source.read_text())
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree)
+                if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree)
+                 if isinstance(node, ast.ImportFrom) and node.module}
+    assert imported <= set(sys.stdlib_module_names), imported - set(sys.stdlib_module_names)
+    heavy = "[m for m in ('kernels', 'jax', 'numpy') if m in sys.modules]"
+    code = ("import sys; from flows import cli_args; "
+            "print(cli_args.check_implementation('slowed_xla_x3'), "
+            f"cli_args._plugin_grammar().__name__, {heavy})")
+    done = _python(code, **{registry.PLUGINS_ENV: "slowed_xla_x3=tests.slowed_kernel:x"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["slowed_xla_x3", "_kernelgate_plugin_names", "[]"]
+    code = ("import sys\nfrom flows.cli import app\ntry:\n    app(args=sys.argv[1:])\n"
+            f"except SystemExit as e:\n    print('exit', e.code, {heavy})\n")
+    done = subprocess.run([sys.executable, "-c", code, "rollout", "--implementation", "xla"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT),
+                               registry.PLUGINS_ENV: "one = tests.x:One"})
+    assert done.stdout.strip().splitlines()[-1] == "exit 2 []", (done.stdout, done.stderr)
+    assert "KERNELGATE_KERNELS: 'one = tests.x:One' is not name=module:attribute" in done.stderr
 
 
 # ------------------------------------------------------------------ the slowed kernel

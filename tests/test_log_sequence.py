@@ -10,13 +10,13 @@ import threading
 
 import pytest
 
-from lineage import family_log, keys, log_writer, registered_model, registry
+from lineage import family_log, keys, log_writer, registered_model, registry, tags
 from lineage import tracking as tr
 from lineage.attestations import Signing
 from lineage.family_log import LogDamaged
 from lineage.log_sequence import FolderSequencer, SequenceTaken, safe_name
 from lineage.sources import StoreSource
-from tests.conftest_lineage import signed_build
+from tests.conftest_lineage import promotable_chain, signed_build, thresholds_yaml
 
 
 @pytest.fixture
@@ -110,6 +110,113 @@ def test_an_assignment_takes_its_previous_version_from_the_signed_history(lab, m
     assert problems == [] and [m.predicate["version"] for m in moves] == [v1, v2]
     assert moves[1].predicate["previous_version"] == v1
     assert registered_model.alias_version(tracking, "fam", "shadow") == v2
+
+
+
+@pytest.mark.parametrize("action", ["rollback", "clear"])
+def test_a_move_away_from_a_version_another_writer_replaced_is_refused(lab, monkeypatch, action):
+    """The caller reads the MLflow alias (v1) after another writer signed shadow -> v2 and
+    before it set the alias (it sets it after signing): rolling back or clearing v1 is
+    refused naming v2, nothing signed or tagged. Signed as it was before (only a lost
+    compare-and-swap was checked), it said v1 was rolled back and took v2 down unsigned."""
+    tracking, signing, _, _ = lab
+    _, v1 = signed_build(tracking, "fam", signing)
+    _, v2 = signed_build(tracking, "fam", signing)
+    registry.assign_shadow(tracking, "fam", v1, signing=signing)
+    with monkeypatch.context() as m:  # the other writer, stopped between signing and alias
+        m.setattr(registry, "_apply", lambda *args, **kwargs: None)
+        registry.assign_shadow(tracking, "fam", v2, signing=signing)
+    assert registered_model.alias_version(tracking, "fam", "shadow") == v1
+    length = family_log.read(StoreSource(tracking, "fam", signing.trust)).length
+    with pytest.raises(registry.PromotionRefused,
+                       match=rf"{action} of shadow refused: another writer moved it to v{v2} "
+                             rf"meanwhile \(this move expected v{v1}\)"):
+        if action == "rollback":
+            registry.rollback(tracking, "fam", alias="shadow", reason="drill", signing=signing)
+        else:
+            registry.clear_stale(tracking, "fam", "shadow", reason="drill", signing=signing)
+    log = family_log.read(StoreSource(tracking, "fam", signing.trust))
+    assert log.length == length and log.problems == []
+    moves, problems = registered_model.store_alias_history(tracking, "fam", signing.trust)
+    assert problems == [] and [m.predicate["version"] for m in moves] == [v1, v2]
+    assert registered_model.alias_version(tracking, "fam", "shadow") == v1  # nothing applied
+    assert not {tags.ROLLBACK_REASON, tags.STALE_REASON} & set(
+        registered_model.version_tags(tracking, "fam", v1))
+
+
+
+def test_a_promotion_refuses_a_production_another_writer_moved_while_it_checked(lab,
+                                                                                 monkeypatch):
+    """Production is None when the second candidate's promotion reads it; while it checks
+    the chain, another writer signs production -> the first candidate (alias not set yet).
+    The second promotion is refused naming that version, nothing signed; signed as before
+    (only a lost compare-and-swap was checked), it replaced the first unseen, previous None."""
+    tracking, signing, _, tmp_path = lab
+    path = tmp_path / "thresholds.yaml"
+    path.write_text(thresholds_yaml())
+    first = promotable_chain(tracking, "fam", path, signing=signing)
+    second = promotable_chain(tracking, "fam", path, signing=signing)
+    check, raced = registry._refuse_incomplete, []
+
+    def racing(tracking_, family, version, *args):
+        evidence = check(tracking_, family, version, *args)
+        if version == second.version and not raced:  # the other writer, signing meanwhile
+            raced.append(first.version)
+            with monkeypatch.context() as m:  # stopped between signing and the alias
+                m.setattr(registry, "_apply", lambda *args, **kwargs: None)
+                registry.promote(tracking, "fam", first.version, expected_previous=None,
+                                 decision_run_id=first.decision_run_id, signing=signing)
+        return evidence
+
+    monkeypatch.setattr(registry, "_refuse_incomplete", racing)
+    with pytest.raises(registry.PromotionRefused,
+                       match=rf"promote of production refused: another writer moved it to "
+                             rf"v{first.version} meanwhile \(this move expected vNone\)"):
+        registry.promote(tracking, "fam", second.version, expected_previous=None,
+                         decision_run_id=second.decision_run_id, signing=signing)
+    assert raced == [first.version]
+    assert family_log.read(StoreSource(tracking, "fam", signing.trust)).problems == []
+    moves, problems = registered_model.store_alias_history(tracking, "fam", signing.trust)
+    assert problems == [] and [m.predicate["version"] for m in moves
+                               if m.predicate["alias"] == "production"] == [first.version]
+    assert registered_model.alias_version(tracking, "fam", "production") is None
+    assert tags.PROMOTED_AT not in registered_model.version_tags(tracking, "fam", second.version)
+
+
+
+def test_a_promotion_leaves_a_shadow_another_writer_moved_before_it_was_retired(lab,
+                                                                                monkeypatch):
+    """Promoting the version ``shadow`` pointed at retires that alias; when another writer
+    signed shadow -> v_other in between (alias not set yet), the alias is not this
+    version's to clear: the promotion completes and the other writer's shadow stays signed
+    (the retiring clear refused inside promote had raised after production moved)."""
+    tracking, signing, _, tmp_path = lab
+    path = tmp_path / "thresholds.yaml"
+    path.write_text(thresholds_yaml())
+    chain = promotable_chain(tracking, "fam", path, signing=signing)
+    _, other = signed_build(tracking, "fam", signing)
+    registry.assign_shadow(tracking, "fam", chain.version, signing=signing)
+    move, raced = registry._move, []
+
+    def racing(tracking_, family, change, signing_, **kwargs):
+        if change.action == "clear" and not raced:  # the other writer, signing meanwhile
+            raced.append(other)
+            with monkeypatch.context() as m:  # stopped between signing and the alias
+                m.setattr(registry, "_apply", lambda *args, **kwargs: None)
+                registry.assign_shadow(tracking, "fam", other, signing=signing)
+        return move(tracking_, family, change, signing_, **kwargs)
+
+    monkeypatch.setattr(registry, "_move", racing)
+    promoted = registry.promote(tracking, "fam", chain.version, expected_previous=None,
+                                decision_run_id=chain.decision_run_id, signing=signing)
+    assert raced == [other] and promoted.version == chain.version
+    moves, problems = registered_model.store_alias_history(tracking, "fam", signing.trust)
+    assert problems == [] and [m.predicate["action"] for m in moves] == ["assign", "promote",
+                                                                          "assign"]
+    assert registered_model.signed_aliases(moves) == {"production": chain.version,
+                                                      "shadow": other}
+    assert registered_model.alias_version(tracking, "fam", "production") == chain.version
+    assert tags.PROMOTED_AT in registered_model.version_tags(tracking, "fam", chain.version)
 
 
 def test_a_position_claimed_and_never_logged_is_given_up_on_naming_it(lab, monkeypatch):

@@ -43,7 +43,7 @@ from kernels.config import BlockSizes
 from kernels.contract import validate
 from kernels.mosaic_variants import MosaicVariant, registered_default
 from kernels.naive import naive_attention
-from kernels.pallas_mosaic_gpu import HEAD_DIM_MULTIPLE, pallas_mosaic_gpu_attention, resolve_config
+from kernels.pallas_mosaic_gpu import padded_head_dim, pallas_mosaic_gpu_attention, resolve_config
 from kernels.reference import attention_reference, relative_error, rounding_floor
 from kernels.selection import select_pallas_config
 from kernels.shapes import AttentionShape, random_inputs
@@ -80,10 +80,11 @@ def load_variant_sets(path: Path | str = VARIANTS_FILE) -> dict[str, Any]:
 def entry_variant(entry: dict[str, Any], head_dim: int) -> MosaicVariant:
     """The entry's switches at ``head_dim``: its ``variant`` (unset fields off), or, with no
     ``variant`` (``default``, a tiling entry), the switches the kernel is registered with at
-    this head_dim (``mosaic_variants.registered_default``): what ``variant=None`` runs."""
+    this head_dim (``mosaic_variants.registered_default`` at
+    ``pallas_mosaic_gpu.padded_head_dim``): what ``variant=None`` runs."""
     if "variant" in entry:
         return MosaicVariant(**entry["variant"])
-    return registered_default(-(-head_dim // HEAD_DIM_MULTIPLE) * HEAD_DIM_MULTIPLE)
+    return registered_default(padded_head_dim(head_dim))
 
 
 def block_sizes(entry: dict[str, Any], head_dim: int) -> BlockSizes | None:
