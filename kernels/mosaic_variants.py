@@ -6,7 +6,7 @@ arXiv:2407.08608) and FlashAttention-4 that ``kernels.pallas_mosaic_gpu`` can sw
 one at a time, so that one benchmark call times each by itself
 (``kernels.tools.variants``). Every field default keeps the kernel's behaviour before the
 switches existed (the lowered kernel is the same); a variant becomes a default only by a
-change of this file (:data:`DEFAULT_SWITCHES_BY_PADDED_HEAD_DIM`, per head_dim), which
+change of this file (:data:`REGISTERED_SWITCHES`, per head_dim, mask and length), which
 changes the kernels' source digest (``kernels.build``).
 
 Already in the kernel, so not switches: two consumer warpgroups in ping-pong (one's
@@ -43,24 +43,69 @@ MAX_LAZY_RESCALE_LOG2 = 8.0
 """Largest lazy-rescale threshold (log2 units): ``p <= 2**8`` inside float16's range."""
 
 
-DEFAULT_SWITCHES_BY_PADDED_HEAD_DIM: dict[int, dict[str, float]] = {
-    256: {"lazy_rescale_log2": 8.0},
-}
-"""Switches the kernel runs with when no variant is asked for, per padded head_dim (a
-multiple of 64). Only what was measured to pay on the H200 and passed the `gpu` tests
-there (2026-12-01, ``kernels/tools/bench_results/h200-2026-12-01-session5/fa3-grid``):
-the lazy rescale at head_dim 256, +4 to +8 % on each of the bf16 grid's four rows (1.01 /
-0.92 / 1.10 / 1.13 of cuDNN: full 16k and 4k, causal 16k and 4k), where at head_dim 128
-it changed nothing (within +-1 %) and at head_dim 64 it lost 12 %; every
-poisoned-padding and extreme-magnitude case of ``tests/test_kernels_mosaic_variants.py``
-passed with it in bf16 and f16."""
+class SwitchRule(BaseModel):
+    """One registered choice of switches: the kernel runs ``switches`` at
+    ``padded_head_dim`` where ``causal`` (``None``: either) and ``kv_len <= max_kv_len``
+    (``None``: any length) hold. A rule with a condition applies only where the caller
+    knows the condition (:func:`registered_default`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    padded_head_dim: int = Field(gt=0, multiple_of=64)
+    switches: dict[str, float | bool]
+    causal: bool | None = None
+    max_kv_len: int | None = Field(default=None, gt=0)
+
+    def applies(self, padded_head_dim: int, causal: bool | None, kv_len: int | None) -> bool:
+        """Whether this rule names ``padded_head_dim`` and its conditions are known and met."""
+        if padded_head_dim != self.padded_head_dim:
+            return False
+        if self.causal is not None and causal != self.causal:
+            return False
+        return self.max_kv_len is None or (kv_len is not None and kv_len <= self.max_kv_len)
 
 
-def registered_default(padded_head_dim: int) -> MosaicVariant:
-    """The switches of the kernel as registered at ``padded_head_dim`` (what
-    ``variant=None`` means): :data:`DEFAULT_SWITCHES_BY_PADDED_HEAD_DIM`, else every switch
-    off (:class:`MosaicVariant`'s field defaults)."""
-    return MosaicVariant(**DEFAULT_SWITCHES_BY_PADDED_HEAD_DIM.get(padded_head_dim, {}))
+REGISTERED_SWITCHES: tuple[SwitchRule, ...] = (
+    SwitchRule(padded_head_dim=64, switches={"rowsum_before_handover": False}),
+    SwitchRule(padded_head_dim=128, switches={"rowsum_before_handover": False}),
+    SwitchRule(padded_head_dim=256, causal=False, max_kv_len=4096,
+               switches={"lazy_rescale_log2": 8.0, "rowsum_before_handover": True}),
+    SwitchRule(padded_head_dim=256, switches={"lazy_rescale_log2": 8.0}),
+)
+"""The switches the kernel runs with when no variant is asked for; the first rule that
+applies wins, none: every switch off. Only what was measured to pay on the H200 and
+passed the `gpu` tests there (``kernels/tools/bench_results/``; NOTES-gpu.md):
+
+* head_dim 256: the lazy rescale (session 5, ``h200-2026-12-01-session5/fa3-grid``:
+  +4 to +8 % on each bf16 grid row; at 128 it changed nothing, at 64 it lost 12 %), and,
+  without a causal mask at kv_len <= 4096, the row sum before the hand-over as well
+  (session 7, ``h200-2026-12-01-session7/d256-switches``: full S = 4096 B4 1.086 / 1.081
+  of the lazy rescale alone in bf16 / f16, i.e. 1.004 / 0.997 of cuDNN against 0.925 /
+  0.922, while at S = 16384 it lost 4 % and under the causal mask 0-1.4 %; lengths
+  between 4096 and 16384 were not measured, so the rule stops at the measured one);
+* head_dim 64 and 128: the row sum after the hand-over (session 7,
+  ``h200-2026-12-01-session7/grid-d64-d128``: +1.2 to +3.2 % on 13 of the 16 bf16/f16
+  rows, -0.7 to -2.6 % on three causal ones, every row still ahead of cuDNN; at f16 d128
+  session 6 had found the same, +0.8 to +2.9 % on three of four rows).
+
+Every poisoned-padding and extreme-magnitude case of ``tests/test_kernels_mosaic_variants.py``
+passed on the H200 in bf16 and f16 with each switch by itself (session 7: 70 passed); the
+combination at head_dim 256, kv_len <= 4096 passed the grid's float64 checks there, and its
+own `gpu` cases (``lazy-8-rowsum-before`` in ``fa3_variants.json``) are still to run on a
+GPU. A change of this table changes the kernels' source digest (``kernels.build``)."""
+
+
+def registered_default(padded_head_dim: int, *, causal: bool | None = None,
+                       kv_len: int | None = None) -> MosaicVariant:
+    """The switches of the kernel as registered at ``padded_head_dim`` for a call with
+    ``causal`` and ``kv_len`` (what ``variant=None`` means): the first
+    :data:`REGISTERED_SWITCHES` rule that applies, else every switch off
+    (:class:`MosaicVariant`'s field defaults). Unknown conditions (``None``) leave the
+    conditional rules out."""
+    for rule in REGISTERED_SWITCHES:
+        if rule.applies(padded_head_dim, causal, kv_len):
+            return MosaicVariant(**rule.switches)
+    return MosaicVariant()
 
 
 class MosaicVariant(BaseModel):

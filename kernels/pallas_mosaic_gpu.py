@@ -257,7 +257,8 @@ def check_supported(spec: AttentionSpec, backend: str, config: BlockSizes | None
     if config is not None:
         check_block_sizes(config)
     resolved = resolve_config(spec, config)
-    extra = variant_scratch_bytes(registered_default(padded_head_dim(spec.head_dim)))
+    extra = variant_scratch_bytes(registered_default(padded_head_dim(spec.head_dim),
+                                                     causal=spec.causal, kv_len=spec.kv_len))
     need = smem_bytes(resolved, spec.head_dim, jnp.dtype(spec.dtype).itemsize, extra)
     if need > SMEM_LIMIT_BYTES:
         raise ValueError(
@@ -666,8 +667,7 @@ def pallas_mosaic_gpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, cau
         in interpret mode.
       variant: ``kernels.mosaic_variants.MosaicVariant`` switches (issue 24: lazy
         rescale, row-sum order, register split); ``None`` = the kernel as registered at
-        this head_dim (``mosaic_variants.registered_default``: the lazy rescale at
-        padded head_dim 256, every switch off below).
+        this head_dim, mask and ``kv_len`` (``mosaic_variants.REGISTERED_SWITCHES``).
 
     Returns:
       Array shaped and typed like ``q``; logits, softmax state and accumulator float32.
@@ -687,8 +687,9 @@ def pallas_mosaic_gpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, cau
                                   f"got {head_dim}")
     check_block_sizes(config or BlockSizes())
     cfg = (config or BlockSizes()).merged_over(default_config(head_dim))
-    if variant is None:  # the switches this head_dim is registered with
-        variant = registered_default(padded_head_dim(head_dim))
+    if variant is None:  # the switches this head_dim, mask and length are registered with
+        variant = registered_default(padded_head_dim(head_dim), causal=bool(causal),
+                                     kv_len=kv_len)
     extra = variant_scratch_bytes(variant)
     need = smem_bytes(cfg, head_dim, jnp.dtype(q.dtype).itemsize, extra)
     if need > SMEM_LIMIT_BYTES:

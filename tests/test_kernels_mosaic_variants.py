@@ -87,29 +87,58 @@ def _lowered(variant, head_dim=128, causal=False):
     return jax.jit(fn).trace(q, q, q).lower(lowering_platforms=("cuda",)).as_text()
 
 
-def test_default_variant_lowers_to_the_same_kernel_and_each_switch_changes_it():
-    base = _lowered(None)
-    assert _lowered(MosaicVariant()) == base
+def test_each_switch_changes_the_lowered_kernel():
+    base = _lowered(MosaicVariant())  # the field defaults: the kernel before the switches
     for variant in (MosaicVariant(lazy_rescale_log2=8.0),
                     MosaicVariant(rowsum_before_handover=False),
                     MosaicVariant(consumer_registers=240, producer_registers=24)):
         text = _lowered(variant)
         assert text.count("mosaic_gpu_v2") == 1 and text != base, variant.label()
     # At head_dim 256 the default order is "after": switching it to "before" changes it.
-    assert _lowered(MosaicVariant(rowsum_before_handover=True), 256) != _lowered(None, 256)
+    assert _lowered(MosaicVariant(rowsum_before_handover=True), 256) != \
+        _lowered(MosaicVariant(), 256)
 
 
-def test_the_kernel_as_registered_runs_the_lazy_rescale_at_head_dim_256_only():
-    """Issue 24's measured default: the lazy rescale paid at head_dim 256 on the H200 and
-    lost at 64, so ``variant=None`` lowers to it at 256 (192 < d <= 256 pads to 256)
-    and to every switch off at 64 and 128."""
+def _lowered_at(variant, head_dim, causal, seq):
+    q = jax.ShapeDtypeStruct((1, seq, 2, head_dim), jnp.bfloat16)
+    fn = functools.partial(pallas_mosaic_gpu_attention, causal=causal, scale=0.1,
+                           q_lengths=None, kv_lengths=None, variant=variant)
+    return jax.jit(fn).trace(q, q, q).lower(lowering_platforms=("cuda",)).as_text()
+
+
+def test_the_kernel_as_registered_lowers_to_the_measured_switches():
+    """Issue 24's measured choices (session 5 and 7 on the H200), read from the issue's
+    measurements rather than from the rule table: at head_dim 256 the lazy rescale, with
+    the row sum before the hand-over only without a causal mask at kv_len <= 4096; at 64
+    and 128 the row sum after the hand-over; 192 < d <= 256 pads to 256."""
     lazy = MosaicVariant(lazy_rescale_log2=8.0)
-    for head_dim in (256, 200):
-        assert _lowered(None, head_dim) == _lowered(lazy, head_dim)
-        assert _lowered(None, head_dim) != _lowered(MosaicVariant(), head_dim)
-    for head_dim in (64, 128):
-        assert _lowered(None, head_dim) == _lowered(MosaicVariant(), head_dim)
-        assert _lowered(None, head_dim) != _lowered(lazy, head_dim)
+    lazy_before = MosaicVariant(lazy_rescale_log2=8.0, rowsum_before_handover=True)
+    after = MosaicVariant(rowsum_before_handover=False)
+    expected = [  # (head_dim, causal, seq, the switches measured best there)
+        (256, False, 512, lazy_before), (256, False, 4096, lazy_before),
+        (200, False, 4096, lazy_before), (256, False, 4160, lazy), (256, False, 16384, lazy),
+        (256, True, 4096, lazy), (256, True, 512, lazy), (200, True, 512, lazy),
+        (64, False, 512, after), (64, True, 4096, after), (128, False, 16384, after),
+        (128, True, 512, after)]
+    for head_dim, causal, seq, switches in expected:
+        label = (head_dim, causal, seq)
+        assert _lowered_at(None, head_dim, causal, seq) == \
+            _lowered_at(switches, head_dim, causal, seq), label
+        assert _lowered_at(None, head_dim, causal, seq) != \
+            _lowered_at(MosaicVariant(), head_dim, causal, seq), label
+
+
+def test_every_registered_rule_is_a_valid_variant_that_fits_the_smem_check():
+    """Each rule's switches are a valid ``MosaicVariant``, and every rule of a head_dim
+    needs the shared memory of the rule ``check_supported`` uses when it does not know
+    the length (the unconditional one), so its refusal and the call's agree."""
+    for rule in mosaic_variants.REGISTERED_SWITCHES:
+        variant = MosaicVariant(**rule.switches)
+        unconditional = mosaic_variants.registered_default(rule.padded_head_dim)
+        assert pallas_mosaic_gpu.variant_scratch_bytes(variant) == \
+            pallas_mosaic_gpu.variant_scratch_bytes(unconditional), rule
+    with pytest.raises(ValueError):
+        mosaic_variants.SwitchRule(padded_head_dim=100, switches={})
 
 
 def test_every_variant_of_the_benchmark_file_lowers_for_cuda():
@@ -181,7 +210,9 @@ def test_lazy_max_moves_a_row_from_minus_infinity():
 
 
 @pytest.mark.parametrize("variant", [MosaicVariant(lazy_rescale_log2=MAX_LAZY_RESCALE_LOG2),
-                                     MosaicVariant(rowsum_before_handover=False)],
+                                     MosaicVariant(rowsum_before_handover=False),
+                                     MosaicVariant(lazy_rescale_log2=8.0,
+                                                   rowsum_before_handover=True)],
                          ids=lambda v: v.label())
 def test_variant_in_interpret_mode_against_float64(variant):
     """The real kernel (barriers, masking, lengths) with the switch on, ``wgmma``
@@ -292,10 +323,15 @@ def test_shape_sets_follow_the_fa3_paper_grid():
 def test_the_default_row_runs_the_switches_the_kernel_is_registered_with():
     sets = {e["name"]: e for e in variants_tool.load_variant_sets()["variants"]}
     for head_dim in (64, 128, 256):
-        assert variants_tool.entry_variant(sets["default"], head_dim) == \
-            mosaic_variants.registered_default(head_dim)
-        assert variants_tool.entry_variant(sets["d64-tile-q64-kv256"], head_dim) == \
-            mosaic_variants.registered_default(head_dim)
+        for causal, kv_len in ((False, 4096), (True, 4096), (False, 16384)):
+            registered = mosaic_variants.registered_default(head_dim, causal=causal,
+                                                            kv_len=kv_len)
+            for name in ("default", "d64-tile-q64-kv256"):
+                assert variants_tool.entry_variant(sets[name], head_dim, causal=causal,
+                                                   kv_len=kv_len) == registered
+    # at 256 without a mask the registered switches depend on the length
+    assert variants_tool.entry_variant(sets["default"], 256, causal=False, kv_len=4096) != \
+        variants_tool.entry_variant(sets["default"], 256, causal=False, kv_len=16384)
     # at 256 the registered kernel has the lazy rescale; an explicit variant is exact
     assert variants_tool.entry_variant(sets["default"], 256).lazy_rescale_log2 is not None
     explicit = variants_tool.entry_variant(sets["rowsum-before-handover"], 256)

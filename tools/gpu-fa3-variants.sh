@@ -9,7 +9,10 @@
 #   bash tools/gpu-fa3-variants.sh grid NAME..  the named variants beside the default on
 #                                               the full bf16 grid (d64/128/256, causal
 #                                               and not, S=4096 B4 and 16384 B1);
-#                                               KG_DTYPES="bfloat16 float16": both dtypes
+#                                               KG_DTYPES="bfloat16 float16": both dtypes;
+#                                               `grid default`: the registered kernel alone
+#                                               beside cuDNN on every row (variants with
+#                                               head_dims narrow the grid to theirs)
 #   bash tools/gpu-fa3-variants.sh tests        the `gpu` tests of every variant
 #                                               (poisoned padding, low-precision extremes)
 #
@@ -76,7 +79,7 @@ case ${1:-priority} in
     timed gpu-tests "$budget" python3 -m pytest -q -m gpu -p no:cacheprovider \
       tests/test_kernels_mosaic_variants.py tests/test_kernels_poisoned.py
     ;;
-  *) sed -n 2,18p "$0"; exit 2 ;;
+  *) sed -n 2,21p "$0"; exit 2 ;;
 esac
 echo "--- tables"
 for f in "$out"/v-*.log "$out"/grid.log; do

@@ -77,14 +77,15 @@ def load_variant_sets(path: Path | str = VARIANTS_FILE) -> dict[str, Any]:
     return data
 
 
-def entry_variant(entry: dict[str, Any], head_dim: int) -> MosaicVariant:
+def entry_variant(entry: dict[str, Any], head_dim: int, *, causal: bool | None = None,
+                  kv_len: int | None = None) -> MosaicVariant:
     """The entry's switches at ``head_dim``: its ``variant`` (unset fields off), or, with no
     ``variant`` (``default``, a tiling entry), the switches the kernel is registered with at
-    this head_dim (``mosaic_variants.registered_default`` at
+    this head_dim, mask and ``kv_len`` (``mosaic_variants.registered_default`` at
     ``pallas_mosaic_gpu.padded_head_dim``): what ``variant=None`` runs."""
     if "variant" in entry:
         return MosaicVariant(**entry["variant"])
-    return registered_default(padded_head_dim(head_dim))
+    return registered_default(padded_head_dim(head_dim), causal=causal, kv_len=kv_len)
 
 
 def block_sizes(entry: dict[str, Any], head_dim: int) -> BlockSizes | None:
@@ -189,7 +190,7 @@ def run_shape(shape: AttentionShape, entries: Sequence[dict[str, Any]], ceiling:
     for entry in entries:
         if shape.head_dim not in entry.get("head_dims", (shape.head_dim,)):
             continue
-        variant = entry_variant(entry, shape.head_dim)
+        variant = entry_variant(entry, shape.head_dim, causal=shape.causal, kv_len=shape.kv_len)
         config = block_sizes(entry, shape.head_dim) or select_pallas_config(
             shape, implementation="pallas_mosaic_gpu")
         spec = validate(*shape.structs(), causal=shape.causal)[0]
