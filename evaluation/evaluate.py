@@ -304,7 +304,7 @@ def evaluate_candidate(
 
     if profile if profile is not None else (measure_speed and report.speed_assessed):
         report.profile = profile_runners(runners, (perf_shapes or default_shapes(backend))[0],
-                                  out_dir / PROFILE_DIR)
+                                         out_dir / PROFILE_DIR)
 
     report.refused = refusals(report, "candidate")
 
