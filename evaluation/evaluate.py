@@ -19,7 +19,7 @@ from evaluation.model import MiniLM
 from evaluation.model_check import float64_attention, model_accuracy
 from evaluation.performance import default_shapes, measure_performance
 from evaluation.plots import write_plots
-from evaluation.profiling import HOW_TO_VIEW, ProfileTrace, record_trace
+from evaluation.profiling import profile_runners
 from evaluation.reference_cache import INDEX_FILE as REFERENCE_INDEX_FILE
 from evaluation.reference_cache import ReferenceCache
 from evaluation.report import (
@@ -34,6 +34,7 @@ from evaluation.testset import MANIFEST_FILE, load_manifest, load_split
 from evaluation.validation import validate_testset as run_validation
 from kernels.api import AttentionFn, default_backend
 from kernels.config import BlockSizes
+from kernels.interpreters import InterpreterPlan
 from kernels.shapes import AttentionShape
 
 logger = logging.getLogger(__name__)
@@ -151,6 +152,7 @@ def evaluate_candidate(
     profile: bool | None = None,
     serving: Contract | None = None,
     model_documents: int | None = None,
+    interpreters: InterpreterPlan | None = None,
 ) -> EvaluationReport:
     """Evaluate a candidate attention kernel on one split of a test set.
 
@@ -195,6 +197,10 @@ def evaluate_candidate(
             runs its attention in ``serving.model_dtype``, and cases the candidate
             refuses inside it are ``report.refused`` (metric ``coverage.refused_cases``).
             ``None``: every case, float32 model.
+        interpreters: the Pallas interpreter of the accuracy cases (always TPU interpret
+            mode) and of the model check, for a kernel interpreted here
+            (``kernels.interpreters``; the registration's ``serving_tpu_interpret_mode``);
+            recorded in ``report.interpreters``. ``None``: TPU interpret mode for both.
 
     Returns:
         The ``EvaluationReport`` (also written to ``out_dir/evaluation_report.json``).
@@ -245,10 +251,14 @@ def evaluate_candidate(
                          f"({report.serving}); {len(report.not_drawn)} cases left out")
     bar = (lambda n, desc: _progress_bar(n, desc)) if progress else (lambda n, desc: None)
     reference = ReferenceCache(reference_cache_dir)
-    report.accuracy = evaluate_accuracy(cases, runners, baseline="baseline", reference=reference,
-                                        compile_workers=compile_workers(backend),
-                                        helper=helper_for(runners, backend),
-                                        progress=bar(len(cases), f"accuracy {split}"))
+    plan = interpreters or InterpreterPlan()
+    if not cand_info.native:
+        report.interpreters = {"accuracy": plan.accuracy, "model_check": plan.model_check}
+    with plan.scope("accuracy"):
+        report.accuracy = evaluate_accuracy(
+            cases, runners, baseline="baseline", reference=reference,
+            compile_workers=compile_workers(backend), helper=helper_for(runners, backend),
+            progress=bar(len(cases), f"accuracy {split}"))
     reference.write_index(out_dir / REFERENCE_INDEX_FILE)
     report.reference = reference.summary()
 
@@ -257,11 +267,12 @@ def evaluate_candidate(
             documents = split_documents(testset_dir, split, model_documents)
         texts = [d if isinstance(d, str) else d.text for d in documents]
         ref = model.embed(texts, attention_fn=float64_attention)
-        report.model_accuracy = {
-            role: model_accuracy(texts, lambda t, r=runner: r.embed(t)[0], name=role,
-                                 reference_embeddings=ref, weights_sha256=model.weights_sha256,
-                                 dtype=_attention_dtype(model))
-            for role, runner in runners.items()}
+        with plan.scope("model_check"):
+            report.model_accuracy = {
+                role: model_accuracy(texts, lambda t, r=runner: r.embed(t)[0], name=role,
+                                     reference_embeddings=ref, dtype=_attention_dtype(model),
+                                     weights_sha256=model.weights_sha256)
+                for role, runner in runners.items()}
 
     native = {role: infos[role].native if role in infos else False
               for role in ("candidate", "baseline", "production")}
@@ -292,8 +303,8 @@ def evaluate_candidate(
             report.speed_not_assessed_reason = f"candidate failed on benchmark shapes {failed}"
 
     if profile if profile is not None else (measure_speed and report.speed_assessed):
-        report.profile = _profile(runners, (perf_shapes or default_shapes(backend))[0],
-                                  out_dir / PROFILE_DIR)
+        report.profile = profile_runners(runners, (perf_shapes or default_shapes(backend))[0],
+                                         out_dir / PROFILE_DIR)
 
     report.refused = refusals(report, "candidate")
 
@@ -328,23 +339,3 @@ def refusals(report: EvaluationReport, role: str) -> dict[str, str]:
     if check is not None and check.refused:
         out["model:minilm"] = check.refused
     return out
-
-
-def _profile(runners: dict[str, Runner], shape: AttentionShape, out_dir: Path) -> ProfileTrace | None:
-    """A trace of the runners whose kernel runs in this process (a version in a process
-    of its own is not traced here); ``None`` when none does or the profiler failed
-    (logged: a trace is evidence about speed, never a reason to fail the evaluation)."""
-    local = {role: r.attention_fn for role, r in runners.items() if isinstance(r, LocalRunner)}
-    if not local:
-        logger.info("no in-process implementation to profile")
-        return None
-    try:
-        trace = record_trace(local, shape, out_dir, kernels_of={
-            role: runners[role].describe().get("implementation") for role in local})
-    except Exception as err:  # noqa: BLE001 - see docstring
-        logger.warning("profiler trace not recorded: %s", err)
-        return None
-    logger.info("profiler trace of %s at %s: %s (%s)", ", ".join(local), shape.label,
-                trace.path, HOW_TO_VIEW)
-    return trace
-

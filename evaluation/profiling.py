@@ -24,15 +24,19 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
 from collections.abc import Mapping
 from pathlib import Path
 
 import jax
 from pydantic import BaseModel, Field
 
+from evaluation.runners import LocalRunner, Runner
 from kernels.api import IMPLEMENTATIONS, AttentionFn
 from kernels.dispatch import get_attention_fn
 from kernels.shapes import AttentionShape, random_inputs
+
+logger = logging.getLogger(__name__)
 
 HOW_TO_VIEW = (
     "Perfetto: open https://ui.perfetto.dev and load perfetto_trace.json.gz. "
@@ -151,3 +155,24 @@ def names_in_trace(path: str | Path, names) -> dict[str, bool]:
     device kernel itself, e.g. the Triton kernel ``kernelgate_flash_attention_fwd_gpu``)."""
     events = trace_event_names(path)
     return {n: any(n in e for e in events) for n in names}
+
+
+def profile_runners(runners: Mapping[str, Runner], shape: AttentionShape,
+                    out_dir: Path) -> ProfileTrace | None:
+    """A trace of the runners whose kernel runs in this process (a version in a process
+    of its own is not traced here); ``None`` when none does or the profiler failed
+    (logged: a trace is evidence about speed, never a reason to fail the evaluation)."""
+    local = {role: r.attention_fn for role, r in runners.items() if isinstance(r, LocalRunner)}
+    if not local:
+        logger.info("no in-process implementation to profile")
+        return None
+    try:
+        trace = record_trace(local, shape, out_dir, kernels_of={
+            role: runners[role].describe().get("implementation") for role in local})
+    except Exception as err:  # noqa: BLE001 - see docstring
+        logger.warning("profiler trace not recorded: %s", err)
+        return None
+    logger.info("profiler trace of %s at %s: %s (%s)", ", ".join(local), shape.label,
+                trace.path, HOW_TO_VIEW)
+    return trace
+

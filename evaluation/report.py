@@ -111,6 +111,11 @@ class EvaluationReport(BaseModel):
                                     "minilm') -> why the candidate refused it inside the contract")
     speed_assessed: bool = False
     speed_not_assessed_reason: str | None = None
+    interpreters: dict[str, str] | None = Field(
+        None, description="phase ('accuracy', 'model_check') -> the Pallas interpreter an "
+        "interpreted Pallas TPU kernel ran under (kernels.interpreters: 'tpu_interpret' or "
+        "'generic_interpret'; accuracy is always 'tpu_interpret'); None: the candidate "
+        "ran natively. Other kernels ignore the choice (pallas_gpu always uses the generic one)")
 
     metrics: dict[str, float] = Field(default_factory=dict)
     baseline_metrics: dict[str, float] = Field(default_factory=dict)

@@ -119,6 +119,9 @@ class TrafficResult(BaseModel):
     records: list[ServedRequest]
     memory_start_bytes: int
     memory_end_bytes: int
+    interpreter: str | None = Field(
+        None, description="the Pallas interpreter the candidate ran under where it is an "
+        "interpreted Pallas TPU kernel (kernels.interpreters); None: native, or not recorded")
 
     def latencies(self, side: str) -> list[float]:
         """Latencies (seconds) of successful requests on ``side`` ('candidate' or 'production')."""

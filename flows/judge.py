@@ -92,7 +92,8 @@ def evaluate(context: RolloutContext, preregistered: Preregistered, built: Built
                 measure_speed=measure_speed,
                 reference_cache_dir=settings.store_dir / REFERENCE_CACHE_DIR,
                 serving=context.serving.contract,
-                model_documents=_model_documents(settings.thresholds))
+                model_documents=_model_documents(settings.thresholds),
+                interpreters=context.serving.interpreters)
         finally:
             evidence.log_evaluation_files(record, run_id, out_dir=out,
                                           testset_dir=testset.testset_dir)
@@ -100,6 +101,11 @@ def evaluate(context: RolloutContext, preregistered: Preregistered, built: Built
                                        registration_id=registration_id,
                                        version=built.version,
                                        production_implementation=production and production.name)
+    if report.interpreters:
+        run_logger().info("evaluation %s: %s ran interpreted: the accuracy cases under %s, the "
+                          "MiniLM check under %s (kernels.interpreters; registered "
+                          "serving_tpu_interpret_mode)", split, candidate.name,
+                          report.interpreters["accuracy"], report.interpreters["model_check"])
     return Evaluated(report=report, run_id=run_id, split=split,
                      judged_against=production_version)
 

@@ -69,4 +69,6 @@ def default_thresholds(implementation: str, backend: str) -> tuple[Path, str]:
     return INTERPRETED_THRESHOLDS, (
         f"{name} runs interpreted on {backend}: the local-interpreted profile (local-dry-run's "
         "criteria; MiniLM check on 4 documents, canary of 16 candidate requests, whose latency "
-        "is not assessed); pass --thresholds thresholds/local-dry-run.yaml for its sizes")
+        "is not assessed; the accuracy cases in TPU interpret mode, the MiniLM check, shadow "
+        "and canary under the generic interpret lowering); pass --thresholds "
+        "thresholds/local-dry-run.yaml for its sizes")

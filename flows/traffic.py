@@ -69,7 +69,8 @@ def _judged(gated: Gated, evaluated: Evaluated, result: serving.TrafficResult,
     # Latency and memory in traffic are judged only where the candidate runs natively.
     report = evaluated.report
     reason = None if report.speed_assessed else report.speed_not_assessed_reason
-    return judge_step(gated.thresholds.canary, result, step, earlier, reason)
+    judged = judge_step(gated.thresholds.canary, result, step, earlier, reason)
+    return judged.model_copy(update={"interpreter": result.interpreter})
 
 
 def _endpoints(context: RolloutContext, alias: registered_model.Alias,
@@ -95,6 +96,19 @@ def _warm_up(context: RolloutContext, evaluated: Evaluated,
                       evaluated.report.speed_not_assessed_reason)
 
 
+def _interpreted(context: RolloutContext, evaluated: Evaluated, purpose: str,
+                 result: serving.TrafficResult) -> serving.TrafficResult:
+    """``result`` with the Pallas interpreter the candidate ran under in ``purpose``
+    (``kernels.interpreters``; None where it ran natively), said in the run log too."""
+    if evaluated.report.candidate.native:
+        return result
+    name = context.serving.interpreters.for_purpose(purpose)
+    run_logger().info("%s: %s ran interpreted under %s (kernels.interpreters; registered "
+                      "serving_tpu_interpret_mode); the accuracy cases ran in tpu_interpret",
+                      result.stage, result.candidate, name)
+    return result.model_copy(update={"interpreter": name})
+
+
 @stage_task(name="shadow")
 def shadow(context: RolloutContext, gated: Gated, evaluated: Evaluated,
            traffic: recorded_traffic.RecordedTraffic) -> CanaryStepResult:
@@ -104,9 +118,11 @@ def shadow(context: RolloutContext, gated: Gated, evaluated: Evaluated,
     registry.assign_shadow(record.tracking, record.family, version,
                            signing=record.signing, owner_run_id=record.rollout_run_id)
     production, candidate = _endpoints(context, "shadow", version)
-    _warm_up(context, evaluated, traffic, production, candidate)
-    result = serving.replay_shadow(traffic.requests, production, candidate,
-                                   progress=_progress("shadow"))
+    with context.serving.interpreters.scope("shadow"):
+        _warm_up(context, evaluated, traffic, production, candidate)
+        result = serving.replay_shadow(traffic.requests, production, candidate,
+                                       progress=_progress("shadow"))
+    result = _interpreted(context, evaluated, "shadow", result)
     # The candidate sees every shadow request (mirrored) but serves none of them.
     judged = _judged(gated, evaluated, result, CanaryStep(
         name="shadow", traffic_fraction=1.0, requests=len(traffic.requests)))
@@ -130,11 +146,13 @@ def canary_step(context: RolloutContext, gated: Gated, evaluated: Evaluated, ste
     latency test; an interpreted one's once (its latency is not assessed, with the reason)."""
     record, version = context.record, gated.version
     production, candidate = _endpoints(context, "canary", version)
-    _warm_up(context, evaluated, traffic, production, candidate)
-    result = serving.replay_canary_step(traffic.requests, step.traffic_fraction, production,
-                                        candidate, salt=f"{record.rollout_run_id}:{step.name}",
-                                        progress=_progress(step.name),
-                                        abba=evaluated.report.speed_assessed)
+    with context.serving.interpreters.scope("canary"):
+        _warm_up(context, evaluated, traffic, production, candidate)
+        result = serving.replay_canary_step(
+            traffic.requests, step.traffic_fraction, production, candidate,
+            salt=f"{record.rollout_run_id}:{step.name}", progress=_progress(step.name),
+            abba=evaluated.report.speed_assessed)
+    result = _interpreted(context, evaluated, "canary", result)
     judged = _judged(gated, evaluated, result, step, earlier)
     run_id = log_canary_step(record.tracking, record.family, judged, version=version,
                              decision_run_id=gated.run_id, signing=record.signing,

@@ -69,6 +69,8 @@ class CanaryStepResult(BaseModel):
     log_ratios: list[float] = []
     latency_look: latency_judge.LatencyLook | None = None
     p99_latency_ratio: float | None = None
+    # the Pallas interpreter the candidate ran under (kernels.interpreters); None: native
+    interpreter: str | None = None
 
 
 SHADOW_NOT_LOOKED = ("the paired latency test spends its alpha over the canary steps only; "

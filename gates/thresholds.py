@@ -170,6 +170,13 @@ class Thresholds(_Strict):
         description="Documents of the split whose MiniLM embeddings (the candidate inside "
         "the model vs float64 attention) the model.* criteria judge; a confirmation draw "
         "uses at most this many of its own documents.")
+    serving_tpu_interpret_mode: bool = limit(
+        L.TRUE_TO_FALSE, default=True,
+        description="Where a Pallas TPU kernel runs interpreted (no TPU), its serving paths "
+        "(the MiniLM check, shadow, canary) run in Pallas' TPU interpret mode (true: "
+        "out-of-bounds, DMA and write-back checks on every request) or under the generic "
+        "interpret=True lowering (false: the same outputs, compiled by XLA; "
+        "kernels.interpreters). The accuracy cases run in TPU interpret mode either way.")
     platforms: dict[Platform, PlatformCriteria] = limit(L.FEWER, label="{key}/")
     serving: ServingContract = limit(
         L.NESTED, default_factory=ServingContract,

@@ -30,9 +30,12 @@ inputs the matmuls request ``Precision.HIGHEST`` so a TPU does not round the
 operands to bf16. A query row that sees no key returns zeros.
 
 Off-TPU the kernel runs in Pallas' TPU interpret mode (slow, exact, with
-out-of-bounds checks; see ``pltpu.force_tpu_interpret_mode``). The choice is
-made when tracing; inside ``mosaic_lowering()`` a CPU host traces the real Mosaic
-kernel, which is how ``jax.export(..., platforms=["tpu"])`` validates it here.
+out-of-bounds checks; see ``pltpu.force_tpu_interpret_mode``), or, inside
+``kernels.interpreters.interpreter("generic_interpret")``, under Pallas' generic
+``interpret=True`` lowering (the same numbers, compiled by XLA; what each checks:
+``kernels.interpreters``). The choice is made when tracing; inside ``mosaic_lowering()``
+a CPU host traces the real Mosaic kernel, which is how ``jax.export(...,
+platforms=["tpu"])`` validates it here.
 
 Kept in one module (over 350 lines) because a kernel file holds the kernel, its tiling
 config and its capability check, and nothing else.
@@ -50,6 +53,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from kernels import interpreters
 from kernels.config import BlockSizes
 from kernels.contract import AttentionSpec
 from kernels.kernel import Kernel, round_up
@@ -90,11 +94,14 @@ def export_context(platform: str) -> contextlib.AbstractContextManager:
 
 
 def _interpret_params() -> pltpu.InterpretParams | bool:
-    """``False`` (Mosaic) on a TPU or under ``mosaic_lowering()``, else TPU
-    interpret mode. An enclosing ``pltpu.force_tpu_interpret_mode(params)``
+    """``False`` (Mosaic) on a TPU or under ``mosaic_lowering()``; else ``True`` (the
+    generic lowering) under ``interpreters.interpreter("generic_interpret")``, TPU
+    interpret mode otherwise. An enclosing ``pltpu.force_tpu_interpret_mode(params)``
     still takes precedence inside ``pallas_call`` (e.g. ``detect_races=True``)."""
     if _MOSAIC_LOWERING.value or jax.default_backend() == "tpu":
         return False
+    if interpreters.current() == interpreters.GENERIC_INTERPRET:
+        return True
     return pltpu.InterpretParams()
 
 
@@ -356,7 +363,8 @@ def pallas_tpu_attention(q, k, v, *, causal: bool, scale: float, q_lengths=None,
 
     On a TPU the kernel is compiled by Mosaic; on any other platform it runs in
     TPU interpret mode (``pltpu.InterpretParams()``, or the parameters of an
-    enclosing ``pltpu.force_tpu_interpret_mode``, e.g. ``detect_races=True``).
+    enclosing ``pltpu.force_tpu_interpret_mode``, e.g. ``detect_races=True``), or under
+    the generic lowering inside ``interpreters.interpreter("generic_interpret")``.
     """
     batch, q_len, num_heads, head_dim = q.shape
     kv_len, num_kv_heads = k.shape[1], k.shape[2]

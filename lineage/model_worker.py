@@ -19,8 +19,14 @@ pickle (both ends are this project's own processes on one machine). The first re
 ``{"ok": True, "describe": ...}`` once the model is loaded, or ``{"ok": False,
 "error": ...}``. Then one reply per request ``{"op": ..., ...}``:
 
-* ``embed`` (``texts``) -> ``embeddings`` float32 ``[n, 384]``, ``seconds``
-* ``attention`` (``q, k, v, causal, scale, q_lengths, kv_lengths``) -> ``out``
+* ``embed`` (``texts``, optional ``interpreter``) -> ``embeddings`` float32 ``[n, 384]``,
+  ``seconds``, ``interpreter``
+* ``attention`` (``q, k, v, causal, scale, q_lengths, kv_lengths``, optional
+  ``interpreter``) -> ``out``, ``interpreter``
+
+``interpreter`` is the parent's Pallas interpreter choice (``kernels.interpreters``:
+``tpu_interpret`` or ``generic_interpret``), applied where the version's code has the
+choice; the reply names what its code ran (``tpu_interpret`` for code that predates it).
 * ``compile_for`` (``shape``: ``AttentionShape`` fields, ``seed``) -> ``seconds``,
   ``compiler_bytes``: random inputs drawn and the call compiled ahead of time
 * ``call_compiled`` (``shape``) -> ``seconds`` of one device-synchronised call
@@ -34,6 +40,7 @@ the protocol.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import struct
@@ -65,17 +72,30 @@ def _handlers(model):
 
     prepared: dict = {}
 
+    def interpreter(msg):
+        # The parent's Pallas interpreter choice (kernels.interpreters), where this
+        # version's code has the choice; older code runs TPU interpret mode, and says so.
+        try:
+            from kernels import interpreters
+        except ImportError:
+            return contextlib.nullcontext("tpu_interpret")
+        return _entered(interpreters, msg.get("interpreter") or interpreters.current())
+
     def embed(msg):
-        start = time.perf_counter()
-        out = np.asarray(model.embed(msg["texts"]), dtype=np.float32)
-        return {"embeddings": out, "seconds": time.perf_counter() - start}
+        with interpreter(msg) as name:
+            start = time.perf_counter()
+            out = np.asarray(model.embed(msg["texts"]), dtype=np.float32)
+            seconds = time.perf_counter() - start
+        return {"embeddings": out, "seconds": seconds, "interpreter": name}
 
     def attention(msg):
         lengths = {n: None if msg.get(n) is None else jax.numpy.asarray(msg[n])
                    for n in ("q_lengths", "kv_lengths")}
-        out = model.attention(*(jax.numpy.asarray(msg[n]) for n in "qkv"),
-                              causal=msg["causal"], scale=msg["scale"], **lengths)
-        return {"out": np.asarray(jax.block_until_ready(out))}
+        with interpreter(msg) as name:
+            out = model.attention(*(jax.numpy.asarray(msg[n]) for n in "qkv"),
+                                  causal=msg["causal"], scale=msg["scale"], **lengths)
+            out = np.asarray(jax.block_until_ready(out))
+        return {"out": out, "interpreter": name}
 
     def compile_for(msg):
         shape = AttentionShape(**msg["shape"])
@@ -102,6 +122,12 @@ def _handlers(model):
     return {"embed": embed, "attention": attention, "compile_for": compile_for,
             "call_compiled": call_compiled, "memory_stats": memory_stats,
             "shutdown": lambda msg: {}}
+
+
+@contextlib.contextmanager
+def _entered(interpreters, name: str):
+    with interpreters.interpreter(name):
+        yield name
 
 
 def _code_digest(folder: str) -> str:

@@ -28,6 +28,7 @@ import numpy as np
 from evaluation.model import MiniLM
 from evaluation.runners import LocalRunner, Runner
 from evaluation.serving import Endpoint
+from kernels import interpreters
 from kernels.config import BlockSizes
 from kernels.shapes import AttentionShape
 from lineage import model as version_model
@@ -117,10 +118,12 @@ class VersionWorker:
         def host(x):
             return None if x is None else np.asarray(x)
         return self._ask("attention", q=host(q), k=host(k), v=host(v), causal=causal,
-                         scale=scale, q_lengths=host(q_lengths), kv_lengths=host(kv_lengths))["out"]
+                         scale=scale, q_lengths=host(q_lengths), kv_lengths=host(kv_lengths),
+                         interpreter=interpreters.current())["out"]
 
     def embed(self, texts: Sequence[str]) -> tuple[np.ndarray, float]:
-        reply = self._ask("embed", texts=list(texts))
+        # this process's Pallas interpreter choice travels with the request
+        reply = self._ask("embed", texts=list(texts), interpreter=interpreters.current())
         return reply["embeddings"], reply["seconds"]
 
     def compile_for(self, shape: AttentionShape, seed: int) -> tuple[float, int | None]:

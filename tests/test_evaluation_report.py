@@ -248,3 +248,47 @@ def test_native_evaluation_leaves_a_profiler_trace_and_its_reference_index(repor
     assert [e.case_id for e in index.entries] == [r.case_id for r in report.accuracy["candidate"].cases]
     assert report.reference.method == index.method == "numpy-float64"
     assert report.reference.cases == 4 and report.reference.cache_hits == 0
+
+
+def test_each_phase_runs_under_the_plan_s_interpreter_and_the_report_says_so(
+        synthetic_testset, tmp_path):
+    """The accuracy cases always run in TPU interpret mode; the MiniLM check under the
+    plan's interpreter (the registration's ``serving_tpu_interpret_mode``); the report
+    records both for an interpreted candidate, nothing for a native one."""
+    from evaluation.runners import LocalRunner
+    from kernels import interpreters
+    from kernels.interpreters import InterpreterPlan
+
+    seen: list[tuple[str, str]] = []
+    naive = kernels.get_attention_fn("naive")
+
+    def spy(q, k, v, **kw):
+        seen.append(("accuracy", interpreters.current()))
+        return naive(q, k, v, **kw)
+
+    class Model:  # a stand-in encoder: records the interpreter its embeddings ran under
+        weights_sha256 = "w" * 64
+
+        def embed(self, texts, attention_fn=None):
+            if attention_fn is spy:
+                seen.append(("model_check", interpreters.current()))
+            return np.ones((len(texts), 384), np.float32)
+
+    def runner(native: bool) -> LocalRunner:
+        return LocalRunner("spy", spy, Model(), {
+            "implementation": None, "config": None, "resolution": None, "native": native,
+            "target_platform": "cpu" if native else "tpu"})
+
+    for plan, model_check in ((InterpreterPlan.for_profile(False), "generic_interpret"),
+                              (None, "tpu_interpret")):
+        seen.clear()
+        report = _evaluate(tmp_path, runner(False), model=Model(), documents=["a", "b"],
+                           measure_speed=False, interpreters=plan)
+        assert {s for p, s in seen if p == "accuracy"} == {"tpu_interpret"}
+        assert {s for p, s in seen if p == "model_check"} == {model_check}
+        expected = {"accuracy": "tpu_interpret", "model_check": model_check}
+        assert report.interpreters == expected
+        assert EvaluationReport.read(tmp_path / "out" / REPORT_FILENAME).interpreters == expected
+    native = _evaluate(tmp_path, runner(True), model=Model(), documents=["a"],
+                       measure_speed=False, interpreters=InterpreterPlan.for_profile(False))
+    assert native.interpreters is None

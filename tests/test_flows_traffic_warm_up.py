@@ -27,3 +27,35 @@ def test_warm_up_serves_the_candidate_only_where_its_latency_is_judged(assessed,
     assert warmed == [[production, candidate] if assessed else [production]]
     said = "first request per length includes compiling it" in caplog.text
     assert said is not assessed
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_shadow_serves_under_the_registered_interpreter_and_records_it(native, monkeypatch):
+    """The shadow stage warms up and replays inside the plan's ``shadow`` interpreter
+    (``kernels.interpreters``), and the logged traffic names it for an interpreted
+    candidate (nothing for a native one)."""
+    from evaluation.serving import TrafficResult
+    from kernels import interpreters
+    from kernels.interpreters import InterpreterPlan
+
+    seen, logged = [], []
+    result = TrafficResult(stage="shadow", fraction=0.0, candidate="pallas_tpu@v1",
+                           production="xla", records=[], memory_start_bytes=0,
+                           memory_end_bytes=0)
+    monkeypatch.setattr(traffic.registry, "assign_shadow", lambda *a, **k: None)
+    monkeypatch.setattr(traffic, "_endpoints", lambda *a: ("production", "candidate"))
+    monkeypatch.setattr(traffic, "_warm_up", lambda *a: seen.append(interpreters.current()))
+    monkeypatch.setattr(traffic.serving, "replay_shadow",
+                        lambda *a, **k: seen.append(interpreters.current()) or result)
+    monkeypatch.setattr(traffic, "_judged", lambda gated, ev, res, step: res)
+    monkeypatch.setattr(traffic, "log_shadow", lambda t, f, v, res, judged, **k: logged.append(res))
+    monkeypatch.setattr(traffic.registered_model, "link_traffic_run", lambda *a: None)
+    context = SimpleNamespace(record=SimpleNamespace(tracking=None, family="f", signing=None,
+                                                     rollout_run_id="r"),
+                              serving=SimpleNamespace(interpreters=InterpreterPlan.for_profile(False)))
+    evaluated = SimpleNamespace(report=SimpleNamespace(candidate=SimpleNamespace(native=native)))
+    traffic.shadow.fn(context, SimpleNamespace(version="1", run_id="g"), evaluated,
+                      SimpleNamespace(requests=["a", "b"]))
+    assert seen == ["generic_interpret", "generic_interpret"]
+    assert interpreters.current() == "tpu_interpret"
+    assert logged[0].interpreter == (None if native else "generic_interpret")

@@ -95,6 +95,11 @@ def test_the_interpreted_profile_is_local_dry_run_at_smaller_declared_sizes():
     assert "cannot reach its power" in quick.canary.power_problem()
     # the canary still compares requests at every step
     assert all(n >= 1 for n in quick.canary.pairs_per_step())
+    # serving paths under the generic interpret lowering; every other profile keeps TPU
+    # interpret mode there (the default)
+    assert not quick.serving_tpu_interpret_mode
+    for name in ("local-dry-run", "staging", "production", "bf16-long"):
+        assert load_thresholds(ROOT / "thresholds" / f"{name}.yaml").serving_tpu_interpret_mode
 
 
 def test_model_check_documents_defaults_to_sixteen_and_fewer_is_looser():
@@ -109,6 +114,19 @@ def test_model_check_documents_defaults_to_sixteen_and_fewer_is_looser():
     assert not any("model_check_documents" in str(x) for x in loosenings(default, more))
     with pytest.raises(ValueError, match="model_check_documents"):
         parse_thresholds((text + "model_check_documents: 0\n").encode())
+
+
+def test_serving_tpu_interpret_mode_defaults_to_true_and_off_is_looser():
+    """The generic lowering checks less than TPU interpret mode (kernels.interpreters),
+    so switching the serving paths to it after a registration is a loosening."""
+    from gates.loosening import loosenings
+
+    text = thresholds_yaml()
+    default = parse_thresholds(text.encode())
+    assert default.serving_tpu_interpret_mode is True
+    off = parse_thresholds((text + "serving_tpu_interpret_mode: false\n").encode())
+    assert any("serving_tpu_interpret_mode" in str(x) for x in loosenings(default, off))
+    assert not any("serving_tpu_interpret_mode" in str(x) for x in loosenings(off, default))
 
 
 def test_profiles_differ_where_the_design_says():
