@@ -140,7 +140,7 @@ def rollout(implementation: Implementation = "auto",
             store_dir: StoreDir = Path(".kernelgate"),
             family: Family = None,
             new_family: Annotated[bool, typer.Option(help="allow --family to name a new family")] = False,
-            testset_profile: Annotated[str, typer.Option(help="auto, ci or gpu")] = "auto",
+            testset_profile: Annotated[str, typer.Option(help="auto, ci or gpu (minimal: the flow tests' own)")] = "auto",
             documents_dir: Annotated[Path | None, typer.Option(
                 help="folder of real documents (*.txt, *.md); default: installed packages' descriptions")] = None,
             block_q: BlockQ = None, block_kv: BlockKV = None, key_dir: KeyDir = None,
