@@ -618,7 +618,7 @@ def test_a_kernel_refusing_part_of_its_contract_is_rejected_naming_the_refused_c
         seeded, make_settings, tracking, store):
     refused = [c.spec.case_id for c in load_split(store / "testset", "heldout")
                if c.spec.dtype == "float16"]
-    assert refused, "the CI test set's held-out split has float16 cases"
+    assert refused, "the test set's held-out split has float16 cases"
     with kernels.registered(RefusesLowPrecision):
         state = rollout(make_settings("refuses_low_precision"), return_state=True)
     assert (state.name, state.type) == ("Rejected", StateType.COMPLETED)
