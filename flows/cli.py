@@ -140,7 +140,7 @@ def rollout(implementation: Implementation = "auto",
             store_dir: StoreDir = Path(".kernelgate"),
             family: Family = None,
             new_family: Annotated[bool, typer.Option(help="allow --family to name a new family")] = False,
-            testset_profile: Annotated[str, typer.Option(help="auto, ci or gpu")] = "auto",
+            testset_profile: Annotated[str, typer.Option(help="auto, ci or gpu (minimal: the flow tests' own)")] = "auto",
             documents_dir: Annotated[Path | None, typer.Option(
                 help="folder of real documents (*.txt, *.md); default: installed packages' descriptions")] = None,
             block_q: BlockQ = None, block_kv: BlockKV = None, key_dir: KeyDir = None,
@@ -320,7 +320,7 @@ def ui(store_dir: StoreDir = Path(".kernelgate"),
 
 @app.command()
 def testset(out: Annotated[Path, typer.Option(help="output folder")] = Path(".kernelgate/testsets/ci"),
-            profile: Annotated[str, typer.Option(help="ci (short sequences) or gpu (up to 16384)")] = "ci",
+            profile: Annotated[str, typer.Option(help="ci (short sequences), gpu (up to 16384) or minimal (the flow tests' 17 cases a split)")] = "ci",
             documents_dir: Annotated[Path | None, typer.Option(help="folder of documents")] = None) -> None:
     """Build (or rebuild) the content-addressed held-out test set and validate it with GX."""
     from evaluation.testset import build_testset, describe

@@ -23,7 +23,9 @@ class RolloutSettings(BaseModel):
             implementation's name).
         thresholds: the thresholds file to preregister (profile inside).
         config: block sizes for the candidate (``None``: kernel default / tuned table).
-        testset_profile: ``ci`` (short sequences, CPU-friendly) or ``gpu``; ``auto`` picks by backend.
+        testset_profile: ``ci`` (short sequences, CPU-friendly) or ``gpu``; ``auto`` picks by
+            backend; ``minimal`` (17 small cases a split: the pipeline's flow tests, not
+            evidence about a kernel; ``evaluation.testset.recipes``).
         testset_dir: test-set folder; default ``<store>/testsets/<profile>`` (built if missing).
         documents_dir: folder of real documents (``*.txt``/``*.md``); default: the
             long descriptions of installed Python distributions.
@@ -49,7 +51,7 @@ class RolloutSettings(BaseModel):
     family: str | None = None
     thresholds: Path = DEFAULT_THRESHOLDS
     config: BlockSizes | None = None
-    testset_profile: Literal["auto", "ci", "gpu"] = "auto"
+    testset_profile: Literal["auto", "ci", "gpu", "minimal"] = "auto"
     testset_dir: Path | None = None
     documents_dir: Path | None = None
     store_dir: Path = Path(".kernelgate")
@@ -63,7 +65,7 @@ class RolloutSettings(BaseModel):
     key_dir: Path | None = None
     loosening_approval: Path | None = None
 
-    def testset_profile_for(self, backend: str) -> Literal["ci", "gpu"]:
+    def testset_profile_for(self, backend: str) -> Literal["ci", "gpu", "minimal"]:
         """``ci`` on a CPU host, ``gpu`` on an accelerator, unless set."""
         if self.testset_profile != "auto":
             return self.testset_profile

@@ -80,3 +80,18 @@ def ci_testset(tmp_path_factory: pytest.TempPathFactory) -> Path:
         build_testset(folder, profile="ci")
 
     return built_once(tmp_path_factory, "ci-testset", build)
+
+
+def flow_testset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The ``minimal``-profile test set (``build_testset(profile="minimal")``: 17 cases a
+    split, the CI recipes at the validation's minimum), built once per run, for the tests
+    whose rollouts judge the pipeline rather than a kernel (issue 26: a test rollout's
+    held-out evaluation and confirmation draw scale with the set). Read-only, like
+    :func:`ci_testset`; a rollout's settings must name ``testset_profile="minimal"``
+    (the registration binds the profile with the set's digest)."""
+    def build(folder: Path) -> None:
+        from evaluation.testset import build_testset
+
+        build_testset(folder, profile="minimal")
+
+    return built_once(tmp_path_factory, "flow-testset", build)

@@ -41,7 +41,7 @@ from lineage import registered_model, registry, tags
 from lineage import tracking as tr
 from tests import faulty_kernels
 from tests.faulty_kernels import Fault
-from tests.shared_builds import HARNESS_STARTUP_S, built_once, ci_testset, copy_of
+from tests.shared_builds import HARNESS_STARTUP_S, built_once, copy_of, flow_testset
 from tests.store_copies import copy_store
 
 FAMILY = "attacked"
@@ -167,7 +167,8 @@ def _build_pristine(root: Path) -> None:
         return RolloutSettings(implementation=f"test_{implementation}", family=FAMILY,
                                thresholds=THRESHOLDS, testset_dir=root / "testset",
                                store_dir=root / "store", shadow_requests=8, perf_repeats=3,
-                               perf_shapes=[shape], model_check=False)
+                               perf_shapes=[shape], model_check=False,
+                               testset_profile="minimal")
 
     versions = {}
     with prefect_test_harness(server_startup_timeout=HARNESS_STARTUP_S), pytest.MonkeyPatch.context() as mp:
@@ -222,7 +223,9 @@ def pristine(tmp_path_factory):
     ``path`` (the pristine store), ``keys``, ``testset`` and ``built`` (the folder the
     rollouts wrote) are shared and read-only; ``root`` is this module's own."""
     def build(folder: Path) -> None:
-        copy_of(ci_testset(tmp_path_factory), folder / "testset")  # the rollouts add draws
+        # the minimal profile (tests.shared_builds.flow_testset): the attacks are on the
+        # evidence, not on a kernel's accuracy; the rollouts add draws to the copy
+        copy_of(flow_testset(tmp_path_factory), folder / "testset")
         _build_pristine(folder)
 
     shared = built_once(tmp_path_factory, "attacks-pristine", build)

@@ -27,6 +27,7 @@ from evaluation.testset import (
     load_split,
     split_digest,
 )
+from tests.shared_builds import copy_of, flow_testset
 
 
 @pytest.fixture(scope="module")
@@ -211,3 +212,33 @@ def test_the_model_check_documents_are_the_first_of_the_split_and_never_another_
     assert not set(names(heldout)) & set(names(confirmation))
     with pytest.raises(ValueError, match="at least one document"):
         split_documents(out, "heldout", 0)
+
+
+def test_the_minimal_profile_is_ci_recipes_at_the_validation_s_minimum(tmp_path,
+                                                                       tmp_path_factory):
+    """The flow tests' test set (issue 26; the run's shared build of it, which
+    ``build_testset(profile="minimal")`` made): every category at exactly the minimum the
+    validation accepts, every dtype, nothing over 384 tokens, CI recipes unchanged; a
+    fresh confirmation draw is built to the same profile."""
+    from collections import Counter
+
+    from evaluation.testset.draws import unspent_draw
+    from evaluation.testset.recipes import PROFILES
+    from evaluation.validation import MIN_CASES_PER_CATEGORY, validate_testset
+    from flows.settings import RolloutSettings
+
+    minimal, ci = PROFILES["minimal"], PROFILES["ci"]
+    assert set(minimal.hard) <= set(ci.hard) and set(minimal.adversarial) <= set(ci.adversarial)
+    folder = copy_of(flow_testset(tmp_path_factory), tmp_path / "minimal")  # a draw is added
+    manifest = load_manifest(folder)
+    assert manifest.profile == "minimal"
+    draw = unspent_draw(folder, {manifest.split(s).digest for s in SPLITS})
+    for split in (*SPLITS, draw):
+        specs = load_manifest(folder).split(split).cases
+        if split in ("heldout", draw):  # GX's few seconds a split: the gate's and a draw
+            assert validate_testset(folder, split).success, split
+        assert Counter(s.category for s in specs) == MIN_CASES_PER_CATEGORY, split
+        assert {s.dtype for s in specs} == {"float32", "bfloat16", "float16"}, split
+        assert max(n for s in specs for n in (s.q_shape[1], s.kv_shape[1])) <= 384, split
+        assert any(s.causal for s in specs) and any(s.has_lengths for s in specs), split
+    assert RolloutSettings(testset_profile="minimal").testset_profile_for("cpu") == "minimal"

@@ -38,13 +38,15 @@ from lineage import registered_model, registry, tags
 from lineage.rollout import close_rollout
 from tests import faulty_kernels
 from tests.faulty_kernels import Fault
-from tests.shared_builds import HARNESS_STARTUP_S, ci_testset, copy_of
+from tests.shared_builds import HARNESS_STARTUP_S, copy_of, flow_testset
 
 FAMILY = "attention-test"
 APPROVAL_FAMILY = "attention-approval"
 """The approval tests register stricter thresholds; in a family of their own, so the
 family's registration chain (no loosening after a rejection) does not bind the others."""
 THRESHOLDS = Path(__file__).parent / "data" / "thresholds-flow-test.yaml"
+TESTSET_PROFILE = "minimal"
+"""The profile of ``store``'s test set, which each rollout's registration binds."""
 SMALL_SHAPE = [AttentionShape(batch=1, q_len=128, kv_len=128, num_heads=4, num_kv_heads=4,
                           head_dim=32, dtype="float32", causal=False)]
 
@@ -57,10 +59,12 @@ def prefect_server():
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    """A store and a CI test set shared by the module (a copy of the run's one CI test
-    set: the rollouts add confirmation draws to it)."""
+    """A store and a test set shared by the module (a copy of the run's one ``minimal``
+    test set, ``tests.shared_builds.flow_testset``: the rollouts add confirmation draws to
+    it). These rollouts judge the pipeline's decisions, not a kernel: every category and
+    dtype is there, at the fewest cases the validation accepts."""
     root = tmp_path_factory.mktemp("flows")
-    copy_of(ci_testset(tmp_path_factory), root / "testset")
+    copy_of(flow_testset(tmp_path_factory), root / "testset")
     return root
 
 
@@ -75,7 +79,8 @@ def make_settings(store, tmp_path, monkeypatch):
         return RolloutSettings(implementation=f"test_{implementation}", family=family,
                                thresholds=thresholds, testset_dir=store / "testset",
                                store_dir=store / "store", shadow_requests=8, perf_repeats=3,
-                               perf_shapes=SMALL_SHAPE, model_check=False, **overrides)
+                               perf_shapes=SMALL_SHAPE, model_check=False,
+                               testset_profile=TESTSET_PROFILE, **overrides)
     return make
 
 
@@ -123,7 +128,8 @@ def rejected_at_gate(prefect_server, store):
             return RolloutSettings(implementation=f"test_{implementation}", family=FAMILY,
                                    thresholds=THRESHOLDS, testset_dir=store / "testset",
                                    store_dir=store / "store", shadow_requests=8,
-                                   perf_repeats=3, perf_shapes=SMALL_SHAPE, model_check=False)
+                                   perf_repeats=3, perf_shapes=SMALL_SHAPE, model_check=False,
+                                   testset_profile=TESTSET_PROFILE)
 
         if registered_model.alias_version(tracking, FAMILY, "production") is None:
             outcome = rollout(settings("good"))
@@ -612,7 +618,7 @@ def test_a_kernel_refusing_part_of_its_contract_is_rejected_naming_the_refused_c
         seeded, make_settings, tracking, store):
     refused = [c.spec.case_id for c in load_split(store / "testset", "heldout")
                if c.spec.dtype == "float16"]
-    assert refused, "the CI test set's held-out split has float16 cases"
+    assert refused, "the test set's held-out split has float16 cases"
     with kernels.registered(RefusesLowPrecision):
         state = rollout(make_settings("refuses_low_precision"), return_state=True)
     assert (state.name, state.type) == ("Rejected", StateType.COMPLETED)

@@ -61,7 +61,8 @@ def build_split(split: str, *, profile: Profile = "ci", documents: list[Document
     Args:
         split: ``tuning``, ``heldout``, ``confirmation`` or a confirmation draw
             ``confirmation-<k>`` (the name prefixes the case ids).
-        profile: ``ci`` (short sequences, at most 2048) or ``gpu`` (up to 16384).
+        profile: ``ci`` (short sequences, at most 2048), ``gpu`` (up to 16384) or
+            ``minimal`` (the validation's minimum per category, at most 384).
         documents: this split's documents (see ``evaluation.documents.assign_splits``).
         seed: the split's seed; case ``i`` (in recipe order, ordinary last) draws
             from seed ``seed * 1000 + i``.
@@ -98,8 +99,9 @@ def build_testset(out_dir: str | Path, *, profile: Profile = "ci",
 
     Args:
         out_dir: created if missing; existing split files are replaced.
-        profile: ``ci`` (sequences mostly <= 512, one 1024 and one 2048) or ``gpu``
-            (adds 4096-16384 and larger ordinary batches at 512 tokens).
+        profile: ``ci`` (sequences mostly <= 512, one 1024 and one 2048), ``gpu``
+            (adds 4096-16384 and larger ordinary batches at 512 tokens) or ``minimal``
+            (17 CI recipes a split, at most 384 tokens: for the pipeline's flow tests).
         documents_dir: folder of ``*.txt``/``*.md`` for the ordinary cases; default
             the installed distributions' descriptions.
         seeds: per-split seeds (default ``DEFAULT_SEEDS``); must be distinct.

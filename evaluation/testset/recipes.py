@@ -20,7 +20,7 @@ import numpy as np
 
 from evaluation.cases import Category, Split, TestCase, make_case
 
-Profile = Literal["ci", "gpu"]
+Profile = Literal["ci", "gpu", "minimal"]
 Values = Literal["normal", "huge_logits", "near_ties", "constant", "near_limit"]
 Lengths = Literal["none", "random", "with_zero", "single_key"]
 
@@ -142,6 +142,28 @@ _GPU_EXTRA_ADVERSARIAL = (
 )
 
 
+
+
+def _named(recipes: tuple[Recipe, ...], *names: str) -> tuple[Recipe, ...]:
+    by_name = {r.name: r for r in recipes}
+    return tuple(by_name[n] for n in names)
+
+
+# The minimal profile: CI recipes, unchanged, as few as the test-set validation accepts
+# (``evaluation.validation.MIN_CASES_PER_CATEGORY``: 8 hard, 6 adversarial, 3 ordinary)
+# and none over 384 tokens. Every category, every dtype, causal, GQA 2 and 3, MQA,
+# q_len != kv_len both ways, lengths 1/127/129/300, head_dim 32..256 (80 among them),
+# zero-length rows, huge logits and near-limit values stay; the long (1024, 2048) and the
+# larger cases go. For the pipeline's own flow tests (a rollout's decisions and records,
+# issue 26: 15 test rollouts), never for judging a kernel: the gate's accuracy evidence
+# on a CPU host is the ``ci`` profile's.
+_MINIMAL_HARD = _named(_CI_HARD, "q-longer-than-kv-causal", "gqa3-causal", "mqa", "decode-q1",
+                       "len127-causal-d32", "d80", "d256", "padding-zero-causal")
+_MINIMAL_ADVERSARIAL = _named(_CI_ADVERSARIAL, "huge-logits", "near-ties",
+                              "all-keys-masked-gqa-bf16", "constant", "near-limit-f16",
+                              "single-key-padded-f16")
+
+
 @dataclass(frozen=True)
 class OrdinaryPlan:
     """How many documents and which layers feed the ordinary cases of one split."""
@@ -158,7 +180,7 @@ class OrdinaryPlan:
 
 @dataclass(frozen=True)
 class ProfileSpec:
-    """The recipes and ordinary-case plan of a profile (``ci`` or ``gpu``)."""
+    """The recipes and ordinary-case plan of a profile (``ci``, ``gpu`` or ``minimal``)."""
 
     hard: tuple[Recipe, ...]
     adversarial: tuple[Recipe, ...]
@@ -176,6 +198,10 @@ PROFILES: dict[str, ProfileSpec] = {
                                     batched_layers=((1, "float32"), (2, "bfloat16"),
                                                     (4, "float16")),
                                     batch=8, max_length=512)),
+    "minimal": ProfileSpec(_MINIMAL_HARD, _MINIMAL_ADVERSARIAL,
+                           OrdinaryPlan(single_layers=((0, "float32"), (5, "float16")),
+                                        batched_layers=((4, "bfloat16"),),
+                                        batch=2, max_length=128)),
 }
 
 
