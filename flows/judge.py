@@ -17,7 +17,9 @@ from flows.results import (
 )
 from flows.tasks import run_logger, stage_task
 from gates.decision import decide
+from gates.preregistration import PreregistrationError
 from gates.thresholds import load_thresholds
+from kernels.interpreters import InterpreterPlan
 from kernels.shapes import AttentionShape
 from lineage import evidence, registered_model, registration, tags, version_runners
 from lineage.chain import spent_confirmation_digests
@@ -60,6 +62,23 @@ def _model_documents(thresholds_path) -> int | None:
         return None
 
 
+def registered_interpreters(context: RolloutContext,
+                            preregistered: Preregistered) -> InterpreterPlan:
+    """The Pallas interpreter of each purpose (``kernels.interpreters``) that the
+    registration the gate judges by names (its frozen ``serving_tpu_interpret_mode``), not
+    the file in hand: a nightly re-validation holds the default file while the version was
+    registered under its own. TPU interpret mode everywhere (the stricter plan) when the
+    frozen bytes cannot be read back; the gate then refuses them anyway."""
+    record = context.record
+    source = StoreSource(record.tracking, record.family, record.signing.trust,
+                         stages=("preregistration",))
+    try:
+        frozen = registration.registered_thresholds(source, preregistered.registration)
+    except PreregistrationError:
+        return InterpreterPlan()
+    return InterpreterPlan.for_profile(frozen.serving_tpu_interpret_mode)
+
+
 @stage_task(name="evaluate")
 def evaluate(context: RolloutContext, preregistered: Preregistered, built: Built,
              testset: Prepared, *, split: str = "heldout", measure_speed: bool = True,
@@ -93,7 +112,7 @@ def evaluate(context: RolloutContext, preregistered: Preregistered, built: Built
                 reference_cache_dir=settings.store_dir / REFERENCE_CACHE_DIR,
                 serving=context.serving.contract,
                 model_documents=_model_documents(settings.thresholds),
-                interpreters=context.serving.interpreters)
+                interpreters=registered_interpreters(context, preregistered))
         finally:
             evidence.log_evaluation_files(record, run_id, out_dir=out,
                                           testset_dir=testset.testset_dir)
