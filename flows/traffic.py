@@ -11,6 +11,7 @@ from flows.tasks import run_logger, stage_task
 from gates.canary import CanaryStepResult, analyse_canary_step
 from gates.canary_latency import CanaryVerdict, conclude_canary
 from gates.canary_plan import CanaryPlan, CanaryStep
+from kernels import interpreters
 from lineage import calibration, evidence, registered_model, registry, version_runners
 from lineage import tracking as tr
 from lineage.environment import collect_environment
@@ -99,8 +100,9 @@ def _warm_up(context: RolloutContext, evaluated: Evaluated,
 def _interpreted(context: RolloutContext, evaluated: Evaluated, purpose: str,
                  result: serving.TrafficResult) -> serving.TrafficResult:
     """``result`` with the Pallas interpreter the candidate ran under in ``purpose``
-    (``kernels.interpreters``; None where it ran natively), said in the run log too."""
-    if evaluated.report.candidate.native:
+    (``kernels.interpreters``), said in the run log too; unchanged (None) where it ran
+    natively or is a kernel that ignores the choice (``interpreters.takes_the_choice``)."""
+    if not interpreters.takes_the_choice(evaluated.report.candidate):
         return result
     name = context.serving.interpreters.for_purpose(purpose)
     run_logger().info("%s: %s ran interpreted under %s (kernels.interpreters; registered "

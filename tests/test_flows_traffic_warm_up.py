@@ -29,8 +29,13 @@ def test_warm_up_serves_the_candidate_only_where_its_latency_is_judged(assessed,
     assert said is not assessed
 
 
-@pytest.mark.parametrize("native", [True, False])
-def test_shadow_serves_under_the_registered_interpreter_and_records_it(native, monkeypatch):
+@pytest.mark.parametrize(("native", "target", "recorded"), [
+    (True, "cpu", None), (False, "tpu", "generic_interpret"),
+    # pallas_gpu interpreted on a CPU ignores the choice (always the generic lowering):
+    # nothing recorded (it said the plan's interpreter, "tpu_interpret" under a strict one)
+    (False, "gpu", None)])
+def test_shadow_serves_under_the_registered_interpreter_and_records_it(native, target,
+                                                                       recorded, monkeypatch):
     """The shadow stage warms up and replays inside the plan's ``shadow`` interpreter
     (``kernels.interpreters``), and the logged traffic names it for an interpreted
     candidate (nothing for a native one)."""
@@ -53,9 +58,10 @@ def test_shadow_serves_under_the_registered_interpreter_and_records_it(native, m
     context = SimpleNamespace(record=SimpleNamespace(tracking=None, family="f", signing=None,
                                                      rollout_run_id="r"),
                               serving=SimpleNamespace(interpreters=InterpreterPlan.for_profile(False)))
-    evaluated = SimpleNamespace(report=SimpleNamespace(candidate=SimpleNamespace(native=native)))
+    evaluated = SimpleNamespace(report=SimpleNamespace(candidate=SimpleNamespace(
+        native=native, target_platform=target)))
     traffic.shadow.fn(context, SimpleNamespace(version="1", run_id="g"), evaluated,
                       SimpleNamespace(requests=["a", "b"]))
     assert seen == ["generic_interpret", "generic_interpret"]
     assert interpreters.current() == "tpu_interpret"
-    assert logged[0].interpreter == (None if native else "generic_interpret")
+    assert logged[0].interpreter == recorded
