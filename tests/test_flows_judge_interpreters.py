@@ -13,7 +13,7 @@ import pytest
 from flows import judge
 from flows.paths import PROJECT_DIR
 from flows.results import Built, Prepared, Preregistered
-from kernels.interpreters import GENERIC_INTERPRET, TPU_INTERPRET, InterpreterPlan
+from kernels.interpreters import GENERIC_INTERPRET, TPU_INTERPRET
 from lineage import evidence
 from lineage import tracking as tr
 from lineage.registration import preregister
@@ -36,14 +36,13 @@ def _evaluated_plan(tmp_path, monkeypatch, signing, *, registered: str, in_hand:
                         lambda *a, **k: contextlib.nullcontext("run-1"))
     for name in ("log_evaluation_inputs", "log_evaluation_files", "log_evaluation_result"):
         monkeypatch.setattr(evidence, name, lambda *a, **k: None)
-    in_hand_plan = InterpreterPlan.for_profile(in_hand != "local-interpreted.yaml")
     context = SimpleNamespace(
         record=SimpleNamespace(tracking=tracking, family="fam", signing=signing,
                                work_dir=tmp_path / "work"),
         settings=SimpleNamespace(thresholds=THRESHOLDS / in_hand, model_check=False,
                                  perf_repeats=1, perf_shapes=None, store_dir=tmp_path),
         versions=SimpleNamespace(runner=lambda version: SimpleNamespace(name=f"k@v{version}")),
-        serving=SimpleNamespace(contract=None, interpreters=in_hand_plan), model=None)
+        serving=SimpleNamespace(contract=None), model=None)
     with pytest.raises(LookupError, match="stop here"):
         judge.evaluate.fn(context, Preregistered(registration=registration),
                           Built(build_run_id="b", version="1"), Prepared(testset_dir=tmp_path),

@@ -36,12 +36,13 @@ def test_warm_up_serves_the_candidate_only_where_its_latency_is_judged(assessed,
     (False, "gpu", None)])
 def test_shadow_serves_under_the_registered_interpreter_and_records_it(native, target,
                                                                        recorded, monkeypatch):
-    """The shadow stage warms up and replays inside the plan's ``shadow`` interpreter
-    (``kernels.interpreters``), and the logged traffic names it for an interpreted
+    """The shadow stage warms up and replays inside the ``shadow`` interpreter of the
+    registered thresholds the gate judged by (``gated.thresholds``; ``kernels.interpreters``),
+    not of the file the session read before preregistering (it read the file
+    when it opened; the registration may freeze an edited one), and the logged traffic names it for an interpreted TPU
     candidate (nothing for a native one)."""
     from evaluation.serving import TrafficResult
     from kernels import interpreters
-    from kernels.interpreters import InterpreterPlan
 
     seen, logged = [], []
     result = TrafficResult(stage="shadow", fraction=0.0, candidate="pallas_tpu@v1",
@@ -57,11 +58,12 @@ def test_shadow_serves_under_the_registered_interpreter_and_records_it(native, t
     monkeypatch.setattr(traffic.registered_model, "link_traffic_run", lambda *a: None)
     context = SimpleNamespace(record=SimpleNamespace(tracking=None, family="f", signing=None,
                                                      rollout_run_id="r"),
-                              serving=SimpleNamespace(interpreters=InterpreterPlan.for_profile(False)))
+                              serving=SimpleNamespace())
     evaluated = SimpleNamespace(report=SimpleNamespace(candidate=SimpleNamespace(
         native=native, target_platform=target)))
-    traffic.shadow.fn(context, SimpleNamespace(version="1", run_id="g"), evaluated,
-                      SimpleNamespace(requests=["a", "b"]))
+    gated = SimpleNamespace(version="1", run_id="g",
+                            thresholds=SimpleNamespace(serving_tpu_interpret_mode=False))
+    traffic.shadow.fn(context, gated, evaluated, SimpleNamespace(requests=["a", "b"]))
     assert seen == ["generic_interpret", "generic_interpret"]
     assert interpreters.current() == "tpu_interpret"
     assert logged[0].interpreter == recorded
