@@ -1,7 +1,8 @@
-"""The evaluate stage runs the candidate under the interpreters of the registration it is
-judged by (``flows.judge.evaluate``), not those of whatever thresholds file is in hand: a
-nightly re-validation holds the default file (``thresholds/local-dry-run.yaml``) while the
-version it re-judges was registered under another profile."""
+"""The evaluate stage runs the candidate under the interpreters and MiniLM document count
+of the registration it is judged by (``flows.judge.evaluate``), not those of whatever
+thresholds file is in hand: a nightly re-validation holds the default file
+(``thresholds/local-dry-run.yaml``) while the version it re-judges was registered under
+another profile."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 from flows import judge
 from flows.paths import PROJECT_DIR
 from flows.results import Built, Prepared, Preregistered
+from gates.thresholds import load_thresholds
 from kernels.interpreters import GENERIC_INTERPRET, TPU_INTERPRET
 from lineage import evidence
 from lineage import tracking as tr
@@ -28,7 +30,7 @@ def _evaluated_plan(tmp_path, monkeypatch, signing, *, registered: str, in_hand:
     seen = {}
 
     def fake_evaluate_candidate(candidate, **kwargs):
-        seen["plan"] = kwargs["interpreters"]
+        seen["plan"], seen["documents"] = kwargs["interpreters"], kwargs["model_documents"]
         raise LookupError("stop here: the plan is what this test looks at")
 
     monkeypatch.setattr(judge, "evaluate_candidate", fake_evaluate_candidate)
@@ -47,21 +49,26 @@ def _evaluated_plan(tmp_path, monkeypatch, signing, *, registered: str, in_hand:
         judge.evaluate.fn(context, Preregistered(registration=registration),
                           Built(build_run_id="b", version="1"), Prepared(testset_dir=tmp_path),
                           split="heldout", compare_production=False)
-    return seen["plan"]
+    return seen["plan"], seen["documents"]
 
 
 def test_revalidation_with_the_default_file_keeps_the_registered_generic_serving_paths(
         tmp_path, monkeypatch, signing):
-    plan = _evaluated_plan(tmp_path, monkeypatch, signing,
-                           registered="local-interpreted.yaml", in_hand="local-dry-run.yaml")
+    plan, documents = _evaluated_plan(tmp_path, monkeypatch, signing,
+                                      registered="local-interpreted.yaml",
+                                      in_hand="local-dry-run.yaml")
     assert plan.accuracy == TPU_INTERPRET
     assert plan.model_check == GENERIC_INTERPRET
+    assert documents == 4  # the registered model_check_documents (the file in hand's: 16)
 
 
 def test_a_file_in_hand_that_loosens_does_not_loosen_the_registered_interpreters(
         tmp_path, monkeypatch, signing):
     """Registered strict (TPU interpret mode on the serving paths), file in hand
     local-interpreted: the model check must still run in TPU interpret mode."""
-    plan = _evaluated_plan(tmp_path, monkeypatch, signing,
-                           registered="local-dry-run.yaml", in_hand="local-interpreted.yaml")
+    plan, documents = _evaluated_plan(tmp_path, monkeypatch, signing,
+                                      registered="local-dry-run.yaml",
+                                      in_hand="local-interpreted.yaml")
     assert plan.model_check == TPU_INTERPRET
+    assert documents == load_thresholds(THRESHOLDS / "local-dry-run.yaml").model_check_documents
+    assert documents != 4  # the file in hand's
