@@ -34,7 +34,7 @@ from evaluation.testset import MANIFEST_FILE, load_manifest, load_split
 from evaluation.validation import validate_testset as run_validation
 from kernels.api import AttentionFn, default_backend
 from kernels.config import BlockSizes
-from kernels.interpreters import InterpreterPlan
+from kernels.interpreters import InterpreterPlan, takes_the_choice
 from kernels.shapes import AttentionShape
 
 logger = logging.getLogger(__name__)
@@ -252,7 +252,7 @@ def evaluate_candidate(
     bar = (lambda n, desc: _progress_bar(n, desc)) if progress else (lambda n, desc: None)
     reference = ReferenceCache(reference_cache_dir)
     plan = interpreters or InterpreterPlan()
-    if not cand_info.native:
+    if takes_the_choice(cand_info):
         report.interpreters = {"accuracy": plan.accuracy, "model_check": plan.model_check}
     with plan.scope("accuracy"):
         report.accuracy = evaluate_accuracy(

@@ -115,7 +115,8 @@ class EvaluationReport(BaseModel):
         None, description="phase ('accuracy', 'model_check') -> the Pallas interpreter an "
         "interpreted Pallas TPU kernel ran under (kernels.interpreters: 'tpu_interpret' or "
         "'generic_interpret'; accuracy is always 'tpu_interpret'); None: the candidate "
-        "ran natively. Other kernels ignore the choice (pallas_gpu always uses the generic one)")
+        "ran natively, or is a kernel that ignores the choice (pallas_gpu interpreted on a "
+        "CPU always runs the generic lowering; kernels.interpreters.takes_the_choice)")
 
     metrics: dict[str, float] = Field(default_factory=dict)
     baseline_metrics: dict[str, float] = Field(default_factory=dict)

@@ -121,7 +121,8 @@ class TrafficResult(BaseModel):
     memory_end_bytes: int
     interpreter: str | None = Field(
         None, description="the Pallas interpreter the candidate ran under where it is an "
-        "interpreted Pallas TPU kernel (kernels.interpreters); None: native, or not recorded")
+        "interpreted Pallas TPU kernel (kernels.interpreters); None: native, a kernel that "
+        "ignores the choice, or not recorded")
 
     def latencies(self, side: str) -> list[float]:
         """Latencies (seconds) of successful requests on ``side`` ('candidate' or 'production')."""

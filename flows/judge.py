@@ -17,7 +17,9 @@ from flows.results import (
 )
 from flows.tasks import run_logger, stage_task
 from gates.decision import decide
-from gates.thresholds import load_thresholds
+from gates.preregistration import PreregistrationError
+from gates.thresholds import Thresholds
+from kernels.interpreters import InterpreterPlan
 from kernels.shapes import AttentionShape
 from lineage import evidence, registered_model, registration, tags, version_runners
 from lineage.chain import spent_confirmation_digests
@@ -50,14 +52,29 @@ def build(context: RolloutContext) -> Built:
     return Built(build_run_id=build_run_id, version=version)
 
 
-def _model_documents(thresholds_path) -> int | None:
-    """The MiniLM check's document count the thresholds file in hand registers
-    (``model_check_documents``); None (the default) when it no longer parses: the gate
-    then refuses it, as it refuses any file whose bytes changed since registration."""
+def registered_thresholds(context: RolloutContext,
+                          preregistered: Preregistered) -> Thresholds | None:
+    """The thresholds frozen by the registration the gate judges by, which set the
+    evaluation's MiniLM document count (``model_check_documents``) and the Pallas
+    interpreters (``serving_tpu_interpret_mode``, :func:`registered_interpreters`); not the
+    file in hand: a nightly re-validation holds the default file while the version was
+    registered under its own. None when the frozen bytes cannot be read back (the gate
+    then refuses them)."""
+    record = context.record
+    source = StoreSource(record.tracking, record.family, record.signing.trust,
+                         stages=("preregistration",))
     try:
-        return load_thresholds(thresholds_path).model_check_documents
-    except (OSError, ValueError):
+        return registration.registered_thresholds(source, preregistered.registration)
+    except PreregistrationError:
         return None
+
+
+def registered_interpreters(frozen: Thresholds | None) -> InterpreterPlan:
+    """The Pallas interpreter of each purpose (``kernels.interpreters``) the registered
+    thresholds ``frozen`` name; TPU interpret mode everywhere (the stricter plan) for None."""
+    if frozen is None:
+        return InterpreterPlan()
+    return InterpreterPlan.for_profile(frozen.serving_tpu_interpret_mode)
 
 
 @stage_task(name="evaluate")
@@ -79,6 +96,7 @@ def evaluate(context: RolloutContext, preregistered: Preregistered, built: Built
     candidate = pool.runner(built.version)
     out = record.work_dir / f"evaluation-{split}"
     registration_id = preregistered.registration.registration_id
+    frozen = registered_thresholds(context, preregistered)
     with evidence.evaluation_run(record, build_run_id=built.build_run_id,
                                  registration_id=registration_id,
                                  split=split, implementation=candidate.name) as run_id:
@@ -92,8 +110,8 @@ def evaluate(context: RolloutContext, preregistered: Preregistered, built: Built
                 measure_speed=measure_speed,
                 reference_cache_dir=settings.store_dir / REFERENCE_CACHE_DIR,
                 serving=context.serving.contract,
-                model_documents=_model_documents(settings.thresholds),
-                interpreters=context.serving.interpreters)
+                model_documents=frozen.model_check_documents if frozen else None,
+                interpreters=registered_interpreters(frozen))
         finally:
             evidence.log_evaluation_files(record, run_id, out_dir=out,
                                           testset_dir=testset.testset_dir)

@@ -18,7 +18,6 @@ from gates.decision import GateDecision
 from gates.preregistration import Registration
 from gates.serving_contract import ServingContract
 from gates.thresholds import Thresholds, load_thresholds
-from kernels.interpreters import InterpreterPlan
 from lineage.rollout import RolloutRecord
 from lineage.version_runners import VersionPool
 
@@ -33,27 +32,15 @@ def serving_contract(settings: RolloutSettings) -> ServingContract:
         return ServingContract()
 
 
-def interpreter_plan(settings: RolloutSettings) -> InterpreterPlan:
-    """The Pallas interpreter of each purpose (``kernels.interpreters``) that the
-    thresholds file a rollout registers gives (``serving_tpu_interpret_mode``); TPU
-    interpret mode everywhere when the file does not parse (preregistration refuses it)."""
-    try:
-        strict = load_thresholds(settings.thresholds).serving_tpu_interpret_mode
-    except (OSError, ValueError):
-        strict = True
-    return InterpreterPlan.for_profile(strict)
-
-
 class ServingModel:
     """The serving model, loaded on first use (a rollout stopped at preregistration
-    never loads it), the pool of versions that run with it, and the Pallas interpreter
-    of each purpose the registration names. Closed by the session."""
+    never loads it), and the pool of versions that run with it. Closed by the session.
+    (The Pallas interpreter of each stage comes from the registered thresholds:
+    ``flows.judge.registered_interpreters``, ``flows.traffic``.)"""
 
-    def __init__(self, record: RolloutRecord, contract: ServingContract | None = None,
-                 interpreters: InterpreterPlan | None = None):
+    def __init__(self, record: RolloutRecord, contract: ServingContract | None = None):
         self._record = record
         self.contract = contract or ServingContract()
-        self.interpreters = interpreters or InterpreterPlan()
         self._model: MiniLM | None = None
         self._pool: VersionPool | None = None
 

@@ -31,7 +31,6 @@ from flows.results import (
     Preregistered,
     RolloutContext,
     ServingModel,
-    interpreter_plan,
     serving_contract,
 )
 from flows.settings import RolloutSettings
@@ -102,8 +101,8 @@ def open_rollout(settings: RolloutSettings, *, stage: str = "rollout", family: s
                 cleared_by_run_id=record.rollout_run_id, signing=record.signing,
                 owner_is_dead=owner_is_dead):
             logger.warning("cleared the stale %s alias of %s", alias, family)
-    return RolloutContext(settings=settings, record=record, serving=ServingModel(
-        record, serving_contract(settings), interpreter_plan(settings)))
+    return RolloutContext(settings=settings, record=record,
+                          serving=ServingModel(record, serving_contract(settings)))
 
 
 SLOT_LEASE_S = float(os.environ.get("KERNELGATE_ROLLOUT_SLOT_LEASE_S", "300"))

@@ -11,6 +11,7 @@ from flows.tasks import run_logger, stage_task
 from gates.canary import CanaryStepResult, analyse_canary_step
 from gates.canary_latency import CanaryVerdict, conclude_canary
 from gates.canary_plan import CanaryPlan, CanaryStep
+from kernels import interpreters
 from lineage import calibration, evidence, registered_model, registry, version_runners
 from lineage import tracking as tr
 from lineage.environment import collect_environment
@@ -96,13 +97,20 @@ def _warm_up(context: RolloutContext, evaluated: Evaluated,
                       evaluated.report.speed_not_assessed_reason)
 
 
-def _interpreted(context: RolloutContext, evaluated: Evaluated, purpose: str,
+def _plan(gated: Gated) -> interpreters.InterpreterPlan:
+    """The Pallas interpreter of each purpose the registered thresholds the gate judged by
+    name (``serving_tpu_interpret_mode``), not the file read when the session opened."""
+    return interpreters.InterpreterPlan.for_profile(gated.thresholds.serving_tpu_interpret_mode)
+
+
+def _interpreted(gated: Gated, evaluated: Evaluated, purpose: str,
                  result: serving.TrafficResult) -> serving.TrafficResult:
     """``result`` with the Pallas interpreter the candidate ran under in ``purpose``
-    (``kernels.interpreters``; None where it ran natively), said in the run log too."""
-    if evaluated.report.candidate.native:
+    (``kernels.interpreters``), said in the run log too; unchanged (None) where it ran
+    natively or is a kernel that ignores the choice (``interpreters.takes_the_choice``)."""
+    if not interpreters.takes_the_choice(evaluated.report.candidate):
         return result
-    name = context.serving.interpreters.for_purpose(purpose)
+    name = _plan(gated).for_purpose(purpose)
     run_logger().info("%s: %s ran interpreted under %s (kernels.interpreters; registered "
                       "serving_tpu_interpret_mode); the accuracy cases ran in tpu_interpret",
                       result.stage, result.candidate, name)
@@ -118,11 +126,11 @@ def shadow(context: RolloutContext, gated: Gated, evaluated: Evaluated,
     registry.assign_shadow(record.tracking, record.family, version,
                            signing=record.signing, owner_run_id=record.rollout_run_id)
     production, candidate = _endpoints(context, "shadow", version)
-    with context.serving.interpreters.scope("shadow"):
+    with _plan(gated).scope("shadow"):
         _warm_up(context, evaluated, traffic, production, candidate)
         result = serving.replay_shadow(traffic.requests, production, candidate,
                                        progress=_progress("shadow"))
-    result = _interpreted(context, evaluated, "shadow", result)
+    result = _interpreted(gated, evaluated, "shadow", result)
     # The candidate sees every shadow request (mirrored) but serves none of them.
     judged = _judged(gated, evaluated, result, CanaryStep(
         name="shadow", traffic_fraction=1.0, requests=len(traffic.requests)))
@@ -146,13 +154,13 @@ def canary_step(context: RolloutContext, gated: Gated, evaluated: Evaluated, ste
     latency test; an interpreted one's once (its latency is not assessed, with the reason)."""
     record, version = context.record, gated.version
     production, candidate = _endpoints(context, "canary", version)
-    with context.serving.interpreters.scope("canary"):
+    with _plan(gated).scope("canary"):
         _warm_up(context, evaluated, traffic, production, candidate)
         result = serving.replay_canary_step(
             traffic.requests, step.traffic_fraction, production, candidate,
             salt=f"{record.rollout_run_id}:{step.name}", progress=_progress(step.name),
             abba=evaluated.report.speed_assessed)
-    result = _interpreted(context, evaluated, "canary", result)
+    result = _interpreted(gated, evaluated, "canary", result)
     judged = _judged(gated, evaluated, result, step, earlier)
     run_id = log_canary_step(record.tracking, record.family, judged, version=version,
                              decision_run_id=gated.run_id, signing=record.signing,

@@ -69,7 +69,8 @@ class CanaryStepResult(BaseModel):
     log_ratios: list[float] = []
     latency_look: latency_judge.LatencyLook | None = None
     p99_latency_ratio: float | None = None
-    # the Pallas interpreter the candidate ran under (kernels.interpreters); None: native
+    # the Pallas interpreter the candidate ran under (kernels.interpreters); None: native,
+    # or a kernel that ignores the choice (interpreters.takes_the_choice)
     interpreter: str | None = None
 
 

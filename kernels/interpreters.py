@@ -79,6 +79,14 @@ def interpreter(name: str) -> Iterator[None]:
         yield
 
 
+def takes_the_choice(info) -> bool:
+    """Whether the implementation ``info`` describes (``evaluation.report.ImplementationInfo``:
+    ``native``, ``target_platform``) runs under the interpreter chosen here: a TPU kernel
+    interpreted off-TPU. A GPU kernel interpreted on a CPU (``pallas_gpu``) always runs
+    Pallas' generic lowering, so no TPU-interpret-mode check may be claimed for it."""
+    return not info.native and info.target_platform == "tpu"
+
+
 class InterpreterPlan(BaseModel):
     """The interpreter of each purpose a rollout runs a TPU kernel for off-TPU.
 
@@ -113,4 +121,5 @@ class InterpreterPlan(BaseModel):
 
 
 __all__ = ["GENERIC_INTERPRET", "INTERPRETERS", "PURPOSES", "TPU_INTERPRET", "Interpreter",
-           "InterpreterPlan", "Purpose", "check_interpreter", "current", "interpreter"]
+           "InterpreterPlan", "Purpose", "check_interpreter", "current", "interpreter",
+           "takes_the_choice"]

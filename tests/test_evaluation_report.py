@@ -292,3 +292,21 @@ def test_each_phase_runs_under_the_plan_s_interpreter_and_the_report_says_so(
     native = _evaluate(tmp_path, runner(True), model=Model(), documents=["a"],
                        measure_speed=False, interpreters=InterpreterPlan.for_profile(False))
     assert native.interpreters is None
+
+
+def test_a_kernel_that_ignores_the_interpreter_choice_records_none(synthetic_testset, tmp_path,
+                                                                   monkeypatch):
+    """pallas_gpu interpreted on a CPU runs Pallas' generic lowering in every phase, its
+    accuracy cases included (``kernels.pallas_gpu``): the report must not say its accuracy
+    cases ran in TPU interpret mode (it said ``{"accuracy": "tpu_interpret", ...}``)."""
+    from evaluation.runners import LocalRunner
+    from kernels.interpreters import InterpreterPlan
+
+    monkeypatch.setenv("KERNELGATE_CASE_PROCESSES", "1")  # the stand-in stays in this process
+    naive = kernels.get_attention_fn("naive")
+    candidate = LocalRunner("pallas_gpu", naive, None, {
+        "implementation": "pallas_gpu", "config": None, "resolution": None, "native": False,
+        "target_platform": "gpu"})
+    for plan in (None, InterpreterPlan.for_profile(False)):
+        report = _evaluate(tmp_path, candidate, measure_speed=False, interpreters=plan)
+        assert report.interpreters is None

@@ -29,14 +29,20 @@ def test_warm_up_serves_the_candidate_only_where_its_latency_is_judged(assessed,
     assert said is not assessed
 
 
-@pytest.mark.parametrize("native", [True, False])
-def test_shadow_serves_under_the_registered_interpreter_and_records_it(native, monkeypatch):
-    """The shadow stage warms up and replays inside the plan's ``shadow`` interpreter
-    (``kernels.interpreters``), and the logged traffic names it for an interpreted
+@pytest.mark.parametrize(("native", "target", "recorded"), [
+    (True, "cpu", None), (False, "tpu", "generic_interpret"),
+    # pallas_gpu interpreted on a CPU ignores the choice (always the generic lowering):
+    # nothing recorded (it said the plan's interpreter, "tpu_interpret" under a strict one)
+    (False, "gpu", None)])
+def test_shadow_serves_under_the_registered_interpreter_and_records_it(native, target,
+                                                                       recorded, monkeypatch):
+    """The shadow stage warms up and replays inside the ``shadow`` interpreter of the
+    registered thresholds the gate judged by (``gated.thresholds``; ``kernels.interpreters``),
+    not of the file the session read before preregistering (it read the file
+    when it opened; the registration may freeze an edited one), and the logged traffic names it for an interpreted TPU
     candidate (nothing for a native one)."""
     from evaluation.serving import TrafficResult
     from kernels import interpreters
-    from kernels.interpreters import InterpreterPlan
 
     seen, logged = [], []
     result = TrafficResult(stage="shadow", fraction=0.0, candidate="pallas_tpu@v1",
@@ -52,10 +58,12 @@ def test_shadow_serves_under_the_registered_interpreter_and_records_it(native, m
     monkeypatch.setattr(traffic.registered_model, "link_traffic_run", lambda *a: None)
     context = SimpleNamespace(record=SimpleNamespace(tracking=None, family="f", signing=None,
                                                      rollout_run_id="r"),
-                              serving=SimpleNamespace(interpreters=InterpreterPlan.for_profile(False)))
-    evaluated = SimpleNamespace(report=SimpleNamespace(candidate=SimpleNamespace(native=native)))
-    traffic.shadow.fn(context, SimpleNamespace(version="1", run_id="g"), evaluated,
-                      SimpleNamespace(requests=["a", "b"]))
+                              serving=SimpleNamespace())
+    evaluated = SimpleNamespace(report=SimpleNamespace(candidate=SimpleNamespace(
+        native=native, target_platform=target)))
+    gated = SimpleNamespace(version="1", run_id="g",
+                            thresholds=SimpleNamespace(serving_tpu_interpret_mode=False))
+    traffic.shadow.fn(context, gated, evaluated, SimpleNamespace(requests=["a", "b"]))
     assert seen == ["generic_interpret", "generic_interpret"]
     assert interpreters.current() == "tpu_interpret"
-    assert logged[0].interpreter == (None if native else "generic_interpret")
+    assert logged[0].interpreter == recorded
