@@ -141,8 +141,17 @@ def rejected_at_gate(prefect_server, store):
 
 
 def thresholds_with(tmp_path: Path, **approval) -> Path:
+    """The flow-test thresholds with ``approval``'s settings, for the approval family.
+
+    These tests judge approvals, not latency: their plan declares a per-request noise
+    (``noise_sd`` 5.0, the schema's largest) at which 24-request steps cannot reach the
+    latency test's power, so the canary says latency is *not assessed* (the plan's
+    ``power_problem``) instead of timing the host. On a loaded CI host the measured noise
+    exceeded the default plan's 0.5 and a good kernel's canary ended inconclusive,
+    rolled back (CI 2026-12-02: noise sd 0.545)."""
     data = yaml.safe_load(THRESHOLDS.read_text())
     data["approval"].update(approval)
+    data["canary"]["latency"]["noise_sd"] = 5.0
     path = tmp_path / "thresholds.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
