@@ -48,7 +48,7 @@ from kernels.reference import attention_reference, relative_error, rounding_floo
 from kernels.selection import select_pallas_config
 from kernels.shapes import AttentionShape, random_inputs
 from kernels.timing import compile_and_warm, time_call
-from kernels.tools import bench
+from kernels.tools import bench, grid_summary
 from kernels.tools.ptxas_report import captured_output, parse_ptxas
 
 VARIANTS_FILE = Path(__file__).with_name("fa3_variants.json")
@@ -337,6 +337,9 @@ def main(argv: Sequence[str] | None = None) -> int:
               "passes": PASSES, "matmul_ceiling_tflops": ceiling, "shape_set": args.shapes,
               "variants": {n: by_name[n] for n in wanted}, "rows": rows}
     print("\n" + format_table(rows))
+    if args.shapes == "grid":  # issue 24's floor and goal, from this call's rows alone
+        report["summary"] = grid_summary.summarize(report)
+        print("\n" + grid_summary.format_summary(report["summary"]))
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=2))
     bad = [r for r in rows if r["variant"] != "cudnn" and not r.get("correct")]
