@@ -43,6 +43,17 @@ MAX_LAZY_RESCALE_LOG2 = 8.0
 """Largest lazy-rescale threshold (log2 units): ``p <= 2**8`` inside float16's range."""
 
 
+def tile_registers(block_q: int, block_kv: int, head_dim: int, *, pipelined: bool) -> int:
+    """32-bit registers per consumer thread the tiles need (NOTES-gpu.md's count, a
+    warpgroup is 128 threads): the float32 logits ``S`` (``block_q * block_kv / 128``),
+    ``P`` in bf16/f16 (half that) and the float32 output accumulator
+    (``block_q * head_dim / 128``); the intra-warpgroup pipeline carries a second ``S``
+    (the next block's ``Q K^T`` in flight through this block's softmax). Addresses,
+    the softmax state and loop counters come on top."""
+    s = block_q * block_kv // 128
+    return (2 if pipelined else 1) * s + s // 2 + block_q * head_dim // 128
+
+
 class SwitchRule(BaseModel):
     """One registered choice of switches: the kernel runs ``switches`` at
     ``padded_head_dim`` where ``causal`` (``None``: either) and ``kv_len <= max_kv_len``
@@ -128,6 +139,15 @@ class MosaicVariant(BaseModel):
         producer_registers: per-thread budget of the TMA producer warpgroup
             (``setmaxnreg.dec``); default 40. FlashAttention-3 runs 240/24 (a
             producer needs few registers; two consumers get 8 more each).
+        intra_wg_pipeline: ``False`` (default): each consumer waits for ``Q K^T`` of a
+            block right before its softmax. ``True``: FlashAttention-3's
+            intra-warpgroup pipelining (arXiv:2407.08608, section 3.2): ``Q K^T`` of
+            block j+1 is issued before the softmax of block j and waited for after
+            that block's ``P V``, so the softmax runs under the consumer's own
+            ``wgmma``; a second logits tile lives in registers across the iteration.
+            Only for tilings whose tiles fit the consumer's registers
+            (:meth:`check_tiling`: at most ``consumer_registers`` by
+            :func:`tile_registers`; e.g. not head_dim 64 with 256-key blocks).
 
     Raises:
         pydantic.ValidationError: a threshold outside (0, 8], a register count that is
@@ -144,6 +164,8 @@ class MosaicVariant(BaseModel):
         None, description="row sum before (True) or after (False) the ping-pong hand-over")
     consumer_registers: int = Field(232, description="setmaxnreg of each consumer")
     producer_registers: int = Field(40, description="setmaxnreg of the producer")
+    intra_wg_pipeline: bool = Field(
+        False, description="issue Q K^T of block j+1 before the softmax of block j")
 
     @model_validator(mode="after")
     def _registers_fit(self) -> MosaicVariant:
@@ -160,6 +182,23 @@ class MosaicVariant(BaseModel):
                 f"{REGISTER_FILE_PER_THREAD_SLOT} registers per thread slot of an sm_90 "
                 f"SM (65536 registers / 128 threads per warpgroup)")
         return self
+
+    def check_tiling(self, block_q: int, block_kv: int, padded_head_dim: int) -> None:
+        """Raise ``ValueError`` when this variant cannot run the tiling: with
+        ``intra_wg_pipeline`` the tiles' registers (:func:`tile_registers`, two logits
+        tiles) must not exceed ``consumer_registers``. The bound is the one the H200
+        drew without the pipeline (session 1 of issue 24): 224 registers of tiles
+        (head_dim 64, 64 x 256) built without a spill under 232, 256 (128 x 128)
+        spilled."""
+        if not self.intra_wg_pipeline:
+            return
+        need = tile_registers(block_q, block_kv, padded_head_dim, pipelined=True)
+        if need > self.consumer_registers:
+            raise ValueError(
+                f"intra_wg_pipeline: block_q={block_q}, block_kv={block_kv} at padded "
+                f"head_dim {padded_head_dim} need {need} registers per consumer thread "
+                f"for their tiles (two float32 logits tiles, P, the accumulator), over "
+                f"consumer_registers={self.consumer_registers}; use a smaller block_kv")
 
     def is_default(self) -> bool:
         """Whether every switch has its default (the kernel as before the switches)."""

@@ -319,6 +319,18 @@ def _min(a, b):
     return min(a, b) if isinstance(a, int) and isinstance(b, int) else jnp.minimum(a, b)
 
 
+def _max(a, b):
+    return max(a, b) if isinstance(a, int) and isinstance(b, int) else jnp.maximum(a, b)
+
+
+def _loop(lo, hi, body, state):
+    """``lax.fori_loop(lo, hi, body, state)``, skipped when the range is statically
+    empty (a traced empty range, ``lo >= hi``, runs no step)."""
+    if isinstance(lo, int) and isinstance(hi, int) and lo >= hi:
+        return state
+    return lax.fori_loop(lo, hi, body, state)
+
+
 def _div(a, d: int):
     return a // d if isinstance(a, int) else lax.div(a, jnp.int32(d))
 
@@ -360,6 +372,25 @@ class _Ops:
             plgpu.wgmma(acc_ref, q_tile, plgpu.transpose_ref(k_tile, (1, 0)))
             after_issue()
             return acc_ref[...]
+
+        return pl.run_scoped(body, plgpu.ACC((q_tile.shape[0], block_kv), jnp.float32))
+
+    def qk_during(self, q_tile, k_tile, block_kv: int, during):
+        """Issue ``q_tile @ k_tileᵀ`` (float32), run ``during()`` while it is in flight,
+        then wait for it: returns ``(logits, during())``. ``during`` may issue and wait
+        other ``wgmma`` (its own waits then also complete this one, whose accumulator
+        registers stay untouched until the result is read). In the interpreter the
+        product is taken from shared memory at the issue, where ``wgmma`` reads it."""
+        if self.interpret:
+            s = lax.dot_general(q_tile[...], k_tile[...], (((1,), (1,)), ((), ())),
+                                preferred_element_type=jnp.float32)
+            return s, during()
+        plgpu, pl = self.plgpu, self.pl
+
+        def body(acc_ref):
+            plgpu.wgmma(acc_ref, q_tile, plgpu.transpose_ref(k_tile, (1, 0)))
+            out = during()
+            return acc_ref[...], out
 
         return pl.run_scoped(body, plgpu.ACC((q_tile.shape[0], block_kv), jnp.float32))
 
@@ -414,6 +445,7 @@ def _build_kernel(plan: _Plan):
     c = plan.qk_scale_log2
     lazy = plan.variant.lazy_rescale_log2
     rowsum_early = plan.variant.rowsum_early(d)
+    pipelined = plan.variant.intra_wg_pipeline
     row_layout = plgpu.Layout.WGMMA.reduce(1)
     loop_grid = (plan.batch * plan.num_heads * plan.num_q_pairs,)
 
@@ -464,18 +496,9 @@ def _build_kernel(plan: _Plan):
 
                 pl.when(wg == 1)(schedule_sync)  # consumer 1 runs one phase behind
 
-                def kv_step(ki, state, *, masked):
-                    acc, m_i, l_i = state
-                    step = g0 + ki
-                    slot = slot_of(step)
-                    s = ops.qk(q_tile, k_smem.at[slot], block_kv, schedule_sync)
-
-                    if early_q_free:
-                        @pl.when(ki == ub - 1)
-                        def _():  # last Q K^T of this tile done: the producer may reload Q
-                            plgpu.barrier_arrive(q_free.at[wg])
-
-                    plgpu.barrier_arrive(k_free.at[slot])
+                def softmax(ki, s, acc, m_i, l_i, *, masked):
+                    """The online softmax of block ``ki`` on its logits ``s`` (this
+                    consumer's phase between the schedule barrier's two passes)."""
                     if masked:
                         cols = ki * block_kv + ops.iota((block_q, block_kv), 1)
                         visible = cols < kv_end
@@ -512,11 +535,32 @@ def _build_kernel(plan: _Plan):
                         # order JAX's example found fastest for head_dim <= 128).
                         l_i = l_i + p.sum(axis=1)
                         acc, l_i, m_new, p_lo = lax.optimization_barrier((acc, l_i, m_new, p_lo))
+                    return acc, m_new, l_i, p, p_lo
+
+                def handover(slot, l_i, p):
+                    """End this consumer's softmax phase and wait for its turn on the
+                    tensor core (and for the block's V)."""
                     plgpu.barrier_arrive(schedule)  # softmax done
                     plgpu.barrier_wait(v_ready.at[slot])
                     plgpu.barrier_wait(schedule)  # the other consumer has issued its Q K^T
                     if not rowsum_early:
                         l_i = l_i + p.sum(axis=1)
+                    return l_i
+
+                def kv_step(ki, state, *, masked):
+                    acc, m_i, l_i = state
+                    step = g0 + ki
+                    slot = slot_of(step)
+                    s = ops.qk(q_tile, k_smem.at[slot], block_kv, schedule_sync)
+
+                    if early_q_free:
+                        @pl.when(ki == ub - 1)
+                        def _():  # last Q K^T of this tile done: the producer may reload Q
+                            plgpu.barrier_arrive(q_free.at[wg])
+
+                    plgpu.barrier_arrive(k_free.at[slot])
+                    acc, m_new, l_i, p, p_lo = softmax(ki, s, acc, m_i, l_i, masked=masked)
+                    l_i = handover(slot, l_i, p)
 
                     def prefetch_wait():
                         @pl.when(ki + 1 < ub)
@@ -527,15 +571,91 @@ def _build_kernel(plan: _Plan):
                     plgpu.barrier_arrive(v_free.at[slot])
                     return acc, m_new, l_i
 
+                def qk_done(ki):
+                    """Q K^T of block ``ki`` has completed: free its K slot (and, after
+                    the tile's last one, the query tile)."""
+                    if early_q_free:
+                        @pl.when(ki == ub - 1)
+                        def _():
+                            plgpu.barrier_arrive(q_free.at[wg])
+
+                    plgpu.barrier_arrive(k_free.at[slot_of(g0 + ki)])
+
+                def first_qk(_, s):
+                    """Pipelined prologue (ub >= 1): Q K^T of block 0, waited at once;
+                    the K of block 1 is awaited while it runs (step 0 issues its Q K^T)."""
+                    def prefetch_wait():
+                        @pl.when(ub > 1)
+                        def _():
+                            plgpu.barrier_wait(k_ready.at[slot_of(g0 + 1)])
+
+                    s = ops.qk(q_tile, k_smem.at[slot_of(g0)], block_kv, prefetch_wait)
+                    qk_done(0)
+                    return s
+
+                def pipelined_step(ki, state, *, masked, issue):
+                    """Block ``ki`` with its logits ``s`` already in registers. With
+                    ``issue`` (ki + 1 < ub), Q K^T of block ki + 1 is issued first and
+                    stays in flight through this block's softmax, hand-over and P V (FA3
+                    section 3.2); its result is the next step's ``s``. The schedule
+                    barrier is passed as in ``kv_step``: once after the issue (here: of
+                    block ki + 1, or of nothing on the tile's last block), once after
+                    the softmax."""
+                    acc, m_i, l_i, s = state
+                    step = g0 + ki
+                    slot = slot_of(step)
+
+                    def block():
+                        schedule_sync()
+                        acc_, m_new, l_, p, p_lo = softmax(ki, s, acc, m_i, l_i, masked=masked)
+                        l_ = handover(slot, l_, p)
+
+                        def prefetch_wait():  # K of block ki + 2, issued in the next step
+                            @pl.when(ki + 2 < ub)
+                            def _():
+                                plgpu.barrier_wait(k_ready.at[slot_of(step + 2)])
+
+                        acc_ = ops.pv(acc_, p_lo, v_smem.at[slot],
+                                      prefetch_wait if issue else lambda: None)
+                        plgpu.barrier_arrive(v_free.at[slot])
+                        return acc_, m_new, l_
+
+                    if not issue:
+                        return (*block(), s)
+                    s_next, (acc, m_new, l_i) = ops.qk_during(
+                        q_tile, k_smem.at[slot_of(step + 1)], block_kv, block)
+                    qk_done(ki + 1)
+                    return acc, m_new, l_i, s_next
+
                 state = (ops.layout(jnp.zeros((block_q, d), jnp.float32), plgpu.Layout.WGMMA),
                          ops.layout(jnp.full((block_q,), -jnp.inf, jnp.float32), row_layout),
                          ops.layout(jnp.zeros((block_q,), jnp.float32), row_layout))
-                state = lax.fori_loop(0, n_full, functools.partial(kv_step, masked=False), state)
-                static_done = isinstance(n_full, int) and isinstance(ub, int) and n_full == ub
-                if not static_done:
-                    state = lax.fori_loop(n_full, ub, functools.partial(kv_step, masked=True),
+                if not pipelined:
+                    state = lax.fori_loop(0, n_full, functools.partial(kv_step, masked=False),
                                           state)
-                acc, _, l_i = state
+                    static_done = isinstance(n_full, int) and isinstance(ub, int) and n_full == ub
+                    if not static_done:
+                        state = lax.fori_loop(n_full, ub, functools.partial(kv_step, masked=True),
+                                              state)
+                    acc, _, l_i = state
+                else:
+                    # Blocks [0, ub - 1) issue the next block's Q K^T; block ub - 1 (the
+                    # epilogue) issues none. Each range is split at n_full into unmasked
+                    # and masked steps; the carried logits cross the split. Empty ranges
+                    # (lo >= hi) run no step, so ub = 0 and ub = 1 need no branch.
+                    s0 = ops.layout(jnp.zeros((block_q, block_kv), jnp.float32),
+                                    plgpu.Layout.WGMMA)
+                    s0 = _loop(0, _min(ub, 1), first_qk, s0)
+                    last = _max(ub - 1, 0)
+                    body = functools.partial(pipelined_step, masked=False, issue=True)
+                    state = _loop(0, _min(n_full, last), body, (*state, s0))
+                    body = functools.partial(pipelined_step, masked=True, issue=True)
+                    state = _loop(n_full, last, body, state)
+                    body = functools.partial(pipelined_step, masked=False, issue=False)
+                    state = _loop(last, n_full, body, state)  # block ub - 1, unmasked
+                    body = functools.partial(pipelined_step, masked=True, issue=False)
+                    state = _loop(_max(last, n_full), ub, body, state)  # ... or masked
+                    acc, _, l_i, _ = state
                 pl.when(wg == 0)(schedule_sync)  # closes consumer 1's last phase
 
                 inv_l = jnp.where(l_i > 0.0, 1.0 / jnp.where(l_i > 0.0, l_i, 1.0), 0.0)
@@ -690,6 +810,7 @@ def pallas_mosaic_gpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, cau
     if variant is None:  # the switches this head_dim, mask and length are registered with
         variant = registered_default(padded_head_dim(head_dim), causal=bool(causal),
                                      kv_len=kv_len)
+    variant.check_tiling(cfg.block_q, cfg.block_kv, padded_head_dim(head_dim))
     extra = variant_scratch_bytes(variant)
     need = smem_bytes(cfg, head_dim, jnp.dtype(q.dtype).itemsize, extra)
     if need > SMEM_LIMIT_BYTES:
