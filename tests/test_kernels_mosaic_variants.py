@@ -1,12 +1,14 @@
 """The variant switches of pallas_mosaic_gpu (issue 24): validation, defaults that keep
 the kernel as it was, lowering for CUDA from this CPU host, the lazy rescale rule of the
-online softmax against float64, and the lazy variant in JAX's GPU interpret mode.
+online softmax against float64, and the variants (among them the intra-warpgroup
+pipeline) in JAX's GPU interpret mode.
 ``gpu`` tests run every variant of ``kernels/tools/fa3_variants.json`` natively against
 float64, with the poisoned-padding and low-precision-extreme cases of issue 23."""
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import math
 
@@ -18,7 +20,8 @@ from pydantic import ValidationError
 
 from kernels import mosaic_variants, pallas_mosaic_gpu
 from kernels.build import source_digests
-from kernels.mosaic_variants import MAX_LAZY_RESCALE_LOG2, MosaicVariant, lazy_max
+from kernels.config import BlockSizes
+from kernels.mosaic_variants import MAX_LAZY_RESCALE_LOG2, MosaicVariant, lazy_max, tile_registers
 from kernels.naive import naive_attention
 from kernels.pallas_mosaic_gpu import pallas_mosaic_gpu_attention
 from kernels.reference import attention_reference, relative_error
@@ -56,6 +59,26 @@ def test_defaults_are_the_kernel_before_the_switches():
     assert [default.rowsum_early(d) for d in (64, 128, 192, 256)] == [True, True, False, False]
     on = MosaicVariant(lazy_rescale_log2=8.0)
     assert not on.is_default() and on.label() == "lazy_rescale_log2=8.0"
+    assert default.intra_wg_pipeline is False
+    assert MosaicVariant(intra_wg_pipeline=True).label() == "intra_wg_pipeline=True"
+
+
+def test_intra_wg_pipeline_refuses_tilings_whose_tiles_exceed_the_registers():
+    """Two float32 logits tiles, P and the accumulator per consumer thread
+    (NOTES-gpu.md's count): d64 64x128 192, d128 64x128 224, d256 64x64 208 fit 232;
+    d64 64x256 (352) and 128x128 (384) do not, and the kernel refuses them by name."""
+    assert [tile_registers(64, kv, d, pipelined=True) for kv, d in
+            ((128, 64), (128, 128), (64, 256), (256, 64))] == [192, 224, 208, 352]
+    assert tile_registers(64, 256, 64, pipelined=False) == 224  # built without a spill
+    on = MosaicVariant(intra_wg_pipeline=True)
+    for block_q, block_kv, d in ((64, 128, 64), (64, 128, 128), (64, 64, 256), (128, 64, 64)):
+        on.check_tiling(block_q, block_kv, d)
+    MosaicVariant().check_tiling(64, 256, 64)  # off: any tiling
+    for block_q, block_kv, d in ((64, 256, 64), (128, 128, 64), (64, 128, 256)):
+        with pytest.raises(ValueError, match="intra_wg_pipeline.*consumer_registers=232"):
+            on.check_tiling(block_q, block_kv, d)
+    with pytest.raises(ValueError, match="intra_wg_pipeline"):
+        _lowered(on, head_dim=64, config=BlockSizes(block_q=64, block_kv=256, num_stages=2))
 
 
 def test_the_kernel_declares_its_variant_fields():
@@ -80,10 +103,10 @@ def test_lazy_rescale_accounts_for_its_reduction_scratch():
 # ----------------------------------------------------------------------------- lowering
 
 
-def _lowered(variant, head_dim=128, causal=False):
+def _lowered(variant, head_dim=128, causal=False, config=None):
     q = jax.ShapeDtypeStruct((1, 512, 2, head_dim), jnp.bfloat16)
     fn = functools.partial(pallas_mosaic_gpu_attention, causal=causal, scale=0.1,
-                           q_lengths=None, kv_lengths=None, variant=variant)
+                           q_lengths=None, kv_lengths=None, variant=variant, config=config)
     return jax.jit(fn).trace(q, q, q).lower(lowering_platforms=("cuda",)).as_text()
 
 
@@ -91,12 +114,93 @@ def test_each_switch_changes_the_lowered_kernel():
     base = _lowered(MosaicVariant())  # the field defaults: the kernel before the switches
     for variant in (MosaicVariant(lazy_rescale_log2=8.0),
                     MosaicVariant(rowsum_before_handover=False),
-                    MosaicVariant(consumer_registers=240, producer_registers=24)):
+                    MosaicVariant(consumer_registers=240, producer_registers=24),
+                    MosaicVariant(intra_wg_pipeline=True)):
         text = _lowered(variant)
         assert text.count("mosaic_gpu_v2") == 1 and text != base, variant.label()
     # At head_dim 256 the default order is "after": switching it to "before" changes it.
     assert _lowered(MosaicVariant(rowsum_before_handover=True), 256) != \
         _lowered(MosaicVariant(), 256)
+
+
+@pytest.mark.parametrize("head_dim, causal", [(64, True), (256, False)])
+def test_intra_wg_pipeline_lowers_with_the_registered_switches(head_dim, causal):
+    """The pipelined loop lowers for CUDA beside each head_dim's registered switches
+    (lazy rescale at 256, the row sum after the hand-over at 64), with lengths."""
+    registered = mosaic_variants.registered_default(head_dim, causal=causal, kv_len=700)
+    variant = registered.model_copy(update={"intra_wg_pipeline": True})
+    q = jax.ShapeDtypeStruct((2, 500, 4, head_dim), jnp.bfloat16)
+    k = jax.ShapeDtypeStruct((2, 700, 2, head_dim), jnp.bfloat16)
+    lengths = jax.ShapeDtypeStruct((2,), jnp.int32)
+
+    def fn(q, k, v, ql, kl):
+        return pallas_mosaic_gpu_attention(q, k, v, causal=causal, scale=0.1, q_lengths=ql,
+                                           kv_lengths=kl, variant=variant)
+
+    text = jax.jit(fn).trace(q, k, k, lengths, lengths).lower(
+        lowering_platforms=("cuda",)).as_text()
+    assert text.count("mosaic_gpu_v2") == 1
+
+
+# The Mosaic GPU module of the kernel (locations stripped) at commit 4e0e33f, before the
+# intra-warpgroup pipeline existed, lowered by JAX 0.10.2 (the lock's): the new switch's
+# default must leave it byte for byte as it was. (head_dim, causal, lengths, variant,
+# config) -> sha256 of the module's text.
+KERNEL_BEFORE_THE_PIPELINE_SWITCH = {
+    (64, True, True, None, None):
+        "2c59ff41f04f8324a27dbee39974bb2925bdc41edb7825cd997019bedfd59f4c",
+    (128, False, False, MosaicVariant(), None):
+        "c3a336e7c86a1569e1f85bd3161999804e0048669947093757ad4d31573d3398",
+    (256, True, True, MosaicVariant(lazy_rescale_log2=8.0), None):
+        "1990dfb73a96649e3a47cdcf41bde68c3d8ebb9484eb867ecb179d2e99ea4251",
+    (128, True, True, MosaicVariant(rowsum_before_handover=True), None):
+        "a879eff64795f7747416dbda0d2cfd87208fdc3f0970f37c1edc41006fe7b345",
+    (64, False, False, MosaicVariant(), BlockSizes(block_q=64, block_kv=256, num_stages=2)):
+        "e7f5289635aa85e8bc2e86ec213b169220889643c8e3075997ee2f7fdd2f2aaa",
+}
+
+
+def _kernel_module_digest(monkeypatch, head_dim, causal, lengths, variant, config) -> str:
+    """sha256 of the Mosaic GPU module's text without locations (the serialized module
+    in the lowering carries source lines, which any edit of the file moves)."""
+    import jax.experimental.mosaic.gpu.core as mgpu_core
+
+    texts: list[str] = []
+    serde = mgpu_core._run_serde_pass
+
+    def capture(module, *args, **kw):
+        if kw.get("serialize"):
+            texts.append(module.operation.get_asm(enable_debug_info=False))
+        return serde(module, *args, **kw)
+
+    monkeypatch.setattr(mgpu_core, "_run_serde_pass", capture)
+    q = jax.ShapeDtypeStruct((2, 500, 4, head_dim), jnp.bfloat16)
+    k = jax.ShapeDtypeStruct((2, 700, 2, head_dim), jnp.bfloat16)
+    n = jax.ShapeDtypeStruct((2,), jnp.int32)
+
+    def fn(q, k, v, ql, kl):
+        return pallas_mosaic_gpu_attention(q, k, v, causal=causal, scale=0.1,
+                                           q_lengths=ql if lengths else None,
+                                           kv_lengths=kl if lengths else None,
+                                           variant=variant, config=config)
+
+    jax.jit(fn).trace(q, k, k, n, n).lower(lowering_platforms=("cuda",))
+    assert len(texts) == 1 and len(texts[0]) > 10_000
+    return hashlib.sha256(texts[0].encode()).hexdigest()
+
+
+@pytest.mark.skipif(jax.__version__ != "0.10.2",
+                    reason="the recorded modules were lowered by JAX 0.10.2")
+def test_the_pipeline_switch_off_lowers_to_the_kernel_before_it(monkeypatch):
+    """Registered and explicit variants, with the new field at its default, lower to the
+    very module of before the switch (pinned digests); the switch on does not."""
+    for (d, causal, lengths, variant, config), digest in \
+            KERNEL_BEFORE_THE_PIPELINE_SWITCH.items():
+        got = _kernel_module_digest(monkeypatch, d, causal, lengths, variant, config)
+        assert got == digest, (d, causal, lengths, variant, config)
+    on = MosaicVariant(intra_wg_pipeline=True)
+    assert _kernel_module_digest(monkeypatch, 128, False, False, on, None) != \
+        KERNEL_BEFORE_THE_PIPELINE_SWITCH[(128, False, False, MosaicVariant(), None)]
 
 
 def _lowered_at(variant, head_dim, causal, seq):
@@ -232,6 +336,70 @@ def test_variant_in_interpret_mode_against_float64(variant):
     assert_accurate(jnp.asarray(out, jnp.float32), ref, "bfloat16", naive_err)
     rows = np.arange(case.q_len)[None, :] >= np.asarray(ql)[:, None]
     assert np.all(np.asarray(out, np.float32)[rows] == 0.0)
+
+
+PIPELINE_CASES = [
+    # causal GQA with lengths, 64 x 64 tiles: example 1's second query pair lies past
+    # its length (ub = 0), example 2 sees 40 keys (ub = 1: prologue and epilogue only),
+    # and the consumers' unmasked/masked split falls inside the tile (the carried
+    # logits cross it); race detection on.
+    (Case("pipe_causal_gqa_lengths", batch=3, q_len=200, kv_len=330, num_heads=2,
+          num_kv_heads=1, head_dim=64, dtype="bfloat16", causal=True,
+          q_lengths=(200, 77, 150), kv_lengths=(330, 129, 40),
+          config=BlockSizes(block_q=64, block_kv=64, num_stages=2)), {}, True),
+    # full mask at head_dim 128 (padded from 96), a 3-deep ring: kv length 128 ends on
+    # a block (the last block unmasked, n_full = ub), 40 gives ub = 1, q length 60
+    # leaves the second pair empty (ub = 0).
+    (Case("pipe_full_d96_lengths", batch=3, q_len=200, kv_len=330, num_heads=4,
+          num_kv_heads=2, head_dim=96, dtype="float16", causal=False,
+          q_lengths=(200, 60, 131), kv_lengths=(330, 128, 40),
+          config=BlockSizes(block_q=64, block_kv=64, num_stages=3)), {}, False),
+    # head_dim 256 with the lazy rescale (its registered switch there), static bounds:
+    # 3 blocks, none masked (n_full = ub known at trace time).
+    (Case("pipe_d256_static_lazy", batch=1, q_len=128, kv_len=192, num_heads=2,
+          num_kv_heads=2, head_dim=256, dtype="bfloat16", causal=False,
+          config=BlockSizes(block_q=64, block_kv=64, num_stages=2)),
+     {"lazy_rescale_log2": 8.0}, False),
+    # static ub = 1 (40 keys, 64-key blocks): only the prologue and a masked epilogue.
+    (Case("pipe_d128_one_block", batch=1, q_len=100, kv_len=40, num_heads=2,
+          num_kv_heads=1, head_dim=128, dtype="bfloat16", causal=False,
+          config=BlockSizes(block_q=64, block_kv=64, num_stages=2)), {}, False),
+]
+
+
+@pytest.mark.parametrize("case, switches, races", PIPELINE_CASES,
+                         ids=[c.name for c, _, _ in PIPELINE_CASES])
+def test_intra_wg_pipeline_in_interpret_mode_against_float64(case, switches, races):
+    """The pipelined consumer loop in JAX's GPU interpreter (the same prologue, steps
+    that take Q K^T of the next block before this block's softmax, and epilogue, with
+    every barrier) on fresh random inputs against float64: within the issue's bound of
+    naive's error, padded query rows exactly zero, and no race on the ring slots (a
+    K slot freed before its next-block Q K^T read it would be one)."""
+    from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call
+    from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
+
+    variant = MosaicVariant(intra_wg_pipeline=True, **switches)
+    q, k, v, ql, kl = random_inputs(case, seed=int(np.random.default_rng().integers(1 << 31)),
+                                    q_scale=2.0)
+    scale = 1.0 / math.sqrt(case.head_dim)
+    try:
+        out = pallas_mosaic_gpu_attention(
+            q, k, v, causal=case.causal, scale=scale, q_lengths=ql, kv_lengths=kl,
+            config=case.config, interpret=InterpretGPUParams(detect_races=races),
+            variant=variant)
+        if races:
+            assert not interpret_pallas_call.get_races().races_found
+    finally:
+        interpret_pallas_call.reset_gpu_interpret_mode_state()
+    ref = attention_reference(q, k, v, causal=case.causal, scale=scale, q_lengths=ql,
+                              kv_lengths=kl)
+    naive = naive_attention(q, k, v, causal=case.causal, scale=scale, q_lengths=ql,
+                            kv_lengths=kl)
+    naive_err = relative_error(np.asarray(jnp.asarray(naive, jnp.float32), np.float64), ref)
+    assert_accurate(jnp.asarray(out, jnp.float32), ref, case.dtype, naive_err)
+    if ql is not None:
+        rows = np.arange(case.q_len)[None, :] >= np.asarray(ql)[:, None]
+        assert np.all(np.asarray(jnp.asarray(out, jnp.float32))[rows] == 0.0)
 
 
 # ----------------------------------------------------------------------------- GPU
