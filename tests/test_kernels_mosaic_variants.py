@@ -250,8 +250,8 @@ def test_every_registered_rule_is_a_valid_variant_that_fits_the_smem_check():
 
 def test_every_variant_of_the_benchmark_file_lowers_for_cuda():
     for entry in variants_tool.load_variant_sets()["variants"]:
-        variant = MosaicVariant(**entry.get("variant", {}))
         for head_dim in entry.get("head_dims", (64, 128, 256)):
+            variant = variants_tool.entry_variant(entry, head_dim, causal=True, kv_len=512)
             q = jax.ShapeDtypeStruct((1, 512, 2, head_dim), jnp.bfloat16)
             config = variants_tool.block_sizes(entry, head_dim)
             fn = functools.partial(pallas_mosaic_gpu_attention, causal=True, scale=0.1,
@@ -507,6 +507,20 @@ def test_the_default_row_runs_the_switches_the_kernel_is_registered_with():
     assert variants_tool.entry_variant(sets["default"], 256).lazy_rescale_log2 is not None
     explicit = variants_tool.entry_variant(sets["rowsum-before-handover"], 256)
     assert explicit.lazy_rescale_log2 is None and explicit.rowsum_before_handover is True
+    # registered_plus: the registered switches of the shape with the pipeline on top
+    plus = sets["registered-intra-wg-pipeline"]
+    for head_dim in (64, 128, 256):
+        for causal, kv_len in ((False, 4096), (True, 4096), (False, 16384)):
+            registered = mosaic_variants.registered_default(head_dim, causal=causal,
+                                                            kv_len=kv_len)
+            got = variants_tool.entry_variant(plus, head_dim, causal=causal, kv_len=kv_len)
+            assert got.intra_wg_pipeline and got == registered.model_copy(
+                update={"intra_wg_pipeline": True}), (head_dim, causal, kv_len)
+    assert variants_tool.entry_variant(plus, 256, causal=False, kv_len=4096) == MosaicVariant(
+        lazy_rescale_log2=8.0, rowsum_before_handover=True, intra_wg_pipeline=True)
+    # the pipelined entries run 64 x 128 at head_dim 64 (the table's 64 x 256 is refused)
+    for name in ("intra-wg-pipeline", "registered-intra-wg-pipeline", "d64-tile-q64-kv128"):
+        assert variants_tool.block_sizes(sets[name], 64).block_kv == 128, name
     # the registered switches are those of the padded head_dim: 193..256 pad to 256
     assert variants_tool.entry_variant(sets["default"], 193).lazy_rescale_log2 is not None
     assert variants_tool.entry_variant(sets["default"], 192).lazy_rescale_log2 is None
@@ -519,6 +533,13 @@ def test_a_bad_variant_file_is_refused(tmp_path):
         variants_tool.load_variant_sets(bad)
     bad.write_text(json.dumps({"variants": [{"name": "x"}, {"name": "x"}]}))
     with pytest.raises(ValueError, match="repeat"):
+        variants_tool.load_variant_sets(bad)
+    bad.write_text(json.dumps({"variants": [{"name": "x", "registered_plus": {"pipe": 1}}]}))
+    with pytest.raises(ValidationError, match="pipe"):
+        variants_tool.load_variant_sets(bad)
+    bad.write_text(json.dumps({"variants": [{"name": "x", "variant": {},
+                                             "registered_plus": {"intra_wg_pipeline": True}}]}))
+    with pytest.raises(ValueError, match="exclude each other"):
         variants_tool.load_variant_sets(bad)
 
 

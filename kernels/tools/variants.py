@@ -58,8 +58,9 @@ SCHEMA_VERSION = 1
 
 
 def load_variant_sets(path: Path | str = VARIANTS_FILE) -> dict[str, Any]:
-    """The variant file: ``variants`` (name, optional ``variant`` fields, ``config`` per
-    head_dim, ``head_dims``) and the shape sets ``priority_shapes``/``grid_shapes``.
+    """The variant file: ``variants`` (name, optional ``variant`` fields or
+    ``registered_plus`` fields, ``config`` per head_dim, ``head_dims``) and the shape sets
+    ``priority_shapes``/``grid_shapes``.
 
     Raises:
         ValueError: a variant's switches or tiling are invalid, or names repeat.
@@ -69,7 +70,11 @@ def load_variant_sets(path: Path | str = VARIANTS_FILE) -> dict[str, Any]:
     if len(names) != len(set(names)):
         raise ValueError(f"{path}: variant names repeat: {names}")
     for entry in data["variants"]:
+        if "variant" in entry and "registered_plus" in entry:
+            raise ValueError(f"{path}: {entry['name']}: 'variant' and 'registered_plus' "
+                             f"exclude each other")
         MosaicVariant(**entry.get("variant", {}))  # raises on a bad switch
+        MosaicVariant(**entry.get("registered_plus", {}))
         for d, cfg in entry.get("config", {}).items():
             BlockSizes(**cfg)
             if not str(d).isdigit():
@@ -82,10 +87,15 @@ def entry_variant(entry: dict[str, Any], head_dim: int, *, causal: bool | None =
     """The entry's switches at ``head_dim``: its ``variant`` (unset fields off), or, with no
     ``variant`` (``default``, a tiling entry), the switches the kernel is registered with at
     this head_dim, mask and ``kv_len`` (``mosaic_variants.registered_default`` at
-    ``pallas_mosaic_gpu.padded_head_dim``): what ``variant=None`` runs."""
+    ``pallas_mosaic_gpu.padded_head_dim``): what ``variant=None`` runs; with
+    ``registered_plus``, those registered switches with its fields set on top (a
+    technique timed against the registered kernel with everything else as registered)."""
     if "variant" in entry:
         return MosaicVariant(**entry["variant"])
-    return registered_default(padded_head_dim(head_dim), causal=causal, kv_len=kv_len)
+    registered = registered_default(padded_head_dim(head_dim), causal=causal, kv_len=kv_len)
+    if "registered_plus" in entry:
+        return MosaicVariant(**{**registered.model_dump(), **entry["registered_plus"]})
+    return registered
 
 
 def block_sizes(entry: dict[str, Any], head_dim: int) -> BlockSizes | None:
