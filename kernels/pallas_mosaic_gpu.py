@@ -44,7 +44,11 @@ arXiv:2407.08608), exact attention with an online softmax (FlashAttention-2, Dao
   itself with ``kernels.tools.variants``): a lazy rescale of the
   accumulator (the running max moves only when a block's max exceeds it by more than a
   threshold; the rescale is skipped when no row of the warpgroup moved), the row sum
-  before or after the ping-pong hand-over, and the consumer/producer register split.
+  before or after the ping-pong hand-over, the consumer/producer register split, and
+  intra-warpgroup pipelining (FA3 section 3.2: ``Q Kᵀ`` of block j+1 issued before the
+  softmax of block j and waited with that block's ``P V``; the logits tile is carried
+  across iterations; off by default, refused where two logits tiles exceed the
+  consumer's registers).
 - **Contract.** GQA by index mapping (query head ``h`` streams K/V head
   ``h // group``; nothing is repeated). ``kv_lengths``: keys at or past the length are
   masked and the blocks past it never loaded; V rows past it are zeroed before the
