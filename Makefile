@@ -17,11 +17,21 @@ UV := $(VENV)/bin/uv
 # package declares torch, which it does not need here, hence --no-deps over a complete
 # lock); uv, a resolver and installer made for speed, is bootstrapped with pip from its
 # own hashed pin.
+#
+# Bytecode is compiled at install (--compile-bytecode; compileall for our own packages):
+# uv installs none by default, and where PYTHONDONTWRITEBYTECODE is set (it is on the 2-core
+# development host) Python never writes it either, so every process compiled the stack's
+# sources again on import: `import prefect, mlflow, jax, great_expectations,
+# matplotlib.pyplot, flows.rollout` took 16 s of CPU there, 7.7 s with the bytecode
+# (BENCHMARKS.md, "Bytecode at install"). Every rollout, version process, CLI call and
+# server start paid it.
 $(STAMP): pyproject.toml requirements.lock requirements-bootstrap.lock
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --require-hashes --no-deps -r requirements-bootstrap.lock
-	$(UV) pip install --quiet --python $(PY) --require-hashes --no-deps -r requirements.lock
+	$(UV) pip install --quiet --python $(PY) --require-hashes --no-deps --compile-bytecode \
+	    -r requirements.lock
 	$(UV) pip install --quiet --python $(PY) --no-deps -e .
+	$(PY) -m compileall -q -j 0 flows kernels evaluation gates lineage tests
 	touch $(STAMP)
 
 lock: $(STAMP)  ## rewrite requirements.lock from pyproject.toml (hashed; the Python and platform of CI)
