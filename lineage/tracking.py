@@ -114,11 +114,20 @@ def stage_run(
     end_run(tracking, run_id, "FINISHED")
 
 
+BATCH_SIZE = 100
+"""Entries per ``MlflowClient.log_batch`` call: MLflow takes at most 100 params and 100 tags
+(1000 entities) in one batch (``mlflow.utils.validation``)."""
+
+
 def set_tags(tracking: Tracking, run_id: str, values: Mapping[str, Any]) -> None:
-    """Set run tags (values stringified)."""
+    """Set run tags (values stringified), in batches of :data:`BATCH_SIZE`: one store
+    transaction (or one request to a tracking server) per batch rather than per tag."""
+    from mlflow.entities import RunTag
+
+    items = [RunTag(key, str(value)) for key, value in values.items()]
     client = tracking.client()
-    for key, value in values.items():
-        client.set_tag(run_id, key, str(value))
+    for start in range(0, len(items), BATCH_SIZE):
+        client.log_batch(run_id, tags=items[start:start + BATCH_SIZE])
 
 
 def log_params(tracking: Tracking, run_id: str, params: BaseModel | Mapping[str, Any]) -> None:
@@ -126,10 +135,13 @@ def log_params(tracking: Tracking, run_id: str, params: BaseModel | Mapping[str,
 
     Nested fields become dotted names (``block_sizes.block_q``).
     """
+    from mlflow.entities import Param
+
     data = params.model_dump(mode="json") if isinstance(params, BaseModel) else dict(params)
+    items = [Param(key, str(value)) for key, value in _flatten(data).items()]
     client = tracking.client()
-    for key, value in _flatten(data).items():
-        client.log_param(run_id, key, value)
+    for start in range(0, len(items), BATCH_SIZE):
+        client.log_batch(run_id, params=items[start:start + BATCH_SIZE])
 
 
 def flat_params(params: BaseModel | Mapping[str, Any]) -> dict[str, Any]:
@@ -202,12 +214,23 @@ def log_directory(
     root = Path(local_dir)
     if not root.is_dir():
         raise NotADirectoryError(f"not a directory: {root}")
-    logged = []
-    for file in sorted(p for p in root.rglob("*") if p.is_file()):
-        rel = file.relative_to(root).parent.as_posix()
-        target = artifact_dir.strip("/") + ("" if rel == "." else f"/{rel}")
-        logged.append(log_file(tracking, run_id, file, target))
-    return logged
+    prefix = _check_artifact_path(artifact_dir.strip("/"))
+    digests: dict[str, str] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        # The bytes hashed are the bytes logged: each file is read once, hashed, and
+        # written to a private copy, which goes to the store in one log_artifacts call;
+        # the digests follow in tag batches (:func:`set_tags`).
+        for file in sorted(p for p in root.rglob("*") if p.is_file()):
+            rel = file.relative_to(root).as_posix()
+            data = file.read_bytes()
+            digests[_check_artifact_path(f"{prefix}/{rel}")] = hashlib.sha256(data).hexdigest()
+            copy = Path(tmp) / rel
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            copy.write_bytes(data)
+        if digests:
+            tracking.client().log_artifacts(run_id, tmp, artifact_path=prefix)
+    set_tags(tracking, run_id, {tags.DIGEST_PREFIX + path: d for path, d in digests.items()})
+    return list(digests)
 
 
 def recorded_digests(tracking: Tracking, run_id: str) -> dict[str, str]:

@@ -123,3 +123,30 @@ def test_family_names_are_checked():
     assert tr.experiment_name("pallas_tpu") == "kernelgate-pallas_tpu"
     with pytest.raises(ValueError, match="family"):
         tr.experiment_name("bad name/")
+
+
+def test_tags_params_and_directory_digests_past_one_batch(tracking, tmp_path):
+    """set_tags, log_params and log_directory write in log_batch chunks (MLflow takes 100
+    tags or params a batch): every entry past a chunk boundary lands, with its own value."""
+    import numpy as np
+
+    rng = np.random.default_rng()
+    many = tmp_path / "many"
+    expected = {}
+    for i in range(tr.BATCH_SIZE + 21):  # digests cross one batch boundary
+        data = rng.bytes(int(rng.integers(1, 64)))
+        (many / f"d{i % 3}").mkdir(parents=True, exist_ok=True)
+        (many / f"d{i % 3}" / f"f{i}.bin").write_bytes(data)
+        expected[f"evidence/d{i % 3}/f{i}.bin"] = hashlib.sha256(data).hexdigest()
+    values = {f"k{i}": f"v{i * 7}" for i in range(2 * tr.BATCH_SIZE + 50)}
+    params = {f"p{i}": i * 3 for i in range(tr.BATCH_SIZE + 50)}
+    with tr.stage_run(tracking, "fam", "evaluate") as run_id:
+        tr.set_tags(tracking, run_id, values)
+        tr.log_params(tracking, run_id, {"grid": params})
+        paths = tr.log_directory(tracking, run_id, many, "evidence")
+    run = tracking.client().get_run(run_id)
+    assert {k: run.data.tags[k] for k in values} == values
+    assert run.data.params == {f"grid.{k}": str(v) for k, v in params.items()}
+    assert sorted(paths) == sorted(expected)
+    assert tr.recorded_digests(tracking, run_id) == expected
+    assert tr.list_artifact_files(tracking, run_id) == sorted(expected)
