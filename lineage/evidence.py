@@ -135,8 +135,7 @@ def log_evaluation_result(record: RolloutRecord, run_id: str, report: Evaluation
     client = record.tracking.client()
     metrics = {name: float(value) for name, value in report.metrics.items()
                if math.isfinite(value)}
-    for name, value in metrics.items():
-        client.log_metric(run_id, name, value)
+    tr.log_metrics(record.tracking, run_id, metrics)
     run_tags = {tags.SPEED_ASSESSED: str(report.speed_assessed).lower(),
                 tags.EVALUATION_STATUS: report.status,
                 tags.PRODUCTION_IMPLEMENTATION: production_implementation or "none",

@@ -59,9 +59,9 @@ def log_decision(tracking: Tracking, family: str, decision: GateDecision, *, bui
     with tr.stage_run(tracking, family, "gate", parent_run_id=parent_run_id,
                       run_name=f"gate-{decision.verdict}", run_tags=run_tags) as run_id:
         tr.log_model_json(tracking, run_id, decision, tags.DECISION_ARTIFACT)
-        client = tracking.client()
-        for status in ("pass", "fail", "inconclusive", "not_assessed", "not_applicable"):
-            client.log_metric(run_id, f"criteria.{status}", len(decision.by_status(status)))
+        tr.log_metrics(tracking, run_id, {
+            f"criteria.{status}": len(decision.by_status(status))
+            for status in ("pass", "fail", "inconclusive", "not_assessed", "not_applicable")})
         append(tracking, run_id, "decision", {
             "family": family, "version": version, "build_run_id": build_run_id,
             "evaluation_run_id": evaluation_run_id, "registration_id": decision.registration_id,
@@ -161,12 +161,10 @@ def log_canary_step(tracking: Tracking, family: str, result: CanaryStepResult, *
     with tr.stage_run(tracking, family, "canary", parent_run_id=parent_run_id,
                       run_name=result.step, run_tags=run_tags) as run_id:
         tr.log_model_json(tracking, run_id, result, f"canary/{result.step}.json")
-        client = tracking.client()
         metrics = {f"canary.{name}": float(getattr(result, name)) for name in (
             "traffic_fraction", "p_value", "common_language_effect", "median_latency_ratio",
             "output_drift_max", "memory_growth_bytes", "error_count", "nan_count")}
-        for name, value in metrics.items():
-            client.log_metric(run_id, name, value)
+        tr.log_metrics(tracking, run_id, metrics)
         append(tracking, run_id, "canary", {
             "family": family, "version": version, "decision_run_id": decision_run_id,
             "step": result.step, "passed": result.passed, "breaches": result.breaches,

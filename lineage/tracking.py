@@ -130,6 +130,23 @@ def set_tags(tracking: Tracking, run_id: str, values: Mapping[str, Any]) -> None
         client.log_batch(run_id, tags=items[start:start + BATCH_SIZE])
 
 
+def log_metrics(tracking: Tracking, run_id: str, values: Mapping[str, float]) -> None:
+    """Log metrics (step 0, one timestamp) in batches of :data:`BATCH_SIZE`.
+
+    Raises:
+        mlflow.exceptions.MlflowException: a value is not a finite number (MLflow's check).
+    """
+    import time as _time
+
+    from mlflow.entities import Metric
+
+    now = int(_time.time() * 1000)
+    items = [Metric(key, float(value), now, 0) for key, value in values.items()]
+    client = tracking.client()
+    for start in range(0, len(items), BATCH_SIZE):
+        client.log_batch(run_id, metrics=items[start:start + BATCH_SIZE])
+
+
 def log_params(tracking: Tracking, run_id: str, params: BaseModel | Mapping[str, Any]) -> None:
     """Log a flat view of a config (pydantic model or mapping) as run params.
 
