@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -58,9 +59,12 @@ def _env(store: Path) -> dict[str, str]:
             "PYTHONPATH": str(ROOT)}
 
 
-def _kernelgate(legacy: Path, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+def _kernelgate(legacy: Path, *args: str, cwd: Path | None = None,
+                home: Path | None = None) -> subprocess.CompletedProcess:
     env = {k: v for k, v in _env(legacy / "store").items() if not k.startswith("MLFLOW_")}
     env["KERNELGATE_KEY_DIR"] = str(legacy / "keys")
+    if home is not None:  # the kernelgate home (the heads its audits remember)
+        env["KERNELGATE_HOME"] = str(home)
     return subprocess.run([str(KERNELGATE), "audit", "production", "--family", FAMILY, *args],
                           cwd=cwd or ROOT, env=env, capture_output=True, text=True, timeout=300)
 
@@ -84,9 +88,23 @@ def test_relocation_moves_every_stored_path(legacy):
         assert run_id in run_ids and source == f"runs:/{run_id}/model", source
 
 
-def test_audit_of_the_legacy_production_passes(legacy):
-    result = _kernelgate(legacy, "--store-dir", str(legacy / "store"),
-                         "--key-dir", str(legacy / "keys"))
+@pytest.fixture(scope="module")
+def audited(legacy, tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path, Path]:
+    """One ``kernelgate audit`` of the legacy production (the model loaded, the reference
+    rechecked: the defaults) that also exports a bundle, in a kernelgate home of its own:
+    ``(result, bundle, home)``. An audit process is most of this module's time, and the
+    export is written after the same audit (``flows.cli.audit``), so the audit test and
+    the bundle test share one instead of running two (the bundle test works on a copy)."""
+    work = tmp_path_factory.mktemp("audited")
+    bundle, home = work / "bundle", work / "home"
+    home.mkdir()
+    result = _kernelgate(legacy, "--store-dir", str(legacy / "store"), "--key-dir",
+                         str(legacy / "keys"), "--export", str(bundle), home=home)
+    return result, bundle, home
+
+
+def test_audit_of_the_legacy_production_passes(audited):
+    result, _, _ = audited
     out = result.stdout + result.stderr
     assert result.returncode == 0, out
     assert "AUDIT PASSED: kernelgate-legacy production -> v1" in out
@@ -171,20 +189,21 @@ def test_the_legacy_production_version_loads_and_embeds(legacy, tmp_path):
     assert got["code_sha256"] == signed
 
 
-def test_an_exported_bundle_of_the_legacy_store_re_audits_offline(legacy, tmp_path):
-    bundle = tmp_path / "bundle"
-    exported = _kernelgate(legacy, "--store-dir", str(legacy / "store"), "--key-dir",
-                           str(legacy / "keys"), "--no-load-model", "--recheck-reference", "0",
-                           "--export", str(bundle))
+def test_an_exported_bundle_of_the_legacy_store_re_audits_offline(legacy, audited, tmp_path):
+    exported, exported_to, exported_home = audited
     assert exported.returncode == 0, exported.stdout + exported.stderr
+    assert f"bundle written to {exported_to}" in exported.stdout
+    bundle, home = tmp_path / "bundle", tmp_path / "home"  # this test alters them: copies
+    shutil.copytree(exported_to, bundle)
+    shutil.copytree(exported_home, home)
     assert (bundle / "store_view.json").is_file() and (bundle / "VERIFY.md").is_file()
     offline = ["--bundle", ".", "--trusted-key", "keys/pipeline.pub.json"]
-    again = _kernelgate(legacy, *offline, cwd=bundle)
+    again = _kernelgate(legacy, *offline, cwd=bundle, home=home)
     assert again.returncode == 0, again.stdout + again.stderr
     assert "AUDIT PASSED" in again.stdout
     decision = next(bundle.glob("artifacts/*/decisions/gate_decision.json"))
     decision.write_bytes(decision.read_bytes() + b" ")
-    tampered = _kernelgate(legacy, *offline, cwd=bundle)
+    tampered = _kernelgate(legacy, *offline, cwd=bundle, home=home)
     assert tampered.returncode == 1, tampered.stdout
     assert "decisions/gate_decision.json' of run" in tampered.stdout
     assert "differs from its signed digest" in tampered.stdout
