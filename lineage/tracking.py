@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import tempfile
+import time
 import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path, PurePosixPath
@@ -26,7 +27,7 @@ from typing import Any
 
 from mlflow.data.dataset_source_registry import resolve_dataset_source
 from mlflow.data.meta_dataset import MetaDataset
-from mlflow.entities import DatasetInput, InputTag, RunStatus
+from mlflow.entities import DatasetInput, InputTag, Metric, Param, RunStatus, RunTag
 from mlflow.exceptions import MlflowException
 from pydantic import BaseModel
 
@@ -119,46 +120,34 @@ BATCH_SIZE = 100
 (1000 entities) in one batch (``mlflow.utils.validation``)."""
 
 
+def _log_batched(tracking: Tracking, run_id: str, field: str, items: list) -> None:
+    client = tracking.client()
+    for start in range(0, len(items), BATCH_SIZE):
+        client.log_batch(run_id, **{field: items[start:start + BATCH_SIZE]})
+
+
 def set_tags(tracking: Tracking, run_id: str, values: Mapping[str, Any]) -> None:
     """Set run tags (values stringified), in batches of :data:`BATCH_SIZE`: one store
     transaction (or one request to a tracking server) per batch rather than per tag."""
-    from mlflow.entities import RunTag
-
-    items = [RunTag(key, str(value)) for key, value in values.items()]
-    client = tracking.client()
-    for start in range(0, len(items), BATCH_SIZE):
-        client.log_batch(run_id, tags=items[start:start + BATCH_SIZE])
+    _log_batched(tracking, run_id, "tags", [RunTag(k, str(v)) for k, v in values.items()])
 
 
 def log_metrics(tracking: Tracking, run_id: str, values: Mapping[str, float]) -> None:
     """Log metrics (step 0, one timestamp) in batches of :data:`BATCH_SIZE`.
 
     Raises:
-        mlflow.exceptions.MlflowException: a value is not a finite number (MLflow's check).
+        mlflow.exceptions.MlflowException: a value is not a number (MLflow's check).
     """
-    import time as _time
-
-    from mlflow.entities import Metric
-
-    now = int(_time.time() * 1000)
-    items = [Metric(key, float(value), now, 0) for key, value in values.items()]
-    client = tracking.client()
-    for start in range(0, len(items), BATCH_SIZE):
-        client.log_batch(run_id, metrics=items[start:start + BATCH_SIZE])
+    now = int(time.time() * 1000)
+    _log_batched(tracking, run_id, "metrics",
+                 [Metric(k, float(v), now, 0) for k, v in values.items()])
 
 
 def log_params(tracking: Tracking, run_id: str, params: BaseModel | Mapping[str, Any]) -> None:
-    """Log a flat view of a config (pydantic model or mapping) as run params.
-
-    Nested fields become dotted names (``block_sizes.block_q``).
-    """
-    from mlflow.entities import Param
-
-    data = params.model_dump(mode="json") if isinstance(params, BaseModel) else dict(params)
-    items = [Param(key, str(value)) for key, value in _flatten(data).items()]
-    client = tracking.client()
-    for start in range(0, len(items), BATCH_SIZE):
-        client.log_batch(run_id, params=items[start:start + BATCH_SIZE])
+    """Log a flat view of a config (pydantic model or mapping) as run params, in batches
+    of :data:`BATCH_SIZE`. Nested fields become dotted names (``block_sizes.block_q``)."""
+    _log_batched(tracking, run_id, "params",
+                 [Param(k, str(v)) for k, v in flat_params(params).items()])
 
 
 def flat_params(params: BaseModel | Mapping[str, Any]) -> dict[str, Any]:

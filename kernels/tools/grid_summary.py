@@ -1,4 +1,5 @@
-"""Issue 24's floor and goal, read off one ``kernels.tools.variants`` report.
+"""Issue 24's floor and goal, read off one ``kernels.tools.variants`` report, and the
+report's per-row table (:func:`format_table`, which the benchmark prints).
 
 The floor (every group at >= 1.0x cuDNN, the geomean over all rows at >= 1.05x) and the
 goal (at S = 16384 without a mask, >= 0.90 of the matmul ceiling at head_dim 128 and 256,
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
@@ -178,6 +180,43 @@ def format_summary(summary: dict[str, Any]) -> str:
             lines.append("  spills: " + "; ".join(s["spills"]))
         for reason in s["not_assessed"]:
             lines.append(f"  not assessed: {reason}")
+    return "\n".join(lines)
+
+
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit)\b")
+
+
+def _headline(text: str) -> str:
+    """The traceback's last ``SomeError: message`` line (JAX appends notes after it)."""
+    lines = text.strip().splitlines()
+    return next((ln for ln in reversed(lines) if _EXCEPTION_LINE.match(ln)), lines[-1])
+
+
+def format_table(rows: Sequence[dict[str, Any]]) -> str:
+    """One line per (shape, variant): ms, TFLOP/s, ratios, ceiling fraction, errors,
+    registers and spills."""
+    head = (f"{'shape':<38} {'variant':<24} {'ms':>8} {'TF/s':>6} {'/cudnn':>7} "
+            f"{'/default':>8} {'/ceil':>6} {'err/cud':>7} {'ok':>3} {'regs':>5} {'spill':>7}")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"{r['shape']:<38} {r['variant']:<24} FAILED: "
+                         f"{_headline(r['error'])[:120]}")
+            continue
+        ptx = r.get("ptxas")
+        regs = ptx.get("registers") if isinstance(ptx, dict) else None
+        spill = (f"{ptx['spill_store_bytes']}/{ptx['spill_load_bytes']}"
+                 if isinstance(ptx, dict) else "-")
+
+        def f(key, fmt, r=r):
+            return format(r[key], fmt) if r.get(key) is not None else "-"
+
+        lines.append(f"{r['shape']:<38} {r['variant']:<24} {r['median_s'] * 1e3:>8.3f} "
+                     f"{r['tflops']:>6.1f} {f('ratio_to_cudnn', '7.3f'):>7} "
+                     f"{f('ratio_to_default', '8.3f'):>8} {f('of_ceiling', '6.3f'):>6} "
+                     f"{f('sampled_error_ratio_to_cudnn', '7.3f'):>7} "
+                     f"{'yes' if r.get('correct', r['variant'] == 'cudnn') else 'NO':>3} "
+                     f"{regs if regs is not None else '-':>5} {spill:>7}")
     return "\n".join(lines)
 
 

@@ -27,7 +27,6 @@ import datetime as dt
 import json
 import math
 import os
-import re
 import statistics
 import sys
 import traceback
@@ -49,6 +48,7 @@ from kernels.selection import select_pallas_config
 from kernels.shapes import AttentionShape, random_inputs
 from kernels.timing import compile_and_warm, time_call
 from kernels.tools import bench, grid_summary
+from kernels.tools.grid_summary import format_table
 from kernels.tools.ptxas_report import captured_output, parse_ptxas
 
 VARIANTS_FILE = Path(__file__).with_name("fa3_variants.json")
@@ -247,48 +247,11 @@ def run_shape(shape: AttentionShape, entries: Sequence[dict[str, Any]], ceiling:
     return rows
 
 
-_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit)\b")
-
-
-def _headline(text: str) -> str:
-    """The traceback's last ``SomeError: message`` line (JAX appends notes after it)."""
-    lines = text.strip().splitlines()
-    return next((ln for ln in reversed(lines) if _EXCEPTION_LINE.match(ln)), lines[-1])
-
-
 def _full(err: BaseException) -> str:
     return "".join(traceback.format_exception(err))[-6000:]
 
 
 # --------------------------------------------------------------------------- report
-
-
-def format_table(rows: Sequence[dict[str, Any]]) -> str:
-    """One line per (shape, variant): ms, TFLOP/s, ratios, ceiling fraction, errors,
-    registers and spills."""
-    head = (f"{'shape':<38} {'variant':<24} {'ms':>8} {'TF/s':>6} {'/cudnn':>7} "
-            f"{'/default':>8} {'/ceil':>6} {'err/cud':>7} {'ok':>3} {'regs':>5} {'spill':>7}")
-    lines = [head, "-" * len(head)]
-    for r in rows:
-        if "error" in r:
-            lines.append(f"{r['shape']:<38} {r['variant']:<24} FAILED: "
-                         f"{_headline(r['error'])[:120]}")
-            continue
-        ptx = r.get("ptxas")
-        regs = ptx.get("registers") if isinstance(ptx, dict) else None
-        spill = (f"{ptx['spill_store_bytes']}/{ptx['spill_load_bytes']}"
-                 if isinstance(ptx, dict) else "-")
-
-        def f(key, fmt, r=r):
-            return format(r[key], fmt) if r.get(key) is not None else "-"
-
-        lines.append(f"{r['shape']:<38} {r['variant']:<24} {r['median_s'] * 1e3:>8.3f} "
-                     f"{r['tflops']:>6.1f} {f('ratio_to_cudnn', '7.3f'):>7} "
-                     f"{f('ratio_to_default', '8.3f'):>8} {f('of_ceiling', '6.3f'):>6} "
-                     f"{f('sampled_error_ratio_to_cudnn', '7.3f'):>7} "
-                     f"{'yes' if r.get('correct', r['variant'] == 'cudnn') else 'NO':>3} "
-                     f"{regs if regs is not None else '-':>5} {spill:>7}")
-    return "\n".join(lines)
 
 
 def build_parser() -> argparse.ArgumentParser:
