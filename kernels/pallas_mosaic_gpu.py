@@ -551,18 +551,22 @@ def _build_kernel(plan: _Plan):
                         l_i = l_i + p.sum(axis=1)
                     return l_i
 
-                def kv_step(ki, state, *, masked):
-                    acc, m_i, l_i = state
-                    step = g0 + ki
-                    slot = slot_of(step)
-                    s = ops.qk(q_tile, k_smem.at[slot], block_kv, schedule_sync)
-
+                def qk_done(ki, slot):
+                    """Q K^T of block ``ki`` (in K ring ``slot``) has completed: free the
+                    slot (and, after the tile's last one, the query tile)."""
                     if early_q_free:
                         @pl.when(ki == ub - 1)
                         def _():  # last Q K^T of this tile done: the producer may reload Q
                             plgpu.barrier_arrive(q_free.at[wg])
 
                     plgpu.barrier_arrive(k_free.at[slot])
+
+                def kv_step(ki, state, *, masked):
+                    acc, m_i, l_i = state
+                    step = g0 + ki
+                    slot = slot_of(step)
+                    s = ops.qk(q_tile, k_smem.at[slot], block_kv, schedule_sync)
+                    qk_done(ki, slot)
                     acc, m_new, l_i, p, p_lo = softmax(ki, s, acc, m_i, l_i, masked=masked)
                     l_i = handover(slot, l_i, p)
 
@@ -575,15 +579,6 @@ def _build_kernel(plan: _Plan):
                     plgpu.barrier_arrive(v_free.at[slot])
                     return acc, m_new, l_i
 
-                def qk_done(ki):
-                    """Q K^T of block ``ki`` has completed: free its K slot (and, after
-                    the tile's last one, the query tile)."""
-                    if early_q_free:
-                        @pl.when(ki == ub - 1)
-                        def _():
-                            plgpu.barrier_arrive(q_free.at[wg])
-
-                    plgpu.barrier_arrive(k_free.at[slot_of(g0 + ki)])
 
                 def first_qk(_, s):
                     """Pipelined prologue (ub >= 1): Q K^T of block 0, waited at once;
@@ -593,8 +588,9 @@ def _build_kernel(plan: _Plan):
                         def _():
                             plgpu.barrier_wait(k_ready.at[slot_of(g0 + 1)])
 
-                    s = ops.qk(q_tile, k_smem.at[slot_of(g0)], block_kv, prefetch_wait)
-                    qk_done(0)
+                    slot = slot_of(g0)
+                    s = ops.qk(q_tile, k_smem.at[slot], block_kv, prefetch_wait)
+                    qk_done(0, slot)
                     return s
 
                 def pipelined_step(ki, state, *, masked, issue):
@@ -626,9 +622,10 @@ def _build_kernel(plan: _Plan):
 
                     if not issue:
                         return (*block(), s)
+                    next_slot = slot_of(step + 1)
                     s_next, (acc, m_new, l_i) = ops.qk_during(
-                        q_tile, k_smem.at[slot_of(step + 1)], block_kv, block)
-                    qk_done(ki + 1)
+                        q_tile, k_smem.at[next_slot], block_kv, block)
+                    qk_done(ki + 1, next_slot)
                     return acc, m_new, l_i, s_next
 
                 state = (ops.layout(jnp.zeros((block_q, d), jnp.float32), plgpu.Layout.WGMMA),
