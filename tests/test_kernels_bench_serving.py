@@ -25,6 +25,21 @@ def test_serving_shapes_are_minilms():
         assert s.q_len == s.kv_len and not s.causal
 
 
+def test_serving_sizes_on_the_command_line_are_the_tables_shapes():
+    """Batch-1 request shapes (one canary request) can be asked for by ``--serving-sizes``;
+    a malformed size names the form it needs."""
+    args = bench.build_parser().parse_args(["--serving-sizes", "1x64", "1X256"])
+    assert args.serving_sizes == [(1, 64), (1, 256)]
+    shapes = bench_serving.serving_shapes(False, ("bfloat16",), args.serving_sizes)
+    assert [(s.batch, s.q_len, s.kv_len, s.num_heads) for s in shapes] == [
+        (1, 64, 64, 12), (1, 256, 256, 12)]
+    for bad in ("1x", "0x64", "64", "1x-2", "ax64"):
+        with pytest.raises(SystemExit):
+            bench.build_parser().parse_args(["--serving-sizes", bad])
+    with pytest.raises(Exception, match="BATCHxSEQ with two positive integers"):
+        bench_serving.parse_size("0x64")
+
+
 def test_columns_cover_the_registry_and_the_experiments():
     cols = bench_serving.columns()
     assert cols[:4] == ["naive", "xla", "cudnn", "pallas_gpu"]

@@ -475,7 +475,7 @@ def run(args: argparse.Namespace) -> BenchReport:
     geo, by_group = summarize_ratios(rows)
     overall, overall_by_group = summarize_all(rows)
     serving = [] if args.no_serving else bench_serving.bench_serving(
-        bench_serving.serving_shapes(quick, args.serving_dtypes),
+        bench_serving.serving_shapes(quick, args.serving_dtypes, args.serving_sizes),
         seed=args.seed, repeats=3 if quick else args.repeats,
         target_repeat_s=0.0 if quick else args.target_repeat_s,
         warmup_s=0.0 if quick else DEFAULT_WARMUP_S,
@@ -521,6 +521,11 @@ def build_parser() -> argparse.ArgumentParser:
                          help="skip the serving-shape table")
     parser.add_argument("--serving-dtypes", nargs="+", default=list(bench_serving.SERVING_DTYPES),
                         choices=["bfloat16", "float16", "float32"])
+    parser.add_argument("--serving-sizes", nargs="+", type=bench_serving.parse_size, default=None,
+                        metavar="BATCHxSEQ",
+                        help="(batch, seq) of the serving table, e.g. 1x64 1x256 (batch-1: one "
+                             "canary request; default: "
+                             + " ".join(f"{b}x{s}" for b, s in bench_serving.SERVING_SIZES) + ")")
     return parser
 
 

@@ -83,6 +83,21 @@ def columns() -> list[str]:
         EXPERIMENT_COLUMNS)
 
 
+def parse_size(text: str) -> tuple[int, int]:
+    """``"BATCHxSEQ"`` (e.g. ``"1x128"``) as ``(batch, seq)``, both positive ints.
+
+    Raises:
+        argparse.ArgumentTypeError: ``text`` is not two positive integers joined by ``x``.
+    """
+    import argparse
+
+    batch, sep, seq = text.lower().partition("x")
+    if not (sep and batch.isdigit() and seq.isdigit() and int(batch) > 0 and int(seq) > 0):
+        raise argparse.ArgumentTypeError(
+            f"a serving size is BATCHxSEQ with two positive integers (e.g. 1x128), got {text!r}")
+    return int(batch), int(seq)
+
+
 def serving_shapes(quick: bool, dtypes: Sequence[str] = SERVING_DTYPES,
                    sizes: Sequence[tuple[int, int]] | None = None) -> list[AttentionShape]:
     """MiniLM attention shapes (non-causal, q_len = kv_len = seq): 12 heads x head_dim 32
