@@ -74,7 +74,8 @@ key ranges (``k_end``) for padding; tokamax synchronises with named hardware bar
 
 Block config (``kernels.config.BlockSizes``):
     ``block_q``: query rows per consumer warpgroup (64 or 128; a CTA tile is
-    ``2 * block_q`` rows); ``block_kv``: key/value rows per ring slot (64, 128 or 256);
+    ``2 * block_q`` rows); ``block_kv``: key/value rows per ring slot, a multiple of 64
+    of at most 256 (64, 128, 192 or 256);
     ``num_stages``: depth of the K/V ring (2..4); ``num_warps``: always 12 (three
     warpgroups), recorded for lineage. Shared memory (``smem_bytes``) must fit 227 KiB.
 
@@ -123,7 +124,15 @@ DEFAULT_NUM_SMS = 132
 SMEM_LIMIT_BYTES = 227 * 1024
 """Largest dynamic shared memory of one CTA on sm_90."""
 BLOCK_Q_CHOICES = (64, 128)
-BLOCK_KV_CHOICES = (64, 128, 256)
+BLOCK_KV_MULTIPLE = 64
+"""block_kv is the K dimension of the ``P V`` wgmma: with the 128-byte swizzle it is
+consumed in groups of ``swizzle // itemsize`` = 64 bf16/f16 elements (Mosaic GPU's
+``wgmma.py``: ``k_group_elems``), so it must be a multiple of 64."""
+MAX_BLOCK_KV = 256
+"""block_kv is also the N dimension of the ``Q Kᵀ`` wgmma, at most 256."""
+BLOCK_KV_CHOICES = tuple(range(BLOCK_KV_MULTIPLE, MAX_BLOCK_KV + 1, BLOCK_KV_MULTIPLE))
+"""(64, 128, 192, 256). 192 is FlashAttention-3's head_dim-128 tile (176 keys) rounded
+up to the multiple of 64 the ``P V`` wgmma takes."""
 STAGE_RANGE = (2, 4)
 _GPU_PLATFORMS = ("gpu", "cuda")
 _LOG2_E = math.log2(math.e)
@@ -154,15 +163,19 @@ def resolve_config(spec: AttentionSpec, config: BlockSizes | None = None) -> Blo
 def check_block_sizes(config: BlockSizes) -> None:
     """Raise ``ValueError`` naming the Mosaic GPU constraint ``config`` breaks:
     ``block_q`` in ``BLOCK_Q_CHOICES`` (a ``wgmma`` M-tile is 64 rows per warpgroup),
-    ``block_kv`` in ``BLOCK_KV_CHOICES`` (``wgmma`` N <= 256, TMA tiles of 64 rows),
+    ``block_kv`` a multiple of ``BLOCK_KV_MULTIPLE`` (64: the ``P V`` wgmma's K groups
+    under the 128-byte swizzle) of at most ``MAX_BLOCK_KV`` (256: ``Q Kᵀ``'s wgmma N),
+    i.e. one of ``BLOCK_KV_CHOICES``,
     ``num_stages`` in ``STAGE_RANGE`` (a ring needs two slots to overlap), ``num_warps``
     unset or ``NUM_WARPS`` (the warpgroup layout is fixed)."""
     if config.block_q is not None and config.block_q not in BLOCK_Q_CHOICES:
         raise ValueError(f"pallas_mosaic_gpu: block_q must be one of {BLOCK_Q_CHOICES} "
                          f"(wgmma M-tiles of 64 rows per consumer warpgroup), got {config.block_q}")
     if config.block_kv is not None and config.block_kv not in BLOCK_KV_CHOICES:
-        raise ValueError(f"pallas_mosaic_gpu: block_kv must be one of {BLOCK_KV_CHOICES} "
-                         f"(wgmma N <= 256 in steps of 64), got {config.block_kv}")
+        raise ValueError(f"pallas_mosaic_gpu: block_kv must be a multiple of {BLOCK_KV_MULTIPLE} "
+                         f"of at most {MAX_BLOCK_KV}, one of {BLOCK_KV_CHOICES} (the P V "
+                         f"wgmma's K groups of 64 under the 128-byte swizzle, Q K^T's wgmma "
+                         f"N <= 256), got {config.block_kv}")
     lo, hi = STAGE_RANGE
     if config.num_stages is not None and not lo <= config.num_stages <= hi:
         raise ValueError(f"pallas_mosaic_gpu: num_stages (the K/V ring depth) must lie in "

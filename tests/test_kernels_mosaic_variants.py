@@ -81,6 +81,24 @@ def test_intra_wg_pipeline_refuses_tilings_whose_tiles_exceed_the_registers():
         _lowered(on, head_dim=64, config=BlockSizes(block_q=64, block_kv=256, num_stages=2))
 
 
+def test_the_64x192_tile_at_head_dim_128_fits_the_registers_but_not_the_pipeline():
+    """S 64*192/128 = 96, P 48, the accumulator 64*128/128 = 64: 208 of the consumers'
+    232 (the 64 x 256 tile at d64 had 224 and built without a spill). The intra-warpgroup
+    pipeline's second S tile makes it 304: refused, with the default and FA3's 240."""
+    assert tile_registers(64, 192, 128, pipelined=False) == 96 + 48 + 64 == 208
+    assert tile_registers(64, 192, 128, pipelined=True) == 304
+    for variant in (MosaicVariant(), MosaicVariant(consumer_registers=240, producer_registers=24)):
+        variant.check_tiling(64, 192, 128)
+        assert tile_registers(64, 192, 128, pipelined=False) <= variant.consumer_registers
+        piped = variant.model_copy(update={"intra_wg_pipeline": True})
+        with pytest.raises(ValueError, match=f"need 304 .*consumer_registers="
+                                             f"{variant.consumer_registers}"):
+            piped.check_tiling(64, 192, 128)
+    with pytest.raises(ValueError, match="intra_wg_pipeline"):
+        _lowered(MosaicVariant(intra_wg_pipeline=True), head_dim=128,
+                 config=BlockSizes(block_q=64, block_kv=192, num_stages=2))
+
+
 def test_the_kernel_declares_its_variant_fields():
     assert IMPLEMENTATIONS["pallas_mosaic_gpu"].variant_fields == tuple(MosaicVariant.model_fields)
     assert IMPLEMENTATIONS["naive"].variant_fields == ()

@@ -79,7 +79,9 @@ def test_default_config_is_complete_legal_and_fits_shared_memory():
 
 @pytest.mark.parametrize("config,constraint", [
     (BlockSizes(block_q=32), "block_q must be one of"),
-    (BlockSizes(block_kv=96), "block_kv must be one of"),
+    (BlockSizes(block_kv=96), "block_kv must be a multiple of 64 of at most 256"),
+    (BlockSizes(block_kv=160), "block_kv must be a multiple of 64 of at most 256.*got 160"),
+    (BlockSizes(block_kv=320), "block_kv must be a multiple of 64 of at most 256.*got 320"),
     (BlockSizes(num_stages=1), "K/V ring depth"),
     (BlockSizes(num_stages=5), "K/V ring depth"),
     (BlockSizes(num_warps=8), "num_warps is fixed at 12"),
@@ -105,6 +107,29 @@ def test_a_tiling_over_shared_memory_is_refused_and_counted():
     deeper = cfg.model_copy(update={"num_stages": 3})
     assert not pallas_mosaic_gpu.separate_output(deeper, 128)
     assert smem_bytes(deeper, 128) == 32768 + 196608 + 136
+
+
+def test_the_64x192_tile_fits_at_head_dim_128_with_the_output_in_the_query_tiles():
+    """FlashAttention-3's d128 non-causal tile has 176 keys; the nearest the P V wgmma
+    takes is 192 (a multiple of 64). By hand: two query tiles 2*64*128*2 B that also
+    stage the output (separate output tiles would need 32 KiB more: 262144 B of tiles),
+    K and V rings 2*2*192*128*2 B, 13 barriers of 8 B: 229480 of the 232448 B; the lazy
+    rescale's 2048 B reduction scratch still fits (231528). A 3-deep ring does not."""
+    cfg = BlockSizes(block_q=64, block_kv=192, num_stages=2, num_warps=12)
+    check_block_sizes(cfg)
+    lazy = pallas_mosaic_gpu.REDUCTION_SCRATCH_BYTES
+    for extra, total in ((0, 229480), (lazy, 231528)):
+        assert not pallas_mosaic_gpu.separate_output(cfg, 128, 2, extra)
+        assert smem_bytes(cfg, 128, 2, extra) == 32768 + 196608 + 104 + extra == total
+        assert total <= pallas_mosaic_gpu.SMEM_LIMIT_BYTES
+    for dtype in (jnp.bfloat16, jnp.float16):
+        for causal in (False, True):
+            spec = _spec((4, 4096, 16, 128), (4, 4096, 16, 128), dtype, causal)
+            check_supported(spec, "gpu", cfg)
+            assert resolve_config(spec, BlockSizes(block_kv=192)) == cfg
+    deeper = cfg.model_copy(update={"num_stages": 3})
+    with pytest.raises(ValueError, match="shared memory"):
+        check_supported(_spec((1, 512, 2, 128), (1, 512, 2, 128), jnp.bfloat16), "gpu", deeper)
 
 
 # ----------------------------------------------------------------------------- refusals
@@ -491,6 +516,20 @@ INTERPRET_CASES = [
     Case("full_kv_length_mid_tile", batch=1, q_len=100, kv_len=400, num_heads=1,
          num_kv_heads=1, head_dim=64, dtype="bfloat16", kv_lengths=(257,),
          config=BlockSizes(block_q=64, block_kv=128)),
+    # The 64 x 192 tile at head_dim 128 (FlashAttention-3's 176 keys rounded up to the
+    # wgmma's multiple of 64; its output staged in the query tiles): 400 keys are two
+    # full blocks and one of 16 (masked past the end), 2 heads on one kv head, so 6
+    # blocks pass the 2-slot ring across 2 tiles. The interpreter reads K and V padded
+    # to a multiple of 192; the unpadded path a GPU takes is lowered, not run, here.
+    Case("d128_kv192_full_gqa_ragged", batch=1, q_len=100, kv_len=400, num_heads=2,
+         num_kv_heads=1, head_dim=128, dtype="bfloat16",
+         config=BlockSizes(block_q=64, block_kv=192, num_stages=2)),
+    # ... causal, with fewer keys (200) than queries (256): pair 0 reads one block (the
+    # diagonal inside it), pair 1 two; block 1 holds 8 keys and is masked past them and
+    # by the diagonal.
+    Case("d128_kv192_causal_ragged", batch=1, q_len=256, kv_len=200, num_heads=1,
+         num_kv_heads=1, head_dim=128, dtype="float16", causal=True,
+         config=BlockSizes(block_q=64, block_kv=192, num_stages=2)),
     # head_dim 256: the output is staged in the query tiles (no room for separate ones).
     # One query pair (q_len 100, ragged) of one head: was 130 x 130 with 2 heads on one
     # kv head (2 pairs each); the staging is per tile, the same at any count.
