@@ -178,9 +178,11 @@ KERNEL_BEFORE_THE_PIPELINE_SWITCH = {
 }
 
 
-def _kernel_module_digest(monkeypatch, head_dim, causal, lengths, variant, config) -> str:
+def _kernel_module_digest(monkeypatch, head_dim, causal, lengths, variant, config,
+                          kv_len=700) -> str:
     """sha256 of the Mosaic GPU module's text without locations (the serialized module
-    in the lowering carries source lines, which any edit of the file moves)."""
+    in the lowering carries source lines, which any edit of the file moves); queries
+    ``[2, 500, 4, head_dim]``, keys and values ``[2, kv_len, 2, head_dim]`` bf16."""
     import jax.experimental.mosaic.gpu.core as mgpu_core
 
     texts: list[str] = []
@@ -193,7 +195,7 @@ def _kernel_module_digest(monkeypatch, head_dim, causal, lengths, variant, confi
 
     monkeypatch.setattr(mgpu_core, "_run_serde_pass", capture)
     q = jax.ShapeDtypeStruct((2, 500, 4, head_dim), jnp.bfloat16)
-    k = jax.ShapeDtypeStruct((2, 700, 2, head_dim), jnp.bfloat16)
+    k = jax.ShapeDtypeStruct((2, kv_len, 2, head_dim), jnp.bfloat16)
     n = jax.ShapeDtypeStruct((2,), jnp.int32)
 
     def fn(q, k, v, ql, kl):
@@ -219,6 +221,35 @@ def test_the_pipeline_switch_off_lowers_to_the_kernel_before_it(monkeypatch):
     on = MosaicVariant(intra_wg_pipeline=True)
     assert _kernel_module_digest(monkeypatch, 128, False, False, on, None) != \
         KERNEL_BEFORE_THE_PIPELINE_SWITCH[(128, False, False, MosaicVariant(), None)]
+
+
+# The module at commit a3ed647, before K and V could reach the kernel unpadded along the
+# sequence (pallas_mosaic_gpu.kv_rows), at lengths that are multiples of block_kv (768:
+# of 128 and 256; 4096), lowered by JAX 0.10.2. (head_dim, causal, kv_len, variant,
+# config) -> sha256 as above.
+KERNEL_BEFORE_THE_UNPADDED_KV = {
+    (128, False, 768, MosaicVariant(), None):
+        "19c71c8e12f9748e7b3d58c0dc3ee3f77f4068b85647330ecd7bfbfde83dc54c",
+    (64, False, 768, MosaicVariant(), BlockSizes(block_q=64, block_kv=256, num_stages=2)):
+        "ebfaf4f966421ed7c5dd861762cc9f6f2f26c96fb0509ed00ba275ecccddd2ae",
+    (128, True, 768, None, None):
+        "7245b27cf8ba00cba4aafe8edd0c1603560a9aa8a161001e22cffaa8d6e1d893",
+    (128, False, 4096, None, None):
+        "06eb9bf6b34cbf0af037c06fec402677d30e189908c1648eea3891f0a72f08f1",
+}
+
+
+@pytest.mark.skipif(jax.__version__ != "0.10.2",
+                    reason="the recorded modules were lowered by JAX 0.10.2")
+def test_lengths_that_are_block_multiples_lower_as_before_the_unpadded_kv(monkeypatch):
+    """Where kv_len is a multiple of block_kv there was nothing to pad: the rule that
+    leaves K and V unpadded changes no byte of the module there (the default tilings at
+    d128, registered and explicit switches, the d64 64 x 256 tile). The pinned modules
+    of the test above (kv_len 700, not a multiple of the TMA's 8-row tiles) keep their
+    pad, so they are unchanged as well."""
+    for (d, causal, kv_len, variant, config), digest in KERNEL_BEFORE_THE_UNPADDED_KV.items():
+        got = _kernel_module_digest(monkeypatch, d, causal, False, variant, config, kv_len)
+        assert got == digest, (d, causal, kv_len, variant, config)
 
 
 def _lowered_at(variant, head_dim, causal, seq):
