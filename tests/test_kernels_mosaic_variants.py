@@ -575,6 +575,41 @@ def test_the_default_row_runs_the_switches_the_kernel_is_registered_with():
     assert variants_tool.entry_variant(sets["default"], 192).lazy_rescale_log2 is None
 
 
+def test_the_64x192_entries_run_at_d128_with_the_registered_switches():
+    """``d128-tile-q64-kv192`` is the kernel as registered at each d128 shape with the
+    64 x 192 tile; ``...-regs-240`` the same with FA3's 240/24 register split on top
+    (``registered_plus``, so the row-sum order registered at d128 stays on). Both run
+    only at head_dim 128: on the grid its four rows (full and causal, S = 16384 at B1 and
+    4096 at B4, per dtype), where 4096 and 16384 are no multiples of 192 (the unpadded
+    K/V path); the priority set has no d128 shape, so the tool narrows it to d128."""
+    sets = variants_tool.load_variant_sets()
+    by_name = {e["name"]: e for e in sets["variants"]}
+    tile, regs = by_name["d128-tile-q64-kv192"], by_name["d128-tile-q64-kv192-regs-240"]
+    for entry in (tile, regs):
+        assert entry["head_dims"] == [128]
+        assert variants_tool.block_sizes(entry, 128) == BlockSizes(block_q=64, block_kv=192,
+                                                                   num_stages=2)
+    for causal in (False, True):
+        for kv_len in (4096, 16384):
+            registered = mosaic_variants.registered_default(128, causal=causal, kv_len=kv_len)
+            assert variants_tool.entry_variant(tile, 128, causal=causal,
+                                               kv_len=kv_len) == registered
+            got = variants_tool.entry_variant(regs, 128, causal=causal, kv_len=kv_len)
+            assert got == registered.model_copy(
+                update={"consumer_registers": 240, "producer_registers": 24})
+            assert got.rowsum_before_handover is False  # registered at d128 (session 7)
+            assert kv_len % 192 and pallas_mosaic_gpu.kv_rows(
+                kv_len, 128, 192, interpret=False, has_kv_lengths=False) == kv_len
+    grid = [s for s in variants_tool.shapes({**sets["grid_shapes"],
+                                             "dtypes": ["bfloat16", "float16"]})
+            if s.head_dim in tile["head_dims"]]
+    assert sorted((s.dtype, s.causal, s.batch, s.q_len) for s in grid) == sorted(
+        (dtype, causal, batch, seq) for dtype in ("bfloat16", "float16")
+        for causal in (False, True) for batch, seq in ((1, 16384), (4, 4096)))
+    assert all(s.num_heads == 16 for s in grid)
+    assert 128 not in sets["priority_shapes"]["head_dims"]
+
+
 def test_a_bad_variant_file_is_refused(tmp_path):
     bad = tmp_path / "v.json"
     bad.write_text(json.dumps({"variants": [{"name": "x", "variant": {"lazy_rescale_log2": 99}}]}))
