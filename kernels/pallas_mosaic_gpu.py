@@ -272,6 +272,13 @@ def kv_rows(kv_len: int, head_dim: int, block_kv: int, *, interpret: bool,
       was never run).
 
     Where ``kv_len`` is a multiple of ``block_kv`` both are the same: nothing is padded.
+
+    Args:
+      kv_len: keys per example (rows of K and V as given).
+      head_dim: as given (before :func:`padded_head_dim`).
+      block_kv: key rows per ring slot (the resolved tiling's).
+      interpret: the call runs in JAX's GPU interpret mode.
+      has_kv_lengths: the call passes ``kv_lengths``.
     """
     padded = round_up(kv_len, block_kv)
     unpadded_ok = (not interpret and not has_kv_lengths
