@@ -57,7 +57,9 @@ arXiv:2407.08608), exact attention with an online softmax (FlashAttention-2, Dao
   skipped and padded rows written as zeros. A row that sees no key (``l = 0``) returns
   zeros. Lengths that are not multiples of the tiles, and head_dim that is not a
   multiple of 64, are zero-padded here and masked (head_dim padding is exact: zero
-  columns add nothing to ``Q Kᵀ`` and are sliced off the output).
+  columns add nothing to ``Q Kᵀ`` and are sliced off the output), except K and V along
+  the sequence on a GPU where :func:`kv_rows` says the TMA may read past their end
+  (it fills those rows with zeros; the kernel masks their columns).
 
 Sources. The paper above for the design. From JAX's own example
 (``jax/experimental/pallas/ops/gpu/attention_mgpu.py``) I learned the Mosaic GPU API
@@ -74,7 +76,8 @@ key ranges (``k_end``) for padding; tokamax synchronises with named hardware bar
 
 Block config (``kernels.config.BlockSizes``):
     ``block_q``: query rows per consumer warpgroup (64 or 128; a CTA tile is
-    ``2 * block_q`` rows); ``block_kv``: key/value rows per ring slot (64, 128 or 256);
+    ``2 * block_q`` rows); ``block_kv``: key/value rows per ring slot, a multiple of 64
+    of at most 256 (64, 128, 192 or 256);
     ``num_stages``: depth of the K/V ring (2..4); ``num_warps``: always 12 (three
     warpgroups), recorded for lineage. Shared memory (``smem_bytes``) must fit 227 KiB.
 
@@ -123,10 +126,21 @@ DEFAULT_NUM_SMS = 132
 SMEM_LIMIT_BYTES = 227 * 1024
 """Largest dynamic shared memory of one CTA on sm_90."""
 BLOCK_Q_CHOICES = (64, 128)
-BLOCK_KV_CHOICES = (64, 128, 256)
+BLOCK_KV_MULTIPLE = 64
+"""block_kv is the K dimension of the ``P V`` wgmma: with the 128-byte swizzle it is
+consumed in groups of ``swizzle // itemsize`` = 64 bf16/f16 elements (Mosaic GPU's
+``wgmma.py``: ``k_group_elems``), so it must be a multiple of 64."""
+MAX_BLOCK_KV = 256
+"""block_kv is also the N dimension of the ``Q Kᵀ`` wgmma, at most 256."""
+BLOCK_KV_CHOICES = tuple(range(BLOCK_KV_MULTIPLE, MAX_BLOCK_KV + 1, BLOCK_KV_MULTIPLE))
+"""(64, 128, 192, 256). 192 is FlashAttention-3's head_dim-128 tile (176 keys) rounded
+up to the multiple of 64 the ``P V`` wgmma takes."""
 STAGE_RANGE = (2, 4)
 _GPU_PLATFORMS = ("gpu", "cuda")
 _LOG2_E = math.log2(math.e)
+TMA_ROW_TILE = 8
+"""Rows of one tile of the shared-memory tiling ``(8, 64)``; Mosaic GPU tiles the global
+K/V the same way for the TMA descriptor, so an unpadded sequence must be a multiple."""
 REDUCTION_SCRATCH_BYTES = 128 * 4 * 4
 """Mosaic GPU's default ``CompilerParams.reduction_scratch_bytes`` (JAX 0.10/0.11): the
 shared memory a cross-warp reduction (a row vector to a scalar) is given."""
@@ -154,15 +168,19 @@ def resolve_config(spec: AttentionSpec, config: BlockSizes | None = None) -> Blo
 def check_block_sizes(config: BlockSizes) -> None:
     """Raise ``ValueError`` naming the Mosaic GPU constraint ``config`` breaks:
     ``block_q`` in ``BLOCK_Q_CHOICES`` (a ``wgmma`` M-tile is 64 rows per warpgroup),
-    ``block_kv`` in ``BLOCK_KV_CHOICES`` (``wgmma`` N <= 256, TMA tiles of 64 rows),
+    ``block_kv`` a multiple of ``BLOCK_KV_MULTIPLE`` (64: the ``P V`` wgmma's K groups
+    under the 128-byte swizzle) of at most ``MAX_BLOCK_KV`` (256: ``Q Kᵀ``'s wgmma N),
+    i.e. one of ``BLOCK_KV_CHOICES``,
     ``num_stages`` in ``STAGE_RANGE`` (a ring needs two slots to overlap), ``num_warps``
     unset or ``NUM_WARPS`` (the warpgroup layout is fixed)."""
     if config.block_q is not None and config.block_q not in BLOCK_Q_CHOICES:
         raise ValueError(f"pallas_mosaic_gpu: block_q must be one of {BLOCK_Q_CHOICES} "
                          f"(wgmma M-tiles of 64 rows per consumer warpgroup), got {config.block_q}")
     if config.block_kv is not None and config.block_kv not in BLOCK_KV_CHOICES:
-        raise ValueError(f"pallas_mosaic_gpu: block_kv must be one of {BLOCK_KV_CHOICES} "
-                         f"(wgmma N <= 256 in steps of 64), got {config.block_kv}")
+        raise ValueError(f"pallas_mosaic_gpu: block_kv must be a multiple of {BLOCK_KV_MULTIPLE} "
+                         f"of at most {MAX_BLOCK_KV}, one of {BLOCK_KV_CHOICES} (the P V "
+                         f"wgmma's K groups of 64 under the 128-byte swizzle, Q K^T's wgmma "
+                         f"N <= 256), got {config.block_kv}")
     lo, hi = STAGE_RANGE
     if config.num_stages is not None and not lo <= config.num_stages <= hi:
         raise ValueError(f"pallas_mosaic_gpu: num_stages (the K/V ring depth) must lie in "
@@ -220,6 +238,53 @@ def padded_head_dim(head_dim: int) -> int:
     if head_dim < 1:
         raise ValueError(f"pallas_mosaic_gpu: head_dim must be at least 1, got {head_dim}")
     return round_up(head_dim, HEAD_DIM_MULTIPLE)
+
+
+def kv_rows(kv_len: int, head_dim: int, block_kv: int, *, interpret: bool,
+            has_kv_lengths: bool) -> int:
+    """Rows K and V have along the sequence when the kernel reads them: ``kv_len`` (left
+    as they are) or ``round_up(kv_len, block_kv)`` (zero-padded here, one copy of each).
+
+    The rule, in one place. The last K/V block may end past ``kv_len``; its columns at or
+    past the end are masked in the softmax (``p = 0``), and its V rows must be finite so
+    that ``0 * v`` stays 0. On a GPU the producer's TMA load of that block may run past
+    the end of an unpadded K/V: Mosaic GPU skips the bounds check for TMA copies
+    (``launch_context.py``: "TMA supports OOB indices"), the hardware fills rows out of
+    bounds with zeros, and the ``k_ready``/``v_ready`` barriers still expect the full
+    block's bytes (``copy_gmem_to_smem`` arrives with the destination's size; the TMA
+    counts the zero-filled bytes too). That saves the pad's copy of K and V (estimated,
+    not measured: about 7 % of the kernel's time at S = 4096 with 192-key blocks, two
+    extra passes over K and V). K and V are still padded where:
+
+    - ``interpret``: JAX's GPU interpreter (0.10.2) raises ``IndexError`` on an
+      out-of-bounds read by default, in the producer's thread, and the consumers then
+      wait forever on the block's barrier. Told to read such rows as zeros
+      (``out_of_bounds_reads="uninitialized"``, ``uninitialized_memory="zero"``) it
+      does what the TMA does (``test_unpadded_kv_in_the_interpreter_with_the_tmas_zero_fill``),
+      but that also zeroes its NaN-filled fresh shared memory, which the other tests
+      rely on, so the interpreter gets padded operands;
+    - head_dim is not a multiple of ``HEAD_DIM_MULTIPLE``: K and V are copied for the
+      head_dim pad anyway, and the sequence pad rides along in that copy;
+    - ``has_kv_lengths``: V is rewritten (zeroed past the lengths) before the kernel
+      anyway, and these calls keep the operands the `gpu` tests ran them with;
+    - ``kv_len`` is not a multiple of ``TMA_ROW_TILE`` (Mosaic GPU refuses to tile such a
+      global ref), or shorter than one block (a TMA box longer than the whole sequence
+      was never run).
+
+    Where ``kv_len`` is a multiple of ``block_kv`` both are the same: nothing is padded.
+
+    Args:
+      kv_len: keys per example (rows of K and V as given).
+      head_dim: as given (before :func:`padded_head_dim`).
+      block_kv: key rows per ring slot (the resolved tiling's).
+      interpret: the call runs in JAX's GPU interpret mode.
+      has_kv_lengths: the call passes ``kv_lengths``.
+    """
+    padded = round_up(kv_len, block_kv)
+    unpadded_ok = (not interpret and not has_kv_lengths
+                   and head_dim == padded_head_dim(head_dim)
+                   and kv_len % TMA_ROW_TILE == 0 and kv_len >= block_kv)
+    return kv_len if unpadded_ok else padded
 
 
 def _device_capability() -> str | None:
@@ -299,7 +364,7 @@ class _Plan:
     q_len: int
     kv_len: int
     q_pad: int
-    kv_pad: int
+    kv_pad: int  # rows of K and V as the kernel gets them (kv_rows: kv_len or padded)
     head_dim: int  # padded
     block_q: int
     block_kv: int
@@ -820,7 +885,8 @@ def pallas_mosaic_gpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, cau
 
     d_pad = padded_head_dim(head_dim)
     q_pad = round_up(q_len, 2 * cfg.block_q)
-    kv_pad = round_up(kv_len, cfg.block_kv)
+    kv_pad = kv_rows(kv_len, head_dim, cfg.block_kv, interpret=bool(interpret),
+                     has_kv_lengths=kv_lengths is not None)
     if kv_lengths is not None:
         # 0 * NaN is NaN: padding rows of V must hold finite values for P V.
         keep = jnp.arange(kv_len)[None, :, None, None] < kv_lengths[:, None, None, None]

@@ -81,6 +81,24 @@ def test_intra_wg_pipeline_refuses_tilings_whose_tiles_exceed_the_registers():
         _lowered(on, head_dim=64, config=BlockSizes(block_q=64, block_kv=256, num_stages=2))
 
 
+def test_the_64x192_tile_at_head_dim_128_fits_the_registers_but_not_the_pipeline():
+    """S 64*192/128 = 96, P 48, the accumulator 64*128/128 = 64: 208 of the consumers'
+    232 (the 64 x 256 tile at d64 had 224 and built without a spill). The intra-warpgroup
+    pipeline's second S tile makes it 304: refused, with the default and FA3's 240."""
+    assert tile_registers(64, 192, 128, pipelined=False) == 96 + 48 + 64 == 208
+    assert tile_registers(64, 192, 128, pipelined=True) == 304
+    for variant in (MosaicVariant(), MosaicVariant(consumer_registers=240, producer_registers=24)):
+        variant.check_tiling(64, 192, 128)
+        assert tile_registers(64, 192, 128, pipelined=False) <= variant.consumer_registers
+        piped = variant.model_copy(update={"intra_wg_pipeline": True})
+        with pytest.raises(ValueError, match=f"need 304 .*consumer_registers="
+                                             f"{variant.consumer_registers}"):
+            piped.check_tiling(64, 192, 128)
+    with pytest.raises(ValueError, match="intra_wg_pipeline"):
+        _lowered(MosaicVariant(intra_wg_pipeline=True), head_dim=128,
+                 config=BlockSizes(block_q=64, block_kv=192, num_stages=2))
+
+
 def test_the_kernel_declares_its_variant_fields():
     assert IMPLEMENTATIONS["pallas_mosaic_gpu"].variant_fields == tuple(MosaicVariant.model_fields)
     assert IMPLEMENTATIONS["naive"].variant_fields == ()
@@ -160,9 +178,11 @@ KERNEL_BEFORE_THE_PIPELINE_SWITCH = {
 }
 
 
-def _kernel_module_digest(monkeypatch, head_dim, causal, lengths, variant, config) -> str:
+def _kernel_module_digest(monkeypatch, head_dim, causal, lengths, variant, config,
+                          kv_len=700) -> str:
     """sha256 of the Mosaic GPU module's text without locations (the serialized module
-    in the lowering carries source lines, which any edit of the file moves)."""
+    in the lowering carries source lines, which any edit of the file moves); queries
+    ``[2, 500, 4, head_dim]``, keys and values ``[2, kv_len, 2, head_dim]`` bf16."""
     import jax.experimental.mosaic.gpu.core as mgpu_core
 
     texts: list[str] = []
@@ -175,7 +195,7 @@ def _kernel_module_digest(monkeypatch, head_dim, causal, lengths, variant, confi
 
     monkeypatch.setattr(mgpu_core, "_run_serde_pass", capture)
     q = jax.ShapeDtypeStruct((2, 500, 4, head_dim), jnp.bfloat16)
-    k = jax.ShapeDtypeStruct((2, 700, 2, head_dim), jnp.bfloat16)
+    k = jax.ShapeDtypeStruct((2, kv_len, 2, head_dim), jnp.bfloat16)
     n = jax.ShapeDtypeStruct((2,), jnp.int32)
 
     def fn(q, k, v, ql, kl):
@@ -201,6 +221,35 @@ def test_the_pipeline_switch_off_lowers_to_the_kernel_before_it(monkeypatch):
     on = MosaicVariant(intra_wg_pipeline=True)
     assert _kernel_module_digest(monkeypatch, 128, False, False, on, None) != \
         KERNEL_BEFORE_THE_PIPELINE_SWITCH[(128, False, False, MosaicVariant(), None)]
+
+
+# The module at commit a3ed647, before K and V could reach the kernel unpadded along the
+# sequence (pallas_mosaic_gpu.kv_rows), at lengths that are multiples of block_kv (768:
+# of 128 and 256; 4096), lowered by JAX 0.10.2. (head_dim, causal, kv_len, variant,
+# config) -> sha256 as above.
+KERNEL_BEFORE_THE_UNPADDED_KV = {
+    (128, False, 768, MosaicVariant(), None):
+        "19c71c8e12f9748e7b3d58c0dc3ee3f77f4068b85647330ecd7bfbfde83dc54c",
+    (64, False, 768, MosaicVariant(), BlockSizes(block_q=64, block_kv=256, num_stages=2)):
+        "ebfaf4f966421ed7c5dd861762cc9f6f2f26c96fb0509ed00ba275ecccddd2ae",
+    (128, True, 768, None, None):
+        "7245b27cf8ba00cba4aafe8edd0c1603560a9aa8a161001e22cffaa8d6e1d893",
+    (128, False, 4096, None, None):
+        "06eb9bf6b34cbf0af037c06fec402677d30e189908c1648eea3891f0a72f08f1",
+}
+
+
+@pytest.mark.skipif(jax.__version__ != "0.10.2",
+                    reason="the recorded modules were lowered by JAX 0.10.2")
+def test_lengths_that_are_block_multiples_lower_as_before_the_unpadded_kv(monkeypatch):
+    """Where kv_len is a multiple of block_kv there was nothing to pad: the rule that
+    leaves K and V unpadded changes no byte of the module there (the default tilings at
+    d128, registered and explicit switches, the d64 64 x 256 tile). The pinned modules
+    of the test above (kv_len 700, not a multiple of the TMA's 8-row tiles) keep their
+    pad, so they are unchanged as well."""
+    for (d, causal, kv_len, variant, config), digest in KERNEL_BEFORE_THE_UNPADDED_KV.items():
+        got = _kernel_module_digest(monkeypatch, d, causal, False, variant, config, kv_len)
+        assert got == digest, (d, causal, kv_len, variant, config)
 
 
 def _lowered_at(variant, head_dim, causal, seq):
@@ -524,6 +573,41 @@ def test_the_default_row_runs_the_switches_the_kernel_is_registered_with():
     # the registered switches are those of the padded head_dim: 193..256 pad to 256
     assert variants_tool.entry_variant(sets["default"], 193).lazy_rescale_log2 is not None
     assert variants_tool.entry_variant(sets["default"], 192).lazy_rescale_log2 is None
+
+
+def test_the_64x192_entries_run_at_d128_with_the_registered_switches():
+    """``d128-tile-q64-kv192`` is the kernel as registered at each d128 shape with the
+    64 x 192 tile; ``...-regs-240`` the same with FA3's 240/24 register split on top
+    (``registered_plus``, so the row-sum order registered at d128 stays on). Both run
+    only at head_dim 128: on the grid its four rows (full and causal, S = 16384 at B1 and
+    4096 at B4, per dtype), where 4096 and 16384 are no multiples of 192 (the unpadded
+    K/V path); the priority set has no d128 shape, so the tool narrows it to d128."""
+    sets = variants_tool.load_variant_sets()
+    by_name = {e["name"]: e for e in sets["variants"]}
+    tile, regs = by_name["d128-tile-q64-kv192"], by_name["d128-tile-q64-kv192-regs-240"]
+    for entry in (tile, regs):
+        assert entry["head_dims"] == [128]
+        assert variants_tool.block_sizes(entry, 128) == BlockSizes(block_q=64, block_kv=192,
+                                                                   num_stages=2)
+    for causal in (False, True):
+        for kv_len in (4096, 16384):
+            registered = mosaic_variants.registered_default(128, causal=causal, kv_len=kv_len)
+            assert variants_tool.entry_variant(tile, 128, causal=causal,
+                                               kv_len=kv_len) == registered
+            got = variants_tool.entry_variant(regs, 128, causal=causal, kv_len=kv_len)
+            assert got == registered.model_copy(
+                update={"consumer_registers": 240, "producer_registers": 24})
+            assert got.rowsum_before_handover is False  # registered at d128 (session 7)
+            assert kv_len % 192 and pallas_mosaic_gpu.kv_rows(
+                kv_len, 128, 192, interpret=False, has_kv_lengths=False) == kv_len
+    grid = [s for s in variants_tool.shapes({**sets["grid_shapes"],
+                                             "dtypes": ["bfloat16", "float16"]})
+            if s.head_dim in tile["head_dims"]]
+    assert sorted((s.dtype, s.causal, s.batch, s.q_len) for s in grid) == sorted(
+        (dtype, causal, batch, seq) for dtype in ("bfloat16", "float16")
+        for causal in (False, True) for batch, seq in ((1, 16384), (4, 4096)))
+    assert all(s.num_heads == 16 for s in grid)
+    assert 128 not in sets["priority_shapes"]["head_dims"]
 
 
 def test_a_bad_variant_file_is_refused(tmp_path):

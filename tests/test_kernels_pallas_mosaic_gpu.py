@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 import zlib
 
 import jax
@@ -23,6 +24,7 @@ from kernels import api, pallas_mosaic_gpu, selection
 from kernels.build import build as build_kernel
 from kernels.config import BlockSizes
 from kernels.contract import validate
+from kernels.kernel import round_up
 from kernels.naive import naive_attention
 from kernels.pallas_mosaic_gpu import (
     KERNEL_NAME,
@@ -79,7 +81,9 @@ def test_default_config_is_complete_legal_and_fits_shared_memory():
 
 @pytest.mark.parametrize("config,constraint", [
     (BlockSizes(block_q=32), "block_q must be one of"),
-    (BlockSizes(block_kv=96), "block_kv must be one of"),
+    (BlockSizes(block_kv=96), "block_kv must be a multiple of 64 of at most 256"),
+    (BlockSizes(block_kv=160), "block_kv must be a multiple of 64 of at most 256.*got 160"),
+    (BlockSizes(block_kv=320), "block_kv must be a multiple of 64 of at most 256.*got 320"),
     (BlockSizes(num_stages=1), "K/V ring depth"),
     (BlockSizes(num_stages=5), "K/V ring depth"),
     (BlockSizes(num_warps=8), "num_warps is fixed at 12"),
@@ -105,6 +109,29 @@ def test_a_tiling_over_shared_memory_is_refused_and_counted():
     deeper = cfg.model_copy(update={"num_stages": 3})
     assert not pallas_mosaic_gpu.separate_output(deeper, 128)
     assert smem_bytes(deeper, 128) == 32768 + 196608 + 136
+
+
+def test_the_64x192_tile_fits_at_head_dim_128_with_the_output_in_the_query_tiles():
+    """FlashAttention-3's d128 non-causal tile has 176 keys; the nearest the P V wgmma
+    takes is 192 (a multiple of 64). By hand: two query tiles 2*64*128*2 B that also
+    stage the output (separate output tiles would need 32 KiB more: 262144 B of tiles),
+    K and V rings 2*2*192*128*2 B, 13 barriers of 8 B: 229480 of the 232448 B; the lazy
+    rescale's 2048 B reduction scratch still fits (231528). A 3-deep ring does not."""
+    cfg = BlockSizes(block_q=64, block_kv=192, num_stages=2, num_warps=12)
+    check_block_sizes(cfg)
+    lazy = pallas_mosaic_gpu.REDUCTION_SCRATCH_BYTES
+    for extra, total in ((0, 229480), (lazy, 231528)):
+        assert not pallas_mosaic_gpu.separate_output(cfg, 128, 2, extra)
+        assert smem_bytes(cfg, 128, 2, extra) == 32768 + 196608 + 104 + extra == total
+        assert total <= pallas_mosaic_gpu.SMEM_LIMIT_BYTES
+    for dtype in (jnp.bfloat16, jnp.float16):
+        for causal in (False, True):
+            spec = _spec((4, 4096, 16, 128), (4, 4096, 16, 128), dtype, causal)
+            check_supported(spec, "gpu", cfg)
+            assert resolve_config(spec, BlockSizes(block_kv=192)) == cfg
+    deeper = cfg.model_copy(update={"num_stages": 3})
+    with pytest.raises(ValueError, match="shared memory"):
+        check_supported(_spec((1, 512, 2, 128), (1, 512, 2, 128), jnp.bfloat16), "gpu", deeper)
 
 
 # ----------------------------------------------------------------------------- refusals
@@ -337,6 +364,82 @@ def test_lowers_for_cuda_from_a_cpu_host(case):
     assert text.count("mosaic_gpu_v2") == 1 and KERNEL_NAME in text
 
 
+def _has_array(fn, args, shape) -> bool:
+    """Whether an array of ``shape`` is made anywhere at the top level of ``fn``'s program
+    (an operand or a result of one of its equations): a K or V padded along the
+    sequence is one, the unpadded path makes none."""
+    jaxpr = jax.make_jaxpr(fn)(*args)
+    return any(tuple(getattr(x.aval, "shape", ())) == shape
+               for e in jaxpr.eqns for x in (*e.invars, *e.outvars))
+
+
+def test_kv_rows_pads_only_where_the_kernel_cannot_read_past_the_end():
+    """The one rule (``kv_rows``): K and V keep their length on a GPU when head_dim
+    needs no padding, no ``kv_lengths`` are given and the length is a multiple of 8 (the
+    TMA's row tiles) of at least one block; else they are padded to a multiple of
+    ``block_kv`` as before (the interpreter, d96, lengths, 1001 keys, 100 keys)."""
+    rows = functools.partial(pallas_mosaic_gpu.kv_rows, interpret=False, has_kv_lengths=False)
+    assert rows(4096, 128, 192) == 4096 and rows(16384, 128, 192) == 16384
+    assert rows(1000, 128, 192) == 1000 and rows(4104, 64, 256) == 4104
+    assert rows(4096, 128, 128) == 4096  # a multiple: nothing to pad either way
+    assert pallas_mosaic_gpu.kv_rows(4096, 128, 192, interpret=True,
+                                     has_kv_lengths=False) == 4224
+    assert pallas_mosaic_gpu.kv_rows(4096, 128, 192, interpret=False,
+                                     has_kv_lengths=True) == 4224
+    assert rows(4096, 96, 192) == 4224  # the head_dim pad copies K and V anyway
+    assert rows(1001, 128, 192) == 1152  # not whole TMA row tiles of 8
+    assert rows(700, 128, 128) == 768
+    assert rows(104, 128, 192) == 192  # shorter than one block
+
+
+def _mosaic_module(monkeypatch, fn, *args) -> str:
+    """The Mosaic GPU module (text, no locations) that lowering ``fn`` for CUDA builds."""
+    import jax.experimental.mosaic.gpu.core as mgpu_core
+
+    texts: list[str] = []
+    serde = mgpu_core._run_serde_pass
+
+    def capture(module, *a, **kw):
+        if kw.get("serialize"):
+            texts.append(module.operation.get_asm(enable_debug_info=False))
+        return serde(module, *a, **kw)
+
+    monkeypatch.setattr(mgpu_core, "_run_serde_pass", capture)
+    text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    assert text.count("mosaic_gpu_v2") == 1 and KERNEL_NAME in text and len(texts) == 1
+    return texts[0]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_kv_unpadded_along_the_sequence_lowers_for_cuda_with_the_64x192_tile(causal,
+                                                                             monkeypatch):
+    """head_dim 128, bf16, S = 4096 (21 blocks of 192 keys and one of 64): K and V reach
+    the kernel with their 4096 rows (no copy padded to 4224 anywhere in the program), the
+    producer's TMA load of the last block runs 128 rows past the end, and the lowering
+    for CUDA takes it (Mosaic GPU skips the bounds check for TMA copies: the hardware
+    zero-fills rows out of bounds). In the Mosaic GPU module, the K and V TMA
+    descriptors span 512 row tiles of 8 (4096 rows), none the 528 of 4224, and each of
+    the producer's 128 threads arrives on ``k_ready``/``v_ready`` expecting 384 B: the
+    whole 192 x 128 bf16 block (49152 B), the last one included. Written against JAX
+    0.10.2's lowering: a change there is a reason to look at the rule again. The
+    interpreter's path pads (``kv_rows``)."""
+    config = BlockSizes(block_q=64, block_kv=192, num_stages=2)
+    q = jax.ShapeDtypeStruct((2, 4096, 4, 128), jnp.bfloat16)
+    kv = jax.ShapeDtypeStruct((2, 4096, 2, 128), jnp.bfloat16)
+
+    def fn(q, k, v, interpret=False):
+        return pallas_mosaic_gpu_attention(q, k, v, causal=causal, scale=0.1, q_lengths=None,
+                                           kv_lengths=None, config=config, interpret=interpret)
+
+    assert not _has_array(fn, (q, kv, kv), (2, 4224, 2, 128))
+    assert _has_array(functools.partial(fn, interpret=True), (q, kv, kv), (2, 4224, 2, 128))
+    module = _mosaic_module(monkeypatch, fn, q, kv, kv)
+    # K's and V's descriptors: [batch and head collapsed (8194), 4096 / 8 row tiles, two
+    # 64-column tiles, 8, 64]; padded to 4224 rows they were [8450, 528, ...].
+    assert "<8194x512x2x8x64xbf16" in module and "x528x" not in module
+    assert re.search(r"arrive\.expect_tx %\w+, %c384_i32", module)
+
+
 def test_export_for_cuda_from_a_cpu_host_is_deterministic():
     from jax import export as jax_export
 
@@ -491,6 +594,21 @@ INTERPRET_CASES = [
     Case("full_kv_length_mid_tile", batch=1, q_len=100, kv_len=400, num_heads=1,
          num_kv_heads=1, head_dim=64, dtype="bfloat16", kv_lengths=(257,),
          config=BlockSizes(block_q=64, block_kv=128)),
+    # The 64 x 192 tile at head_dim 128 (FlashAttention-3's 176 keys rounded up to the
+    # wgmma's multiple of 64; its output staged in the query tiles): 400 keys are two
+    # full blocks and one of 16 (masked past the end), 2 heads on one kv head, so 6
+    # blocks pass the 2-slot ring across 2 tiles. The interpreter reads K and V padded
+    # to a multiple of 192 (``kv_rows``); the unpadded path a GPU takes is lowered, not
+    # run, here.
+    Case("d128_kv192_full_gqa_ragged", batch=1, q_len=100, kv_len=400, num_heads=2,
+         num_kv_heads=1, head_dim=128, dtype="bfloat16",
+         config=BlockSizes(block_q=64, block_kv=192, num_stages=2)),
+    # ... causal, with fewer keys (200) than queries (256): pair 0 reads one block (the
+    # diagonal inside it), pair 1 two; block 1 holds 8 keys and is masked past them and
+    # by the diagonal.
+    Case("d128_kv192_causal_ragged", batch=1, q_len=256, kv_len=200, num_heads=1,
+         num_kv_heads=1, head_dim=128, dtype="float16", causal=True,
+         config=BlockSizes(block_q=64, block_kv=192, num_stages=2)),
     # head_dim 256: the output is staged in the query tiles (no room for separate ones).
     # One query pair (q_len 100, ragged) of one head: was 130 x 130 with 2 heads on one
     # kv head (2 pairs each); the staging is per tile, the same at any count.
@@ -554,6 +672,32 @@ def test_interpreted_kernel_with_several_persistent_ctas(interpreter):
     ref = attention_reference(q, k, v, causal=True)
     out = _run(case, q, k, v, ql, kl, interpret=params, num_sms=3)
     assert_accurate(out, ref, case.dtype, _naive_error(case, q, k, v, ql, kl, ref))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_unpadded_kv_in_the_interpreter_with_the_tmas_zero_fill(causal, interpreter,
+                                                               monkeypatch):
+    """The GPU's path (``kv_rows`` = kv_len: K and V not padded, the last 192-key block
+    read past the end) in the interpreter, told to read out-of-bounds rows as zeros as
+    the TMA does: within twice naive's error of float64, at d128 with 200 keys (the
+    second block holds 8; under the causal mask only the second query pair reads it,
+    which 256 queries make). The same reads as NaN (the interpreter's fill for memory
+    never written) give a non-finite output, so the last block does read past the end
+    and it is the zero fill that keeps ``P V`` finite. With its default parameters the
+    interpreter raises ``IndexError`` on that read in the producer's thread and the
+    consumers then wait forever for the block: hence ``kv_rows`` pads in interpret mode."""
+    monkeypatch.setattr(pallas_mosaic_gpu, "kv_rows", lambda kv_len, *a, **kw: kv_len)
+    case = Case("kv192_unpadded", batch=1, q_len=256, kv_len=200, num_heads=1,
+                num_kv_heads=1, head_dim=128, dtype="bfloat16", causal=causal,
+                config=BlockSizes(block_q=64, block_kv=192, num_stages=2))
+    q, k, v, ql, kl = random_inputs(case, seed=int(np.random.default_rng().integers(1 << 31)))
+    ref = attention_reference(q, k, v, causal=causal)
+    fn = functools.partial(_run, case, q, k, v, ql, kl)
+    zeros = _interpret_params(out_of_bounds_reads="uninitialized", uninitialized_memory="zero")
+    assert_accurate(fn(interpret=zeros), ref, case.dtype,
+                    _naive_error(case, q, k, v, ql, kl, ref))
+    nans = _interpret_params(out_of_bounds_reads="uninitialized", uninitialized_memory="nan")
+    assert not np.all(np.isfinite(fn(interpret=nans)))
 
 
 # ----------------------------------------------------------------------------- GPU only
@@ -640,6 +784,35 @@ def test_gpu_benchmark_shapes_are_correct(dtype, causal):
     assert row.ok, row.error
     assert row.correct, row
     assert row.rel_error_vs_naive < 1e-2
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("seq", [4096, 1000])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_gpu_the_64x192_tile_reads_k_and_v_unpadded(dtype, causal, seq):
+    """The 64 x 192 tile at head_dim 128 with K and V left at their length (4096 and 1000
+    are no multiples of 192: the last block's TMA load runs past the end and must come
+    back zero-filled, its keys masked) against float64, within twice naive's error; the
+    program holds no K or V padded to a multiple of 192 (the path taken is the
+    unpadded one)."""
+    # Two examples: batch and head are then collapsed into one dimension of the TMA
+    # descriptor, and the rows past the end must stay out of bounds of the sequence's
+    # own dimension (zeros), not run into the next head's or example's keys.
+    case = Case(f"kv192-{dtype}-{causal}-{seq}", batch=2, q_len=seq, kv_len=seq, num_heads=4,
+                num_kv_heads=2, head_dim=128, dtype=dtype, causal=causal,
+                config=BlockSizes(block_q=64, block_kv=192, num_stages=2))
+    padded = (2, round_up(seq, 192), 2, 128)
+    assert pallas_mosaic_gpu.kv_rows(seq, 128, 192, interpret=False,
+                                     has_kv_lengths=False) == seq
+    q, k, v, ql, kl = random_inputs(case, seed=int(np.random.default_rng().integers(1 << 31)))
+    fn = functools.partial(pallas_mosaic_gpu_attention, causal=causal, scale=128 ** -0.5,
+                           q_lengths=None, kv_lengths=None, config=case.config)
+    assert not _has_array(fn, (q, k, v), padded)
+    ref = attention_reference(q, k, v, causal=causal)
+    assert_accurate(_run(case, q, k, v, ql, kl), ref, dtype,
+                    _naive_error(case, q, k, v, ql, kl, ref))
 
 
 @gpu
