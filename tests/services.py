@@ -12,9 +12,10 @@ import uuid
 from pathlib import Path
 
 from flows import stack as st
+from tests.flow_thresholds import untimed_flow_test
 
 ROOT = Path(__file__).resolve().parents[1]
-THRESHOLDS = ROOT / "tests" / "data" / "thresholds-flow-test.yaml"
+THRESHOLDS = untimed_flow_test()  # tests.flow_thresholds: these rollouts do not time the host
 TINY_SHAPE = {"batch": 1, "q_len": 128, "kv_len": 128, "num_heads": 4, "num_kv_heads": 4,
               "head_dim": 32, "dtype": "float32", "causal": False}
 RUN_TIMEOUT_S = 1200

@@ -41,12 +41,13 @@ from lineage import registered_model, registry, tags
 from lineage import tracking as tr
 from tests import faulty_kernels
 from tests.faulty_kernels import Fault
+from tests.flow_thresholds import untimed_flow_test
 from tests.shared_builds import HARNESS_STARTUP_S, built_once, copy_of, flow_testset
 from tests.store_copies import copy_store
 
 FAMILY = "attacked"
 PROJECT = Path(__file__).resolve().parents[1]
-THRESHOLDS = Path(__file__).parent / "data" / "thresholds-flow-test.yaml"
+THRESHOLDS = untimed_flow_test()  # tests.flow_thresholds: these rollouts do not time the host
 
 KINDS = {
     1: "the audit decides what to check from editable tags",

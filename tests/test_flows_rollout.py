@@ -14,7 +14,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import yaml
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import (
     FlowRunFilter,
@@ -38,13 +37,14 @@ from lineage import registered_model, registry, tags
 from lineage.rollout import close_rollout
 from tests import faulty_kernels
 from tests.faulty_kernels import Fault
+from tests.flow_thresholds import FLOW_TEST, untimed
 from tests.shared_builds import HARNESS_STARTUP_S, copy_of, flow_testset
 
 FAMILY = "attention-test"
 APPROVAL_FAMILY = "attention-approval"
 """The approval tests register stricter thresholds; in a family of their own, so the
 family's registration chain (no loosening after a rejection) does not bind the others."""
-STRICT_THRESHOLDS = Path(__file__).parent / "data" / "thresholds-flow-test.yaml"
+STRICT_THRESHOLDS = FLOW_TEST
 """The flow-test registration with its latency plan as written (noise sd 0.5): only the
 canary-latency test, in a family of its own (``LATENCY_FAMILY``), times the host with it."""
 LATENCY_FAMILY = "attention-latency"
@@ -69,22 +69,6 @@ def store(tmp_path_factory):
     root = tmp_path_factory.mktemp("flows")
     copy_of(flow_testset(tmp_path_factory), root / "testset")
     return root
-
-
-def untimed(path: Path, out: Path, **approval) -> Path:
-    """``path``'s thresholds with a latency plan that does not time this host: ``noise_sd``
-    5.0 (the schema's largest), at which 24-request steps cannot reach the latency test's
-    power, so a canary says latency is *not assessed* (the plan's ``power_problem``). The
-    tests of ``FAMILY`` judge gates, approvals, faults and the record, not latency; with the
-    written plan (0.5) the other xdist worker's load made a good kernel's canary inconclusive
-    and rolled it back (measured noise sd 0.545 in CI on 2026-12-02 00:16, and 0.531 in the
-    seeded fixture of a fresh clone's `make test` at 04:48, which errored all 17 tests).
-    ``approval`` updates the approval block (the approval family's settings)."""
-    data = yaml.safe_load(path.read_text())
-    data["approval"].update(approval)
-    data["canary"]["latency"]["noise_sd"] = 5.0
-    out.write_text(yaml.safe_dump(data))
-    return out
 
 
 @pytest.fixture(scope="module")
