@@ -18,6 +18,7 @@ sha256 so that a build can be traced and compared.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.metadata
 import re
@@ -128,8 +129,14 @@ def _is_prose(paragraph: str, *, min_words: int = 8, min_stopword_fraction: floa
     return stop >= min_stopword_fraction * len(words)
 
 
+@functools.lru_cache(maxsize=4096)
 def clean_markup(text: str) -> str:
     """Strip Markdown/reST/HTML markup lightly and keep English prose paragraphs.
+
+    A pure function of ``text``, so its results are kept per process: a rollout reads the
+    installed distributions' descriptions up to three times (the model check's documents,
+    the traffic, the evaluation) and the regular expressions over their ~200 READMEs were
+    about 3 % of a test rollout's CPU (py-spy, BENCHMARKS.md "The suite in minutes").
 
     Code blocks, directives, tables, badges, rules and headings are dropped; links
     keep their text. Paragraphs are joined by a blank line.
