@@ -85,3 +85,25 @@ def assert_accurate(out, ref, dtype: str, naive_error: float | None = None) -> f
         bound = LOW_PRECISION_FACTOR * max(naive_error, floor)
         assert err <= bound, f"{dtype} rel. error {err:.3e} > {LOW_PRECISION_FACTOR} x naive {naive_error:.3e}"
     return err
+
+
+def mosaic_module_text(monkeypatch, fn, *args) -> tuple[str, str]:
+    """``(lowered, module)``: the text of ``fn(*args)`` lowered for CUDA (on any host), and
+    the Mosaic GPU module in it as text without locations (the serialized module carries
+    source lines, which any edit of a file moves), captured where Mosaic GPU serializes
+    it. Exactly one kernel."""
+    import jax
+    import jax.experimental.mosaic.gpu.core as mgpu_core
+
+    texts: list[str] = []
+    serde = mgpu_core._run_serde_pass
+
+    def capture(module, *a, **kw):
+        if kw.get("serialize"):
+            texts.append(module.operation.get_asm(enable_debug_info=False))
+        return serde(module, *a, **kw)
+
+    monkeypatch.setattr(mgpu_core, "_run_serde_pass", capture)
+    lowered = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    assert len(texts) == 1, f"{len(texts)} Mosaic GPU modules, expected one"
+    return lowered, texts[0]

@@ -29,7 +29,7 @@ from kernels.registry import IMPLEMENTATIONS
 from kernels.tools import ptxas_report
 from kernels.tools import variants as variants_tool
 from tests import test_kernels_poisoned as poisoned
-from tests.kernels_helpers import Case, assert_accurate, random_inputs
+from tests.kernels_helpers import Case, assert_accurate, mosaic_module_text, random_inputs
 
 ON_GPU = jax.default_backend() in ("gpu", "cuda")
 
@@ -183,17 +183,6 @@ def _kernel_module_digest(monkeypatch, head_dim, causal, lengths, variant, confi
     """sha256 of the Mosaic GPU module's text without locations (the serialized module
     in the lowering carries source lines, which any edit of the file moves); queries
     ``[2, 500, 4, head_dim]``, keys and values ``[2, kv_len, 2, head_dim]`` bf16."""
-    import jax.experimental.mosaic.gpu.core as mgpu_core
-
-    texts: list[str] = []
-    serde = mgpu_core._run_serde_pass
-
-    def capture(module, *args, **kw):
-        if kw.get("serialize"):
-            texts.append(module.operation.get_asm(enable_debug_info=False))
-        return serde(module, *args, **kw)
-
-    monkeypatch.setattr(mgpu_core, "_run_serde_pass", capture)
     q = jax.ShapeDtypeStruct((2, 500, 4, head_dim), jnp.bfloat16)
     k = jax.ShapeDtypeStruct((2, kv_len, 2, head_dim), jnp.bfloat16)
     n = jax.ShapeDtypeStruct((2,), jnp.int32)
@@ -204,9 +193,9 @@ def _kernel_module_digest(monkeypatch, head_dim, causal, lengths, variant, confi
                                            kv_lengths=kl if lengths else None,
                                            variant=variant, config=config)
 
-    jax.jit(fn).trace(q, k, k, n, n).lower(lowering_platforms=("cuda",))
-    assert len(texts) == 1 and len(texts[0]) > 10_000
-    return hashlib.sha256(texts[0].encode()).hexdigest()
+    _, module = mosaic_module_text(monkeypatch, fn, q, k, k, n, n)
+    assert len(module) > 10_000
+    return hashlib.sha256(module.encode()).hexdigest()
 
 
 @pytest.mark.skipif(jax.__version__ != "0.10.2",

@@ -39,7 +39,7 @@ from kernels.shapes import AttentionShape
 from kernels.shapes import random_inputs as shape_inputs
 from kernels.tile_schedule import tile_schedule
 from kernels.tools import autotune, bench
-from tests.kernels_helpers import Case, assert_accurate, random_inputs
+from tests.kernels_helpers import Case, assert_accurate, mosaic_module_text, random_inputs
 
 ON_GPU = jax.default_backend() in ("gpu", "cuda")
 gpu = pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
@@ -394,20 +394,9 @@ def test_kv_rows_pads_only_where_the_kernel_cannot_read_past_the_end():
 
 def _mosaic_module(monkeypatch, fn, *args) -> str:
     """The Mosaic GPU module (text, no locations) that lowering ``fn`` for CUDA builds."""
-    import jax.experimental.mosaic.gpu.core as mgpu_core
-
-    texts: list[str] = []
-    serde = mgpu_core._run_serde_pass
-
-    def capture(module, *a, **kw):
-        if kw.get("serialize"):
-            texts.append(module.operation.get_asm(enable_debug_info=False))
-        return serde(module, *a, **kw)
-
-    monkeypatch.setattr(mgpu_core, "_run_serde_pass", capture)
-    text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-    assert text.count("mosaic_gpu_v2") == 1 and KERNEL_NAME in text and len(texts) == 1
-    return texts[0]
+    text, module = mosaic_module_text(monkeypatch, fn, *args)
+    assert text.count("mosaic_gpu_v2") == 1 and KERNEL_NAME in text
+    return module
 
 
 @pytest.mark.parametrize("causal", [False, True])
