@@ -41,6 +41,10 @@ SETMAXNREG_RANGE = (24, 256)
 """``setmaxnreg`` (PTX ISA 8.0) takes a count in [24, 256], a multiple of 8."""
 MAX_LAZY_RESCALE_LOG2 = 8.0
 """Largest lazy-rescale threshold (log2 units): ``p <= 2**8`` inside float16's range."""
+OUTPUT_CHUNK_COLS = 64
+"""An output chunk is a whole number of 64-column swizzle tiles (128 bytes of bf16/f16
+per row: the ``(8, 64)`` shared-memory tiling and the TMA box along head_dim)."""
+MAX_OUTPUT_CHUNKS = 4
 
 
 def tile_registers(block_q: int, block_kv: int, head_dim: int, *, pipelined: bool) -> int:
@@ -77,11 +81,13 @@ class SwitchRule(BaseModel):
 
 
 REGISTERED_SWITCHES: tuple[SwitchRule, ...] = (
-    SwitchRule(padded_head_dim=64, switches={"rowsum_before_handover": False}),
+    SwitchRule(padded_head_dim=64,
+               switches={"rowsum_before_handover": False, "pingpong_across_tiles": True}),
     SwitchRule(padded_head_dim=128, switches={"rowsum_before_handover": False}),
     SwitchRule(padded_head_dim=256, causal=False, max_kv_len=4096,
-               switches={"lazy_rescale_log2": 8.0, "rowsum_before_handover": True}),
-    SwitchRule(padded_head_dim=256, switches={"lazy_rescale_log2": 8.0}),
+               switches={"lazy_rescale_log2": 8.0, "rowsum_before_handover": True,
+                         "output_chunks": 2}),
+    SwitchRule(padded_head_dim=256, switches={"lazy_rescale_log2": 8.0, "output_chunks": 2}),
 )
 """The switches the kernel runs with when no variant is asked for; the first rule that
 applies wins, none: every switch off. Only what was measured to pay on the H200 and
@@ -97,7 +103,19 @@ passed the `gpu` tests there (``kernels/tools/bench_results/``; NOTES-gpu.md):
 * head_dim 64 and 128: the row sum after the hand-over (session 7,
   ``h200-2026-12-01-session7/grid-d64-d128``: +1.2 to +3.2 % on 13 of the 16 bf16/f16
   rows, -0.7 to -2.6 % on three causal ones, every row still ahead of cuDNN; at f16 d128
-  session 6 had found the same, +0.8 to +2.9 % on three of four rows).
+  session 6 had found the same, +0.8 to +2.9 % on three of four rows);
+* head_dim 256: the output staged through half-width buffers, ``output_chunks`` 2
+  (session 10, ``h200-2026-12-02-session10/switches-grid-bf16``: +0.6 / +3.2 % full S = 16384 / 4096,
+  +1.0 / +2.8 % causal, bf16: the query tile is freed after a tile's last ``Q K^T``
+  instead of after the output's store);
+* head_dim 64: the ping-pong's phase offset once per kernel, ``pingpong_across_tiles``
+  (the same call: +1.1 to +1.5 % on each of the four bf16 rows; at head_dim 128 it lost
+  0.7-2.3 %, with the half-width output at 256 1-3 %, so it stays off there).
+
+``pallas_mosaic_gpu.registered_variant`` drops what a tiling cannot hold (the half-width
+output where it would not fit shared memory, the offset once per kernel where the output
+is staged in the query tiles), and the kernel sets the offset per tile in calls with
+lengths (a tile they leave empty would deadlock it).
 
 Every poisoned-padding and extreme-magnitude case of ``tests/test_kernels_mosaic_variants.py``
 passed on the H200 in bf16 and f16 with each switch by itself (session 7: 70 passed); the
@@ -139,6 +157,35 @@ class MosaicVariant(BaseModel):
         producer_registers: per-thread budget of the TMA producer warpgroup
             (``setmaxnreg.dec``); default 40. FlashAttention-3 runs 240/24 (a
             producer needs few registers; two consumers get 8 more each).
+        pingpong_across_tiles: ``False`` (default): the ping-pong's phase offset is set
+            and closed per tile (consumer 1 passes the schedule barrier once before
+            each tile's first block, consumer 0 once after its last), so both consumers'
+            tiles drain together: consumer 0 waits for consumer 1's last softmax before
+            its epilogue, and the tensor core idles through that softmax, both
+            epilogues and the next tile's first softmax. ``True``: the offset is set
+            once per kernel and closed once at its end, as FlashAttention-3's code
+            does (its consumers call ``mma_init``, whose second warpgroup arrives on
+            the scheduler barrier, once before the persistent tile loop; ping-pong
+            scheduling itself is arXiv:2407.08608, section 3.1), so the alternation
+            runs on across tile boundaries: consumer 0
+            starts the next tile's ``Q K^T`` while consumer 1 finishes the last softmax.
+            Needs the output staged in its own buffers (the query tile freed after a
+            tile's last ``Q K^T``): with the output staged in the query tile, the
+            producer's next K/V blocks wait for consumer 1's epilogue, which waits for
+            consumer 0's next ``Q K^T``, which waits for those blocks (refused by
+            ``kernels.pallas_mosaic_gpu``). For the same reason it applies only to
+            calls without ``q_lengths``/``kv_lengths``: a tile that lengths leave
+            empty would close that cycle through consumer 1's release of the empty
+            tile's queries; such calls set the offset per tile.
+        output_chunks: ``1`` (default): the output is staged in a buffer of the whole
+            head_dim per consumer where it fits shared memory, else in the query tile
+            (at head_dim 256: the next tile's queries load only after the output's
+            store has read the tile). ``n > 1``: a staging buffer of ``head_dim / n``
+            columns per consumer, filled and stored ``n`` times per tile (each fill
+            waits for the previous store to have read the buffer), so the query tile
+            is freed after the tile's last ``Q K^T`` even where a whole output buffer
+            does not fit (head_dim 256: 32 KiB of staging instead of 64).
+            ``head_dim / n`` must be a multiple of 64 (:meth:`check_tiling`).
         intra_wg_pipeline: ``False`` (default): each consumer waits for ``Q K^T`` of a
             block right before its softmax. ``True``: FlashAttention-3's
             intra-warpgroup pipelining (arXiv:2407.08608, section 3.2): ``Q K^T`` of
@@ -166,6 +213,11 @@ class MosaicVariant(BaseModel):
     producer_registers: int = Field(40, description="setmaxnreg of the producer")
     intra_wg_pipeline: bool = Field(
         False, description="issue Q K^T of block j+1 before the softmax of block j")
+    pingpong_across_tiles: bool = Field(
+        False, description="set the ping-pong's phase offset once per kernel, not per tile")
+    output_chunks: int = Field(
+        1, ge=1, le=MAX_OUTPUT_CHUNKS,
+        description="stage the output through a buffer of head_dim / n columns, n stores")
 
     @model_validator(mode="after")
     def _registers_fit(self) -> MosaicVariant:
@@ -184,12 +236,20 @@ class MosaicVariant(BaseModel):
         return self
 
     def check_tiling(self, block_q: int, block_kv: int, padded_head_dim: int) -> None:
-        """Raise ``ValueError`` when this variant cannot run the tiling: with
+        """Raise ``ValueError`` when this variant cannot run the tiling: ``output_chunks``
+        must split ``padded_head_dim`` into chunks of a multiple of
+        ``OUTPUT_CHUNK_COLS`` (64) columns; with
         ``intra_wg_pipeline`` the tiles' registers (:func:`tile_registers`, two logits
         tiles) must not exceed ``consumer_registers``. The bound is the one the H200
         drew without the pipeline (session 1 of issue 24): 224 registers of tiles
         (head_dim 64, 64 x 256) built without a spill under 232, 256 (128 x 128)
         spilled."""
+        if padded_head_dim % (self.output_chunks * OUTPUT_CHUNK_COLS):
+            raise ValueError(
+                f"output_chunks={self.output_chunks}: padded head_dim {padded_head_dim} "
+                f"does not split into {self.output_chunks} chunks of a multiple of "
+                f"{OUTPUT_CHUNK_COLS} columns (the 128-byte swizzle tile of the output's "
+                f"staging buffer and of its TMA store)")
         if not self.intra_wg_pipeline:
             return
         need = tile_registers(block_q, block_kv, padded_head_dim, pipelined=True)

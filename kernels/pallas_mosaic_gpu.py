@@ -190,10 +190,10 @@ def check_block_sizes(config: BlockSizes) -> None:
                          f"and two consumer warpgroups), got {config.num_warps}")
 
 
-def _smem(config: BlockSizes, head_dim: int, itemsize: int, separate_output: bool,
+def _smem(config: BlockSizes, head_dim: int, itemsize: int, staging_cols: int,
           scratch_bytes: int = 0) -> int:
     d = padded_head_dim(head_dim)
-    q_and_o = 2 * config.block_q * d * (2 if separate_output else 1)
+    q_and_o = 2 * config.block_q * (d + staging_cols)
     tiles = (q_and_o + 2 * config.num_stages * config.block_kv * d) * itemsize
     barriers = 8 * (4 + 4 * config.num_stages + 1)
     return tiles + barriers + scratch_bytes
@@ -207,23 +207,64 @@ def variant_scratch_bytes(variant: MosaicVariant | None) -> int:
     return 0
 
 
+def output_staging_cols(config: BlockSizes, head_dim: int, itemsize: int = 2,
+                        scratch_bytes: int = 0, output_chunks: int = 1) -> int:
+    """Columns of each consumer's own output staging buffer; 0 when the output is
+    staged in the query tile instead.
+
+    ``output_chunks == 1`` (``MosaicVariant``'s default): the whole padded head_dim
+    where two such buffers fit shared memory beside the rest, else 0 (e.g. at head_dim
+    256: the next tile's queries then load only after the output's store has read the
+    query tile). ``output_chunks > 1``: ``head_dim / output_chunks`` columns, stored in
+    that many TMA copies per tile (the caller checks that it fits).
+    """
+    d = padded_head_dim(head_dim)
+    if output_chunks > 1:
+        return d // output_chunks
+    return d if _smem(config, head_dim, itemsize, d, scratch_bytes) <= SMEM_LIMIT_BYTES else 0
+
+
 def separate_output(config: BlockSizes, head_dim: int, itemsize: int = 2,
-                    scratch_bytes: int = 0) -> bool:
+                    scratch_bytes: int = 0, output_chunks: int = 1) -> bool:
     """Whether the output is staged in its own buffers (so the next query tile can load
     while a consumer finishes the current one) or in the query buffers (when the
-    separate ones would not fit shared memory, e.g. at head_dim 256)."""
-    return _smem(config, head_dim, itemsize, True, scratch_bytes) <= SMEM_LIMIT_BYTES
+    separate ones would not fit shared memory, e.g. at head_dim 256 with one chunk);
+    :func:`output_staging_cols`."""
+    return output_staging_cols(config, head_dim, itemsize, scratch_bytes, output_chunks) > 0
 
 
 def smem_bytes(config: BlockSizes, head_dim: int, itemsize: int = 2,
-               scratch_bytes: int = 0) -> int:
+               scratch_bytes: int = 0, output_chunks: int = 1) -> int:
     """Shared memory one CTA allocates for ``config`` (bytes): two query tiles, two
-    output staging tiles unless they must share the query tiles
-    (:func:`separate_output`), the K and V rings, and the barriers (8 bytes each).
+    output staging buffers unless the output must share the query tiles
+    (:func:`output_staging_cols`), the K and V rings, and the barriers (8 bytes each).
     ``config`` must be resolved (every field set). ``scratch_bytes``: what a variant
-    adds (:func:`variant_scratch_bytes`)."""
+    adds (:func:`variant_scratch_bytes`); ``output_chunks``: the variant's
+    (``MosaicVariant.output_chunks``)."""
     return _smem(config, head_dim, itemsize,
-                 separate_output(config, head_dim, itemsize, scratch_bytes), scratch_bytes)
+                 output_staging_cols(config, head_dim, itemsize, scratch_bytes, output_chunks),
+                 scratch_bytes)
+
+
+def registered_variant(config: BlockSizes, head_dim: int, itemsize: int = 2, *,
+                       causal: bool | None = None, kv_len: int | None = None) -> MosaicVariant:
+    """The switches a call without ``variant`` runs: the registered ones
+    (:func:`kernels.mosaic_variants.registered_default` at the padded head_dim, mask and
+    ``kv_len``) less what ``config`` cannot hold: ``output_chunks`` back to 1 where its
+    staging buffers would not fit shared memory beside the rest, and
+    ``pingpong_across_tiles`` off where the output is then staged in the query tiles
+    (the kernel refuses that pair when it is asked for explicitly). ``config`` must be
+    resolved (every field set); ``itemsize`` in bytes (2 for bf16/f16)."""
+    variant = registered_default(padded_head_dim(head_dim), causal=causal, kv_len=kv_len)
+    extra = variant_scratch_bytes(variant)
+    if variant.output_chunks > 1 and _smem(
+            config, head_dim, itemsize, padded_head_dim(head_dim) // variant.output_chunks,
+            extra) > SMEM_LIMIT_BYTES:
+        variant = variant.model_copy(update={"output_chunks": 1})
+    if variant.pingpong_across_tiles and not output_staging_cols(
+            config, head_dim, itemsize, extra, variant.output_chunks):
+        variant = variant.model_copy(update={"pingpong_across_tiles": False})
+    return variant
 
 
 def padded_head_dim(head_dim: int) -> int:
@@ -326,9 +367,11 @@ def check_supported(spec: AttentionSpec, backend: str, config: BlockSizes | None
     if config is not None:
         check_block_sizes(config)
     resolved = resolve_config(spec, config)
-    extra = variant_scratch_bytes(registered_default(padded_head_dim(spec.head_dim),
-                                                     causal=spec.causal, kv_len=spec.kv_len))
-    need = smem_bytes(resolved, spec.head_dim, jnp.dtype(spec.dtype).itemsize, extra)
+    itemsize = jnp.dtype(spec.dtype).itemsize
+    variant = registered_variant(resolved, spec.head_dim, itemsize, causal=spec.causal,
+                                 kv_len=spec.kv_len)
+    need = smem_bytes(resolved, spec.head_dim, itemsize, variant_scratch_bytes(variant),
+                      variant.output_chunks)
     if need > SMEM_LIMIT_BYTES:
         raise ValueError(
             f"pallas_mosaic_gpu: block_q={resolved.block_q}, block_kv={resolved.block_kv}, "
@@ -376,8 +419,12 @@ class _Plan:
     num_ctas: int
     dtype: Any
     interpret: bool
-    separate_output: bool
+    output_cols: int  # columns of each consumer's output staging buffer; 0: the query tile
     variant: MosaicVariant = MosaicVariant()
+
+    @property
+    def separate_output(self) -> bool:
+        return self.output_cols > 0
 
     @property
     def num_q_pairs(self) -> int:
@@ -515,6 +562,14 @@ def _build_kernel(plan: _Plan):
     lazy = plan.variant.lazy_rescale_log2
     rowsum_early = plan.variant.rowsum_early(d)
     pipelined = plan.variant.intra_wg_pipeline
+    # Across tiles only where no tile can be empty (ub = 0 needs lengths): a consumer 0
+    # that skips an empty tile reaches its next Q K^T only after the producer has
+    # loaded that tile's K/V, which follows consumer 1's release of the empty tile's
+    # queries, which follows consumer 1's last hand-over of the tile before it, which
+    # waits for that Q K^T: a cycle. With lengths the offset is set per tile.
+    across_tiles = (plan.variant.pingpong_across_tiles
+                    and not (plan.has_q_lengths or plan.has_kv_lengths))
+    o_cols = plan.output_cols or d  # staged in the query tile: the whole head_dim
     row_layout = plgpu.Layout.WGMMA.reduce(1)
     loop_grid = (plan.batch * plan.num_heads * plan.num_q_pairs,)
 
@@ -539,6 +594,8 @@ def _build_kernel(plan: _Plan):
             q_tile = q_smem.at[wg]
             o_tile = o_smem.at[wg] if plan.separate_output else q_tile
             early_q_free = plan.separate_output
+            if across_tiles:  # FA3's mma_init: the phase offset once per kernel
+                pl.when(wg == 1)(schedule_sync)
 
             @plgpu.nd_loop(loop_grid, collective_axes="sm", init_carry=jnp.int32(0))
             def tile(info, carry):
@@ -563,7 +620,8 @@ def _build_kernel(plan: _Plan):
                 def _():
                     plgpu.barrier_wait(k_ready.at[slot_of(g0)])
 
-                pl.when(wg == 1)(schedule_sync)  # consumer 1 runs one phase behind
+                if not across_tiles:
+                    pl.when(wg == 1)(schedule_sync)  # consumer 1 runs one phase behind
 
                 def softmax(ki, s, acc, m_i, l_i, *, masked):
                     """The online softmax of block ``ki`` on its logits ``s`` (this
@@ -722,22 +780,35 @@ def _build_kernel(plan: _Plan):
                     body = functools.partial(pipelined_step, masked=True, issue=False)
                     state = _loop(_max(last, n_full), ub, body, state)  # ... or masked
                     acc, _, l_i, _ = state
-                pl.when(wg == 0)(schedule_sync)  # closes consumer 1's last phase
+                if not across_tiles:
+                    pl.when(wg == 0)(schedule_sync)  # closes consumer 1's last phase
 
                 inv_l = jnp.where(l_i > 0.0, 1.0 / jnp.where(l_i > 0.0, l_i, 1.0), 0.0)
                 out = acc * lax.broadcast_in_dim(inv_l, acc.shape, [0])
                 if plan.has_q_lengths:
                     rows = row0 + ops.iota((block_q, d), 0)
                     out = jnp.where(rows < q_end, out, 0.0)
-                plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # previous tile's store
-                o_tile[...] = out.astype(plan.dtype)
-                plgpu.commit_smem()
-                plgpu.copy_smem_to_gmem(o_tile, o_ref.at[b, pl.ds(row0, block_q), h])
+                rows_out = pl.ds(row0, block_q)
+                if o_cols == d:  # one store of the whole tile
+                    plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # previous tile's store
+                    o_tile[...] = out.astype(plan.dtype)
+                    plgpu.commit_smem()
+                    plgpu.copy_smem_to_gmem(o_tile, o_ref.at[b, rows_out, h])
+                else:  # output_chunks: each fill waits for the previous store's read
+                    for j in range(d // o_cols):
+                        cols = slice(j * o_cols, (j + 1) * o_cols)
+                        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+                        o_tile[...] = out[:, cols].astype(plan.dtype)
+                        plgpu.commit_smem()
+                        plgpu.copy_smem_to_gmem(
+                            o_tile, o_ref.at[b, rows_out, h, pl.ds(cols.start, o_cols)])
                 if not early_q_free:  # the output was staged in the query tile
                     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
                     plgpu.barrier_arrive(q_free.at[wg])
                 return g0 + ub
 
+            if across_tiles:  # closes consumer 1's last phase of the kernel
+                pl.when(wg == 0)(schedule_sync)
             plgpu.wait_smem_to_gmem(0)
 
         # ------------------------------------------------------------------ producer
@@ -801,8 +872,8 @@ def _scratch(plan: _Plan) -> dict[str, Any]:
     transforms = (plgpu.TilingTransform((8, swizzle // jnp.dtype(plan.dtype).itemsize)),
                   plgpu.SwizzleTransform(swizzle))
 
-    def tiles(n, rows):
-        return plgpu.SMEM((n, rows, plan.head_dim), plan.dtype, transforms=transforms)
+    def tiles(n, rows, cols=plan.head_dim):
+        return plgpu.SMEM((n, rows, cols), plan.dtype, transforms=transforms)
 
     scratch = dict(
         q_smem=tiles(2, plan.block_q),
@@ -817,7 +888,7 @@ def _scratch(plan: _Plan) -> dict[str, Any]:
         schedule=plgpu.Barrier(num_arrivals=2),
     )
     if plan.separate_output:
-        scratch["o_smem"] = tiles(2, plan.block_q)
+        scratch["o_smem"] = tiles(2, plan.block_q, plan.output_cols)
     return scratch
 
 
@@ -874,14 +945,24 @@ def pallas_mosaic_gpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, cau
     check_block_sizes(config or BlockSizes())
     cfg = (config or BlockSizes()).merged_over(default_config(head_dim))
     if variant is None:  # the switches this head_dim, mask and length are registered with
-        variant = registered_default(padded_head_dim(head_dim), causal=bool(causal),
-                                     kv_len=kv_len)
+        variant = registered_variant(cfg, head_dim, jnp.dtype(q.dtype).itemsize,
+                                     causal=bool(causal), kv_len=kv_len)
     variant.check_tiling(cfg.block_q, cfg.block_kv, padded_head_dim(head_dim))
     extra = variant_scratch_bytes(variant)
-    need = smem_bytes(cfg, head_dim, jnp.dtype(q.dtype).itemsize, extra)
+    itemsize = jnp.dtype(q.dtype).itemsize
+    need = smem_bytes(cfg, head_dim, itemsize, extra, variant.output_chunks)
     if need > SMEM_LIMIT_BYTES:
-        raise ValueError(f"pallas_mosaic_gpu: {cfg.model_dump()} at head_dim {head_dim} needs "
-                         f"{need} bytes of shared memory, over {SMEM_LIMIT_BYTES}")
+        raise ValueError(f"pallas_mosaic_gpu: {cfg.model_dump()} at head_dim {head_dim} "
+                         f"(output_chunks={variant.output_chunks}) needs {need} bytes of "
+                         f"shared memory, over {SMEM_LIMIT_BYTES}")
+    output_cols = output_staging_cols(cfg, head_dim, itemsize, extra, variant.output_chunks)
+    if variant.pingpong_across_tiles and not output_cols:
+        raise ValueError(
+            f"pallas_mosaic_gpu: pingpong_across_tiles needs the output staged in its own "
+            f"buffers, but {cfg.model_dump()} at head_dim {head_dim} stages it in the query "
+            f"tiles (the producer's next K/V blocks would wait for consumer 1's output "
+            f"store, which waits for consumer 0's next Q K^T, which waits for those "
+            f"blocks); set output_chunks > 1 or use a shallower K/V ring")
 
     d_pad = padded_head_dim(head_dim)
     q_pad = round_up(q_len, 2 * cfg.block_q)
@@ -905,9 +986,7 @@ def pallas_mosaic_gpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, cau
                  causal=causal, qk_scale_log2=float(scale) * _LOG2_E,
                  has_q_lengths=q_lengths is not None, has_kv_lengths=kv_lengths is not None,
                  num_ctas=num_ctas, dtype=q.dtype, interpret=bool(interpret),
-                 separate_output=separate_output(cfg, head_dim, jnp.dtype(q.dtype).itemsize,
-                                                 extra),
-                 variant=variant)
+                 output_cols=output_cols, variant=variant)
     operands = [jnp.asarray(x, jnp.int32) for x in (q_lengths, kv_lengths) if x is not None]
     interpret_params = interpret
     if interpret is True:

@@ -252,10 +252,14 @@ def test_the_kernel_as_registered_lowers_to_the_measured_switches():
     """Issue 24's measured choices (session 5 and 7 on the H200), read from the issue's
     measurements rather than from the rule table: at head_dim 256 the lazy rescale, with
     the row sum before the hand-over only without a causal mask at kv_len <= 4096; at 64
-    and 128 the row sum after the hand-over; 192 < d <= 256 pads to 256."""
-    lazy = MosaicVariant(lazy_rescale_log2=8.0)
-    lazy_before = MosaicVariant(lazy_rescale_log2=8.0, rowsum_before_handover=True)
+    and 128 the row sum after the hand-over; 192 < d <= 256 pads to 256. Session 10 (the
+    grid of h200-2026-12-02-session10/switches-grid-bf16): at 256 the output staged through half-width
+    buffers, at 64 the ping-pong's offset once per kernel."""
+    lazy = MosaicVariant(lazy_rescale_log2=8.0, output_chunks=2)
+    lazy_before = MosaicVariant(lazy_rescale_log2=8.0, rowsum_before_handover=True,
+                                output_chunks=2)
     after = MosaicVariant(rowsum_before_handover=False)
+    after_across = MosaicVariant(rowsum_before_handover=False, pingpong_across_tiles=True)
     # (head_dim, causal, seq, the switches measured best there). The rules depend on the
     # padded head_dim, the mask and kv_len <= 4096 or above, so one length on each side
     # (4096 and 4160, one 64-row block past it) stands for the measured 16384 as well:
@@ -264,7 +268,8 @@ def test_the_kernel_as_registered_lowers_to_the_measured_switches():
         (256, False, 512, lazy_before), (256, False, 4096, lazy_before),
         (200, False, 4096, lazy_before), (256, False, 4160, lazy), (200, False, 4160, lazy),
         (256, True, 4096, lazy), (256, True, 4160, lazy), (200, True, 512, lazy),
-        (64, False, 512, after), (64, True, 4160, after), (128, False, 4160, after),
+        (64, False, 512, after_across), (64, True, 4160, after_across),
+        (128, False, 4160, after),
         (128, True, 512, after)]
     for head_dim, causal, seq, switches in expected:
         label = (head_dim, causal, seq)
@@ -447,23 +452,45 @@ def test_intra_wg_pipeline_in_interpret_mode_against_float64(case, switches, rac
 
 
 def _gpu_variants():
-    return [MosaicVariant(**e.get("variant", {}))
-            for e in variants_tool.load_variant_sets()["variants"] if e.get("variant")]
+    """(switches, head_dim) of every entry of the benchmark file that sets switches:
+    a ``variant`` at head_dim 64, a ``registered_plus`` at each of its head_dims (on the
+    switches registered there without a mask or length)."""
+    out = []
+    for entry in variants_tool.load_variant_sets()["variants"]:
+        if entry.get("variant"):
+            out.append((MosaicVariant(**entry["variant"]), 64))
+        elif entry.get("registered_plus") and "config" not in entry:
+            out += [(variants_tool.entry_variant(entry, d), d)
+                    for d in entry.get("head_dims", (64, 128, 256))]
+    return out
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
-@pytest.mark.parametrize("variant", _gpu_variants(), ids=lambda v: v.label())
+@pytest.mark.parametrize("variant, head_dim", _gpu_variants(),
+                         ids=lambda x: x.label() if isinstance(x, MosaicVariant) else f"d{x}")
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_gpu_variant_poisoned_padding_and_extremes(variant, dtype):
+def test_gpu_variant_poisoned_padding_and_extremes(variant, head_dim, dtype):
     """Issue 23's kinds for each variant: poison in the padding never reaches the
     output (padded query rows exactly 0), and large equal logits with one or two
-    visible keys stay finite and equal to float64."""
+    visible keys stay finite and equal to float64; then, without lengths (the only
+    calls that set the ping-pong's offset once per kernel), causal and full inputs of
+    several tiles per CTA against float64."""
     seed = int(np.random.default_rng().integers(1 << 31))
+    for causal in (False, True):
+        case = Case("no_lengths", batch=2, q_len=1024, kv_len=1024, num_heads=4,
+                    num_kv_heads=2, head_dim=head_dim, dtype=dtype, causal=causal)
+        q, k, v, _, _ = random_inputs(case, seed=seed, q_scale=2.0)
+        out = pallas_mosaic_gpu_attention(q, k, v, causal=causal, scale=0.125, q_lengths=None,
+                                          kv_lengths=None, variant=variant, num_sms=8)
+        ref = attention_reference(q, k, v, causal=causal, scale=0.125)
+        naive = naive_attention(q, k, v, causal=causal, scale=0.125)
+        naive_err = relative_error(np.asarray(jnp.asarray(naive, jnp.float32), np.float64), ref)
+        assert_accurate(jnp.asarray(out, jnp.float32), ref, dtype, naive_err)
     for poison in poisoned.POISONS:
         for causal in (False, True):
             (q, k, v), (qc, kc, vc), ql, kl, q_pad = poisoned._padded_inputs(
-                dtype, poison, seed, causal=causal)
+                dtype, poison, seed, head_dim=head_dim, causal=causal)
             out = pallas_mosaic_gpu_attention(q, k, v, causal=causal, scale=0.125,
                                               q_lengths=ql, kv_lengths=kl, variant=variant)
             out = np.asarray(jnp.asarray(out, jnp.float32), np.float64)
@@ -473,7 +500,7 @@ def test_gpu_variant_poisoned_padding_and_extremes(variant, dtype):
             assert np.all(out[q_pad] == 0.0), (poison, causal)
             assert relative_error(out, ref) < poisoned.TOLERANCE[dtype], (poison, causal)
     for visible in (1, 2):
-        (q, k, v), kl = poisoned._extreme_inputs(dtype, seed, visible)
+        (q, k, v), kl = poisoned._extreme_inputs(dtype, seed, visible, head_dim)
         out = pallas_mosaic_gpu_attention(q, k, v, causal=False, scale=0.125,
                                           q_lengths=None, kv_lengths=kl, variant=variant)
         out = np.asarray(jnp.asarray(out, jnp.float32), np.float64)
@@ -555,7 +582,8 @@ def test_the_default_row_runs_the_switches_the_kernel_is_registered_with():
             assert got.intra_wg_pipeline and got == registered.model_copy(
                 update={"intra_wg_pipeline": True}), (head_dim, causal, kv_len)
     assert variants_tool.entry_variant(plus, 256, causal=False, kv_len=4096) == MosaicVariant(
-        lazy_rescale_log2=8.0, rowsum_before_handover=True, intra_wg_pipeline=True)
+        lazy_rescale_log2=8.0, rowsum_before_handover=True, output_chunks=2,
+        intra_wg_pipeline=True)
     # the pipelined entries run 64 x 128 at head_dim 64 (the table's 64 x 256 is refused)
     for name in ("intra-wg-pipeline", "registered-intra-wg-pipeline", "d64-tile-q64-kv128"):
         assert variants_tool.block_sizes(sets[name], 64).block_kv == 128, name

@@ -86,11 +86,11 @@ def _check_poisoned(implementation: str, dtype: str, poison: str, causal: bool, 
     assert err < TOLERANCE[dtype], f"{implementation}: rel. error {err:.3e} vs float64"
 
 
-def _extreme_inputs(dtype: str, seed: int, visible: int):
+def _extreme_inputs(dtype: str, seed: int, visible: int, head_dim: int = 64):
     """Logits near the range of ``dtype``: every query row and key equal up to a small
     perturbation, values large, and only ``visible`` keys per example (kv_lengths)."""
     rng = np.random.default_rng(seed)
-    batch, q_len, kv_len, heads, head_dim = 2, 64, 96, 2, 64
+    batch, q_len, kv_len, heads = 2, 64, 96, 2
     big = {"bfloat16": 2.0**6, "float16": 2.0**3, "float32": 2.0**6}[dtype]
     base = np.full((batch, 1, heads, head_dim), big)
     q = base + 0.01 * rng.standard_normal((batch, q_len, heads, head_dim))
