@@ -105,12 +105,14 @@ passed the `gpu` tests there (``kernels/tools/bench_results/``; NOTES-gpu.md):
   rows, -0.7 to -2.6 % on three causal ones, every row still ahead of cuDNN; at f16 d128
   session 6 had found the same, +0.8 to +2.9 % on three of four rows);
 * head_dim 256: the output staged through half-width buffers, ``output_chunks`` 2
-  (session 10, ``h200-2026-12-02-session10/switches-grid-bf16``: +0.6 / +3.2 % full S = 16384 / 4096,
-  +1.0 / +2.8 % causal, bf16: the query tile is freed after a tile's last ``Q K^T``
-  instead of after the output's store);
+  (session 10, ``h200-2026-12-02-session10/switches-grid-bf16``: +0.6 / +3.2 % full
+  S = 16384 / 4096, +1.0 / +2.8 % causal, bf16: the query tile is freed after a tile's
+  last ``Q K^T`` instead of after the output's store);
 * head_dim 64: the ping-pong's phase offset once per kernel, ``pingpong_across_tiles``
   (the same call: +1.1 to +1.5 % on each of the four bf16 rows; at head_dim 128 it lost
-  0.7-2.3 %, with the half-width output at 256 1-3 %, so it stays off there).
+  0.7-2.3 %, with the half-width output at 256 0.4-1.6 % on three rows, so it stays off
+  there). The new registration beside the one before, one call, bf16 and f16
+  (``.../registered-vs-before``): 0.990-1.025 per row, 15 of 16 rows >= 1.0.
 
 ``pallas_mosaic_gpu.registered_variant`` drops what a tiling cannot hold (the half-width
 output where it would not fit shared memory, the offset once per kernel where the output
@@ -120,8 +122,11 @@ lengths (a tile they leave empty would deadlock it).
 Every poisoned-padding and extreme-magnitude case of ``tests/test_kernels_mosaic_variants.py``
 passed on the H200 in bf16 and f16 with each switch by itself (session 7: 70 passed); the
 combination at head_dim 256, kv_len <= 4096 passed the grid's float64 checks there, and its
-own `gpu` cases (``lazy-8-rowsum-before`` in ``fa3_variants.json``) are still to run on a
-GPU. A change of this table changes the kernels' source digest (``kernels.build``)."""
+own `gpu` cases (``lazy-8-rowsum-before`` in ``fa3_variants.json``) passed in session 8.
+Session 10's two switches passed the grid's float64 checks on all 24 rows and the bf16-long
+rollout; their own `gpu` cases have not run on a GPU yet (the first attempt failed in the
+test before any kernel check); in the interpreter they pass against float64. A change of
+this table changes the kernels' source digest (``kernels.build``)."""
 
 
 def registered_default(padded_head_dim: int, *, causal: bool | None = None,

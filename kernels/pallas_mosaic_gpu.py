@@ -39,8 +39,8 @@ arXiv:2407.08608), exact attention with an online softmax (FlashAttention-2, Dao
   one FMA; ``exp2(-inf) = 0`` with ``approx_math``. Block 0 always contains key 0, which
   every row sees, so ``m`` is finite after the first block and ``-inf - -inf`` never
   occurs. ``P`` is rounded to the input dtype (bf16 or f16) for the second ``wgmma``.
-- **Variants** (``kernels.mosaic_variants.MosaicVariant``; off by default except the
-  lazy rescale at padded head_dim 256, ``registered_default``; issue 24 times each by
+- **Variants** (``kernels.mosaic_variants.MosaicVariant``; off by default except where
+  ``mosaic_variants.REGISTERED_SWITCHES`` registers them; issue 24 times each by
   itself with ``kernels.tools.variants``): a lazy rescale of the
   accumulator (the running max moves only when a block's max exceeds it by more than a
   threshold; the rescale is skipped when no row of the warpgroup moved), the row sum
@@ -48,7 +48,11 @@ arXiv:2407.08608), exact attention with an online softmax (FlashAttention-2, Dao
   intra-warpgroup pipelining (FA3 section 3.2: ``Q Kᵀ`` of block j+1 issued before the
   softmax of block j and waited with that block's ``P V``; the logits tile is carried
   across iterations; off by default, refused where two logits tiles exceed the
-  consumer's registers).
+  consumer's registers), the ping-pong's phase offset set once per kernel instead of
+  per tile (FA3's ``mma_init``; registered at head_dim 64; calls with lengths keep it
+  per tile, since a tile they leave empty would deadlock it), and the output staged
+  through ``head_dim / n``-column buffers in ``n`` stores (registered at 256, where
+  whole output buffers do not fit, so the query tile is freed after the last ``Q Kᵀ``).
 - **Contract.** GQA by index mapping (query head ``h`` streams K/V head
   ``h // group``; nothing is repeated). ``kv_lengths``: keys at or past the length are
   masked and the blocks past it never loaded; V rows past it are zeroed before the

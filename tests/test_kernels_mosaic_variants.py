@@ -21,6 +21,7 @@ from pydantic import ValidationError
 from kernels import mosaic_variants, pallas_mosaic_gpu
 from kernels.build import source_digests
 from kernels.config import BlockSizes
+from kernels.contract import AttentionSpec
 from kernels.mosaic_variants import MAX_LAZY_RESCALE_LOG2, MosaicVariant, lazy_max, tile_registers
 from kernels.naive import naive_attention
 from kernels.pallas_mosaic_gpu import pallas_mosaic_gpu_attention
@@ -44,6 +45,8 @@ ON_GPU = jax.default_backend() in ("gpu", "cuda")
     (dict(producer_registers=16), "[24, 256]"),
     (dict(consumer_registers=248, producer_registers=24), "520 exceeds the 512"),
     (dict(ping_pong=False), "ping_pong"),
+    (dict(output_chunks=0), "output_chunks"),
+    (dict(output_chunks=5), "output_chunks"),
 ])
 def test_bad_variant_is_refused_naming_the_constraint(bad, named):
     with pytest.raises(ValidationError) as err:
@@ -99,6 +102,71 @@ def test_the_64x192_tile_at_head_dim_128_fits_the_registers_but_not_the_pipeline
                  config=BlockSizes(block_q=64, block_kv=192, num_stages=2))
 
 
+def test_output_chunks_split_head_dim_into_whole_64_column_tiles():
+    """A chunk of the output staging buffer is a whole number of 128-byte swizzle tiles
+    (64 bf16/f16 columns): 128 into 2, 256 into 2 or 4; not 64 into 2, not 256 into 3."""
+    for chunks, d in ((1, 64), (2, 128), (2, 256), (4, 256), (3, 192)):
+        MosaicVariant(output_chunks=chunks).check_tiling(64, 64, d)
+    for chunks, d in ((2, 64), (3, 256), (4, 128)):
+        with pytest.raises(ValueError, match=f"output_chunks={chunks}.*head_dim {d}"):
+            MosaicVariant(output_chunks=chunks).check_tiling(64, 64, d)
+
+
+def test_half_width_output_buffers_fit_shared_memory_at_head_dim_256():
+    """At head_dim 256 (64 x 64 tiles, a 2-deep ring, bf16) whole output buffers do not
+    fit 227 KiB, so the output used to share the query tiles; two 128-column ones do,
+    with the lazy rescale's 2 KiB reduction scratch. Bytes from the buffers' shapes:
+    queries 2 x 64 x 256 x 2, K and V rings 2 x 2 x 64 x 256 x 2, output 2 x 64 x 128 x 2,
+    13 barriers of 8 bytes."""
+    cfg = BlockSizes(block_q=64, block_kv=64, num_warps=12, num_stages=2)
+    lazy = pallas_mosaic_gpu.variant_scratch_bytes(MosaicVariant(lazy_rescale_log2=8.0))
+    queries, rings, half_output, barriers = 65536, 131072, 32768, 104
+    assert not pallas_mosaic_gpu.separate_output(cfg, 256, 2, lazy)
+    assert pallas_mosaic_gpu.smem_bytes(cfg, 256, 2, lazy) == queries + rings + barriers + lazy
+    assert pallas_mosaic_gpu.separate_output(cfg, 256, 2, lazy, output_chunks=2)
+    assert pallas_mosaic_gpu.output_staging_cols(cfg, 256, 2, lazy, output_chunks=2) == 128
+    with_half = pallas_mosaic_gpu.smem_bytes(cfg, 256, 2, lazy, output_chunks=2)
+    assert with_half == queries + rings + half_output + barriers + lazy
+    assert with_half <= pallas_mosaic_gpu.SMEM_LIMIT_BYTES
+    whole = queries + rings + 2 * half_output + barriers + lazy
+    assert whole > pallas_mosaic_gpu.SMEM_LIMIT_BYTES
+
+
+def test_pingpong_across_tiles_is_refused_where_the_output_shares_the_query_tiles():
+    """With the output staged in the query tile, the producer's next K/V blocks wait for
+    consumer 1's store, which would wait for consumer 0's next Q K^T: the kernel names
+    the constraint instead of hanging. The half-width output lifts it."""
+    across = MosaicVariant(pingpong_across_tiles=True, lazy_rescale_log2=8.0)
+    with pytest.raises(ValueError, match="pingpong_across_tiles needs the output staged"):
+        _lowered(across, head_dim=256)
+    deep_ring = BlockSizes(block_q=64, block_kv=128, num_stages=3)  # d128: no room either
+    with pytest.raises(ValueError, match="pingpong_across_tiles needs the output staged"):
+        _lowered(MosaicVariant(pingpong_across_tiles=True), head_dim=128, config=deep_ring)
+    assert "mosaic_gpu_v2" in _lowered(across.model_copy(update={"output_chunks": 2}), 256)
+
+
+def test_registered_switches_drop_what_the_tiling_cannot_hold(monkeypatch):
+    """A call without ``variant`` never fails on a registered switch its tiling cannot
+    hold: with a rule asking for half-width output and the offset once per kernel at
+    head_dim 128, a 3-deep ring of 128-key blocks (224 KiB before any output buffer)
+    runs with neither; the 2-deep ring keeps both."""
+    rule = mosaic_variants.SwitchRule(
+        padded_head_dim=128, switches={"output_chunks": 2, "pingpong_across_tiles": True})
+    monkeypatch.setattr(mosaic_variants, "REGISTERED_SWITCHES", (rule,))
+    deep = BlockSizes(block_q=64, block_kv=128, num_warps=12, num_stages=3)
+    shallow = deep.model_copy(update={"num_stages": 2})
+    got = pallas_mosaic_gpu.registered_variant(deep, 128)
+    assert (got.output_chunks, got.pingpong_across_tiles) == (1, False)
+    got = pallas_mosaic_gpu.registered_variant(shallow, 128)
+    assert (got.output_chunks, got.pingpong_across_tiles) == (2, True)
+    # and check_supported agrees with the call: the deep ring is supported as it runs
+    spec = AttentionSpec(batch=1, q_len=512, kv_len=512, num_heads=2, num_kv_heads=2,
+                         head_dim=128, dtype=jnp.dtype("bfloat16"), causal=True, scale=0.1,
+                         has_lengths=False)
+    pallas_mosaic_gpu.check_supported(spec, "cuda", deep)
+    assert "mosaic_gpu_v2" in _lowered(None, head_dim=128, causal=True, config=deep)
+
+
 def test_the_kernel_declares_its_variant_fields():
     assert IMPLEMENTATIONS["pallas_mosaic_gpu"].variant_fields == tuple(MosaicVariant.model_fields)
     assert IMPLEMENTATIONS["naive"].variant_fields == ()
@@ -133,12 +201,31 @@ def test_each_switch_changes_the_lowered_kernel():
     for variant in (MosaicVariant(lazy_rescale_log2=8.0),
                     MosaicVariant(rowsum_before_handover=False),
                     MosaicVariant(consumer_registers=240, producer_registers=24),
-                    MosaicVariant(intra_wg_pipeline=True)):
+                    MosaicVariant(intra_wg_pipeline=True),
+                    MosaicVariant(pingpong_across_tiles=True),
+                    MosaicVariant(output_chunks=2)):
         text = _lowered(variant)
         assert text.count("mosaic_gpu_v2") == 1 and text != base, variant.label()
     # At head_dim 256 the default order is "after": switching it to "before" changes it.
     assert _lowered(MosaicVariant(rowsum_before_handover=True), 256) != \
         _lowered(MosaicVariant(), 256)
+
+
+def test_calls_with_lengths_set_the_pingpong_offset_per_tile():
+    """Lengths may leave a tile empty, which would deadlock the offset once per kernel:
+    with lengths the switch lowers to exactly the kernel without it; without lengths it
+    does not."""
+    def lowered(variant, lengths):
+        q = jax.ShapeDtypeStruct((2, 512, 2, 64), jnp.bfloat16)
+        n = jax.ShapeDtypeStruct((2,), jnp.int32) if lengths else None
+        fn = functools.partial(pallas_mosaic_gpu_attention, causal=True, scale=0.1,
+                               variant=variant)
+        return jax.jit(fn).trace(q, q, q, q_lengths=n, kv_lengths=n).lower(
+            lowering_platforms=("cuda",)).as_text()
+
+    on, off = MosaicVariant(pingpong_across_tiles=True), MosaicVariant()
+    assert lowered(on, lengths=True) == lowered(off, lengths=True)
+    assert lowered(on, lengths=False) != lowered(off, lengths=False)
 
 
 @pytest.mark.parametrize("head_dim, causal", [(64, True), (256, False)])
@@ -448,6 +535,70 @@ def test_intra_wg_pipeline_in_interpret_mode_against_float64(case, switches, rac
         assert np.all(np.asarray(jnp.asarray(out, jnp.float32))[rows] == 0.0)
 
 
+TILE_BOUNDARY_CASES = [
+    # the offset once per kernel at d64: causal GQA, 3 query pairs x 2 heads x 2 examples
+    # = 12 tiles in the interpreter's one CTA, every boundary crossed by the ping-pong;
+    # race detection on (a slot or query tile reused before both consumers let go of it)
+    (Case("across_d64_causal_gqa", batch=2, q_len=384, kv_len=384, num_heads=4,
+          num_kv_heads=2, head_dim=64, dtype="bfloat16", causal=True,
+          config=BlockSizes(block_q=64, block_kv=128, num_stages=2)),
+     {"pingpong_across_tiles": True, "rowsum_before_handover": False}, True),
+    # with the intra-warpgroup pipeline at d128 (head_dim 96 padded), full mask
+    (Case("across_pipelined_d96_full", batch=1, q_len=256, kv_len=320, num_heads=2,
+          num_kv_heads=1, head_dim=96, dtype="float16", causal=False,
+          config=BlockSizes(block_q=64, block_kv=64, num_stages=2)),
+     {"pingpong_across_tiles": True, "intra_wg_pipeline": True}, False),
+    # d256: four 64-column output stores per tile, across tiles, the lazy rescale, causal
+    (Case("chunks4_across_d256_causal", batch=1, q_len=256, kv_len=256, num_heads=2,
+          num_kv_heads=2, head_dim=256, dtype="bfloat16", causal=True,
+          config=BlockSizes(block_q=64, block_kv=64, num_stages=2)),
+     {"output_chunks": 4, "pingpong_across_tiles": True, "lazy_rescale_log2": 8.0}, False),
+    # d256 with lengths (the offset per tile) and two output stores; query pairs past a
+    # length are empty tiles and their rows exact zeros
+    (Case("chunks2_d256_lengths", batch=2, q_len=300, kv_len=330, num_heads=2,
+          num_kv_heads=1, head_dim=256, dtype="bfloat16", causal=False,
+          q_lengths=(300, 77), kv_lengths=(330, 129),
+          config=BlockSizes(block_q=64, block_kv=64, num_stages=2)),
+     {"output_chunks": 2, "pingpong_across_tiles": True}, False),
+]
+
+
+@pytest.mark.parametrize("case, switches, races", TILE_BOUNDARY_CASES,
+                         ids=[c.name for c, _, _ in TILE_BOUNDARY_CASES])
+def test_tile_boundary_switches_in_interpret_mode_against_float64(case, switches, races):
+    """Session 10's switches in JAX's GPU interpreter on fresh random inputs against
+    float64: the ping-pong's offset set once per kernel (consumer 0 starts a tile while
+    consumer 1 finishes the last one; every barrier phase still waited once, in order)
+    and the output staged through head_dim / n-column buffers (n TMA stores per tile,
+    each fill after the previous store's read). Within the issue's bound of naive's
+    error; padded query rows exactly zero."""
+    from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call
+    from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
+
+    variant = MosaicVariant(**switches)
+    q, k, v, ql, kl = random_inputs(case, seed=int(np.random.default_rng().integers(1 << 31)),
+                                    q_scale=2.0)
+    scale = 1.0 / math.sqrt(case.head_dim)
+    try:
+        out = pallas_mosaic_gpu_attention(
+            q, k, v, causal=case.causal, scale=scale, q_lengths=ql, kv_lengths=kl,
+            config=case.config, interpret=InterpretGPUParams(detect_races=races),
+            variant=variant)
+        if races:
+            assert not interpret_pallas_call.get_races().races_found
+    finally:
+        interpret_pallas_call.reset_gpu_interpret_mode_state()
+    ref = attention_reference(q, k, v, causal=case.causal, scale=scale, q_lengths=ql,
+                              kv_lengths=kl)
+    naive = naive_attention(q, k, v, causal=case.causal, scale=scale, q_lengths=ql,
+                            kv_lengths=kl)
+    naive_err = relative_error(np.asarray(jnp.asarray(naive, jnp.float32), np.float64), ref)
+    assert_accurate(jnp.asarray(out, jnp.float32), ref, case.dtype, naive_err)
+    if ql is not None:
+        rows = np.arange(case.q_len)[None, :] >= np.asarray(ql)[:, None]
+        assert np.all(np.asarray(jnp.asarray(out, jnp.float32))[rows] == 0.0)
+
+
 # ----------------------------------------------------------------------------- GPU
 
 
@@ -465,34 +616,32 @@ def _gpu_variants():
     return out
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
-@pytest.mark.parametrize("variant, head_dim", _gpu_variants(),
-                         ids=lambda x: x.label() if isinstance(x, MosaicVariant) else f"d{x}")
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_gpu_variant_poisoned_padding_and_extremes(variant, head_dim, dtype):
-    """Issue 23's kinds for each variant: poison in the padding never reaches the
-    output (padded query rows exactly 0), and large equal logits with one or two
-    visible keys stay finite and equal to float64; then, without lengths (the only
+def check_variant_kinds(variant: MosaicVariant, head_dim: int, dtype: str, *, seq: int,
+                        interpret: bool = False) -> None:
+    """Issue 23's kinds for one variant against float64: poison in the padding never
+    reaches the output (padded query rows exactly 0), and large equal logits with one or
+    two visible keys stay finite and equal to float64; then, without lengths (the only
     calls that set the ping-pong's offset once per kernel), causal and full inputs of
-    several tiles per CTA against float64."""
+    ``seq`` tokens (several tiles per CTA) within the issue's bound of naive's error."""
     seed = int(np.random.default_rng().integers(1 << 31))
+    run = functools.partial(pallas_mosaic_gpu_attention, scale=0.125, variant=variant,
+                            interpret=interpret)
     for causal in (False, True):
-        case = Case("no_lengths", batch=2, q_len=1024, kv_len=1024, num_heads=4,
+        case = Case("no_lengths", batch=2, q_len=seq, kv_len=seq, num_heads=4,
                     num_kv_heads=2, head_dim=head_dim, dtype=dtype, causal=causal)
         q, k, v, _, _ = random_inputs(case, seed=seed, q_scale=2.0)
-        out = pallas_mosaic_gpu_attention(q, k, v, causal=causal, scale=0.125, q_lengths=None,
-                                          kv_lengths=None, variant=variant, num_sms=8)
+        out = run(q, k, v, causal=causal, q_lengths=None, kv_lengths=None,
+                  num_sms=None if interpret else 8)
         ref = attention_reference(q, k, v, causal=causal, scale=0.125)
-        naive = naive_attention(q, k, v, causal=causal, scale=0.125)
+        naive = naive_attention(q, k, v, causal=causal, scale=0.125, q_lengths=None,
+                                kv_lengths=None)
         naive_err = relative_error(np.asarray(jnp.asarray(naive, jnp.float32), np.float64), ref)
         assert_accurate(jnp.asarray(out, jnp.float32), ref, dtype, naive_err)
     for poison in poisoned.POISONS:
         for causal in (False, True):
             (q, k, v), (qc, kc, vc), ql, kl, q_pad = poisoned._padded_inputs(
                 dtype, poison, seed, head_dim=head_dim, causal=causal)
-            out = pallas_mosaic_gpu_attention(q, k, v, causal=causal, scale=0.125,
-                                              q_lengths=ql, kv_lengths=kl, variant=variant)
+            out = run(q, k, v, causal=causal, q_lengths=ql, kv_lengths=kl)
             out = np.asarray(jnp.asarray(out, jnp.float32), np.float64)
             ref = attention_reference(qc, kc, vc, causal=causal, scale=0.125,
                                       q_lengths=ql, kv_lengths=kl)
@@ -501,12 +650,32 @@ def test_gpu_variant_poisoned_padding_and_extremes(variant, head_dim, dtype):
             assert relative_error(out, ref) < poisoned.TOLERANCE[dtype], (poison, causal)
     for visible in (1, 2):
         (q, k, v), kl = poisoned._extreme_inputs(dtype, seed, visible, head_dim)
-        out = pallas_mosaic_gpu_attention(q, k, v, causal=False, scale=0.125,
-                                          q_lengths=None, kv_lengths=kl, variant=variant)
+        out = run(q, k, v, causal=False, q_lengths=None, kv_lengths=kl)
         out = np.asarray(jnp.asarray(out, jnp.float32), np.float64)
         ref = attention_reference(q, k, v, scale=0.125, kv_lengths=kl)
         assert np.all(np.isfinite(out)), visible
         assert relative_error(out, ref) < poisoned.TOLERANCE[dtype], visible
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
+@pytest.mark.parametrize("variant, head_dim", _gpu_variants(),
+                         ids=lambda x: x.label() if isinstance(x, MosaicVariant) else f"d{x}")
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_gpu_variant_poisoned_padding_and_extremes(variant, head_dim, dtype):
+    """:func:`check_variant_kinds` natively, 1024 tokens on 8 CTAs."""
+    check_variant_kinds(variant, head_dim, dtype, seq=1024)
+
+
+def test_the_gpu_checks_run_in_interpret_mode_on_the_registered_d256_switches():
+    """The `gpu` test's body in JAX's GPU interpreter (128 tokens: 8 tiles in one CTA),
+    on the switches registered at head_dim 256 (the lazy rescale and the half-width
+    output, stored in two copies): session 10's first H200 run of the body failed on a
+    call of the naive baseline without its lengths before any kernel check, so the body
+    runs here first."""
+    variant = mosaic_variants.registered_default(256)
+    assert variant.output_chunks == 2
+    check_variant_kinds(variant, 256, "bfloat16", seq=128, interpret=True)
 
 
 def test_variant_file_is_valid_json_with_unique_names():
