@@ -67,7 +67,7 @@ class SwitchRule(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     padded_head_dim: int = Field(gt=0, multiple_of=64)
-    switches: dict[str, float | bool]
+    switches: dict[str, bool | int | float]
     causal: bool | None = None
     max_kv_len: int | None = Field(default=None, gt=0)
 

@@ -113,7 +113,12 @@ from jax import lax
 from kernels.config import BlockSizes
 from kernels.contract import AttentionSpec
 from kernels.kernel import Capability, Kernel, round_up
-from kernels.mosaic_variants import MosaicVariant, lazy_max, registered_default
+from kernels.mosaic_variants import (
+    OUTPUT_CHUNK_COLS,
+    MosaicVariant,
+    lazy_max,
+    registered_default,
+)
 from kernels.tile_schedule import tile_schedule
 
 KERNEL_NAME = "kernelgate_flash_fwd_mosaic_gpu"
@@ -255,12 +260,15 @@ def registered_variant(config: BlockSizes, head_dim: int, itemsize: int = 2, *,
     """The switches a call without ``variant`` runs: the registered ones
     (:func:`kernels.mosaic_variants.registered_default` at the padded head_dim, mask and
     ``kv_len``) less what ``config`` cannot hold: ``output_chunks`` back to 1 where its
-    staging buffers would not fit shared memory beside the rest, and
+    chunks do not split the padded head_dim into whole 64-column tiles or its staging
+    buffers would not fit shared memory beside the rest, and
     ``pingpong_across_tiles`` off where the output is then staged in the query tiles
     (the kernel refuses that pair when it is asked for explicitly). ``config`` must be
     resolved (every field set); ``itemsize`` in bytes (2 for bf16/f16)."""
     variant = registered_default(padded_head_dim(head_dim), causal=causal, kv_len=kv_len)
     extra = variant_scratch_bytes(variant)
+    if padded_head_dim(head_dim) % (variant.output_chunks * OUTPUT_CHUNK_COLS):
+        variant = variant.model_copy(update={"output_chunks": 1})  # chunks must tile it
     if variant.output_chunks > 1 and _smem(
             config, head_dim, itemsize, padded_head_dim(head_dim) // variant.output_chunks,
             extra) > SMEM_LIMIT_BYTES:

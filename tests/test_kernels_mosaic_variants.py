@@ -132,6 +132,35 @@ def test_half_width_output_buffers_fit_shared_memory_at_head_dim_256():
     assert whole > pallas_mosaic_gpu.SMEM_LIMIT_BYTES
 
 
+@pytest.mark.parametrize("head_dim, block_q, block_kv, stages, switches", [
+    (64, 64, 256, 2, {}), (128, 64, 128, 3, {}), (128, 64, 128, 2, {"output_chunks": 2}),
+    (256, 64, 64, 2, {"lazy_rescale_log2": 8.0}),
+    (256, 64, 64, 2, {"lazy_rescale_log2": 8.0, "output_chunks": 2}),
+    (256, 64, 64, 2, {"output_chunks": 4})])
+def test_the_smem_count_is_what_the_kernel_allocates(head_dim, block_q, block_kv, stages,
+                                                     switches):
+    """``smem_bytes`` (what the refusals and the autotuner use) against the buffers the
+    kernel's scratch really declares: every shared-memory ref's elements times 2 bytes,
+    8 bytes per barrier, and the variant's reduction scratch."""
+    variant = MosaicVariant(**switches)
+    cfg = BlockSizes(block_q=block_q, block_kv=block_kv, num_warps=12, num_stages=stages)
+    extra = pallas_mosaic_gpu.variant_scratch_bytes(variant)
+    cols = pallas_mosaic_gpu.output_staging_cols(cfg, head_dim, 2, extra, variant.output_chunks)
+    plan = pallas_mosaic_gpu._Plan(
+        batch=1, num_heads=1, group=1, q_len=512, kv_len=512, q_pad=512, kv_pad=512,
+        head_dim=head_dim, block_q=block_q, block_kv=block_kv, stages=stages, causal=False,
+        qk_scale_log2=1.0, has_q_lengths=False, has_kv_lengths=False, num_ctas=1,
+        dtype=jnp.bfloat16, interpret=False, output_cols=cols, variant=variant)
+    allocated = extra
+    for ref in pallas_mosaic_gpu._scratch(plan).values():
+        if hasattr(ref, "shape"):
+            allocated += math.prod(ref.shape) * jnp.dtype(ref.dtype).itemsize
+        else:
+            allocated += 8 * math.prod(np.atleast_1d(ref.num_barriers))
+    assert allocated == pallas_mosaic_gpu.smem_bytes(cfg, head_dim, 2, extra,
+                                                     variant.output_chunks)
+
+
 def test_pingpong_across_tiles_is_refused_where_the_output_shares_the_query_tiles():
     """With the output staged in the query tile, the producer's next K/V blocks wait for
     consumer 1's store, which would wait for consumer 0's next Q K^T: the kernel names
@@ -159,6 +188,17 @@ def test_registered_switches_drop_what_the_tiling_cannot_hold(monkeypatch):
     assert (got.output_chunks, got.pingpong_across_tiles) == (1, False)
     got = pallas_mosaic_gpu.registered_variant(shallow, 128)
     assert (got.output_chunks, got.pingpong_across_tiles) == (2, True)
+    # the benchmark's rows run what the call runs: its default row at the deep ring too
+    default_row = {"name": "default"}
+    assert variants_tool.entry_variant(default_row, 128, causal=True, kv_len=512,
+                                       config=deep) == pallas_mosaic_gpu.registered_variant(
+        deep, 128, causal=True, kv_len=512)
+    assert variants_tool.entry_variant(default_row, 128).pingpong_across_tiles  # the table's
+    # chunks that do not split the padded head_dim (192 into 2 x 96) are dropped as well
+    odd = mosaic_variants.SwitchRule(padded_head_dim=192, switches={"output_chunks": 2})
+    monkeypatch.setattr(mosaic_variants, "REGISTERED_SWITCHES", (rule, odd))
+    assert pallas_mosaic_gpu.registered_variant(shallow, 192).output_chunks == 1
+    assert mosaic_variants.registered_default(192).output_chunks == 2
     # and check_supported agrees with the call: the deep ring is supported as it runs
     spec = AttentionSpec(batch=1, q_len=512, kv_len=512, num_heads=2, num_kv_heads=2,
                          head_dim=128, dtype=jnp.dtype("bfloat16"), causal=True, scale=0.1,

@@ -42,7 +42,12 @@ from kernels.config import BlockSizes
 from kernels.contract import validate
 from kernels.mosaic_variants import MosaicVariant, registered_default
 from kernels.naive import naive_attention
-from kernels.pallas_mosaic_gpu import padded_head_dim, pallas_mosaic_gpu_attention, resolve_config
+from kernels.pallas_mosaic_gpu import (
+    padded_head_dim,
+    pallas_mosaic_gpu_attention,
+    registered_variant,
+    resolve_config,
+)
 from kernels.reference import attention_reference, relative_error, rounding_floor
 from kernels.selection import select_pallas_config
 from kernels.shapes import AttentionShape, random_inputs
@@ -83,16 +88,23 @@ def load_variant_sets(path: Path | str = VARIANTS_FILE) -> dict[str, Any]:
 
 
 def entry_variant(entry: dict[str, Any], head_dim: int, *, causal: bool | None = None,
-                  kv_len: int | None = None) -> MosaicVariant:
+                  kv_len: int | None = None, config: BlockSizes | None = None) -> MosaicVariant:
     """The entry's switches at ``head_dim``: its ``variant`` (unset fields off), or, with no
     ``variant`` (``default``, a tiling entry), the switches the kernel is registered with at
     this head_dim, mask and ``kv_len`` (``mosaic_variants.registered_default`` at
     ``pallas_mosaic_gpu.padded_head_dim``): what ``variant=None`` runs; with
     ``registered_plus``, those registered switches with its fields set on top (a
-    technique timed against the registered kernel with everything else as registered)."""
+    technique timed against the registered kernel with everything else as registered).
+    With the row's resolved tiling ``config`` the registered switches are those the
+    tiling can hold (``pallas_mosaic_gpu.registered_variant``, exactly what the call
+    without a variant runs); without it, the rule table's."""
     if "variant" in entry:
         return MosaicVariant(**entry["variant"])
-    registered = registered_default(padded_head_dim(head_dim), causal=causal, kv_len=kv_len)
+    if config is None:
+        registered = registered_default(padded_head_dim(head_dim), causal=causal,
+                                        kv_len=kv_len)
+    else:
+        registered = registered_variant(config, head_dim, causal=causal, kv_len=kv_len)
     if "registered_plus" in entry:
         return MosaicVariant(**{**registered.model_dump(), **entry["registered_plus"]})
     return registered
@@ -200,13 +212,15 @@ def run_shape(shape: AttentionShape, entries: Sequence[dict[str, Any]], ceiling:
     for entry in entries:
         if shape.head_dim not in entry.get("head_dims", (shape.head_dim,)):
             continue
-        variant = entry_variant(entry, shape.head_dim, causal=shape.causal, kv_len=shape.kv_len)
         config = block_sizes(entry, shape.head_dim) or select_pallas_config(
             shape, implementation="pallas_mosaic_gpu")
         spec = validate(*shape.structs(), causal=shape.causal)[0]
+        resolved = resolve_config(spec, config)
+        variant = entry_variant(entry, shape.head_dim, causal=shape.causal,
+                                kv_len=shape.kv_len, config=resolved)
         row: dict[str, Any] = {"shape": shape.label, "variant": entry["name"],
                                "switches": variant.model_dump(),
-                               "config": resolve_config(spec, config).model_dump()}
+                               "config": resolved.model_dump()}
         try:
             output: list[str] = []
             with captured_output(output):
