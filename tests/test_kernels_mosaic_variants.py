@@ -511,6 +511,36 @@ def test_variant_in_interpret_mode_against_float64(variant):
     assert np.all(np.asarray(out, np.float32)[rows] == 0.0)
 
 
+def _interpreted_against_float64(case: Case, variant: MosaicVariant, races: bool) -> None:
+    """Run ``case`` with ``variant`` in JAX's GPU interpreter on fresh random inputs
+    (growing logits, ``q_scale`` 2) and hold it to the issue's bound of naive's error
+    against float64; padded query rows exactly zero; with ``races``, no race found."""
+    from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call
+    from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
+
+    q, k, v, ql, kl = random_inputs(case, seed=int(np.random.default_rng().integers(1 << 31)),
+                                    q_scale=2.0)
+    scale = 1.0 / math.sqrt(case.head_dim)
+    try:
+        out = pallas_mosaic_gpu_attention(
+            q, k, v, causal=case.causal, scale=scale, q_lengths=ql, kv_lengths=kl,
+            config=case.config, interpret=InterpretGPUParams(detect_races=races),
+            variant=variant)
+        if races:
+            assert not interpret_pallas_call.get_races().races_found
+    finally:
+        interpret_pallas_call.reset_gpu_interpret_mode_state()
+    ref = attention_reference(q, k, v, causal=case.causal, scale=scale, q_lengths=ql,
+                              kv_lengths=kl)
+    naive = naive_attention(q, k, v, causal=case.causal, scale=scale, q_lengths=ql,
+                            kv_lengths=kl)
+    naive_err = relative_error(np.asarray(jnp.asarray(naive, jnp.float32), np.float64), ref)
+    assert_accurate(jnp.asarray(out, jnp.float32), ref, case.dtype, naive_err)
+    if ql is not None:
+        rows = np.arange(case.q_len)[None, :] >= np.asarray(ql)[:, None]
+        assert np.all(np.asarray(jnp.asarray(out, jnp.float32))[rows] == 0.0)
+
+
 PIPELINE_CASES = [
     # causal GQA with lengths, 64 x 64 tiles: example 1's second query pair lies past
     # its length (ub = 0), example 2 sees 40 keys (ub = 1: prologue and epilogue only),
@@ -548,31 +578,8 @@ def test_intra_wg_pipeline_in_interpret_mode_against_float64(case, switches, rac
     every barrier) on fresh random inputs against float64: within the issue's bound of
     naive's error, padded query rows exactly zero, and no race on the ring slots (a
     K slot freed before its next-block Q K^T read it would be one)."""
-    from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call
-    from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
-
-    variant = MosaicVariant(intra_wg_pipeline=True, **switches)
-    q, k, v, ql, kl = random_inputs(case, seed=int(np.random.default_rng().integers(1 << 31)),
-                                    q_scale=2.0)
-    scale = 1.0 / math.sqrt(case.head_dim)
-    try:
-        out = pallas_mosaic_gpu_attention(
-            q, k, v, causal=case.causal, scale=scale, q_lengths=ql, kv_lengths=kl,
-            config=case.config, interpret=InterpretGPUParams(detect_races=races),
-            variant=variant)
-        if races:
-            assert not interpret_pallas_call.get_races().races_found
-    finally:
-        interpret_pallas_call.reset_gpu_interpret_mode_state()
-    ref = attention_reference(q, k, v, causal=case.causal, scale=scale, q_lengths=ql,
-                              kv_lengths=kl)
-    naive = naive_attention(q, k, v, causal=case.causal, scale=scale, q_lengths=ql,
-                            kv_lengths=kl)
-    naive_err = relative_error(np.asarray(jnp.asarray(naive, jnp.float32), np.float64), ref)
-    assert_accurate(jnp.asarray(out, jnp.float32), ref, case.dtype, naive_err)
-    if ql is not None:
-        rows = np.arange(case.q_len)[None, :] >= np.asarray(ql)[:, None]
-        assert np.all(np.asarray(jnp.asarray(out, jnp.float32))[rows] == 0.0)
+    _interpreted_against_float64(case, MosaicVariant(intra_wg_pipeline=True, **switches),
+                                 races)
 
 
 TILE_BOUNDARY_CASES = [
@@ -612,31 +619,7 @@ def test_tile_boundary_switches_in_interpret_mode_against_float64(case, switches
     and the output staged through head_dim / n-column buffers (n TMA stores per tile,
     each fill after the previous store's read). Within the issue's bound of naive's
     error; padded query rows exactly zero."""
-    from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call
-    from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
-
-    variant = MosaicVariant(**switches)
-    q, k, v, ql, kl = random_inputs(case, seed=int(np.random.default_rng().integers(1 << 31)),
-                                    q_scale=2.0)
-    scale = 1.0 / math.sqrt(case.head_dim)
-    try:
-        out = pallas_mosaic_gpu_attention(
-            q, k, v, causal=case.causal, scale=scale, q_lengths=ql, kv_lengths=kl,
-            config=case.config, interpret=InterpretGPUParams(detect_races=races),
-            variant=variant)
-        if races:
-            assert not interpret_pallas_call.get_races().races_found
-    finally:
-        interpret_pallas_call.reset_gpu_interpret_mode_state()
-    ref = attention_reference(q, k, v, causal=case.causal, scale=scale, q_lengths=ql,
-                              kv_lengths=kl)
-    naive = naive_attention(q, k, v, causal=case.causal, scale=scale, q_lengths=ql,
-                            kv_lengths=kl)
-    naive_err = relative_error(np.asarray(jnp.asarray(naive, jnp.float32), np.float64), ref)
-    assert_accurate(jnp.asarray(out, jnp.float32), ref, case.dtype, naive_err)
-    if ql is not None:
-        rows = np.arange(case.q_len)[None, :] >= np.asarray(ql)[:, None]
-        assert np.all(np.asarray(jnp.asarray(out, jnp.float32))[rows] == 0.0)
+    _interpreted_against_float64(case, MosaicVariant(**switches), races)
 
 
 # ----------------------------------------------------------------------------- GPU
