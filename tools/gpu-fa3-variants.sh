@@ -14,7 +14,9 @@
 #                                               beside cuDNN on every row (variants with
 #                                               head_dims narrow the grid to theirs)
 #   bash tools/gpu-fa3-variants.sh tests        the `gpu` tests of every variant
-#                                               (poisoned padding, low-precision extremes)
+#                                               (poisoned padding, low-precision extremes):
+#                                               tools/gpu-tests.sh's first three parts,
+#                                               which need two back-to-back calls
 #
 # Run from the repository root. Needs JAX with CUDA, numpy and pydantic (kernels.config
 # imports it): a carried .whl/ (../shared/tools/device-wheels.sh pydantic) is installed
@@ -76,8 +78,11 @@ case ${1:-priority} in
       ${KG_DTYPES:+--dtypes $KG_DTYPES} --out "$out/grid.json"
     ;;
   tests)
-    timed gpu-tests "$budget" python3 -m pytest -q -m gpu -p no:cacheprovider \
-      tests/test_kernels_mosaic_variants.py tests/test_kernels_poisoned.py
+    # The variants' 28 tests alone take longer than one call (session 11: about 560 s):
+    # tools/gpu-tests.sh runs them in parts and goes on in the next call.
+    OUT=$out BUDGET_S=$((budget - SECONDS)) bash "$(dirname "$0")/gpu-tests.sh" \
+      variants-bf16 variants-f16 poisoned
+    exit $?
     ;;
   *) sed -n 2,21p "$0"; exit 2 ;;
 esac
