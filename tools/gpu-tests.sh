@@ -24,12 +24,13 @@ budget=${BUDGET_S:-540}
 state=${KG_GPU_TESTS_STATE:-/tmp/kg-gpu-tests}
 python=${PYTHON:-python3}
 
-# `part_args NAME`: the part's pytest arguments, one per line (shell quoting honoured).
+# `part_args NAME`: the part's pytest arguments, one per line (quotes honoured by xargs,
+# which expands nothing: the parts file is data, not shell).
 part_args() {
   local name=$1 line
   line=$(awk -F'\t' -v n="$name" '!/^#/ && $1 == n {print $3}' "$parts_file")
   [ -n "$line" ] || { echo "no part named '$name' in $parts_file" >&2; return 2; }
-  eval "printf '%s\n' $line"
+  printf '%s\n' "$line" | xargs -n 1 printf '%s\n'
 }
 part_names() { awk -F'\t' '!/^#/ && NF >= 3 {print $1}' "$parts_file"; }
 part_seconds() { awk -F'\t' -v n="$1" '!/^#/ && $1 == n {print $2}' "$parts_file"; }
