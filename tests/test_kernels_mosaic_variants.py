@@ -368,6 +368,55 @@ def test_lengths_that_are_block_multiples_lower_as_before_the_unpadded_kv(monkey
         assert got == digest, (d, causal, kv_len, variant, config)
 
 
+# head_dim 128's kernels as measured on the H200 in session 8 (commit 4e0e33f; BENCHMARKS.md
+# "The H200, session 8"): the floor call's eight d128 rows (bf16 and f16; S = 4096 x B4 and
+# 16384 x B1; 16 heads; full and causal) and causal S = 131072 (B1, H16: 113.3 ms against
+# cuDNN's 122.6 ms), each with the tiling the committed table selects, lowered by JAX 0.10.2
+# for the H200's 132 SMs. Session 9's final commit (f36f0bc) lowers to the same modules. The
+# figures describe the shipped d128 kernel only while it lowers to these very modules; a
+# change here means measuring those rows again. (dtype, batch, seq, causal) -> sha256.
+D128_AS_MEASURED_IN_SESSION_8 = {
+    ("bfloat16", 1, 131072, True):
+        "49df32e1781443fc1228e7a632597e975e937022092ce68a41688be9b5d033e5",
+    ("bfloat16", 4, 4096, False):
+        "8ab13e1992936519557ea743adcf4d57dcbce9278f79d1afff3dccd2eb1634ac",
+    ("bfloat16", 1, 16384, False):
+        "20afaf34657a137938342387884f64131f54a162294f24e4bc4f2cfbc0f6bb9a",
+    ("bfloat16", 4, 4096, True):
+        "6a1ecd9f11688dabbfbd280c5765c13882b89448a73dfe748292a79bed53b36f",
+    ("bfloat16", 1, 16384, True):
+        "3390dce54dce7d77d6af85b287ccb290a9c3e0dd20921872abb8de4241e3e9cc",
+    ("float16", 4, 4096, False):
+        "b6f42501057caece1ccdef30d592797b28eab17d4b65e3310bd792df2d2d66b1",
+    ("float16", 1, 16384, False):
+        "52a371053d24d9f165776f5b82ad2b89c9494c17a525b006e226d744331f90e0",
+    ("float16", 4, 4096, True):
+        "b873ba6e38753cd6b90ef237ad77386a9a922fa35677426db2ac25084caba502",
+    ("float16", 1, 16384, True):
+        "849a4a5cc855660f4755c58afb9b0948400ff0c7d4d57d1635355372feb9e00a",
+}
+
+
+@pytest.mark.skipif(jax.__version__ != "0.10.2",
+                    reason="the recorded modules were lowered by JAX 0.10.2")
+def test_head_dim_128_lowers_to_the_modules_measured_in_session_8(monkeypatch):
+    """No switch was registered at head_dim 128 after session 8, and the code added since
+    (the ping-pong across tiles, the half-width output, the unpadded K/V) must leave its
+    kernels byte for byte as measured, the 131072-token causal row included."""
+    from kernels.selection import select_pallas_config
+    from kernels.shapes import AttentionShape
+    for (dtype, batch, seq, causal), digest in D128_AS_MEASURED_IN_SESSION_8.items():
+        shape = AttentionShape(dtype=dtype, batch=batch, q_len=seq, kv_len=seq, num_heads=16,
+                               num_kv_heads=16, head_dim=128, causal=causal)
+        config = select_pallas_config(shape, implementation="pallas_mosaic_gpu")
+        fn = functools.partial(pallas_mosaic_gpu_attention, causal=causal, scale=128 ** -0.5,
+                               q_lengths=None, kv_lengths=None, config=config, num_sms=132)
+        x = jax.ShapeDtypeStruct((batch, seq, 16, 128), getattr(jnp, dtype))
+        _, module = mosaic_module_text(monkeypatch, fn, x, x, x)
+        assert hashlib.sha256(module.encode()).hexdigest() == digest, \
+            (dtype, batch, seq, causal, config)
+
+
 def _lowered_at(variant, head_dim, causal, seq):
     q = jax.ShapeDtypeStruct((1, seq, 2, head_dim), jnp.bfloat16)
     fn = functools.partial(pallas_mosaic_gpu_attention, causal=causal, scale=0.1,
