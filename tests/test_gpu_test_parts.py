@@ -106,6 +106,9 @@ def test_a_failed_part_is_not_recorded_and_is_run_again(fake_python, tmp_path):
     done, calls = _run(fake_python, tmp_path, name)
     assert (tmp_path / "state" / f"{name}.passed").exists() and len(calls) == 1
     assert "-m gpu" in calls[0] and "tests/test_kernels_poisoned.py" in calls[0]
+    assert done.returncode == 0, "only the named part counts for a call that names parts"
+    done, calls = _run(fake_python, tmp_path, name)
+    assert done.returncode == 0 and calls == [], "a named part that passed ran again"
 
 
 def test_a_part_that_does_not_exist_is_refused_by_name(fake_python, tmp_path):

@@ -4,7 +4,7 @@
 # have not yet passed on this machine, in file order, while the budget lasts.
 #
 #   bash tools/gpu-tests.sh              the parts not yet passed here, in order
-#   bash tools/gpu-tests.sh PART...      those parts (run again even if they passed)
+#   bash tools/gpu-tests.sh PART...      those parts not yet passed here, in that order
 #   bash tools/gpu-tests.sh --collect    no GPU needed: each part's test ids, as
 #                                        "PART<tab>node id" (the CPU suite checks that
 #                                        the parts cover every `gpu` test once)
@@ -12,6 +12,7 @@
 # Run from the repository root. A passed part is recorded under $KG_GPU_TESTS_STATE
 # (default /tmp/kg-gpu-tests, which lives as long as the warm machine), so back-to-back
 # calls carry on where the last one stopped; a part that failed or was cut runs again.
+# To run a passed part again, point KG_GPU_TESTS_STATE at a new folder.
 # A part starts only when its expected seconds are left of $BUDGET_S (default 540).
 # Needs JAX with CUDA, numpy and pydantic: a carried .whl/ (../shared/tools/device-wheels.sh
 # pydantic) is installed into /tmp/site when pydantic is missing. Logs (pytest -v,
@@ -57,7 +58,7 @@ export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD
 if [ $# -gt 0 ]; then todo=("$@"); else mapfile -t todo < <(part_names); fi
 for name in "${todo[@]}"; do
   part_args "$name" > /dev/null || exit 2
-  if [ $# -eq 0 ] && [ -f "$state/$name.passed" ]; then
+  if [ -f "$state/$name.passed" ]; then
     printf '%-22s passed in an earlier call on this machine\n' "$name" | tee -a "$out/steps.txt"
     continue
   fi
@@ -79,7 +80,7 @@ done
 
 echo "--- parts"
 missing=0
-for name in $(part_names); do
+for name in "${todo[@]}"; do
   if [ -f "$state/$name.passed" ]; then echo "  passed   $name"; else echo "  NOT YET  $name"; missing=1; fi
 done
 echo "--- steps"; cat "$out/steps.txt"
