@@ -16,7 +16,8 @@
 # A part starts only when its expected seconds are left of $BUDGET_S (default 540).
 # Needs JAX with CUDA, numpy and pydantic: a carried .whl/ (../shared/tools/device-wheels.sh
 # pydantic) is installed into /tmp/site when pydantic is missing. Logs (pytest -v,
-# durations) and a steps table go to $OUT. Exit status 0 only when every part has passed.
+# durations) and a steps table go to $OUT. Exit status 0 only when every part asked for
+# (all of them when none is named) has passed.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 parts_file=$here/gpu-test-parts.txt
