@@ -112,6 +112,6 @@ def test_a_failed_part_is_not_recorded_and_is_run_again(fake_python, tmp_path):
 
 
 def test_a_part_that_does_not_exist_is_refused_by_name(fake_python, tmp_path):
-    done, calls = _run(fake_python, tmp_path, "no-such-part")
-    assert done.returncode == 2 and calls == []
+    done, calls = _run(fake_python, tmp_path, _part_names()[0], "no-such-part")
+    assert done.returncode == 2 and calls == [], "a part ran before the bad name was refused"
     assert "no part named 'no-such-part'" in done.stderr

@@ -57,8 +57,8 @@ fi
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD
 
 if [ $# -gt 0 ]; then todo=("$@"); else mapfile -t todo < <(part_names); fi
+for name in "${todo[@]}"; do part_args "$name" > /dev/null || exit 2; done  # before any run
 for name in "${todo[@]}"; do
-  part_args "$name" > /dev/null || exit 2
   if [ -f "$state/$name.passed" ]; then
     printf '%-22s passed in an earlier call on this machine\n' "$name" | tee -a "$out/steps.txt"
     continue
