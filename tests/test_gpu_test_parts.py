@@ -17,9 +17,14 @@ SCRIPT = ROOT / "tools" / "gpu-tests.sh"
 PARTS = ROOT / "tools" / "gpu-test-parts.txt"
 
 
+def _expected_seconds() -> dict[str, int]:
+    """The parts file's parts in order: name -> expected seconds."""
+    return {line.split("\t")[0]: int(line.split("\t")[1])
+            for line in PARTS.read_text().splitlines() if line and not line.startswith("#")}
+
+
 def _part_names() -> list[str]:
-    return [line.split("\t")[0] for line in PARTS.read_text().splitlines()
-            if line and not line.startswith("#")]
+    return list(_expected_seconds())
 
 
 def _gpu_ids(*args: str) -> list[str]:
@@ -66,11 +71,6 @@ def _run(fake: Path, tmp_path: Path, *parts: str, budget: int = 5000, rc: int = 
                           text=True, env=env)
     calls = (tmp_path / "calls.log").read_text().splitlines()
     return done, calls
-
-
-def _expected_seconds() -> dict[str, int]:
-    return {line.split("\t")[0]: int(line.split("\t")[1])
-            for line in PARTS.read_text().splitlines() if line and not line.startswith("#")}
 
 
 def test_back_to_back_calls_resume_where_the_budget_stopped(fake_python, tmp_path):

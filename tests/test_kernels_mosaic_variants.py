@@ -27,6 +27,8 @@ from kernels.naive import naive_attention
 from kernels.pallas_mosaic_gpu import pallas_mosaic_gpu_attention
 from kernels.reference import attention_reference, relative_error
 from kernels.registry import IMPLEMENTATIONS
+from kernels.selection import select_pallas_config
+from kernels.shapes import AttentionShape
 from kernels.tools import ptxas_report
 from kernels.tools import variants as variants_tool
 from tests import test_kernels_poisoned as poisoned
@@ -320,7 +322,12 @@ def _kernel_module_digest(monkeypatch, head_dim, causal, lengths, variant, confi
                                            kv_lengths=kl if lengths else None,
                                            variant=variant, config=config)
 
-    _, module = mosaic_module_text(monkeypatch, fn, q, k, k, n, n)
+    return _module_digest(monkeypatch, fn, q, k, k, n, n)
+
+
+def _module_digest(monkeypatch, fn, *args) -> str:
+    """sha256 of the Mosaic GPU module ``fn(*args)`` lowers to (text, no locations)."""
+    _, module = mosaic_module_text(monkeypatch, fn, *args)
     assert len(module) > 10_000
     return hashlib.sha256(module.encode()).hexdigest()
 
@@ -403,8 +410,6 @@ def test_head_dim_128_lowers_to_the_modules_measured_in_session_8(monkeypatch):
     """No switch was registered at head_dim 128 after session 8, and the code added since
     (the ping-pong across tiles, the half-width output, the unpadded K/V) must leave its
     kernels byte for byte as measured, the 131072-token causal row included."""
-    from kernels.selection import select_pallas_config
-    from kernels.shapes import AttentionShape
     for (dtype, batch, seq, causal), digest in D128_AS_MEASURED_IN_SESSION_8.items():
         shape = AttentionShape(dtype=dtype, batch=batch, q_len=seq, kv_len=seq, num_heads=16,
                                num_kv_heads=16, head_dim=128, causal=causal)
@@ -412,8 +417,7 @@ def test_head_dim_128_lowers_to_the_modules_measured_in_session_8(monkeypatch):
         fn = functools.partial(pallas_mosaic_gpu_attention, causal=causal, scale=128 ** -0.5,
                                q_lengths=None, kv_lengths=None, config=config, num_sms=132)
         x = jax.ShapeDtypeStruct((batch, seq, 16, 128), getattr(jnp, dtype))
-        _, module = mosaic_module_text(monkeypatch, fn, x, x, x)
-        assert hashlib.sha256(module.encode()).hexdigest() == digest, \
+        assert _module_digest(monkeypatch, fn, x, x, x) == digest, \
             (dtype, batch, seq, causal, config)
 
 
@@ -904,9 +908,8 @@ def test_a_variant_row_is_timed_checked_and_compared_with_the_default(monkeypatc
     monkeypatch.setattr(variants_tool, "_timed", lambda fn, args: {
         "median_s": variants_tool.time_call(fn, args, repeats=1, max_calls=1,
                                             warmup_s=0.0).median_s, "pass_median_s": []})
-    shape = variants_tool.AttentionShape(dtype="bfloat16", batch=1, q_len=256, kv_len=256,
-                                         num_heads=1, num_kv_heads=1, head_dim=64,
-                                         causal=False)
+    shape = AttentionShape(dtype="bfloat16", batch=1, q_len=256, kv_len=256, num_heads=1,
+                           num_kv_heads=1, head_dim=64, causal=False)
     entries = [{"name": "default"}, {"name": "lazy", "variant": {"lazy_rescale_log2": 8.0}},
                {"name": "wide", "variant": {}, "head_dims": [256]}]
     rows = variants_tool.run_shape(shape, entries, ceiling=1.0, seed=3, interpret=True,
