@@ -115,3 +115,21 @@ def test_a_part_that_does_not_exist_is_refused_by_name(fake_python, tmp_path):
     done, calls = _run(fake_python, tmp_path, _part_names()[0], "no-such-part")
     assert done.returncode == 2 and calls == [], "a part ran before the bad name was refused"
     assert "no part named 'no-such-part'" in done.stderr
+
+
+@pytest.mark.parametrize("line", ["quick\tabout 60\ttests/test_x.py", "quick\t60"])
+def test_a_malformed_parts_line_is_refused_before_any_run(fake_python, tmp_path, line):
+    tools = tmp_path / "checkout" / "tools"
+    tools.mkdir(parents=True)
+    for name in ("gpu-tests.sh", "device-steps.sh"):
+        (tools / name).write_text((SCRIPT.parent / name).read_text())
+    (tools / "gpu-test-parts.txt").write_text(f"# a comment\n{line}\n")
+    log = tmp_path / "calls.log"
+    done = subprocess.run(["bash", str(tools / "gpu-tests.sh")], cwd=tmp_path / "checkout",
+                          capture_output=True, text=True,
+                          env={**os.environ, "PYTHON": str(fake_python), "FAKE_LOG": str(log),
+                               "OUT": str(tmp_path / "out"),
+                               "KG_GPU_TESTS_STATE": str(tmp_path / "state")})
+    assert done.returncode == 2 and not log.exists()
+    assert "NAME<tab>SECONDS (whole seconds)<tab>PYTEST ARGS" in done.stderr
+    assert f"2: {line}" in done.stderr

@@ -37,6 +37,13 @@ part_args() {
 part_names() { awk -F'\t' '!/^#/ && NF >= 3 {print $1}' "$parts_file"; }
 part_seconds() { awk -F'\t' -v n="$1" '!/^#/ && $1 == n {print $2}' "$parts_file"; }
 
+# Every part line: NAME, whole seconds, pytest arguments, tab-separated.
+bad=$(awk -F'\t' '!/^#/ && NF && (NF < 3 || $2 !~ /^[0-9]+$/) {print NR": "$0}' "$parts_file")
+if [ -n "$bad" ]; then
+  echo "$parts_file: a part line needs NAME<tab>SECONDS (whole seconds)<tab>PYTEST ARGS:" >&2
+  echo "$bad" >&2; exit 2
+fi
+
 if [ "${1:-}" = --collect ]; then
   for name in $(part_names); do
     mapfile -t args < <(part_args "$name")
