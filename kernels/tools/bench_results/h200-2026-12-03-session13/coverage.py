@@ -15,6 +15,7 @@ Run from the repository root:
 from __future__ import annotations
 
 import re
+from collections import Counter
 from pathlib import Path
 
 HERE = Path(__file__).parent
@@ -26,12 +27,17 @@ VERBOSE_LOGS = [
 ]
 QUIET_LOG = SESSION11 / "gpu-tests-1-variants" / "gpu-tests.log"
 VARIANTS = "tests/test_kernels_mosaic_variants.py::"
+# pytest's outcomes, worst first: a test two logs show keeps the worse of the two.
+WORST_FIRST = ["FAILED", "ERROR", "XPASS", "XFAIL", "SKIPPED", "PASSED"]
 # "node id OUTCOME [ nn%]" as pytest -v prints it; ids may hold spaces.
-RESULT = re.compile(r"^(tests/\S.*?) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b")
+RESULT = re.compile(rf"^(tests/\S.*?) ({'|'.join(WORST_FIRST)})\b")
 
 
 def main() -> None:
-    """Print the outcome counts and the ids no log shows.
+    """Print the outcome counts and every id that did not pass.
+
+    A test that more than one log shows keeps its worst outcome (a failure in one session is
+    not hidden by a pass in the other).
 
     Raises:
         SystemExit: when a test failed, or when some test has no outcome.
@@ -42,20 +48,20 @@ def main() -> None:
         for line in log.read_text().splitlines():
             match = RESULT.match(line)
             if match:
-                outcome[match.group(1)] = match.group(2)
+                test_id, ended = match.groups()
+                outcome[test_id] = min(outcome.get(test_id, ended), ended, key=WORST_FIRST.index)
     dots = QUIET_LOG.read_text().splitlines()[0]
     passed_quietly = len(dots) - len(dots.lstrip("."))
     for test_id in [t for t in collected if t.startswith(VARIANTS)][:passed_quietly]:
         outcome.setdefault(test_id, "PASSED")
-    counts: dict[str, int] = {}
-    for test_id in collected:
-        counts[outcome.get(test_id, "no outcome")] = counts.get(outcome.get(test_id, "no outcome"), 0) + 1
+    ended = {test_id: outcome.get(test_id, "no outcome") for test_id in collected}
+    counts = Counter(ended.values())
     print(f"{len(collected)} gpu tests in the parts ({len(set(collected))} distinct)")
     for name, n in sorted(counts.items()):
         print(f"  {name:10s} {n}")
-    for test_id in collected:
-        if outcome.get(test_id, "no outcome") not in ("PASSED",):
-            print(f"  {outcome.get(test_id, 'no outcome'):10s} {test_id}")
+    for test_id, how in ended.items():
+        if how != "PASSED":
+            print(f"  {how:10s} {test_id}")
     if set(counts) - {"PASSED", "SKIPPED"}:
         raise SystemExit(1)
 
