@@ -25,7 +25,8 @@ class Fault:
 
     active = False
     nan_fraction = 0.5
-    delay_s = 0.02
+    slowdown = 20.0
+    call_started_s = 0.0
 
 
 def wrong_scale(q, k, v, *, causal, scale, q_lengths, kv_lengths, config=None):
@@ -52,16 +53,25 @@ def nan_under_fault(q, k, v, *, causal, scale, q_lengths, kv_lengths, config=Non
     return jnp.where(bad, jnp.nan, out).astype(q.dtype)
 
 
-def _sleep(x) -> np.ndarray:
-    time.sleep(Fault.delay_s)
+def _start_clock(x) -> np.ndarray:
+    Fault.call_started_s = time.perf_counter()
+    return np.asarray(x)
+
+
+def _stretch(x) -> np.ndarray:
+    # The call's own wall time, stretched (slowdown - 1) times over: a fault of a stated
+    # ratio, as the latency plan states its slowdowns, whatever the host's speed or load.
+    time.sleep((Fault.slowdown - 1.0) * (time.perf_counter() - Fault.call_started_s))
     return np.asarray(x)
 
 
 def slow(q, k, v, *, causal, scale, q_lengths, kv_lengths, config=None):
-    """Correct but slow: every call waits ``Fault.delay_s`` seconds on the host."""
+    """Correct but slow: every call takes ``Fault.slowdown`` times its own wall time (the
+    XLA attention, then a host wait of ``slowdown - 1`` times what it took)."""
+    q = jax.pure_callback(_start_clock, jax.ShapeDtypeStruct(q.shape, q.dtype), q)
     out = xla_attention(q, k, v, causal=causal, scale=scale, q_lengths=q_lengths,
                         kv_lengths=kv_lengths)
-    return jax.pure_callback(_sleep, jax.ShapeDtypeStruct(out.shape, out.dtype), out)
+    return jax.pure_callback(_stretch, jax.ShapeDtypeStruct(out.shape, out.dtype), out)
 
 
 def good(q, k, v, *, causal, scale, q_lengths, kv_lengths, config=None):

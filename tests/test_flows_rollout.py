@@ -243,7 +243,6 @@ def test_slow_candidate_is_rejected_by_the_canary_latency_test(prefect_server, m
                                                                tracking, monkeypatch):
     """The written latency plan (noise sd 0.5), in a family of its own: the candidate is
     compared with the native baseline, which serves a family with no production."""
-    monkeypatch.setattr(Fault, "delay_s", 0.01)  # per attention call; six per request
     before = registered_model.aliases(tracking, LATENCY_FAMILY)
     outcome = rollout(make_settings("slow", thresholds=STRICT_THRESHOLDS, family=LATENCY_FAMILY))
     assert outcome.result == "rolled_back"
