@@ -77,16 +77,21 @@ app.command(name="approve-loosening")(approve_loosening)
 app.command()(reanchor)
 from flows import prefect_server  # noqa: E402
 from flows.cli_calibrate import calibrate  # noqa: E402
+from flows.cli_revalidate import revalidate  # noqa: E402
 from flows.cli_stack import stack_app  # noqa: E402
 from flows.paths import compilation_cache  # noqa: E402
 
 app.add_typer(stack_app, name="stack")
 app.command()(calibrate)
+app.command()(revalidate)
 
 
-def _settings(implementation: str, thresholds: Path | None, store_dir: Path, block_q: int | None,
-              block_kv: int | None, family: str | None, new_family: bool,
-              key_dir: Path | None, **extra):
+def _plan(implementation: str, thresholds: Path | None, store_dir: Path, block_q: int | None,
+          block_kv: int | None, family: str | None, new_family: bool,
+          key_dir: Path | None, **extra):
+    """The rollout's settings and its plan (``flows.plan``: kernel, thresholds, family),
+    resolved once here and handed to the flow; bad arguments refused before anything is
+    logged, built or evaluated."""
     # What needs neither JAX nor the store first: a bad argument is refused in < 1 s.
     check_implementation(implementation)
     check_family(family, implementation, store_dir, new_family=new_family,
@@ -97,41 +102,40 @@ def _settings(implementation: str, thresholds: Path | None, store_dir: Path, blo
     compilation_cache(store_dir)
     import kernels
     from flows.judge import BUILD_SHAPE
-    from flows.kernel_choice import rollout_kernel
+    from flows.plan import resolve_plan
     from flows.settings import RolloutSettings
-    from gates.thresholds import load_thresholds
 
-    # Fail on bad arguments before anything is logged, built or evaluated.
+    backend = kernels.default_backend()
     try:
         if thresholds is None:
             from flows.kernel_choice import default_thresholds
 
-            thresholds, why = default_thresholds(implementation, kernels.default_backend())
+            thresholds, why = default_thresholds(implementation, backend)
             typer.echo(f"thresholds: {why}", err=True)
-        load_thresholds(thresholds)
-        name, why = rollout_kernel(implementation, kernels.default_backend(), thresholds)
-        typer.echo(f"kernel: {why}", err=True)
         config = None
         if block_q is not None or block_kv is not None:
             config = kernels.BlockSizes(block_q=block_q, block_kv=block_kv)
-        impl = kernels.IMPLEMENTATIONS[name]
+        settings = RolloutSettings(implementation=implementation,
+                                   thresholds=thresholds.resolve(), store_dir=store_dir,
+                                   config=config, family=family, key_dir=key_dir, **extra)
+        plan = resolve_plan(settings, backend)
+        typer.echo(f"kernel: {plan.why}", err=True)
+        impl = kernels.IMPLEMENTATIONS[plan.implementation]
         impl.check_config(config)
         spec, _, _ = kernels.validate(*BUILD_SHAPE.structs(), causal=BUILD_SHAPE.causal)
-        impl.check(spec, kernels.default_backend(), config)
+        impl.check(spec, backend, config)
     except (ValueError, NotImplementedError) as err:
         raise typer.BadParameter(f"{err}") from None
     if family is not None:
         check_name(family)
         tracking = open_store(store_dir, must_exist=False)
-        if family not in families(tracking) and family != name and not new_family:
+        if family not in families(tracking) and family != plan.implementation and not new_family:
             raise typer.BadParameter(
                 f"no family {family!r} in this store yet (families: {families(tracking) or 'none'}); "
                 "pass --new-family to start one", param_hint="--family")
     else:
         open_store(store_dir, must_exist=False)
-    return RolloutSettings(implementation=implementation, thresholds=thresholds.resolve(),
-                           store_dir=store_dir, config=config, family=family, key_dir=key_dir,
-                           **extra)
+    return settings, plan
 
 
 @app.command()
@@ -148,9 +152,9 @@ def rollout(implementation: Implementation = "auto",
                 exists=True, dir_okay=False,
                 help="a signed approval of looser thresholds (kernelgate approve-loosening)")] = None) -> None:
     """Run a full governed rollout (preregister, build, evaluate, gate, shadow, approval, canary, confirm, then promote or roll back)."""
-    settings = _settings(implementation, thresholds, store_dir, block_q, block_kv, family,
-                         new_family, key_dir, testset_profile=testset_profile,
-                         documents_dir=documents_dir, loosening_approval=loosening_approval)
+    settings, plan = _plan(implementation, thresholds, store_dir, block_q, block_kv, family,
+                           new_family, key_dir, testset_profile=testset_profile,
+                           documents_dir=documents_dir, loosening_approval=loosening_approval)
     debug_log = route_to_debug_log(store_dir / "logs" / "third-party.log")
     typer.echo(f"third-party log lines (MLflow, Great Expectations, warnings): {debug_log}",
                err=True)
@@ -159,7 +163,7 @@ def rollout(implementation: Implementation = "auto",
 
     prefect_server.wait()
     try:
-        outcome = rollout_flow(settings)
+        outcome = rollout_flow(settings, plan)
     except RolloutErrored as err:  # a crash: signed as errored, printed, not a traceback
         outcome = err.outcome
     typer.echo("\n" + outcome.markdown().replace("**", ""))
@@ -175,28 +179,13 @@ def evaluate(implementation: Implementation = "auto",
              report: Annotated[Path | None, typer.Option(help="also write the report JSON here")] = None,
              block_q: BlockQ = None, block_kv: BlockKV = None, key_dir: KeyDir = None) -> None:
     """Preregister, build and evaluate a candidate and log the gate decision. It registers the build as a model version (the record of what was judged) and moves no alias."""
-    settings = _settings(implementation, thresholds, store_dir, block_q, block_kv, family,
-                         new_family, key_dir)
+    settings, plan = _plan(implementation, thresholds, store_dir, block_q, block_kv, family,
+                           new_family, key_dir)
     from flows.rollout import evaluate_candidate
 
     prefect_server.wait()
-    result = evaluate_candidate(settings, report_path=report)
+    result = evaluate_candidate(settings, report_path=report, plan=plan)
     typer.echo(json.dumps({k: v for k, v in sorted(result.metrics.items())}, indent=1))
-
-
-@app.command()
-def revalidate(family: Family = None, store_dir: StoreDir = Path(".kernelgate"),
-               key_dir: KeyDir = None) -> None:
-    """Re-evaluate what `production` points at, running the version's own code; roll back on failure (the nightly job)."""
-    check_known_family(family, store_dir)
-    tracking = open_store(store_dir, must_exist=True)
-    family = existing_family(tracking, family)
-    from flows.revalidate import revalidate_production
-    from flows.settings import RolloutSettings
-
-    outcome = revalidate_production(family, RolloutSettings(store_dir=store_dir, key_dir=key_dir))
-    typer.echo(outcome.model_dump_json(indent=1))
-    raise typer.Exit(0 if outcome.result != "rolled_back" else 2)
 
 
 @app.command()
@@ -337,11 +326,11 @@ def serve() -> None:
     """Serve the deployments from this process: nightly re-validation (02:00 UTC) and on-demand rollout (needs `prefect server start`)."""
     from prefect import serve as prefect_serve
 
-    from flows.revalidate import revalidate_production
+    from flows.revalidate import nightly_revalidation
     from flows.rollout import rollout as rollout_flow
 
     prefect_serve(
-        revalidate_production.to_deployment(name="nightly-revalidation", cron="0 2 * * *"),
+        nightly_revalidation.to_deployment(name="nightly-revalidation", cron="0 2 * * *"),
         rollout_flow.to_deployment(name="candidate-rollout"),
     )
 

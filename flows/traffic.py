@@ -6,7 +6,7 @@ from pydantic import BaseModel
 
 from evaluation import recorded_traffic, serving
 from evaluation.documents import assign_splits, load_documents
-from flows.results import Evaluated, Gated, RolloutContext
+from flows.results import Evaluated, Gated, Preregistered, RolloutContext
 from flows.tasks import run_logger, stage_task
 from gates.canary import CanaryStepResult, analyse_canary_step
 from gates.canary_latency import CanaryVerdict, conclude_canary
@@ -27,11 +27,13 @@ class TrafficPlan(BaseModel):
 
 
 @stage_task(name="record-traffic")
-def record_traffic(context: RolloutContext, gated: Gated) -> TrafficPlan:
+def record_traffic(context: RolloutContext, preregistered: Preregistered,
+                   gated: Gated) -> TrafficPlan:
     """Cut the request stream from held-out documents only and log it to the rollout
-    run: one segment for shadow, one per step of the registered canary plan."""
+    run: one segment for shadow (the size the registration bound), one per step of the
+    registered canary plan."""
     steps = gated.thresholds.canary.steps
-    sizes = [context.settings.shadow_requests, *(s.requests for s in steps)]
+    sizes = [preregistered.shadow_requests(context.settings), *(s.requests for s in steps)]
     documents = assign_splits(load_documents(context.settings.documents_dir))["heldout"]
     traffic = recorded_traffic.record_traffic(documents, sum(sizes), seed=0)
     evidence.log_traffic(context.record,

@@ -96,6 +96,16 @@ def aliases(tracking: Tracking, family: str) -> dict[str, str]:
     return {a: str(v) for a, v in model.aliases.items()}
 
 
+def families_in_production(tracking: Tracking) -> dict[str, str]:
+    """Family -> the version its ``production`` alias points at, for every family of the
+    store (registered models named ``kernelgate-<family>``) that has one, by name."""
+    found = {}
+    for model in tracking.client().search_registered_models(max_results=1000):
+        if model.name.startswith("kernelgate-") and "production" in model.aliases:
+            found[model.name.removeprefix("kernelgate-")] = str(model.aliases["production"])
+    return dict(sorted(found.items()))
+
+
 def alias_version(tracking: Tracking, family: str, alias: Alias) -> str | None:
     """The version an alias points at, or None."""
     return aliases(tracking, family).get(alias)

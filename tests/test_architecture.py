@@ -225,3 +225,58 @@ def test_every_module_is_in_the_architecture_table():
         if not ({parts[-1], "/".join(parts)} & named or f"{parts[0]}/" in named):
             missing.append(module)
     assert not missing, f"modules without a row in ARCHITECTURE.md: {missing}"
+
+
+REGISTERED_SETTINGS = ("thresholds", "perf_shapes", "perf_repeats", "model_check",
+                       "shadow_requests", "testset_profile", "testset_profile_for")
+"""The settings a registration freezes or binds (the thresholds file's bytes; the perf
+shapes and repeats, MiniLM check, shadow size and test-set profile: ``lineage.bindings``)."""
+READ_BEFORE_REGISTRATION = {
+    ("flows.plan", "resolve_plan"),  # the plan: the file's bytes read and parsed once
+    ("flows.tasks", "preregister"),  # names the file in the registration's messages
+    ("flows.tasks", "rollout_bindings"),  # what the registration binds
+    # a registration made before bindings existed: the session's settings stand in
+    ("flows.results", "perf_shapes"), ("flows.results", "perf_repeats"),
+    ("flows.results", "model_check"), ("flows.results", "shadow_requests"),
+    ("flows.judge", "build"),  # the build-only flow has no registration
+}
+"""(module, function) pairs that may read those settings: the plan, the registration
+and its legacy fallback. Every other stage reads the registration (``Preregistered``)."""
+
+
+def _settings_reads(module: str) -> set[tuple[str, str]]:
+    """``(function, setting)`` for each read of ``<...>settings.<setting>`` in a
+    function of ``module`` (the innermost enclosing function names it)."""
+    found = set()
+
+    def visit(node: ast.AST, function: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            name = (child.name if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef)
+                    else function)
+            if (isinstance(child, ast.Attribute) and child.attr in REGISTERED_SETTINGS
+                    and ((isinstance(child.value, ast.Name) and child.value.id == "settings")
+                         or (isinstance(child.value, ast.Attribute)
+                             and child.value.attr == "settings"))):
+                found.add((function, child.attr))
+            visit(child, name)
+
+    visit(ast.parse(MODULES[module].read_text()), "<module>")
+    return found
+
+
+def test_after_preregistration_stages_read_the_registration_not_the_settings():
+    """The thresholds file and the verdict-changing settings are read where the plan is
+    resolved and the registration made; every later stage (evaluation, gate, traffic,
+    confirmation, re-validation) reads what the registration froze and bound."""
+    flows = [m for m in MODULES if m.startswith("flows.") and not m.startswith("flows.cli")]
+    reads = {(module, function, setting) for module in flows
+             for function, setting in _settings_reads(module)}
+    assert {(m, f) for m, f, _ in reads} <= READ_BEFORE_REGISTRATION, sorted(
+        r for r in reads if r[:2] not in READ_BEFORE_REGISTRATION)
+
+
+def test_the_settings_scanner_finds_a_planted_read(tmp_path, monkeypatch):
+    planted = tmp_path / "planted.py"
+    planted.write_text("def evaluate(context):\n    return context.settings.perf_repeats\n")
+    monkeypatch.setitem(MODULES, "flows.planted", planted)
+    assert _settings_reads("flows.planted") == {("evaluate", "perf_repeats")}

@@ -381,13 +381,12 @@ def test_rollout_killed_mid_canary_leaves_registry_consistent(seeded, make_setti
     # "dies" there, so nothing closes its record or its aliases.
     ctx = tasks.open_rollout.fn(settings)
     preregistered = tasks.preregister.fn(ctx)
-    built = judge.build.fn(ctx)
+    built = judge.build.fn(ctx, preregistered)
     testset = tasks.prepare_testset.fn(ctx)
     evaluated = judge.evaluate.fn(ctx, preregistered, built, testset)
-    gated = judge.gate.fn(ctx, preregistered, built, evaluated,
-                          thresholds_path=settings.thresholds)
+    gated = judge.gate.fn(ctx, preregistered, built, evaluated)
     assert (gated.version, evaluated.judged_against) == (built.version, before["production"])
-    plan = traffic.record_traffic.fn(ctx, gated)
+    plan = traffic.record_traffic.fn(ctx, preregistered, gated)
     assert traffic.shadow.fn(ctx, gated, evaluated, plan.shadow).passed
     promotion.enter_canary.fn(ctx, gated)
     ctx.serving.close()
