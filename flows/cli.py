@@ -25,7 +25,6 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 
 import json  # noqa: E402
 import logging  # noqa: E402
-import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Annotated  # noqa: E402
 
@@ -61,14 +60,16 @@ from flows.cli_args import (  # noqa: E402
     check_family,
     check_implementation,
     check_known_family,
+    check_store_dir,
     check_thresholds,
 )
 from flows.cli_keys import KeyDir, check_name, keys_app  # noqa: E402
-from flows.cli_ops import notifications_app, run_until_signalled  # noqa: E402
+from flows.cli_ops import notifications_app, ui  # noqa: E402
 from flows.cli_store import existing_family, fail_fast_if_down, families, open_store  # noqa: E402
 
 app.add_typer(keys_app, name="keys")
 app.add_typer(notifications_app, name="notifications")
+app.command()(ui)
 from flows.cli_approvals import approve, approve_loosening  # noqa: E402
 from flows.cli_log import CheckpointFiles, reanchor, witnessing  # noqa: E402
 
@@ -93,6 +94,7 @@ def _plan(implementation: str, thresholds: Path | None, store_dir: Path, block_q
     resolved once here and handed to the flow; bad arguments refused before anything is
     logged, built or evaluated."""
     # What needs neither JAX nor the store first: a bad argument is refused in < 1 s.
+    check_store_dir(store_dir, writes=True)
     check_implementation(implementation)
     check_family(family, implementation, store_dir, new_family=new_family,
                  remote=bool(os.environ.get("MLFLOW_TRACKING_URI")))
@@ -262,49 +264,47 @@ def timeline(family: Family = None, store_dir: StoreDir = Path(".kernelgate"),
         typer.echo(f"written {json_out}")
 
 
+def _user_name() -> str | None:
+    """This process's user name ($LOGNAME, $USER, ..., else the password database), or
+    None when none can be read (a container without either)."""
+    import getpass
+
+    try:
+        return getpass.getuser() or None
+    except (KeyError, OSError):
+        return None
+
+
 @app.command(name="rollback")
 def rollback_cmd(reason: Annotated[str, typer.Option(help="why; recorded, signed, shown to auditors")],
                  to: Annotated[int | None, typer.Option(
                      "--to", min=1, help="earlier production version to restore (default: the "
                      "newest earlier usable one)")] = None,
                  requested_by: Annotated[str | None, typer.Option(
-                     help="who asks (default: $USER)")] = None,
+                     help="who asks (default: this process's user name)")] = None,
                  family: Family = None, store_dir: StoreDir = Path(".kernelgate")) -> None:
     """Roll production back by hand (signed and recorded like any rollback; the Prefect UI's `manual-rollback` deployment does the same)."""
     if len(reason.strip()) < 3:
         raise typer.BadParameter("a rollback needs a reason", param_hint="--reason")
+    requester = requested_by or _user_name()
+    if not requester:
+        raise typer.BadParameter("no user name could be read from this environment ($USER, "
+                                 "$LOGNAME, the password database): say who asks",
+                                 param_hint="--requested-by")
     check_known_family(family, store_dir)
-    tracking = open_store(store_dir, must_exist=True)
+    tracking = open_store(store_dir, must_exist=True, writes=True)
     fam = existing_family(tracking, family)
     from flows.rollback import manual_rollback
     from lineage.registry import PromotionRefused
 
     try:
-        change = manual_rollback(reason=reason, requested_by=requested_by or os.environ.get(
-            "USER", "unknown"), to_version=to, family=fam, store_dir=str(store_dir))
+        change = manual_rollback(reason=reason, requested_by=requester, to_version=to,
+                                 family=fam, store_dir=str(store_dir))
     except (ValueError, PromotionRefused) as err:
         typer.echo(f"refused: {err}", err=True)
         raise typer.Exit(2) from None
     typer.echo(f"production of {fam}: v{change.previous_version} -> "
                f"{'v' + change.version if change.version else 'none (native baseline)'}")
-
-
-@app.command()
-def ui(store_dir: StoreDir = Path(".kernelgate"),
-       port: Annotated[int, typer.Option(help="port of the MLflow UI")] = 5000) -> None:
-    """Open the MLflow UI on the local store (for the Prefect UI run `prefect server start`)."""
-    from lineage import tracking as tr
-
-    tracking = tr.local_tracking(store_dir)
-    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", tracking.tracking_uri,
-           "--default-artifact-root", tracking.artifact_root or "", "--port", str(port),
-           "--workers", "1"]
-    from lineage.tags import UI_VIEW_QUERY
-
-    typer.echo(f"MLflow UI on http://127.0.0.1:{port}  ({' '.join(cmd)})\n"
-               f"registered models (model-training view, not GenAI): "
-               f"http://127.0.0.1:{port}/#/models?{UI_VIEW_QUERY}")
-    raise typer.Exit(run_until_signalled(cmd))
 
 
 @app.command()

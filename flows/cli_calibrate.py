@@ -27,7 +27,7 @@ def calibrate(
     from flows.settings import RolloutSettings
     from flows.tasks import signing_for
 
-    tracking = open_store(store_dir, must_exist=True)
+    tracking = open_store(store_dir, must_exist=True, writes=True)
     fam = existing_family(tracking, family)
     signing = signing_for(RolloutSettings(store_dir=store_dir, key_dir=key_dir))
 

@@ -26,7 +26,7 @@ def revalidate(family: Annotated[str | None, typer.Option(
                key_dir: KeyDir = None) -> None:
     """Re-evaluate what `production` points at, each family under the registration its version was promoted with, running the version's own code; roll back on failure (the nightly job). Exit 0: every family passed (or none is in production); 2: a family was rolled back; 1: a family could not be re-judged."""
     check_known_family(family, store_dir)
-    tracking = open_store(store_dir, must_exist=True)
+    tracking = open_store(store_dir, must_exist=True, writes=True)
     from flows.revalidate import nightly_revalidation, revalidate_production
     from flows.settings import RolloutSettings
 
