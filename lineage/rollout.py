@@ -10,6 +10,7 @@ FINISHED otherwise).
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 import time
@@ -17,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
 
-from filelock import FileLock
+from filelock import FileLock, Timeout
 from pydantic import BaseModel, ConfigDict, Field
 
 from lineage import registered_model, tags
@@ -73,26 +74,52 @@ def open_rollout(tracking: Tracking, *, family: str, implementation: str, backen
                          work_dir=work_dir, env_tags=env_tags)
 
 
+def lock_folder(store_dir: Path) -> Path | None:
+    """Where the family locks of this process's store live: ``<store>/locks`` on the
+    embedded store; beside the database for a ``sqlite:`` tracking URI (every process
+    writing that database takes the same lock, whatever its ``--store-dir``); None for a
+    tracking server (the Prefect concurrency limit queues rollouts there)."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI", "")
+    if not uri:
+        return Path(store_dir) / "locks"
+    if uri.startswith("sqlite:///"):
+        return Path(uri.removeprefix("sqlite:///")).resolve().parent / "locks"
+    return None
+
+
 @contextlib.contextmanager
 def family_lock(store_dir: Path, family: str, *, timeout_s: float = -1) -> Iterator[bool]:
-    """Hold the family's lock on an embedded (local) store for a whole rollout.
+    """Hold the family's lock on a store of files (the embedded store, or a ``sqlite:``
+    tracking URI: :func:`lock_folder`) for a whole rollout.
 
-    ``filelock`` takes an OS-level lock on ``<store>/locks/<family>.lock``, released when
-    the holder exits or dies, so two rollouts of one family never overlap on one store
-    and whoever holds it knows every other RUNNING run of the family is dead. Yields True
-    when a lock is held (on a tracking server the Prefect concurrency limit queues
-    rollouts instead, and this yields False).
+    ``filelock`` takes an OS-level lock on ``<locks>/<family>.lock``, released when the
+    holder exits or dies, so two rollouts of one family never overlap on one store and
+    whoever holds it knows every other RUNNING run of the family is dead. A lock another
+    process holds is said (a warning naming the file) before this one waits for it.
+    Yields True when a lock is held (on a tracking server the Prefect concurrency limit
+    queues rollouts instead, and this yields False).
 
     Raises:
         filelock.Timeout: the lock was not free within ``timeout_s`` (``-1``: wait).
     """
-    if os.environ.get("MLFLOW_TRACKING_URI"):
+    folder = lock_folder(store_dir)
+    if folder is None:
         yield False
         return
-    path = Path(store_dir) / "locks" / f"{family}.lock"
+    path = folder / f"{family}.lock"
     path.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(path), timeout=timeout_s):
+    lock = FileLock(str(path), timeout=timeout_s)
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        logging.getLogger(__name__).warning(
+            "waiting for %s: another rollout of %s holds it (it queues here until that one "
+            "ends or dies)", path, family)
+        lock.acquire()
+    try:
         yield True
+    finally:
+        lock.release()
 
 
 def close_dead_runs(tracking: Tracking, family: str, *, alive_run_id: str, lease_s: float,

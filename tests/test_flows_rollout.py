@@ -331,6 +331,12 @@ def test_blank_approver_is_asked_again_then_approved(
     record, _ = load_approval(StoreSource(tracking, APPROVAL_FAMILY, signing.trust), runs[0].info.run_id)
     assert record.authentication.startswith("unauthenticated")
     assert (record.approved, record.approver, record.comment) == (True, "rm@example.com", "ok")
+    # wherever the approver is named, so is how (no key authenticated this one)
+    said = "shadow->canary: rm@example.com (unauthenticated: typed into the Prefect UI)"
+    assert said in outcome.decided_by, outcome.decided_by
+    mv = tracking.client().get_model_version(
+        registered_model.registered_model_name(APPROVAL_FAMILY), outcome.version)
+    assert said in mv.description.splitlines()[0], mv.description
 
 
 def test_a_person_s_rejection_ends_rejected_naming_them(seeded, make_settings, tracking, tmp_path):
