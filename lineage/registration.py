@@ -15,12 +15,10 @@ the registration id. The rules of a valid registration are ``gates.preregistrati
 from __future__ import annotations
 
 import hashlib
-import json
 from datetime import UTC, datetime
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
-from securesystemslib.signer import SSlibKey
 
 from gates.loosening import loosenings
 from gates.preregistration import PreregistrationError, Registration, check_registration
@@ -31,14 +29,12 @@ from lineage.attestations import (
     Attestation,
     AttestationError,
     Signing,
-    TrustPolicy,
-    make_envelope,
-    verify_envelope,
 )
 from lineage.bindings import RolloutBindings, refuse_rebinding, whole_numbers
 from lineage.bindings import changes as binding_changes
 from lineage.family_log import read as read_log
 from lineage.log_writer import append, current_damage, intact_log
+from lineage.loosening_approval import LooseningRefused, check_loosening_approval
 from lineage.sources import EvidenceSource, StoreSource, signed_artifact
 from lineage.tracking import Tracking
 
@@ -46,10 +42,6 @@ __all__ = ["FrozenRegistration", "LooseningRefused", "PreregistrationError", "Re
            "frozen_registration", "had_rejection", "latest_registration", "load_registration",
            "preregister", "preregister_bytes", "registered_bytes", "registered_thresholds",
            "rejection_in_log", "thresholds_for_gate", "verify_registration"]
-
-
-class LooseningRefused(PreregistrationError):
-    """A registration loosens thresholds after a rejection without a named approval."""
 
 
 def _registration_of(attestation: Attestation) -> Registration:
@@ -103,27 +95,6 @@ def rejection_in_log(source: EvidenceSource, damage: list[str] | None = None) ->
     if any(_rejects(a) for a in source.attestations() if "log" not in a.predicate):
         return "a record signed before the log existed rejected or rolled back a candidate"
     return None
-
-
-def _check_loosening_approval(envelope: bytes, previous: Thresholds, family: str,
-                              thresholds_sha256: str, loosened: list[str]) -> dict:
-    """A person's signed approval of exactly this loosening, by a key the previous
-    registration's policy names. Returns its predicate."""
-    approvers = {a.keyid: a for a in previous.approval.approvers}
-    trust = TrustPolicy(public_keys={k: SSlibKey.from_dict(k, dict(a.public_key))
-                              for k, a in approvers.items()})
-    try:
-        approval = verify_envelope(envelope, trust, path="loosening approval")
-    except AttestationError as err:
-        raise LooseningRefused(f"loosening approval not accepted: {err} (the previous "
-                               f"registration trusts {sorted(a.name for a in approvers.values()) or 'no approver keys'})") from err
-    p = approval.predicate
-    if (approval.kind != "loosening" or p.get("family") != family
-            or p.get("thresholds_sha256") != thresholds_sha256 or not str(p.get("reason", "")).strip()):
-        raise LooseningRefused("the loosening approval is for another family or file, or gives "
-                               "no reason")
-    return {**p, "approver": approvers[approval.keyid].name, "keyid": approval.keyid,
-            "loosened": loosened}
 
 
 def preregister(path: str | Path, *, tracking: Tracking, family: str, signing: Signing,
@@ -184,8 +155,9 @@ def preregister_bytes(data: bytes, name: str, *, tracking: Tracking, family: str
                 + "; ".join(loosened)
                 + ". A person named in that registration's approval policy must approve it "
                 "(kernelgate approve-loosening), or keep the thresholds")
-        approved = _check_loosening_approval(loosening_approval, previous[1], family, digest,
-                                             loosened)
+        approved = check_loosening_approval(loosening_approval, previous, family, digest,
+                                             loosened, bindings, source,
+                                             signing.trust.revoked | set(signing.trust.revoked_at))
     intact_log(source, signing)  # a damaged log takes no new registration (LogDamaged)
     artifact = f"thresholds/{Path(name).name}"
     with tr.stage_run(tracking, family, "preregistration", parent_run_id=parent_run_id,
@@ -327,19 +299,3 @@ def thresholds_for_gate(source: EvidenceSource, registration: Registration,
     registration = load_registration(source, registration.registration_id)
     check_registration(registration, planned_sha256, evaluation_started_at)
     return registered_thresholds(source, registration)
-
-
-def loosening_predicate(family: str, thresholds_path: Path, reason: str) -> dict:
-    """What a person signs to approve a loosening (``kernelgate approve-loosening``)."""
-    data = Path(thresholds_path).read_bytes()
-    return {"family": family, "thresholds_sha256": hashlib.sha256(data).hexdigest(),
-            "reason": reason, "file": Path(thresholds_path).name,
-            "thresholds": json.loads(json.dumps(parse_thresholds(data).model_dump(mode="json")))}
-
-
-def sign_loosening(signer, family: str, thresholds_path: Path, reason: str) -> bytes:
-    """A person's signed approval of exactly this thresholds file for ``family``; the
-    file's bytes are its subject."""
-    predicate = loosening_predicate(family, thresholds_path, reason)
-    return make_envelope("loosening", {f"thresholds/{Path(thresholds_path).name}":
-                                       predicate["thresholds_sha256"]}, predicate, signer)
