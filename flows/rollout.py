@@ -74,6 +74,9 @@ def _stages(ctx: RolloutContext) -> RolloutOutcome:
         reject(ctx, gated, why := gate_reason(gated.decision))
         return finish(ctx, "rejected", "gate", why, version=built.version, decision=gated.decision,
                       decided_by="the gate (preregistered thresholds)")
+    calibration, cited = canary_calibration(ctx, gated, evaluated)  # before anyone is asked
+    if cited.startswith("no fresh"):
+        return roll_back(ctx, gated, "canary", f"canary: {cited}", inconclusive=True)
     traffic = record_traffic(ctx, preregistered, gated)
     if (stopped := approve(ctx, "candidate->shadow", gated)) is not None:
         return stopped  # Rejected (a person said no) or TimedOut
@@ -82,17 +85,15 @@ def _stages(ctx: RolloutContext) -> RolloutOutcome:
         return roll_back(ctx, gated, "shadow", f"shadow: {'; '.join(result.breaches)}", judged)
     if (stopped := approve(ctx, "shadow->canary", gated, judged)) is not None:
         return stopped
-    calibration, cited = canary_calibration(ctx, gated, evaluated)
-    if cited.startswith("no fresh"):
-        return roll_back(ctx, gated, "canary", f"canary: {cited}")
     enter_canary(ctx, gated)
     for step, requests in traffic.canary:
         judged.append(result := canary_step(ctx, gated, evaluated, step, requests, judged[1:]))
         if not result.passed:
             return roll_back(ctx, gated, step.name, f"{step.name}: {'; '.join(result.breaches)}",
                              judged)
-    if why := settle(gated, canary_verdict(ctx, gated, judged[1:], calibration)):
-        return roll_back(ctx, gated, "canary", f"canary: {why}", judged)
+    if stop := settle(gated, canary_verdict(ctx, gated, judged[1:], calibration)):
+        return roll_back(ctx, gated, "canary", f"canary: {stop.reason}", judged,
+                         inconclusive=stop.inconclusive)
     confirmed = confirm(ctx, preregistered, built, testset)
     if not confirmed.passed:
         return roll_back(ctx, gated, "confirmation",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from pydantic import BaseModel
 
 from evaluation import recorded_traffic, serving
@@ -208,17 +210,25 @@ def canary_verdict(context: RolloutContext, gated: Gated, steps: list[CanaryStep
     return verdict
 
 
-def settle(gated: Gated, verdict: CanaryVerdict) -> str | None:
-    """The roll-back reason the whole-canary verdict gives, or None to go on. An
+class Stop(NamedTuple):
+    """Why the canary stops the candidate, and whether for want of evidence."""
+
+    reason: str
+    inconclusive: bool
+
+
+def settle(gated: Gated, verdict: CanaryVerdict) -> Stop | None:
+    """Why the whole-canary verdict stops the candidate, or None to go on. An
     inconclusive canary under ``inconclusive: pause`` goes on to the
     ``canary->production`` approval (a Prefect pause for a person) where one is
-    required; with no person to ask it is rejected, and the reason says so."""
+    required; with no person to ask it stops, and the reason says so. A stop for an
+    inconclusive verdict says so (``Stop.inconclusive``): noise, not a finding."""
     if verdict.verdict == "pass":
         return None
     if verdict.verdict == "fail":
-        return verdict.reason
+        return Stop(verdict.reason, inconclusive=False)
     if verdict.inconclusive_policy == "pause":
         if gated.thresholds.approval.requires_person("canary->production"):
             return None
-        return f"{verdict.reason} (policy pause, but no person to ask: rejected)"
-    return f"{verdict.reason} (policy: reject)"
+        return Stop(f"{verdict.reason} (policy pause, but no person to ask: rejected)", True)
+    return Stop(f"{verdict.reason} (policy: reject)", inconclusive=True)

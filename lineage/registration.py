@@ -63,11 +63,18 @@ def latest_registration(source: EvidenceSource) -> tuple[Attestation, Thresholds
 
 
 def _rejects(a: Attestation) -> bool:
-    return ((a.kind == "decision" and a.predicate.get("verdict") == "reject")
-            or (a.kind in ("shadow", "canary") and a.predicate.get("passed") is False)
-            or (a.kind == "alias" and a.predicate.get("action") == "rollback")
-            or (a.kind == "outcome" and a.predicate.get("result") in ("rejected", "timed_out",
-                                                                "rolled_back")))
+    """Whether a signed record says a candidate was found wanting: a gate that rejected, a
+    shadow or canary step that breached, a production rollback, a rollout that ended
+    rejected, timed out or rolled back. Not an inconclusive rollout (noise, no fresh
+    calibration: no finding about the kernel), not an errored one (a crash), and not
+    the shadow/canary alias taken back when either ends (its outcome says why)."""
+    p = a.predicate
+    return ((a.kind == "decision" and p.get("verdict") == "reject")
+            or (a.kind in ("shadow", "canary") and p.get("passed") is False)
+            or (a.kind == "alias" and p.get("action") == "rollback"
+                and p.get("alias") == "production")
+            or (a.kind == "outcome" and not p.get("inconclusive")
+                and p.get("result") in ("rejected", "timed_out", "rolled_back")))
 
 
 def had_rejection(source: EvidenceSource) -> bool:

@@ -170,6 +170,9 @@ class RolloutOutcome(BaseModel):
         "what was not assessed, short (gates.headline.caveat); None: everything was"))
     decision_summary: str | None = None
     not_assessed_note: str | None = None
+    inconclusive: bool = Field(default=False, description=(
+        "stopped for want of evidence (noise, no fresh calibration), not for a finding "
+        "about the kernel: not a rejection under the family's loosening rule"))
     aliases: dict[str, str] = Field(default_factory=dict)
     rollout_run_id: str
     tracking_uri: str
@@ -185,6 +188,8 @@ class RolloutOutcome(BaseModel):
         words = self.result.replace("_", " ")
         if self.result in STOPPED:
             words += f" at {self.stage}"
+        if self.inconclusive:
+            words += " (inconclusive: not a verdict on the kernel)"
         return words if not self.not_assessed else f"{words}; {self.not_assessed}"
 
     def summary(self) -> str:
@@ -249,14 +254,16 @@ def _run_link(record: RolloutRecord) -> str:
 def close_rollout(record: RolloutRecord, *, result: Result, stage: str, reason: str,
                   version: str | None, decision_summary: str | None = None,
                   not_assessed_note: str | None = None, decided_by: str | None = None,
-                  not_assessed: str | None = None) -> RolloutOutcome:
+                  not_assessed: str | None = None, inconclusive: bool = False) -> RolloutOutcome:
     """End the parent run with the outcome and write it as a JSON artifact; the run's
     name and the version's description say the verdict line (what was not assessed in
-    it) and who decided."""
+    it) and who decided. ``inconclusive``: the rollout stopped for want of evidence (noise
+    the plan could not power through, no fresh calibration), not for a finding about the
+    kernel; signed, so the family's loosening rule does not count it as a rejection."""
     ui_command, audit_command = _commands(record.tracking, record.family, version)
     outcome = RolloutOutcome(
         family=record.family, version=version, result=result, stage=stage, reason=reason,
-        decided_by=decided_by, not_assessed=not_assessed,
+        decided_by=decided_by, not_assessed=not_assessed, inconclusive=inconclusive,
         decision_summary=decision_summary, not_assessed_note=not_assessed_note,
         aliases=registered_model.aliases(record.tracking, record.family),
         rollout_run_id=record.rollout_run_id, tracking_uri=record.tracking.tracking_uri,
@@ -273,7 +280,7 @@ def close_rollout(record: RolloutRecord, *, result: Result, stage: str, reason: 
     append(record.tracking, record.rollout_run_id, "outcome",
            {"family": record.family, "version": version, "result": result, "stage": stage,
             "reason": reason, "decided_by": decided_by, "aliases": outcome.aliases,
-            "tags": {**record.env_tags, **run_tags}},
+            "inconclusive": inconclusive, "tags": {**record.env_tags, **run_tags}},
            record.signing)
     tr.end_run(record.tracking, record.rollout_run_id, "FAILED" if result in ("errored", "failed") else "FINISHED")
     record.tracking.client().update_run(record.rollout_run_id, name=run_title(

@@ -685,3 +685,48 @@ def test_exit_codes_are_the_ones_the_readme_documents():
     table = readme.split("<!-- exit-codes -->")[1]
     for result, code in EXIT_CODES.items():
         assert f"| {code} | {result.replace('_', ' ')} |" in table, result
+
+
+INCONCLUSIVE_FAMILY = "attention-inconclusive"
+
+
+def test_an_inconclusive_rollback_does_not_lock_the_family(prefect_server, make_settings,
+                                                            tracking, tmp_path, signing):
+    """A plan that needs a fresh A/A calibration, on a device with none: the rollout is
+    rolled back before its canary, said *inconclusive* (no finding about the kernel), and
+    that signed outcome is no rejection: the family's next registration may drop the
+    requirement (a loosening) without a person's approval. A gate rejection still locks."""
+    import yaml
+
+    from lineage.registration import LooseningRefused, preregister
+
+    needs = untimed(STRICT_THRESHOLDS, tmp_path / "calibrated.yaml")
+    data = yaml.safe_load(needs.read_text())
+    data["canary"]["latency"]["max_calibration_age_days"] = 30
+    needs.write_text(yaml.safe_dump(data))
+    outcome = rollout(make_settings("good", thresholds=needs, family=INCONCLUSIVE_FAMILY))
+    assert (outcome.result, outcome.stage, outcome.inconclusive) == ("rolled_back", "canary",
+                                                                     True), outcome.reason
+    assert "no fresh calibration" in outcome.reason
+    assert "inconclusive: not a verdict on the kernel" in outcome.verdict()
+    looser = untimed(STRICT_THRESHOLDS, tmp_path / "uncalibrated.yaml")
+    registration = preregister(looser, tracking=tracking, family=INCONCLUSIVE_FAMILY,
+                               signing=signing)
+    assert registration.profile == "flow-test"
+    # a finding about the kernel still locks: the wrong kernel rejected at the gate
+    rejected = rollout(make_settings("wrong_scale", thresholds=looser, family=INCONCLUSIVE_FAMILY))
+    assert rejected.result == "rejected"
+    with pytest.raises(LooseningRefused, match="rejected or rolled back"):
+        preregister(_loosened(looser, tmp_path), tracking=tracking, family=INCONCLUSIVE_FAMILY,
+                    signing=signing)
+
+
+def _loosened(path: Path, tmp_path: Path) -> Path:
+    """``path`` with its canary's NaN bound relaxed (a loosening)."""
+    import yaml
+
+    data = yaml.safe_load(path.read_text())
+    data["canary"]["max_nan_count"] = 5
+    out = tmp_path / "loosened.yaml"
+    out.write_text(yaml.safe_dump(data))
+    return out

@@ -528,3 +528,26 @@ def test_a_decision_read_back_comes_from_its_signature_not_its_tags(tracking, fa
     tracking.client().set_tag(chain.decision_run_id, tags.BUILD_RUN_ID, "f" * 32)
     record = load_decision(_source(tracking, family, signing), chain.decision_run_id)
     assert record.build_run_id == chain.build_run_id
+
+
+def test_what_counts_as_a_rejection_for_the_loosening_rule():
+    """Findings about a kernel count; a crash, want of evidence and the shadow/canary
+    alias taken back when a rollout ends (its outcome says why) do not."""
+    from types import SimpleNamespace
+
+    from lineage.registration import _rejects
+
+    def record(kind: str, **predicate) -> SimpleNamespace:
+        return SimpleNamespace(kind=kind, predicate=predicate)
+
+    counted = [record("decision", verdict="reject"), record("canary", passed=False),
+               record("shadow", passed=False), record("outcome", result="rejected"),
+               record("outcome", result="timed_out"), record("outcome", result="rolled_back"),
+               record("alias", action="rollback", alias="production")]
+    not_counted = [record("outcome", result="errored"),
+                   record("outcome", result="rolled_back", inconclusive=True),
+                   record("alias", action="rollback", alias="shadow"),
+                   record("alias", action="rollback", alias="canary"),
+                   record("decision", verdict="promote"), record("canary", passed=True)]
+    assert [_rejects(a) for a in counted] == [True] * len(counted)
+    assert [_rejects(a) for a in not_counted] == [False] * len(not_counted)
