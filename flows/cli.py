@@ -160,7 +160,7 @@ def rollout(implementation: Implementation = "auto",
     debug_log = route_to_debug_log(store_dir / "logs" / "third-party.log")
     typer.echo(f"third-party log lines (MLflow, Great Expectations, warnings): {debug_log}",
                err=True)
-    from flows.errored import EXIT_CODES, RolloutErrored
+    from flows.errored import EXIT_CODES, OUTCOME_ATTRIBUTE, RolloutErrored
     from flows.rollout import rollout as rollout_flow
 
     prefect_server.wait()
@@ -168,6 +168,12 @@ def rollout(implementation: Implementation = "auto",
         outcome = rollout_flow(settings, plan)
     except RolloutErrored as err:  # a crash: signed as errored, printed, not a traceback
         outcome = err.outcome
+    except KeyboardInterrupt as err:  # Ctrl-C: the session signed it as interrupted
+        outcome = getattr(err, OUTCOME_ATTRIBUTE, None)
+        if outcome is None:
+            typer.echo("interrupted before the rollout's record opened: nothing written",
+                       err=True)
+            raise typer.Exit(130) from None
     typer.echo("\n" + outcome.markdown().replace("**", ""))
     raise typer.Exit(EXIT_CODES.get(outcome.result, 1))
 

@@ -169,8 +169,10 @@ def rollout_session(settings: RolloutSettings, plan: RolloutPlan | None = None, 
         try:
             yield context
         except BaseException as err:
-            closed = _close_failed(context.record, f"{type(err).__name__}: {err}", stage_of(err))
-            if closed is not None and isinstance(err, Exception):
+            interrupted = isinstance(err, KeyboardInterrupt)
+            closed = _close_failed(context.record, _reason(err), stage_of(err),
+                                   interrupted=interrupted)
+            if closed is not None and (interrupted or isinstance(err, Exception)):
                 setattr(err, OUTCOME_ATTRIBUTE, closed)  # the flow ends Errored with it
             raise
         finally:
@@ -189,12 +191,19 @@ def built_version(record: rollout.RolloutRecord) -> str | None:
     return None
 
 
+def _reason(err: BaseException) -> str:
+    if isinstance(err, KeyboardInterrupt):
+        return "interrupted by a person (Ctrl-C) before the stage finished"
+    return f"{type(err).__name__}: {err}"
+
+
 def _close_failed(record: rollout.RolloutRecord, reason: str,
-                  stage: str = "error") -> RolloutOutcome | None:
-    """Close a crashed rollout by what its record says it did: nothing when its outcome
-    is written (the run ended); a note when its candidate already serves (promoted);
-    else the candidate (if one was registered) rejected and the run closed *errored*
-    (FAILED) at ``stage``, signed. Returns the outcome written, if any."""
+                  stage: str = "error", *, interrupted: bool = False) -> RolloutOutcome | None:
+    """Close a crashed (``interrupted``: stopped by a person) rollout by what its record
+    says it did: nothing when its outcome is written (the run ended); a note when its
+    candidate already serves (promoted); else the candidate (if one was registered)
+    rejected and the run closed *errored* (FAILED) or *interrupted* (KILLED) at
+    ``stage``, signed. Returns the outcome written, if any."""
     if record.tracking.client().get_run(record.rollout_run_id).info.status != "RUNNING":
         return None
     version = built_version(record)
@@ -208,8 +217,8 @@ def _close_failed(record: rollout.RolloutRecord, reason: str,
                             f"rollout failed: {reason}", signing=record.signing,
                             parent_run_id=record.rollout_run_id)
     finally:
-        outcome = rollout.close_rollout(record, result="errored", stage=stage, reason=reason,
-                                        version=version)
+        outcome = rollout.close_rollout(record, result="interrupted" if interrupted else "errored",
+                                        stage=stage, reason=reason, version=version)
     return outcome
 
 

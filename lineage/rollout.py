@@ -30,13 +30,13 @@ from lineage.tracking import Tracking
 
 PROJECT_DIR = Path(__file__).resolve().parents[1]
 
-Result = Literal["promoted", "rejected", "timed_out", "rolled_back", "errored", "failed", "built",
-                 "evaluated"]
+Result = Literal["promoted", "rejected", "timed_out", "rolled_back", "errored", "interrupted",
+                 "failed", "built", "evaluated"]
 """``rejected``: the gate or a person said no; ``timed_out``: nobody answered an approval
 within the preregistered timeout (which rejects); ``rolled_back``: a shadow, canary or
 confirmation breach (or a re-validation failure); ``errored``: a stage crashed
-(``flows.errored``); ``failed``: the same, as records written before *Errored* existed
-name it."""
+(``flows.errored``); ``interrupted``: a person stopped the command (Ctrl-C) mid-stage;
+``failed``: a crash, as records written before *Errored* existed name it."""
 
 
 class RolloutRecord(BaseModel):
@@ -192,11 +192,17 @@ class RolloutOutcome(BaseModel):
             words += " (inconclusive: not a verdict on the kernel)"
         return words if not self.not_assessed else f"{words}; {self.not_assessed}"
 
+    def _says_what_was_not_assessed(self) -> bool:
+        return bool(self.not_assessed) and "not assessed" in self.reason
+
     def summary(self) -> str:
         """One line for a flow run's state message, a notification, the version's
-        description: the verdict, who decided, and the reason."""
+        description: the verdict, who decided, and the reason (what was not assessed said
+        once: in the reason where it lists it, else in the verdict)."""
         who = f" (decided by {self.decided_by})" if self.decided_by else ""
-        return f"{self.verdict()}{who}: {self.reason}"
+        verdict = (self.verdict().removesuffix(f"; {self.not_assessed}")
+                   if self._says_what_was_not_assessed() else self.verdict())
+        return f"{verdict}{who}: {self.reason}"
 
     def markdown(self) -> str:
         """A short markdown summary for the Prefect UI and the CLI's last lines."""
@@ -208,8 +214,10 @@ class RolloutOutcome(BaseModel):
         if self.decided_by:
             lines.append(f"* decided by: {self.decided_by}")
         lines.append(f"* reason: {self.reason}")
-        if self.decision_summary:
-            lines.append(f"* gate: {self.decision_summary}")
+        if self.decision_summary:  # its not-assessed paragraph repeats the reason's list
+            gate = (self.decision_summary.splitlines()[0] if self._says_what_was_not_assessed()
+                    else self.decision_summary)
+            lines.append(f"* gate: {gate}")
         if self.not_assessed_note and self.not_assessed_note not in (self.decision_summary or ""):
             lines.append(f"* not assessed: {self.not_assessed_note}")
         lines += [
@@ -224,7 +232,7 @@ class RolloutOutcome(BaseModel):
         return "\n".join(lines)
 
 
-STOPPED = ("rejected", "timed_out", "rolled_back", "errored", "failed")
+STOPPED = ("rejected", "timed_out", "rolled_back", "errored", "interrupted", "failed")
 """Results that stopped the candidate (a verdict line names the stage)."""
 
 
@@ -282,7 +290,8 @@ def close_rollout(record: RolloutRecord, *, result: Result, stage: str, reason: 
             "reason": reason, "decided_by": decided_by, "aliases": outcome.aliases,
             "inconclusive": inconclusive, "tags": {**record.env_tags, **run_tags}},
            record.signing)
-    tr.end_run(record.tracking, record.rollout_run_id, "FAILED" if result in ("errored", "failed") else "FINISHED")
+    status = {"errored": "FAILED", "failed": "FAILED", "interrupted": "KILLED"}.get(result, "FINISHED")
+    tr.end_run(record.tracking, record.rollout_run_id, status)
     record.tracking.client().update_run(record.rollout_run_id, name=run_title(
         record.implementation, version, result, stage, not_assessed))
     if version is not None and registered_model.version_exists(record.tracking, record.family, version):
