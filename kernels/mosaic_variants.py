@@ -11,8 +11,10 @@ changes the kernels' source digest (``kernels.build``).
 
 Already in the kernel, so not switches: two consumer warpgroups in ping-pong (one's
 softmax under the other's ``wgmma``), ``exp2`` with the scale folded into ``log2 e``
-(``p = exp2(s * c - m)``, one FMA per logit), larger tiles (``BlockSizes``: block_q 128,
-block_kv 256 are legal tilings already).
+(``p = exp2((s - m) * c)`` with ``m`` in raw-logit units, :func:`softmax_block`; it was
+one FMA per logit, ``exp2(s * c - m * c)``, until that FMA was found to lose the row's
+largest logit at large magnitudes), larger tiles (``BlockSizes``: block_q 128, block_kv
+256 are legal tilings already).
 
 The lazy rescale rule (FlashAttention-4's "conditional rescaling", Tri Dao et al., 2025,
 described in the FA4 write-ups; written here from the description): the online softmax
@@ -281,23 +283,73 @@ class MosaicVariant(BaseModel):
         return self.rowsum_before_handover
 
 
-def lazy_max(m_old, m_block, threshold: float | None):
+def lazy_max(m_old, m_block, threshold: float | None, *, scale: float | None = None):
     """The running max after one K/V block, and which rows moved.
 
     Args:
-      m_old: ``[rows]`` float32 running max (scaled log2 units; ``-inf`` before the
-        first block).
-      m_block: ``[rows]`` float32 ``max(m_old, max of the block's scaled logits)``.
+      m_old: ``[rows]`` float32 running max (``-inf`` before the first block), in the
+        units of the logits it is the max of: log2 units when ``scale`` is None, raw-logit
+        units (as the kernel keeps it, :func:`softmax_block`) with ``scale`` the factor
+        that takes them to log2 units.
+      m_block: ``[rows]`` float32 ``max(m_old, max of the block's logits)``, same units.
       threshold: ``None``: always move (``m_new = m_block``, the classic online
-        softmax); else move a row only when ``m_block - m_old > threshold``.
+        softmax); else move a row only when ``(m_block - m_old) * scale > threshold``
+        (the threshold is in log2 units whatever the max's units).
+      scale: factor from the max's units to log2 units (``scale * log2(e)`` of the
+        logits); ``None`` when they are log2 units already.
 
     Returns:
-      ``(m_new, moved)``: the max the block's ``p = exp2(s - m_new)`` and the rescale
-      ``exp2(m_old - m_new)`` use (``m_new <= m_block <= m_new + threshold``), and a bool
-      ``[rows]`` of the rows whose max moved (their accumulator must be rescaled; the
-      others' factor is exactly 1). A row at ``-inf`` always moves to a finite block max.
+      ``(m_new, moved)``: the max the block's ``p = exp2((s - m_new) * scale)`` and the
+      rescale ``exp2((m_old - m_new) * scale)`` use (``m_new <= m_block`` and
+      ``(m_block - m_new) * scale <= threshold``), and a bool ``[rows]`` of the rows whose
+      max moved (their accumulator must be rescaled; the others' factor is exactly 1). A
+      row at ``-inf`` always moves to a finite block max.
     """
     if threshold is None:
         return m_block, m_block > m_old
-    moved = m_block - m_old > threshold
+    growth = m_block - m_old
+    moved = (growth if scale is None else growth * scale) > threshold
     return jnp.where(moved, m_block, m_old), moved
+
+
+def softmax_block(m_old, s, scale_log2: float, threshold: float | None, broadcast=None):
+    """One K/V block of the kernel's online softmax (the arithmetic
+    ``kernels.pallas_mosaic_gpu`` runs, written once so that it can be checked here).
+
+    The running max is kept in raw-logit units and the exponent is
+    ``(s - m) * scale_log2``: a subtraction, then a multiplication. Mosaic GPU marks its
+    float ops ``contract`` (``fragmented_array.py``: "We allow contractions, to
+    potentially take advantage of FMA instructions"), so the former exponent
+    ``s * c - m`` with ``m = max(s) * c`` (the scale folded into ``c = scale * log2 e``,
+    ``m`` in those units) became one FMA, ``fma(s, c, -round(max(s) * c))``: the row's
+    largest logit got the exponent ``max(s) * c - round(max(s) * c)`` instead of 0, up to
+    half an ulp of ``max(s) * c``, which reaches 128 from ``|max(s) * c| >= 2**31`` (e.g.
+    q = k = 1.3e5 in bf16 at head_dim 64: ``s * c ~ 1.95e11``, an ulp of 16384), so
+    ``p = exp2(...)`` was ``inf`` (output NaN) or 0 (output 0, the empty-row rule) for
+    one key; float16's ``P`` (at most 65504) broke from ``|max(s) * c| >= 2**28``. Here
+    ``s - m`` is exactly 0 for the row's largest logit (``p = 1``) and no multiplication
+    feeds an addition, so contraction has nothing to fuse. Cost: one more float32
+    operation per logit than the FMA (a subtraction and a multiplication).
+
+    Args:
+      m_old: ``[rows]`` float32 running max of the raw logits (``-inf`` before the first
+        block).
+      s: ``[rows, keys]`` float32 raw logits ``Q K^T`` of the block (masked keys
+        ``-inf``).
+      scale_log2: ``scale * log2(e)``.
+      threshold: the lazy rescale's (:func:`lazy_max`, log2 units) or ``None``.
+      broadcast: ``f(row_vector, shape)`` that broadcasts ``[rows]`` along the keys (the
+        kernel's ``lax.broadcast_in_dim`` in its register layout); default
+        ``row[:, None]``.
+
+    Returns:
+      ``(m_new, moved, alpha, p)``: the new running max (raw units), the rows whose max
+      moved, the accumulator's and row sum's rescale ``exp2((m_old - m_new) *
+      scale_log2)`` and the block's ``p = exp2((s - m_new) * scale_log2)``, float32.
+    """
+    m_block = jnp.maximum(m_old, s.max(axis=1))
+    m_new, moved = lazy_max(m_old, m_block, threshold, scale=scale_log2)
+    alpha = jnp.exp2((m_old - m_new) * scale_log2)
+    m_wide = m_new[:, None] if broadcast is None else broadcast(m_new, s.shape)
+    p = jnp.exp2((s - m_wide) * scale_log2)
+    return m_new, moved, alpha, p

@@ -35,10 +35,15 @@ arXiv:2407.08608), exact attention with an online softmax (FlashAttention-2, Dao
   of a consumer sees run without a mask; the rest apply ``col <= row``. Within a pair,
   consumer 0 also runs the (fully masked, p = 0) block(s) only consumer 1 needs, to keep
   the ping-pong in step (at most ``ceil(block_q / block_kv)`` blocks per tile).
-- **Softmax.** ``m`` is kept in ``scale * log2(e)`` units so ``p = exp2(s * c - m)`` is
-  one FMA; ``exp2(-inf) = 0`` with ``approx_math``. Block 0 always contains key 0, which
-  every row sees, so ``m`` is finite after the first block and ``-inf - -inf`` never
-  occurs. ``P`` is rounded to the input dtype (bf16 or f16) for the second ``wgmma``.
+- **Softmax** (``kernels.mosaic_variants.softmax_block``). ``m`` is kept in raw-logit
+  units and ``p = exp2((s - m) * c)`` with ``c = scale * log2(e)``: the row's largest
+  logit gets exactly ``exp2(0) = 1`` at any magnitude. (The folded form
+  ``exp2(s * c - m * c)`` is one FMA under Mosaic GPU's ``contract`` flags, and that
+  FMA gave the largest logit an exponent of up to half an ulp of ``m * c``: ``inf`` or 0
+  for one key once ``|m * c| >= 2**31``, e.g. q = k = 1.3e5 in bf16 at head_dim 64.)
+  ``exp2(-inf) = 0`` with ``approx_math``. Block 0 always contains key 0, which every
+  row sees, so ``m`` is finite after the first block and ``-inf - -inf`` never occurs.
+  ``P`` is rounded to the input dtype (bf16 or f16) for the second ``wgmma``.
 - **Variants** (``kernels.mosaic_variants.MosaicVariant``; off by default except where
   ``mosaic_variants.REGISTERED_SWITCHES`` registers them; issue 24 times each by
   itself with ``kernels.tools.variants``): a lazy rescale of the
@@ -116,8 +121,8 @@ from kernels.kernel import Capability, Kernel, round_up
 from kernels.mosaic_variants import (
     OUTPUT_CHUNK_COLS,
     MosaicVariant,
-    lazy_max,
     registered_default,
+    softmax_block,
 )
 from kernels.tile_schedule import tile_schedule
 
@@ -645,10 +650,12 @@ def _build_kernel(plan: _Plan):
                             rows = row0 + ops.iota((block_q, block_kv), 0)
                             visible = jnp.logical_and(visible, cols <= rows)
                         s = jnp.where(visible, s, -jnp.inf)
-                    m_block = jnp.maximum(m_i, s.max(axis=1) * c)
-                    m_new, moved = lazy_max(m_i, m_block, lazy)
-                    alpha = jnp.exp2(m_i - m_new)
-                    p = jnp.exp2(s * c - lax.broadcast_in_dim(m_new, s.shape, [0]))
+                    # m in raw-logit units, p = exp2((s - m) * c): no multiplication
+                    # feeds a subtraction that Mosaic GPU's `contract` flags would fuse
+                    # into an FMA (softmax_block says what that FMA broke).
+                    m_new, moved, alpha, p = softmax_block(
+                        m_i, s, c, lazy,
+                        lambda row, shape: lax.broadcast_in_dim(row, shape, [0]))
                     if lazy is None:
                         acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
                     else:

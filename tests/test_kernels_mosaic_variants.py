@@ -22,7 +22,13 @@ from kernels import mosaic_variants, pallas_mosaic_gpu
 from kernels.build import source_digests
 from kernels.config import BlockSizes
 from kernels.contract import AttentionSpec
-from kernels.mosaic_variants import MAX_LAZY_RESCALE_LOG2, MosaicVariant, lazy_max, tile_registers
+from kernels.mosaic_variants import (
+    MAX_LAZY_RESCALE_LOG2,
+    MosaicVariant,
+    lazy_max,
+    softmax_block,
+    tile_registers,
+)
 from kernels.naive import naive_attention
 from kernels.pallas_mosaic_gpu import pallas_mosaic_gpu_attention
 from kernels.reference import attention_reference, relative_error
@@ -292,18 +298,23 @@ def test_intra_wg_pipeline_lowers_with_the_registered_switches(head_dim, causal)
 # The Mosaic GPU module of the kernel (locations stripped) at commit 4e0e33f, before the
 # intra-warpgroup pipeline existed, lowered by JAX 0.10.2 (the lock's): the new switch's
 # default must leave it byte for byte as it was. (head_dim, causal, lengths, variant,
-# config) -> sha256 of the module's text.
+# config) -> sha256 of the module's text. Re-pinned here and in the two tables below when
+# the softmax's exponent became (s - m) * c (the extreme-values fix, 2026-12-04,
+# kernels/tools/NOTES-gpu.md): every re-pinned module holds the same lines as the one
+# pinned before, SSA names stripped, counted as a multiset (only which values feed the
+# exponent's subtraction and multiplication changed), except the lazy rescale's, which
+# also multiplies each row's growth of the max by c for its threshold.
 KERNEL_BEFORE_THE_PIPELINE_SWITCH = {
     (64, True, True, None, None):
-        "2c59ff41f04f8324a27dbee39974bb2925bdc41edb7825cd997019bedfd59f4c",
+        "c26869afefba5dc516808c02881f8c62c6cee1425b9d602b42aa2b47a10d2e16",
     (128, False, False, MosaicVariant(), None):
-        "c3a336e7c86a1569e1f85bd3161999804e0048669947093757ad4d31573d3398",
+        "2096182fdd3998fe1f8225a725ca8d00b73a267fbb30e77c1024fd08ee74a0d3",
     (256, True, True, MosaicVariant(lazy_rescale_log2=8.0), None):
-        "1990dfb73a96649e3a47cdcf41bde68c3d8ebb9484eb867ecb179d2e99ea4251",
+        "9c243c567826a18ea33a0c579157a85a19461e92a0e3ef0bcdabd03f26e00e9d",
     (128, True, True, MosaicVariant(rowsum_before_handover=True), None):
-        "a879eff64795f7747416dbda0d2cfd87208fdc3f0970f37c1edc41006fe7b345",
+        "f7fd40d603c3f4f10b663b1c83e3a51b7cf045d325e598268ff02dde5597b8b8",
     (64, False, False, MosaicVariant(), BlockSizes(block_q=64, block_kv=256, num_stages=2)):
-        "e7f5289635aa85e8bc2e86ec213b169220889643c8e3075997ee2f7fdd2f2aaa",
+        "88c663007ab037e3635fc020d95be4575c7ca111484daeeb6cac217866c3b57c",
 }
 
 
@@ -352,13 +363,13 @@ def test_the_pipeline_switch_off_lowers_to_the_kernel_before_it(monkeypatch):
 # config) -> sha256 as above.
 KERNEL_BEFORE_THE_UNPADDED_KV = {
     (128, False, 768, MosaicVariant(), None):
-        "19c71c8e12f9748e7b3d58c0dc3ee3f77f4068b85647330ecd7bfbfde83dc54c",
+        "b93df9cff5d778805fe0a0555049a6e3553d6bd472beaa43204de830c8836a9c",
     (64, False, 768, MosaicVariant(), BlockSizes(block_q=64, block_kv=256, num_stages=2)):
-        "ebfaf4f966421ed7c5dd861762cc9f6f2f26c96fb0509ed00ba275ecccddd2ae",
+        "4c54d44ec34099e1f8da3d20d34e431a7760cad57b68f19f48f1ae527ffae6be",
     (128, True, 768, None, None):
-        "7245b27cf8ba00cba4aafe8edd0c1603560a9aa8a161001e22cffaa8d6e1d893",
+        "ffa6dd3d79bc37b0b9940781c248883915837d66e13d51b7d66ff2671bbaee8f",
     (128, False, 4096, None, None):
-        "06eb9bf6b34cbf0af037c06fec402677d30e189908c1648eea3891f0a72f08f1",
+        "3f9502fb3f6eeda0632d6cf253a844c886dd588e5422e4c64f250b5238dd1284",
 }
 
 
@@ -382,25 +393,28 @@ def test_lengths_that_are_block_multiples_lower_as_before_the_unpadded_kv(monkey
 # for the H200's 132 SMs. Session 9's final commit (f36f0bc) lowers to the same modules. The
 # figures describe the shipped d128 kernel only while it lowers to these very modules; a
 # change here means measuring those rows again. (dtype, batch, seq, causal) -> sha256.
+# Re-pinned at the exponent change (above): the eight 4096/16384 rows were measured again
+# on these modules beside the old ones (bench_results/h200-2026-12-04-extreme-values/
+# perf.json: 0.919-0.992 of the old, 2-8 % slower); the 131072 row was not.
 D128_AS_MEASURED_IN_SESSION_8 = {
     ("bfloat16", 1, 131072, True):
-        "49df32e1781443fc1228e7a632597e975e937022092ce68a41688be9b5d033e5",
+        "df94f4b4d60f21887bc136dbd5b61a2a1faa6c6141cf60d01eb79d19c6692efd",
     ("bfloat16", 4, 4096, False):
-        "8ab13e1992936519557ea743adcf4d57dcbce9278f79d1afff3dccd2eb1634ac",
+        "015d7ef47cccea530b45fe29774a44af3b1658ccaf7ed67d57076704690ec907",
     ("bfloat16", 1, 16384, False):
-        "20afaf34657a137938342387884f64131f54a162294f24e4bc4f2cfbc0f6bb9a",
+        "d1f2c0b4f6e0e6afd55216dd7f041125a031701ac2e9826b1c0a4c3571e9058b",
     ("bfloat16", 4, 4096, True):
-        "6a1ecd9f11688dabbfbd280c5765c13882b89448a73dfe748292a79bed53b36f",
+        "6d66c3f6d4cea84b7abe95f127c99d5eb64278d71e6e18641ac92ee8f7079cc4",
     ("bfloat16", 1, 16384, True):
-        "3390dce54dce7d77d6af85b287ccb290a9c3e0dd20921872abb8de4241e3e9cc",
+        "fedaa6728cf3d972c90d8ea44908a1d635a26847b73eeaf411a1ddf0926501d9",
     ("float16", 4, 4096, False):
-        "b6f42501057caece1ccdef30d592797b28eab17d4b65e3310bd792df2d2d66b1",
+        "1b3e43858f69e7bcba29669bb91d08541c6b7037c2d94554b73b65668a49b9e3",
     ("float16", 1, 16384, False):
-        "52a371053d24d9f165776f5b82ad2b89c9494c17a525b006e226d744331f90e0",
+        "1065ce5a5cb7dfbbfb0ca87c30a2d8b52c46f88d4397250088cd5600a397af42",
     ("float16", 4, 4096, True):
-        "b873ba6e38753cd6b90ef237ad77386a9a922fa35677426db2ac25084caba502",
+        "19b519bdf93357a8e4a260c76746b395f1eb4c0f31927e487b00cef4a589b3bf",
     ("float16", 1, 16384, True):
-        "849a4a5cc855660f4755c58afb9b0948400ff0c7d4d57d1635355372feb9e00a",
+        "78b7535fdd25158e888ae32623ab4c2ff40f5dd9ec46e29db15dec25fa6b904c",
 }
 
 
@@ -487,20 +501,20 @@ def test_every_variant_of_the_benchmark_file_lowers_for_cuda():
 # ----------------------------------------------------------------------------- the rule
 
 
-def _online_softmax(logits, v, block, threshold):
-    """Pure-JAX model of the kernel's float32 online softmax over key blocks
-    (``m`` in scaled log2 units, as the kernel keeps it), with :func:`lazy_max`.
+def _online_softmax(logits, v, block, threshold, scale_log2=1.0):
+    """Pure-JAX model of the kernel's float32 online softmax over key blocks, with the
+    kernel's own block step (:func:`softmax_block`: ``m`` in the logits' units,
+    ``scale_log2`` takes them to log2 units; 1: ``logits`` are log2 units already).
     Returns the output and how many (row, block) rescales the accumulator needed."""
     rows, n = logits.shape
     m = jnp.full((rows,), -jnp.inf, jnp.float32)
     l_sum = jnp.zeros((rows,), jnp.float32)
     acc = jnp.zeros((rows, v.shape[1]), jnp.float32)
     rescales, p_max = 0, 0.0
+    step = jax.jit(functools.partial(softmax_block, scale_log2=scale_log2, threshold=threshold))
     for start in range(0, n, block):
         s = logits[:, start:start + block]
-        m_new, moved = lazy_max(m, jnp.maximum(m, s.max(axis=1)), threshold)
-        alpha = jnp.exp2(m - m_new)
-        p = jnp.exp2(s - m_new[:, None])
+        m_new, moved, alpha, p = step(m, s)
         acc = acc * alpha[:, None] + p @ v[start:start + block]
         l_sum = l_sum * alpha + p.sum(axis=1)
         m = m_new
@@ -534,6 +548,84 @@ def test_lazy_max_moves_a_row_from_minus_infinity():
     m_new, moved = lazy_max(jnp.array([-jnp.inf, 1.0]), jnp.array([3.0, 1.5]), 8.0)
     assert np.asarray(moved).tolist() == [True, False]
     assert np.asarray(m_new).tolist() == [3.0, 1.0]
+
+
+def test_lazy_max_compares_raw_units_in_log2_units():
+    """With the max in raw-logit units the threshold still counts log2 units: a row moves
+    when its growth times ``scale`` exceeds it (10 raw units x 0.5 = 5 > 4; 6 x 0.5 = 3)."""
+    m_new, moved = lazy_max(jnp.array([0.0, 0.0]), jnp.array([10.0, 6.0]), 4.0, scale=0.5)
+    assert np.asarray(moved).tolist() == [True, False]
+    assert np.asarray(m_new).tolist() == [10.0, 0.0]
+
+
+# Raw logits q.k of equal q and k (one value x in every element) at head_dim d, as the
+# kernel's float32 accumulator holds them, and c = log2(e) / sqrt(d): the bug report's
+# 1.3e5 in bf16 (130048) at d64 is s = 64 x^2 = 1.08e12, s c = 1.95e11 (an ulp of 16384).
+EXTREME_LOGITS = [(64, 130048.0), (64, 1e4), (128, 1e6), (256, 3e3), (64, 1e18), (256, 1e18)]
+
+
+def _scale_log2(head_dim: int) -> float:
+    return float(np.float32(math.log2(math.e) / math.sqrt(head_dim)))
+
+
+@pytest.mark.parametrize("threshold", [None, MAX_LAZY_RESCALE_LOG2])
+@pytest.mark.parametrize("head_dim, x", EXTREME_LOGITS)
+def test_softmax_block_gives_the_largest_logit_p_1_at_any_magnitude(head_dim, x, threshold):
+    """The kernel's block step, jitted on this CPU (XLA's CPU backend contracts a
+    multiplication feeding a subtraction into one FMA, as Mosaic GPU's ``contract`` flags
+    let LLVM do on the GPU: ``jax.jit(lambda s, c, m: s * c - m)`` returns the fused
+    result), on rows of large equal logits, of one logit and of a dominant one: every
+    row's largest logit gets ``p = 1`` exactly, the others their float64 weight, from
+    ``-inf`` (first block) and from a running max already at the row's max (second
+    block: ``alpha = 1``). With the exponent folded as ``s * c - m * c`` the first row
+    got ``p = 2**-4293`` = 0 at 130048 (d64) and ``inf`` at others (130560)."""
+    c = _scale_log2(head_dim)
+    s_max = float(np.float32(head_dim * x * x))
+    assert math.isfinite(s_max)
+    s = np.full((4, 8), -np.inf, np.float32)
+    s[0] = s_max                                   # eight equal keys
+    s[1, 0] = s_max                                # one key, the others masked
+    s[2] = np.float32(s_max) * np.float32(0.5)     # a dominant key among smaller ones
+    s[2, 3] = s_max
+    s[3] = -s_max                                  # large negative logits, equal
+    step = jax.jit(functools.partial(softmax_block, scale_log2=c, threshold=threshold))
+    m0 = jnp.full((4,), -jnp.inf, jnp.float32)
+    m, moved, alpha, p = (np.asarray(a) for a in step(m0, jnp.asarray(s)))
+    assert moved.all() and np.all(alpha == 0.0)
+    row_max = s.max(axis=1)
+    np.testing.assert_array_equal(m, row_max)
+    np.testing.assert_array_equal(p[s == row_max[:, None]], 1.0)
+    exact = np.exp2((s.astype(np.float64) - row_max[:, None]) * c)  # 0 below the max here
+    np.testing.assert_allclose(p, exact, rtol=1e-6, atol=0.0)
+    # The next block, no larger logit: the max stays, the accumulator's factor is 1.
+    m2, _, alpha2, p2 = (np.asarray(a) for a in step(jnp.asarray(m), jnp.asarray(s)))
+    np.testing.assert_array_equal(m2, m)
+    np.testing.assert_array_equal(alpha2, 1.0)
+    np.testing.assert_array_equal(p2, p)
+
+
+def test_the_folded_exponent_loses_the_largest_logit_under_an_fma():
+    """Why the exponent is ``(s - m) * c``: the folded ``s * c - m * c`` that the kernel
+    ran, evaluated as the GPU evaluates it once contracted (one FMA: ``s * c`` exact, one
+    rounding after the subtraction; emulated exactly in float64, where the product of
+    two float32 is exact). At the bug report's q = k = 130048 (bf16), head_dim 64, the
+    largest logit's exponent is -4293 instead of 0 (p = 0: the one-key row came out as
+    zeros, the empty-row rule), and at 130560 it is +3342.75 (p = inf: NaN); below
+    ``|m * c| = 2**31`` the error stays within +-128 and exp2 neither overflows nor
+    flushes to zero."""
+    c = np.float32(_scale_log2(64))
+
+    def folded_exponent(x: float) -> float:
+        s = np.float32(64.0 * x * x)
+        m_scaled = np.float32(s * c)                      # m * c, rounded to float32
+        return float(np.float32(float(s) * float(c) - float(m_scaled)))  # fma, one rounding
+
+    assert folded_exponent(130048.0) == -4293.0
+    assert folded_exponent(130560.0) == 3342.75
+    with np.errstate(over="ignore"):
+        assert np.exp2(np.float32(folded_exponent(130560.0))) == np.inf
+    for x in (1e2, 1e3, 1e4, 13000.0):  # |m * c| < 2**31
+        assert abs(folded_exponent(x)) <= 128.0, x
 
 
 # ----------------------------------------------------------------------------- interpret

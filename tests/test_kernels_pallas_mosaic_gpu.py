@@ -25,6 +25,7 @@ from kernels.build import build as build_kernel
 from kernels.config import BlockSizes
 from kernels.contract import validate
 from kernels.kernel import round_up
+from kernels.mosaic_variants import MosaicVariant
 from kernels.naive import naive_attention
 from kernels.pallas_mosaic_gpu import (
     KERNEL_NAME,
@@ -429,6 +430,82 @@ def test_kv_unpadded_along_the_sequence_lowers_for_cuda_with_the_64x192_tile(cau
     assert re.search(r"arrive\.expect_tx %\w+, %c384_i32", module)
 
 
+def exp2_arguments(module: str) -> list[tuple[str, tuple[str, ...]]]:
+    """For each ``ex2.approx`` of a Mosaic GPU module (text), the op that computes its
+    argument and the ops that compute that op's operands (names as in the module:
+    ``arith.mulf``, ``vector.broadcast``, ...), looking through ``vector.extract``
+    (the module applies exp2 lane by lane to vectors of two)."""
+    defs: dict[str, list[tuple[int, str, list[str]]]] = {}
+    exp2_uses: list[tuple[int, str]] = []
+    pattern = re.compile(r"^\s*(%\w+)(?::\d+)? = ([\w.]+)(.*)$")
+    for i, line in enumerate(module.splitlines()):
+        match = pattern.match(line)
+        if not match:
+            continue
+        name, op, rest = match.groups()
+        if op == "llvm.inline_asm":  # "asm", "constraints" %operands : types
+            asm = re.search(r'"([^"]*)"', rest).group(1)
+            operands = re.findall(r"%\w+", rest.rsplit('"', 1)[1])
+            if asm.startswith("ex2."):
+                exp2_uses.append((i, operands[0]))
+            op = "llvm.inline_asm"
+        else:
+            operands = re.findall(r"%\w+", rest.split(" : ")[0])
+        defs.setdefault(name, []).append((i, op, operands))
+
+    def definition(name: str, line: int):  # the last definition above the use
+        found = [d for d in defs.get(name, ()) if d[0] < line]
+        return found[-1] if found else (line, "?", [])
+
+    out = []
+    for line, name in exp2_uses:
+        at, op, operands = definition(name, line)
+        while op == "vector.extract":
+            at, op, operands = definition(operands[0], at)
+        out.append((op, tuple(definition(x, at)[1] for x in operands)))
+    return out
+
+
+EXP2_LOWERINGS = {
+    # The bug report's call: bf16, head_dim 64 (registered: the row sum after the
+    # hand-over, the ping-pong's offset once per kernel), one key.
+    "bf16_d64_one_key": (jnp.bfloat16, 64, 1, False, False, None),
+    # The lazy rescale (registered at 256) under the causal mask, with lengths.
+    "f16_d256_causal_lengths_lazy": (jnp.float16, 256, 300, True, True, None),
+    # The intra-warpgroup pipeline (its own softmax call sites), head_dim 128.
+    "bf16_d128_pipelined": (jnp.bfloat16, 128, 300, False, False,
+                            MosaicVariant(intra_wg_pipeline=True)),
+}
+
+
+@pytest.mark.parametrize("case", EXP2_LOWERINGS.values(), ids=EXP2_LOWERINGS.keys())
+def test_no_exp2_argument_is_a_product_plus_a_sum_the_compiler_may_fuse(case, monkeypatch):
+    """The cause of the extreme-value NaNs, checked where it lives: Mosaic GPU emits its
+    float ops with ``fastmath<contract>``, so LLVM fuses a multiplication that feeds an
+    addition or subtraction into one FMA. The softmax's exponent was ``s * c - m`` with
+    ``m = max(s) * c``, i.e. ``arith.subf(arith.mulf(s, c), m)``, fused into
+    ``fma(s, c, -m)``: the row's largest logit got an exponent of up to half an ulp of
+    ``m`` (not 0), and p = exp2 of it was inf or 0 once ``|m| >= 2**31`` (q = k = 1.3e5
+    in bf16 at head_dim 64). Every exp2 argument must now be something no contraction
+    changes: no add/sub of which an operand is a product (the exponent is
+    ``(s - m) * c``; ``kernels.mosaic_variants.softmax_block``)."""
+    dtype, head_dim, kv_len, causal, lengths, variant = case
+    q = jax.ShapeDtypeStruct((2, 128, 2, head_dim), dtype)
+    kv = jax.ShapeDtypeStruct((2, kv_len, 1, head_dim), dtype)
+    n = jax.ShapeDtypeStruct((2,), jnp.int32)
+
+    def fn(q, k, v, kl):
+        return pallas_mosaic_gpu_attention(q, k, v, causal=causal, scale=head_dim ** -0.5,
+                                           q_lengths=None, kv_lengths=kl if lengths else None,
+                                           variant=variant)
+
+    arguments = exp2_arguments(_mosaic_module(monkeypatch, fn, q, kv, kv, n))
+    assert len(arguments) > 2, "no exp2 found: the module's text changed form"
+    fusable = [(op, operands) for op, operands in arguments
+               if op in ("arith.addf", "arith.subf") and "arith.mulf" in operands]
+    assert not fusable, f"{len(fusable)} of {len(arguments)} exp2 arguments: {fusable[0]}"
+
+
 def test_export_for_cuda_from_a_cpu_host_is_deterministic():
     from jax import export as jax_export
 
@@ -816,3 +893,139 @@ def test_gpu_every_candidate_tiling_and_a_small_persistent_grid_are_correct(conf
     assert_accurate(_run(case, q, k, v, ql, kl), ref, "bfloat16", naive_err)
     # 5 CTAs for 24-48 tiles of uneven causal work: CTAs run different tile counts.
     assert_accurate(_run(case, q, k, v, ql, kl, num_sms=5), ref, "bfloat16", naive_err)
+
+
+# ----------------------------------------------------------------------------- extreme values
+# Large values in q and k with one or a few keys: the case of a public bug report (q, k
+# and v all 133120 in bf16, one key, head_dim 64: the output was non-finite where the
+# answer is v itself; pytorch/pytorch#121558, the same FMA in FlashAttention). Its cause was the softmax's exponent, folded into one FMA
+# that lost the row's largest logit once |max logit * scale * log2 e| >= 2**31
+# (float16's P from 2**28): test_no_exp2_argument_is_a_product_plus_a_sum_the_compiler_may_fuse
+# and kernels.mosaic_variants.softmax_block. The earlier extreme tests
+# (tests/test_kernels_poisoned.py) used q = k = 64, far below that.
+
+EXTREME_MAGNITUDES = {
+    # bf16: from where the folded exponent could first fail (~1.4e4 at d64) to 1e18, the
+    # largest whose logits (up to 256 x^2 at d256) stay finite in float32; above that
+    # the logits themselves overflow the contract's float32 accumulator.
+    # 133120 is the bug report's value (pytorch/pytorch#121558, q = k = v, head_dim 64).
+    "bfloat16": (1e4, 1.3e5, 130560.0, 133120.0, 1e6, 1e12, 1e18),
+    # f16: from 2e3 (|m c| ~ 2**25.5 at d64) to its largest finite value.
+    "float16": (2e3, 1e4, 3e4, 65504.0),
+}
+EXTREME_PATTERNS = ("equal", "ties", "dominant", "negative")
+"""``equal``: every element of q, k and v is x (the bug report; the answer is x).
+``ties``: q = k = x, v uniform in [-x, x] (every visible key ties: the answer is their
+mean). ``dominant``: k's rows x, x (1 - 1/2n), x (1 - 2/2n), ... (key 0 wins by a logit
+gap far over 100 at these magnitudes), v uniform. ``negative``: k = -q = -x, v uniform
+(large negative logits that tie)."""
+EXTREME_HEAD_DIMS = (64, 128, 192, 256)
+"""Every padded head_dim bucket of the kernel (multiples of 64 up to MAX_HEAD_DIM)."""
+EXTREME_KEYS = ((1, None), (7, None), (128, (1, 2, 3, 7)))
+"""(kv_len, kv_lengths of the 4 examples): one key; seven; 128 keys masked to 1, 2, 3, 7."""
+
+
+def extreme_inputs(pattern: str, x: float, dtype: str, head_dim: int, kv_len: int,
+                   seed: int = 0, batch: int = 4, q_len: int = 128):
+    """``(q, k, v)`` of :data:`EXTREME_PATTERNS` at magnitude ``x`` in ``dtype``:
+    ``[batch, q_len, 2, head_dim]`` queries on one key/value head (GQA 2:1)."""
+    rng = np.random.default_rng(seed)
+    q = np.full((batch, q_len, 2, head_dim), x)
+    k = np.full((batch, kv_len, 1, head_dim), x)
+    v = x * rng.uniform(-1.0, 1.0, k.shape) if pattern != "equal" else k.copy()
+    if pattern == "dominant":
+        k = k * (1.0 - np.arange(kv_len) / (2 * kv_len))[None, :, None, None]
+    elif pattern == "negative":
+        k = -k
+    return tuple(jnp.asarray(a, dtype) for a in (q, k, v))
+
+
+def extreme_variants() -> list[tuple[MosaicVariant, int]]:
+    """(switches, padded head_dim): each switch of ``mosaic_variants.REGISTERED_SWITCHES``
+    by itself at the head_dim it is registered at, and every switch off at each of them."""
+    from kernels.mosaic_variants import REGISTERED_SWITCHES
+
+    out: list[tuple[MosaicVariant, int]] = []
+    for rule in REGISTERED_SWITCHES:
+        for name, value in rule.switches.items():
+            item = (MosaicVariant(**{name: value}), rule.padded_head_dim)
+            if item not in out:
+                out.append(item)
+    out += [(MosaicVariant(), d) for d in sorted({r.padded_head_dim for r in REGISTERED_SWITCHES})]
+    return out
+
+
+def check_extreme_values(dtype: str, head_dim: int, causal: bool, keys, variant=None,
+                         implementation=None) -> list[str]:
+    """Every pattern and magnitude of ``dtype`` at one compiled shape per ``keys`` entry:
+    the output finite and within ``poisoned.TOLERANCE`` of float64. Returns the failures
+    (so a caller sees all of them, not the first)."""
+    from tests.test_kernels_poisoned import TOLERANCE
+
+    scale = head_dim ** -0.5
+    failures = []
+    for kv_len, kv_lengths in keys:
+        kl = None if kv_lengths is None else jnp.asarray(kv_lengths, jnp.int32)
+        fn = implementation or functools.partial(
+            pallas_mosaic_gpu_attention, causal=causal, scale=scale, q_lengths=None,
+            variant=variant)
+        fn = jax.jit(functools.partial(fn, kv_lengths=kl))
+        for pattern in EXTREME_PATTERNS:
+            for x in EXTREME_MAGNITUDES[dtype]:
+                q, k, v = extreme_inputs(pattern, x, dtype, head_dim, kv_len)
+                ref = attention_reference(q, k, v, causal=causal, scale=scale,
+                                          kv_lengths=kv_lengths)
+                out = np.asarray(fn(q, k, v).astype(jnp.float32), np.float64)
+                bad = int(np.sum(~np.isfinite(out)))
+                err = relative_error(out, ref) if not bad else math.inf
+                if bad or not err < TOLERANCE[dtype]:
+                    failures.append(f"kv_len {kv_len} lengths {kv_lengths} {pattern} x={x:g}: "
+                                    f"{bad} non-finite, rel. error {err:.3g}")
+    return failures
+
+
+def test_the_extreme_cases_reach_where_the_folded_exponent_failed():
+    """At every head_dim bucket the largest magnitude of each dtype puts the largest
+    scaled logit past where the folded FMA exponent could lose it (``2**31``, float16's
+    P ``2**28``), the float64 answers are finite, and the patterns mean what they say."""
+    for dtype, limit in (("bfloat16", 2.0 ** 31), ("float16", 2.0 ** 28)):
+        for d in EXTREME_HEAD_DIMS:
+            x = float(jnp.asarray(max(EXTREME_MAGNITUDES[dtype]), dtype).astype(jnp.float32))
+            assert d * x * x * d ** -0.5 * math.log2(math.e) > limit, (dtype, d)
+            assert d * x * x < float(jnp.finfo(jnp.float32).max), (dtype, d)
+            for pattern in EXTREME_PATTERNS:
+                q, k, v = extreme_inputs(pattern, x, dtype, d, 7, batch=1, q_len=2)
+                ref = attention_reference(q, k, v, scale=d ** -0.5)
+                assert np.all(np.isfinite(ref)), (dtype, d, pattern)
+                if pattern == "equal":  # the value itself (7 ties: up to float64 rounding)
+                    np.testing.assert_allclose(ref, x, rtol=1e-12)
+                if pattern == "dominant":  # key 0 takes it all
+                    np.testing.assert_allclose(ref[0, :, 0], np.asarray(v[0, :1, 0], np.float64)
+                                               .repeat(2, 0), rtol=1e-12)
+    assert (MosaicVariant(lazy_rescale_log2=8.0), 256) in extreme_variants()
+    assert (MosaicVariant(pingpong_across_tiles=True), 64) in extreme_variants()
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", EXTREME_HEAD_DIMS, ids=lambda d: f"d{d}")
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_gpu_extreme_values_with_one_and_few_keys_match_float64(dtype, head_dim, causal):
+    """The registered kernel (its switches at this head_dim and mask) on every pattern
+    and magnitude, with one key, seven, and 128 masked to 1, 2, 3 and 7."""
+    failures = check_extreme_values(dtype, head_dim, causal, EXTREME_KEYS)
+    assert not failures, f"{len(failures)} failures: " + "; ".join(failures[:6])
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant, head_dim", extreme_variants(),
+                         ids=lambda x: x.label() if isinstance(x, MosaicVariant) else f"d{x}")
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_gpu_extreme_values_with_each_registered_switch(dtype, variant, head_dim):
+    """Each registered switch by itself (and all off) at its head_dim: one key, and 128
+    masked to 1, 2, 3 and 7, every pattern and magnitude."""
+    failures = check_extreme_values(dtype, head_dim, False, (EXTREME_KEYS[0], EXTREME_KEYS[2]),
+                                    variant=variant)
+    assert not failures, f"{len(failures)} failures: " + "; ".join(failures[:6])
