@@ -20,6 +20,7 @@ from evaluation.model_check import float64_attention, model_accuracy
 from evaluation.performance import default_shapes, measure_performance
 from evaluation.plots import write_plots
 from evaluation.profiling import profile_runners
+from evaluation.progress import progress_bar
 from evaluation.reference_cache import INDEX_FILE as REFERENCE_INDEX_FILE
 from evaluation.reference_cache import ReferenceCache
 from evaluation.report import (
@@ -114,20 +115,6 @@ def split_documents(testset_dir: Path, split: str, count: int | None = None) -> 
         names = {d.name for d in manifest.split(split).documents}
         return [d for d in assign_splits(docs)[kind] if d.name in names][:count]
     return assign_splits(docs, per_split=count or MODEL_DOCUMENTS_PER_SPLIT)[kind]
-
-
-def _progress_bar(total: int, desc: str):
-    from tqdm.auto import tqdm
-
-    bar = tqdm(total=total, desc=desc, leave=False)
-
-    def update(done: int, total: int, label: str) -> None:
-        bar.set_postfix_str(label[-40:])
-        bar.update(done - bar.n)
-        if done == total:
-            bar.close()
-
-    return update
 
 
 def evaluate_candidate(
@@ -249,7 +236,7 @@ def evaluate_candidate(
     if not cases:
         raise ValueError(f"no case of split {split!r} is inside the serving contract "
                          f"({report.serving}); {len(report.not_drawn)} cases left out")
-    bar = (lambda n, desc: _progress_bar(n, desc)) if progress else (lambda n, desc: None)
+    bar = (lambda n, desc: progress_bar(n, desc)) if progress else (lambda n, desc: None)
     reference = ReferenceCache(reference_cache_dir)
     plan = interpreters or InterpreterPlan()
     if takes_the_choice(cand_info):

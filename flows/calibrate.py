@@ -1,4 +1,6 @@
-"""``kernelgate calibrate``: production against itself through the exact canary path.
+"""``kernelgate calibrate``: production against itself through the exact canary path (a
+family with no production yet: the native baseline against itself, so that a fresh
+store's first rollout under a plan that requires a calibration can reach production).
 
 Each of ``runs`` A/A canaries cuts a fresh request stream from the held-out documents
 (seed = the run's number) into the registered plan's steps, replays every step with
@@ -105,17 +107,27 @@ def calibrate(tracking: Tracking, family: str, *, runs: int, signing: Signing,
               thresholds: Path | None = None,
               progress: Callable[[int, int, str], None] | None = None
               ) -> tuple[str, calibration.CalibrationRecord]:
-    """Run ``runs`` A/A canaries of production and log the signed calibration record.
-    Returns ``(calibration run id, record)``.
+    """Run ``runs`` A/A canaries of production (none yet: the native baseline, which
+    serves until a first promotion, sized by ``thresholds``) and log the signed
+    calibration record. Returns ``(calibration run id, record)``. What a calibration
+    vouches for is the serving path's noise and the judge's A/A rate on this device
+    (``lineage.calibration``: its staleness facts), whichever kernel ran both sides.
 
     Raises:
-        ValueError: the family has no production version, or no plan to size runs by.
+        ValueError: no plan to size runs by (no production and no ``thresholds``).
     """
     version = registered_model.alias_version(tracking, family, "production")
     if version is None:
-        raise ValueError(f"{family} has no production version to calibrate")
-    plan, registration_id, contract = registered_plan(tracking, family, version,
-                                                      signing.trust, thresholds)
+        if thresholds is None:
+            raise ValueError(f"{family} has no production version yet: name the thresholds "
+                             "file its rollouts will register (--thresholds) to calibrate the "
+                             f"native baseline ({version_runners.NATIVE_BASELINE}) that serves "
+                             "until then")
+        frozen = load_thresholds(thresholds)
+        plan, registration_id, contract = frozen.canary, None, frozen.serving
+    else:
+        plan, registration_id, contract = registered_plan(tracking, family, version,
+                                                          signing.trust, thresholds)
     if not plan.paired:
         raise ValueError("the registered plan uses the legacy mannwhitneyu test: nothing to "
                          "calibrate (register signed_rank_abba)")
@@ -124,6 +136,7 @@ def calibrate(tracking: Tracking, family: str, *, runs: int, signing: Signing,
     pool = version_runners.VersionPool(tracking, family, model, signing.trust)
     try:
         endpoint = version_runners.endpoint(pool, "production", expect_version=version)
+        # (no production: the native baseline's endpoint, as a rollout's canary compares with)
         verdicts, ratios = [], []
         for i in range(runs):
             verdict, reason, r = a_a_canary(plan, endpoint, model, documents, seed=i)
@@ -134,7 +147,8 @@ def calibrate(tracking: Tracking, family: str, *, runs: int, signing: Signing,
     finally:
         pool.close()
     facts = calibration.device_facts(collect_environment())
-    record = calibration.summarise(family=family, production_version=version,
+    served = version or f"none ({version_runners.NATIVE_BASELINE}, the native baseline)"
+    record = calibration.summarise(family=family, production_version=served,
                                    registration_id=registration_id, facts=facts,
                                    alpha=plan.latency.alpha, verdicts=verdicts,
                                    log_ratios=ratios)

@@ -25,7 +25,6 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 
 import json  # noqa: E402
 import logging  # noqa: E402
-import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Annotated  # noqa: E402
 
@@ -61,14 +60,16 @@ from flows.cli_args import (  # noqa: E402
     check_family,
     check_implementation,
     check_known_family,
+    check_store_dir,
     check_thresholds,
 )
 from flows.cli_keys import KeyDir, check_name, keys_app  # noqa: E402
-from flows.cli_ops import notifications_app, run_until_signalled  # noqa: E402
+from flows.cli_ops import notifications_app, ui  # noqa: E402
 from flows.cli_store import existing_family, fail_fast_if_down, families, open_store  # noqa: E402
 
 app.add_typer(keys_app, name="keys")
 app.add_typer(notifications_app, name="notifications")
+app.command()(ui)
 from flows.cli_approvals import approve, approve_loosening  # noqa: E402
 from flows.cli_log import CheckpointFiles, reanchor, witnessing  # noqa: E402
 
@@ -77,17 +78,23 @@ app.command(name="approve-loosening")(approve_loosening)
 app.command()(reanchor)
 from flows import prefect_server  # noqa: E402
 from flows.cli_calibrate import calibrate  # noqa: E402
+from flows.cli_revalidate import revalidate  # noqa: E402
 from flows.cli_stack import stack_app  # noqa: E402
 from flows.paths import compilation_cache  # noqa: E402
 
 app.add_typer(stack_app, name="stack")
 app.command()(calibrate)
+app.command()(revalidate)
 
 
-def _settings(implementation: str, thresholds: Path | None, store_dir: Path, block_q: int | None,
-              block_kv: int | None, family: str | None, new_family: bool,
-              key_dir: Path | None, **extra):
+def _plan(implementation: str, thresholds: Path | None, store_dir: Path, block_q: int | None,
+          block_kv: int | None, family: str | None, new_family: bool,
+          key_dir: Path | None, **extra):
+    """The rollout's settings and its plan (``flows.plan``: kernel, thresholds, family),
+    resolved once here and handed to the flow; bad arguments refused before anything is
+    logged, built or evaluated."""
     # What needs neither JAX nor the store first: a bad argument is refused in < 1 s.
+    check_store_dir(store_dir, writes=True)
     check_implementation(implementation)
     check_family(family, implementation, store_dir, new_family=new_family,
                  remote=bool(os.environ.get("MLFLOW_TRACKING_URI")))
@@ -97,41 +104,40 @@ def _settings(implementation: str, thresholds: Path | None, store_dir: Path, blo
     compilation_cache(store_dir)
     import kernels
     from flows.judge import BUILD_SHAPE
-    from flows.kernel_choice import rollout_kernel
+    from flows.plan import resolve_plan
     from flows.settings import RolloutSettings
-    from gates.thresholds import load_thresholds
 
-    # Fail on bad arguments before anything is logged, built or evaluated.
+    backend = kernels.default_backend()
     try:
         if thresholds is None:
             from flows.kernel_choice import default_thresholds
 
-            thresholds, why = default_thresholds(implementation, kernels.default_backend())
+            thresholds, why = default_thresholds(implementation, backend)
             typer.echo(f"thresholds: {why}", err=True)
-        load_thresholds(thresholds)
-        name, why = rollout_kernel(implementation, kernels.default_backend(), thresholds)
-        typer.echo(f"kernel: {why}", err=True)
         config = None
         if block_q is not None or block_kv is not None:
             config = kernels.BlockSizes(block_q=block_q, block_kv=block_kv)
-        impl = kernels.IMPLEMENTATIONS[name]
+        settings = RolloutSettings(implementation=implementation,
+                                   thresholds=thresholds.resolve(), store_dir=store_dir,
+                                   config=config, family=family, key_dir=key_dir, **extra)
+        plan = resolve_plan(settings, backend)
+        typer.echo(f"kernel: {plan.why}", err=True)
+        impl = kernels.IMPLEMENTATIONS[plan.implementation]
         impl.check_config(config)
         spec, _, _ = kernels.validate(*BUILD_SHAPE.structs(), causal=BUILD_SHAPE.causal)
-        impl.check(spec, kernels.default_backend(), config)
+        impl.check(spec, backend, config)
     except (ValueError, NotImplementedError) as err:
         raise typer.BadParameter(f"{err}") from None
     if family is not None:
         check_name(family)
         tracking = open_store(store_dir, must_exist=False)
-        if family not in families(tracking) and family != name and not new_family:
+        if family not in families(tracking) and family != plan.implementation and not new_family:
             raise typer.BadParameter(
                 f"no family {family!r} in this store yet (families: {families(tracking) or 'none'}); "
                 "pass --new-family to start one", param_hint="--family")
     else:
         open_store(store_dir, must_exist=False)
-    return RolloutSettings(implementation=implementation, thresholds=thresholds.resolve(),
-                           store_dir=store_dir, config=config, family=family, key_dir=key_dir,
-                           **extra)
+    return settings, plan
 
 
 @app.command()
@@ -148,20 +154,26 @@ def rollout(implementation: Implementation = "auto",
                 exists=True, dir_okay=False,
                 help="a signed approval of looser thresholds (kernelgate approve-loosening)")] = None) -> None:
     """Run a full governed rollout (preregister, build, evaluate, gate, shadow, approval, canary, confirm, then promote or roll back)."""
-    settings = _settings(implementation, thresholds, store_dir, block_q, block_kv, family,
-                         new_family, key_dir, testset_profile=testset_profile,
-                         documents_dir=documents_dir, loosening_approval=loosening_approval)
+    settings, plan = _plan(implementation, thresholds, store_dir, block_q, block_kv, family,
+                           new_family, key_dir, testset_profile=testset_profile,
+                           documents_dir=documents_dir, loosening_approval=loosening_approval)
     debug_log = route_to_debug_log(store_dir / "logs" / "third-party.log")
     typer.echo(f"third-party log lines (MLflow, Great Expectations, warnings): {debug_log}",
                err=True)
-    from flows.errored import EXIT_CODES, RolloutErrored
+    from flows.errored import EXIT_CODES, OUTCOME_ATTRIBUTE, RolloutErrored
     from flows.rollout import rollout as rollout_flow
 
     prefect_server.wait()
     try:
-        outcome = rollout_flow(settings)
+        outcome = rollout_flow(settings, plan)
     except RolloutErrored as err:  # a crash: signed as errored, printed, not a traceback
         outcome = err.outcome
+    except KeyboardInterrupt as err:  # Ctrl-C: the session signed it as interrupted
+        outcome = getattr(err, OUTCOME_ATTRIBUTE, None)
+        if outcome is None:
+            typer.echo("interrupted before the rollout's record opened: nothing written",
+                       err=True)
+            raise typer.Exit(130) from None
     typer.echo("\n" + outcome.markdown().replace("**", ""))
     raise typer.Exit(EXIT_CODES.get(outcome.result, 1))
 
@@ -175,28 +187,13 @@ def evaluate(implementation: Implementation = "auto",
              report: Annotated[Path | None, typer.Option(help="also write the report JSON here")] = None,
              block_q: BlockQ = None, block_kv: BlockKV = None, key_dir: KeyDir = None) -> None:
     """Preregister, build and evaluate a candidate and log the gate decision. It registers the build as a model version (the record of what was judged) and moves no alias."""
-    settings = _settings(implementation, thresholds, store_dir, block_q, block_kv, family,
-                         new_family, key_dir)
+    settings, plan = _plan(implementation, thresholds, store_dir, block_q, block_kv, family,
+                           new_family, key_dir)
     from flows.rollout import evaluate_candidate
 
     prefect_server.wait()
-    result = evaluate_candidate(settings, report_path=report)
+    result = evaluate_candidate(settings, report_path=report, plan=plan)
     typer.echo(json.dumps({k: v for k, v in sorted(result.metrics.items())}, indent=1))
-
-
-@app.command()
-def revalidate(family: Family = None, store_dir: StoreDir = Path(".kernelgate"),
-               key_dir: KeyDir = None) -> None:
-    """Re-evaluate what `production` points at, running the version's own code; roll back on failure (the nightly job)."""
-    check_known_family(family, store_dir)
-    tracking = open_store(store_dir, must_exist=True)
-    family = existing_family(tracking, family)
-    from flows.revalidate import revalidate_production
-    from flows.settings import RolloutSettings
-
-    outcome = revalidate_production(family, RolloutSettings(store_dir=store_dir, key_dir=key_dir))
-    typer.echo(outcome.model_dump_json(indent=1))
-    raise typer.Exit(0 if outcome.result != "rolled_back" else 2)
 
 
 @app.command()
@@ -273,49 +270,47 @@ def timeline(family: Family = None, store_dir: StoreDir = Path(".kernelgate"),
         typer.echo(f"written {json_out}")
 
 
+def _user_name() -> str | None:
+    """This process's user name ($LOGNAME, $USER, ..., else the password database), or
+    None when none can be read (a container without either)."""
+    import getpass
+
+    try:
+        return getpass.getuser() or None
+    except (KeyError, OSError):
+        return None
+
+
 @app.command(name="rollback")
 def rollback_cmd(reason: Annotated[str, typer.Option(help="why; recorded, signed, shown to auditors")],
                  to: Annotated[int | None, typer.Option(
                      "--to", min=1, help="earlier production version to restore (default: the "
                      "newest earlier usable one)")] = None,
                  requested_by: Annotated[str | None, typer.Option(
-                     help="who asks (default: $USER)")] = None,
+                     help="who asks (default: this process's user name)")] = None,
                  family: Family = None, store_dir: StoreDir = Path(".kernelgate")) -> None:
     """Roll production back by hand (signed and recorded like any rollback; the Prefect UI's `manual-rollback` deployment does the same)."""
     if len(reason.strip()) < 3:
         raise typer.BadParameter("a rollback needs a reason", param_hint="--reason")
+    requester = requested_by or _user_name()
+    if not requester:
+        raise typer.BadParameter("no user name could be read from this environment ($USER, "
+                                 "$LOGNAME, the password database): say who asks",
+                                 param_hint="--requested-by")
     check_known_family(family, store_dir)
-    tracking = open_store(store_dir, must_exist=True)
+    tracking = open_store(store_dir, must_exist=True, writes=True)
     fam = existing_family(tracking, family)
     from flows.rollback import manual_rollback
     from lineage.registry import PromotionRefused
 
     try:
-        change = manual_rollback(reason=reason, requested_by=requested_by or os.environ.get(
-            "USER", "unknown"), to_version=to, family=fam, store_dir=str(store_dir))
+        change = manual_rollback(reason=reason, requested_by=requester, to_version=to,
+                                 family=fam, store_dir=str(store_dir))
     except (ValueError, PromotionRefused) as err:
         typer.echo(f"refused: {err}", err=True)
         raise typer.Exit(2) from None
     typer.echo(f"production of {fam}: v{change.previous_version} -> "
                f"{'v' + change.version if change.version else 'none (native baseline)'}")
-
-
-@app.command()
-def ui(store_dir: StoreDir = Path(".kernelgate"),
-       port: Annotated[int, typer.Option(help="port of the MLflow UI")] = 5000) -> None:
-    """Open the MLflow UI on the local store (for the Prefect UI run `prefect server start`)."""
-    from lineage import tracking as tr
-
-    tracking = tr.local_tracking(store_dir)
-    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", tracking.tracking_uri,
-           "--default-artifact-root", tracking.artifact_root or "", "--port", str(port),
-           "--workers", "1"]
-    from lineage.tags import UI_VIEW_QUERY
-
-    typer.echo(f"MLflow UI on http://127.0.0.1:{port}  ({' '.join(cmd)})\n"
-               f"registered models (model-training view, not GenAI): "
-               f"http://127.0.0.1:{port}/#/models?{UI_VIEW_QUERY}")
-    raise typer.Exit(run_until_signalled(cmd))
 
 
 @app.command()
@@ -337,11 +332,11 @@ def serve() -> None:
     """Serve the deployments from this process: nightly re-validation (02:00 UTC) and on-demand rollout (needs `prefect server start`)."""
     from prefect import serve as prefect_serve
 
-    from flows.revalidate import revalidate_production
+    from flows.revalidate import nightly_revalidation
     from flows.rollout import rollout as rollout_flow
 
     prefect_serve(
-        revalidate_production.to_deployment(name="nightly-revalidation", cron="0 2 * * *"),
+        nightly_revalidation.to_deployment(name="nightly-revalidation", cron="0 2 * * *"),
         rollout_flow.to_deployment(name="candidate-rollout"),
     )
 

@@ -3,13 +3,14 @@ thresholds. Registered on the ``kernelgate`` app by ``flows.cli``."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from flows.cli_keys import check_name
+from flows.cli_keys import KeyDir, check_name
 
 
 def approve(flow_run_id: Annotated[str, typer.Argument(help="the paused rollout's flow run id")],
@@ -46,13 +47,67 @@ def approve(flow_run_id: Annotated[str, typer.Argument(help="the paused rollout'
 def approve_loosening(thresholds: Annotated[Path, typer.Option(help="thresholds file to preregister", exists=True, dir_okay=False)], family: Annotated[str, typer.Option(help="kernel family")],
                       key: Annotated[Path, typer.Option(exists=True, dir_okay=False, help="your private key (PEM)")],
                       reason: Annotated[str, typer.Option(help="who asked and why the bounds may be looser")],
-                      out: Annotated[Path, typer.Option(help="where to write the signed approval")]) -> None:
-    """Sign an approval of thresholds looser than the family's previous registration (pass it to `rollout --loosening-approval`)."""
+                      out: Annotated[Path, typer.Option(help="where to write the signed approval")],
+                      store_dir: Annotated[Path, typer.Option(help="local store (the family's registrations)")] = Path(".kernelgate"),
+                      binding: Annotated[list[str] | None, typer.Option(
+                          help="NAME=VALUE (JSON): a rollout setting the registration binds that the "
+                               "rollout will change (default: the previous registration's); repeat")] = None,
+                      valid_for_days: Annotated[float, typer.Option(min=0.01, max=90,
+                                                                    help="days the approval stays usable")] = 7.0,
+                      key_dir: KeyDir = None) -> None:
+    """Sign an approval of thresholds looser than the family's newest registration (pass it to `rollout --loosening-approval`). It binds that registration, the file, the rollout settings, an expiry and a one-time nonce; what a rollout would refuse is refused here first."""
+    from flows.cli_store import open_store
+    from gates.loosening import loosenings
     from lineage import keys
-    from lineage.registration import sign_loosening
+    from lineage.loosening_approval import sign_loosening
+    from lineage.registration import latest_registration
+    from lineage.sources import StoreSource
 
     if not reason.strip():
-        raise typer.BadParameter("a loosening needs a reason")
-    envelope = sign_loosening(keys.load_signer(key), check_name(family), thresholds, reason)
+        raise typer.BadParameter("a loosening needs a reason", param_hint="--reason")
+    family = check_name(family)
+    tracking = open_store(store_dir, must_exist=True)
+    folder = key_dir or keys.default_key_dir()
+    trust = keys.folder_trust(folder)
+    newest = latest_registration(StoreSource(tracking, family, trust))
+    if newest is None:
+        raise typer.BadParameter(f"family {family!r} has no registration: its first one needs "
+                                 "no approval", param_hint="--family")
+    previous, frozen = newest
+    signer = keys.load_signer(key)
+    keyid = signer.public_key.keyid
+    named = {a.keyid: a.name for a in frozen.approval.approvers}
+    if keyid not in named:
+        raise typer.BadParameter(
+            f"key {keyid[:12]} is not an approver of registration "
+            f"{previous.predicate['registration_id']} (it names "
+            f"{sorted(named.values()) or 'no approver'}): a rollout would refuse this approval",
+            param_hint="--key")
+    if keyid in trust.revoked or keyid in trust.revoked_at:
+        raise typer.BadParameter(f"key {keyid[:12]} is revoked in {folder}", param_hint="--key")
+    from gates.thresholds import load_thresholds
+
+    try:
+        loosened = loosenings(frozen, load_thresholds(thresholds))
+    except ValueError as err:
+        raise typer.BadParameter(str(err), param_hint="--thresholds") from None
+    bindings = dict(previous.predicate.get("bindings") or {})
+    for item in binding or []:
+        name, _, value = item.partition("=")
+        if not value or name not in bindings:
+            raise typer.BadParameter(f"{item!r}: give NAME=VALUE for one of {sorted(bindings)}",
+                                     param_hint="--binding")
+        try:
+            bindings[name] = json.loads(value)
+        except json.JSONDecodeError:
+            bindings[name] = value
+    if not loosened and not binding:
+        raise typer.BadParameter(f"{thresholds} is not looser than registration "
+                                 f"{previous.predicate['registration_id']}: nothing to approve",
+                                 param_hint="--thresholds")
+    envelope = sign_loosening(signer, family, thresholds, reason, previous=previous,
+                              bindings=bindings or None, valid_for_s=valid_for_days * 86400)
     out.write_bytes(envelope)
-    typer.echo(f"wrote {out}")
+    typer.echo(f"wrote {out}: {named[keyid]} approves {'; '.join(loosened) or 'the bindings'} "
+               f"as a loosening of registration {previous.predicate['registration_id']}, "
+               f"usable once within {valid_for_days:g} days")

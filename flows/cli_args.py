@@ -157,14 +157,44 @@ def check_thresholds(thresholds: Path | None) -> None:
         raise typer.BadParameter(str(err), param_hint="--thresholds") from None
 
 
+def check_store_dir(store_dir: Path, *, writes: bool) -> None:
+    """Refuse a ``--store-dir`` that is not a folder, or (``writes``: a command that
+    writes to it) one this process cannot write in, or create: probed by writing, since a
+    read-only mount or a folder of another user refuses only then.
+
+    Raises:
+        typer.BadParameter: naming the folder and why.
+    """
+    store_dir = Path(store_dir)
+    if store_dir.exists() and not store_dir.is_dir():
+        raise typer.BadParameter(f"{store_dir} is a file, not a store folder",
+                                 param_hint="--store-dir")
+    if not writes:
+        return
+    folder = store_dir
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent  # the folder the store would be created in
+    import tempfile
+
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as err:
+        what = "the store" if folder == store_dir else f"{folder}, where it would be created"
+        raise typer.BadParameter(f"cannot write to {what} ({err.strerror or err}): a rollout "
+                                 "writes its record, test sets and work files there",
+                                 param_hint="--store-dir") from None
+
+
 def check_known_family(family: str | None, store_dir: Path) -> None:
-    """For commands that read a family: refuse an invalid name, or one the embedded store
-    does not have, before MLflow is imported (a tracking server's families are checked
-    once it is reached).
+    """For commands that read a family: refuse a store path that is not a folder, an
+    invalid name, or a family the embedded store does not have, before MLflow is imported
+    (a tracking server's families are checked once it is reached).
 
     Raises:
         typer.BadParameter: naming the store's families.
     """
+    check_store_dir(store_dir, writes=False)
     if family is None:
         return
     _family_name(family)

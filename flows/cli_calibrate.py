@@ -8,27 +8,34 @@ from typing import Annotated
 
 import typer
 
-from flows.cli_keys import KeyDir
+from flows.cli_keys import KeyDir, check_name
 from flows.cli_store import existing_family, open_store
 
 
 def calibrate(
         family: Annotated[str | None, typer.Option(
             help="kernel family (default: the native flash kernel's name)")] = None,
-        runs: Annotated[int, typer.Option(min=1, max=100_000,
-                                          help="A/A canaries to run")] = 200,
+        runs: Annotated[int, typer.Option(min=1, max=100_000, help=(
+            "A/A canaries to run; the record keeps the false-rollback rate's Wilson 95 % "
+            "interval, and counts as within alpha when alpha is at or above its lower end "
+            "(0 of 20: [0, 0.161]); more runs narrow it"))] = 20,
         store_dir: Annotated[Path, typer.Option(help="local store")] = Path(".kernelgate"),
         thresholds: Annotated[Path | None, typer.Option(
             exists=True, dir_okay=False, help="plan to size the runs by when production has "
-            "no readable registration")] = None,
+            "no readable registration; with no production yet (a fresh store too), the "
+            "native baseline is calibrated against itself at this file's sizes")] = None,
         key_dir: KeyDir = None) -> None:
-    """Run production against itself through the canary path RUNS times and record the A/A false-rollback rate and the latency noise as a signed calibration of this device."""
+    """Run production (none yet: the native baseline) against itself through the canary path RUNS times and record the A/A false-rollback rate and the latency noise as a signed calibration of this device."""
     from flows.calibrate import calibrate as run_calibration
     from flows.settings import RolloutSettings
     from flows.tasks import signing_for
 
-    tracking = open_store(store_dir, must_exist=True)
-    fam = existing_family(tracking, family)
+    # a first calibration (a file to size it by) may open a fresh store and a new family
+    tracking = open_store(store_dir, must_exist=thresholds is None, writes=True)
+    if thresholds is not None and family is not None:
+        fam = check_name(family)
+    else:
+        fam = existing_family(tracking, family)
     signing = signing_for(RolloutSettings(store_dir=store_dir, key_dir=key_dir))
 
     def progress(done: int, total: int, verdict: str) -> None:

@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from flows.cli_args import check_store_dir
 from flows.cli_keys import KeyDir, check_name
 
 CheckpointFiles = Annotated[list[Path] | None, typer.Option(
@@ -36,6 +37,7 @@ def reanchor(family: Annotated[str, typer.Option(help="kernel family whose log i
              store_dir: Annotated[Path, typer.Option(help="local store")] = Path(".kernelgate"),
              key_dir: KeyDir = None) -> None:
     """Re-anchor a family's damaged signed log: a named approver signs what is missing; every later audit shows it."""
+    check_store_dir(store_dir, writes=True)
     from flows.log_sequencer import server_sequencer
     from lineage import keys
     from lineage import tracking as tr

@@ -1,11 +1,14 @@
-"""Operations commands: Prefect notifications, and running a server until a signal."""
+"""Operations commands: Prefect notifications, and ``kernelgate ui``: running a server until
+a signal (a server that stops by itself failed to serve)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -30,11 +33,24 @@ def notifications_create(
         typer.echo(f"automation {automation.id}: {automation.name}")
 
 
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether something already listens on ``host:port`` (a bind there fails)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
 def run_until_signalled(cmd: list[str], grace_s: float = 10.0) -> int:
-    """Run ``cmd`` in a process group of its own until it exits, or until this process
-    gets SIGINT or SIGTERM: then the whole group (the server and the workers it forked)
-    gets SIGTERM, and SIGKILL after ``grace_s``, so nothing is left listening.
-    Returns the command's exit code (0 when stopped by a signal)."""
+    """Run ``cmd`` (a server) in a process group of its own until it exits, or until this
+    process gets SIGINT or SIGTERM: then the whole group (the server and the workers it
+    forked) gets SIGTERM, and SIGKILL after ``grace_s``, so nothing is left listening.
+    Returns 0 when stopped by a signal; a server that exits by itself failed to serve
+    (some print an error and exit 0): its exit code, or 1 for 0."""
     import signal
 
     child = subprocess.Popen(cmd, start_new_session=True)
@@ -60,4 +76,27 @@ def run_until_signalled(cmd: list[str], grace_s: float = 10.0) -> int:
             signal.signal(sig, handler)
         with contextlib.suppress(ProcessLookupError):  # workers that outlived the server
             os.killpg(child.pid, signal.SIGTERM)
-    return 0 if stopping else code
+    return 0 if stopping else (code or 1)
+
+
+def ui(store_dir: Annotated[Path, typer.Option(help="local store: MLflow SQLite, artifacts")] = Path(".kernelgate"),
+       port: Annotated[int, typer.Option(help="port of the MLflow UI")] = 5000) -> None:
+    """Open the MLflow UI on the local store (for the Prefect UI run `prefect server start`)."""
+    if port_in_use(port):
+        raise typer.BadParameter(f"port {port} is in use on 127.0.0.1 (another MLflow UI or "
+                                 "server?); pass a free one", param_hint="--port")
+    from lineage import tracking as tr
+
+    tracking = tr.local_tracking(store_dir)
+    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", tracking.tracking_uri,
+           "--default-artifact-root", tracking.artifact_root or "", "--port", str(port),
+           "--workers", "1"]
+    from lineage.tags import UI_VIEW_QUERY
+
+    typer.echo(f"MLflow UI on http://127.0.0.1:{port}  ({' '.join(cmd)})\n"
+               f"registered models (model-training view, not GenAI): "
+               f"http://127.0.0.1:{port}/#/models?{UI_VIEW_QUERY}")
+    code = run_until_signalled(cmd)
+    if code:
+        typer.echo(f"the MLflow UI stopped by itself (exit {code}): it is not serving", err=True)
+    raise typer.Exit(code)

@@ -10,11 +10,15 @@ from pathlib import Path
 
 import typer
 
+from flows.cli_args import check_store_dir
 from flows.cli_keys import check_name
 
 
-def open_store(store_dir: Path, *, must_exist: bool):
-    """The store, checked reachable within seconds (naming it) before any work."""
+def open_store(store_dir: Path, *, must_exist: bool, writes: bool = False):
+    """The store, checked reachable within seconds (naming it) before any work; a store
+    path that is a file, or (``writes``) a folder this process cannot write in, refused
+    naming it (``flows.cli_args.check_store_dir``)."""
+    check_store_dir(store_dir, writes=writes)
     fail_fast_if_down()
     from lineage import tracking as tr
     if not os.environ.get("MLFLOW_TRACKING_URI") and must_exist and not (store_dir / "mlflow.db").exists():

@@ -25,7 +25,8 @@ OUTCOME_ATTRIBUTE = "kernelgate_outcome"
 """Set on an exception by the session once it closed the record for it."""
 
 
-EXIT_CODES = {"promoted": 0, "rejected": 0, "timed_out": 0, "rolled_back": 0, "errored": 3}
+EXIT_CODES = {"promoted": 0, "rejected": 0, "timed_out": 0, "rolled_back": 0, "errored": 3,
+              "interrupted": 130}
 """``kernelgate rollout``: result -> exit code (anything else: 1; README, "Exit codes")."""
 
 

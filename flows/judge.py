@@ -17,7 +17,6 @@ from flows.results import (
 )
 from flows.tasks import run_logger, stage_task
 from gates.decision import decide
-from gates.preregistration import PreregistrationError
 from gates.thresholds import Thresholds
 from kernels.interpreters import InterpreterPlan
 from kernels.shapes import AttentionShape
@@ -37,13 +36,15 @@ BUILD_SHAPE = AttentionShape(batch=1, q_len=256, kv_len=256, num_heads=4, num_kv
 
 
 @stage_task(name="build")
-def build(context: RolloutContext) -> Built:
-    """Compile and export the candidate, log the build run, register a model version."""
-    record = context.record
+def build(context: RolloutContext, preregistered: Preregistered | None = None) -> Built:
+    """Compile and export the plan's kernel, log the build run, register a model version
+    (its tiling recorded at the benchmark shapes ``preregistered`` bound; without a
+    registration, the settings')."""
+    record, settings = context.record, context.settings
     out = record.work_dir / "build"
-    build = kernels.build(record.implementation, context.settings.config, BUILD_SHAPE,
-                          output_dir=out)
-    bench = context.settings.perf_shapes or default_shapes(record.backend)
+    build = kernels.build(record.implementation, settings.config, BUILD_SHAPE, output_dir=out)
+    shapes = preregistered.perf_shapes(settings) if preregistered else settings.perf_shapes
+    bench = shapes or default_shapes(record.backend)
     build_run_id, version, logged = evidence.log_build(record, build, out, context.model, bench)
     run_logger().info("built %s: build run %s, logged as an MLflow model (%d files, %.1f MB, "
                       "code sha256 %s) and registered as v%s", build.implementation,
@@ -52,28 +53,9 @@ def build(context: RolloutContext) -> Built:
     return Built(build_run_id=build_run_id, version=version)
 
 
-def registered_thresholds(context: RolloutContext,
-                          preregistered: Preregistered) -> Thresholds | None:
-    """The thresholds frozen by the registration the gate judges by, which set the
-    evaluation's MiniLM document count (``model_check_documents``) and the Pallas
-    interpreters (``serving_tpu_interpret_mode``, :func:`registered_interpreters`); not the
-    file in hand: a nightly re-validation holds the default file while the version was
-    registered under its own. None when the frozen bytes cannot be read back (the gate
-    then refuses them)."""
-    record = context.record
-    source = StoreSource(record.tracking, record.family, record.signing.trust,
-                         stages=("preregistration",))
-    try:
-        return registration.registered_thresholds(source, preregistered.registration)
-    except PreregistrationError:
-        return None
-
-
-def registered_interpreters(frozen: Thresholds | None) -> InterpreterPlan:
+def registered_interpreters(frozen: Thresholds) -> InterpreterPlan:
     """The Pallas interpreter of each purpose (``kernels.interpreters``) the registered
-    thresholds ``frozen`` name; TPU interpret mode everywhere (the stricter plan) for None."""
-    if frozen is None:
-        return InterpreterPlan()
+    thresholds ``frozen`` name."""
     return InterpreterPlan.for_profile(frozen.serving_tpu_interpret_mode)
 
 
@@ -83,7 +65,10 @@ def evaluate(context: RolloutContext, preregistered: Preregistered, built: Built
              compare_production: bool = True) -> Evaluated:
     """Evaluate the built version — the registered model, run by its own code
     (``lineage.versions``) — on one split against naive (and production) and log the
-    evidence to an evaluation run.
+    evidence to an evaluation run. Everything that can change the verdict comes from the
+    registration (``preregistered``): the serving contract, the MiniLM document count and
+    the Pallas interpreters of its thresholds; the perf shapes and repeats and the MiniLM
+    check it bound. Never from the file or settings in hand.
 
     Raises:
         FileNotFoundError: no test set; ValueError: unknown split.
@@ -96,7 +81,7 @@ def evaluate(context: RolloutContext, preregistered: Preregistered, built: Built
     candidate = pool.runner(built.version)
     out = record.work_dir / f"evaluation-{split}"
     registration_id = preregistered.registration.registration_id
-    frozen = registered_thresholds(context, preregistered)
+    frozen = preregistered.thresholds
     with evidence.evaluation_run(record, build_run_id=built.build_run_id,
                                  registration_id=registration_id,
                                  split=split, implementation=candidate.name) as run_id:
@@ -105,12 +90,13 @@ def evaluate(context: RolloutContext, preregistered: Preregistered, built: Built
         try:
             report = evaluate_candidate(
                 candidate, testset_dir=testset.testset_dir, out_dir=out, split=split,
-                production=production, model=context.model if settings.model_check else None,
-                repeats=settings.perf_repeats, perf_shapes=settings.perf_shapes,
+                production=production,
+                model=context.model if preregistered.model_check(settings) else None,
+                repeats=preregistered.perf_repeats(settings),
+                perf_shapes=preregistered.perf_shapes(settings),
                 measure_speed=measure_speed,
                 reference_cache_dir=settings.store_dir / REFERENCE_CACHE_DIR,
-                serving=context.serving.contract,
-                model_documents=frozen.model_check_documents if frozen else None,
+                serving=frozen.serving, model_documents=frozen.model_check_documents,
                 interpreters=registered_interpreters(frozen))
         finally:
             evidence.log_evaluation_files(record, run_id, out_dir=out,
@@ -129,12 +115,13 @@ def evaluate(context: RolloutContext, preregistered: Preregistered, built: Built
 
 
 def _judge(context: RolloutContext, preregistered: Preregistered, built: Built,
-           evaluated: Evaluated, *, thresholds_path, kinds=None) -> Gated:
+           evaluated: Evaluated, *, kinds=None) -> Gated:
     record = context.record
     source = StoreSource(record.tracking, record.family, record.signing.trust,
                          stages=("preregistration",))
     thresholds = registration.thresholds_for_gate(source, preregistered.registration,
-                                                  thresholds_path, evaluated.report.started_at)
+                                                  context.plan.thresholds_sha256,
+                                                  evaluated.report.started_at)
     decision = decide(evaluated.report, thresholds, preregistered.registration, kinds=kinds)
     decision_run_id = log_decision(record.tracking, record.family, decision,
                                    build_run_id=built.build_run_id,
@@ -146,16 +133,16 @@ def _judge(context: RolloutContext, preregistered: Preregistered, built: Built,
 
 @stage_task(name="gate")
 def gate(context: RolloutContext, preregistered: Preregistered, built: Built,
-         evaluated: Evaluated, *, thresholds_path=None) -> Gated:
-    """Judge the held-out report against the preregistered thresholds and log the decision
-    (``thresholds_path``: the file in hand, checked against the registered bytes; None:
-    the registered bytes themselves).
+         evaluated: Evaluated) -> Gated:
+    """Judge the held-out report against the registered thresholds, read back from the
+    store and checked against their signed digest and the session's plan, and log the
+    decision.
 
     Raises:
-        PreregistrationError: the thresholds file changed since registration, or the
-            evaluation started before it.
+        PreregistrationError: the registered bytes were altered, are not the plan's, or
+            the evaluation started before the registration.
     """
-    gated = _judge(context, preregistered, built, evaluated, thresholds_path=thresholds_path)
+    gated = _judge(context, preregistered, built, evaluated)
     record = context.record
     # linked now, not only on promotion: a rejected version's description links its chain.
     # Only a version's first gate links: a re-validation gates production again, and its
@@ -188,8 +175,7 @@ def confirm(context: RolloutContext, preregistered: Preregistered, built: Built,
                       record.family)
     evaluated = evaluate(context, preregistered, built, testset, split=split,
                          measure_speed=False, compare_production=False)
-    judged = _judge(context, preregistered, built, evaluated,
-                    thresholds_path=context.settings.thresholds, kinds={"accuracy"})
+    judged = _judge(context, preregistered, built, evaluated, kinds={"accuracy"})
     registered_model.link_confirmation(record.tracking, record.family, built.version, judged.run_id)
     run_logger().info("confirmation split: %s — %s", judged.decision.verdict,
                       judged.decision.summary)

@@ -9,28 +9,30 @@ the contract, the host's flash kernel (``kernels.native_flash_kernel``).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from flows.paths import DEFAULT_THRESHOLDS, INTERPRETED_THRESHOLDS
 
+if TYPE_CHECKING:
+    from gates.serving_contract import ServingContract
+
 
 def rollout_kernel(implementation: str, backend: str,
-                   thresholds_path: Path | None) -> tuple[str, str]:
-    """``(registry name, one sentence why)`` for a rollout of ``implementation``.
+                   contract: ServingContract | None) -> tuple[str, str]:
+    """``(registry name, one sentence why)`` for a rollout of ``implementation`` on
+    ``backend`` under the serving ``contract`` of its thresholds (``None``: auto without a
+    contract takes the host's flash kernel).
 
     Raises:
-        ValueError: unknown implementation, or an unreadable thresholds file or table.
-        FileNotFoundError: ``thresholds_path`` does not exist.
+        ValueError: unknown implementation, or an unreadable selection table.
     """
     import kernels
     from kernels import selection
 
     name = kernels.native_flash_kernel(implementation, backend)
     why = kernels.why_picked(implementation, backend)
-    if implementation != "auto" or backend != "gpu" or thresholds_path is None:
+    if implementation != "auto" or backend != "gpu" or contract is None:
         return name, why
-    from gates.thresholds import load_thresholds
-
-    contract = load_thresholds(thresholds_path).serving
 
     def runs_all_of_it(name: str) -> bool:
         # only a kernel that can run every dtype and head_dim the contract serves: one
@@ -62,8 +64,9 @@ def default_thresholds(implementation: str, backend: str) -> tuple[Path, str]:
         ValueError: unknown implementation.
     """
     import kernels
+    from gates.thresholds import load_thresholds
 
-    name, _ = rollout_kernel(implementation, backend, DEFAULT_THRESHOLDS)
+    name, _ = rollout_kernel(implementation, backend, load_thresholds(DEFAULT_THRESHOLDS).serving)
     if kernels.IMPLEMENTATIONS[name].is_native(backend):
         return DEFAULT_THRESHOLDS, f"{name} is native on {backend}: the local-dry-run profile"
     return INTERPRETED_THRESHOLDS, (

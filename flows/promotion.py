@@ -249,10 +249,15 @@ DECIDERS = {"shadow": "the shadow analysis (preregistered plan)",
 
 
 def roll_back(context: RolloutContext, gated: Gated, stage: str, reason: str,
-              traffic: Sequence[CanaryStepResult] = ()) -> RolloutOutcome:
+              traffic: Sequence[CanaryStepResult] = (), *,
+              inconclusive: bool = False) -> RolloutOutcome:
     """Reject the candidate and close the rollout as rolled back at ``stage`` (a shadow,
-    canary or confirmation breach), naming what decided it."""
+    canary or confirmation breach; ``inconclusive``: the evidence could not decide —
+    noise the plan could not power through, or no fresh calibration — which the signed
+    outcome says, so it never counts against the family as a rejection), naming what
+    decided it."""
     reject(context, gated, reason)
+    decider = DECIDERS.get(stage, "the canary analysis (preregistered plan)")
     return finish(context, "rolled_back", stage, reason, version=gated.version,
-                  decision=gated.decision, traffic=traffic,
-                  decided_by=DECIDERS.get(stage, "the canary analysis (preregistered plan)"))
+                  decision=gated.decision, traffic=traffic, inconclusive=inconclusive,
+                  decided_by=decider + (": inconclusive" if inconclusive else ""))

@@ -13,34 +13,30 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from evaluation.model import MiniLM
 from evaluation.report import EvaluationReport
+from flows.plan import RolloutPlan
 from flows.settings import RolloutSettings
 from gates.decision import GateDecision
 from gates.preregistration import Registration
 from gates.serving_contract import ServingContract
-from gates.thresholds import Thresholds, load_thresholds
+from gates.thresholds import Thresholds
+from kernels.shapes import AttentionShape
+from lineage.bindings import RolloutBindings
+from lineage.registration import FrozenRegistration
 from lineage.rollout import RolloutRecord
 from lineage.version_runners import VersionPool
-
-
-def serving_contract(settings: RolloutSettings) -> ServingContract:
-    """The serving contract of the thresholds file a rollout registers (the default,
-    serving everything, when the file does not parse: preregistration refuses it, saying
-    why, before anything is evaluated)."""
-    try:
-        return load_thresholds(settings.thresholds).serving
-    except (OSError, ValueError):
-        return ServingContract()
 
 
 class ServingModel:
     """The serving model, loaded on first use (a rollout stopped at preregistration
     never loads it), and the pool of versions that run with it. Closed by the session.
-    (The Pallas interpreter of each stage comes from the registered thresholds:
+    Its attention dtype is the plan's serving contract's ``model_dtype``: the bytes a
+    rollout registers, or the registration a re-validation re-judges by. (The Pallas
+    interpreter of each stage comes from the registered thresholds:
     ``flows.judge.registered_interpreters``, ``flows.traffic``.)"""
 
-    def __init__(self, record: RolloutRecord, contract: ServingContract | None = None):
+    def __init__(self, record: RolloutRecord, contract: ServingContract):
         self._record = record
-        self.contract = contract or ServingContract()
+        self.contract = contract
         self._model: MiniLM | None = None
         self._pool: VersionPool | None = None
 
@@ -68,8 +64,9 @@ class ServingModel:
 @dataclass(frozen=True)
 class RolloutContext:
     """What is true for the whole session before any stage runs, and never changes: the
-    settings, the record (store, family, parent run, signer), and the serving model with
-    its pool of versions (loaded once, on first use; a resource, not a finding).
+    settings, the plan (kernel, thresholds bytes, family: ``flows.plan``), the record
+    (store, family, parent run, signer), and the serving model with its pool of versions
+    (loaded once, on first use; a resource, not a finding).
 
     One object because every stage needs the same few of these, and they are set once
     when the session opens. Nothing a stage establishes goes here: that is returned as
@@ -78,6 +75,7 @@ class RolloutContext:
     tracking client and, once loaded, the model's weights)."""
 
     settings: RolloutSettings
+    plan: RolloutPlan
     record: RolloutRecord
     serving: ServingModel = field(repr=False)
 
@@ -95,9 +93,40 @@ class _Result(BaseModel):
 
 
 class Preregistered(_Result):
-    """``preregister``: the thresholds frozen, signed, before anything is evaluated."""
+    """``preregister``: the thresholds frozen, signed, before anything is evaluated, as
+    every later stage reads them: the registered bytes parsed, and the bindings (perf
+    shapes and repeats, shadow size, model check, test set) the registration signed."""
 
     registration: Registration
+    thresholds: Thresholds = Field(description="the registered thresholds (frozen bytes)")
+    bindings: RolloutBindings | None = Field(
+        description="the settings the registration bound (None: a registration made "
+        "before bindings existed; the session's settings then stand in)")
+
+    @classmethod
+    def read_back(cls, frozen: FrozenRegistration) -> Preregistered:
+        """The stage result of a registration read back from its signed record."""
+        return cls(registration=frozen.registration, thresholds=frozen.thresholds,
+                   bindings=frozen.bindings)
+
+    def perf_shapes(self, settings: RolloutSettings) -> list[AttentionShape] | None:
+        """The benchmark shapes the registration bound (``None``: the platform's)."""
+        if self.bindings is None:
+            return settings.perf_shapes
+        return self.bindings.attention_shapes()
+
+    def perf_repeats(self, settings: RolloutSettings) -> int | None:
+        """The timed repeats the registration bound (``None``: the evaluator's default)."""
+        return settings.perf_repeats if self.bindings is None else self.bindings.perf_repeats
+
+    def model_check(self, settings: RolloutSettings) -> bool:
+        """Whether the registration bound the MiniLM check."""
+        return settings.model_check if self.bindings is None else self.bindings.model_check
+
+    def shadow_requests(self, settings: RolloutSettings) -> int:
+        """The shadow traffic size the registration bound."""
+        return (settings.shadow_requests if self.bindings is None
+                else self.bindings.shadow_requests)
 
 
 class Built(_Result):

@@ -20,6 +20,7 @@ from prefect import flow
 from evaluation.report import EvaluationReport
 from flows.errored import errored_outcome, errored_state
 from flows.judge import build, confirm, evaluate, gate
+from flows.plan import RolloutPlan
 from flows.promotion import approve, approvers, enter_canary, promote, reject, roll_back
 from flows.results import RolloutContext
 from flows.settings import RolloutSettings
@@ -45,15 +46,14 @@ from lineage.rollout import RolloutOutcome
 
 
 @flow(name="kernelgate-rollout", log_prints=True)
-def rollout(settings: RolloutSettings | None = None) -> RolloutOutcome:
-    """Governed rollout of one candidate kernel; the run ends in a state named for what
-    happened (*Promoted*, *Rejected* — the gate or a person said no —, *TimedOut* — no
-    answer within the preregistered timeout — or *RolledBack* — a shadow, canary or
-    confirmation breach) and returns the outcome; its message says who decided. A crash
-    in a stage ends it *Errored* (``flows.errored``: signed, never a gate verdict;
-    calling the flow raises ``RolloutErrored`` with the outcome)."""
+def rollout(settings: RolloutSettings | None = None,
+            plan: RolloutPlan | None = None) -> RolloutOutcome:
+    """Governed rollout of one candidate kernel under ``plan`` (``flows.plan``; None: the
+    one ``settings`` resolve to). Ends in a state named for what happened (*Promoted*,
+    *Rejected*, *TimedOut*, *RolledBack*; its message says who decided), or *Errored*
+    for a crash (``flows.errored``; the call raises ``RolloutErrored``)."""
     try:
-        with rollout_session(settings or RolloutSettings()) as context:
+        with rollout_session(settings or RolloutSettings(), plan) as context:
             outcome = _stages(context)
     except Exception as err:
         if (errored := errored_outcome(err)) is None:
@@ -66,15 +66,18 @@ def rollout(settings: RolloutSettings | None = None) -> RolloutOutcome:
 def _stages(ctx: RolloutContext) -> RolloutOutcome:
     """The stage list; returns the outcome at the first stage that stops the candidate."""
     preregistered = preregister(ctx)
-    built = build(ctx)
+    built = build(ctx, preregistered)
     testset = prepare_testset(ctx)
     evaluated = evaluate(ctx, preregistered, built, testset, split="heldout")
-    gated = gate(ctx, preregistered, built, evaluated, thresholds_path=ctx.settings.thresholds)
+    gated = gate(ctx, preregistered, built, evaluated)
     if not gated.passed:
         reject(ctx, gated, why := gate_reason(gated.decision))
         return finish(ctx, "rejected", "gate", why, version=built.version, decision=gated.decision,
                       decided_by="the gate (preregistered thresholds)")
-    traffic = record_traffic(ctx, gated)
+    calibration, cited = canary_calibration(ctx, gated, evaluated)  # before anyone is asked
+    if cited.startswith("no fresh"):
+        return roll_back(ctx, gated, "canary", f"canary: {cited}", inconclusive=True)
+    traffic = record_traffic(ctx, preregistered, gated)
     if (stopped := approve(ctx, "candidate->shadow", gated)) is not None:
         return stopped  # Rejected (a person said no) or TimedOut
     judged = [result := shadow(ctx, gated, evaluated, traffic.shadow)]  # shown in the forms
@@ -82,17 +85,15 @@ def _stages(ctx: RolloutContext) -> RolloutOutcome:
         return roll_back(ctx, gated, "shadow", f"shadow: {'; '.join(result.breaches)}", judged)
     if (stopped := approve(ctx, "shadow->canary", gated, judged)) is not None:
         return stopped
-    calibration, cited = canary_calibration(ctx, gated, evaluated)
-    if cited.startswith("no fresh"):
-        return roll_back(ctx, gated, "canary", f"canary: {cited}")
     enter_canary(ctx, gated)
     for step, requests in traffic.canary:
         judged.append(result := canary_step(ctx, gated, evaluated, step, requests, judged[1:]))
         if not result.passed:
             return roll_back(ctx, gated, step.name, f"{step.name}: {'; '.join(result.breaches)}",
                              judged)
-    if why := settle(gated, canary_verdict(ctx, gated, judged[1:], calibration)):
-        return roll_back(ctx, gated, "canary", f"canary: {why}", judged)
+    if stop := settle(gated, canary_verdict(ctx, gated, judged[1:], calibration)):
+        return roll_back(ctx, gated, "canary", f"canary: {stop.reason}", judged,
+                         inconclusive=stop.inconclusive)
     confirmed = confirm(ctx, preregistered, built, testset)
     if not confirmed.passed:
         return roll_back(ctx, gated, "confirmation",
@@ -106,9 +107,10 @@ def _stages(ctx: RolloutContext) -> RolloutOutcome:
 
 
 @flow(name="kernelgate-build-kernel")
-def build_kernel(settings: RolloutSettings | None = None) -> str:
+def build_kernel(settings: RolloutSettings | None = None,
+                 plan: RolloutPlan | None = None) -> str:
     """Build, export and register the candidate (no evaluation); returns the model version."""
-    with rollout_session(settings or RolloutSettings(), stage="build",
+    with rollout_session(settings or RolloutSettings(), plan, stage="build",
                          clear_stale_aliases=False) as ctx:
         built = build(ctx)
         outcome = finish(ctx, "built", "build",
@@ -119,17 +121,18 @@ def build_kernel(settings: RolloutSettings | None = None) -> str:
 
 @flow(name="kernelgate-evaluate-candidate")
 def evaluate_candidate(settings: RolloutSettings | None = None,
-                       report_path: Path | None = None) -> EvaluationReport:
+                       report_path: Path | None = None,
+                       plan: RolloutPlan | None = None) -> EvaluationReport:
     """Preregister, build and evaluate a candidate and log the gate decision, without
     moving any alias. The version is registered (it is the record of what was built),
     and tagged as rejected when the gate says so."""
-    with rollout_session(settings or RolloutSettings(), clear_stale_aliases=False) as ctx:
+    with rollout_session(settings or RolloutSettings(), plan,
+                         clear_stale_aliases=False) as ctx:
         preregistered = preregister(ctx)
-        built = build(ctx)
+        built = build(ctx, preregistered)
         testset = prepare_testset(ctx)
         evaluated = evaluate(ctx, preregistered, built, testset, split="heldout")
-        gated = gate(ctx, preregistered, built, evaluated,
-                     thresholds_path=ctx.settings.thresholds)
+        gated = gate(ctx, preregistered, built, evaluated)
         outcome = finish(ctx, "evaluated", "evaluation",
                          f"evaluation only (gate said {gated.decision.verdict}); no alias moved",
                          version=built.version, decision=gated.decision)

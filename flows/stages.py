@@ -29,8 +29,8 @@ class StageTask(Task):
         with stage_clock(context, self.name):
             try:
                 return super().__call__(quote(context), *args, **kwargs)
-            except Exception as err:
-                mark_stage(err, self.name)  # the errored outcome names the stage
+            except (Exception, KeyboardInterrupt) as err:
+                mark_stage(err, self.name)  # the errored (or interrupted) outcome names it
                 raise
 
 

@@ -24,14 +24,13 @@ import kernels
 from evaluation.documents import load_documents
 from evaluation.testset import ensure_testset
 from flows.errored import OUTCOME_ATTRIBUTE, stage_of
-from flows.kernel_choice import rollout_kernel
 from flows.log_sequencer import server_sequencer
+from flows.plan import RolloutPlan, resolve_plan
 from flows.results import (
     Prepared,
     Preregistered,
     RolloutContext,
     ServingModel,
-    serving_contract,
 )
 from flows.settings import RolloutSettings
 from flows.stages import StageTask, run_logger, stage_clock, stage_task  # noqa: F401 - re-exported
@@ -41,8 +40,9 @@ from gates.headline import caveat
 from lineage import keys, registered_model, registration, registry, rollout, tags
 from lineage import tracking as tr
 from lineage.attestations import Signing
-from lineage.bindings import RolloutBindings, bindings_for
+from lineage.bindings import RolloutBindings, bindings_for, check_bound_testset
 from lineage.rollout import Result, RolloutOutcome
+from lineage.sources import StoreSource
 
 
 def signing_for(settings: RolloutSettings) -> Signing:
@@ -61,32 +61,28 @@ def signing_for(settings: RolloutSettings) -> Signing:
                    sequencer=server_sequencer())
 
 
-def family_of(settings: RolloutSettings) -> str:
-    """The family a rollout works on: ``settings.family``, else the kernel's name."""
-    return settings.family or rollout_kernel(settings.implementation, kernels.default_backend(),
-                                             settings.thresholds)[0]
-
-
 @task(name="open", cache_policy=NO_CACHE, persist_result=False)
-def open_rollout(settings: RolloutSettings, *, stage: str = "rollout", family: str | None = None,
-                 clear_stale_aliases: bool = False, owner_is_dead: bool = False,
-                 run_name: str | None = None) -> RolloutContext:
-    """Start the parent MLflow run, then tidy what crashed rollouts left: their RUNNING
-    runs end as KILLED with the reason, the aliases are reconciled with the signed
-    history, and (for a new rollout) ``shadow``/``canary`` aliases whose owner is dead
-    are cleared. ``owner_is_dead``: the caller holds the family's lock.
+def open_rollout(settings: RolloutSettings, plan: RolloutPlan | None = None, *,
+                 stage: str = "rollout", clear_stale_aliases: bool = False,
+                 owner_is_dead: bool = False, run_name: str | None = None) -> RolloutContext:
+    """Start the parent MLflow run of ``plan`` (resolved from ``settings`` when None),
+    then tidy what crashed rollouts left: their RUNNING runs end as KILLED with the
+    reason, the aliases are reconciled with the signed history, and (for a new rollout)
+    ``shadow``/``canary`` aliases whose owner is dead are cleared. ``owner_is_dead``: the
+    caller holds the family's lock.
 
     Raises:
-        ValueError: unknown implementation or bad family name.
+        ValueError: unknown implementation, bad family name or thresholds file.
     """
     backend = kernels.default_backend()
-    implementation = rollout_kernel(settings.implementation, backend, settings.thresholds)[0]
+    plan = plan or resolve_plan(settings, backend)
     tracking = tr.tracking_for(settings.store_dir)
-    family = family or family_of(settings)
-    record = rollout.open_rollout(tracking, family=family, implementation=implementation,
+    family = plan.family
+    record = rollout.open_rollout(tracking, family=family, implementation=plan.implementation,
                                   backend=backend, work_root=settings.store_dir / "runs",
                                   signing=signing_for(settings), stage=stage, run_name=run_name)
     logger = run_logger()
+    logger.info("kernel: %s", plan.why)
     if (flow_run_id := flow_run.get_id()) is not None:  # the rollout run links its flow run
         rollout.link(record, {tags.PREFECT_FLOW_RUN_ID: str(flow_run_id)})
     for run_id in rollout.close_dead_runs(tracking, family, alive_run_id=record.rollout_run_id,
@@ -101,8 +97,8 @@ def open_rollout(settings: RolloutSettings, *, stage: str = "rollout", family: s
                 cleared_by_run_id=record.rollout_run_id, signing=record.signing,
                 owner_is_dead=owner_is_dead):
             logger.warning("cleared the stale %s alias of %s", alias, family)
-    return RolloutContext(settings=settings, record=record,
-                          serving=ServingModel(record, serving_contract(settings)))
+    return RolloutContext(settings=settings, plan=plan, record=record,
+                          serving=ServingModel(record, plan.serving))
 
 
 SLOT_LEASE_S = float(os.environ.get("KERNELGATE_ROLLOUT_SLOT_LEASE_S", "300"))
@@ -148,26 +144,35 @@ def family_slot(family: str, *, timeout_s: float | None = None) -> Iterator[bool
 
 
 @contextlib.contextmanager
-def rollout_session(settings: RolloutSettings, *, stage: str = "rollout",
-                    family: str | None = None, clear_stale_aliases: bool = True,
+def rollout_session(settings: RolloutSettings, plan: RolloutPlan | None = None, *,
+                    stage: str = "rollout", clear_stale_aliases: bool = True,
                     run_name: str | None = None) -> Iterator[RolloutContext]:
-    """A rollout's whole life: the family's lock held (on an embedded store) or its slot
+    """A rollout's whole life under one plan (``plan``, or the one ``settings`` resolve
+    to, resolved here once): the family's lock held (on an embedded store) or its slot
     in the family's Prefect concurrency limit (on a tracking server), the record
     opened, and on any exception the record closed before the exception propagates
     (production untouched, no alias left on the unfinished version, the parent run
     FAILED — or, after a completed promotion, a note that only bookkeeping failed).
-    What the rollout had done when it failed is read back from its record."""
-    family = family or family_of(settings)
+    What the rollout had done when it failed is read back from its record.
+
+    Raises:
+        ValueError, FileNotFoundError: the settings resolve to no plan (a bad thresholds
+            file, an unknown kernel), before anything is opened or locked.
+    """
+    plan = plan or resolve_plan(settings, kernels.default_backend())
+    family = plan.family
     with (rollout.family_lock(settings.store_dir, family) as locked,
           family_slot(family) as slotted):
-        context = open_rollout(settings, stage=stage, family=family,
+        context = open_rollout(settings, plan, stage=stage,
                                owner_is_dead=locked or slotted,
                                clear_stale_aliases=clear_stale_aliases, run_name=run_name)
         try:
             yield context
         except BaseException as err:
-            closed = _close_failed(context.record, f"{type(err).__name__}: {err}", stage_of(err))
-            if closed is not None and isinstance(err, Exception):
+            interrupted = isinstance(err, KeyboardInterrupt)
+            closed = _close_failed(context.record, _reason(err), stage_of(err),
+                                   interrupted=interrupted)
+            if closed is not None and (interrupted or isinstance(err, Exception)):
                 setattr(err, OUTCOME_ATTRIBUTE, closed)  # the flow ends Errored with it
             raise
         finally:
@@ -186,12 +191,19 @@ def built_version(record: rollout.RolloutRecord) -> str | None:
     return None
 
 
+def _reason(err: BaseException) -> str:
+    if isinstance(err, KeyboardInterrupt):
+        return "interrupted by a person (Ctrl-C) before the stage finished"
+    return f"{type(err).__name__}: {err}"
+
+
 def _close_failed(record: rollout.RolloutRecord, reason: str,
-                  stage: str = "error") -> RolloutOutcome | None:
-    """Close a crashed rollout by what its record says it did: nothing when its outcome
-    is written (the run ended); a note when its candidate already serves (promoted);
-    else the candidate (if one was registered) rejected and the run closed *errored*
-    (FAILED) at ``stage``, signed. Returns the outcome written, if any."""
+                  stage: str = "error", *, interrupted: bool = False) -> RolloutOutcome | None:
+    """Close a crashed (``interrupted``: stopped by a person) rollout by what its record
+    says it did: nothing when its outcome is written (the run ended); a note when its
+    candidate already serves (promoted); else the candidate (if one was registered)
+    rejected and the run closed *errored* (FAILED) or *interrupted* (KILLED) at
+    ``stage``, signed. Returns the outcome written, if any."""
     if record.tracking.client().get_run(record.rollout_run_id).info.status != "RUNNING":
         return None
     version = built_version(record)
@@ -205,71 +217,86 @@ def _close_failed(record: rollout.RolloutRecord, reason: str,
                             f"rollout failed: {reason}", signing=record.signing,
                             parent_run_id=record.rollout_run_id)
     finally:
-        outcome = rollout.close_rollout(record, result="errored", stage=stage, reason=reason,
-                                        version=version)
+        outcome = rollout.close_rollout(record, result="interrupted" if interrupted else "errored",
+                                        stage=stage, reason=reason, version=version)
     return outcome
 
 
 @stage_task(name="preregister")
 def preregister(context: RolloutContext) -> Preregistered:
-    """Freeze the thresholds file in MLflow, signed, before anything is evaluated.
+    """Freeze the plan's thresholds bytes in MLflow, signed, before anything is
+    evaluated, with the settings that can change a verdict (``lineage.bindings``); return
+    the registration as every later stage reads it (read back from the signed record).
 
     Raises:
-        ValueError: the file does not parse against the thresholds schema.
-        lineage.registration.LooseningRefused: it loosens the family's thresholds after a
+        ValueError: the bytes do not parse against the thresholds schema.
+        lineage.registration.LooseningRefused: they loosen the family's thresholds after a
             rejection without a named approval.
         lineage.bindings.BindingsRefused: the family's newest registration froze the same
             file with other verdict-changing settings (named).
     """
-    record, settings = context.record, context.settings
+    record, settings, plan = context.record, context.settings, context.plan
     approval = settings.loosening_approval.read_bytes() if settings.loosening_approval else None
     # the test set's digest is bound by the registration: prepared first (idempotent)
     testset_dir = prepare_testset.fn(context).testset_dir
-    registered = registration.preregister(
-        settings.thresholds, tracking=record.tracking, family=record.family,
-        signing=record.signing, parent_run_id=record.rollout_run_id, loosening_approval=approval,
-        bindings=rollout_bindings(settings, testset_dir, record.backend))
+    registered = registration.preregister_bytes(
+        plan.thresholds_bytes, plan.thresholds_file, tracking=record.tracking,
+        family=record.family, signing=record.signing, parent_run_id=record.rollout_run_id,
+        loosening_approval=approval, source=str(settings.thresholds),
+        bindings=rollout_bindings(settings, plan, testset_dir))
     rollout.link(record, {tags.REGISTRATION_ID: registered.registration_id})
-    return Preregistered(registration=registered)
+    source = StoreSource(record.tracking, record.family, record.signing.trust,
+                         stages=("preregistration",))
+    return Preregistered.read_back(registration.frozen_registration(source,
+                                                                    registered.registration_id))
 
 
-def rollout_bindings(settings: RolloutSettings, testset_dir, backend: str) -> RolloutBindings:
+def rollout_bindings(settings: RolloutSettings, plan: RolloutPlan,
+                     testset_dir) -> RolloutBindings:
     """The settings of ``settings`` that can change a verdict, as the registration binds
-    them (``lineage.bindings``)."""
+    them (``lineage.bindings``; the test-set profile is the plan's)."""
     return bindings_for(perf_shapes=settings.perf_shapes, perf_repeats=settings.perf_repeats,
                         shadow_requests=settings.shadow_requests,
                         model_check=settings.model_check,
-                        testset_profile=settings.testset_profile_for(backend),
+                        testset_profile=plan.testset_profile,
                         testset_dir=testset_dir,
                         documents=load_documents(settings.documents_dir))
 
 
 @stage_task(name="prepare-testset")
 def prepare_testset(context: RolloutContext) -> Prepared:
-    """Load the serving model and the test set (built, deterministically, when missing)."""
-    settings = context.settings
-    profile = settings.testset_profile_for(context.record.backend)
-    folder = settings.testset_dir or settings.store_dir / "testsets" / profile
-    return Prepared(testset_dir=ensure_testset(folder, profile=profile,
-                                               documents_dir=settings.documents_dir,
-                                               model=context.model.with_attention_dtype(
-                                                   "float32")))  # the set as built, any contract
+    """Load the serving model and the test set of the plan's profile (built,
+    deterministically, when missing). A plan read from a registration (re-validation)
+    must find the test set it bound: another set is refused, naming both digests.
+
+    Raises:
+        lineage.bindings.BindingsRefused: the test set on disk is not the bound one.
+    """
+    settings, plan = context.settings, context.plan
+    folder = settings.testset_dir or settings.store_dir / "testsets" / plan.testset_profile
+    prepared = Prepared(testset_dir=ensure_testset(
+        folder, profile=plan.testset_profile, documents_dir=settings.documents_dir,
+        model=context.model.with_attention_dtype("float32")))  # the set as built, any contract
+    if plan.bindings is not None:
+        check_bound_testset(plan.bindings, prepared.testset_dir)
+    return prepared
 
 
 def finish(context: RolloutContext, result: Result, stage: str, reason: str, *,
            version: str | None, decision: GateDecision | None = None,
-           decided_by: str | None = None,
-           traffic: Sequence[CanaryStepResult] = ()) -> RolloutOutcome:
+           decided_by: str | None = None, traffic: Sequence[CanaryStepResult] = (),
+           inconclusive: bool = False) -> RolloutOutcome:
     """Close the rollout's record with its outcome (``version``: the candidate;
     ``decision``: its gate decision, summarised; ``traffic``: the shadow and canary steps
-    judged; ``decided_by``: who or what decided), and show it in the Prefect UI. Every
+    judged; ``decided_by``: who or what decided; ``inconclusive``: stopped for want of
+    evidence, not for a finding about the kernel), and show it in the Prefect UI. Every
     verdict line says, in the same line, what was not assessed (``gates.headline``)."""
     context.serving.close()
     outcome = rollout.close_rollout(
         context.record, result=result, stage=stage, reason=reason, version=version,
         decision_summary=decision.summary if decision else None,
         not_assessed_note=decision.not_assessed_note if decision else None,
-        decided_by=decided_by, not_assessed=caveat(decision, traffic))
+        decided_by=decided_by, not_assessed=caveat(decision, traffic), inconclusive=inconclusive)
     logger = run_logger()
     try:
         create_markdown_artifact(outcome.markdown(),

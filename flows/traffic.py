@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from pydantic import BaseModel
 
 from evaluation import recorded_traffic, serving
 from evaluation.documents import assign_splits, load_documents
-from flows.results import Evaluated, Gated, RolloutContext
+from flows.results import Evaluated, Gated, Preregistered, RolloutContext
 from flows.tasks import run_logger, stage_task
 from gates.canary import CanaryStepResult, analyse_canary_step
 from gates.canary_latency import CanaryVerdict, conclude_canary
@@ -27,11 +29,13 @@ class TrafficPlan(BaseModel):
 
 
 @stage_task(name="record-traffic")
-def record_traffic(context: RolloutContext, gated: Gated) -> TrafficPlan:
+def record_traffic(context: RolloutContext, preregistered: Preregistered,
+                   gated: Gated) -> TrafficPlan:
     """Cut the request stream from held-out documents only and log it to the rollout
-    run: one segment for shadow, one per step of the registered canary plan."""
+    run: one segment for shadow (the size the registration bound), one per step of the
+    registered canary plan."""
     steps = gated.thresholds.canary.steps
-    sizes = [context.settings.shadow_requests, *(s.requests for s in steps)]
+    sizes = [preregistered.shadow_requests(context.settings), *(s.requests for s in steps)]
     documents = assign_splits(load_documents(context.settings.documents_dir))["heldout"]
     traffic = recorded_traffic.record_traffic(documents, sum(sizes), seed=0)
     evidence.log_traffic(context.record,
@@ -206,17 +210,25 @@ def canary_verdict(context: RolloutContext, gated: Gated, steps: list[CanaryStep
     return verdict
 
 
-def settle(gated: Gated, verdict: CanaryVerdict) -> str | None:
-    """The roll-back reason the whole-canary verdict gives, or None to go on. An
+class Stop(NamedTuple):
+    """Why the canary stops the candidate, and whether for want of evidence."""
+
+    reason: str
+    inconclusive: bool
+
+
+def settle(gated: Gated, verdict: CanaryVerdict) -> Stop | None:
+    """Why the whole-canary verdict stops the candidate, or None to go on. An
     inconclusive canary under ``inconclusive: pause`` goes on to the
     ``canary->production`` approval (a Prefect pause for a person) where one is
-    required; with no person to ask it is rejected, and the reason says so."""
+    required; with no person to ask it stops, and the reason says so. A stop for an
+    inconclusive verdict says so (``Stop.inconclusive``): noise, not a finding."""
     if verdict.verdict == "pass":
         return None
     if verdict.verdict == "fail":
-        return verdict.reason
+        return Stop(verdict.reason, inconclusive=False)
     if verdict.inconclusive_policy == "pause":
         if gated.thresholds.approval.requires_person("canary->production"):
             return None
-        return f"{verdict.reason} (policy pause, but no person to ask: rejected)"
-    return f"{verdict.reason} (policy: reject)"
+        return Stop(f"{verdict.reason} (policy pause, but no person to ask: rejected)", True)
+    return Stop(f"{verdict.reason} (policy: reject)", inconclusive=True)

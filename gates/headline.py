@@ -26,6 +26,8 @@ def _traffic_items(traffic: Sequence[CanaryStepResult]) -> list[str]:
     if latency:
         out.append(f"latency not assessed in {', '.join(latency)}")
     memory = [t.step for t in traffic if t.memory_not_assessed_reason]
+    if latency and latency == memory:  # said once for the same stages
+        return [f"latency and memory growth not assessed in {', '.join(latency)}"]
     if memory:
         out.append(f"memory growth not assessed in {', '.join(memory)}")
     return out

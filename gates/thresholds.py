@@ -26,7 +26,7 @@ import operator
 from pathlib import Path
 from typing import Literal
 
-from pydantic import PrivateAttr, field_validator, model_validator
+from pydantic import PrivateAttr, ValidationError, field_validator, model_validator
 
 from gates.approval_policy import ApprovalPolicy
 from gates.canary_plan import CanaryPlan
@@ -225,7 +225,14 @@ def parse_thresholds(data: bytes, *, source: str = "<bytes>") -> Thresholds:
             ``ValidationError`` is a ``ValueError``); the message names ``source``.
     """
     raw, version = read_mapping(data, source=source)
-    thresholds = Thresholds.model_validate(raw)
+    try:
+        thresholds = Thresholds.model_validate(raw)
+    except ValidationError as err:
+        # imported here: its error base loads the kernels package, which the command
+        # line's refusal of a good file must not pay for
+        from gates.thresholds_errors import InvalidThresholds, explain
+
+        raise InvalidThresholds(explain(err, data, source=source, model=Thresholds)) from None
     thresholds._source_sha256 = hashlib.sha256(data).hexdigest()
     thresholds._source_schema_version = version
     return thresholds

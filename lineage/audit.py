@@ -303,8 +303,8 @@ def audit(tracking: Tracking | None, family: str, target: str, *, trust=None,
         rollout_run = source.parent(promotion.run_id) if promotion is not None else None
         if rollout_run:  # every stage run of that rollout, not only the ones linked
             runs |= {rollout_run} | source.children(rollout_run)
-        verified, checked, found = store_check.cross_check(tracking, source, runs, family,
-                                                           version, evidence.build)
+        verified, checked, found = store_check.cross_check(
+            tracking, source, runs, family, version, evidence.build, warnings=warnings)
         walk.problems += found + store_check.deleted_problems(source, runs)
         if promotion is not None:
             walk.problems += store_check.link_tag_problems(tracking, family, version, promotion)

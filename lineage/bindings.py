@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict
 from evaluation.documents import Document
 from evaluation.testset import load_manifest
 from gates.preregistration import PreregistrationError
+from kernels.shapes import AttentionShape
 
 
 class BindingsRefused(PreregistrationError):
@@ -44,6 +45,13 @@ class RolloutBindings(BaseModel):
     testset_profile: str
     testset_digest: str
     documents_digest: str
+
+    def attention_shapes(self) -> list[AttentionShape] | None:
+        """The bound benchmark shapes as ``AttentionShape`` (``None``: the platform's
+        defaults were bound)."""
+        if self.perf_shapes is None:
+            return None
+        return [AttentionShape.model_validate(whole_numbers(s)) for s in self.perf_shapes]
 
 
 def documents_digest(documents: Sequence[Document]) -> str:
@@ -102,3 +110,19 @@ def refuse_rebinding(registration_id: str, bound: Mapping[str, Any] | None,
             f"registration {registration_id} of this thresholds file bound other rollout "
             "settings: " + "; ".join(differ) + ". Keep the registered values, or register a "
             "new thresholds file (a new registration, under the family chain's rules)")
+
+
+def check_bound_testset(bound: RolloutBindings, testset_dir: Path) -> None:
+    """Refuse judging under a registration with a test set other than the one it bound
+    (a re-validation reads the test set of the registration's profile from disk).
+
+    Raises:
+        BindingsRefused: the manifest's digest in ``testset_dir`` is not the bound one.
+    """
+    found = load_manifest(testset_dir).digest
+    if found != bound.testset_digest:
+        raise BindingsRefused(
+            f"the test set at {testset_dir} has digest {found[:12]}, the registration bound "
+            f"{bound.testset_digest[:12]} (profile {bound.testset_profile}): judging under it "
+            "needs the bound test set (the settings' testset_dir pointing at it, or the set "
+            "rebuilt from the same documents)")

@@ -28,7 +28,12 @@ from lineage.attestations import Attestation, TrustPolicy
 from lineage.ownership import refusing_squatted
 from lineage.records import LineageError
 from lineage.sources import EvidenceSource, StoreSource
-from lineage.tracking import Tracking, experiment_name
+from lineage.tracking import (
+    ArtifactIntegrityError,
+    Tracking,
+    experiment_name,
+    read_verified_artifact,
+)
 
 Alias = Literal["shadow", "canary", "production"]
 ALIASES: tuple[Alias, ...] = ("shadow", "canary", "production")
@@ -94,6 +99,16 @@ def aliases(tracking: Tracking, family: str) -> dict[str, str]:
     except MlflowException:
         return {}
     return {a: str(v) for a, v in model.aliases.items()}
+
+
+def families_in_production(tracking: Tracking) -> dict[str, str]:
+    """Family -> the version its ``production`` alias points at, for every family of the
+    store (registered models named ``kernelgate-<family>``) that has one, by name."""
+    found = {}
+    for model in tracking.client().search_registered_models(max_results=1000):
+        if model.name.startswith("kernelgate-") and "production" in model.aliases:
+            found[model.name.removeprefix("kernelgate-")] = str(model.aliases["production"])
+    return dict(sorted(found.items()))
 
 
 def alias_version(tracking: Tracking, family: str, alias: Alias) -> str | None:
@@ -184,8 +199,11 @@ def link_approval(tracking: Tracking, family: str, version: str, transition: str
 
 
 def approvers(tracking: Tracking, family: str, version: str) -> dict[str, str]:
-    """Transition -> who answered its approval for ``version`` (the approval runs the
-    version's link tags name; for people: the signed records are what the audit reads).
+    """Transition -> who answered its approval for ``version`` and how they were
+    identified where no key authenticated them (``alice (unauthenticated: typed into the
+    Prefect UI)``): the approval runs the version's link tags name, their approval record
+    read as logged (checked against its recorded sha256). For people: the signed records
+    are what the audit reads.
 
     Raises:
         MlflowException: no such registered model or version.
@@ -195,7 +213,15 @@ def approvers(tracking: Tracking, family: str, version: str) -> dict[str, str]:
     for key, run_id in sorted(version_tags(tracking, family, version).items()):
         if key.startswith(tags.APPROVAL_RUN_ID + "."):
             transition = key.removeprefix(tags.APPROVAL_RUN_ID + ".approval-").replace("-to-", "->")
-            out[transition] = client.get_run(run_id).data.tags.get(tags.APPROVER, "?")
+            who = client.get_run(run_id).data.tags.get(tags.APPROVER, "?")
+            try:
+                record = json.loads(read_verified_artifact(tracking, run_id,
+                                                           tags.APPROVAL_ARTIFACT))
+            except (ArtifactIntegrityError, ValueError):
+                record = {"authenticated": False, "authentication": "its record is unreadable"}
+            if not record.get("authenticated") and not record.get("auto_approved"):
+                who += f" ({record.get('authentication') or 'unauthenticated'})"
+            out[transition] = who
     return out
 
 

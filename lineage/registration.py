@@ -15,11 +15,10 @@ the registration id. The rules of a valid registration are ``gates.preregistrati
 from __future__ import annotations
 
 import hashlib
-import json
 from datetime import UTC, datetime
 from pathlib import Path
 
-from securesystemslib.signer import SSlibKey
+from pydantic import BaseModel, ConfigDict, Field
 
 from gates.loosening import loosenings
 from gates.preregistration import PreregistrationError, Registration, check_registration
@@ -30,25 +29,19 @@ from lineage.attestations import (
     Attestation,
     AttestationError,
     Signing,
-    TrustPolicy,
-    make_envelope,
-    verify_envelope,
 )
-from lineage.bindings import RolloutBindings, refuse_rebinding
+from lineage.bindings import RolloutBindings, refuse_rebinding, whole_numbers
 from lineage.bindings import changes as binding_changes
 from lineage.family_log import read as read_log
 from lineage.log_writer import append, current_damage, intact_log
+from lineage.loosening_approval import LooseningRefused, check_loosening_approval
 from lineage.sources import EvidenceSource, StoreSource, signed_artifact
 from lineage.tracking import Tracking
 
-__all__ = ["LooseningRefused", "PreregistrationError", "Registration", "had_rejection",
-           "latest_registration", "rejection_in_log",
-           "load_registration", "preregister", "registered_thresholds", "thresholds_for_gate",
-           "verify_registration"]
-
-
-class LooseningRefused(PreregistrationError):
-    """A registration loosens thresholds after a rejection without a named approval."""
+__all__ = ["FrozenRegistration", "LooseningRefused", "PreregistrationError", "Registration",
+           "frozen_registration", "had_rejection", "latest_registration", "load_registration",
+           "preregister", "preregister_bytes", "registered_bytes", "registered_thresholds",
+           "rejection_in_log", "thresholds_for_gate", "verify_registration"]
 
 
 def _registration_of(attestation: Attestation) -> Registration:
@@ -70,11 +63,18 @@ def latest_registration(source: EvidenceSource) -> tuple[Attestation, Thresholds
 
 
 def _rejects(a: Attestation) -> bool:
-    return ((a.kind == "decision" and a.predicate.get("verdict") == "reject")
-            or (a.kind in ("shadow", "canary") and a.predicate.get("passed") is False)
-            or (a.kind == "alias" and a.predicate.get("action") == "rollback")
-            or (a.kind == "outcome" and a.predicate.get("result") in ("rejected", "timed_out",
-                                                                "rolled_back")))
+    """Whether a signed record says a candidate was found wanting: a gate that rejected, a
+    shadow or canary step that breached, a production rollback, a rollout that ended
+    rejected, timed out or rolled back. Not an inconclusive rollout (noise, no fresh
+    calibration: no finding about the kernel), not an errored one (a crash), and not
+    the shadow/canary alias taken back when either ends (its outcome says why)."""
+    p = a.predicate
+    return ((a.kind == "decision" and p.get("verdict") == "reject")
+            or (a.kind in ("shadow", "canary") and p.get("passed") is False)
+            or (a.kind == "alias" and p.get("action") == "rollback"
+                and p.get("alias") == "production")
+            or (a.kind == "outcome" and not p.get("inconclusive")
+                and p.get("result") in ("rejected", "timed_out", "rolled_back")))
 
 
 def had_rejection(source: EvidenceSource) -> bool:
@@ -104,47 +104,44 @@ def rejection_in_log(source: EvidenceSource, damage: list[str] | None = None) ->
     return None
 
 
-def _check_loosening_approval(envelope: bytes, previous: Thresholds, family: str,
-                              thresholds_sha256: str, loosened: list[str]) -> dict:
-    """A person's signed approval of exactly this loosening, by a key the previous
-    registration's policy names. Returns its predicate."""
-    approvers = {a.keyid: a for a in previous.approval.approvers}
-    trust = TrustPolicy(public_keys={k: SSlibKey.from_dict(k, dict(a.public_key))
-                              for k, a in approvers.items()})
-    try:
-        approval = verify_envelope(envelope, trust, path="loosening approval")
-    except AttestationError as err:
-        raise LooseningRefused(f"loosening approval not accepted: {err} (the previous "
-                               f"registration trusts {sorted(a.name for a in approvers.values()) or 'no approver keys'})") from err
-    p = approval.predicate
-    if (approval.kind != "loosening" or p.get("family") != family
-            or p.get("thresholds_sha256") != thresholds_sha256 or not str(p.get("reason", "")).strip()):
-        raise LooseningRefused("the loosening approval is for another family or file, or gives "
-                               "no reason")
-    return {**p, "approver": approvers[approval.keyid].name, "keyid": approval.keyid,
-            "loosened": loosened}
-
-
 def preregister(path: str | Path, *, tracking: Tracking, family: str, signing: Signing,
                 parent_run_id: str | None = None,
                 loosening_approval: bytes | None = None,
                 bindings: RolloutBindings | None = None) -> Registration:
-    """Freeze the thresholds file at ``path`` in MLflow, signed; return its registration.
+    """Freeze the thresholds file at ``path`` in MLflow, signed; return its registration
+    (:func:`preregister_bytes` of the file's bytes under its name).
+
+    Raises:
+        FileNotFoundError: no such file; otherwise as :func:`preregister_bytes`.
+    """
+    path = Path(path)
+    return preregister_bytes(path.read_bytes(), path.name, tracking=tracking, family=family,
+                             signing=signing, parent_run_id=parent_run_id,
+                             loosening_approval=loosening_approval, bindings=bindings,
+                             source=str(path))
+
+
+def preregister_bytes(data: bytes, name: str, *, tracking: Tracking, family: str,
+                      signing: Signing, parent_run_id: str | None = None,
+                      loosening_approval: bytes | None = None,
+                      bindings: RolloutBindings | None = None,
+                      source: str | None = None) -> Registration:
+    """Freeze the thresholds ``data`` (a file's exact bytes, registered as
+    ``thresholds/<name>``) in MLflow, signed; return its registration. ``source`` names
+    the bytes in error messages (default ``name``).
 
     Call it before the candidate is evaluated: the gate later refuses evaluations that
     started before ``registered_at``.
 
     Raises:
-        FileNotFoundError: no such file.
-        ValueError: the file is not a valid thresholds file (nothing is registered then).
-        LooseningRefused: it loosens the family's previous registration after a
+        ValueError: the bytes are not a valid thresholds file (nothing is registered then).
+        LooseningRefused: they loosen the family's previous registration after a
             rejection, and no valid approval of that loosening was given (a changed
             binding counts as a loosening then).
         lineage.bindings.BindingsRefused: the same thresholds file as the family's newest
             registration, with other ``bindings`` (the rollout settings it signs).
     """
-    path = Path(path)
-    data = path.read_bytes()
+    path = Path(source or name)
     thresholds = parse_thresholds(data, source=str(path))  # never freeze an invalid file
     digest = hashlib.sha256(data).hexdigest()
     source = StoreSource(tracking, family, signing.trust)
@@ -165,10 +162,11 @@ def preregister(path: str | Path, *, tracking: Tracking, family: str, signing: S
                 + "; ".join(loosened)
                 + ". A person named in that registration's approval policy must approve it "
                 "(kernelgate approve-loosening), or keep the thresholds")
-        approved = _check_loosening_approval(loosening_approval, previous[1], family, digest,
-                                             loosened)
+        approved = check_loosening_approval(loosening_approval, previous, family, digest,
+                                             loosened, bindings, source,
+                                             signing.trust.revoked | set(signing.trust.revoked_at))
     intact_log(source, signing)  # a damaged log takes no new registration (LogDamaged)
-    artifact = f"thresholds/{path.name}"
+    artifact = f"thresholds/{Path(name).name}"
     with tr.stage_run(tracking, family, "preregistration", parent_run_id=parent_run_id,
                       run_name=f"preregistration-{thresholds.profile}") as run_id:
         tr.log_bytes(tracking, run_id, data, artifact)
@@ -192,6 +190,16 @@ def preregister(path: str | Path, *, tracking: Tracking, family: str, signing: S
                         registered_at=registered_at)
 
 
+def _registration_attestation(source: EvidenceSource, registration_id: str) -> Attestation:
+    signed = [a for a in source.attestations()
+              if a.run_id == registration_id and a.kind == "registration"]
+    if not signed:
+        gone = " (its run was deleted)" if registration_id in source.deleted() else ""
+        raise PreregistrationError(f"registration {registration_id}: no verified registration "
+                                   f"attestation{gone}")
+    return signed[-1]
+
+
 def load_registration(source: EvidenceSource, registration_id: str) -> Registration:
     """A registration as its signed attestation says, its thresholds bytes intact.
 
@@ -199,13 +207,7 @@ def load_registration(source: EvidenceSource, registration_id: str) -> Registrat
         PreregistrationError: no verified registration attestation in that run (or it
             names another run), or the stored thresholds differ from the signed digest.
     """
-    signed = [a for a in source.attestations()
-              if a.run_id == registration_id and a.kind == "registration"]
-    if not signed:
-        gone = " (its run was deleted)" if registration_id in source.deleted() else ""
-        raise PreregistrationError(f"registration {registration_id}: no verified registration "
-                                   f"attestation{gone}")
-    registration = _registration_of(signed[-1])
+    registration = _registration_of(_registration_attestation(source, registration_id))
     if registration.registration_id != registration_id:
         raise PreregistrationError(f"registration {registration_id}: its attestation names "
                                    f"{registration.registration_id}")
@@ -213,8 +215,8 @@ def load_registration(source: EvidenceSource, registration_id: str) -> Registrat
     return registration
 
 
-def registered_thresholds(source: EvidenceSource, registration: Registration) -> Thresholds:
-    """Parse the thresholds exactly as frozen (bytes checked against the signed digest).
+def registered_bytes(source: EvidenceSource, registration: Registration) -> bytes:
+    """The thresholds file's bytes exactly as frozen (checked against the signed digest).
 
     Raises:
         PreregistrationError: the stored bytes are not the registered ones.
@@ -227,7 +229,51 @@ def registered_thresholds(source: EvidenceSource, registration: Registration) ->
     if hashlib.sha256(data).hexdigest() != registration.thresholds_sha256:
         raise PreregistrationError(
             f"registration {registration.registration_id}: stored thresholds were altered")
-    return parse_thresholds(data, source=f"registration {registration.registration_id}")
+    return data
+
+
+def registered_thresholds(source: EvidenceSource, registration: Registration) -> Thresholds:
+    """Parse the thresholds exactly as frozen (:func:`registered_bytes`).
+
+    Raises:
+        PreregistrationError: the stored bytes are not the registered ones.
+    """
+    return parse_thresholds(registered_bytes(source, registration),
+                            source=f"registration {registration.registration_id}")
+
+
+class FrozenRegistration(BaseModel):
+    """A registration as the gate and every later stage read it: the signed registration,
+    its thresholds file's frozen bytes and their parse, and the bindings it signed (None
+    for a registration made before bindings existed)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    registration: Registration
+    thresholds_bytes: bytes = Field(repr=False)
+    thresholds: Thresholds = Field(repr=False)
+    bindings: RolloutBindings | None = None
+
+
+def frozen_registration(source: EvidenceSource, registration_id: str) -> FrozenRegistration:
+    """The registration ``registration_id`` read back from its signed attestation: the
+    thresholds bytes checked against the signed digest, parsed, and its bindings.
+
+    Raises:
+        PreregistrationError: no verified registration attestation in that run, or the
+            stored thresholds differ from the signed digest.
+    """
+    attestation = _registration_attestation(source, registration_id)
+    registration = _registration_of(attestation)
+    if registration.registration_id != registration_id:
+        raise PreregistrationError(f"registration {registration_id}: its attestation names "
+                                   f"{registration.registration_id}")
+    data = registered_bytes(source, registration)
+    bound = attestation.predicate.get("bindings")
+    return FrozenRegistration(
+        registration=registration, thresholds_bytes=data,
+        thresholds=parse_thresholds(data, source=f"registration {registration_id}"),
+        bindings=RolloutBindings.model_validate(whole_numbers(dict(bound))) if bound else None)
 
 
 def verify_registration(source: EvidenceSource, registration_id: str,
@@ -248,35 +294,15 @@ def verify_registration(source: EvidenceSource, registration_id: str,
 
 
 def thresholds_for_gate(source: EvidenceSource, registration: Registration,
-                        thresholds_path: str | Path | None,
-                        evaluation_started_at: datetime) -> Thresholds:
+                        planned_sha256: str, evaluation_started_at: datetime) -> Thresholds:
     """The thresholds a gate judges by: the registered bytes, read back and checked
-    against the signature, the file in hand (when given) still the registered file, the
-    evaluation started after the registration.
+    against the signature; the session's plan (``planned_sha256``: the sha256 of the
+    bytes it parsed when it opened) still the registered bytes; the evaluation started
+    after the registration.
 
     Raises:
         PreregistrationError: any of those fails (a refusal to judge, not a verdict).
     """
-    if thresholds_path is not None:
-        registration = verify_registration(source, registration.registration_id,
-                                           thresholds_path, evaluation_started_at)
-    else:
-        registration = load_registration(source, registration.registration_id)
-        check_registration(registration, registration.thresholds_sha256, evaluation_started_at)
+    registration = load_registration(source, registration.registration_id)
+    check_registration(registration, planned_sha256, evaluation_started_at)
     return registered_thresholds(source, registration)
-
-
-def loosening_predicate(family: str, thresholds_path: Path, reason: str) -> dict:
-    """What a person signs to approve a loosening (``kernelgate approve-loosening``)."""
-    data = Path(thresholds_path).read_bytes()
-    return {"family": family, "thresholds_sha256": hashlib.sha256(data).hexdigest(),
-            "reason": reason, "file": Path(thresholds_path).name,
-            "thresholds": json.loads(json.dumps(parse_thresholds(data).model_dump(mode="json")))}
-
-
-def sign_loosening(signer, family: str, thresholds_path: Path, reason: str) -> bytes:
-    """A person's signed approval of exactly this thresholds file for ``family``; the
-    file's bytes are its subject."""
-    predicate = loosening_predicate(family, thresholds_path, reason)
-    return make_envelope("loosening", {f"thresholds/{Path(thresholds_path).name}":
-                                       predicate["thresholds_sha256"]}, predicate, signer)

@@ -10,6 +10,7 @@ FINISHED otherwise).
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 import time
@@ -17,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
 
-from filelock import FileLock
+from filelock import FileLock, Timeout
 from pydantic import BaseModel, ConfigDict, Field
 
 from lineage import registered_model, tags
@@ -29,13 +30,13 @@ from lineage.tracking import Tracking
 
 PROJECT_DIR = Path(__file__).resolve().parents[1]
 
-Result = Literal["promoted", "rejected", "timed_out", "rolled_back", "errored", "failed", "built",
-                 "evaluated"]
+Result = Literal["promoted", "rejected", "timed_out", "rolled_back", "errored", "interrupted",
+                 "failed", "built", "evaluated"]
 """``rejected``: the gate or a person said no; ``timed_out``: nobody answered an approval
 within the preregistered timeout (which rejects); ``rolled_back``: a shadow, canary or
 confirmation breach (or a re-validation failure); ``errored``: a stage crashed
-(``flows.errored``); ``failed``: the same, as records written before *Errored* existed
-name it."""
+(``flows.errored``); ``interrupted``: a person stopped the command (Ctrl-C) mid-stage;
+``failed``: a crash, as records written before *Errored* existed name it."""
 
 
 class RolloutRecord(BaseModel):
@@ -73,26 +74,52 @@ def open_rollout(tracking: Tracking, *, family: str, implementation: str, backen
                          work_dir=work_dir, env_tags=env_tags)
 
 
+def lock_folder(store_dir: Path) -> Path | None:
+    """Where the family locks of this process's store live: ``<store>/locks`` on the
+    embedded store; beside the database for a ``sqlite:`` tracking URI (every process
+    writing that database takes the same lock, whatever its ``--store-dir``); None for a
+    tracking server (the Prefect concurrency limit queues rollouts there)."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI", "")
+    if not uri:
+        return Path(store_dir) / "locks"
+    if uri.startswith("sqlite:///"):
+        return Path(uri.removeprefix("sqlite:///")).resolve().parent / "locks"
+    return None
+
+
 @contextlib.contextmanager
 def family_lock(store_dir: Path, family: str, *, timeout_s: float = -1) -> Iterator[bool]:
-    """Hold the family's lock on an embedded (local) store for a whole rollout.
+    """Hold the family's lock on a store of files (the embedded store, or a ``sqlite:``
+    tracking URI: :func:`lock_folder`) for a whole rollout.
 
-    ``filelock`` takes an OS-level lock on ``<store>/locks/<family>.lock``, released when
-    the holder exits or dies, so two rollouts of one family never overlap on one store
-    and whoever holds it knows every other RUNNING run of the family is dead. Yields True
-    when a lock is held (on a tracking server the Prefect concurrency limit queues
-    rollouts instead, and this yields False).
+    ``filelock`` takes an OS-level lock on ``<locks>/<family>.lock``, released when the
+    holder exits or dies, so two rollouts of one family never overlap on one store and
+    whoever holds it knows every other RUNNING run of the family is dead. A lock another
+    process holds is said (a warning naming the file) before this one waits for it.
+    Yields True when a lock is held (on a tracking server the Prefect concurrency limit
+    queues rollouts instead, and this yields False).
 
     Raises:
         filelock.Timeout: the lock was not free within ``timeout_s`` (``-1``: wait).
     """
-    if os.environ.get("MLFLOW_TRACKING_URI"):
+    folder = lock_folder(store_dir)
+    if folder is None:
         yield False
         return
-    path = Path(store_dir) / "locks" / f"{family}.lock"
+    path = folder / f"{family}.lock"
     path.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(path), timeout=timeout_s):
+    lock = FileLock(str(path), timeout=timeout_s)
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        logging.getLogger(__name__).warning(
+            "waiting for %s: another rollout of %s holds it (it queues here until that one "
+            "ends or dies)", path, family)
+        lock.acquire()
+    try:
         yield True
+    finally:
+        lock.release()
 
 
 def close_dead_runs(tracking: Tracking, family: str, *, alive_run_id: str, lease_s: float,
@@ -143,6 +170,9 @@ class RolloutOutcome(BaseModel):
         "what was not assessed, short (gates.headline.caveat); None: everything was"))
     decision_summary: str | None = None
     not_assessed_note: str | None = None
+    inconclusive: bool = Field(default=False, description=(
+        "stopped for want of evidence (noise, no fresh calibration), not for a finding "
+        "about the kernel: not a rejection under the family's loosening rule"))
     aliases: dict[str, str] = Field(default_factory=dict)
     rollout_run_id: str
     tracking_uri: str
@@ -158,13 +188,21 @@ class RolloutOutcome(BaseModel):
         words = self.result.replace("_", " ")
         if self.result in STOPPED:
             words += f" at {self.stage}"
+        if self.inconclusive:
+            words += " (inconclusive: not a verdict on the kernel)"
         return words if not self.not_assessed else f"{words}; {self.not_assessed}"
+
+    def _says_what_was_not_assessed(self) -> bool:
+        return bool(self.not_assessed) and "not assessed" in self.reason
 
     def summary(self) -> str:
         """One line for a flow run's state message, a notification, the version's
-        description: the verdict, who decided, and the reason."""
+        description: the verdict, who decided, and the reason (what was not assessed said
+        once: in the reason where it lists it, else in the verdict)."""
         who = f" (decided by {self.decided_by})" if self.decided_by else ""
-        return f"{self.verdict()}{who}: {self.reason}"
+        verdict = (self.verdict().removesuffix(f"; {self.not_assessed}")
+                   if self._says_what_was_not_assessed() else self.verdict())
+        return f"{verdict}{who}: {self.reason}"
 
     def markdown(self) -> str:
         """A short markdown summary for the Prefect UI and the CLI's last lines."""
@@ -176,8 +214,10 @@ class RolloutOutcome(BaseModel):
         if self.decided_by:
             lines.append(f"* decided by: {self.decided_by}")
         lines.append(f"* reason: {self.reason}")
-        if self.decision_summary:
-            lines.append(f"* gate: {self.decision_summary}")
+        if self.decision_summary:  # its not-assessed paragraph repeats the reason's list
+            gate = (self.decision_summary.splitlines()[0] if self._says_what_was_not_assessed()
+                    else self.decision_summary)
+            lines.append(f"* gate: {gate}")
         if self.not_assessed_note and self.not_assessed_note not in (self.decision_summary or ""):
             lines.append(f"* not assessed: {self.not_assessed_note}")
         lines += [
@@ -192,7 +232,7 @@ class RolloutOutcome(BaseModel):
         return "\n".join(lines)
 
 
-STOPPED = ("rejected", "timed_out", "rolled_back", "errored", "failed")
+STOPPED = ("rejected", "timed_out", "rolled_back", "errored", "interrupted", "failed")
 """Results that stopped the candidate (a verdict line names the stage)."""
 
 
@@ -222,14 +262,16 @@ def _run_link(record: RolloutRecord) -> str:
 def close_rollout(record: RolloutRecord, *, result: Result, stage: str, reason: str,
                   version: str | None, decision_summary: str | None = None,
                   not_assessed_note: str | None = None, decided_by: str | None = None,
-                  not_assessed: str | None = None) -> RolloutOutcome:
+                  not_assessed: str | None = None, inconclusive: bool = False) -> RolloutOutcome:
     """End the parent run with the outcome and write it as a JSON artifact; the run's
     name and the version's description say the verdict line (what was not assessed in
-    it) and who decided."""
+    it) and who decided. ``inconclusive``: the rollout stopped for want of evidence (noise
+    the plan could not power through, no fresh calibration), not for a finding about the
+    kernel; signed, so the family's loosening rule does not count it as a rejection."""
     ui_command, audit_command = _commands(record.tracking, record.family, version)
     outcome = RolloutOutcome(
         family=record.family, version=version, result=result, stage=stage, reason=reason,
-        decided_by=decided_by, not_assessed=not_assessed,
+        decided_by=decided_by, not_assessed=not_assessed, inconclusive=inconclusive,
         decision_summary=decision_summary, not_assessed_note=not_assessed_note,
         aliases=registered_model.aliases(record.tracking, record.family),
         rollout_run_id=record.rollout_run_id, tracking_uri=record.tracking.tracking_uri,
@@ -246,9 +288,10 @@ def close_rollout(record: RolloutRecord, *, result: Result, stage: str, reason: 
     append(record.tracking, record.rollout_run_id, "outcome",
            {"family": record.family, "version": version, "result": result, "stage": stage,
             "reason": reason, "decided_by": decided_by, "aliases": outcome.aliases,
-            "tags": {**record.env_tags, **run_tags}},
+            "inconclusive": inconclusive, "tags": {**record.env_tags, **run_tags}},
            record.signing)
-    tr.end_run(record.tracking, record.rollout_run_id, "FAILED" if result in ("errored", "failed") else "FINISHED")
+    status = {"errored": "FAILED", "failed": "FAILED", "interrupted": "KILLED"}.get(result, "FINISHED")
+    tr.end_run(record.tracking, record.rollout_run_id, status)
     record.tracking.client().update_run(record.rollout_run_id, name=run_title(
         record.implementation, version, result, stage, not_assessed))
     if version is not None and registered_model.version_exists(record.tracking, record.family, version):

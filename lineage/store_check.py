@@ -24,11 +24,14 @@ from lineage.tracking import Tracking
 
 
 def cross_check(tracking: Tracking, source: StoreSource, runs: set[str], family: str,
-                version: str, build: Attestation | None) -> tuple[int, int, list[str]]:
+                version: str, build: Attestation | None,
+                warnings: list[str] | None = None) -> tuple[int, int, list[str]]:
     """MLflow's metrics, params and tags of ``runs`` against the signed values, every
     artifact against its signed digest, and the version's tags against its signed
     ``build``. Returns ``(artifacts verified, artifacts checked, problems)``; never raises
-    on a mismatch (each is a problem named)."""
+    on a mismatch (each is a problem named). A dataset input whose content (digest and
+    sha256) is the signed one but whose location moved (a store restored or relocated
+    elsewhere) is appended to ``warnings`` instead (:func:`moved_datasets`)."""
     verified = checked = 0
     problems: list[str] = []
     by_run: dict[str, list[Attestation]] = {}
@@ -56,7 +59,10 @@ def cross_check(tracking: Tracking, source: StoreSource, runs: set[str], family:
                     problems.append(f"run {run_id}: param {key} is "
                                          f"{run.data.params.get(key)!r}, signed {value!r}")
             if "datasets" in p:
-                problems += dataset_problems(run_id, tr.dataset_facts(run), p["datasets"])
+                shown = tr.dataset_facts(run)
+                problems += dataset_problems(run_id, shown, p["datasets"])
+                if warnings is not None:
+                    warnings += moved_datasets(run_id, shown, p["datasets"])
         stored = tr.list_artifact_files(tracking, run_id)
         for path in stored:
             if path.startswith(f"{ATTESTATION_DIR}/"):
@@ -117,12 +123,21 @@ def deleted_problems(source: StoreSource, runs: set[str]) -> list[str]:
             for run_id in sorted(runs & source.deleted())]
 
 
+def _by_input(items: list) -> dict[tuple[str, str], dict]:
+    return {(str(d.get("context")), str(d.get("name"))): d for d in items}
+
+
+def _differs(now: dict, then: dict, field: str) -> bool:
+    return str(now.get(field)) != str(then.get(field))
+
+
 def dataset_problems(run_id: str, shown: list[dict], signed: list) -> list[str]:
     """The dataset inputs MLflow shows for a run against the signed list: one problem per
-    input whose digest, source or sha256 differs, or that is missing or added."""
-    def key(d) -> tuple[str, str]:
-        return str(d.get("context")), str(d.get("name"))
-    now, then = {key(d): d for d in shown}, {key(d): d for d in signed}
+    input whose digest or sha256 differs, whose source differs while its content does too,
+    or that is missing or added. (A source that moved with the content unchanged is
+    :func:`moved_datasets`' warning: the digest is a dataset's identity, its source a
+    location, which restoring a store elsewhere changes.)"""
+    now, then = _by_input(shown), _by_input(signed)
     problems = []
     for k in sorted(set(now) | set(then)):
         label = f"run {run_id}: dataset input {k[1]} ({k[0]})"
@@ -131,10 +146,24 @@ def dataset_problems(run_id: str, shown: list[dict], signed: list) -> list[str]:
         elif k not in then:
             problems.append(f"{label}: shown by MLflow but not signed")
         else:
+            content = [f for f in ("digest", "sha256") if _differs(now[k], then[k], f)]
             problems += [f"{label}: {field} is {now[k].get(field)!r}, signed "
-                         f"{then[k].get(field)!r}" for field in ("digest", "sha256", "source")
-                         if str(now[k].get(field)) != str(then[k].get(field))]
+                         f"{then[k].get(field)!r}"
+                         for field in content + (["source"] if content else [])
+                         if _differs(now[k], then[k], field)]
     return problems
+
+
+def moved_datasets(run_id: str, shown: list[dict], signed: list) -> list[str]:
+    """One warning per dataset input whose source is not the signed one while its digest
+    and sha256 are: the same data, read from elsewhere (a relocated or restored store)."""
+    now, then = _by_input(shown), _by_input(signed)
+    return [f"run {run_id}: dataset input {k[1]} ({k[0]}): source is {now[k].get('source')!r}, "
+            f"signed {then[k].get('source')!r}; its digest and sha256 are the signed ones "
+            "(the same data, located elsewhere: a relocated or restored store)"
+            for k in sorted(set(now) & set(then))
+            if _differs(now[k], then[k], "source")
+            and not any(_differs(now[k], then[k], f) for f in ("digest", "sha256"))]
 
 
 def same_value(a: float, b) -> bool:

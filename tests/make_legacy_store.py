@@ -1,11 +1,13 @@
 """Make a small store with the code of the commit checked out: one promoted xla version.
 
-``tests/data/legacy-store-1b29598.tar.gz`` (read by ``tests/test_lineage_legacy_store.py``)
-was made with this script from a checkout of commit 1b29598, with OUT=/tmp/prev/out:
+Each ``tests/data/legacy-store-<commit>.tar.gz`` (read by
+``tests/test_lineage_legacy_store.py``) was made with this script from a checkout of that
+commit (1b29598 with OUT=/tmp/prev/out; 1be416f with OUT=/tmp/prev1be/out, whose
+``store/jax-cache`` was left out too):
 
     KERNELGATE_KEY_DIR=OUT/keys PYTHONPATH=. python tests/make_legacy_store.py OUT
-    cd OUT && tar czf legacy-store-1b29598.tar.gz --exclude=reference-cache \
-        --exclude='store/runs/*.xplane.pb' store keys
+    cd OUT && tar czf legacy-store-<commit>.tar.gz --exclude=reference-cache \
+        --exclude='store/runs/*.xplane.pb' --exclude=store/jax-cache store keys
 
 It is a rollout of ``xla``, family ``legacy``, thresholds
 ``tests/data/thresholds-flow-test.yaml``, promoted as v1; the tar holds ``store/`` (the

@@ -112,9 +112,11 @@ def test_modules_are_small_or_say_why(module):
 
 
 ROLLOUT_STAGES = ("preregister", "build", "prepare_testset", "evaluate", "gate",
-                  "record_traffic", "approve", "shadow", "canary_calibration", "enter_canary",
+                  "canary_calibration", "record_traffic", "approve", "shadow", "enter_canary",
                   "canary_step", "canary_verdict", "confirm", "promote")
-"""The stage list of the design notes, in order (approval is asked three times)."""
+"""The stage list of the design notes, in order (approval is asked three times). The
+canary's calibration is looked up right after the gate: a plan that will refuse for want
+of one says so before any person is asked to approve a step."""
 
 
 def _stage_list() -> tuple[ast.FunctionDef, list[str]]:
@@ -236,11 +238,7 @@ in words (a date is fine); measured history belongs in BENCHMARKS.md and the not
 
 HISTORY_STILL_TO_CLEAN = frozenset({
     "kernels/**",
-    "flows/tasks.py", "flows/judge.py", "flows/revalidate.py", "flows/results.py",
-    "flows/rollout.py", "flows/cli.py", "flows/kernel_choice.py", "flows/settings.py",
-    "flows/traffic.py",
     "tests/test_kernels_pallas_mosaic_gpu.py", "tests/test_kernels_mosaic_variants.py",
-    "tests/test_flows_rollout.py",
 })
 """Paths (``fnmatch`` patterns) still being cleaned of session and issue numbers in other
 branches; :func:`test_no_session_or_issue_numbers_in_code_or_tests` skips them. Empty it
@@ -287,3 +285,58 @@ def test_the_history_scanner_finds_what_is_planted_and_nothing_else():
     clean = (f"# the {s}'s store, {i}d on 2026-12-01 (H200, 132 SMs)\n"
              f"{s}_id = 3\nfor {s} in sessions: pass\n")
     assert history_references(clean) == []
+
+
+REGISTERED_SETTINGS = ("thresholds", "perf_shapes", "perf_repeats", "model_check",
+                       "shadow_requests", "testset_profile", "testset_profile_for")
+"""The settings a registration freezes or binds (the thresholds file's bytes; the perf
+shapes and repeats, MiniLM check, shadow size and test-set profile: ``lineage.bindings``)."""
+READ_BEFORE_REGISTRATION = {
+    ("flows.plan", "resolve_plan"),  # the plan: the file's bytes read and parsed once
+    ("flows.tasks", "preregister"),  # names the file in the registration's messages
+    ("flows.tasks", "rollout_bindings"),  # what the registration binds
+    # a registration made before bindings existed: the session's settings stand in
+    ("flows.results", "perf_shapes"), ("flows.results", "perf_repeats"),
+    ("flows.results", "model_check"), ("flows.results", "shadow_requests"),
+    ("flows.judge", "build"),  # the build-only flow has no registration
+}
+"""(module, function) pairs that may read those settings: the plan, the registration
+and its legacy fallback. Every other stage reads the registration (``Preregistered``)."""
+
+
+def _settings_reads(module: str) -> set[tuple[str, str]]:
+    """``(function, setting)`` for each read of ``<...>settings.<setting>`` in a
+    function of ``module`` (the innermost enclosing function names it)."""
+    found = set()
+
+    def visit(node: ast.AST, function: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            name = (child.name if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef)
+                    else function)
+            if (isinstance(child, ast.Attribute) and child.attr in REGISTERED_SETTINGS
+                    and ((isinstance(child.value, ast.Name) and child.value.id == "settings")
+                         or (isinstance(child.value, ast.Attribute)
+                             and child.value.attr == "settings"))):
+                found.add((function, child.attr))
+            visit(child, name)
+
+    visit(ast.parse(MODULES[module].read_text()), "<module>")
+    return found
+
+
+def test_after_preregistration_stages_read_the_registration_not_the_settings():
+    """The thresholds file and the verdict-changing settings are read where the plan is
+    resolved and the registration made; every later stage (evaluation, gate, traffic,
+    confirmation, re-validation) reads what the registration froze and bound."""
+    flows = [m for m in MODULES if m.startswith("flows.") and not m.startswith("flows.cli")]
+    reads = {(module, function, setting) for module in flows
+             for function, setting in _settings_reads(module)}
+    assert {(m, f) for m, f, _ in reads} <= READ_BEFORE_REGISTRATION, sorted(
+        r for r in reads if r[:2] not in READ_BEFORE_REGISTRATION)
+
+
+def test_the_settings_scanner_finds_a_planted_read(tmp_path, monkeypatch):
+    planted = tmp_path / "planted.py"
+    planted.write_text("def evaluate(context):\n    return context.settings.perf_repeats\n")
+    monkeypatch.setitem(MODULES, "flows.planted", planted)
+    assert _settings_reads("flows.planted") == {("evaluate", "perf_repeats")}

@@ -117,3 +117,68 @@ def test_ui_stops_with_every_child_on(signum, tmp_path):
         for child in children:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(int(child), signal.SIGKILL)
+
+
+def test_a_misspelt_thresholds_file_is_refused_with_its_line_and_nothing_written(tmp_path):
+    """A typo inside a criterion: exit 2 naming --thresholds, the file's line and the
+    field meant, and no store folder created."""
+    text = (ROOT / "thresholds" / "local-dry-run.yaml").read_text()
+    bad = tmp_path / "typo.yaml"
+    bad.write_text(text.replace("{name: nan-free, metric:", "{name: nan-free, metirc:"))
+    store = tmp_path / "store"
+    result = subprocess.run([str(KERNELGATE), "rollout", "--thresholds", str(bad),
+                             "--store-dir", str(store)], capture_output=True, text=True,
+                            cwd=ROOT, timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert "--thresholds" in result.stderr
+    assert f"{bad}:16: platforms.tpu.value.0: unknown key 'metirc'; did you mean 'metric'?" \
+        in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr and not store.exists()
+
+
+def test_ui_on_a_busy_port_fails_naming_it(tmp_path):
+    """Something already listens on the port: exit 2 naming --port and the port, no URL
+    printed as if the UI were serving there, no store created."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run([str(KERNELGATE), "ui", "--store-dir", str(tmp_path / "store"),
+                                 "--port", str(port)], capture_output=True, text=True,
+                                cwd=ROOT, timeout=120)
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert "--port" in result.stderr and f"port {port} is in use" in result.stderr
+    assert "MLflow UI on http" not in result.stdout
+    assert not (tmp_path / "store").exists()
+
+
+def test_a_server_that_exits_by_itself_is_a_failure():
+    """``run_until_signalled``: a server that stops without being asked did not serve,
+    even when it exits 0 (uvicorn does after a failed bind)."""
+    from flows.cli_ops import run_until_signalled
+
+    assert run_until_signalled([sys.executable, "-c", "pass"]) == 1
+    assert run_until_signalled([sys.executable, "-c", "raise SystemExit(3)"]) == 3
+
+
+@pytest.mark.parametrize("command", [["rollout"], ["audit"], ["timeline"], ["revalidate"],
+                                     ["rollback", "--reason", "a test"]],
+                         ids=lambda c: c[0])
+def test_a_store_path_that_is_a_file_is_refused_naming_it(command, tmp_path):
+    afile = tmp_path / "store"
+    afile.write_text("not a folder")
+    result = subprocess.run([str(KERNELGATE), *command, "--store-dir", str(afile)],
+                            capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert f"--store-dir: {afile} is a file, not a store folder" in result.stderr
+    assert "Traceback" not in result.stderr and afile.read_text() == "not a folder"
+
+
+def test_a_store_that_cannot_be_written_is_refused_before_anything_runs():
+    """``/sys`` refuses new folders even to root (a read-only mount refuses the same way
+    and the probe is a write, not a permission bit)."""
+    result = subprocess.run([str(KERNELGATE), "rollout", "--store-dir", "/sys/kernel/kg/store"],
+                            capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert "--store-dir: cannot write to /sys/kernel, where it would be created" in result.stderr
+    assert "Traceback" not in result.stderr

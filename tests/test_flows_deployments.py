@@ -27,7 +27,10 @@ def test_nightly_revalidation_is_scheduled_on_a_process_pool():
     minute, hour, *days = cron.cron.split()
     assert minute.isdigit() and hour.isdigit() and days == ["*", "*", "*"]  # once a day
     assert schedule.get("active", True)
-    assert nightly["entrypoint"].endswith(":revalidate_production")
+    assert nightly["entrypoint"].endswith(":nightly_revalidation")
+    # every family in production, each under its own registration: no family, no
+    # thresholds file, no settings that a registration would otherwise be judged by
+    assert not nightly.get("parameters")
     assert nightly["work_pool"]["name"]
 
 
@@ -44,7 +47,7 @@ def test_every_entrypoint_loads_as_a_flow(monkeypatch):
         assert not asked or name == "manual-rollback", (name, asked)
         flow.validate_parameters({**dict.fromkeys(asked, "typed by a person"), **declared})
         names[name] = flow.name
-    assert names == {"nightly-revalidation": "kernelgate-revalidate-production",
+    assert names == {"nightly-revalidation": "kernelgate-nightly-revalidation",
                      "candidate-rollout": "kernelgate-rollout",
                      "manual-rollback": "kernelgate-manual-rollback"}
 

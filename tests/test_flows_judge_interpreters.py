@@ -1,8 +1,8 @@
 """The evaluate stage runs the candidate under the interpreters and MiniLM document count
-of the registration it is judged by (``flows.judge.evaluate``), not those of whatever
-thresholds file is in hand: a nightly re-validation holds the default file
-(``thresholds/local-dry-run.yaml``) while the version it re-judges was registered under
-another profile."""
+of the registration it is judged by (``flows.judge.evaluate``, from the registered bytes
+the preregister stage reads back), not those of whatever thresholds file is in hand: a
+nightly re-validation holds the default file (``thresholds/local-dry-run.yaml``) while
+the version it re-judges was registered under another profile."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ from gates.thresholds import load_thresholds
 from kernels.interpreters import GENERIC_INTERPRET, TPU_INTERPRET
 from lineage import evidence
 from lineage import tracking as tr
-from lineage.registration import preregister
+from lineage.registration import frozen_registration, preregister
+from lineage.sources import StoreSource
 
 THRESHOLDS = PROJECT_DIR / "thresholds"
 
@@ -46,7 +47,10 @@ def _evaluated_plan(tmp_path, monkeypatch, signing, *, registered: str, in_hand:
         versions=SimpleNamespace(runner=lambda version: SimpleNamespace(name=f"k@v{version}")),
         serving=SimpleNamespace(contract=None), model=None)
     with pytest.raises(LookupError, match="stop here"):
-        judge.evaluate.fn(context, Preregistered(registration=registration),
+        # read back from the signed record, as the preregister stage returns it
+        frozen = frozen_registration(StoreSource(tracking, "fam", signing.trust),
+                                     registration.registration_id)
+        judge.evaluate.fn(context, Preregistered.read_back(frozen),
                           Built(build_run_id="b", version="1"), Prepared(testset_dir=tmp_path),
                           split="heldout", compare_production=False)
     return seen["plan"], seen["documents"]

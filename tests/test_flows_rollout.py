@@ -121,8 +121,8 @@ def seeded(prefect_server, make_settings, tracking):
 @pytest.fixture(scope="module")
 def rejected_at_gate(prefect_server, store, flow_thresholds):
     """One numerically wrong candidate's rollout, rejected at the gate, shared by the two
-    tests that need one (issue 26, the suite's time: a rollout of its own in each took
-    20-47 s): its final state, and the family's aliases just before it ran.
+    tests that need one (the suite's time: a rollout of its own in each took 20-47 s): its
+    final state, and the family's aliases just before it ran.
 
     Module-scoped, so it cannot use the function-scoped ``make_settings``/``seeded``; it
     seeds production itself when no test has yet (the same check as ``seeded``)."""
@@ -331,6 +331,12 @@ def test_blank_approver_is_asked_again_then_approved(
     record, _ = load_approval(StoreSource(tracking, APPROVAL_FAMILY, signing.trust), runs[0].info.run_id)
     assert record.authentication.startswith("unauthenticated")
     assert (record.approved, record.approver, record.comment) == (True, "rm@example.com", "ok")
+    # wherever the approver is named, so is how (no key authenticated this one)
+    said = "shadow->canary: rm@example.com (unauthenticated: typed into the Prefect UI)"
+    assert said in outcome.decided_by, outcome.decided_by
+    mv = tracking.client().get_model_version(
+        registered_model.registered_model_name(APPROVAL_FAMILY), outcome.version)
+    assert said in mv.description.splitlines()[0], mv.description
 
 
 def test_a_person_s_rejection_ends_rejected_naming_them(seeded, make_settings, tracking, tmp_path):
@@ -381,13 +387,12 @@ def test_rollout_killed_mid_canary_leaves_registry_consistent(seeded, make_setti
     # "dies" there, so nothing closes its record or its aliases.
     ctx = tasks.open_rollout.fn(settings)
     preregistered = tasks.preregister.fn(ctx)
-    built = judge.build.fn(ctx)
+    built = judge.build.fn(ctx, preregistered)
     testset = tasks.prepare_testset.fn(ctx)
     evaluated = judge.evaluate.fn(ctx, preregistered, built, testset)
-    gated = judge.gate.fn(ctx, preregistered, built, evaluated,
-                          thresholds_path=settings.thresholds)
+    gated = judge.gate.fn(ctx, preregistered, built, evaluated)
     assert (gated.version, evaluated.judged_against) == (built.version, before["production"])
-    plan = traffic.record_traffic.fn(ctx, gated)
+    plan = traffic.record_traffic.fn(ctx, preregistered, gated)
     assert traffic.shadow.fn(ctx, gated, evaluated, plan.shadow).passed
     promotion.enter_canary.fn(ctx, gated)
     ctx.serving.close()
@@ -680,3 +685,48 @@ def test_exit_codes_are_the_ones_the_readme_documents():
     table = readme.split("<!-- exit-codes -->")[1]
     for result, code in EXIT_CODES.items():
         assert f"| {code} | {result.replace('_', ' ')} |" in table, result
+
+
+INCONCLUSIVE_FAMILY = "attention-inconclusive"
+
+
+def test_an_inconclusive_rollback_does_not_lock_the_family(prefect_server, make_settings,
+                                                            tracking, tmp_path, signing):
+    """A plan that needs a fresh A/A calibration, on a device with none: the rollout is
+    rolled back before its canary, said *inconclusive* (no finding about the kernel), and
+    that signed outcome is no rejection: the family's next registration may drop the
+    requirement (a loosening) without a person's approval. A gate rejection still locks."""
+    import yaml
+
+    from lineage.registration import LooseningRefused, preregister
+
+    needs = untimed(STRICT_THRESHOLDS, tmp_path / "calibrated.yaml")
+    data = yaml.safe_load(needs.read_text())
+    data["canary"]["latency"]["max_calibration_age_days"] = 30
+    needs.write_text(yaml.safe_dump(data))
+    outcome = rollout(make_settings("good", thresholds=needs, family=INCONCLUSIVE_FAMILY))
+    assert (outcome.result, outcome.stage, outcome.inconclusive) == ("rolled_back", "canary",
+                                                                     True), outcome.reason
+    assert "no fresh calibration" in outcome.reason
+    assert "inconclusive: not a verdict on the kernel" in outcome.verdict()
+    looser = untimed(STRICT_THRESHOLDS, tmp_path / "uncalibrated.yaml")
+    registration = preregister(looser, tracking=tracking, family=INCONCLUSIVE_FAMILY,
+                               signing=signing)
+    assert registration.profile == "flow-test"
+    # a finding about the kernel still locks: the wrong kernel rejected at the gate
+    rejected = rollout(make_settings("wrong_scale", thresholds=looser, family=INCONCLUSIVE_FAMILY))
+    assert rejected.result == "rejected"
+    with pytest.raises(LooseningRefused, match="rejected or rolled back"):
+        preregister(_loosened(looser, tmp_path), tracking=tracking, family=INCONCLUSIVE_FAMILY,
+                    signing=signing)
+
+
+def _loosened(path: Path, tmp_path: Path) -> Path:
+    """``path`` with its canary's NaN bound relaxed (a loosening)."""
+    import yaml
+
+    data = yaml.safe_load(path.read_text())
+    data["canary"]["max_nan_count"] = 5
+    out = tmp_path / "loosened.yaml"
+    out.write_text(yaml.safe_dump(data))
+    return out

@@ -72,3 +72,42 @@ def test_the_shadow_under_the_paired_test_is_not_a_gap():
                                  lat, lat, [0.0] * 20, 0, 0, 1, 1, plan)
     assert not shadow.latency_assessed
     assert not [w for w in not_assessed(_decision(), [shadow]) if "latency" in w]
+
+
+def _interpreted_step(name: str):
+    plan = CanaryPlan(steps=[CanaryStep(name=name, traffic_fraction=0.5, requests=40)],
+                      max_error_count=0, max_nan_count=0, max_output_drift=1e-3,
+                      latency=LatencyTest(test="mannwhitneyu", alpha=0.05),
+                      max_memory_growth_bytes=1 << 30)
+    lat = [1e-3 + 1e-5 * i for i in range(20)]
+    why = "candidate runs interpreted"
+    return analyse_canary_step(plan.steps[0], lat, lat, [0.0] * 20, 0, 0, 1, 1, plan,
+                               latency_not_assessed_reason=why, memory_not_assessed_reason=why)
+
+
+def test_the_headline_says_each_thing_once():
+    """An interpreted candidate (make run on a CPU host): the title names what was not
+    assessed once (latency and memory growth of the same stages in one item), the state
+    message once (in its reason), and the CLI's gate line does not repeat the reason's
+    list."""
+    from lineage.rollout import RolloutOutcome
+
+    decision = _decision(speed_assessed=False,
+                         speed_not_assessed_reason="ran in TPU interpret mode on a cpu host")
+    steps = [_interpreted_step("shadow"), _interpreted_step("canary-5pct")]
+    from gates.headline import caveat
+
+    short = caveat(decision, steps)
+    assert short.count("not assessed in") == 1
+    assert "latency and memory growth not assessed in shadow, canary-5pct" in short
+    outcome = RolloutOutcome(family="f", version="1", result="promoted", stage="promotion",
+                             reason=promotion_reason(decision, steps), not_assessed=short,
+                             decision_summary=decision.summary, rollout_run_id="r",
+                             tracking_uri="sqlite://", ui_command="ui")
+    assert outcome.summary().count("shadow, canary-5pct") == 1, outcome.summary()
+    markdown = outcome.markdown()
+    title, *rest = markdown.splitlines()
+    assert "latency and memory growth not assessed in shadow, canary-5pct" in title
+    gate = next(line for line in rest if line.startswith("* gate: "))
+    assert gate == f"* gate: {decision.summary.splitlines()[0]}"
+    assert markdown.count("shadow, canary-5pct") == 2  # the headline, and the reason's why

@@ -276,3 +276,59 @@ def test_production_takes_only_signed_approvals_and_staging_keeps_ui_answers():
     staging = load_thresholds(ROOT / "thresholds" / "staging.yaml")
     assert production.approval.require_signed and "canary->production" in production.approval.required_for
     assert not staging.approval.require_signed
+
+
+# --- errors a person can act on: file:line, once per place in the file, did you mean ----
+
+def _typo(text: str, old: str, new: str, count: int = -1) -> str:
+    assert old in text
+    return text.replace(old, new, count)
+
+
+def test_a_misspelt_key_is_named_once_per_place_with_its_line_and_the_field_meant():
+    """``metirc`` in the block that ``gpu: *native`` repeats, and again in ``cpu``'s own
+    block: two problems (not six pydantic errors), each with its line; the alias path is
+    said beside the anchored one."""
+    text = (ROOT / "thresholds" / "local-dry-run.yaml").read_text()
+    bad = _typo(text, "{name: nan-free, metric:", "{name: nan-free, metirc:")
+    lines = [n + 1 for n, line in enumerate(bad.splitlines()) if "metirc" in line]
+    assert len(lines) == 2
+    with pytest.raises(ValueError) as refused:
+        parse_thresholds(bad.encode(), source="typo.yaml")
+    message = str(refused.value)
+    assert message.splitlines() == [
+        "typo.yaml is not a valid thresholds file (2 problems):",
+        f"  typo.yaml:{lines[0]}: platforms.tpu.value.0: unknown key 'metirc'; did you mean "
+        "'metric'? (also platforms.gpu.value.0: the same lines, through a YAML alias)",
+        f"  typo.yaml:{lines[1]}: platforms.cpu.value.0: unknown key 'metirc'; did you mean "
+        "'metric'?"]
+    assert "errors.pydantic.dev" not in message and "Field required" not in message
+
+
+def test_a_misspelt_optional_key_gets_the_schema_field_it_resembles():
+    text = (ROOT / "thresholds" / "local-dry-run.yaml").read_text()
+    bad = _typo(text, "noise_sd:", "noise_sdd:")
+    line = next(n + 1 for n, s in enumerate(bad.splitlines()) if "noise_sdd" in s)
+    with pytest.raises(ValueError, match=(
+            rf"x.yaml:{line}: canary.latency: unknown key 'noise_sdd'; did you mean 'noise_sd'\?")):
+        parse_thresholds(bad.encode(), source="x.yaml")
+
+
+def test_a_value_error_keeps_its_reason_and_gains_its_line():
+    text = (ROOT / "thresholds" / "local-dry-run.yaml").read_text()
+    bad = _typo(text, 'op: "<="', 'op: "~="', 1)
+    number = next(n + 1 for n, s in enumerate(bad.splitlines()) if '"~="' in s)
+    with pytest.raises(ValueError) as refused:
+        parse_thresholds(bad.encode(), source="op.yaml")
+    lines = str(refused.value).splitlines()
+    assert lines[0] == "op.yaml is not a valid thresholds file (1 problem):"
+    assert lines[1].startswith(f"  op.yaml:{number}: platforms.tpu.value.") and "'~='" in lines[1]
+    assert "a YAML alias" in lines[1] and len(lines) == 2  # gpu shares the block
+
+
+def test_an_unknown_key_far_from_every_field_gets_no_suggestion():
+    with pytest.raises(ValueError) as refused:
+        parse_thresholds(thresholds_yaml().replace("profile: test", "profile: test\nzzzqqq: 1")
+                         .encode(), source="t.yaml")
+    assert "unknown key 'zzzqqq'" in str(refused.value)
+    assert "did you mean" not in str(refused.value)

@@ -115,10 +115,16 @@ def test_auto_never_picks_a_kernel_that_refuses_part_of_the_contract(tmp_path, m
     ])
     monkeypatch.setattr(selection, "DEFAULT_TABLE_PATH", path)
     monkeypatch.setattr(selection, "current_device_kind", lambda: "NVIDIA H200")
+    from gates.thresholds import load_thresholds
+
     root = __import__("pathlib").Path(__file__).resolve().parents[1]
-    name, why = kernel_choice.rollout_kernel("auto", "gpu", root / "thresholds" / "local-dry-run.yaml")
+
+    def contract(name):
+        return load_thresholds(root / "thresholds" / name).serving
+
+    name, why = kernel_choice.rollout_kernel("auto", "gpu", contract("local-dry-run.yaml"))
     assert name == "pallas_gpu", why  # the only one of the three that runs float32
-    name, why = kernel_choice.rollout_kernel("auto", "gpu", root / "thresholds" / "bf16-long.yaml")
+    name, why = kernel_choice.rollout_kernel("auto", "gpu", contract("bf16-long.yaml"))
     assert name == "pallas_mosaic_gpu", why  # cuDNN needs head_dim multiples of 8
 
 

@@ -163,3 +163,32 @@ def test_calibrate_serves_production_in_its_registered_model_dtype(tracking, sig
     assert seen == {"dtype": "bfloat16", "closed": True}
     # the one A/A canary compared requests: none failed on either side
     assert record.runs == 1 and len(record.log_ratios[0]) == 12, record.reasons
+
+
+def test_a_family_with_no_production_calibrates_its_native_baseline(tmp_path, signing):
+    """A fresh store under a plan that needs a calibration: before any production exists
+    the native baseline (what serves until a first promotion, and what the first canary
+    compares with) is run against itself at the plan's sizes; the rollout's calibration
+    lookup then finds it. Without a file to size the runs by, it says what to pass."""
+    import yaml
+
+    from flows import calibrate as cal
+    from lineage.environment import collect_environment
+    from tests.flow_thresholds import FLOW_TEST
+
+    tracking = tr.local_tracking(tmp_path / "fresh-store")
+    with pytest.raises(ValueError, match="--thresholds"):
+        cal.calibrate(tracking, "first", runs=1, signing=signing)
+    data = yaml.safe_load(FLOW_TEST.read_text())
+    data["canary"]["steps"] = [{"name": "a", "traffic_fraction": 0.5, "requests": 8},
+                               {"name": "b", "traffic_fraction": 1.0, "requests": 8}]
+    data["canary"]["latency"]["max_calibration_age_days"] = 30
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(yaml.safe_dump(data))
+    run_id, record = cal.calibrate(tracking, "first", runs=1, signing=signing, thresholds=plan)
+    assert record.production_version.startswith("none (xla")
+    assert record.runs == 1 and len(record.log_ratios[0]) == 12, record.reasons
+    found, about = calibration.fresh_calibration(
+        StoreSource(tracking, "first", signing.trust),
+        calibration.device_facts(collect_environment()), 30)
+    assert found == run_id, about

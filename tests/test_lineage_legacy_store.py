@@ -1,15 +1,18 @@
 """A store made by an earlier commit stays auditable, and its production version keeps
 loading, after the code moves on.
 
-``tests/data/legacy-store-1b29598.tar.gz`` was made at commit 1b29598 by
+Each ``tests/data/legacy-store-<commit>.tar.gz`` was made at that commit by
 ``tests/make_legacy_store.py`` (a rollout of ``xla``, family ``legacy``, promoted as v1)
-in ``/tmp/prev/out``: ``store/`` (SQLite ``mlflow.db``, artifacts) and ``keys/`` (the key
-folder that signed it). ``mlflow.db`` names that folder in absolute paths, so each test
-works on an extraction of its own, relocated with ``tests.store_copies`` (which checks
-that no path still names ``/tmp/prev/out`` — that folder may well exist on this host).
+in the folder :data:`LEGACY_STORES` names: ``store/`` (SQLite ``mlflow.db``, artifacts)
+and ``keys/`` (the key folder that signed it). 1b29598 predates the family log; 1be416f
+is the last commit before one plan per session (the registration's frozen bytes read
+back by every stage), the kernels as classes with their own configs and the GPU table
+of ``{implementation: config}``. ``mlflow.db`` names its folder in absolute paths, so
+each test works on an extraction of its own, relocated with ``tests.store_copies`` (which
+checks that no path still names the folder it was made in — it may well exist here).
 
 The version is not expected to be this checkout's code: the audit and the load below run
-it from its logged model in a process of its own.
+it from its logged model, in a process of its own where its code digest differs.
 """
 
 from __future__ import annotations
@@ -30,26 +33,40 @@ import pytest
 
 from tests.store_copies import naming, relocate, tree_digest
 
-TAR = Path(__file__).parent / "data" / "legacy-store-1b29598.tar.gz"
-MADE_IN = "/tmp/prev/out"
+LEGACY_STORES = {"1b29598": "/tmp/prev/out", "1be416f": "/tmp/prev1be/out"}
+"""The commit each store was made at -> the folder it was made in."""
+BEFORE_THE_LOG = "1b29598"
 FAMILY = "legacy"
 ROOT = Path(__file__).resolve().parents[1]
 KERNELGATE = Path(sys.executable).parent / "kernelgate"
-TAR_SHA256 = hashlib.sha256(TAR.read_bytes()).hexdigest()
 
 
-def _extract(dest: Path) -> Path:
+def _tar(commit: str) -> Path:
+    return Path(__file__).parent / "data" / f"legacy-store-{commit}.tar.gz"
+
+
+TAR_SHA256 = {commit: hashlib.sha256(_tar(commit).read_bytes()).hexdigest()
+              for commit in LEGACY_STORES}
+
+
+def _extract(dest: Path, commit: str = BEFORE_THE_LOG) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(TAR) as tar:
+    with tarfile.open(_tar(commit)) as tar:
         tar.extractall(dest, filter="data")
-    relocate(dest / "store" / "mlflow.db", MADE_IN, str(dest.resolve()))
+    relocate(dest / "store" / "mlflow.db", LEGACY_STORES[commit], str(dest.resolve()))
     return dest.resolve()
 
 
+@pytest.fixture(scope="module", params=sorted(LEGACY_STORES))
+def commit(request) -> str:
+    """The commit whose store a test reads (every test runs on each)."""
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def legacy(tmp_path_factory) -> Path:
+def legacy(tmp_path_factory, commit) -> Path:
     """One relocated extraction shared by the read-only tests of this module."""
-    return _extract(tmp_path_factory.mktemp("legacy"))
+    return _extract(tmp_path_factory.mktemp(f"legacy-{commit}"), commit)
 
 
 def _env(store: Path) -> dict[str, str]:
@@ -69,9 +86,10 @@ def _kernelgate(legacy: Path, *args: str, cwd: Path | None = None,
                           cwd=cwd or ROOT, env=env, capture_output=True, text=True, timeout=300)
 
 
-def test_relocation_moves_every_stored_path(legacy):
+def test_relocation_moves_every_stored_path(legacy, commit):
     db = legacy / "store" / "mlflow.db"
-    assert naming(db, MADE_IN) == {}
+    made_in = LEGACY_STORES[commit]
+    assert naming(db, made_in) == {}
     with sqlite3.connect(db) as conn:
         runs = conn.execute("SELECT run_uuid, artifact_uri FROM runs").fetchall()
         versions = conn.execute(
@@ -84,7 +102,7 @@ def test_relocation_moves_every_stored_path(legacy):
     assert [v[0] for v in versions] == [1]
     run_ids = {r for r, _ in runs}
     for _, source, location, run_id in versions:
-        assert MADE_IN not in source and MADE_IN not in location
+        assert made_in not in source and made_in not in location
         assert run_id in run_ids and source == f"runs:/{run_id}/model", source
 
 
@@ -103,13 +121,14 @@ def audited(legacy, tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path
     return result, bundle, home
 
 
-def test_audit_of_the_legacy_production_passes(audited):
+def test_audit_of_the_legacy_production_passes(audited, commit):
     result, _, _ = audited
     out = result.stdout + result.stderr
     assert result.returncode == 0, out
     assert "AUDIT PASSED: kernelgate-legacy production -> v1" in out
-    assert "[ok] loaded model: 1  loaded in its own process" in out, out
-    assert "WARNING: signed log of legacy:" in out and "before the log existed" in out, out
+    assert "[ok] loaded model: 1  loaded in" in out, out
+    before_the_log = "WARNING: signed log of legacy:" in out and "before the log existed" in out
+    assert before_the_log == (commit == BEFORE_THE_LOG), out
 
 
 def test_the_log_starts_after_the_legacy_prefix(tmp_path):
@@ -209,10 +228,10 @@ def test_an_exported_bundle_of_the_legacy_store_re_audits_offline(legacy, audite
     assert "differs from its signed digest" in tampered.stdout
 
 
-def test_each_extraction_is_its_own_store(tmp_path):
+def test_each_extraction_is_its_own_store(tmp_path, commit):
     from lineage import tracking as tr
 
-    first, second = _extract(tmp_path / "first"), _extract(tmp_path / "second")
+    first, second = _extract(tmp_path / "first", commit), _extract(tmp_path / "second", commit)
     untouched = tree_digest(second)
     tracking = tr.local_tracking(first / "store")
     client = tracking.client()
@@ -224,7 +243,8 @@ def test_each_extraction_is_its_own_store(tmp_path):
     client.set_model_version_tag(f"kernelgate-{FAMILY}", "1", "kernelgate.test.touched", "yes")
     written = list((first / "store" / "mlartifacts").rglob(name))
     assert len(written) == 1, "the artifact did not land in the copy it was written to"
-    if Path(MADE_IN).is_dir():  # the folder the store was made in, where it may exist
-        assert not list(Path(MADE_IN).rglob(name))
+    made_in = Path(LEGACY_STORES[commit])
+    if made_in.is_dir():  # the folder the store was made in, where it may exist
+        assert not list(made_in.rglob(name))
     assert tree_digest(second) == untouched
-    assert hashlib.sha256(TAR.read_bytes()).hexdigest() == TAR_SHA256
+    assert hashlib.sha256(_tar(commit).read_bytes()).hexdigest() == TAR_SHA256[commit]

@@ -366,39 +366,135 @@ def test_canary_step_is_recorded_signed(tracking, family, tmp_path, signing):
     assert set(signed.subjects) == {f"{run_id}/canary/{result.step}.json"}
 
 
+def _approver(tmp_path: Path, name: str = "alice"):
+    """``(key file, public key, the thresholds lines naming it as the approver)``."""
+    from lineage import keys
+
+    path = tmp_path / f"{name}.pem"
+    public = keys.create_key(path)
+    lines = (f'  approvers: [{{name: {name}, keyid: "{public.keyid}", '
+             f'public_key: {dict(public.to_dict())}}}]\n')
+    return path, public, lines
+
+
+def _rejected_under(tracking, family, tmp_path, signing, text: str, name: str):
+    """A registration of ``text`` whose candidate the gate rejected."""
+    chain = build_chain(tracking, family, _write(tmp_path, text, name), passing_metrics() | {
+        "accuracy.hard.max_error_ratio_to_baseline": 3.0}, signing=signing)
+    assert chain.decision.verdict == "reject"
+    return chain
+
+
+def _newest(tracking, family, signing):
+    from lineage.registration import latest_registration
+
+    return latest_registration(_source(tracking, family, signing))[0]
+
+
 def test_loosening_after_a_rejection_needs_a_named_approval(tracking, family, tmp_path, signing):
     """Threshold shopping: a rejected candidate re-run under a copy of the file with one
     bound relaxed is refused; the same file with a signed approval by a person the
     previous policy names is registered, and the registration says so."""
     from lineage import keys
-    from lineage.registration import sign_loosening
+    from lineage.loosening_approval import sign_loosening
 
-    alice = tmp_path / "alice.pem"
-    public = keys.create_key(alice)
-    approver = (f'  approvers: [{{name: alice, keyid: "{public.keyid}", '
-                f'public_key: {dict(public.to_dict())}}}]\n')
-    strict = _write(tmp_path, thresholds_yaml() + approver, "strict.yaml")
-    rejected = build_chain(tracking, family, strict, passing_metrics() | {
-        "accuracy.hard.max_error_ratio_to_baseline": 3.0}, signing=signing)
-    assert rejected.decision.verdict == "reject"
+    alice, public, approver = _approver(tmp_path)
+    rejected = _rejected_under(tracking, family, tmp_path, signing, thresholds_yaml() + approver,
+                               "strict.yaml")
     loose = _write(tmp_path, (thresholds_yaml() + approver).replace(
         "op: \"<=\", value: 2.0", "op: \"<=\", value: 4.0"), "loose.yaml")
     with pytest.raises(LooseningRefused, match="error-ratio"):
         preregister(loose, tracking=tracking, family=family, signing=signing)
     mallory = keys.create_key(tmp_path / "mallory.pem")
     assert mallory.keyid != public.keyid
-    forged = sign_loosening(keys.load_signer(tmp_path / "mallory.pem"), family, loose, "trust me")
+    previous = _newest(tracking, family, signing)
+    forged = sign_loosening(keys.load_signer(tmp_path / "mallory.pem"), family, loose, "trust me",
+                            previous=previous, bindings=None)
     with pytest.raises(LooseningRefused, match="not accepted"):
         preregister(loose, tracking=tracking, family=family, signing=signing,
                     loosening_approval=forged)
     approval = sign_loosening(keys.load_signer(alice), family, loose,
-                              "the bound was set before we measured bf16 naive error")
+                              "the bound was set before we measured bf16 naive error",
+                              previous=previous, bindings=None)
     registration = preregister(loose, tracking=tracking, family=family, signing=signing,
                                loosening_approval=approval)
     (signed,) = [a for a in _source(tracking, family, signing).attestations()
                  if a.run_id == registration.registration_id]
     assert signed.predicate["loosening_approval"]["approver"] == "alice"
     assert signed.predicate["previous_registration_id"] == rejected.registration.registration_id
+
+
+def test_a_loosening_approval_is_no_bearer_token(tracking, family, tmp_path, signing):
+    """An approval binds what it approves: the registration it loosens (an old approval
+    cannot re-loosen the family after a later tightening and rejection), the rollout
+    settings (another binding cannot ride along), an expiry, and a key not revoked."""
+    from lineage import keys
+    from lineage.attestations import Signing, TrustPolicy
+    from lineage.bindings import RolloutBindings
+    from lineage.loosening_approval import sign_loosening
+
+    alice, public, approver = _approver(tmp_path)
+    strict_text = thresholds_yaml() + approver
+    _rejected_under(tracking, family, tmp_path, signing, strict_text, "strict.yaml")
+    loose = _write(tmp_path, strict_text.replace("op: \"<=\", value: 2.0",
+                                                 "op: \"<=\", value: 4.0"), "loose.yaml")
+    first = _newest(tracking, family, signing)
+
+    def approval(**kw) -> bytes:
+        return sign_loosening(keys.load_signer(alice), family, loose, "measured bf16 naive",
+                              previous=kw.pop("previous", first), bindings=kw.pop("bindings", None),
+                              **kw)
+
+    other = RolloutBindings(perf_shapes=None, perf_repeats=None, shadow_requests=8,
+                            model_check=False, testset_profile="minimal", testset_digest="t",
+                            documents_digest="d")
+    with pytest.raises(LooseningRefused, match="other rollout settings.*testset_profile: approved"
+                                               " None, this rollout 'minimal'"):
+        preregister(loose, tracking=tracking, family=family, signing=signing,
+                    loosening_approval=approval(), bindings=other)
+    with pytest.raises(LooseningRefused, match="expired"):
+        preregister(loose, tracking=tracking, family=family, signing=signing,
+                    loosening_approval=approval(valid_for_s=-1))
+    revoked = Signing(signer=signing.signer, key_dir=signing.key_dir,
+                      trust=TrustPolicy(public_keys=signing.trust.public_keys,
+                                        revoked=signing.trust.revoked | {public.keyid}))
+    with pytest.raises(LooseningRefused, match="not accepted.*revoked"):
+        preregister(loose, tracking=tracking, family=family, signing=revoked,
+                    loosening_approval=approval())
+    kept = approval()
+    preregister(loose, tracking=tracking, family=family, signing=signing, loosening_approval=kept)
+    # tightened again, and a candidate rejected under it: the kept approval was for the
+    # first registration, not this one
+    _rejected_under(tracking, family, tmp_path, signing, strict_text + "# again\n", "strict2.yaml")
+    with pytest.raises(LooseningRefused, match=f"approves a loosening of registration "
+                                               f"{first.predicate['registration_id']}"):
+        preregister(loose, tracking=tracking, family=family, signing=signing,
+                    loosening_approval=kept)
+
+
+def test_a_loosening_approval_is_good_for_one_registration(tracking, family, tmp_path, signing):
+    """Its nonce is spent by the registration that carries it (checked on the log, beside
+    the binding to the previous registration, which a race could share)."""
+    from lineage import keys
+    from lineage.loosening_approval import check_loosening_approval, sign_loosening
+    from lineage.registration import latest_registration
+
+    alice, _, approver = _approver(tmp_path)
+    _rejected_under(tracking, family, tmp_path, signing, thresholds_yaml() + approver, "s.yaml")
+    loose = _write(tmp_path, (thresholds_yaml() + approver).replace(
+        "op: \"<=\", value: 2.0", "op: \"<=\", value: 4.0"), "loose.yaml")
+    source = _source(tracking, family, signing)
+    previous = latest_registration(source)
+    envelope = sign_loosening(keys.load_signer(alice), family, loose, "once",
+                              previous=previous[0], bindings=None)
+    digest = __import__("hashlib").sha256(loose.read_bytes()).hexdigest()
+    accepted = check_loosening_approval(envelope, previous, family, digest, ["x"], None, source,
+                                        set())
+    spender = type("Spent", (), {"kind": "registration", "run_id": "r-spent",
+                                 "predicate": {"loosening_approval": accepted}})()
+    spent = type("Source", (), {"attestations": lambda self: [spender]})()
+    with pytest.raises(LooseningRefused, match="used already \\(registration r-spent\\)"):
+        check_loosening_approval(envelope, previous, family, digest, ["x"], None, spent, set())
 
 
 def test_a_v1_registration_in_the_chain_compares_with_v2_files(tracking, family, tmp_path,
@@ -432,3 +528,26 @@ def test_a_decision_read_back_comes_from_its_signature_not_its_tags(tracking, fa
     tracking.client().set_tag(chain.decision_run_id, tags.BUILD_RUN_ID, "f" * 32)
     record = load_decision(_source(tracking, family, signing), chain.decision_run_id)
     assert record.build_run_id == chain.build_run_id
+
+
+def test_what_counts_as_a_rejection_for_the_loosening_rule():
+    """Findings about a kernel count; a crash, want of evidence and the shadow/canary
+    alias taken back when a rollout ends (its outcome says why) do not."""
+    from types import SimpleNamespace
+
+    from lineage.registration import _rejects
+
+    def record(kind: str, **predicate) -> SimpleNamespace:
+        return SimpleNamespace(kind=kind, predicate=predicate)
+
+    counted = [record("decision", verdict="reject"), record("canary", passed=False),
+               record("shadow", passed=False), record("outcome", result="rejected"),
+               record("outcome", result="timed_out"), record("outcome", result="rolled_back"),
+               record("alias", action="rollback", alias="production")]
+    not_counted = [record("outcome", result="errored"),
+                   record("outcome", result="rolled_back", inconclusive=True),
+                   record("alias", action="rollback", alias="shadow"),
+                   record("alias", action="rollback", alias="canary"),
+                   record("decision", verdict="promote"), record("canary", passed=True)]
+    assert [_rejects(a) for a in counted] == [True] * len(counted)
+    assert [_rejects(a) for a in not_counted] == [False] * len(not_counted)

@@ -230,16 +230,17 @@ def test_nightly_schedule_fires_on_the_server(stack, env, prefect, testset, tmp_
     from prefect.client.schemas.schedules import RRuleSchedule
 
     store = tmp_path_factory.mktemp("nightly-store")
-    deployment = prefect.read_deployment_by_name("kernelgate-revalidate-production/nightly-revalidation")
+    deployment = prefect.read_deployment_by_name("kernelgate-nightly-revalidation/nightly-revalidation")
     assert [s.schedule.cron for s in deployment.schedules] == ["0 2 * * *"]
     settings = sv.tiny_settings("svc-a", testset, store)
     settings.pop("family"), settings.pop("implementation")
-    # the schedule's run carries the deployment's parameters: point them at this test's family
+    # the schedule's run carries the deployment's parameters: point them at this test's
+    # family (without `families` it re-judges every family in production)
     from prefect.client.schemas.actions import DeploymentUpdate
     from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
 
     prefect.update_deployment(deployment.id, DeploymentUpdate(
-        parameters={"family": "svc-a", "settings": settings}))
+        parameters={"settings": settings, "families": ["svc-a"]}))
     at = time.time() + 20
     prefect.create_deployment_schedules(deployment.id, [(RRuleSchedule(
         rrule=f"DTSTART:{time.strftime('%Y%m%dT%H%M%S', time.gmtime(at))}\nRRULE:FREQ=DAILY;COUNT=1",

@@ -201,3 +201,15 @@ def test_dataset_inputs_are_compared_with_the_signed_list():
     assert store_check.dataset_problems("r", edited, signed) == [
         "run r: dataset input t (heldout): digest is 'd2', signed 'd1'"]
     assert "not shown" in store_check.dataset_problems("r", [], signed)[0]
+    # the same content read from elsewhere (a relocated store): a warning, not a problem
+    moved = [dict(signed[0], source="y")]
+    assert store_check.dataset_problems("r", moved, signed) == []
+    assert store_check.moved_datasets("r", moved, signed) == [
+        "run r: dataset input t (heldout): source is 'y', signed 'x'; its digest and sha256 "
+        "are the signed ones (the same data, located elsewhere: a relocated or restored store)"]
+    # other content under the moved source: both named as problems, no warning
+    other = [dict(signed[0], source="y", sha256="s2")]
+    assert store_check.dataset_problems("r", other, signed) == [
+        "run r: dataset input t (heldout): sha256 is 's2', signed 's1'",
+        "run r: dataset input t (heldout): source is 'y', signed 'x'"]
+    assert store_check.moved_datasets("r", other, signed) == []

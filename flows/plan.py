@@ -1,0 +1,138 @@
+"""One plan per session: which kernel, which thresholds, which family — resolved once.
+
+A rollout's plan is resolved when its session opens (or by the CLI, which passes it to
+the flow): the kernel (name and the sentence saying why), the thresholds file's exact
+bytes parsed once, the serving contract they declare, the family and the test-set
+profile. Preregistration freezes exactly those bytes; every stage after it reads the
+registered copy and the bindings the registration signed (``flows.results.Preregistered``),
+never the file in hand again.
+
+A re-validation's plan is read from the signed record of the version it judges
+(:func:`registered_plan`): that version's implementation, its registration's frozen
+bytes and bound test-set profile. The settings the nightly job holds (its thresholds
+file, perf shapes, test-set profile) change nothing about the verdict.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from flows.kernel_choice import rollout_kernel
+from flows.settings import RolloutSettings
+from gates.preregistration import PreregistrationError
+from gates.serving_contract import ServingContract
+from gates.thresholds import Thresholds, parse_thresholds
+from lineage.bindings import RolloutBindings
+from lineage.registration import Registration
+
+
+class RolloutPlan(BaseModel):
+    """What one session works on, fixed before it opens its record.
+
+    Attributes:
+        family: the kernel family (MLflow experiment and registered model).
+        implementation: the kernel's registry name (``auto``/``native`` resolved).
+        why: one sentence: why this kernel (printed by the CLI, logged by the flow).
+        thresholds_file: the thresholds file's name (registered as ``thresholds/<name>``).
+        thresholds_text: the file's exact content (UTF-8), the bytes preregistration
+            freezes and hashes.
+        thresholds: ``thresholds_text`` parsed (once).
+        testset_profile: the test-set profile the session evaluates on (``ci``, ``gpu``,
+            ``minimal``).
+        registration: for a plan read from the record (re-validation), the registration
+            it was read from; None for a rollout's plan (its registration comes later).
+        bindings: with ``registration``, the bindings it signed (None: a registration
+            made before bindings existed).
+        version: with ``registration``, the version the plan judges.
+        build_run_id: with ``registration``, that version's signed build run.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    family: str
+    implementation: str
+    why: str
+    thresholds_file: str
+    thresholds_text: str = Field(repr=False)
+    thresholds: Thresholds = Field(repr=False)
+    testset_profile: Literal["ci", "gpu", "minimal"]
+    registration: Registration | None = None
+    bindings: RolloutBindings | None = None
+    version: str | None = None
+    build_run_id: str | None = None
+
+    @property
+    def thresholds_bytes(self) -> bytes:
+        """The thresholds file's exact bytes."""
+        return self.thresholds_text.encode()
+
+    @property
+    def thresholds_sha256(self) -> str:
+        """sha256 of :attr:`thresholds_bytes` (what a registration names)."""
+        return hashlib.sha256(self.thresholds_bytes).hexdigest()
+
+    @property
+    def serving(self) -> ServingContract:
+        """The serving contract the thresholds declare."""
+        return self.thresholds.serving
+
+
+def _text(data: bytes, source: str) -> str:
+    try:
+        return data.decode()
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{source}: a thresholds file is UTF-8 text ({err})") from None
+
+
+def resolve_plan(settings: RolloutSettings, backend: str) -> RolloutPlan:
+    """The plan of a rollout of ``settings`` on ``backend`` ("cpu", "gpu", "tpu"): the
+    thresholds file read and parsed once, the kernel resolved against its serving contract.
+
+    Raises:
+        FileNotFoundError: the thresholds file does not exist.
+        ValueError: the thresholds file is not a valid thresholds file (names the file and
+            the constraint), or the implementation is unknown.
+    """
+    path = Path(settings.thresholds)
+    data = path.read_bytes()
+    text = _text(data, str(path))
+    thresholds = parse_thresholds(data, source=str(path))
+    name, why = rollout_kernel(settings.implementation, backend, thresholds.serving)
+    return RolloutPlan(family=settings.family or name, implementation=name, why=why,
+                       thresholds_file=path.name, thresholds_text=text,
+                       thresholds=thresholds,
+                       testset_profile=settings.testset_profile_for(backend))
+
+
+def registered_plan(family: str, version: str, *, build_run_id: str, implementation: str,
+                    registration: Registration, thresholds_bytes: bytes,
+                    bindings: RolloutBindings | None, backend: str) -> RolloutPlan:
+    """The plan that re-judges ``version`` of ``family`` (built by ``build_run_id``): its
+    signed ``implementation``, its ``registration``'s frozen ``thresholds_bytes`` (read
+    back and digest-checked by the caller, ``lineage.registration.frozen_registration``)
+    and the test-set profile its ``bindings`` name (for a registration without bindings,
+    the profile of ``backend``).
+
+    Raises:
+        PreregistrationError: the bytes are not the registration's (digest).
+    """
+    if hashlib.sha256(thresholds_bytes).hexdigest() != registration.thresholds_sha256:
+        raise PreregistrationError(
+            f"registration {registration.registration_id}: the thresholds read back are not "
+            "the registered bytes")
+    source = f"registration {registration.registration_id}"
+    profile = bindings.testset_profile if bindings else RolloutSettings().testset_profile_for(
+        backend)
+    return RolloutPlan(
+        family=family, implementation=implementation,
+        why=f"v{version} of {family} as built ({implementation}), under its registration "
+            f"{registration.registration_id} ({registration.profile})",
+        thresholds_file=Path(registration.thresholds_artifact).name,
+        thresholds_text=_text(thresholds_bytes, source),
+        thresholds=parse_thresholds(thresholds_bytes, source=source),
+        testset_profile=profile, registration=registration, bindings=bindings,
+        version=version, build_run_id=build_run_id)
