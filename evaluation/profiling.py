@@ -1,7 +1,7 @@
 """A profiler trace of attention implementations at one representative shape.
 
-Why (issue 11, item 6; design note "Native, not forced": profilers must be able to see
-into the kernel). An evaluation that reports a latency should leave the evidence behind
+Why (design note "Native, not forced": profilers must be able to see into the
+kernel). An evaluation that reports a latency should leave the evidence behind
 it: a ``jax.profiler`` trace of the candidate and the baseline, in which each kernel is
 found by name. Kernels carry their names into HLO and the device timeline: a Pallas
 kernel through its ``pallas_call(name=...)`` (pallas_gpu: the Triton kernel is named

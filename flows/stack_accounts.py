@@ -1,9 +1,9 @@
 """The servers profile's accounts and families on the MLflow tracking server: the
 ``pipeline``, ``auditor`` and ``release-manager`` accounts (``create_accounts``, as the
 admin), and each configured family's experiment and registered model created as the
-pipeline account before anyone else can take the names (``claim_families``; issue 22's
-squatting). ``flows.stack.up`` calls both; ``kernelgate audit`` on the servers profile
-checks who owns the family it audits (``audit_ownership``)."""
+pipeline account before anyone else can take the names (``claim_families``: otherwise
+any account could squat them). ``flows.stack.up`` calls both; ``kernelgate audit`` on the
+servers profile checks who owns the family it audits (``audit_ownership``)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 belong to the account that created them (MLflow's basic-auth app gives the creator
 MANAGE and everyone else the default, READ), and it has no permission for *creating* —
 so any account can create a family's name first and lock the pipeline out of it
-("squatting", issue 22).
+("squatting").
 
 ``kernelgate stack up`` creates the configured families as the pipeline account before
 anyone else can (``flows.stack.claim_families``); a write the server refuses with 403 on

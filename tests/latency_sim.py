@@ -217,10 +217,11 @@ LEGACY_STEPS = (5, 25, 50)
 def legacy_looks(cand, prod, *, n: int, seed: int, alpha: float = 0.05,
                  min_ratio: float = 1.05, raw: bool = True,
                  independent: bool = False) -> tuple[float, list[float]]:
-    """Today's judge (before issue 21) in ``n`` simulated A/A canaries: per step an
-    unpaired Mann-Whitney U (one-sided, ``scipy.stats.mannwhitneyu``) on one timing a
-    side at the full ``alpha``, a breach needing the median ratio >= ``min_ratio``, the
-    local profile's steps (:data:`LEGACY_STEPS`), each step on requests of its own.
+    """The judge the canary had before its ABBA pairing, in ``n`` simulated A/A
+    canaries: per step an unpaired Mann-Whitney U (one-sided,
+    ``scipy.stats.mannwhitneyu``) on one timing a side at the full ``alpha``, a breach
+    needing the median ratio >= ``min_ratio``, the local profile's steps
+    (:data:`LEGACY_STEPS`), each step on requests of its own.
 
     Draws: the first ABBA timing of each side of the same drawn requests (as the
     canary times them; ``raw=False`` exchanges the sides at random), or, with

@@ -1,4 +1,4 @@
-"""The order in which ``make test`` hands modules to its two workers (issue 26).
+"""The order in which ``make test`` hands modules to its two workers.
 
 ``make test`` runs ``--dist loadfile --no-loadscope-reorder``: whole modules go to the
 two workers in collection order, each worker asking for the next when it is nearly done.

@@ -1,5 +1,5 @@
 """Expensive, deterministic test inputs built once per test run and shared by the
-xdist workers (issue 26: the suite's time).
+xdist workers (for the suite's time).
 
 ``make test`` runs two worker processes; a module-scoped fixture is built once per
 module, so an input several modules need (the CI test set: MiniLM forwards and 93
@@ -85,7 +85,7 @@ def ci_testset(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def flow_testset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The ``minimal``-profile test set (``build_testset(profile="minimal")``: 17 cases a
     split, the CI recipes at the validation's minimum), built once per run, for the tests
-    whose rollouts judge the pipeline rather than a kernel (issue 26: a test rollout's
+    whose rollouts judge the pipeline rather than a kernel (a test rollout's
     held-out evaluation and confirmation draw scale with the set). Read-only, like
     :func:`ci_testset`; a rollout's settings must name ``testset_profile="minimal"``
     (the registration binds the profile with the set's digest)."""

@@ -1,4 +1,5 @@
-"""A planted slowdown as a registered kernel (issue 21, stage 2 on a GPU host).
+"""A planted slowdown as a registered kernel (the GPU canary calibration's
+stage 2).
 
 ``slowed_<base>_x<N>`` is the built-in kernel ``<base>`` whose attention runs ``N``
 times per call, each repeat reading the previous output through a data dependence

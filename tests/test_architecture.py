@@ -4,12 +4,14 @@ kernels and gates import nothing of ours above them and neither MLflow nor Prefe
 evaluation imports kernels (and neither MLflow nor Prefect); lineage imports gates,
 kernels and evaluation, and MLflow but not Prefect; flows import everything; nothing
 imports flows. Function-local imports count: a circle hidden inside a function is
-still a circle. Modules stay small, or say in their docstring why not.
+still a circle. Modules stay small, or say in their docstring why not. Code, tests and
+tools say why in words, not by session or issue number.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -227,6 +229,62 @@ def test_every_module_is_in_the_architecture_table():
         if not ({parts[-1], "/".join(parts)} & named or f"{parts[0]}/" in named):
             missing.append(module)
     assert not missing, f"modules without a row in ARCHITECTURE.md: {missing}"
+
+
+HISTORY = re.compile(r"(session|issue)s?[\s#_-]*[0-9]+", re.IGNORECASE)
+"""A session or issue number: one or more, any case, spaced, hyphenated, underscored (a
+test's name) or broken over two lines of a comment or docstring. The why of a line is kept
+in words (a date is fine); measured history belongs in BENCHMARKS.md and the notes."""
+
+HISTORY_STILL_TO_CLEAN = frozenset({
+    "kernels/**",
+    "tests/test_kernels_pallas_mosaic_gpu.py", "tests/test_kernels_mosaic_variants.py",
+})
+"""Paths (``fnmatch`` patterns) still being cleaned of session and issue numbers in other
+branches; :func:`test_no_session_or_issue_numbers_in_code_or_tests` skips them. Empty it
+once those branches are merged."""
+
+
+def _history_scanned() -> list[Path]:
+    """Every Python file of the five packages (``kernels/tools`` included, its
+    ``bench_results`` data not) and of ``tests/``, and the scripts of ``tools/``."""
+    files = [p for top in (*PACKAGES, "tests") for p in (ROOT / top).rglob("*.py")
+             if "bench_results" not in p.parts and "__pycache__" not in p.parts]
+    return sorted(files + [*(ROOT / "tools").glob("*.py"), *(ROOT / "tools").glob("*.sh")])
+
+
+def history_references(text: str) -> list[tuple[int, str]]:
+    """``(line, what)`` of every session or issue number in ``text`` (the line it starts on)."""
+    return [(text.count("\n", 0, m.start()) + 1, " ".join(m.group(0).split()))
+            for m in HISTORY.finditer(text)]
+
+
+def test_no_session_or_issue_numbers_in_code_or_tests():
+    from fnmatch import fnmatch
+
+    offenders = []
+    for path in _history_scanned():
+        rel = path.relative_to(ROOT).as_posix()
+        if any(fnmatch(rel, pattern) for pattern in HISTORY_STILL_TO_CLEAN):
+            continue
+        offenders += [f"{rel}:{line}: {what!r}"
+                      for line, what in history_references(path.read_text())]
+    assert not offenders, ("say why in words, not by session or issue number:\n"
+                           + "\n".join(offenders))
+
+
+def test_the_history_scanner_finds_what_is_planted_and_nothing_else():
+    s, i = "session", "issue"  # split, so that this file holds no reference itself
+    planted = (f'"""Fixed in {s} 11.\n\nSee {i}s 19-21 and {s}s 11 and 13."""\n'
+               f"# as {i}\n# 24 said\n"
+               f"def test_the_modules_measured_in_{s}_8(): ...\n"
+               f"PATH = 'h200-2026-12-02-{s}10/grid.json'\n")
+    assert history_references(planted) == [
+        (1, f"{s} 11"), (3, f"{i}s 19"), (3, f"{s}s 11"), (4, f"{i} # 24"),
+        (6, f"{s}_8"), (7, f"{s}10")]
+    clean = (f"# the {s}'s store, {i}d on 2026-12-01 (H200, 132 SMs)\n"
+             f"{s}_id = 3\nfor {s} in sessions: pass\n")
+    assert history_references(clean) == []
 
 
 REGISTERED_SETTINGS = ("thresholds", "perf_shapes", "perf_repeats", "model_check",

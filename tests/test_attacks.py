@@ -1,4 +1,4 @@
-"""Replays every kind of attack on the evidence (issue 10's nine kinds) on copies of a
+"""Replays every kind of attack on the evidence on copies of a
 real store, and asserts each is refused or detected with a message naming it.
 
 The pristine store is made once by real rollouts (Prefect flow runs, MLflow on SQLite,
@@ -11,7 +11,7 @@ the pipeline's key folder.
 caught by kind; ``make attacks`` sets it and replays every variant (RELIABILITY.md
 records it).
 
-Which run where (issue 26, the suite's time): ``make test`` replays the first attack
+Which run where (the suite's time): ``make test`` replays the first attack
 registered of each kind (17 of the 47 variants, one per kind, so every kind is still
 tried on every run); the other 30 variants of those kinds are marked ``slow`` and run
 in ``make attacks`` (all 47, the report RELIABILITY.md quotes) and ``make test-slow``.
@@ -854,7 +854,7 @@ def _loosening_refused_and_named(lab: Lab) -> str:
 
 @attack(10, "is missing")
 def rejection_decision_deleted_then_loosened_rollout(lab: Lab) -> str:
-    """Issue 20: a rollout with loosened thresholds is refused; the attacker deletes the
+    """A rollout with loosened thresholds is refused; the attacker deletes the
     rejection's decision.dsse.json and rolls out again with the loosened file."""
     from lineage.registration import LooseningRefused, preregister
 

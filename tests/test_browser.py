@@ -39,7 +39,7 @@ pytestmark = pytest.mark.browser
 CHROMIUM = Path("/usr/bin/chromium")
 ROOT = Path(__file__).parents[1]
 THRESHOLDS = Path(__file__).parent / "data" / "thresholds-browser.yaml"
-WIDTH = 1280  # the narrowest desktop the form's evidence tables must fit (issue 25)
+WIDTH = 1280  # the narrowest desktop the form's evidence tables must fit
 GENAI = re.compile(r"traces|evaluation|genai|prompts|chat-sessions|gateway", re.I)
 """What a GenAI view's address holds (MLflow 3.17's routes); no model-training one does."""
 SMALL_SHAPE = [AttentionShape(batch=1, q_len=128, kv_len=128, num_heads=4, num_kv_heads=4,
@@ -286,7 +286,7 @@ def test_release_manager_approves_both_transitions_and_the_rollout_is_promoted(
     run_id = _paused_run_id("canary->production", result)
     dialog = _open_form(page, prefect_ui, run_id, "canary->production")
     # at 1280 px the canary table's last columns (the p-value with its alpha, the
-    # result) are readable, not cut off by the dialog (issue 25: they were at 1400 px)
+    # result) are readable, not cut off by the dialog (at 1400 px they once were)
     assert _columns_readable(dialog, ["p (α)", "result"]) == []
     _answer(page, dialog, decision="approve", approver="rm@example.com",
             comment="canary read; ship", screenshot=screenshots / "prefect-production-form.png",

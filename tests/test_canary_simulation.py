@@ -1,4 +1,4 @@
-"""Issue 21's acceptance by simulation: committed per-request ABBA samples
+"""The paired canary's acceptance by simulation: committed per-request ABBA samples
 (``tests/data/latency/*.json``, every file: the CPU's now, the H200's when captured),
 resampled into at least 1000 simulated canaries at each shipped profile's sizes, run
 through the canary's own analysis (``tests.latency_sim``).

@@ -1,5 +1,6 @@
-"""The GPU stage-2 merge (``tools/merge_canary_calibration.py``): issue 21's stage-2
-criteria judged from the canary runs and the two rollouts, merged per device."""
+"""The GPU stage-2 merge (``tools/merge_canary_calibration.py``): the canary
+calibration's stage-2 criteria judged from the canary runs and the two rollouts, merged
+per device."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""evaluation.profiling: a jax.profiler trace of named attention kernels (issue 11, item 6).
+"""evaluation.profiling: a jax.profiler trace of named attention kernels.
 
 On the CPU the trace holds the host timeline and the executed HLO modules, where the
 kernels' names (Pallas ``name=``, ``jax.named_call``) appear; on a GPU the same names

@@ -1,5 +1,5 @@
 """The float64 reference computed where it is cheap, sampled for long cases, and cached
-as evidence (issue 11, item 3)."""
+as evidence."""
 
 from __future__ import annotations
 

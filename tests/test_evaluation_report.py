@@ -94,7 +94,7 @@ def test_report_describes_the_run(report):
     assert report.started_at.utcoffset().total_seconds() == 0
     assert report.started_at <= report.finished_at
     assert report.candidate.resolution["name"] == "xla" and report.candidate.native
-    # each role's float32 matmul precision, as the registry declares it (issue 11)
+    # each role's float32 matmul precision, as the registry declares it
     assert report.candidate.float32_matmul_precision == "highest"
     assert report.baseline.float32_matmul_precision == "highest"
     assert report.candidate.runtime_fallbacks == {}  # no compile ran out of a resource
@@ -235,7 +235,7 @@ def test_unknown_split_or_implementation_is_rejected(tmp_path, synthetic_testset
 
 
 def test_native_evaluation_leaves_a_profiler_trace_and_its_reference_index(report, report_dir):
-    """Issue 11: on native hardware (xla on this CPU) the evaluation records a
+    """On native hardware (xla on this CPU) the evaluation records a
     jax.profiler trace in which each in-process kernel is found by name, and the index
     of the float64 references it used (one per case, computed here, none reused)."""
     from evaluation.reference_cache import INDEX_FILE, ReferenceIndex

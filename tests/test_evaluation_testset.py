@@ -216,7 +216,7 @@ def test_the_model_check_documents_are_the_first_of_the_split_and_never_another_
 
 def test_the_minimal_profile_is_ci_recipes_at_the_validation_s_minimum(tmp_path,
                                                                        tmp_path_factory):
-    """The flow tests' test set (issue 26; the run's shared build of it, which
+    """The flow tests' test set (the run's shared build of it, which
     ``build_testset(profile="minimal")`` made): every category at exactly the minimum the
     validation accepts, every dtype, nothing over 384 tokens, CI recipes unchanged; a
     fresh confirmation draw is built to the same profile."""

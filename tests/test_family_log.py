@@ -1,4 +1,4 @@
-"""The family's append-only signed log, its checkpoints and re-anchoring (issue 20).
+"""The family's append-only signed log, its checkpoints and re-anchoring.
 
 Each judge is tested both ways: silent on an untouched store, firing on the planted cut.
 Every test has a store, a key folder (checkpoints beside the key) and a kernelgate home

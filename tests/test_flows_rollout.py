@@ -121,8 +121,8 @@ def seeded(prefect_server, make_settings, tracking):
 @pytest.fixture(scope="module")
 def rejected_at_gate(prefect_server, store, flow_thresholds):
     """One numerically wrong candidate's rollout, rejected at the gate, shared by the two
-    tests that need one (issue 26, the suite's time: a rollout of its own in each took
-    20-47 s): its final state, and the family's aliases just before it ran.
+    tests that need one (the suite's time: a rollout of its own in each took 20-47 s): its
+    final state, and the family's aliases just before it ran.
 
     Module-scoped, so it cannot use the function-scoped ``make_settings``/``seeded``; it
     seeds production itself when no test has yet (the same check as ``seeded``)."""

@@ -133,3 +133,43 @@ def test_a_malformed_parts_line_is_refused_before_any_run(fake_python, tmp_path,
     assert done.returncode == 2 and not log.exists()
     assert "NAME<tab>SECONDS (whole seconds)<tab>PYTEST ARGS" in done.stderr
     assert f"2: {line}" in done.stderr
+
+
+COVERAGE = ROOT / "tools" / "gpu_test_coverage.py"
+FIRST, SECOND = (ROOT / "kernels" / "tools" / "bench_results" / name
+                 for name in ("h200-2026-12-02-gpu-tests-a", "h200-2026-12-03-gpu-tests-b"))
+
+
+def _coverage(*verbose: Path) -> subprocess.CompletedProcess:
+    """tools/gpu_test_coverage.py over the two committed calls, as SECOND's README runs it
+    (``verbose`` in place of FIRST's two pytest -v logs when given)."""
+    verbose = verbose or (FIRST / "gpu-tests-2-variant-rest-and-poisoned" / "gpu-tests.log",
+                          FIRST / "gpu-tests-3-other-modules" / "gpu-tests.log")
+    return subprocess.run(
+        [sys.executable, str(COVERAGE), "--collect", str(SECOND / "collect.txt"),
+         *map(str, verbose), *map(str, sorted(SECOND.glob("*.log"))),
+         "--quiet", f"tests/test_kernels_mosaic_variants.py="
+                    f"{FIRST / 'gpu-tests-1-variants' / 'gpu-tests.log'}"],
+        cwd=ROOT, capture_output=True, text=True)
+
+
+def test_the_committed_gpu_test_coverage_reproduces_byte_for_byte():
+    done = _coverage()
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == (SECOND / "coverage.txt").read_text()
+
+
+def test_a_failure_in_one_call_is_not_hidden_by_a_pass_in_a_later_one(tmp_path):
+    """The later call passed every small-modules test; a failure planted in the earlier
+    call's log of the same test is what the coverage reports, and it exits 1."""
+    other = (FIRST / "gpu-tests-3-other-modules" / "gpu-tests.log").read_text()
+    test_id = ("tests/test_kernels_bench_serving.py::"
+               "test_gpu_serving_table_every_column_runs_correctly")
+    assert f"{test_id} PASSED" in other
+    assert f"{test_id} PASSED" in (SECOND / "small-modules.log").read_text()
+    planted = tmp_path / "gpu-tests.log"
+    planted.write_text(other.replace(f"{test_id} PASSED", f"{test_id} FAILED", 1))
+    done = _coverage(FIRST / "gpu-tests-2-variant-rest-and-poisoned" / "gpu-tests.log", planted)
+    assert done.returncode == 1
+    assert "  FAILED     1\n  PASSED     246\n" in done.stdout
+    assert f"  FAILED     {test_id}\n" in done.stdout

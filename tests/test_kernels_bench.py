@@ -225,7 +225,7 @@ def test_committed_table_is_consistent_and_covers_the_grid():
             assert {"cudnn", "pallas_gpu"} <= set(e.tflops) <= {"cudnn", *registry.tuned()}
         assert e.best == max(e.tflops, key=e.tflops.get)
         kernels = [("pallas_gpu", e.candidates, e.pallas_config, check_block_sizes)]
-        if e.mosaic_config is not None:  # tables written since issue 14
+        if e.mosaic_config is not None:  # tables written since pallas_mosaic_gpu joined
             kernels.append(("pallas_mosaic_gpu", e.mosaic_candidates, e.mosaic_config,
                             pallas_mosaic_gpu.check_block_sizes))
         else:

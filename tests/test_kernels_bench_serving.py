@@ -1,5 +1,5 @@
-"""The serving-shape table (kernels.tools.bench_serving) and the serving autotune (issue 11,
-item 5): MiniLM's shapes, every registry column plus the float32 experiments, a wrong
+"""The serving-shape table (kernels.tools.bench_serving) and the serving autotune:
+MiniLM's shapes, every registry column plus the float32 experiments, a wrong
 kernel flagged, the tuned entries merged into the selection table."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """kernels.dispatch: a compile that runs out of a device resource makes ``auto`` move on
 (saying why) and makes an explicitly requested implementation fail naming the limit,
-under ``jax.jit`` as well as eagerly (issue 11, item 1).
+under ``jax.jit`` as well as eagerly.
 
 A CPU has no shared-memory limit, so a stand-in tiled kernel registered as native on the
 CPU raises XLA's error the first time it is lowered; the real error comes from the

@@ -1,4 +1,4 @@
-"""What a build's fingerprint and a version's code digest cover (issue 19): every file
+"""What a build's fingerprint and a version's code digest cover: every file
 that can change a kernel's output, speed or dispatch, and nothing of ``kernels/tools``
 (benchmarks, autotuner, their results and notes).
 

@@ -1,8 +1,8 @@
 """Shared memory of pallas_gpu tilings (kernels.gpu_limits), the fitted defaults, the
-selection table's fit check and the autotuner's candidates (issue 11, item 1).
+selection table's fit check and the autotuner's candidates.
 
 The measured figures below are Triton's own ("Shared memory size limit exceeded:
-requested N, available: 232448") from the H200 runs of issue 11 and the ncu profile of
+requested N, available: 232448") from the H200 runs and the ncu profile recorded in
 kernels/tools/NOTES-gpu.md; they are facts about the device, not outputs of the model. A GPU
 sweep of dtype x head_dim x causal runs under ``-m gpu``.
 """

@@ -1,4 +1,4 @@
-"""Issue 24's floor and goal judge (kernels.tools.grid_summary), tested both ways on
+"""The Mosaic GPU kernel's floor and goal judge (kernels.tools.grid_summary), tested both ways on
 synthetic reports whose expected figures are computed here from the inputs."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""Kernels registered from outside ``kernels/`` through ``KERNELGATE_KERNELS`` (issue 21,
-stage 2): the slowed variant of a kernel (``tests/slowed_kernel.py``) is a real kernel
-with its own registry name and build fingerprint, selectable by ``kernelgate rollout
---implementation <name>`` without editing code."""
+"""Kernels registered from outside ``kernels/`` through ``KERNELGATE_KERNELS`` (the GPU
+canary calibration's stage 2): the slowed variant of a kernel (``tests/slowed_kernel.py``)
+is a real kernel with its own registry name and build fingerprint, selectable by
+``kernelgate rollout --implementation <name>`` without editing code."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Padding is not data, and extreme magnitudes stay finite.
 
 Two kinds of input that peers' test suites and public bug reports found to break flash
-kernels (issue 23):
+kernels:
 
 * **Poisoned padding**: the padded positions (query rows at or past ``q_lengths``, key
   and value rows at or past ``kv_lengths``) hold NaN, +inf or the dtype's maximum. The

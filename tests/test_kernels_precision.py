@@ -1,4 +1,4 @@
-"""Honest baselines (issue 11, item 2): naive and xla compute float32 at full float32
+"""Honest baselines: naive and xla compute float32 at full float32
 precision on every backend, and every implementation declares its float32 precision.
 
 On an H200, JAX's default precision let naive and xla multiply float32 in TF32:

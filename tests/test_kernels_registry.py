@@ -1,4 +1,4 @@
-"""The kernel registry (issue 19): a kernel is one ``kernels.Kernel`` class; adding one
+"""The kernel registry: a kernel is one ``kernels.Kernel`` class; adding one
 is its module, one registry line and its tests.
 
 The acceptance test defines a stand-in kernel here, registers it from this module and

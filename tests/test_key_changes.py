@@ -1,4 +1,4 @@
-"""Key changes as entries of each family's signed log (issue 20): rotation, revocation
+"""Key changes as entries of each family's signed log: rotation, revocation
 and new approver keys are seen by the audit in log order, and a deleted one is a gap."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """A family's experiment or model owned by another account: a 403 on the pipeline's write
-becomes an error saying so (issue 22); other errors pass through unchanged."""
+becomes an error saying so (squatting); other errors pass through unchanged."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""The audit's ownership check (issue 22): on the servers profile ``kernelgate audit`` names
-every account other than the pipeline holding MANAGE on the family's experiment or
-registered model, reading every account with the admin's password and only its own
-without it. A fake basic-auth server stands in for MLflow (the real one is in
+"""The audit's ownership check (against squatting): on the servers profile ``kernelgate
+audit`` names every account other than the pipeline holding MANAGE on the family's
+experiment or registered model, reading every account with the admin's password and
+only its own without it. A fake basic-auth server stands in for MLflow (the real one is in
 ``tests/test_services_attacks.py``'s squatting attack)."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """``python -m lineage.log_bench``: a synthetic family log built through the one writer,
-measured as it grows (issue 20's audit-time benchmark; the figures are in BENCHMARKS.md)."""
+measured as it grows (the audit-time benchmark; the figures are in BENCHMARKS.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Appends to a family's log as a compare-and-swap on its sequence (issue 22), on an
+"""Appends to a family's log as a compare-and-swap on its sequence, on an
 embedded store with a folder sequencer (``lineage.log_sequence.FolderSequencer``; the
 servers profile's Prefect-variable one is drilled in ``tests/test_services_attacks.py``)."""
 

@@ -1,4 +1,4 @@
-"""Attacks on the server profile (issue 22), each on databases and an artifact root of its
+"""Attacks on the server profile, each on databases and an artifact root of its
 own: the test process's stack (``tests.services_fixtures``, shared with the other services
 modules) gives the Prefect server and the accounts; each attack gets its own MLflow
 databases, copied with ``CREATE DATABASE … TEMPLATE`` from copies of the stack's taken

@@ -1,5 +1,5 @@
-"""The GPU canary calibration's stage-2 profiles (``tools/gpu-canary-stage2*.yaml``, issue
-21) are copies of a shipping profile with the kernel-level speed and memory criteria left
+"""The GPU canary calibration's stage-2 profiles (``tools/gpu-canary-stage2*.yaml``) are
+copies of a shipping profile with the kernel-level speed and memory criteria left
 out of the gpu platform, so that a slowed candidate reaches the canary. A copy can drift
 from its source; these tests hold each to exactly that derivation."""
 

@@ -1,5 +1,5 @@
 """What reading a family's signed record from the store costs, and that the fast path
-reads the same thing (issue 20 item b: an append reads the family back)."""
+reads the same thing (an append reads the family back)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The suite's own plumbing (issue 26): inputs built once per run, and the order in which
+"""The suite's own plumbing, for its time: inputs built once per run, and the order in which
 ``make test`` hands out its modules."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Trust roles, key rotation and revocation, bindings of a registration, and values
-MLflow stores differently from how they were signed (issue 20, part 2).
+MLflow stores differently from how they were signed.
 
 Each detector is run on an untouched record (silent) and on a planted fault (fires).
 """

@@ -1,5 +1,5 @@
 """Canary runs against production through the canary's own replay and judge, for the
-GPU calibration's stage 2 (issue 21; ``tools/gpu-canary-calibration.sh stage2``).
+GPU calibration's stage 2 (``tools/gpu-canary-calibration.sh stage2``).
 
 ``run``: ``--runs`` canaries of a candidate against the store's production version, each
 on a fresh request stream (seed = the run's number plus ``--seed-offset``) cut into the

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Issue 21 on a GPU host, in parts that each fit one 10-minute call on the lent H200. Run
-# from the repository root with kernelgate importable (on the H200: PYTHONPATH=/tmp/site:$PWD
-# after ../shared/tools/device-bundle.sh's install; elsewhere the project's venv). Logs,
-# JSON and a steps table go to $OUT.
+# The canary's calibration on a GPU host (its latency samples, the false-rollback rate of
+# A/A canaries, stage 2's canaries and rollouts), in parts that each fit one 10-minute call
+# on the lent H200. Run from the repository root with kernelgate importable (on the H200:
+# PYTHONPATH=/tmp/site:$PWD after ../shared/tools/device-bundle.sh's install; elsewhere the
+# project's venv). Logs, JSON and a steps table go to $OUT.
 #
 #   tools/gpu-canary-calibration.sh samples    per-request ABBA samples through the serving
 #                                              path: A/A and a slowed candidate (attention

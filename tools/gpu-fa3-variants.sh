@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Issue 24 on a Hopper GPU: pallas_mosaic_gpu's variant switches, each timed beside the
-# default in a step of its own (kernels.tools.variants: cuDNN and the matmul ceiling in
-# the same process, median of 3 passes, float64 checks, the ptxas register/spill
-# report). A variant that fails to compile or hangs ends its own step only.
+# FlashAttention-3's techniques on a Hopper GPU: pallas_mosaic_gpu's variant switches, each
+# timed beside the default in a step of its own (kernels.tools.variants: cuDNN and the
+# matmul ceiling in the same process, median of 3 passes, float64 checks, the ptxas
+# register/spill report). A variant that fails to compile or hangs ends its own step only.
 #
 #   bash tools/gpu-fa3-variants.sh [priority]   every variant, bf16 head_dim 64 and 256,
 #                                               non-causal, S=16384 (where we lose most)
@@ -78,7 +78,7 @@ case ${1:-priority} in
       ${KG_DTYPES:+--dtypes $KG_DTYPES} --out "$out/grid.json"
     ;;
   tests)
-    # The variants' 28 tests alone take longer than one call (session 11: about 560 s):
+    # The variants' 28 tests alone take longer than one call (about 560 s on the H200, 2026-12-02):
     # tools/gpu-tests.sh runs them in parts and goes on in the next call.
     OUT=$out BUDGET_S=$((budget - SECONDS)) bash "$(dirname "$0")/gpu-tests.sh" \
       variants-bf16 variants-f16 poisoned

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Issue 23 stages B and C on a GPU host, in parts that each fit one 10-minute call on the
+# The fastest kernel on a GPU host: tuning the table (stage B) and the tuned kernel's
+# rollouts (stage C), in parts that each fit one 10-minute call on the
 # lent H200. Run from the repository root with kernelgate importable (on the H200:
 # PYTHONPATH=/tmp/site:$PWD after ../shared/tools/device-bundle.sh's install). Logs, JSON
 # and a steps table go to $OUT; the table being tuned lives at /tmp/gpu_table.json between

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The main job on a GPU host (issue 11), in parts that each fit one 10-minute call on the
+# The main job on a GPU host, in parts that each fit one 10-minute call on the
 # lent H200. Run from the repository root with kernelgate importable (on the H200:
 # PYTHONPATH=/tmp/site:$PWD after ../shared/tools/device-bundle.sh's install; anywhere
 # else: the project's virtual environment). Logs, JSON and a steps table go to $OUT.

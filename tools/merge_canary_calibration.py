@@ -1,5 +1,5 @@
 """Merge a GPU stage-2 run (``tools/gpu-canary-calibration.sh stage2``) into
-``reliability/canary-calibration.json``, per device, judged by issue 21's stage-2 criteria.
+``reliability/canary-calibration.json``, per device, judged by the stage-2 criteria below.
 
 Reads the stage-2 folder: ``aa-canaries.json`` and ``slowed-canaries.json``
 (``tools/canary_runs.py run``), ``aa-rollout.log`` and ``slowed-rollout.log`` (what
@@ -15,7 +15,7 @@ last word, lower case, e.g. ``h200``), everything else kept::
      "rollouts": [{"which", "family", "version", "result", "stage", "reason"}],
      "rollouts_criterion", "rollouts_met", "met", "merged_at"}
 
-The criteria (issue 21, H200 stage 2): at most 1 of the A/A canaries rolled back; the
+The criteria (H200 stage 2): at most 1 of the A/A canaries rolled back; the
 slowed variant's median request ratio at least 1.25 and at least
 ``1 + 2 * (min_slowdown_ratio - 1)`` (twice the slowdown the plan must catch); all of its
 canaries rolled back where the plan's power at that ratio is at least 0.99, else all
@@ -36,7 +36,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 MIN_RATIO = 1.25
-"""The slowed variant's smallest median request ratio (issue 21)."""
+"""The slowed variant's smallest median request ratio."""
 FULL_POWER = 0.99
 """At this power or more every slowed canary must roll back; below it all but one."""
 MAX_AA_ROLLBACKS = 1

@@ -154,9 +154,9 @@ def _named(recipes: tuple[Recipe, ...], *names: str) -> tuple[Recipe, ...]:
 # and none over 384 tokens. Every category, every dtype, causal, GQA 2 and 3, MQA,
 # q_len != kv_len both ways, lengths 1/127/129/300, head_dim 32..256 (80 among them),
 # zero-length rows, huge logits and near-limit values stay; the long (1024, 2048) and the
-# larger cases go. For the pipeline's own flow tests (a rollout's decisions and records,
-# issue 26: 15 test rollouts), never for judging a kernel: the gate's accuracy evidence
-# on a CPU host is the ``ci`` profile's.
+# larger cases go. For the pipeline's own flow tests (a rollout's decisions and records;
+# the suite runs about 15 test rollouts), never for judging a kernel: the gate's accuracy
+# evidence on a CPU host is the ``ci`` profile's.
 _MINIMAL_HARD = _named(_CI_HARD, "q-longer-than-kv-causal", "gqa3-causal", "mqa", "decode-q1",
                        "len127-causal-d32", "d80", "d256", "padding-zero-causal")
 _MINIMAL_ADVERSARIAL = _named(_CI_ADVERSARIAL, "huge-logits", "near-ties",
