@@ -111,13 +111,12 @@ def _settings(implementation: str, thresholds: Path | None, store_dir: Path, blo
         load_thresholds(thresholds)
         name, why = rollout_kernel(implementation, kernels.default_backend(), thresholds)
         typer.echo(f"kernel: {why}", err=True)
-        config = None
-        if block_q is not None or block_kv is not None:
-            config = kernels.BlockSizes(block_q=block_q, block_kv=block_kv)
+        config = {k: v for k, v in {"block_q": block_q, "block_kv": block_kv}.items()
+                  if v is not None} or None
         impl = kernels.IMPLEMENTATIONS[name]
-        impl.check_config(config)
+        impl.config_from(config)  # the candidate's own config type reads the block sizes
         spec, _, _ = kernels.validate(*BUILD_SHAPE.structs(), causal=BUILD_SHAPE.causal)
-        impl.check(spec, kernels.default_backend(), config)
+        impl.check_supported(spec, kernels.default_backend(), config)
     except (ValueError, NotImplementedError) as err:
         raise typer.BadParameter(f"{err}") from None
     if family is not None:

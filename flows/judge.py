@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import kernels
 from evaluation.evaluate import evaluate_candidate
 from evaluation.performance import default_shapes
 from evaluation.testset.draws import unspent_draw
@@ -19,6 +18,7 @@ from flows.tasks import run_logger, stage_task
 from gates.decision import decide
 from gates.preregistration import PreregistrationError
 from gates.thresholds import Thresholds
+from kernels.build import build as build_kernel
 from kernels.interpreters import InterpreterPlan
 from kernels.shapes import AttentionShape
 from lineage import evidence, registered_model, registration, tags, version_runners
@@ -41,7 +41,7 @@ def build(context: RolloutContext) -> Built:
     """Compile and export the candidate, log the build run, register a model version."""
     record = context.record
     out = record.work_dir / "build"
-    build = kernels.build(record.implementation, context.settings.config, BUILD_SHAPE,
+    build = build_kernel(record.implementation, context.settings.config, BUILD_SHAPE,
                           output_dir=out)
     bench = context.settings.perf_shapes or default_shapes(record.backend)
     build_run_id, version, logged = evidence.log_build(record, build, out, context.model, bench)
