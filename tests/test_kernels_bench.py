@@ -231,7 +231,8 @@ def test_committed_table_is_consistent_and_covers_the_grid():
             fastest = max((c for c in e.candidates[name] if c.tflops), key=lambda c: c.tflops)
             assert fastest.config == config
             assert math.isclose(fastest.tflops, e.tflops[name])
-            registry.IMPLEMENTATIONS[name].config_from(config)  # legal for the kernel
+            # legal for the kernel, stored in its own config type's fields
+            assert registry.IMPLEMENTATIONS[name].config_from(config).fields_set() == config
 
 
 def test_without_naive_the_error_bound_is_cudnns_own_error(monkeypatch):
