@@ -55,8 +55,8 @@ INJECTED = "1.5 *"  # the change in the copy's kernels/xla.py
 REGISTER = textwrap.dedent("""
     import sys
     from pathlib import Path
-    import kernels
     from evaluation.model import MiniLM
+    from kernels.build import build as build_kernel
     from kernels.shapes import AttentionShape
     from lineage import keys, tracking as tr
     from lineage.attestations import Signing
