@@ -11,8 +11,8 @@ import pytest
 
 import kernels
 from kernels import interpreters
-from kernels.pallas_tpu import TpuConfig
 from kernels.interpreters import InterpreterPlan
+from kernels.pallas_tpu import TpuConfig
 from tests.kernels_helpers import Case, assert_accurate, random_inputs, reference_for
 
 # Fresh seeds per case (never the test set's): several shapes, causal and not, padding
