@@ -44,8 +44,10 @@ def auto_order(backend: str) -> tuple[str, ...]:
     """``auto``'s fallback order on ``backend``: the registered kernels that declare an
     ``auto_priority`` there, lowest first (ties: registry order). An unknown backend gets
     the CPU's order. On a GPU the measured selection table (``kernels.selection``) moves
-    its pick for the call's shape to the front. Loads every registered kernel's class (a
-    kernel module that fails to import is left out; :func:`resolve` names it)."""
+    its pick for the call's shape to the front. Loads every registered kernel's class; an
+    entry whose module fails to import (a plugin of ``KERNELGATE_KERNELS`` gone missing,
+    which would declare no place in the order anyway) is left out, and naming it
+    explicitly raises the ``ImportError``."""
     backend = backend if backend in ("cpu", "gpu", "tpu") else "cpu"
     ranked = []
     for position, name in enumerate(IMPLEMENTATIONS):
