@@ -211,14 +211,13 @@ def _serve() -> None:
     """The helper's loop: the roles first, then lists of cases until stdin closes."""
     from evaluation.accuracy import _timed
     from evaluation.runners import LocalRunner
-    from kernels.config import BlockSizes
+    from kernels.registry import stored_config
 
     stdin = sys.stdin.buffer
     stdout = os.fdopen(os.dup(1), "wb")  # the replies; anything printed goes to stderr
     os.dup2(2, 1)
     specs = _receive(stdin)
-    runners = {role: LocalRunner.for_implementation(name, None if config is None
-                                                    else BlockSizes(**config))
+    runners = {role: LocalRunner.for_implementation(name, stored_config(name, config))
                for role, (name, config) in specs.items()}
     while True:
         try:

@@ -33,8 +33,7 @@ from evaluation.report import (
 from evaluation.runners import LocalRunner, Runner
 from evaluation.testset import MANIFEST_FILE, load_manifest, load_split
 from evaluation.validation import validate_testset as run_validation
-from kernels.api import AttentionFn, default_backend
-from kernels.config import BlockSizes
+from kernels.api import AttentionFn, ConfigLike, default_backend
 from kernels.interpreters import InterpreterPlan, takes_the_choice
 from kernels.shapes import AttentionShape
 
@@ -63,7 +62,7 @@ def _callable_name(fn: Callable) -> str:
     return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
 
 
-def as_runner(impl: Runner | AttentionFn | str, config: BlockSizes | None = None,
+def as_runner(impl: Runner | AttentionFn | str, config: ConfigLike = None,
               model: MiniLM | None = None) -> Runner:
     """A :class:`evaluation.runners.Runner` for a registry name (bound with ``config``),
     a plain ``AttentionFn`` of this process, or a runner as given.
@@ -125,8 +124,8 @@ def evaluate_candidate(
     split: str = "heldout",
     baseline: Runner | AttentionFn | str = "naive",
     production: Runner | AttentionFn | str | None = None,
-    config: BlockSizes | None = None,
-    production_config: BlockSizes | None = None,
+    config: ConfigLike = None,
+    production_config: ConfigLike = None,
     model=None,
     documents: Sequence | None = None,
     perf_shapes: Sequence[AttentionShape] | None = None,

@@ -33,7 +33,7 @@ class ImplementationInfo(BaseModel):
     role: Literal["candidate", "baseline", "production"]
     name: str = Field(description="registry name, or the callable's qualified name")
     implementation: str | None = Field(None, description="registry name; None for a plain callable")
-    config: dict[str, Any] | None = Field(None, description="kernels.config.BlockSizes as a dict")
+    config: dict[str, Any] | None = Field(None, description="the kernel's config, its set fields")
     resolution: dict[str, Any] | None = Field(None, description="kernels.Resolution as a dict")
     native: bool = Field(description="compiled natively on this device (not interpreted)")
     target_platform: str = Field(description="tpu/gpu/cpu: where the implementation is native")

@@ -23,8 +23,7 @@ import numpy as np
 
 import kernels
 from evaluation.model import MiniLM
-from kernels.api import AttentionFn
-from kernels.config import BlockSizes
+from kernels.api import AttentionFn, ConfigLike
 from kernels.shapes import AttentionShape, random_inputs
 from kernels.timing import compiler_peak_bytes
 
@@ -91,22 +90,22 @@ class LocalRunner:
         self._prepared: dict[AttentionShape, tuple] = {}
 
     @classmethod
-    def for_implementation(cls, implementation: str, config: BlockSizes | None = None,
+    def for_implementation(cls, implementation: str, config: ConfigLike = None,
                            model: MiniLM | None = None) -> LocalRunner:
         """A registry implementation of this process's ``kernels`` package (resolved on
         this backend; ``auto`` names what it resolved to).
 
         Raises:
-            ValueError: unknown implementation or illegal block sizes.
+            ValueError: unknown implementation, or a config illegal for its kernel.
         """
         backend = kernels.default_backend()
         resolution = kernels.resolve(implementation, backend=backend)
         registry = kernels.IMPLEMENTATIONS[resolution.name]
-        registry.check_config(config)
+        config = registry.config_from(config)  # its own config type (ValueError: illegal)
         target = backend if resolution.native else registry.native_platforms[0]
         return cls(resolution.name, kernels.get_attention_fn(implementation, config), model, {
             "implementation": resolution.name,
-            "config": config.model_dump() if config is not None else None,
+            "config": config.fields_set() if config is not None else None,
             "resolution": resolution.model_dump(mode="json"), "native": resolution.native,
             "target_platform": target,
             "float32_matmul_precision": registry.float32_matmul_precision})

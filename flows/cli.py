@@ -114,18 +114,17 @@ def _plan(implementation: str, thresholds: Path | None, store_dir: Path, block_q
 
             thresholds, why = default_thresholds(implementation, backend)
             typer.echo(f"thresholds: {why}", err=True)
-        config = None
-        if block_q is not None or block_kv is not None:
-            config = kernels.BlockSizes(block_q=block_q, block_kv=block_kv)
+        config = {k: v for k, v in {"block_q": block_q, "block_kv": block_kv}.items()
+                  if v is not None} or None
         settings = RolloutSettings(implementation=implementation,
                                    thresholds=thresholds.resolve(), store_dir=store_dir,
                                    config=config, family=family, key_dir=key_dir, **extra)
         plan = resolve_plan(settings, backend)
         typer.echo(f"kernel: {plan.why}", err=True)
         impl = kernels.IMPLEMENTATIONS[plan.implementation]
-        impl.check_config(config)
+        impl.config_from(config)  # the candidate's own config type reads the block sizes
         spec, _, _ = kernels.validate(*BUILD_SHAPE.structs(), causal=BUILD_SHAPE.causal)
-        impl.check(spec, backend, config)
+        impl.check_supported(spec, backend, config)
     except (ValueError, NotImplementedError) as err:
         raise typer.BadParameter(f"{err}") from None
     if family is not None:

@@ -2,12 +2,9 @@
 JAX, MLflow or Prefect is imported (``flows.cli`` calls these first; the full checks,
 which need the kernels and the store, follow for arguments that pass).
 
-* ``--implementation``: ``auto``, ``native`` or a name of the kernel registry. The
-  built-in names are read from ``kernels/registry.py``'s ``BUILTIN`` literal without
-  importing the package (its ``__init__`` imports JAX), those of ``KERNELGATE_KERNELS``
-  by the registry's own parser (``kernels/plugin_names.py``, loaded from its file: a bad
-  entry is refused here with the registry's message); a process that already imported
-  ``kernels`` (a test that registered a kernel) is asked directly.
+* ``--implementation``: ``auto``, ``native`` or a name of the kernel registry
+  (``kernels.registry``: importing it imports no JAX and loads no kernel; a bad
+  ``KERNELGATE_KERNELS`` is refused here with the registry's message).
 * ``--family``: a valid name, and, unless ``--new-family``, one the embedded store
   already has (read from its SQLite file, read-only) or the kernel's own name.
 * ``--thresholds``: the file parses against the thresholds schema (pydantic, no JAX).
@@ -15,71 +12,27 @@ which need the kernels and the store, follow for arguments that pass).
 
 from __future__ import annotations
 
-import ast
-import functools
-import importlib.util
 import sqlite3
-import sys
-from collections.abc import Mapping
 from pathlib import Path
-from types import ModuleType
 
 import typer
 
 from flows.cli_keys import check_name
-from flows.paths import PROJECT_DIR
-
-REGISTRY_SOURCE = PROJECT_DIR / "kernels" / "registry.py"
-PLUGIN_NAMES_SOURCE = PROJECT_DIR / "kernels" / "plugin_names.py"
-
-
-@functools.cache
-def _plugin_grammar() -> ModuleType:
-    """``kernels/plugin_names.py`` (standard library only), loaded from its file under a
-    private name: importing it as ``kernels.plugin_names`` would run ``kernels/__init__``,
-    which imports JAX."""
-    spec = importlib.util.spec_from_file_location("_kernelgate_plugin_names",
-                                                  PLUGIN_NAMES_SOURCE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def source_kernel_names(environ: Mapping[str, str] | None = None) -> list[str]:
-    """The registry's names as its source and ``environ`` (default ``os.environ``) give
-    them, without importing ``kernels``: the ``BUILTIN`` literal of ``kernels/registry.py``
-    and the names of ``KERNELGATE_KERNELS`` (parsed by ``kernels/plugin_names.py``, the
-    registry's own parser), sorted.
-
-    Raises:
-        ValueError: a bad ``KERNELGATE_KERNELS`` (the registry's message, naming it).
-        RuntimeError: ``kernels/registry.py`` has no ``BUILTIN`` literal.
-    """
-    for node in ast.parse(REGISTRY_SOURCE.read_text()).body:
-        if (isinstance(node, ast.AnnAssign | ast.Assign)
-                and "BUILTIN" in [t.id for t in (getattr(node, "targets", None) or [node.target])
-                                  if isinstance(t, ast.Name)]):
-            builtin = ast.literal_eval(node.value)
-            return sorted({*builtin, *_plugin_grammar().plugins_from_env(builtin, environ)})
-    raise RuntimeError(f"no BUILTIN registry literal in {REGISTRY_SOURCE}")
 
 
 def kernel_names() -> list[str]:
-    """The kernel registry's names: the live registry when ``kernels`` is imported,
-    else :func:`source_kernel_names` (no import).
+    """The kernel registry's names, sorted (``kernels.registry.IMPLEMENTATIONS``: the
+    built-in kernels and those of ``KERNELGATE_KERNELS``; no kernel is loaded).
 
     Raises:
         typer.BadParameter: ``KERNELGATE_KERNELS`` is not a list of
-            ``name=module:attribute`` (the registry's message: it would refuse it too).
+            ``name=module:attribute`` (the registry's message: it refuses it).
     """
-    if "kernels.registry" in sys.modules:
-        from kernels.registry import IMPLEMENTATIONS
-
-        return sorted(IMPLEMENTATIONS)
     try:
-        return source_kernel_names()
-    except ValueError as err:
+        from kernels.registry import IMPLEMENTATIONS
+    except ValueError as err:  # the registry parses KERNELGATE_KERNELS when imported
         raise typer.BadParameter(str(err)) from None
+    return sorted(IMPLEMENTATIONS)
 
 
 def check_implementation(implementation: str) -> str:

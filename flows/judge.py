@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import kernels
 from evaluation.evaluate import evaluate_candidate
 from evaluation.performance import default_shapes
 from evaluation.testset.draws import unspent_draw
@@ -18,6 +17,7 @@ from flows.results import (
 from flows.tasks import run_logger, stage_task
 from gates.decision import decide
 from gates.thresholds import Thresholds
+from kernels.build import build as build_kernel
 from kernels.interpreters import InterpreterPlan
 from kernels.shapes import AttentionShape
 from lineage import evidence, registered_model, registration, tags, version_runners
@@ -42,7 +42,7 @@ def build(context: RolloutContext, preregistered: Preregistered | None = None) -
     registration, the settings')."""
     record, settings = context.record, context.settings
     out = record.work_dir / "build"
-    build = kernels.build(record.implementation, settings.config, BUILD_SHAPE, output_dir=out)
+    build = build_kernel(record.implementation, settings.config, BUILD_SHAPE, output_dir=out)
     shapes = preregistered.perf_shapes(settings) if preregistered else settings.perf_shapes
     bench = shapes or default_shapes(record.backend)
     build_run_id, version, logged = evidence.log_build(record, build, out, context.model, bench)

@@ -9,7 +9,6 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from flows.paths import DEFAULT_THRESHOLDS
-from kernels.config import BlockSizes
 from kernels.shapes import AttentionShape
 
 
@@ -18,11 +17,13 @@ class RolloutSettings(BaseModel):
 
     Attributes:
         implementation: candidate kernel (registry name) or ``auto`` (the native flash
-            kernel of this backend, ``kernels.NATIVE_FLASH``).
+            kernel of this backend, ``kernels.native_flash``).
         family: kernel family = MLflow experiment and registered model (default: the
             implementation's name).
         thresholds: the thresholds file to preregister (profile inside).
-        config: block sizes for the candidate (``None``: kernel default / tuned table).
+        config: block sizes asked for the candidate, field -> value (``block_q``,
+            ``block_kv``; read by its own config type, ``Kernel.config_from``; ``None``:
+            kernel default / tuned table).
         testset_profile: ``ci`` (short sequences, CPU-friendly) or ``gpu``; ``auto`` picks by
             backend; ``minimal`` (17 small cases a split: the pipeline's flow tests, not
             evidence about a kernel; ``evaluation.testset.recipes``).
@@ -50,7 +51,7 @@ class RolloutSettings(BaseModel):
     implementation: str = "auto"
     family: str | None = None
     thresholds: Path = DEFAULT_THRESHOLDS
-    config: BlockSizes | None = None
+    config: dict[str, int] | None = None
     testset_profile: Literal["auto", "ci", "gpu", "minimal"] = "auto"
     testset_dir: Path | None = None
     documents_dir: Path | None = None

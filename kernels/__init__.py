@@ -1,33 +1,47 @@
-"""kernelgate kernels: exact attention behind one contract (see ``kernels.api``)."""
+"""kernelgate kernels: exact attention behind one contract (see ``kernels.api``).
 
-from kernels.api import (
-    AUTO_ORDER,
-    IMPLEMENTATIONS,
-    NATIVE_FLASH,
-    AttentionFn,
-    Resolution,
-    attention,
-    default_backend,
-    native_flash_kernel,
-    resolve,
-    why_picked,
-)
+The package is lazy (PEP 562): ``import kernels`` imports neither JAX nor a kernel; each
+name below is imported from its module the first time it is read (``kernels.attention``
+loads ``kernels.api``, and with it JAX). So ``kernels.registry``, ``kernels.errors`` and
+the kernel classes' base (``kernels.kernel``) can be imported by the command line before
+JAX is. ``build`` is a submodule, not a name here: ``from kernels.build import build``.
+"""
 
-# ``build`` is imported eagerly: a lazy wrapper function of that name would be
-# replaced by the submodule ``kernels.build`` the first time anyone imports it.
-from kernels.build import build
-from kernels.config import BlockSizes
-from kernels.contract import AttentionSpec, validate
-from kernels.dispatch import GuardedAttention, ResourceLimitError, get_attention_fn
-from kernels.kernel import Capability, Kernel
-from kernels.reference import attention_reference, relative_error
-from kernels.registry import register, registered, unregister
-from kernels.shapes import AttentionShape, random_inputs
+from __future__ import annotations
 
-__all__ = [
-    "AUTO_ORDER", "IMPLEMENTATIONS", "NATIVE_FLASH", "AttentionFn", "AttentionShape",
-    "AttentionSpec", "BlockSizes", "Capability", "GuardedAttention", "Kernel", "Resolution",
-    "ResourceLimitError", "attention", "attention_reference", "build", "default_backend",
-    "get_attention_fn", "native_flash_kernel", "random_inputs", "register", "registered",
-    "relative_error", "resolve", "unregister", "validate", "why_picked",
-]
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "kernels.api": ("ConfigLike", "IMPLEMENTATIONS", "AttentionFn", "Resolution", "attention",
+                    "auto_order", "default_backend", "native_flash", "native_flash_kernel",
+                    "resolve", "why_picked"),
+    "kernels.config": ("KernelConfig",),
+    "kernels.contract": ("AttentionSpec", "validate"),
+    "kernels.dispatch": ("GuardedAttention", "ResourceLimitError", "get_attention_fn"),
+    "kernels.kernel": ("Capability", "Kernel"),
+    "kernels.reference": ("attention_reference", "relative_error"),
+    "kernels.registry": ("register", "registered", "stored_config", "unregister"),
+    "kernels.shapes": ("AttentionShape", "random_inputs"),
+}
+_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    """``kernels.<name>``: imported from its module on first use, then kept here.
+
+    Raises:
+        AttributeError: not one of ``__all__`` (a submodule is imported as usual).
+    """
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'kernels' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

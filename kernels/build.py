@@ -21,17 +21,18 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
 from jax import export as jax_export
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
-from kernels.api import IMPLEMENTATIONS, Resolution, default_backend, resolve
-from kernels.config import BlockSizes
+from kernels.api import IMPLEMENTATIONS, ConfigLike, Resolution, default_backend, resolve
+from kernels.config import AnyConfig, KernelConfig
 from kernels.contract import validate
 from kernels.kernel import Kernel
+from kernels.registry import stored_config
 from kernels.shapes import AttentionShape
 
 EXPORT_PLATFORMS = ("cpu", "cuda", "tpu")
@@ -98,9 +99,10 @@ class KernelBuild(BaseModel):
     implementation: str
     resolution: Resolution | None = Field(
         description="how the name resolved on the local backend; None if it cannot run here")
-    requested_config: BlockSizes | None = Field(description="block sizes asked for")
-    config: BlockSizes | None = Field(
-        description="the block sizes the build ran with (defaults filled in); None: untiled")
+    requested_config: AnyConfig | None = Field(
+        description="the config asked for, as the kernel's own type (None: its choice)")
+    config: AnyConfig | None = Field(
+        description="the config the build ran with (defaults filled in); None: untiled")
     shape: AttentionShape
     with_lengths: bool
     jax_version: str
@@ -111,6 +113,15 @@ class KernelBuild(BaseModel):
     local: LocalCompile | None
     local_skipped_reason: str | None = None
     artifacts: list[ExportArtifact]
+
+    @field_validator("requested_config", "config", mode="before")
+    @classmethod
+    def _kernels_config(cls, value: Any, info) -> Any:
+        # A stored build's JSON is read back as the kernel's own config type; an older
+        # build's block sizes (the shape every kernel shared) included.
+        if value is None or isinstance(value, KernelConfig) or "implementation" not in info.data:
+            return value
+        return stored_config(info.data["implementation"], value)
 
     def artifact(self, platform: str) -> ExportArtifact:
         """The artifact record for ``platform`` (KeyError if it was not a target)."""
@@ -174,7 +185,7 @@ def _cost(compiled) -> CompilerCost:
                         bytes_accessed=cost.get("bytes accessed"))
 
 
-def _bound_fn(implementation: str, config: BlockSizes | None, causal: bool,
+def _bound_fn(implementation: str, config: KernelConfig | None, causal: bool,
               with_lengths: bool):
     """A fresh (never cached) function of ``q, k, v[, q_lengths, kv_lengths]``.
 
@@ -219,7 +230,7 @@ def _reproducible_locations():
         yield
 
 
-def compile_local(implementation: str, config: BlockSizes | None, shape: AttentionShape,
+def compile_local(implementation: str, config: KernelConfig | None, shape: AttentionShape,
                   backend: str, native: bool, with_lengths: bool = False) -> LocalCompile:
     """Lower and compile for the local backend; times in seconds, sizes in bytes."""
     jitted = jax.jit(_bound_fn(implementation, config, shape.causal, with_lengths))
@@ -246,7 +257,7 @@ def _export_skip_reason(implementation: str, platform: str, spec, local_backend:
         return (f"{implementation} is not native on {platform} (native: "
                 f"{list(impl.native_platforms)}); it would run interpreted or not at all")
     try:
-        impl.check(spec, backend)
+        impl.check_supported(spec, backend)
     except NotImplementedError as err:
         return str(err)
     if impl.export_needs_local_device and backend != local_backend:
@@ -274,7 +285,7 @@ def _write_atomic(path: Path, data: bytes) -> None:
         raise
 
 
-def export_for(implementation: str, config: BlockSizes | None, shape: AttentionShape,
+def export_for(implementation: str, config: KernelConfig | None, shape: AttentionShape,
                platform: str, output_dir: Path | None, local_backend: str,
                with_lengths: bool = False) -> ExportArtifact:
     """Serialise the kernel with ``jax.export`` for one platform.
@@ -313,15 +324,16 @@ def export_for(implementation: str, config: BlockSizes | None, shape: AttentionS
                           size_bytes=len(data), path=path)
 
 
-def build(implementation: str, config: BlockSizes | None, shape: AttentionShape | dict,
+def build(implementation: str, config: ConfigLike, shape: AttentionShape | dict,
           platforms: Sequence[str] = EXPORT_PLATFORMS, *, with_lengths: bool = False,
           output_dir: str | Path | None = None) -> KernelBuild:
     """Compile, fingerprint and export one kernel.
 
     Args:
         implementation: a registry name or ``"auto"`` (resolved on the local backend).
-        config: block sizes for tiled kernels; ``None`` (or unset fields) = the kernel's
-            default, filled in and recorded as ``KernelBuild.config``.
+        config: the config asked for (the kernel's own type, or a mapping of its
+            fields: ``kernels.api.ConfigLike``); ``None`` (or unset fields) = the
+            kernel's default, filled in and recorded as ``KernelBuild.config``.
         shape: the example problem (``AttentionShape`` or a dict of its fields): shapes,
             dtype and causal flag the build is compiled and exported for.
         platforms: ``jax.export`` platform names ("cpu", "cuda", "rocm", "tpu").
@@ -335,7 +347,7 @@ def build(implementation: str, config: BlockSizes | None, shape: AttentionShape 
         as ``skipped`` with the reason; a lowering error as ``failed``.
 
     Raises:
-        ValueError: unknown implementation, invalid shape or illegal block sizes.
+        ValueError: unknown implementation, invalid shape or an illegal config.
     """
     shape = AttentionShape.model_validate(shape)
     spec, _, _ = validate(*shape.structs(), causal=shape.causal)
@@ -357,7 +369,8 @@ def build(implementation: str, config: BlockSizes | None, shape: AttentionShape 
     if resolution is None:
         # Not runnable here (e.g. a GPU kernel on a CPU host): the block sizes must still
         # be legal for it, checked on a backend where it exists.
-        impl.check(spec, impl.native_platforms[0], config)
+        impl.check_supported(spec, impl.native_platforms[0], config)
+    requested = impl.config_from(config)
     resolved = resolution.config if resolution is not None else impl.resolve_config(spec, config)
     if resolution is not None:
         local = compile_local(name, resolved, shape, backend, resolution.native, with_lengths)
@@ -366,7 +379,7 @@ def build(implementation: str, config: BlockSizes | None, shape: AttentionShape 
                  for p in platforms]
     sources = source_digests()
     result = KernelBuild(
-        implementation=name, resolution=resolution, requested_config=config, config=resolved,
+        implementation=name, resolution=resolution, requested_config=requested, config=resolved,
         shape=shape, with_lengths=with_lengths, jax_version=jax.__version__,
         jaxlib_version=importlib.metadata.version("jaxlib"),
         source_sha256=combined_digest(sources), source_files=sources, local=local,

@@ -20,7 +20,7 @@ How. :class:`GuardedAttention` watches the first call of every distinct call sig
   signature; never on the CPU, where Pallas runs interpreted).
 
 On such a failure, ``auto`` re-resolves with that implementation excluded: the next one
-in ``AUTO_ORDER`` runs, and ``Resolution.skipped`` says why (the XLA message), kept in
+in ``kernels.api.auto_order`` runs, and ``Resolution.skipped`` says why (the XLA message), kept in
 :attr:`GuardedAttention.resolutions` for the evaluation report and lineage. An
 explicitly requested implementation raises :class:`ResourceLimitError`, naming the
 implementation, its tiling and the limit XLA reported. Later calls of a signature take
@@ -48,7 +48,7 @@ from kernels.api import (
     check_implementation_name,
     resolve,
 )
-from kernels.config import BlockSizes
+from kernels.config import KernelConfig
 from kernels.contract import validate
 from kernels.errors import KernelgateError
 
@@ -90,7 +90,7 @@ class GuardedAttention:
             :class:`kernels.Resolution` its first call ran with.
     """
 
-    def __init__(self, implementation: str, config: BlockSizes | None, *, jit: bool = True):
+    def __init__(self, implementation: str, config: KernelConfig | None, *, jit: bool = True):
         self.implementation = implementation
         self.config = config
         self.jit = jit
@@ -178,8 +178,7 @@ class GuardedAttention:
 
     @staticmethod
     def _config_text(resolution: Resolution) -> str:
-        return "untiled" if resolution.config is None else str(
-            resolution.config.model_dump(exclude_none=True))
+        return "untiled" if resolution.config is None else str(resolution.config.fields_set())
 
     @staticmethod
     def _may_exhaust(resolution: Resolution) -> bool:
@@ -197,10 +196,12 @@ class GuardedAttention:
 
 
 @functools.lru_cache(maxsize=64)
-def get_attention_fn(implementation: str = "auto", config: BlockSizes | None = None,
+def get_attention_fn(implementation: str = "auto", config: KernelConfig | None = None,
                      *, jit: bool = True) -> GuardedAttention:
     """An ``AttentionFn`` bound to one implementation and config (jitted by default;
     ``causal`` and ``scale`` are static), with the compile fallback of this module.
+    ``config`` is a kernel's config, hashable (read a mapping of fields with the
+    kernel's ``config_from`` first).
 
     Cached: the same arguments return the same function object, so a model that takes
     the function as a static argument of ``jax.jit`` compiles once per kernel.

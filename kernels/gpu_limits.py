@@ -1,6 +1,6 @@
 """Shared memory on NVIDIA GPUs: what a pallas_gpu tiling needs, and what a device grants.
 
-Why this exists (issue 11). On an H200 the Triton compile of ``pallas_gpu`` failed with
+Why this exists. On an H200 the Triton compile of ``pallas_gpu`` failed with
 ``RESOURCE_EXHAUSTED: Shared memory size limit exceeded`` for float32 at head_dim 128
 with the default 128x128 tiling, and for float32 at head_dim 256 with a tiling the
 selection table had measured for bf16 at head_dim 128. This module lets every chooser
@@ -32,8 +32,8 @@ The last term of each (``4 * bq``) is a row of float32 reduction scratch (row ma
 sum across warps). The masked-loop term is always counted (conservative: every causal
 call, every call with lengths or a ragged tail has that loop).
 
-Calibration against the measured failures and successes on the H200 (issue 11 and
-``kernels/tools/NOTES-gpu.md``; JAX 0.11.2; the unmasked/masked figures are the non-causal and
+Calibration against the measured failures and successes on the H200
+(``kernels/tools/NOTES-gpu.md``; JAX 0.11.2; the unmasked/masked figures are the non-causal and
 causal calls of one sweep):
 
 ========================================  ==================  ==========================
@@ -70,7 +70,7 @@ import jax
 import jax.numpy as jnp
 from pydantic import BaseModel, ConfigDict
 
-from kernels.config import BlockSizes
+from kernels.config import KernelConfig
 
 MAX_SMEM_PER_BLOCK_BY_CC: dict[tuple[int, int], int] = {
     (7, 0): 96 * 1024,    # V100
@@ -161,11 +161,12 @@ def uses_tensor_cores(dtype: Any) -> bool:
     return jnp.dtype(dtype) != jnp.dtype(jnp.float32)
 
 
-def shared_memory_bytes(config: BlockSizes, *, dtype: Any, head_dim: int) -> int:
+def shared_memory_bytes(config: KernelConfig, *, dtype: Any, head_dim: int) -> int:
     """Modelled shared memory (bytes) of one pallas_gpu program with ``config``.
 
     Args:
-        config: a complete tiling (every field set; e.g. ``resolve_config``'s result).
+        config: a complete ``kernels.pallas_gpu.TritonConfig`` (every field set; e.g.
+            ``PallasGpuKernel.resolve_config``'s result).
         dtype: the call's input dtype (float32, bfloat16, float16).
         head_dim: the call's head_dim (padded here as the kernel pads it).
 
@@ -185,7 +186,7 @@ def shared_memory_bytes(config: BlockSizes, *, dtype: Any, head_dim: int) -> int
             + 4 * bq)
 
 
-def effective_config(config: BlockSizes, q_len: int, kv_len: int) -> BlockSizes:
+def effective_config(config: KernelConfig, q_len: int, kv_len: int) -> KernelConfig:
     """``config`` with its blocks clamped to the (power-of-two padded) sequence lengths,
     as the kernel clamps them: a 128-row tile over 40 rows is a 64-row tile."""
     def clamp(block: int, length: int) -> int:
@@ -194,9 +195,9 @@ def effective_config(config: BlockSizes, q_len: int, kv_len: int) -> BlockSizes:
                                      "block_kv": clamp(config.block_kv, kv_len)})
 
 
-def fit_config(wanted: BlockSizes, default: BlockSizes, *, dtype: Any, head_dim: int,
+def fit_config(wanted: KernelConfig, default: KernelConfig, *, dtype: Any, head_dim: int,
                budget: SharedMemoryBudget, q_len: int | None = None,
-               kv_len: int | None = None) -> BlockSizes | None:
+               kv_len: int | None = None) -> KernelConfig | None:
     """The tiling closest to ``wanted`` (unset fields from ``default``) that fits ``budget``.
 
     Fields set in ``wanted`` are kept; only the others are adjusted, in this order:
@@ -213,7 +214,7 @@ def fit_config(wanted: BlockSizes, default: BlockSizes, *, dtype: Any, head_dim:
         raise ValueError(f"fit_config needs a complete default tiling, got {default}")
     fixed = {k for k, v in wanted.model_dump().items() if v is not None}
 
-    def fits(c: BlockSizes) -> bool:
+    def fits(c: KernelConfig) -> bool:
         c_eff = effective_config(c, q_len, kv_len) if q_len and kv_len else c
         return shared_memory_bytes(c_eff, dtype=dtype, head_dim=head_dim) <= budget.bytes
 

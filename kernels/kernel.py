@@ -1,37 +1,53 @@
 """The kernel contract as a type: one ``Kernel`` subclass per implementation.
 
 Every implementation (naive, xla, cudnn, pallas_tpu, pallas_gpu, pallas_mosaic_gpu)
-declares one subclass of :class:`Kernel` in its own module, next to its code; the
-registry (``kernels.registry``) lists them, and selection, build, the tools and the CLI
-read what the class declares (capability, config fields, precision, trace name, whether
-the GPU table tunes it, whether the benchmark counts it as ours) instead of a list of
-names. The attributes are class-level declarations (``ClassVar``); a kernel is used
-through one instance, which is callable as the kernel itself.
+declares one subclass of :class:`Kernel` in its own module, next to its code, and that
+class is all there is to know about it: its config type (``Kernel[ConfigT]``), its default
+config for a call, its autotuning candidates, its support check, its place in ``auto``'s
+order, its export hooks. The registry (``kernels.registry``) lists the classes; selection,
+build, the tools and the CLI read what a class declares instead of lists of names. The
+attributes are class-level declarations (``ClassVar``); a kernel is used through one
+instance, which is callable as the kernel itself.
 
-A kernel module may import heavy, platform-only libraries inside its call (as
-``pallas_mosaic_gpu`` does): declaring the class costs a CPU host nothing.
+Importing this module imports neither JAX nor a kernel (the CLI reads the registry before
+JAX is loaded); a method that needs JAX imports it when it runs. A kernel module may
+import heavy, platform-only libraries inside its call (as ``pallas_mosaic_gpu`` does):
+declaring the class costs a CPU host nothing.
 """
 
 from __future__ import annotations
 
-import abc
 import contextlib
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar, get_args, get_origin
 
-import jax
-import jax.numpy as jnp
+from pydantic import ValidationError
 
-from kernels.config import BlockSizes, refuse_block_sizes
-from kernels.contract import AttentionSpec
+from kernels.config import KernelConfig
 
-BLOCK_SIZE_FIELDS = tuple(BlockSizes.model_fields)
-"""Every field of ``BlockSizes`` (block_q, block_kv, num_warps, num_stages)."""
+if TYPE_CHECKING:
+    import jax
+
+    from kernels.contract import AttentionSpec
+    from kernels.shapes import AttentionShape
+
+ConfigT = TypeVar("ConfigT", bound=KernelConfig)
+BACKENDS = ("cpu", "gpu", "tpu")
 
 
 def round_up(x: int, multiple: int) -> int:
     """``x`` rounded up to a multiple of ``multiple`` (both positive ints)."""
     return -(-x // multiple) * multiple
+
+
+def dtype_name(dtype: Any) -> str:
+    """The name of ``dtype`` (a name, a NumPy/JAX dtype or scalar type): "bfloat16"."""
+    if isinstance(dtype, str):
+        return dtype
+    import jax.numpy as jnp
+
+    return jnp.dtype(dtype).name
 
 
 @dataclass(frozen=True)
@@ -50,7 +66,7 @@ class Capability:
 
     def refusal(self, dtype: Any, head_dim: int) -> str | None:
         """Why a call of ``dtype`` and ``head_dim`` is outside this capability, or None."""
-        name = jnp.dtype(dtype).name
+        name = dtype_name(dtype)
         if name not in self.dtypes:
             return f"supports dtypes {self.dtypes}, got {name}"
         if self.max_head_dim is not None and head_dim > self.max_head_dim:
@@ -64,8 +80,23 @@ class Capability:
         return self.refusal(dtype, head_dim) is None
 
 
-class Kernel(abc.ABC):
+def _validation_message(err: ValidationError) -> str:
+    """pydantic's errors as one line: the constraint each field broke."""
+    parts = []
+    for e in err.errors():
+        where = ".".join(str(p) for p in e["loc"])
+        cause = e.get("ctx", {}).get("error")
+        text = str(cause) if cause is not None else e["msg"]
+        parts.append(text if where and where in text else f"{where}: {text}" if where else text)
+    return "; ".join(parts)
+
+
+class Kernel(Generic[ConfigT]):
     """One attention implementation behind the contract of ``kernels.attention``.
+
+    ``Kernel[ConfigT]`` is generic over its config type: ``class K(Kernel[MyConfig])``
+    declares ``config_type = MyConfig`` (a :class:`kernels.config.KernelConfig`); an
+    untiled kernel subclasses plain ``Kernel`` and takes no config.
 
     Class attributes (declared by each subclass):
         name: registry key.
@@ -73,13 +104,22 @@ class Kernel(abc.ABC):
         native_platforms: backends ("cpu", "gpu", "tpu") where it is compiled natively;
             elsewhere it runs interpreted or not at all (``check_supported`` says).
         capability: the dtypes and head_dims it can run (:class:`Capability`).
-        config_fields: the ``BlockSizes`` fields it takes (empty: untiled, it refuses
-            any block size rather than ignore it).
+        config_type: its config type (``None``: untiled; it refuses any block size
+            rather than ignore it).
+        forward: the kernel function, ``fn(q, k, v, *, causal, scale, q_lengths,
+            kv_lengths, config)`` (a ``staticmethod``), which calling the kernel runs; a
+            kernel may override ``__call__`` instead.
+        auto_priority: backend -> its rank in ``auto``'s fallback order there (lower is
+            tried first; ties keep registry order); a backend it does not name never
+            runs it under ``auto`` (``kernels.api.auto_order``).
+        rollout_default_on: the backends whose rollouts build it for ``auto`` (the flash
+            kernel of that backend, ``kernels.api.native_flash``).
         float32_matmul_precision: the ``jax.lax.Precision`` of its float32 matrix
             products on every backend (``"highest"``: full float32), or ``None`` when it
             runs no float32 call.
         trace_name: the name its kernel carries in HLO and profiler traces, or ``None``.
-        tuned: its tilings come from the measured GPU table (``kernels.selection``).
+        tuned: its tilings come from the measured GPU table (``kernels.selection``) and
+            the autotuner searches its :meth:`candidate_configs`.
         ours: one of our flash kernels, summarised against cuDNN by the benchmark.
         lowers_at_trace_time: it picks native vs interpreted lowering when traced, so
             exporting for another platform needs :meth:`export_context`.
@@ -94,7 +134,10 @@ class Kernel(abc.ABC):
     description: ClassVar[str]
     native_platforms: ClassVar[tuple[str, ...]]
     capability: ClassVar[Capability] = Capability()
-    config_fields: ClassVar[tuple[str, ...]] = ()
+    config_type: ClassVar[type[KernelConfig] | None] = None
+    forward: ClassVar[Callable[..., Any] | None] = None
+    auto_priority: ClassVar[Mapping[str, int]] = {}
+    rollout_default_on: ClassVar[tuple[str, ...]] = ()
     float32_matmul_precision: ClassVar[str | None] = None
     trace_name: ClassVar[str | None] = None
     tuned: ClassVar[bool] = False
@@ -103,46 +146,85 @@ class Kernel(abc.ABC):
     export_needs_local_device: ClassVar[bool] = False
     variant_fields: ClassVar[tuple[str, ...]] = ()
 
-    @abc.abstractmethod
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "config_type" not in cls.__dict__:
+            for base in getattr(cls, "__orig_bases__", ()):
+                args = get_args(base) if get_origin(base) is Kernel else ()
+                if args and isinstance(args[0], type) and issubclass(args[0], KernelConfig):
+                    cls.config_type = args[0]
+        unknown = set(cls.auto_priority) - set(BACKENDS)
+        if unknown:
+            raise TypeError(f"{cls.__qualname__}.auto_priority names unknown backends "
+                            f"{sorted(unknown)}; choose from {BACKENDS}")
+
     def __call__(self, q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool,
                  scale: float, q_lengths: jax.Array | None, kv_lengths: jax.Array | None,
-                 config: BlockSizes | None = None) -> jax.Array:
+                 config: ConfigT | None = None) -> jax.Array:
         """The kernel on validated inputs: q ``[batch, q_len, num_heads, head_dim]``,
         k/v ``[batch, kv_len, num_kv_heads, head_dim]`` (same dtype), int32 ``[batch]``
         lengths or None; returns ``[batch, q_len, num_heads, head_dim]`` in q's dtype
-        (rows that see no key are 0). ``config`` is resolved (untiled kernels: None)."""
+        (rows that see no key are 0). ``config`` is resolved (untiled kernels: None).
+
+        Raises:
+            NotImplementedError: the class declares no ``forward``.
+        """
+        forward = type(self).forward
+        if forward is None:
+            raise NotImplementedError(f"{self.name} declares no forward and no __call__")
+        return forward(q, k, v, causal=causal, scale=scale, q_lengths=q_lengths,
+                       kv_lengths=kv_lengths, config=config)
 
     @property
     def tiled(self) -> bool:
-        """Whether it takes block sizes (``config_fields`` is not empty)."""
-        return bool(self.config_fields)
+        """Whether it takes a config (it declares a ``config_type``)."""
+        return self.config_type is not None
+
+    @property
+    def config_fields(self) -> tuple[str, ...]:
+        """The fields of its config type (empty: untiled)."""
+        return tuple(self.config_type.model_fields) if self.config_type is not None else ()
 
     def is_native(self, backend: str) -> bool:
         """Whether it compiles natively on ``backend`` ("cpu", "gpu", "tpu")."""
         return backend in self.native_platforms
 
-    def check_block_sizes(self, config: BlockSizes) -> None:
-        """Raise ``ValueError`` naming the constraint ``config`` breaks whatever the call.
-        The default: an untiled kernel refuses any block size; a tiled one refuses a
-        field outside ``config_fields``. Subclasses add their own constraints."""
-        if not self.tiled:
-            refuse_block_sizes(self.name, config)
-            return
-        extra = [f for f, v in config.model_dump().items()
-                 if v is not None and f not in self.config_fields]
+    def config_from(self, data: KernelConfig | Mapping[str, Any] | None) -> ConfigT | None:
+        """Its config from ``data``: ``None``; an instance of its config type (returned
+        as is); another kernel's config or a mapping, read field by field (its own
+        field names, or the older shared block-size shape stored records hold:
+        :meth:`kernels.config.KernelConfig.from_fields`). Unset fields stay unset.
+
+        Raises:
+            ValueError: an untiled kernel given any block size; a field its config type
+                does not take; a value its config type refuses (the message names the
+                constraint).
+        """
+        if data is None:
+            return None
+        if self.config_type is not None and isinstance(data, self.config_type):
+            return data
+        fields = (data.fields_set() if isinstance(data, KernelConfig)
+                  else {k: v for k, v in dict(data).items() if v is not None})
+        if self.config_type is None:
+            if fields:
+                raise ValueError(f"{self.name} has no block sizes (it does not tile); "
+                                 f"got {fields}")
+            return None
+        extra = self.config_type.unknown_fields(fields)
         if extra:
             raise ValueError(f"{self.name} takes block sizes {list(self.config_fields)}, "
                              f"not {extra}")
-
-    def check_config(self, config: BlockSizes | None) -> None:
-        """:meth:`check_block_sizes` when block sizes were given (``ValueError``)."""
-        if config is not None:
-            self.check_block_sizes(config)
+        try:
+            return self.config_type.from_fields(fields)
+        except ValueError as err:  # pydantic's ValidationError included
+            why = _validation_message(err) if isinstance(err, ValidationError) else str(err)
+            raise ValueError(why if why.startswith(self.name) else f"{self.name}: {why}") from None
 
     def check_supported(self, spec: AttentionSpec, backend: str,
-                        config: BlockSizes | None = None) -> None:
+                        config: KernelConfig | Mapping[str, Any] | None = None) -> None:
         """Raise when it cannot run ``spec`` on ``backend`` with ``config``. The default
-        checks the capability and the block sizes.
+        checks the capability and reads the config (:meth:`config_from`).
 
         Raises:
             NotImplementedError: the call is outside ``capability`` (the reason says why).
@@ -152,19 +234,56 @@ class Kernel(abc.ABC):
         why = self.capability.refusal(spec.dtype, spec.head_dim)
         if why is not None:
             raise NotImplementedError(f"{self.name} {why}")
-        self.check_config(config)
+        self.config_from(config)
 
-    def check(self, spec: AttentionSpec, backend: str, config: BlockSizes | None = None) -> None:
-        """Alias of :meth:`check_supported` (the registry's historical name)."""
-        self.check_supported(spec, backend, config)
+    def default_config(self, head_dim: int) -> ConfigT | None:
+        """Its documented default config at ``head_dim`` before any fitting to a call
+        (``None``: untiled). Tiled kernels declare it.
 
-    def resolve_config(self, spec: AttentionSpec, config: BlockSizes | None) -> BlockSizes | None:
-        """The concrete block sizes a call runs with (``None`` for untiled kernels).
-        Tiled kernels override it to fill in their defaults."""
-        del spec
+        Raises:
+            NotImplementedError: a tiled kernel that declares none.
+        """
         if self.tiled:
-            raise NotImplementedError(f"{self.name} is tiled but declares no resolve_config")
+            raise NotImplementedError(f"{self.name} is tiled but declares no default_config")
         return None
+
+    def resolve_config(self, spec: AttentionSpec,
+                       config: KernelConfig | Mapping[str, Any] | None = None
+                       ) -> ConfigT | None:
+        """The complete config a call of ``spec`` runs with: ``config``'s fields where
+        set, :meth:`default_config` elsewhere (``None`` for untiled kernels).
+
+        Raises:
+            ValueError: ``config`` is illegal for this kernel (:meth:`config_from`).
+        """
+        config = self.config_from(config)
+        if not self.tiled:
+            return None
+        return (config or self.config_type()).merged_over(self.default_config(spec.head_dim))
+
+    def candidate_configs(self, shape: AttentionShape, quick: bool = False) -> list[ConfigT]:
+        """The configs the autotuner tries on ``shape`` (``quick``: a few small ones for
+        a CPU run), the default first. The default: its resolved default only."""
+        from kernels.contract import validate
+
+        spec, _, _ = validate(*shape.structs(), causal=shape.causal)
+        return [self.resolve_config(spec, None)]
+
+    def refined_candidates(self, tried: Sequence[tuple[ConfigT, float | None]],
+                           shape: AttentionShape, quick: bool = False) -> list[ConfigT]:
+        """A second autotuning pass around the first's results (``tried``: each config
+        with its TFLOP/s, ``None`` where it failed); the default: none."""
+        del tried, shape, quick
+        return []
+
+    def fit_to_device(self, config: ConfigT, shape: AttentionShape
+                      ) -> tuple[ConfigT | None, str]:
+        """A measured config (the GPU table's, for the nearest measured shape) adapted
+        to a call of ``shape`` on this device: the config to run (``None``: none fits)
+        and a note saying what was changed and why ("" when nothing was). The default
+        runs it unchanged."""
+        del shape
+        return config, ""
 
     def export_context(self, platform: str) -> contextlib.AbstractContextManager:
         """The context ``kernels.build`` exports under for a ``jax.export`` platform."""

@@ -1,5 +1,5 @@
-"""Variant switches of the Mosaic GPU flash-attention forward (issue 24), and the lazy
-rescale rule of its online softmax.
+"""Variant switches of the Mosaic GPU flash-attention forward, and the lazy rescale rule
+of its online softmax.
 
 :class:`MosaicVariant` holds the techniques of FlashAttention-3 (Shah et al., 2024,
 arXiv:2407.08608) and FlashAttention-4 that ``kernels.pallas_mosaic_gpu`` can switch on
@@ -13,7 +13,7 @@ Already in the kernel, so not switches: two consumer warpgroups in ping-pong (on
 softmax under the other's ``wgmma``), ``exp2`` with the scale folded into ``log2 e``
 (``p = exp2((s - m) * c)`` with ``m`` in raw-logit units, :func:`softmax_block`; it was
 one FMA per logit, ``exp2(s * c - m * c)``, until that FMA was found to lose the row's
-largest logit at large magnitudes), larger tiles (``BlockSizes``: block_q 128, block_kv
+largest logit at large magnitudes), larger tiles (``MosaicConfig``: block_q 128, block_kv
 256 are legal tilings already).
 
 The lazy rescale rule (FlashAttention-4's "conditional rescaling", Tri Dao et al., 2025,
@@ -29,6 +29,9 @@ second matrix product). The price is headroom: the float32 accumulator may hold 
 ``2**t`` times ``l * max|v|``, so bf16 values within ``2**-t`` of float32's range
 (``|v| > ~1e36 / l`` at ``t = 8``) could overflow where the eager rescale does not;
 float16 values (<= 65504) cannot.
+
+Kept whole, over 350 lines: the switches, their registered defaults and the softmax block
+they alter are one concept, and the kernel reads all three from here.
 """
 
 from __future__ import annotations
@@ -95,26 +98,28 @@ REGISTERED_SWITCHES: tuple[SwitchRule, ...] = (
 applies wins, none: every switch off. Only what was measured to pay on the H200 and
 passed the `gpu` tests there (``kernels/tools/bench_results/``; NOTES-gpu.md):
 
-* head_dim 256: the lazy rescale (session 5, ``h200-2026-12-01-session5/fa3-grid``:
-  +4 to +8 % on each bf16 grid row; at 128 it changed nothing, at 64 it lost 12 %), and,
-  without a causal mask at kv_len <= 4096, the row sum before the hand-over as well
-  (session 7, ``h200-2026-12-01-session7/d256-switches``: full S = 4096 B4 1.086 / 1.081
-  of the lazy rescale alone in bf16 / f16, i.e. 1.004 / 0.997 of cuDNN against 0.925 /
-  0.922, while at S = 16384 it lost 4 % and under the causal mask 0-1.4 %; lengths
-  between 4096 and 16384 were not measured, so the rule stops at the measured one);
-* head_dim 64 and 128: the row sum after the hand-over (session 7,
-  ``h200-2026-12-01-session7/grid-d64-d128``: +1.2 to +3.2 % on 13 of the 16 bf16/f16
-  rows, -0.7 to -2.6 % on three causal ones, every row still ahead of cuDNN; at f16 d128
-  session 6 had found the same, +0.8 to +2.9 % on three of four rows);
-* head_dim 256: the output staged through half-width buffers, ``output_chunks`` 2
-  (session 10, ``h200-2026-12-02-session10/switches-grid-bf16``: +0.6 / +3.2 % full
-  S = 16384 / 4096, +1.0 / +2.8 % causal, bf16: the query tile is freed after a tile's
-  last ``Q K^T`` instead of after the output's store);
+* head_dim 256: the lazy rescale (the H200 grid of 2026-12-01, ``fa3-grid``: +4 to +8 %
+  on each bf16 grid row; at 128 it changed nothing, at 64 it lost 12 %), and, without a
+  causal mask at kv_len <= 4096, the row sum before the hand-over as well (the
+  ``d256-switches`` run of 2026-12-01: full S = 4096 B4 1.086 / 1.081 of the lazy rescale
+  alone in bf16 / f16, i.e. 1.004 / 0.997 of cuDNN against 0.925 / 0.922, while at
+  S = 16384 it lost 4 % and under the causal mask 0-1.4 %; lengths between 4096 and 16384
+  were not measured, so the rule stops at the measured one);
+* head_dim 64 and 128: the row sum after the hand-over (the same day's ``grid-d64-d128``:
+  +1.2 to +3.2 % on 13 of the 16 bf16/f16 rows, -0.7 to -2.6 % on three causal ones,
+  every row still ahead of cuDNN; an earlier f16 d128 run had found the same, +0.8 to
+  +2.9 % on three of four rows);
+* head_dim 256: the output staged through half-width buffers, ``output_chunks`` 2 (the
+  ``switches-grid-bf16`` run of 2026-12-02: +0.6 / +3.2 % full S = 16384 / 4096, +1.0 /
+  +2.8 % causal, bf16: the query tile is freed after a tile's last ``Q K^T`` instead of
+  after the output's store);
 * head_dim 64: the ping-pong's phase offset once per kernel, ``pingpong_across_tiles``
   (the same call: +1.1 to +1.5 % on each of the four bf16 rows; at head_dim 128 it lost
   0.7-2.3 %, with the half-width output at 256 0.4-1.6 % on three rows, so it stays off
   there). The new registration beside the one before, one call, bf16 and f16
-  (``.../registered-vs-before``): 0.990-1.025 per row, 15 of 16 rows >= 1.0.
+  (``registered-vs-before``): 0.990-1.025 per row, 15 of 16 rows >= 1.0.
+
+The runs are in ``kernels/tools/bench_results/`` and BENCHMARKS.md.
 
 ``pallas_mosaic_gpu.registered_variant`` drops what a tiling cannot hold (the half-width
 output where it would not fit shared memory, the offset once per kernel where the output
@@ -122,13 +127,13 @@ is staged in the query tiles), and the kernel sets the offset per tile in calls 
 lengths (a tile they leave empty would deadlock it).
 
 Every poisoned-padding and extreme-magnitude case of ``tests/test_kernels_mosaic_variants.py``
-passed on the H200 in bf16 and f16 with each switch by itself (session 7: 70 passed); the
+passed on the H200 in bf16 and f16 with each switch by itself (70 passed); the
 combination at head_dim 256, kv_len <= 4096 passed the grid's float64 checks there, and its
-own `gpu` cases (``lazy-8-rowsum-before`` in ``fa3_variants.json``) passed in session 8.
-Session 10's two switches passed the grid's float64 checks on all 24 rows and the bf16-long
-rollout; their own `gpu` cases have not run on a GPU yet (the first attempt failed in the
-test before any kernel check); in the interpreter they pass against float64. A change of
-this table changes the kernels' source digest (``kernels.build``)."""
+own `gpu` cases (``lazy-8-rowsum-before`` in ``fa3_variants.json``) passed in a later call.
+The two switches registered on 2026-12-02 (``output_chunks``, ``pingpong_across_tiles``)
+passed the grid's float64 checks on all 24 rows and the bf16-long rollout; their own
+`gpu` cases had not run on a GPU when they were registered (the first attempt failed in the
+test before any kernel check); in the interpreter they pass against float64. A change of this table changes the kernels' source digest (``kernels.build``)."""
 
 
 def registered_default(padded_head_dim: int, *, causal: bool | None = None,
@@ -248,9 +253,9 @@ class MosaicVariant(BaseModel):
         ``OUTPUT_CHUNK_COLS`` (64) columns; with
         ``intra_wg_pipeline`` the tiles' registers (:func:`tile_registers`, two logits
         tiles) must not exceed ``consumer_registers``. The bound is the one the H200
-        drew without the pipeline (session 1 of issue 24): 224 registers of tiles
-        (head_dim 64, 64 x 256) built without a spill under 232, 256 (128 x 128)
-        spilled."""
+        drew without the pipeline (the first register measurements of the variants):
+        224 registers of tiles (head_dim 64, 64 x 256) built without a spill under 232,
+        256 (128 x 128) spilled."""
         if padded_head_dim % (self.output_chunks * OUTPUT_CHUNK_COLS):
             raise ValueError(
                 f"output_chunks={self.output_chunks}: padded head_dim {padded_head_dim} "

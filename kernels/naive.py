@@ -7,7 +7,7 @@ Precision: float32 inputs are multiplied at full float32 precision on every back
 (``precision=Precision.HIGHEST``, float32 accumulation). JAX's default would let a GPU
 use TF32 (relative error 2-5e-4 measured on an H200, 0.83 on large logits) and a TPU
 bf16 passes, which would make the baseline, and every error ratio to it, 100x looser
-than float32 (issue 11). bf16/f16 products take the backend's native path with float32
+than float32 (TF32 was measured doing exactly that on the H200). bf16/f16 products take the backend's native path with float32
 accumulation, as the contract says.
 """
 
@@ -16,22 +16,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from kernels.config import BlockSizes, refuse_block_sizes
-from kernels.contract import AttentionSpec, row_has_key, visibility_mask, zero_padding
+from kernels.contract import row_has_key, visibility_mask, zero_padding
 from kernels.kernel import Kernel
 
 FLOAT32_PRECISION = jax.lax.Precision.HIGHEST
 """Matrix-product precision of float32 calls (declared in the registry as ``highest``)."""
-
-
-def check_supported(spec: AttentionSpec, backend: str, config: BlockSizes | None = None) -> None:
-    """Naive runs every call the contract accepts on every backend.
-
-    Raises:
-        ValueError: block sizes were given (naive does not tile).
-    """
-    del spec, backend
-    refuse_block_sizes("naive", config)
 
 
 def naive_attention(q, k, v, *, causal, scale, q_lengths, kv_lengths, config=None):
@@ -76,17 +65,13 @@ naive_attention = jax.named_call(naive_attention, name="kernelgate_naive_attenti
 
 
 class NaiveKernel(Kernel):
-    """The registry's ``naive``: every call on every backend, untiled (the baseline)."""
+    """The registry's ``naive``: every call on every backend, untiled (the baseline, and
+    ``auto``'s last resort everywhere); a config with any block size is refused."""
 
     name = "naive"
     description = "materialised logits, softmax, matmul (the baseline)"
     native_platforms = ("cpu", "gpu", "tpu")
+    forward = staticmethod(naive_attention)
+    auto_priority = {"cpu": 90, "gpu": 90, "tpu": 90}
     float32_matmul_precision = "highest"
     trace_name = "kernelgate_naive_attention"
-
-    def __call__(self, q, k, v, *, causal, scale, q_lengths, kv_lengths, config=None):
-        return naive_attention(q, k, v, causal=causal, scale=scale, q_lengths=q_lengths,
-                               kv_lengths=kv_lengths, config=config)
-
-    def check_supported(self, spec, backend, config=None):
-        check_supported(spec, backend, config)

@@ -22,30 +22,35 @@ Contract (``kernels.contract``): q ``[batch, q_len, num_heads, head_dim]``, k/v
 are never materialised; causal is top-left (key ``j > i`` masked); a query row that
 sees no key returns zeros; output shaped and typed like q.
 
-Off-GPU the kernel runs in Pallas interpret mode (tests); ``export_context("cuda")`` and
-``export_disabled_checks("cuda")`` let ``jax.export`` serialise the native Triton kernel
-from a CPU-only host.
+Off-GPU the kernel runs in Pallas interpret mode (tests); the class's
+``export_context("cuda")`` and ``export_disabled_checks("cuda")`` let ``jax.export``
+serialise the native Triton kernel from a CPU-only host.
 
-Shared memory: a tiling is checked against the device's budget for the call's dtype
-and head_dim before launch (``kernels.gpu_limits``), and the default tiling is shrunk
-until it fits (:func:`resolve_config`).
+Config and tuning: :class:`TritonConfig` (block_q, block_kv, num_warps, num_stages) checks
+itself; :class:`PallasGpuKernel` holds the default tiling per head_dim, the autotuner's
+search space and the fitting of a measured tiling to the device. Shared memory: a tiling
+is checked against the device's budget for the call's dtype and head_dim before launch
+(``kernels.gpu_limits``), and the default tiling is shrunk until it fits
+(``PallasGpuKernel.resolve_config``).
 
-Kept in one module (over 350 lines) because a kernel file holds the kernel, its tiling
-config and its capability check, and nothing else.
+Kept in one module (over 350 lines) because a kernel file holds the kernel, its config
+type, its tilings and its capability check, and nothing else.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import math
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
+from pydantic import Field, field_validator
 
-from kernels.config import BlockSizes
+from kernels.config import KernelConfig
 from kernels.contract import AttentionSpec
 from kernels.gpu_limits import (
     SharedMemoryBudget,
@@ -85,12 +90,75 @@ FLOAT32_PRECISIONS = {
   (hi*hi + hi*lo + lo*hi), relative error per product about 2^-21 instead of 2^-24.
 * ``BF16_BF16_F32_X6`` -> six bf16 tensor-core products over a three-way bf16 split of
   each operand (Pallas emits them), close to float32 accuracy.
-* ``DEFAULT``/``HIGH`` -> ``input_precision=tf32``: one TF32 product (2^-11; the issue's
-  2-5e-4 errors), never used here.
+* ``DEFAULT``/``HIGH`` -> ``input_precision=tf32``: one TF32 product (2^-11; the
+  2-5e-4 relative errors measured on the H200), never used here.
 
 The two emulations trade accuracy for tensor-core speed; ``kernels.tools.bench_serving`` times
 and scores them at the serving shapes so the choice is made on measurements.
 """
+
+
+class TritonConfig(KernelConfig):
+    """pallas_gpu's tiling and Triton launch parameters (``None``: the kernel's default
+    for the call, fitted to the device's shared memory).
+
+    Attributes:
+        block_q: query rows per program (tokens), a power of two in [16, 256] (Triton
+            tensor extents are powers of two; ``tl.dot`` needs at least 16).
+        block_kv: key/value rows per loop step (tokens), a power of two in [16, 256].
+        num_warps: warps per program, in [1, 16].
+        num_stages: software-pipeline depth of the key/value loop, in [1, 8].
+
+    Raises (when made):
+        ValueError: a value outside those ranges (the message names it).
+    """
+
+    block_q: int | None = Field(None, description="query rows per program")
+    block_kv: int | None = Field(None, description="key/value rows per loop step")
+    num_warps: int | None = Field(None, description="warps per program")
+    num_stages: int | None = Field(None, description="pipeline depth of the key/value loop")
+
+    @field_validator("block_q", "block_kv")
+    @classmethod
+    def _triton_tile(cls, value: int | None, info) -> int | None:
+        if value is not None and (value & (value - 1) or not 16 <= value <= 256):
+            raise ValueError(f"pallas_gpu: {info.field_name} must be a power of two in "
+                             f"[16, 256] (Triton tiles), got {value}")
+        return value
+
+    @field_validator("num_warps")
+    @classmethod
+    def _warps(cls, value: int | None) -> int | None:
+        if value is not None and not 1 <= value <= 16:
+            raise ValueError(f"pallas_gpu: num_warps must lie in [1, 16], got {value}")
+        return value
+
+    @field_validator("num_stages")
+    @classmethod
+    def _stages(cls, value: int | None) -> int | None:
+        if value is not None and not 1 <= value <= 8:
+            raise ValueError(f"pallas_gpu: num_stages must lie in [1, 8], got {value}")
+        return value
+
+
+def _tiling(bq: int, bkv: int, warps: int, stages: int) -> TritonConfig:
+    return TritonConfig(block_q=bq, block_kv=bkv, num_warps=warps, num_stages=stages)
+
+
+SERVING_HEAD_DIM = 32
+"""Head dims up to this are tuned with the serving grid (MiniLM: 32)."""
+TUNING_GRIDS = {
+    64: [(64, 64, 4, 3), (64, 64, 4, 4), (64, 128, 4, 3), (128, 128, 4, 3),
+         (128, 64, 8, 3), (64, 32, 4, 4), (128, 64, 4, 3)],
+    128: [(128, 128, 8, 3), (128, 64, 8, 4), (128, 64, 8, 3), (64, 64, 4, 3),
+          (64, 64, 4, 4), (128, 64, 4, 3), (128, 128, 8, 2)],
+    256: [(64, 32, 4, 2), (64, 64, 4, 2), (128, 32, 8, 2), (64, 32, 4, 3)],
+}
+"""(block_q, block_kv, num_warps, num_stages) the autotuner tries beside the default, per
+largest head_dim (FlashAttention-2 style: 64/128-row query tiles, 32..128-row key tiles,
+4 or 8 warps, 2..4 stages). Pruned with the first H200 sweep (NOTES-gpu.md): 64-row tiles
+with 4 warps lead at head_dim 64, 128x128 with 8 warps and 3 stages at 128; the rest
+bracket them."""
 
 
 def triton_lowering():
@@ -103,73 +171,11 @@ def triton_lowering():
     return _TRITON_LOWERING(True)
 
 
-def export_context(platform: str) -> contextlib.AbstractContextManager:
-    """The context ``kernels.build`` exports under for a ``jax.export`` platform name:
-    :func:`triton_lowering` for ``"cuda"``, nothing otherwise (other platforms get the
-    interpreter, which is what runs there)."""
-    return triton_lowering() if platform == "cuda" else contextlib.nullcontext()
-
-
 TRITON_CUSTOM_CALL = "__gpu$xla.gpu.triton"
 """Custom-call target of a Pallas Triton kernel in lowered HLO."""
 
 
-def export_disabled_checks(platform: str) -> list:
-    """``disabled_checks`` for ``jax.export.export`` on ``platform``. The Triton custom
-    call embeds Triton IR that is tied to the jaxlib that lowered it, so JAX gives it no
-    compatibility guarantee and refuses to serialise it unless this check is disabled.
-    An artifact exported this way should be loaded with the same jaxlib version."""
-    if platform != "cuda":
-        return []
-    from jax import export as jax_export
-
-    return [jax_export.DisabledSafetyCheck.custom_call(TRITON_CUSTOM_CALL)]
-
-
-def default_config(head_dim: int) -> BlockSizes:
-    """Documented preferred tiling when no measured entry applies (before the
-    shared-memory fit of :func:`resolve_config`).
-
-    The winners of the first H200 sweep (JAX 0.11.2, bf16, seq 1024..16384; see
-    kernels/tools/NOTES-gpu.md): 64x64 tiles with 4 warps and 3 stages at head_dim <= 64,
-    128x128 tiles with 8 warps (two warpgroups of 64 rows) and 3 stages at 128; at 256
-    smaller tiles so the accumulator and the K/V stages fit registers and shared
-    memory (not measured). Measured choices in gpu_table.json take precedence. For
-    float32 at head_dim 128 the 128x128 tiling does not fit an H200's shared memory
-    (issue 11); :func:`resolve_config` shrinks it.
-    """
-    padded = padded_head_dim(head_dim)
-    if padded <= 64:
-        return BlockSizes(block_q=64, block_kv=64, num_warps=4, num_stages=3)
-    if padded <= 128:
-        return BlockSizes(block_q=128, block_kv=128, num_warps=8, num_stages=3)
-    return BlockSizes(block_q=64, block_kv=32, num_warps=4, num_stages=2)
-
-
-def fitted_config(dtype, head_dim: int, q_len: int, kv_len: int,
-                  config: BlockSizes | None = None,
-                  budget: SharedMemoryBudget | None = None) -> BlockSizes | None:
-    """``config``'s values where set; the other fields from :func:`default_config`,
-    shrunk until the tiling fits ``budget`` (default: this host's GPU, or the target GPU
-    without one) for ``dtype`` and ``head_dim`` (``kernels.gpu_limits.fit_config``:
-    fewer stages, then smaller tiles). ``None`` when no tiling with ``config``'s fixed
-    fields fits."""
-    return fit_config(config or BlockSizes(), default_config(head_dim), dtype=dtype,
-                      head_dim=head_dim, budget=budget or shared_memory_budget(),
-                      q_len=q_len, kv_len=kv_len)
-
-
-def resolve_config(spec: AttentionSpec, config: BlockSizes | None = None) -> BlockSizes:
-    """The tiling a call runs with: ``config``'s values where set, elsewhere the head_dim
-    default fitted to the GPU's shared memory for the call's dtype (:func:`fitted_config`).
-    When nothing fits, the unfitted merge (``check_supported`` refuses it with the reason).
-    """
-    cfg = config or BlockSizes()
-    fitted = fitted_config(spec.dtype, spec.head_dim, spec.q_len, spec.kv_len, cfg)
-    return fitted if fitted is not None else cfg.merged_over(default_config(spec.head_dim))
-
-
-def check_shared_memory(config: BlockSizes, *, dtype, head_dim: int, q_len: int, kv_len: int,
+def check_shared_memory(config: TritonConfig, *, dtype, head_dim: int, q_len: int, kv_len: int,
                         budget: SharedMemoryBudget | None = None) -> None:
     """Raise ``ValueError`` naming the limit when the complete tiling ``config`` (blocks
     clamped to the sequence, as the kernel clamps them) needs more shared memory than
@@ -185,72 +191,8 @@ def check_shared_memory(config: BlockSizes, *, dtype, head_dim: int, q_len: int,
             f"fewer num_stages or smaller blocks")
 
 
-def check_block_sizes(config: BlockSizes) -> None:
-    """Raise ``ValueError`` naming the Triton constraint ``config`` breaks: block sizes
-    are powers of two in [16, 256] (Triton tensor extents; ``tl.dot`` needs >= 16),
-    ``num_warps`` in [1, 16], ``num_stages`` in [1, 8]."""
-    for name in ("block_q", "block_kv"):
-        value = getattr(config, name)
-        if value is None:
-            continue
-        if value & (value - 1) or not 16 <= value <= 256:
-            raise ValueError(f"pallas_gpu: {name} must be a power of two in [16, 256] "
-                             f"(Triton tiles), got {value}")
-    if config.num_warps is not None and not 1 <= config.num_warps <= 16:
-        raise ValueError(f"pallas_gpu: num_warps must lie in [1, 16], got {config.num_warps}")
-    if config.num_stages is not None and not 1 <= config.num_stages <= 8:
-        raise ValueError(f"pallas_gpu: num_stages must lie in [1, 8], got {config.num_stages}")
-
-
 def _is_gpu_backend() -> bool:
     return jax.default_backend() in _GPU_PLATFORMS
-
-
-def check_supported(spec: AttentionSpec, backend: str, config: BlockSizes | None = None) -> None:
-    """Raise when this kernel cannot run ``spec`` on ``backend`` with ``config``.
-
-    ``"gpu"``/``"cuda"`` run natively, ``"cpu"`` in Pallas interpret mode (slow; for
-    tests). The registry keeps ``auto`` off pallas_gpu on CPU through its native
-    platforms, not through this check. On a GPU backend the resolved tiling must fit
-    the device's shared memory (``kernels.gpu_limits``; on a host without a GPU, the
-    target GPU's): interpret mode has no such limit.
-
-    Raises:
-        NotImplementedError: another backend, an unsupported dtype, head_dim above
-            ``MAX_HEAD_DIM``, or (GPU) no tiling with ``config``'s set fields fits the
-            device's shared memory.
-        ValueError: ``config`` breaks a Triton tiling constraint (:func:`check_block_sizes`),
-            or (GPU) the tiling ``config`` fixes needs more shared memory than the device
-            grants (the message names both figures).
-    """
-    if backend not in _RUNNABLE_PLATFORMS:
-        raise NotImplementedError(
-            f"pallas_gpu is native to NVIDIA GPUs (Triton lowering) and runs interpreted "
-            f"on the CPU for tests; backend {backend!r} is neither")
-    name = jnp.dtype(spec.dtype).name
-    if name not in SUPPORTED_DTYPES:
-        raise NotImplementedError(f"pallas_gpu supports {SUPPORTED_DTYPES}, got {name}")
-    if spec.head_dim > MAX_HEAD_DIM:
-        raise NotImplementedError(
-            f"pallas_gpu supports head_dim <= {MAX_HEAD_DIM} (accumulator must fit "
-            f"registers), got {spec.head_dim}")
-    if config is not None:
-        check_block_sizes(config)
-    if backend not in _GPU_PLATFORMS:
-        return
-    budget = shared_memory_budget()
-    fitted = fitted_config(spec.dtype, spec.head_dim, spec.q_len, spec.kv_len, config, budget)
-    if fitted is not None:
-        return
-    if config is None or config.is_empty():
-        raise NotImplementedError(
-            f"pallas_gpu: no tiling fits {budget.describe()} for {name} at head_dim "
-            f"{spec.head_dim} (model in kernels.gpu_limits)")
-    check_shared_memory(config.merged_over(default_config(spec.head_dim)), dtype=spec.dtype,
-                        head_dim=spec.head_dim, q_len=spec.q_len, kv_len=spec.kv_len,
-                        budget=budget)
-    raise ValueError(f"pallas_gpu: no tiling with {config.model_dump(exclude_none=True)} "
-                     f"fits {budget.describe()} for {name} at head_dim {spec.head_dim}")
 
 
 def _dot(a, b, *, contract_rhs: int, precision):
@@ -363,7 +305,7 @@ def _floor_div(x, divisor: int):
 
 def pallas_gpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool,
                          scale: float, q_lengths: jax.Array | None,
-                         kv_lengths: jax.Array | None, config: BlockSizes | None = None,
+                         kv_lengths: jax.Array | None, config: TritonConfig | None = None,
                          interpret: bool | None = None,
                          float32_precision: str = "highest") -> jax.Array:
     """Flash-attention forward (FlashAttention-2) on an NVIDIA GPU through Pallas/Triton.
@@ -376,8 +318,8 @@ def pallas_gpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bo
       scale: logit scale (the contract resolves ``None`` to ``1/sqrt(head_dim)``).
       q_lengths, kv_lengths: optional int32 ``[batch]``; rows/keys at or past them are
         padding (padded query rows return zeros).
-      config: ``kernels.config.BlockSizes``; unset fields (or ``None``) take
-        :func:`default_config` for the head_dim.
+      config: :class:`TritonConfig`; unset fields (or ``None``) take the head_dim's
+        default (``PallasGpuKernel.default_config``) fitted to the device's shared memory.
       interpret: run in Pallas interpret mode; ``None`` means "when the default backend
         is not a GPU and no :func:`triton_lowering` context is active".
       float32_precision: how float32 products run (:data:`FLOAT32_PRECISIONS`):
@@ -397,11 +339,11 @@ def pallas_gpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bo
     """
     batch, q_len, num_heads, head_dim = q.shape
     _, kv_len, num_kv_heads, _ = k.shape
-    check_block_sizes(config or BlockSizes())
     if interpret is None:
         interpret = not (_is_gpu_backend() or _TRITON_LOWERING.value)
-    cfg = (fitted_config(q.dtype, head_dim, q_len, kv_len, config)
-           or (config or BlockSizes()).merged_over(default_config(head_dim)))
+    declared = PallasGpuKernel()  # the class holds the tilings (defined below)
+    cfg = (declared.fitted_config(q.dtype, head_dim, q_len, kv_len, config)
+           or (config or TritonConfig()).merged_over(declared.default_config(head_dim)))
     if not interpret:  # a tiling that cannot fit is refused before Triton sees it
         check_shared_memory(cfg, dtype=q.dtype, head_dim=head_dim, q_len=q_len, kv_len=kv_len)
     group = num_heads // num_kv_heads
@@ -469,37 +411,205 @@ def pallas_gpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bo
     return out
 
 
-class PallasGpuKernel(Kernel):
+class PallasGpuKernel(Kernel[TritonConfig]):
     """The registry's ``pallas_gpu``: native on an NVIDIA GPU (Triton lowering), Pallas
-    interpret mode on a CPU; every ``BlockSizes`` field; tuned by the GPU table; its
-    Triton custom call is exported with the compatibility check waived."""
+    interpret mode on a CPU; a :class:`TritonConfig`; tuned by the GPU table; the flash
+    kernel a GPU rollout builds for ``auto`` and the first of ``auto``'s GPU order (after
+    what the measured table puts first); its Triton custom call is exported with the
+    compatibility check waived."""
 
     name = "pallas_gpu"
     description = "flash attention in Pallas for NVIDIA GPUs"
     native_platforms = ("gpu",)
     capability = Capability(dtypes=SUPPORTED_DTYPES, max_head_dim=MAX_HEAD_DIM)
-    config_fields = ("block_q", "block_kv", "num_warps", "num_stages")
+    forward = staticmethod(pallas_gpu_attention)
+    auto_priority = {"gpu": 0}
+    rollout_default_on = ("gpu",)
     float32_matmul_precision = "highest"
     trace_name = KERNEL_NAME
     tuned = True
     ours = True
     lowers_at_trace_time = True
 
-    def __call__(self, q, k, v, *, causal, scale, q_lengths, kv_lengths, config=None):
-        return pallas_gpu_attention(q, k, v, causal=causal, scale=scale, q_lengths=q_lengths,
-                                    kv_lengths=kv_lengths, config=config)
+    def default_config(self, head_dim: int) -> TritonConfig:
+        """Documented preferred tiling when no measured entry applies (before the
+        shared-memory fit of :meth:`fitted_config`).
 
-    def check_block_sizes(self, config):
-        check_block_sizes(config)
+        The winners of the first H200 sweep (JAX 0.11.2, bf16, seq 1024..16384; see
+        kernels/tools/NOTES-gpu.md): 64x64 tiles with 4 warps and 3 stages at head_dim <= 64,
+        128x128 tiles with 8 warps (two warpgroups of 64 rows) and 3 stages at 128; at 256
+        smaller tiles so the accumulator and the K/V stages fit registers and shared
+        memory (not measured). Measured choices in gpu_table.json take precedence. For
+        float32 at head_dim 128 the 128x128 tiling does not fit an H200's shared memory
+        (a failed compile on the H200 showed it); :meth:`resolve_config` shrinks it.
+        """
+        padded = padded_head_dim(head_dim)
+        if padded <= 64:
+            return _tiling(64, 64, 4, 3)
+        if padded <= 128:
+            return _tiling(128, 128, 8, 3)
+        return _tiling(64, 32, 4, 2)
 
-    def check_supported(self, spec, backend, config=None):
-        check_supported(spec, backend, config)
+    def fitted_config(self, dtype, head_dim: int, q_len: int, kv_len: int,
+                      config: TritonConfig | None = None,
+                      budget: SharedMemoryBudget | None = None) -> TritonConfig | None:
+        """``config``'s values where set; the other fields from :meth:`default_config`,
+        shrunk until the tiling fits ``budget`` (default: this host's GPU, or the target
+        GPU without one) for ``dtype`` and ``head_dim`` (``kernels.gpu_limits.fit_config``:
+        fewer stages, then smaller tiles). ``None`` when no tiling with ``config``'s
+        fixed fields fits."""
+        return fit_config(config or TritonConfig(), self.default_config(head_dim),
+                          dtype=dtype, head_dim=head_dim,
+                          budget=budget or shared_memory_budget(), q_len=q_len, kv_len=kv_len)
 
-    def resolve_config(self, spec, config):
-        return resolve_config(spec, config)
+    def resolve_config(self, spec: AttentionSpec, config=None) -> TritonConfig:
+        """The tiling a call runs with: ``config``'s values where set, elsewhere the
+        head_dim default fitted to the GPU's shared memory for the call's dtype
+        (:meth:`fitted_config`). When nothing fits, the unfitted merge
+        (:meth:`check_supported` refuses it with the reason).
 
-    def export_context(self, platform):
-        return export_context(platform)
+        Raises:
+            ValueError: ``config`` is not a legal :class:`TritonConfig`.
+        """
+        cfg = self.config_from(config) or TritonConfig()
+        fitted = self.fitted_config(spec.dtype, spec.head_dim, spec.q_len, spec.kv_len, cfg)
+        return fitted if fitted is not None else cfg.merged_over(
+            self.default_config(spec.head_dim))
 
-    def export_disabled_checks(self, platform):
-        return export_disabled_checks(platform)
+    def check_supported(self, spec: AttentionSpec, backend: str, config=None) -> None:
+        """Raise when this kernel cannot run ``spec`` on ``backend`` with ``config``.
+
+        ``"gpu"``/``"cuda"`` run natively, ``"cpu"`` in Pallas interpret mode (slow; for
+        tests). ``auto`` stays off pallas_gpu on CPU through its ``auto_priority``, not
+        through this check. On a GPU backend the resolved tiling must fit the device's
+        shared memory (``kernels.gpu_limits``; on a host without a GPU, the target
+        GPU's): interpret mode has no such limit.
+
+        Raises:
+            NotImplementedError: another backend, an unsupported dtype, head_dim above
+                ``MAX_HEAD_DIM``, or (GPU) no tiling with ``config``'s set fields fits the
+                device's shared memory.
+            ValueError: ``config`` is not a legal :class:`TritonConfig`, or (GPU) the
+                tiling ``config`` fixes needs more shared memory than the device grants
+                (the message names both figures).
+        """
+        if backend not in _RUNNABLE_PLATFORMS:
+            raise NotImplementedError(
+                f"pallas_gpu is native to NVIDIA GPUs (Triton lowering) and runs interpreted "
+                f"on the CPU for tests; backend {backend!r} is neither")
+        name = jnp.dtype(spec.dtype).name
+        if name not in SUPPORTED_DTYPES:
+            raise NotImplementedError(f"pallas_gpu supports {SUPPORTED_DTYPES}, got {name}")
+        if spec.head_dim > MAX_HEAD_DIM:
+            raise NotImplementedError(
+                f"pallas_gpu supports head_dim <= {MAX_HEAD_DIM} (accumulator must fit "
+                f"registers), got {spec.head_dim}")
+        config = self.config_from(config)
+        if backend not in _GPU_PLATFORMS:
+            return
+        budget = shared_memory_budget()
+        fitted = self.fitted_config(spec.dtype, spec.head_dim, spec.q_len, spec.kv_len, config,
+                                    budget)
+        if fitted is not None:
+            return
+        if config is None or config.is_empty():
+            raise NotImplementedError(
+                f"pallas_gpu: no tiling fits {budget.describe()} for {name} at head_dim "
+                f"{spec.head_dim} (model in kernels.gpu_limits)")
+        check_shared_memory(config.merged_over(self.default_config(spec.head_dim)),
+                            dtype=spec.dtype, head_dim=spec.head_dim, q_len=spec.q_len,
+                            kv_len=spec.kv_len, budget=budget)
+        raise ValueError(f"pallas_gpu: no tiling with {config.fields_set()} fits "
+                         f"{budget.describe()} for {name} at head_dim {spec.head_dim}")
+
+    def candidate_configs(self, shape, quick: bool = False) -> list[TritonConfig]:
+        """Tilings the autotuner tries on ``shape``: the fitted default first, then
+        ``TUNING_GRIDS``' entry for the head_dim, only those that fit the device's shared
+        memory for the shape's dtype and head_dim (``kernels.gpu_limits``). Head dims up
+        to ``SERVING_HEAD_DIM`` (MiniLM, the serving workload) get the serving grid:
+        block_q in {16, 32, 64, 128} x block_kv in {16, 32, 64, 128} x warps in {1, 2, 4}
+        (at least 16 query rows per warp), 2 stages, 36 tilings plus the default: short
+        sequences give few programs per (batch, head), so smaller query tiles and fewer
+        warps can keep the GPU's 132 SMs busy where 64-128-row tiles leave them idle; the
+        pipeline depth is tuned second (:meth:`refined_candidates`). ``quick``: two
+        small tilings (a CPU run)."""
+        if quick:
+            return [TritonConfig(block_q=16, block_kv=16), TritonConfig(block_q=32, block_kv=16)]
+        head_dim = shape.head_dim
+        configs = [self.default_config(head_dim)]
+        if head_dim <= SERVING_HEAD_DIM:
+            configs += [_tiling(bq, bkv, warps, 2) for bq, bkv, warps in itertools.product(
+                (16, 32, 64, 128), (16, 32, 64, 128), (1, 2, 4)) if warps * 16 <= bq]
+        else:
+            grid = next(g for d, g in sorted(TUNING_GRIDS.items()) if head_dim <= d or d == 256)
+            configs += [_tiling(*t) for t in grid]
+        return self._fitting(configs, shape)
+
+    def refined_candidates(self, tried, shape, quick: bool = False) -> list[TritonConfig]:
+        """Second pass of the serving search (head_dim up to ``SERVING_HEAD_DIM``, not
+        ``quick``): the three fastest tilings of ``tried`` (config, TFLOP/s) with 1 and 3
+        pipeline stages, those not yet tried and that fit the device. The key loop has
+        1-16 iterations at the serving shapes, so the depth is tuned around the fastest
+        tile shapes only."""
+        if quick or shape.head_dim > SERVING_HEAD_DIM:
+            return []
+        ranked = sorted((t for t in tried if t[1]), key=lambda t: -t[1])[:3]
+        seen = [config for config, _ in tried]
+        out: list[TritonConfig] = []
+        for config, _ in ranked:
+            for stages in (1, 3):
+                cfg = config.model_copy(update={"num_stages": stages})
+                if cfg not in seen and cfg not in out:
+                    out.append(cfg)
+        return self._fitting(out, shape, with_default=False)
+
+    def _fitting(self, configs, shape, with_default: bool = True) -> list[TritonConfig]:
+        """Distinct tilings in order, only those that fit the device for ``shape``'s dtype
+        and head_dim (and, with ``with_default``, the fitted default first)."""
+        budget = shared_memory_budget()
+        fits = [c for c in configs if shared_memory_bytes(
+            c, dtype=shape.dtype, head_dim=shape.head_dim) <= budget.bytes]
+        fitted = self.fitted_config(shape.dtype, shape.head_dim, 4096, 4096, budget=budget)
+        out: list[TritonConfig] = []
+        for cfg in ([fitted] if fitted is not None and with_default else []) + fits:
+            if cfg not in out:
+                out.append(cfg)
+        return out
+
+    def fit_to_device(self, config: TritonConfig, shape) -> tuple[TritonConfig | None, str]:
+        """``config`` when it fits the device's shared memory for ``shape``'s dtype and
+        head_dim, else the closest tiling that does (``None`` when none does), and a note
+        saying what was changed and why ("" when nothing was). The nearest measured entry
+        may have been measured for another dtype or head_dim (a bf16 head_dim-128 tiling
+        applied to a float32 head_dim-256 call overflowed on the H200)."""
+        budget = shared_memory_budget()
+        full = config.merged_over(self.default_config(shape.head_dim))
+        fitted = fit_config(TritonConfig(), full, dtype=shape.dtype, head_dim=shape.head_dim,
+                            budget=budget, q_len=shape.q_len, kv_len=shape.kv_len)
+        if fitted == full:
+            return config, ""
+        need = shared_memory_bytes(effective_config(full, shape.q_len, shape.kv_len),
+                                   dtype=shape.dtype, head_dim=shape.head_dim)
+        note = (f"table tiling {config.model_dump()} needs about {need} bytes of shared "
+                f"memory for {shape.dtype} at head_dim {shape.head_dim}, over "
+                f"{budget.describe()}: ")
+        if fitted is None:
+            return None, note + "no tiling fits"
+        return fitted, note + f"using {fitted.model_dump()}"
+
+    def export_context(self, platform: str) -> contextlib.AbstractContextManager:
+        """:func:`triton_lowering` for the ``jax.export`` platform ``"cuda"``, nothing
+        otherwise (other platforms get the interpreter, which is what runs there)."""
+        return triton_lowering() if platform == "cuda" else contextlib.nullcontext()
+
+    def export_disabled_checks(self, platform: str) -> list:
+        """``disabled_checks`` for ``jax.export.export`` on ``platform``. The Triton custom
+        call embeds Triton IR that is tied to the jaxlib that lowered it, so JAX gives it
+        no compatibility guarantee and refuses to serialise it unless this check is
+        disabled. An artifact exported this way should be loaded with the same jaxlib
+        version."""
+        if platform != "cuda":
+            return []
+        from jax import export as jax_export
+
+        return [jax_export.DisabledSafetyCheck.custom_call(TRITON_CUSTOM_CALL)]

@@ -6,7 +6,7 @@ arXiv:2407.08608), exact attention with an online softmax (FlashAttention-2, Dao
 - **Warp specialisation.** Each CTA runs three warpgroups (``plgpu.kernel(num_threads=3)``).
   Warpgroup 2 is the *producer*: it lowers its register budget to 40 and issues TMA
   copies (``plgpu.copy_gmem_to_smem``) of the query tiles and of the key/value tiles into
-  a ring of ``num_stages`` shared-memory slots. Warpgroups 0 and 1 are *consumers*
+  a ring of ``kv_ring_depth`` shared-memory slots. Warpgroups 0 and 1 are *consumers*
   (232 registers each): each owns ``block_q`` query rows, runs ``wgmma`` for
   ``S = Q Kᵀ`` and ``O += P V`` with float32 accumulators, and keeps the softmax state
   (running max ``m``, running sum ``l``) in registers.
@@ -45,8 +45,8 @@ arXiv:2407.08608), exact attention with an online softmax (FlashAttention-2, Dao
   row sees, so ``m`` is finite after the first block and ``-inf - -inf`` never occurs.
   ``P`` is rounded to the input dtype (bf16 or f16) for the second ``wgmma``.
 - **Variants** (``kernels.mosaic_variants.MosaicVariant``; off by default except where
-  ``mosaic_variants.REGISTERED_SWITCHES`` registers them; issue 24 times each by
-  itself with ``kernels.tools.variants``): a lazy rescale of the
+  ``mosaic_variants.REGISTERED_SWITCHES`` registers them; ``kernels.tools.variants`` times
+  each by itself): a lazy rescale of the
   accumulator (the running max moves only when a block's max exceeds it by more than a
   threshold; the rescale is skipped when no row of the warpgroup moved), the row sum
   before or after the ping-pong hand-over, the consumer/producer register split, and
@@ -83,12 +83,13 @@ tiles, a separate output staging buffer so the next query tile can load early, a
 key ranges (``k_end``) for padding; tokamax synchronises with named hardware barriers
 (inline PTX); this kernel keeps to ``plgpu.Barrier`` (mbarriers) only.
 
-Block config (``kernels.config.BlockSizes``):
+Config (:class:`MosaicConfig`, checked when it is made):
     ``block_q``: query rows per consumer warpgroup (64 or 128; a CTA tile is
     ``2 * block_q`` rows); ``block_kv``: key/value rows per ring slot, a multiple of 64
-    of at most 256 (64, 128, 192 or 256);
-    ``num_stages``: depth of the K/V ring (2..4); ``num_warps``: always 12 (three
-    warpgroups), recorded for lineage. Shared memory (``smem_bytes``) must fit 227 KiB.
+    of at most 256 (64, 128, 192 or 256); ``kv_ring_depth``: slots of the K/V ring
+    (2..4). The warp count is not a setting: always ``NUM_WARPS`` (three warpgroups).
+    Shared memory (``smem_bytes``) must fit 227 KiB. Older records name the ring depth
+    ``num_stages`` and record ``num_warps`` 12: :class:`MosaicConfig` reads them.
 
 Limits: NVIDIA Hopper (compute capability 9.x: ``wgmma`` and TMA; not Blackwell, whose
 MMA is ``tcgen05``); bf16 and f16 only (float32 stays with ``pallas_gpu``); head_dim
@@ -114,8 +115,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from jax import lax
+from pydantic import Field, field_validator
 
-from kernels.config import BlockSizes
+from kernels.config import KernelConfig
 from kernels.contract import AttentionSpec
 from kernels.kernel import Capability, Kernel, round_up
 from kernels.mosaic_variants import (
@@ -163,53 +165,77 @@ shared memory a cross-warp reduction (a row vector to a scalar) is given."""
 # ----------------------------------------------------------------------------- config
 
 
-def default_config(head_dim: int) -> BlockSizes:
-    """Documented default tiling (not yet measured; ``gpu_table.json`` takes precedence
-    once the autotuner has run on a GPU): 64-row consumer tiles (one ``wgmma`` M-tile per
-    warpgroup), 128-row K/V tiles with a 2-deep ring at head_dim <= 128, 64-row K/V tiles
-    at 256 so the float32 accumulator and logits fit the consumers' registers."""
-    padded = padded_head_dim(head_dim)
-    block_kv = 128 if padded <= 128 else 64
-    return BlockSizes(block_q=64, block_kv=block_kv, num_warps=NUM_WARPS, num_stages=2)
+class MosaicConfig(KernelConfig):
+    """pallas_mosaic_gpu's tiling (``None``: the kernel's default for the head_dim).
+
+    Attributes:
+        block_q: query rows per consumer warpgroup, one of ``BLOCK_Q_CHOICES`` (a
+            ``wgmma`` M-tile is 64 rows per warpgroup; a CTA tile is ``2 * block_q``).
+        block_kv: key/value rows per ring slot, one of ``BLOCK_KV_CHOICES``: a multiple of
+            ``BLOCK_KV_MULTIPLE`` (64: the ``P V`` wgmma's K groups under the 128-byte
+            swizzle) of at most ``MAX_BLOCK_KV`` (256: ``Q Kᵀ``'s wgmma N).
+        kv_ring_depth: shared-memory slots of the K/V ring the producer fills, in
+            ``STAGE_RANGE`` (a ring needs two slots to overlap).
+
+    Older records hold the shared block-size shape: their ``num_stages`` is the ring
+    depth, and their ``num_warps`` is always ``NUM_WARPS`` (the warpgroup layout is
+    fixed; any other value is refused).
+
+    Raises (when made):
+        ValueError: a value outside those choices (the message names the constraint).
+    """
+
+    legacy_names = {"num_stages": "kv_ring_depth"}
+    legacy_fixed = {"num_warps": NUM_WARPS}
+
+    block_q: int | None = Field(None, description="query rows per consumer warpgroup")
+    block_kv: int | None = Field(None, description="key/value rows per ring slot")
+    kv_ring_depth: int | None = Field(None, description="slots of the K/V ring")
+
+    @field_validator("block_q")
+    @classmethod
+    def _wgmma_m(cls, value: int | None) -> int | None:
+        if value is not None and value not in BLOCK_Q_CHOICES:
+            raise ValueError(f"pallas_mosaic_gpu: block_q must be one of {BLOCK_Q_CHOICES} "
+                             f"(wgmma M-tiles of 64 rows per consumer warpgroup), got {value}")
+        return value
+
+    @field_validator("block_kv")
+    @classmethod
+    def _wgmma_k(cls, value: int | None) -> int | None:
+        if value is not None and value not in BLOCK_KV_CHOICES:
+            raise ValueError(f"pallas_mosaic_gpu: block_kv must be a multiple of "
+                             f"{BLOCK_KV_MULTIPLE} of at most {MAX_BLOCK_KV}, one of "
+                             f"{BLOCK_KV_CHOICES} (the P V wgmma's K groups of 64 under the "
+                             f"128-byte swizzle, Q K^T's wgmma N <= 256), got {value}")
+        return value
+
+    @field_validator("kv_ring_depth")
+    @classmethod
+    def _ring(cls, value: int | None) -> int | None:
+        lo, hi = STAGE_RANGE
+        if value is not None and not lo <= value <= hi:
+            raise ValueError(f"pallas_mosaic_gpu: kv_ring_depth (the K/V ring depth) must lie "
+                             f"in [{lo}, {hi}], got {value}")
+        return value
 
 
-def resolve_config(spec: AttentionSpec, config: BlockSizes | None = None) -> BlockSizes:
-    """The tiling a call runs with: ``config``'s values where set, the head_dim default
-    (:func:`default_config`) elsewhere."""
-    return (config or BlockSizes()).merged_over(default_config(spec.head_dim))
+TUNING_GRID = ((64, 256, 2), (64, 128, 2), (64, 128, 3), (64, 64, 2), (64, 64, 3),
+               (64, 64, 4), (128, 64, 2), (128, 128, 2))
+"""(block_q, block_kv, kv_ring_depth) the autotuner tries beside the default: 64- or
+128-row consumer tiles, 64..256-row K/V tiles, ring depth 2..4 (FlashAttention-3 and
+tokamax's SM90 sweep bracket these). The 64 x 256 tile comes first, so a spread of a few
+tilings always keeps it: on the H200 it beat the tuned tiling by 6-10 % at head_dim 64
+without a mask (bf16 and f16, ``kernels.tools.variants``; BENCHMARKS.md), where an even
+spread over the grid had left it out of the table's tuning."""
 
 
-def check_block_sizes(config: BlockSizes) -> None:
-    """Raise ``ValueError`` naming the Mosaic GPU constraint ``config`` breaks:
-    ``block_q`` in ``BLOCK_Q_CHOICES`` (a ``wgmma`` M-tile is 64 rows per warpgroup),
-    ``block_kv`` a multiple of ``BLOCK_KV_MULTIPLE`` (64: the ``P V`` wgmma's K groups
-    under the 128-byte swizzle) of at most ``MAX_BLOCK_KV`` (256: ``Q Kᵀ``'s wgmma N),
-    i.e. one of ``BLOCK_KV_CHOICES``,
-    ``num_stages`` in ``STAGE_RANGE`` (a ring needs two slots to overlap), ``num_warps``
-    unset or ``NUM_WARPS`` (the warpgroup layout is fixed)."""
-    if config.block_q is not None and config.block_q not in BLOCK_Q_CHOICES:
-        raise ValueError(f"pallas_mosaic_gpu: block_q must be one of {BLOCK_Q_CHOICES} "
-                         f"(wgmma M-tiles of 64 rows per consumer warpgroup), got {config.block_q}")
-    if config.block_kv is not None and config.block_kv not in BLOCK_KV_CHOICES:
-        raise ValueError(f"pallas_mosaic_gpu: block_kv must be a multiple of {BLOCK_KV_MULTIPLE} "
-                         f"of at most {MAX_BLOCK_KV}, one of {BLOCK_KV_CHOICES} (the P V "
-                         f"wgmma's K groups of 64 under the 128-byte swizzle, Q K^T's wgmma "
-                         f"N <= 256), got {config.block_kv}")
-    lo, hi = STAGE_RANGE
-    if config.num_stages is not None and not lo <= config.num_stages <= hi:
-        raise ValueError(f"pallas_mosaic_gpu: num_stages (the K/V ring depth) must lie in "
-                         f"[{lo}, {hi}], got {config.num_stages}")
-    if config.num_warps is not None and config.num_warps != NUM_WARPS:
-        raise ValueError(f"pallas_mosaic_gpu: num_warps is fixed at {NUM_WARPS} (one producer "
-                         f"and two consumer warpgroups), got {config.num_warps}")
-
-
-def _smem(config: BlockSizes, head_dim: int, itemsize: int, staging_cols: int,
+def _smem(config: MosaicConfig, head_dim: int, itemsize: int, staging_cols: int,
           scratch_bytes: int = 0) -> int:
     d = padded_head_dim(head_dim)
     q_and_o = 2 * config.block_q * (d + staging_cols)
-    tiles = (q_and_o + 2 * config.num_stages * config.block_kv * d) * itemsize
-    barriers = 8 * (4 + 4 * config.num_stages + 1)
+    tiles = (q_and_o + 2 * config.kv_ring_depth * config.block_kv * d) * itemsize
+    barriers = 8 * (4 + 4 * config.kv_ring_depth + 1)
     return tiles + barriers + scratch_bytes
 
 
@@ -221,7 +247,7 @@ def variant_scratch_bytes(variant: MosaicVariant | None) -> int:
     return 0
 
 
-def output_staging_cols(config: BlockSizes, head_dim: int, itemsize: int = 2,
+def output_staging_cols(config: MosaicConfig, head_dim: int, itemsize: int = 2,
                         scratch_bytes: int = 0, output_chunks: int = 1) -> int:
     """Columns of each consumer's own output staging buffer; 0 when the output is
     staged in the query tile instead.
@@ -238,7 +264,7 @@ def output_staging_cols(config: BlockSizes, head_dim: int, itemsize: int = 2,
     return d if _smem(config, head_dim, itemsize, d, scratch_bytes) <= SMEM_LIMIT_BYTES else 0
 
 
-def separate_output(config: BlockSizes, head_dim: int, itemsize: int = 2,
+def separate_output(config: MosaicConfig, head_dim: int, itemsize: int = 2,
                     scratch_bytes: int = 0, output_chunks: int = 1) -> bool:
     """Whether the output is staged in its own buffers (so the next query tile can load
     while a consumer finishes the current one) or in the query buffers (when the
@@ -247,7 +273,7 @@ def separate_output(config: BlockSizes, head_dim: int, itemsize: int = 2,
     return output_staging_cols(config, head_dim, itemsize, scratch_bytes, output_chunks) > 0
 
 
-def smem_bytes(config: BlockSizes, head_dim: int, itemsize: int = 2,
+def smem_bytes(config: MosaicConfig, head_dim: int, itemsize: int = 2,
                scratch_bytes: int = 0, output_chunks: int = 1) -> int:
     """Shared memory one CTA allocates for ``config`` (bytes): two query tiles, two
     output staging buffers unless the output must share the query tiles
@@ -260,7 +286,7 @@ def smem_bytes(config: BlockSizes, head_dim: int, itemsize: int = 2,
                  scratch_bytes)
 
 
-def registered_variant(config: BlockSizes, head_dim: int, itemsize: int = 2, *,
+def registered_variant(config: MosaicConfig, head_dim: int, itemsize: int = 2, *,
                        causal: bool | None = None, kv_len: int | None = None) -> MosaicVariant:
     """The switches a call without ``variant`` runs: the registered ones
     (:func:`kernels.mosaic_variants.registered_default` at the padded head_dim, mask and
@@ -288,7 +314,8 @@ def padded_head_dim(head_dim: int) -> int:
     """head_dim as the kernel lays it out: the smallest multiple of ``HEAD_DIM_MULTIPLE``
     (64 elements, one 128-byte swizzled bf16/f16 row) not below ``head_dim`` (96 -> 128);
     the tiling, the shared-memory budget and the registered variant are chosen by it.
-    Head_dims over ``MAX_HEAD_DIM`` are padded too (``check_supported`` refuses them).
+    Head_dims over ``MAX_HEAD_DIM`` are padded too (the kernel's ``check_supported``
+    refuses them).
 
     Raises:
         ValueError: ``head_dim`` below 1.
@@ -350,65 +377,6 @@ def _device_capability() -> str | None:
     if jax.default_backend() not in _GPU_PLATFORMS:
         return None
     return getattr(jax.devices()[0], "compute_capability", None)
-
-
-def check_supported(spec: AttentionSpec, backend: str, config: BlockSizes | None = None) -> None:
-    """Raise when this kernel cannot run ``spec`` on ``backend`` with ``config``.
-
-    Raises:
-        NotImplementedError: a backend other than an NVIDIA GPU (there is no public GPU
-            interpret mode, so unlike ``pallas_gpu`` it does not run on a CPU), a GPU
-            that is not Hopper (compute capability 9.x), a dtype other than bf16/f16
-            (float32 stays with ``pallas_gpu``), or head_dim above ``MAX_HEAD_DIM``.
-        ValueError: ``config`` breaks a tiling constraint (:func:`check_block_sizes`)
-            or its buffers exceed ``SMEM_LIMIT_BYTES``.
-    """
-    if backend not in _GPU_PLATFORMS:
-        raise NotImplementedError(
-            f"pallas_mosaic_gpu is native to NVIDIA Hopper GPUs (Mosaic GPU: wgmma and TMA) "
-            f"and has no CPU mode (JAX's GPU interpret mode is private); backend {backend!r}")
-    capability = _device_capability()
-    if capability is not None and not str(capability).startswith("9."):
-        raise NotImplementedError(
-            f"pallas_mosaic_gpu needs an sm_90 (Hopper) GPU for wgmma; this device has "
-            f"compute capability {capability}")
-    name = jnp.dtype(spec.dtype).name
-    if name not in SUPPORTED_DTYPES:
-        raise NotImplementedError(
-            f"pallas_mosaic_gpu supports {SUPPORTED_DTYPES} (wgmma with bf16/f16 operands); "
-            f"got {name} (pallas_gpu runs float32)")
-    if spec.head_dim > MAX_HEAD_DIM:
-        raise NotImplementedError(
-            f"pallas_mosaic_gpu supports head_dim <= {MAX_HEAD_DIM} (the float32 output "
-            f"accumulator must fit a consumer's registers), got {spec.head_dim}")
-    if config is not None:
-        check_block_sizes(config)
-    resolved = resolve_config(spec, config)
-    itemsize = jnp.dtype(spec.dtype).itemsize
-    variant = registered_variant(resolved, spec.head_dim, itemsize, causal=spec.causal,
-                                 kv_len=spec.kv_len)
-    need = smem_bytes(resolved, spec.head_dim, itemsize, variant_scratch_bytes(variant),
-                      variant.output_chunks)
-    if need > SMEM_LIMIT_BYTES:
-        raise ValueError(
-            f"pallas_mosaic_gpu: block_q={resolved.block_q}, block_kv={resolved.block_kv}, "
-            f"num_stages={resolved.num_stages} at head_dim {spec.head_dim} need {need} bytes "
-            f"of shared memory, over the {SMEM_LIMIT_BYTES} of an sm_90 CTA")
-
-
-def export_context(platform: str):
-    """``kernels.build`` hook: nothing to switch, the kernel always traces natively."""
-    del platform
-    import contextlib
-
-    return contextlib.nullcontext()
-
-
-def export_disabled_checks(platform: str) -> list:
-    """``kernels.build`` hook: none. ``mosaic_gpu_v2`` is on ``jax.export``'s list of
-    custom calls with a compatibility guarantee (JAX 0.10.2 and 0.11)."""
-    del platform
-    return []
 
 
 # ----------------------------------------------------------------------------- the kernel
@@ -921,7 +889,7 @@ def _num_sms() -> int:
 
 def pallas_mosaic_gpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool,
                                 scale: float, q_lengths: jax.Array | None,
-                                kv_lengths: jax.Array | None, config: BlockSizes | None = None,
+                                kv_lengths: jax.Array | None, config: MosaicConfig | None = None,
                                 interpret: Any = False, num_sms: int | None = None,
                                 variant: MosaicVariant | None = None) -> jax.Array:
     """Flash-attention forward (FlashAttention-3 design) on a Hopper GPU via Mosaic GPU.
@@ -934,15 +902,16 @@ def pallas_mosaic_gpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, cau
       scale: logit scale (the contract resolves ``None`` to ``1/sqrt(head_dim)``).
       q_lengths, kv_lengths: optional int32 ``[batch]``; rows/keys at or past them are
         padding (padded query rows and rows that see no key return zeros).
-      config: ``kernels.config.BlockSizes``; unset fields take :func:`default_config`.
+      config: :class:`MosaicConfig`; unset fields take the head_dim's default
+        (``PallasMosaicGpuKernel.default_config``).
       interpret: run in JAX's (private) GPU interpret mode on the CPU, with
         ``lax.dot_general`` in place of ``wgmma`` (tests only): ``True``, or the
         interpreter's ``InterpretGPUParams`` (e.g. ``detect_races=True``).
       num_sms: persistent CTAs to launch; default the device's SM count
         (``DEFAULT_NUM_SMS`` off-GPU, e.g. when exporting from a CPU host), and one CTA
         in interpret mode.
-      variant: ``kernels.mosaic_variants.MosaicVariant`` switches (issue 24: lazy
-        rescale, row-sum order, register split); ``None`` = the kernel as registered at
+      variant: ``kernels.mosaic_variants.MosaicVariant`` switches (lazy rescale,
+        row-sum order, register split, ...); ``None`` = the kernel as registered at
         this head_dim, mask and ``kv_len`` (``mosaic_variants.REGISTERED_SWITCHES``).
 
     Returns:
@@ -961,8 +930,8 @@ def pallas_mosaic_gpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, cau
     if head_dim > MAX_HEAD_DIM:
         raise NotImplementedError(f"pallas_mosaic_gpu supports head_dim <= {MAX_HEAD_DIM}, "
                                   f"got {head_dim}")
-    check_block_sizes(config or BlockSizes())
-    cfg = (config or BlockSizes()).merged_over(default_config(head_dim))
+    cfg = (config or MosaicConfig()).merged_over(
+        PallasMosaicGpuKernel().default_config(head_dim))
     if variant is None:  # the switches this head_dim, mask and length are registered with
         variant = registered_variant(cfg, head_dim, jnp.dtype(q.dtype).itemsize,
                                      causal=bool(causal), kv_len=kv_len)
@@ -1001,7 +970,7 @@ def pallas_mosaic_gpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, cau
     num_ctas = min(num_sms or (1 if interpret else _num_sms()), num_tiles)
     plan = _Plan(batch=batch, num_heads=num_heads, group=num_heads // num_kv_heads,
                  q_len=q_len, kv_len=kv_len, q_pad=q_pad, kv_pad=kv_pad, head_dim=d_pad,
-                 block_q=cfg.block_q, block_kv=cfg.block_kv, stages=cfg.num_stages,
+                 block_q=cfg.block_q, block_kv=cfg.block_kv, stages=cfg.kv_ring_depth,
                  causal=causal, qk_scale_log2=float(scale) * _LOG2_E,
                  has_q_lengths=q_lengths is not None, has_kv_lengths=kv_lengths is not None,
                  num_ctas=num_ctas, dtype=q.dtype, interpret=bool(interpret),
@@ -1029,32 +998,88 @@ def pallas_mosaic_gpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, cau
     return out
 
 
-class PallasMosaicGpuKernel(Kernel):
+class PallasMosaicGpuKernel(Kernel[MosaicConfig]):
     """The registry's ``pallas_mosaic_gpu``: native on a Hopper GPU only (no CPU mode),
-    bf16/f16, head_dim <= 256; tuned by the GPU table. Mosaic GPU is imported inside the
-    call, so declaring the class costs a CPU host nothing."""
+    bf16/f16, head_dim <= 256; a :class:`MosaicConfig`; tuned by the GPU table; ``auto``
+    tries it after cuDNN on a GPU unless the measured table puts it first. Mosaic GPU is
+    imported inside the call, so declaring the class costs a CPU host nothing. Its export
+    needs no hook: it always traces natively, and ``mosaic_gpu_v2`` is on ``jax.export``'s
+    list of custom calls with a compatibility guarantee (JAX 0.10.2 and 0.11)."""
 
     name = "pallas_mosaic_gpu"
     description = ("warp-specialised flash attention in Pallas/Mosaic GPU for Hopper "
                    "(FlashAttention-3 design; bf16/f16)")
     native_platforms = ("gpu",)
     capability = Capability(dtypes=SUPPORTED_DTYPES, max_head_dim=MAX_HEAD_DIM)
-    config_fields = ("block_q", "block_kv", "num_warps", "num_stages")
+    forward = staticmethod(pallas_mosaic_gpu_attention)
+    auto_priority = {"gpu": 30}
     variant_fields = tuple(MosaicVariant.model_fields)
     trace_name = KERNEL_NAME
     tuned = True
     ours = True
 
-    def __call__(self, q, k, v, *, causal, scale, q_lengths, kv_lengths, config=None):
-        return pallas_mosaic_gpu_attention(q, k, v, causal=causal, scale=scale,
-                                           q_lengths=q_lengths, kv_lengths=kv_lengths,
-                                           config=config)
+    def default_config(self, head_dim: int) -> MosaicConfig:
+        """Documented default tiling (``gpu_table.json`` takes precedence where the
+        autotuner measured the kernel): 64-row consumer tiles (one ``wgmma`` M-tile per
+        warpgroup), 128-row K/V tiles with a 2-deep ring at head_dim <= 128, 64-row K/V
+        tiles at 256 so the float32 accumulator and logits fit the consumers'
+        registers."""
+        block_kv = 128 if padded_head_dim(head_dim) <= 128 else 64
+        return MosaicConfig(block_q=64, block_kv=block_kv, kv_ring_depth=2)
 
-    def check_block_sizes(self, config):
-        check_block_sizes(config)
+    def check_supported(self, spec: AttentionSpec, backend: str, config=None) -> None:
+        """Raise when this kernel cannot run ``spec`` on ``backend`` with ``config``.
 
-    def check_supported(self, spec, backend, config=None):
-        check_supported(spec, backend, config)
+        Raises:
+            NotImplementedError: a backend other than an NVIDIA GPU (there is no public
+                GPU interpret mode, so unlike ``pallas_gpu`` it does not run on a CPU), a
+                GPU that is not Hopper (compute capability 9.x), a dtype other than
+                bf16/f16 (float32 stays with ``pallas_gpu``), or head_dim above
+                ``MAX_HEAD_DIM``.
+            ValueError: ``config`` is not a legal :class:`MosaicConfig`, or its buffers
+                (with the switches registered for the call) exceed ``SMEM_LIMIT_BYTES``.
+        """
+        if backend not in _GPU_PLATFORMS:
+            raise NotImplementedError(
+                f"pallas_mosaic_gpu is native to NVIDIA Hopper GPUs (Mosaic GPU: wgmma and "
+                f"TMA) and has no CPU mode (JAX's GPU interpret mode is private); backend "
+                f"{backend!r}")
+        capability = _device_capability()
+        if capability is not None and not str(capability).startswith("9."):
+            raise NotImplementedError(
+                f"pallas_mosaic_gpu needs an sm_90 (Hopper) GPU for wgmma; this device has "
+                f"compute capability {capability}")
+        name = jnp.dtype(spec.dtype).name
+        if name not in SUPPORTED_DTYPES:
+            raise NotImplementedError(
+                f"pallas_mosaic_gpu supports {SUPPORTED_DTYPES} (wgmma with bf16/f16 "
+                f"operands); got {name} (pallas_gpu runs float32)")
+        if spec.head_dim > MAX_HEAD_DIM:
+            raise NotImplementedError(
+                f"pallas_mosaic_gpu supports head_dim <= {MAX_HEAD_DIM} (the float32 output "
+                f"accumulator must fit a consumer's registers), got {spec.head_dim}")
+        resolved = self.resolve_config(spec, config)
+        itemsize = jnp.dtype(spec.dtype).itemsize
+        variant = registered_variant(resolved, spec.head_dim, itemsize, causal=spec.causal,
+                                     kv_len=spec.kv_len)
+        need = smem_bytes(resolved, spec.head_dim, itemsize, variant_scratch_bytes(variant),
+                          variant.output_chunks)
+        if need > SMEM_LIMIT_BYTES:
+            raise ValueError(
+                f"pallas_mosaic_gpu: block_q={resolved.block_q}, block_kv={resolved.block_kv}, "
+                f"kv_ring_depth={resolved.kv_ring_depth} at head_dim {spec.head_dim} need "
+                f"{need} bytes of shared memory, over the {SMEM_LIMIT_BYTES} of an sm_90 CTA")
 
-    def resolve_config(self, spec, config):
-        return resolve_config(spec, config)
+    def candidate_configs(self, shape, quick: bool = False) -> list[MosaicConfig]:
+        """Tilings the autotuner tries on ``shape``: the default first, then
+        ``TUNING_GRID`` (``quick``: its first two), leaving out those over the
+        shared-memory limit at the head_dim: at head_dim 128 a 256-row K/V tile does not
+        fit, nor does a 3-deep ring of 128 rows with separate output buffers (the kernel
+        then stages the output in the query buffers)."""
+        grid = TUNING_GRID[:2] if quick else TUNING_GRID
+        configs = [self.default_config(shape.head_dim)]
+        for bq, bkv, depth in grid:
+            cfg = MosaicConfig(block_q=bq, block_kv=bkv, kv_ring_depth=depth)
+            if smem_bytes(cfg, shape.head_dim) <= SMEM_LIMIT_BYTES and cfg not in configs:
+                configs.append(cfg)
+        return configs

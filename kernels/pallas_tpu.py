@@ -52,9 +52,10 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
+from pydantic import Field, field_validator
 
 from kernels import interpreters
-from kernels.config import BlockSizes
+from kernels.config import KernelConfig
 from kernels.contract import AttentionSpec
 from kernels.kernel import Kernel, round_up
 
@@ -68,7 +69,42 @@ SUBLANES = 8
 VMEM_BUDGET_BYTES = 16 * 2**20
 """Scoped VMEM a kernel may use by default on the smallest current TPU (v5e: 16 MiB)."""
 
-DEFAULT_BLOCK_SIZES = BlockSizes(block_q=128, block_kv=128)
+
+
+class TpuConfig(KernelConfig):
+    """pallas_tpu's tiling (sizes in tokens; ``None``: the default, 128 x 128).
+
+    ``block_q`` must be a multiple of ``SUBLANES`` (8) and ``block_kv`` a multiple of
+    ``LANES`` (128): a ``block_q x block_kv`` logits tile then maps onto whole vregs and
+    ``block_kv`` rows of K/V onto whole sublane tiles. A TPU kernel has no warps or
+    pipeline stages (GPU launch parameters): a config naming them is refused.
+
+    Raises (when made):
+        ValueError: a block size that breaks the TPU tiling (the message names it).
+    """
+
+    block_q: int | None = Field(None, gt=0, le=4096, description="query rows per tile")
+    block_kv: int | None = Field(None, gt=0, le=4096, description="key/value rows per tile")
+
+    @field_validator("block_q")
+    @classmethod
+    def _sublanes(cls, value: int | None) -> int | None:
+        if value is not None and value % SUBLANES:
+            raise ValueError(f"pallas_tpu: block_q must be a multiple of {SUBLANES} (TPU "
+                             f"sublanes), got {value}")
+        return value
+
+    @field_validator("block_kv")
+    @classmethod
+    def _lanes(cls, value: int | None) -> int | None:
+        if value is not None and value % LANES:
+            raise ValueError(f"pallas_tpu: block_kv must be a multiple of {LANES} (TPU "
+                             f"lanes), got {value}")
+        return value
+
+
+DEFAULT_CONFIG = TpuConfig(block_q=128, block_kv=128)
+"""The tiling of a call that asks for none."""
 SUPPORTED_BACKENDS = ("tpu", "cpu")
 """Native on TPU; interpreted on CPU. A GPU host should use ``pallas_gpu``."""
 
@@ -85,12 +121,6 @@ def mosaic_lowering():
     the interpreter's branch carries ordered IO effects the Mosaic branch lacks.)
     """
     return _MOSAIC_LOWERING(True)
-
-
-def export_context(platform: str) -> contextlib.AbstractContextManager:
-    """The context ``kernels.build`` exports under for a ``jax.export`` platform
-    name: ``mosaic_lowering()`` for ``"tpu"``, nothing otherwise."""
-    return mosaic_lowering() if platform == "tpu" else contextlib.nullcontext()
 
 
 def _interpret_params() -> pltpu.InterpretParams | bool:
@@ -142,45 +172,17 @@ class Tiling:
         return blocks + scratch + tile
 
 
-def resolve_config(spec: AttentionSpec | None = None, config: BlockSizes | None = None) -> BlockSizes:
-    """The block sizes a call runs with: ``config``'s values where set, else
-    ``DEFAULT_BLOCK_SIZES`` (``spec`` is accepted for the registry's common signature)."""
-    del spec
-    return (config or BlockSizes()).merged_over(DEFAULT_BLOCK_SIZES)
-
-
-def check_block_sizes(config: BlockSizes) -> None:
-    """Raise ``ValueError`` naming the TPU tiling constraint ``config`` breaks.
-
-    ``block_q`` must be a multiple of ``SUBLANES`` (8) and ``block_kv`` a multiple
-    of ``LANES`` (128): a ``block_q x block_kv`` logits tile then maps onto whole
-    vregs and ``block_kv`` rows of K/V onto whole sublane tiles. ``num_warps`` and
-    ``num_stages`` are GPU launch parameters a TPU kernel has not.
-    """
-    if config.num_warps is not None or config.num_stages is not None:
-        raise ValueError("pallas_tpu: num_warps/num_stages are GPU launch parameters; a TPU "
-                         "kernel takes only block_q and block_kv")
-    config = resolve_config(None, config)
-    if config.block_q % SUBLANES:
-        raise ValueError(
-            f"pallas_tpu: block_q must be a multiple of {SUBLANES} (TPU sublanes), "
-            f"got {config.block_q}")
-    if config.block_kv % LANES:
-        raise ValueError(
-            f"pallas_tpu: block_kv must be a multiple of {LANES} (TPU lanes), got {config.block_kv}")
-
-
-def plan_tiling(q_len: int, kv_len: int, head_dim: int, config: BlockSizes | None = None,
+def plan_tiling(q_len: int, kv_len: int, head_dim: int, config: TpuConfig | None = None,
                 itemsize: int = 4) -> Tiling:
-    """Effective tiles for one problem: legal blocks clamped to the (rounded-up)
-    sequence so a short sequence is not padded to a full default tile.
+    """Effective tiles for one problem: ``config``'s blocks (unset: ``DEFAULT_CONFIG``'s)
+    clamped to the (rounded-up) sequence so a short sequence is not padded to a full
+    default tile. Sizes in elements, ``itemsize`` in bytes.
 
     Raises:
-        ValueError: illegal block sizes (``check_block_sizes``) or tiles whose VMEM
-            need exceeds ``VMEM_BUDGET_BYTES``.
+        ValueError: tiles whose VMEM need exceeds ``VMEM_BUDGET_BYTES`` (an illegal
+            block size is refused when its ``TpuConfig`` is made).
     """
-    check_block_sizes(config or BlockSizes())
-    config = resolve_config(None, config)
+    config = (config or TpuConfig()).merged_over(DEFAULT_CONFIG)
     block_q = min(config.block_q, round_up(q_len, SUBLANES))
     block_kv = min(config.block_kv, round_up(kv_len, LANES))
     tiling = Tiling(block_q=block_q, block_kv=block_kv,
@@ -194,22 +196,6 @@ def plan_tiling(q_len: int, kv_len: int, head_dim: int, config: BlockSizes | Non
             f"{tiling.head_dim_padded} need about {need} bytes of VMEM, over the "
             f"{VMEM_BUDGET_BYTES}-byte budget; choose smaller blocks")
     return tiling
-
-
-def check_supported(spec: AttentionSpec, backend: str, config: BlockSizes | None = None) -> None:
-    """Capability check of the registry.
-
-    Raises:
-        NotImplementedError: ``backend`` is neither ``tpu`` (native) nor ``cpu``
-            (TPU interpret mode).
-        ValueError: ``config`` breaks a TPU tiling constraint.
-    """
-    if backend not in SUPPORTED_BACKENDS:
-        raise NotImplementedError(
-            f"pallas_tpu is a Mosaic TPU kernel: native on tpu, interpreted on cpu; "
-            f"not available on {backend} (use pallas_gpu or cudnn there)")
-    if config is not None:
-        plan_tiling(spec.q_len, spec.kv_len, spec.head_dim, config, spec.dtype.itemsize)
 
 
 def _last_kv_block(q_block, kv_len, *, causal: bool, block_q: int, block_kv: int):
@@ -342,7 +328,7 @@ def _flash_call(q, k, v, q_lengths, kv_lengths, *, causal: bool, scale: float,
 
 
 def pallas_tpu_attention(q, k, v, *, causal: bool, scale: float, q_lengths=None,
-                         kv_lengths=None, config: BlockSizes | None = None) -> jax.Array:
+                         kv_lengths=None, config: TpuConfig | None = None) -> jax.Array:
     """Flash attention (validated inputs; see ``kernels.attention`` for the contract).
 
     Args:
@@ -351,7 +337,7 @@ def pallas_tpu_attention(q, k, v, *, causal: bool, scale: float, q_lengths=None,
         causal: top-left causal mask; key blocks above the diagonal are skipped.
         scale: logit scale (already resolved by ``kernels.contract.validate``).
         q_lengths, kv_lengths: int32 ``[batch]`` or ``None`` (full length).
-        config: ``BlockSizes``; ``None`` = ``DEFAULT_BLOCK_SIZES`` (128 x 128).
+        config: ``TpuConfig``; ``None`` (or unset fields) = ``DEFAULT_CONFIG`` (128 x 128).
             Blocks are clamped to short sequences; sequences are padded to whole
             blocks and head_dim to ``LANES`` inside this wrapper, then masked/sliced.
 
@@ -391,38 +377,53 @@ def pallas_tpu_attention(q, k, v, *, causal: bool, scale: float, q_lengths=None,
     return jnp.transpose(out[:, :, :q_len, :head_dim], (0, 2, 1, 3))
 
 
-class PallasTpuKernel(Kernel):
-    """The registry's ``pallas_tpu``: native on a TPU, TPU interpret mode on a CPU;
-    block_q/block_kv only; lowers natively or interpreted when traced."""
+class PallasTpuKernel(Kernel[TpuConfig]):
+    """The registry's ``pallas_tpu``: native on a TPU, TPU interpret mode on a CPU (where
+    it is also what a rollout builds for ``auto``: a CPU host has no flash kernel of its
+    own); block_q/block_kv only (:class:`TpuConfig`); lowers natively or interpreted when
+    traced, so its TPU export traces inside :func:`mosaic_lowering`."""
 
     name = "pallas_tpu"
     description = "flash attention in Pallas/Mosaic TPU (interpreted off-TPU)"
     native_platforms = ("tpu",)
-    config_fields = ("block_q", "block_kv")
+    forward = staticmethod(pallas_tpu_attention)
+    auto_priority = {"tpu": 0}
+    rollout_default_on = ("tpu", "cpu")
     float32_matmul_precision = "highest"
     trace_name = KERNEL_NAME
     lowers_at_trace_time = True
 
-    def __call__(self, q, k, v, *, causal, scale, q_lengths, kv_lengths, config=None):
-        return pallas_tpu_attention(q, k, v, causal=causal, scale=scale, q_lengths=q_lengths,
-                                    kv_lengths=kv_lengths, config=config)
+    def check_supported(self, spec: AttentionSpec, backend: str, config=None) -> None:
+        """Raise when it cannot run ``spec`` on ``backend`` with ``config``.
 
-    def check_block_sizes(self, config):
-        check_block_sizes(config)
+        Raises:
+            NotImplementedError: ``backend`` is neither ``tpu`` (native) nor ``cpu``
+                (TPU interpret mode).
+            ValueError: ``config`` breaks a TPU tiling constraint (:class:`TpuConfig`),
+                or its tiles need more VMEM than ``VMEM_BUDGET_BYTES``.
+        """
+        if backend not in SUPPORTED_BACKENDS:
+            raise NotImplementedError(
+                f"pallas_tpu is a Mosaic TPU kernel: native on tpu, interpreted on cpu; "
+                f"not available on {backend} (use pallas_gpu or cudnn there)")
+        config = self.config_from(config)
+        if config is not None:
+            plan_tiling(spec.q_len, spec.kv_len, spec.head_dim, config, spec.dtype.itemsize)
 
-    def check_supported(self, spec, backend, config=None):
-        check_supported(spec, backend, config)
+    def default_config(self, head_dim: int) -> TpuConfig:
+        """``DEFAULT_CONFIG`` (128 x 128) whatever the head_dim: head_dim is padded to
+        ``LANES`` and the default tiles fit ``VMEM_BUDGET_BYTES`` up to head_dim 256."""
+        del head_dim
+        return DEFAULT_CONFIG
 
-    def resolve_config(self, spec, config):
-        return resolve_config(spec, config)
-
-    def export_context(self, platform):
-        return export_context(platform)
+    def export_context(self, platform: str) -> contextlib.AbstractContextManager:
+        """:func:`mosaic_lowering` for the ``jax.export`` platform ``"tpu"`` (so a CPU
+        host exports the Mosaic kernel, not its interpreter), nothing otherwise."""
+        return mosaic_lowering() if platform == "tpu" else contextlib.nullcontext()
 
 
 __all__ = [
-    "DEFAULT_BLOCK_SIZES", "KERNEL_NAME", "LANES", "PallasTpuKernel", "SUBLANES", "Tiling", "VMEM_BUDGET_BYTES",
-    "check_block_sizes", "check_supported", "export_context", "kv_block_index",
-    "mosaic_lowering", "pallas_tpu_attention", "resolve_config",
-    "plan_tiling",
+    "DEFAULT_CONFIG", "KERNEL_NAME", "LANES", "PallasTpuKernel", "SUBLANES", "Tiling",
+    "TpuConfig", "VMEM_BUDGET_BYTES", "kv_block_index", "mosaic_lowering",
+    "pallas_tpu_attention", "plan_tiling",
 ]

@@ -1,11 +1,11 @@
 """The grammar of ``KERNELGATE_KERNELS``: kernels added from outside ``kernels/``.
 
 ``KERNELGATE_KERNELS="name=module:attribute,..."`` (see :mod:`kernels.registry`): entries
-separated by commas, blanks around an entry and empty entries ignored. One parser serves
-the registry (``kernels.registry.plugins_from_env``) and the command line's first check
-(``flows.cli_args``), which must refuse a bad ``--implementation`` before JAX is imported.
-So this module imports only the standard library, and ``flows.cli_args`` loads it from its
-file: ``import kernels.plugin_names`` would run ``kernels/__init__``, which imports JAX.
+separated by commas, blanks around an entry and empty entries ignored. The registry parses
+the variable with it when it is imported (``kernels.registry.plugins_from_env``), and the
+command line's first check (``flows.cli_args``) imports the registry to refuse a bad
+``--implementation`` before JAX is imported, so this module imports only the standard
+library.
 """
 
 from __future__ import annotations

@@ -22,8 +22,10 @@ from __future__ import annotations
 import contextlib
 import importlib
 from collections.abc import Iterator, Mapping, MutableMapping
+from typing import Any
 
 from kernels import plugin_names
+from kernels.config import KernelConfig, StoredConfig
 from kernels.kernel import Kernel
 
 BUILTIN: dict[str, str] = {
@@ -144,6 +146,30 @@ def registered(kernel: Kernel | type[Kernel], *, replace: bool = False) -> Itera
             IMPLEMENTATIONS.pop(name, None)
         else:
             IMPLEMENTATIONS[name] = previous
+
+
+def stored_config(implementation: str, data: KernelConfig | Mapping[str, Any] | None
+                  ) -> KernelConfig | None:
+    """The config a stored record (a version's ``kernel.json`` or signed build, a build
+    record, a GPU table entry) holds for ``implementation``, as that kernel's config type
+    (``Kernel.config_from``: its own shape, or the older shared block-size shape). A
+    kernel this process does not register (an older record of a plugin) keeps its
+    fields as stored (``kernels.config.StoredConfig``), so the record still reads.
+
+    Raises:
+        ValueError: the fields are illegal for the registered kernel.
+    """
+    if data is None:
+        return None
+    if implementation in IMPLEMENTATIONS:
+        try:
+            kernel = IMPLEMENTATIONS[implementation]
+        except ImportError:
+            kernel = None  # a plugin entry whose module is gone: keep the record readable
+        if kernel is not None:
+            return kernel.config_from(data)
+    fields = data.fields_set() if isinstance(data, KernelConfig) else dict(data)
+    return StoredConfig(**{k: v for k, v in fields.items() if v is not None})
 
 
 def tuned() -> tuple[str, ...]:

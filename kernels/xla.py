@@ -7,7 +7,7 @@ key (padding) returns zeros, since the library leaves such rows unspecified.
 Precision: the XLA adapter computes float32 calls at full float32 precision on every
 backend: the library call runs inside ``jax.default_matmul_precision("highest")``, so its
 einsums (which take the default precision) never use TF32 on a GPU or bf16 passes on a
-TPU (issue 11: TF32 gave 2-5e-4 relative error on an H200). The context is part of
+TPU (TF32 gave 2-5e-4 relative error on an H200). The context is part of
 ``jax.jit``'s trace context, so it applies under ``jit`` too. cuDNN runs bf16/f16 only.
 """
 
@@ -18,7 +18,6 @@ import contextlib
 import jax
 import jax.numpy as jnp
 
-from kernels.config import BlockSizes, refuse_block_sizes
 from kernels.contract import AttentionSpec, row_has_key, zero_padding
 from kernels.kernel import Capability, Kernel
 
@@ -68,37 +67,10 @@ def xla_attention(q, k, v, *, causal, scale, q_lengths, kv_lengths, config=None)
 def cudnn_attention(q, k, v, *, causal, scale, q_lengths, kv_lengths, config=None):
     """``jax.nn.dot_product_attention(implementation="cudnn")`` (NVIDIA's fused
     flash attention) under the contract. GPU only; bf16/f16; see
-    ``check_cudnn`` for the shape limits."""
+    ``CudnnKernel.check_supported`` for the shape limits."""
     del config
     return _dot_product_attention(q, k, v, causal=causal, scale=scale, q_lengths=q_lengths,
                                   kv_lengths=kv_lengths, implementation="cudnn")
-
-
-def check_supported(spec: AttentionSpec, backend: str, config: BlockSizes | None = None) -> None:
-    """XLA runs every call the contract accepts on every backend.
-
-    Raises:
-        ValueError: block sizes were given (XLA picks its own tiling).
-    """
-    del spec, backend
-    refuse_block_sizes("xla", config)
-
-
-def check_cudnn(spec: AttentionSpec, backend: str, config: BlockSizes | None = None) -> None:
-    """Raise ``NotImplementedError`` with the reason when cuDNN cannot run ``spec``.
-
-    Raises:
-        NotImplementedError: not a GPU, a dtype other than bf16/f16, or a head_dim cuDNN
-            does not take (a multiple of 8, at most 256).
-        ValueError: block sizes were given (cuDNN picks its own tiling).
-    """
-    refuse_block_sizes("cudnn", config)
-    if backend != "gpu":
-        raise NotImplementedError(f"cudnn needs an NVIDIA GPU; the backend is {backend}")
-    if spec.dtype not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
-        raise NotImplementedError(f"cudnn flash attention supports bf16/f16, not {spec.dtype}")
-    if spec.head_dim % 8 or spec.head_dim > 256:
-        raise NotImplementedError(f"cudnn needs head_dim a multiple of 8 and <= 256, got {spec.head_dim}")
 
 
 xla_attention = jax.named_call(xla_attention, name="kernelgate_xla_attention")
@@ -106,37 +78,48 @@ cudnn_attention = jax.named_call(cudnn_attention, name="kernelgate_cudnn_attenti
 
 
 class XlaKernel(Kernel):
-    """The registry's ``xla``: every call on every backend, untiled; float32 at HIGHEST."""
+    """The registry's ``xla``: every call on every backend, untiled (a config with any
+    block size is refused: XLA picks its own tiling); float32 at HIGHEST. ``auto`` runs it
+    first on a CPU host and after the flash kernels elsewhere."""
 
     name = "xla"
     description = "jax.nn.dot_product_attention(implementation='xla')"
     native_platforms = ("cpu", "gpu", "tpu")
+    forward = staticmethod(xla_attention)
+    auto_priority = {"cpu": 10, "gpu": 80, "tpu": 80}
     float32_matmul_precision = FLOAT32_PRECISION
     trace_name = "kernelgate_xla_attention"
 
-    def __call__(self, q, k, v, *, causal, scale, q_lengths, kv_lengths, config=None):
-        return xla_attention(q, k, v, causal=causal, scale=scale, q_lengths=q_lengths,
-                             kv_lengths=kv_lengths, config=config)
-
-    def check_supported(self, spec, backend, config=None):
-        check_supported(spec, backend, config)
-
 
 class CudnnKernel(Kernel):
-    """The registry's ``cudnn``: NVIDIA's fused flash attention, bf16/f16 on a GPU;
-    its lowering queries the local cuDNN, so it exports only from a GPU host."""
+    """The registry's ``cudnn``: NVIDIA's fused flash attention, bf16/f16 on a GPU
+    (``auto`` tries it right after pallas_gpu there, unless the measured table puts
+    another kernel first); its lowering queries the local cuDNN, so it exports only from
+    a GPU host."""
 
     name = "cudnn"
     description = "jax.nn.dot_product_attention(implementation='cudnn')"
     native_platforms = ("gpu",)
     capability = Capability(dtypes=("bfloat16", "float16"), max_head_dim=256,
                             head_dim_multiple=8)
+    forward = staticmethod(cudnn_attention)
+    auto_priority = {"gpu": 20}
     trace_name = "kernelgate_cudnn_attention"
     export_needs_local_device = True
 
-    def __call__(self, q, k, v, *, causal, scale, q_lengths, kv_lengths, config=None):
-        return cudnn_attention(q, k, v, causal=causal, scale=scale, q_lengths=q_lengths,
-                               kv_lengths=kv_lengths, config=config)
+    def check_supported(self, spec: AttentionSpec, backend: str, config=None) -> None:
+        """Raise ``NotImplementedError`` with the reason when cuDNN cannot run ``spec``.
 
-    def check_supported(self, spec, backend, config=None):
-        check_cudnn(spec, backend, config)
+        Raises:
+            NotImplementedError: not a GPU, a dtype other than bf16/f16, or a head_dim cuDNN
+                does not take (a multiple of 8, at most 256).
+            ValueError: block sizes were given (cuDNN picks its own tiling).
+        """
+        self.config_from(config)
+        if backend != "gpu":
+            raise NotImplementedError(f"cudnn needs an NVIDIA GPU; the backend is {backend}")
+        if spec.dtype not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+            raise NotImplementedError(f"cudnn flash attention supports bf16/f16, not {spec.dtype}")
+        if spec.head_dim % 8 or spec.head_dim > 256:
+            raise NotImplementedError(
+                f"cudnn needs head_dim a multiple of 8 and <= 256, got {spec.head_dim}")

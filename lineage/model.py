@@ -115,7 +115,7 @@ class KernelgateEncoder(mlflow.pyfunc.PythonModel):
         config = self.kernel["config"]
         self.attention_fn = kernels.get_attention_fn(
             self.kernel["implementation"],
-            None if config is None else kernels.BlockSizes(**config))
+            kernels.stored_config(self.kernel["implementation"], config))
         registry = kernels.IMPLEMENTATIONS[self.kernel["implementation"]]
         backend = kernels.default_backend()
         self.native = registry.is_native(backend)

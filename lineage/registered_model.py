@@ -22,7 +22,7 @@ from typing import Literal
 
 from mlflow.exceptions import MlflowException
 
-from kernels.config import BlockSizes
+from kernels.config import KernelConfig
 from lineage import tags
 from lineage.attestations import Attestation, TrustPolicy
 from lineage.ownership import refusing_squatted
@@ -62,7 +62,7 @@ def ensure_registered_model(tracking: Tracking, family: str) -> str:
 
 
 def register_build(tracking: Tracking, family: str, build_run_id: str, *, implementation: str,
-                   config: BlockSizes | None, artifact_path: str = "model",
+                   config: KernelConfig | None, artifact_path: str = "model",
                    extra_tags: dict[str, str] | None = None) -> str:
     """Create a model version for a build run; returns the version number (as str).
 
@@ -87,7 +87,7 @@ def register_build(tracking: Tracking, family: str, build_run_id: str, *, implem
             name, source=f"runs:/{build_run_id}/{artifact_path}", run_id=build_run_id,
             tags={tags.BUILD_RUN_ID: build_run_id, tags.FAMILY: family,
                   tags.IMPLEMENTATION: implementation,
-                  tags.CONFIG: json.dumps(config.model_dump(exclude_none=True) if config else None),
+                  tags.CONFIG: json.dumps(config.fields_set() if config else None),
                   **(extra_tags or {})})
     return str(version.version)
 

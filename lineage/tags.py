@@ -73,7 +73,7 @@ CANARY_PASSED: Final = "kernelgate.canary_passed"
 
 # what a model version serves
 IMPLEMENTATION: Final = "kernelgate.implementation"
-CONFIG: Final = "kernelgate.config"  # resolved BlockSizes JSON, "null" for untiled kernels
+CONFIG: Final = "kernelgate.config"  # the config asked for (the kernel's own fields; older versions: the shared block-size shape) as JSON, "null": the kernel's choice
 SOURCE_SHA256: Final = "kernelgate.source_sha256"  # combined digest of the kernels package
 SOURCE_FILE_PREFIX: Final = "kernelgate.source_sha256/"  # + file path (build run)
 CODE_SHA256: Final = "kernelgate.code_sha256"  # the version's code snapshot (build run)

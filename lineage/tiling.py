@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import kernels
-from kernels.config import BlockSizes
+from kernels.config import KernelConfig
 from kernels.shapes import AttentionShape
 
 
-def tiling_rule(implementation: str, requested: BlockSizes | None) -> str:
+def tiling_rule(implementation: str, requested: KernelConfig | None) -> str:
     """The rule that picks ``implementation``'s block sizes for a call, in words.
 
     Raises:
@@ -41,7 +41,7 @@ def shape_label(shape: AttentionShape) -> str:
             + (" causal" if shape.causal else ""))
 
 
-def resolved_tiling(implementation: str, requested: BlockSizes | None,
+def resolved_tiling(implementation: str, requested: KernelConfig | None,
                     shapes: Sequence[AttentionShape]) -> dict[str, str]:
     """Shape label -> the block sizes a call of ``implementation`` at that shape runs
     with (``"untiled"``; ``"refused: <why>"`` where the kernel refuses the shape)."""

@@ -29,7 +29,7 @@ from evaluation.model import MiniLM
 from evaluation.runners import LocalRunner, Runner
 from evaluation.serving import Endpoint
 from kernels import interpreters
-from kernels.config import BlockSizes
+from kernels.registry import stored_config
 from kernels.shapes import AttentionShape
 from lineage import model as version_model
 from lineage import model_files, registered_model
@@ -184,7 +184,7 @@ class VersionPool:
             if files.manifest_signed and files.code_sha256 == self._here:
                 config = kernel["config"]
                 local = LocalRunner.for_implementation(
-                    kernel["implementation"], None if config is None else BlockSizes(**config),
+                    kernel["implementation"], stored_config(kernel["implementation"], config),
                     self.encoder)
                 local.name = f"{kernel['implementation']}@v{version}"
                 self._runners[version] = local

@@ -34,6 +34,7 @@ from evaluation.documents import assign_splits, load_documents
 from evaluation.model import MiniLM
 from evaluation.recorded_traffic import record_traffic
 from evaluation.runners import LocalRunner
+from kernels.build import build as build_kernel
 from kernels.shapes import AttentionShape
 from lineage import keys
 from lineage import tracking as tr
@@ -69,7 +70,7 @@ def run(implementation: str, n_requests: int) -> dict:
         tracking = tr.local_tracking(tmp / "store")
         shape = AttentionShape(batch=1, q_len=256, kv_len=256, num_heads=4, num_kv_heads=2,
                                head_dim=128, dtype="bfloat16")
-        build = kernels.build(implementation, None, shape, output_dir=tmp / "build")
+        build = build_kernel(implementation, None, shape, output_dir=tmp / "build")
         key = tmp / "keys" / f"{keys.PIPELINE_KEY}.pem"
         keys.create_key(key)
         signing = Signing(signer=keys.load_signer(key), trust=keys.folder_trust(key.parent))

@@ -16,7 +16,7 @@ import numpy as np
 
 from kernels.kernel import Kernel
 from kernels.registry import IMPLEMENTATIONS
-from kernels.xla import check_supported, xla_attention
+from kernels.xla import xla_attention
 
 
 class Fault:
@@ -92,9 +92,6 @@ class FaultyKernel(Kernel):
     def __call__(self, q, k, v, *, causal, scale, q_lengths, kv_lengths, config=None):
         return globals()[self.fault](q, k, v, causal=causal, scale=scale,
                                      q_lengths=q_lengths, kv_lengths=kv_lengths)
-
-    def check_supported(self, spec, backend, config=None):
-        check_supported(spec, backend, config)
 
 
 def kernel_class(fault: str) -> type[FaultyKernel]:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import jax.numpy as jnp
 import numpy as np
 
-from kernels.config import BlockSizes
+from kernels.config import KernelConfig
 from kernels.reference import attention_reference, relative_error
 
 F32_TOLERANCE = 2e-6
@@ -33,7 +33,7 @@ class Case:
     causal: bool = False
     q_lengths: tuple[int, ...] | None = None
     kv_lengths: tuple[int, ...] | None = None
-    config: BlockSizes | None = field(default=None, compare=False)
+    config: KernelConfig | None = field(default=None, compare=False)
 
     def __str__(self) -> str:
         return self.name

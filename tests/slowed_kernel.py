@@ -56,9 +56,6 @@ class SlowedKernel(Kernel):
                        kv_lengths=kv_lengths, config=config)
         return out
 
-    def check_block_sizes(self, config):
-        self._base.check_block_sizes(config)
-
     def check_supported(self, spec, backend, config=None):
         try:
             self._base.check_supported(spec, backend, config)
@@ -67,12 +64,13 @@ class SlowedKernel(Kernel):
 
     def resolve_config(self, spec, config):
         base = self._base
+        config = base.config_from(config)
         if base.tuned and (config is None or config.is_empty()) and spec is not None:
             # the tiling its base runs with on this device (the measured table's), so the
             # slowdown is the repeats and nothing else
             from kernels.api import default_backend
             if default_backend() == "gpu":
-                config = selection.select_pallas_config(spec.shape, implementation=self.base)
+                config = selection.measured_config(spec.shape, self.base)
         return base.resolve_config(spec, config)
 
     def export_context(self, platform):
@@ -102,7 +100,7 @@ def slowed_class(base: str, repeats: int) -> type[SlowedKernel]:
         "description": f"{base} repeated {repeats} times (tests/slowed_kernel.py: a planted "
                        "slowdown for the canary's calibration)",
         "native_platforms": kernel.native_platforms, "capability": kernel.capability,
-        "config_fields": kernel.config_fields,
+        "config_type": kernel.config_type,
         "float32_matmul_precision": kernel.float32_matmul_precision,
         "trace_name": f"kernelgate_{name}_attention", "tuned": False, "ours": False,
         "lowers_at_trace_time": kernel.lowers_at_trace_time,

@@ -236,10 +236,7 @@ HISTORY = re.compile(r"(session|issue)s?[\s#_-]*[0-9]+", re.IGNORECASE)
 test's name) or broken over two lines of a comment or docstring. The why of a line is kept
 in words (a date is fine); measured history belongs in BENCHMARKS.md and the notes."""
 
-HISTORY_STILL_TO_CLEAN = frozenset({
-    "kernels/**",
-    "tests/test_kernels_pallas_mosaic_gpu.py", "tests/test_kernels_mosaic_variants.py",
-})
+HISTORY_STILL_TO_CLEAN: frozenset[str] = frozenset()
 """Paths (``fnmatch`` patterns) still being cleaned of session and issue numbers in other
 branches; :func:`test_no_session_or_issue_numbers_in_code_or_tests` skips them. Empty it
 once those branches are merged."""
@@ -340,3 +337,108 @@ def test_the_settings_scanner_finds_a_planted_read(tmp_path, monkeypatch):
     planted.write_text("def evaluate(context):\n    return context.settings.perf_repeats\n")
     monkeypatch.setitem(MODULES, "flows.planted", planted)
     assert _settings_reads("flows.planted") == {("evaluate", "perf_repeats")}
+
+
+# ----------------------------------------------------------------------------- kernels
+
+
+def _kernel_classes(tree: ast.Module) -> list[ast.ClassDef]:
+    """The module's ``Kernel`` subclasses: a base named ``Kernel`` (``Kernel[...]``,
+    ``kernels.Kernel``) or another class of the module that is one."""
+    found: dict[str, ast.ClassDef] = {}
+
+    def base_name(base: ast.expr) -> str | None:
+        if isinstance(base, ast.Subscript):
+            base = base.value
+        if isinstance(base, ast.Attribute):
+            return base.attr
+        return base.id if isinstance(base, ast.Name) else None
+
+    classes = [n for n in tree.body if isinstance(n, ast.ClassDef)]
+    changed = True
+    while changed:
+        changed = False
+        for cls in classes:
+            if cls.name not in found and any(
+                    base_name(b) == "Kernel" or base_name(b) in found for b in cls.bases):
+                found[cls.name] = cls
+                changed = True
+    return list(found.values())
+
+
+def _methods(cls: ast.ClassDef) -> list[ast.FunctionDef]:
+    return [n for n in cls.body if isinstance(n, ast.FunctionDef)]
+
+
+KERNEL_METHODS = {f.name for cls in ast.parse((ROOT / "kernels" / "kernel.py").read_text()).body
+                  if isinstance(cls, ast.ClassDef) and cls.name == "Kernel"
+                  for f in _methods(cls)}
+"""The methods of ``kernels.kernel.Kernel`` (every kernel class has them)."""
+
+
+def shell_methods(source: str) -> list[str]:
+    """``Class.method -> function`` for each method of a ``Kernel`` subclass whose body
+    (docstring aside) is one call of a module-level function of the same module."""
+    tree = ast.parse(source)
+    functions = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+    out = []
+    for cls in _kernel_classes(tree):
+        for method in _methods(cls):
+            body = [s for s in method.body if not (isinstance(s, ast.Expr)
+                    and isinstance(s.value, ast.Constant) and isinstance(s.value.value, str))]
+            if len(body) != 1 or not isinstance(body[0], ast.Return | ast.Expr):
+                continue
+            call = body[0].value
+            if (isinstance(call, ast.Call) and isinstance(call.func, ast.Name)
+                    and call.func.id in functions):
+                out.append(f"{cls.name}.{method.name} -> {call.func.id}")
+    return out
+
+
+def copied_methods(source: str) -> list[str]:
+    """Module-level functions of a kernel module (one declaring a ``Kernel`` subclass)
+    named like a ``Kernel`` method or a method of the module's kernel classes."""
+    tree = ast.parse(source)
+    classes = _kernel_classes(tree)
+    if not classes:
+        return []
+    names = KERNEL_METHODS | {m.name for cls in classes for m in _methods(cls)}
+    return sorted(n.name for n in tree.body if isinstance(n, ast.FunctionDef)
+                  and n.name in names and not n.name.startswith("__"))
+
+
+OLD_SHAPE = '''
+def check_supported(spec, backend, config=None):
+    pass
+
+class OldKernel(Kernel):
+    def check_supported(self, spec, backend, config=None):
+        """The shell."""
+        check_supported(spec, backend, config)
+
+class Deeper(OldKernel):
+    def resolve_config(self, spec, config):
+        return check_supported(spec, None, config)
+'''
+
+
+def test_the_kernel_checks_find_the_old_shape():
+    assert shell_methods(OLD_SHAPE) == ["OldKernel.check_supported -> check_supported",
+                                        "Deeper.resolve_config -> check_supported"]
+    assert copied_methods(OLD_SHAPE) == ["check_supported"]
+    assert {"check_supported", "resolve_config", "export_context"} <= KERNEL_METHODS
+
+
+def test_no_kernel_method_is_a_shell_and_no_module_function_copies_one():
+    """A kernel's knowledge lives on its class: no ``Kernel`` method is a one-line call of
+    a module-level function of its module, and no module-level function of a kernel
+    module carries a ``Kernel`` method's name."""
+    shells, copies = [], []
+    for module, path in MODULES.items():
+        source = path.read_text()
+        shells += [f"{module}: {s}" for s in shell_methods(source)]
+        copies += [f"{module}.{name}" for name in copied_methods(source)]
+    assert not shells, shells
+    assert not copies, copies
+    assert any(_kernel_classes(ast.parse(p.read_text())) for m, p in MODULES.items()
+               if m == "kernels.pallas_gpu")

@@ -64,6 +64,23 @@ def test_help_takes_at_most_a_second():
     assert heavy == "[]", heavy
 
 
+def test_the_registry_and_the_error_base_import_no_jax():
+    """``kernels`` is lazy: the registry (its names, without loading a kernel), the kernel
+    base class and the one error base every package imports load neither JAX nor NumPy,
+    so the CLI checks ``--implementation`` by importing the registry itself."""
+    code = ("import sys, kernels, kernels.errors, kernels.kernel, kernels.registry\n"
+            "names = sorted(kernels.registry.IMPLEMENTATIONS)\n"
+            "print(names, sorted(m for m in ('jax', 'numpy', 'kernels.api', 'kernels.xla') "
+            "if m in sys.modules))\n"
+            "kernels.IMPLEMENTATIONS  # a lazy name: imports kernels.api, and JAX with it\n"
+            "print('jax' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, text=True,
+                         capture_output=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                         timeout=120).stdout.splitlines()
+    assert out[0].endswith(" []") and "'pallas_gpu'" in out[0], out
+    assert out[1] == "True"
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import kernels
-from kernels.config import BlockSizes
+from kernels.pallas_tpu import TpuConfig
 from tests.kernels_helpers import (
     Case,
     assert_accurate,
@@ -34,19 +34,19 @@ CASES = [
     Case("f32-d80-129x300-gqa3", q_len=129, kv_len=300, num_heads=3, num_kv_heads=1,
          head_dim=80),
     Case("f32-d128-300x129-causal-bq64", q_len=300, kv_len=129, head_dim=128, causal=True,
-         config=BlockSizes(block_q=64, block_kv=128)),
+         config=TpuConfig(block_q=64, block_kv=128)),
     Case("f32-d256-40x129-mqa", q_len=40, kv_len=129, num_heads=4, num_kv_heads=1,
          head_dim=256),
     Case("f32-padding-causal-bq16", batch=2, q_len=129, kv_len=129, num_heads=2,
          num_kv_heads=1, causal=True, q_lengths=(129, 64), kv_lengths=(100, 129),
-         config=BlockSizes(block_q=16, block_kv=128)),
+         config=TpuConfig(block_q=16, block_kv=128)),
     Case("f32-zero-lengths", batch=3, q_len=24, kv_len=129, head_dim=32,
          q_lengths=(0, 17, 24), kv_lengths=(129, 0, 60)),
     Case("bf16-d64-129-causal-padding", batch=2, q_len=129, kv_len=129, causal=True,
          dtype="bfloat16", q_lengths=(100, 129), kv_lengths=(129, 0)),
     Case("bf16-d128-127x300-causal-gqa3-bq32", q_len=127, kv_len=300, num_heads=6,
          num_kv_heads=2, head_dim=128, causal=True, dtype="bfloat16",
-         config=BlockSizes(block_q=32, block_kv=128)),
+         config=TpuConfig(block_q=32, block_kv=128)),
     # One key: every row copies v[0]; exact in any dtype.
     Case("bf16-d96-300x1", q_len=300, kv_len=1, head_dim=96, dtype="bfloat16"),
     Case("f16-d32-129x127-padding", batch=2, q_len=129, kv_len=127, num_heads=4,
@@ -56,7 +56,7 @@ CASES = [
          head_dim=256, causal=True, dtype="float16"),
     Case("f16-d80-1x300", q_len=1, kv_len=300, head_dim=80, dtype="float16"),
     Case("bf16-d64-256-bkv256", q_len=256, kv_len=384, causal=True, dtype="bfloat16",
-         config=BlockSizes(block_q=128, block_kv=256)),
+         config=TpuConfig(block_q=128, block_kv=256)),
 ]
 
 

@@ -12,9 +12,7 @@ import jax
 import numpy as np
 import pytest
 
-from kernels import pallas_mosaic_gpu, registry, selection
-from kernels.config import BlockSizes
-from kernels.pallas_gpu import check_block_sizes
+from kernels import registry, selection
 from kernels.reference import attention_reference
 from kernels.shapes import AttentionShape
 from kernels.timing import time_call
@@ -186,10 +184,12 @@ def test_quick_autotune_writes_a_table_select_can_read(tmp_path):
     assert len(table.entries) == 2  # causal and not
     for entry in table.entries:
         assert entry.best == "pallas_gpu"  # no cuDNN on the CPU
-        assert all(c.rel_diff_to_baseline < 1e-5 for c in entry.candidates if c.tflops)
+        assert all(c.rel_diff_to_baseline < 1e-5 for c in entry.candidates["pallas_gpu"]
+                   if c.tflops)
     name, config, _ = selection.select_gpu_implementation(
         mha("float32", 2, 64, 2, 32, True), table_path=out)
-    assert name == "pallas_gpu" and config.model_dump() in [e.pallas_config for e in table.entries]
+    assert name == "pallas_gpu"
+    assert config.fields_set() in [e.configs["pallas_gpu"] for e in table.entries]
 
 
 def test_autotune_reads_shapes_from_the_tuning_split_only(tmp_path):
@@ -224,17 +224,15 @@ def test_committed_table_is_consistent_and_covers_the_grid():
         else:
             assert {"cudnn", "pallas_gpu"} <= set(e.tflops) <= {"cudnn", *registry.tuned()}
         assert e.best == max(e.tflops, key=e.tflops.get)
-        kernels = [("pallas_gpu", e.candidates, e.pallas_config, check_block_sizes)]
-        if e.mosaic_config is not None:  # tables written since pallas_mosaic_gpu joined
-            kernels.append(("pallas_mosaic_gpu", e.mosaic_candidates, e.mosaic_config,
-                            pallas_mosaic_gpu.check_block_sizes))
-        else:
+        assert "pallas_gpu" in e.configs
+        if "pallas_mosaic_gpu" not in e.configs:
             assert "pallas_mosaic_gpu" not in e.tflops
-        for name, candidates, config, check in kernels:
-            fastest = max((c for c in candidates if c.tflops), key=lambda c: c.tflops)
+        for name, config in e.configs.items():
+            fastest = max((c for c in e.candidates[name] if c.tflops), key=lambda c: c.tflops)
             assert fastest.config == config
             assert math.isclose(fastest.tflops, e.tflops[name])
-            check(BlockSizes(**config))
+            # legal for the kernel, stored in its own config type's fields
+            assert registry.IMPLEMENTATIONS[name].config_from(config).fields_set() == config
 
 
 def test_without_naive_the_error_bound_is_cudnns_own_error(monkeypatch):
@@ -257,7 +255,7 @@ def test_without_naive_the_error_bound_is_cudnns_own_error(monkeypatch):
 def test_autotune_merge_adds_shapes_and_replaces_remeasured_ones(tmp_path):
     out = tmp_path / "gpu_table.json"
     common = ["--quick", "--out", str(out), "--dtypes", "float32", "--head-dims", "32",
-              "--no-mosaic"]
+              "--skip", "pallas_mosaic_gpu"]
     assert autotune.main([*common, "--seqs", "64"]) == 0
     first = selection.load_table(out)
     assert autotune.main([*common, "--seqs", "64", "96", "--merge"]) == 0

@@ -10,8 +10,7 @@ import jax
 import pytest
 
 from kernels import selection
-from kernels.config import BlockSizes
-from kernels.selection import CandidateResult
+from kernels.pallas_gpu import PallasGpuKernel, TritonConfig
 from kernels.shapes import AttentionShape
 from kernels.tools import autotune, bench, bench_serving
 
@@ -85,19 +84,22 @@ def test_serving_table_flags_a_wrong_kernel(monkeypatch):
     assert wrong.error_ratio_to_naive > 100
 
 
-def test_stage_variants_refine_the_fastest_tilings():
+def test_the_second_serving_pass_refines_the_fastest_tilings():
     shape = bench_serving.serving_shapes(False, ("bfloat16",))[0]
 
-    def result(bq, bkv, tflops):
-        return CandidateResult(config=BlockSizes(block_q=bq, block_kv=bkv, num_warps=1,
-                                                 num_stages=2).model_dump(), tflops=tflops)
+    def tried(bq, bkv, tflops):
+        return TritonConfig(block_q=bq, block_kv=bkv, num_warps=1, num_stages=2), tflops
 
-    results = [result(16, 32, 1.0), result(32, 32, 3.0), result(64, 32, 2.0),
-               result(128, 32, None), result(16, 64, 0.5)]
-    variants = autotune.stage_variants(results, shape)
+    results = [tried(16, 32, 1.0), tried(32, 32, 3.0), tried(64, 32, 2.0),
+               tried(128, 32, None), tried(16, 64, 0.5)]
+    kernel = PallasGpuKernel()
+    variants = kernel.refined_candidates(results, shape)
     assert {(c.block_q, c.num_stages) for c in variants} == {
         (bq, s) for bq in (32, 64, 16) for s in (1, 3)}
     assert all(c.block_kv == 32 for c in variants)
+    assert kernel.refined_candidates(results, shape, quick=True) == []
+    wide = shape.model_copy(update={"head_dim": 64})  # the serving grid's second pass only
+    assert kernel.refined_candidates(results, wide) == []
 
 
 def _table(device_kind, entries=()):

@@ -11,7 +11,9 @@ from jax import export as jax_export
 
 import kernels
 from kernels.build import KernelBuild, source_digests
-from kernels.config import BlockSizes
+from kernels.build import build as build_kernel
+from kernels.pallas_gpu import TritonConfig
+from kernels.pallas_tpu import TpuConfig
 from kernels.shapes import AttentionShape
 from tests.kernels_helpers import Case, random_inputs, reference_for
 
@@ -25,9 +27,9 @@ KERNELS_DIR = Path(kernels.__file__).parent
 def tpu_builds(tmp_path_factory):
     """Two independent builds of pallas_tpu (the second with an output folder)."""
     out = tmp_path_factory.mktemp("build")
-    config = BlockSizes(block_q=64, block_kv=128)
-    first = kernels.build("pallas_tpu", config, SHAPES)
-    second = kernels.build("pallas_tpu", config, SHAPES.model_dump(), output_dir=out)
+    config = TpuConfig(block_q=64, block_kv=128)
+    first = build_kernel("pallas_tpu", config, SHAPES)
+    second = build_kernel("pallas_tpu", config, SHAPES.model_dump(), output_dir=out)
     return first, second, out
 
 
@@ -70,7 +72,7 @@ def test_fingerprints(tpu_builds):
         (KERNELS_DIR / "api.py").read_bytes()).hexdigest()
     assert first.source_sha256 == second.source_sha256
     assert first.local.lowered_sha256 == second.local.lowered_sha256
-    other = kernels.build("pallas_tpu", BlockSizes(block_q=32, block_kv=128), SHAPES,
+    other = build_kernel("pallas_tpu", TpuConfig(block_q=32, block_kv=128), SHAPES,
                           platforms=("tpu",))
     assert other.local.lowered_sha256 != first.local.lowered_sha256
     assert other.artifact("tpu").sha256 != first.artifact("tpu").sha256
@@ -87,7 +89,7 @@ def test_local_compile_facts(tpu_builds):
 
 
 def test_naive_build_cost_counts_the_matmuls():
-    build = kernels.build("naive", None, F32, platforms=("cpu",))
+    build = build_kernel("naive", None, F32, platforms=("cpu",))
     assert build.local.cost.flops >= 4 * 1 * 4 * 136 * 200 * 64  # two matmuls, 2 FLOPs/MAC
     # The materialised logits and probabilities: at least one f32 [B, H, Sq, Skv].
     assert build.local.memory.temp_bytes >= 4 * 4 * 136 * 200
@@ -96,7 +98,7 @@ def test_naive_build_cost_counts_the_matmuls():
 def test_exported_cpu_artifact_runs_and_is_exact(tmp_path):
     """An exported artifact is the kernel: deserialised and called, it matches
     the float64 reference (lengths included)."""
-    build = kernels.build("xla", None, F32, platforms=("cpu", "tpu"),
+    build = build_kernel("xla", None, F32, platforms=("cpu", "tpu"),
                           with_lengths=True, output_dir=tmp_path)
     assert [a.status for a in build.artifacts] == ["exported", "exported"]
     exported = jax_export.deserialize(bytearray(Path(build.artifact("cpu").path).read_bytes()))
@@ -108,7 +110,7 @@ def test_exported_cpu_artifact_runs_and_is_exact(tmp_path):
 
 
 def test_unsupported_targets_are_skipped_with_reason():
-    build = kernels.build("cudnn", None, SHAPES, platforms=("cpu", "cuda", "tpu", "metal"))
+    build = build_kernel("cudnn", None, SHAPES, platforms=("cpu", "cuda", "tpu", "metal"))
     assert build.local is None and "NVIDIA GPU" in build.local_skipped_reason
     reasons = {a.platform: (a.status, a.reason) for a in build.artifacts}
     assert all(status == "skipped" for status, _ in reasons.values())
@@ -118,17 +120,18 @@ def test_unsupported_targets_are_skipped_with_reason():
 
 
 def test_auto_records_its_resolution():
-    build = kernels.build("auto", None, F32, platforms=())
+    build = build_kernel("auto", None, F32, platforms=())
     assert build.implementation == "xla"
     assert build.resolution.requested == "auto" and build.resolution.reason
 
 
 @pytest.mark.parametrize(("kwargs", "match"), [
     ({"implementation": "flash9000"}, "unknown implementation"),
-    ({"config": BlockSizes(block_q=10, block_kv=128)}, "block_q must be a multiple of 8"),
-    ({"config": BlockSizes(block_q=64, num_warps=4)}, "GPU launch parameters"),
-    ({"implementation": "xla", "config": BlockSizes(block_q=64)}, "xla has no block sizes"),
-    ({"implementation": "pallas_gpu", "config": BlockSizes(block_q=48)}, "power of two"),
+    ({"config": {"block_q": 10, "block_kv": 128}}, "block_q must be a multiple of 8"),
+    ({"config": {"block_q": 64, "num_warps": 4}}, r"takes block sizes .*not \['num_warps'\]"),
+    ({"implementation": "xla", "config": {"block_q": 64}}, "xla has no block sizes"),
+    ({"implementation": "xla", "config": TpuConfig(block_q=64)}, "xla has no block sizes"),
+    ({"implementation": "pallas_gpu", "config": {"block_q": 48}}, "power of two"),
     ({"shape": {**SHAPES.model_dump(), "dtype": "int8"}}, "dtype"),
     ({"shape": {**SHAPES.model_dump(), "num_kv_heads": 3}}, "multiple of num_kv_heads"),
 ])
@@ -136,7 +139,7 @@ def test_invalid_build_requests(kwargs, match):
     args = {"implementation": "pallas_tpu", "config": None, "shape": SHAPES,
             "platforms": ("tpu",), **kwargs}
     with pytest.raises(ValueError, match=match):
-        kernels.build(**args)
+        build_kernel(**args)
 
 
 def test_pallas_gpu_exports_for_cuda_from_a_cpu_host_and_records_the_waiver():
@@ -145,7 +148,7 @@ def test_pallas_gpu_exports_for_cuda_from_a_cpu_host_and_records_the_waiver():
 
     shape = AttentionShape(batch=1, q_len=128, kv_len=128, num_heads=2, num_kv_heads=2,
                            head_dim=64, dtype="bfloat16")
-    build = kernels.build("pallas_gpu", None, shape, platforms=("cuda",))
+    build = build_kernel("pallas_gpu", None, shape, platforms=("cuda",))
     (artifact,) = build.artifacts
     assert artifact.status == "exported", artifact.reason
     assert "triton" in artifact.reason and jax.__version__ in artifact.reason
@@ -153,11 +156,20 @@ def test_pallas_gpu_exports_for_cuda_from_a_cpu_host_and_records_the_waiver():
 
 
 def test_resolved_config_is_recorded_never_null():
-    build = kernels.build("pallas_gpu", BlockSizes(block_q=32), SHAPES, platforms=())
-    assert build.requested_config == BlockSizes(block_q=32)
-    assert build.config.block_q == 32 and None not in build.config.model_dump().values()
-    untiled = kernels.build("xla", None, F32, platforms=())
+    built = build_kernel("pallas_gpu", {"block_q": 32}, SHAPES, platforms=())
+    assert built.requested_config == TritonConfig(block_q=32)  # read as the kernel's own
+    assert built.config.block_q == 32 and built.config.is_complete()
+    untiled = build_kernel("xla", None, F32, platforms=())
     assert untiled.config is None
+
+
+def test_a_build_record_reads_back_as_the_kernels_own_config_type():
+    built = build_kernel("pallas_gpu", TritonConfig(block_q=32), SHAPES, platforms=())
+    again = KernelBuild.model_validate_json(built.model_dump_json())
+    assert again.config == built.config and type(again.config) is TritonConfig
+    assert again.requested_config == TritonConfig(block_q=32)
+    assert again.resolution.config == built.config
+    assert '"num_warps"' in built.model_dump_json()  # dumped with its own type's fields
 
 
 def test_source_digest_changes_with_any_file_of_the_package(tmp_path):

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 import kernels
-from kernels.config import BlockSizes
 
 
 def _qkv(batch=2, q_len=8, kv_len=6, heads=4, kv_heads=2, head_dim=16, dtype=jnp.float32):
@@ -132,9 +131,9 @@ def test_pallas_tpu_on_gpu_backend_is_not_implemented():
 
 
 @pytest.mark.parametrize(("config", "match"), [
-    (BlockSizes(block_q=12, block_kv=128), "block_q must be a multiple of 8"),
-    (BlockSizes(block_q=16, block_kv=64), "block_kv must be a multiple of 128"),
-    (BlockSizes(block_q=4096, block_kv=4096), "VMEM"),
+    ({"block_q": 12, "block_kv": 128}, "block_q must be a multiple of 8"),
+    ({"block_q": 16, "block_kv": 64}, "block_kv must be a multiple of 128"),
+    ({"block_q": 4096, "block_kv": 4096}, "VMEM"),
 ])
 def test_illegal_tpu_block_sizes(config, match):
     q, k, v = _qkv(q_len=4096, kv_len=4096, batch=1, heads=1, kv_heads=1, head_dim=128)

@@ -16,7 +16,7 @@ import pytest
 
 import kernels
 from kernels import api, dispatch
-from kernels.config import BlockSizes
+from kernels.pallas_gpu import TritonConfig
 from kernels.xla import xla_attention
 
 XLA_MESSAGE = ("RESOURCE_EXHAUSTED: Shared memory size limit exceeded: requested 458752, "
@@ -30,47 +30,30 @@ def exhausting_attention(q, k, v, *, causal, scale, q_lengths, kv_lengths, confi
     raise jax.errors.JaxRuntimeError(XLA_MESSAGE)
 
 
-def check_supported(spec, backend, config=None):
-    del spec, backend, config
-
-
-def check_block_sizes(config):
-    del config
-
-
-def resolve_config(spec, config):
-    return (config or BlockSizes()).merged_over(BlockSizes(block_q=128, block_kv=128,
-                                                           num_warps=8, num_stages=3))
-
-
-class ExhaustingKernel(kernels.Kernel):
-    """The stand-in as a registered kernel: tiled, native on the CPU."""
+class ExhaustingKernel(kernels.Kernel[TritonConfig]):
+    """The stand-in as a registered kernel: tiled (Triton's config type), native on the
+    CPU and first in ``auto``'s order there."""
 
     name = "exhausting"
     description = "stand-in that runs out of shared memory"
     native_platforms = ("cpu",)
-    config_fields = ("block_q", "block_kv", "num_warps", "num_stages")
+    forward = staticmethod(exhausting_attention)
+    auto_priority = {"cpu": 0}
 
-    def __call__(self, q, k, v, *, causal, scale, q_lengths, kv_lengths, config=None):
-        return exhausting_attention(q, k, v, causal=causal, scale=scale, q_lengths=q_lengths,
-                                    kv_lengths=kv_lengths, config=config)
-
-    def check_supported(self, spec, backend, config=None):
-        check_supported(spec, backend, config)
-
-    def resolve_config(self, spec, config):
-        return resolve_config(spec, config)
+    def default_config(self, head_dim):
+        del head_dim
+        return TritonConfig(block_q=128, block_kv=128, num_warps=8, num_stages=3)
 
 
 @pytest.fixture
 def exhausting(monkeypatch):
     """Register the stand-in as a tiled kernel native on the CPU, first in ``auto``."""
-    monkeypatch.setitem(api.IMPLEMENTATIONS, "exhausting", ExhaustingKernel())
-    monkeypatch.setitem(api.AUTO_ORDER, "cpu", ("exhausting", "xla", "naive"))
     monkeypatch.setattr(api, "default_backend", lambda: "cpu")
     LOWERINGS["count"] = 0
     dispatch.get_attention_fn.cache_clear()
-    yield
+    with kernels.registered(ExhaustingKernel):
+        assert kernels.auto_order("cpu") == ("exhausting", "xla", "naive")
+        yield
     dispatch.get_attention_fn.cache_clear()
 
 
@@ -152,7 +135,7 @@ def test_guarded_function_is_cached_and_hashable():
 # ----------------------------------------------------------------------------- GPU only
 
 ON_GPU = jax.default_backend() in ("gpu", "cuda")
-OVERSIZED = BlockSizes(block_q=128, block_kv=128, num_warps=8, num_stages=3)  # the issue's
+OVERSIZED = TritonConfig(block_q=128, block_kv=128, num_warps=8, num_stages=3)  # the issue's
 
 
 @pytest.fixture

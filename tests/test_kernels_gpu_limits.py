@@ -19,10 +19,9 @@ import pytest
 
 import kernels
 from kernels import gpu_limits, pallas_gpu, selection
-from kernels.config import BlockSizes
 from kernels.contract import validate
+from kernels.pallas_gpu import TritonConfig
 from kernels.shapes import AttentionShape
-from kernels.tools import autotune
 from tests.kernels_helpers import Case, assert_accurate, random_inputs, reference_for
 
 H200_OPT_IN = 232448  # "available: 232448" in the H200's error message
@@ -39,8 +38,11 @@ MEASURED_OVERFLOWS = [
 MEASURED_RUNS = [(128, 128, 8, 3, "bfloat16", 128, 229376)]
 
 
-def _cfg(bq, bkv, warps, stages) -> BlockSizes:
-    return BlockSizes(block_q=bq, block_kv=bkv, num_warps=warps, num_stages=stages)
+PG = pallas_gpu.PallasGpuKernel()
+
+
+def _cfg(bq, bkv, warps, stages) -> TritonConfig:
+    return TritonConfig(block_q=bq, block_kv=bkv, num_warps=warps, num_stages=stages)
 
 
 def _spec(dtype, head_dim, q_len=384, kv_len=384, causal=False):
@@ -69,10 +71,10 @@ def test_model_admits_the_measured_fastest_bf16_tiling(bq, bkv, warps, stages, d
 
 def test_every_tiling_that_ran_on_the_h200_fits_the_model():
     table = selection.load_table()
-    ran = [(e, c) for e in table.entries for c in e.candidates if c.tflops]
+    ran = [(e, c) for e in table.entries for c in e.candidates["pallas_gpu"] if c.tflops]
     assert len(ran) > 50
     for entry, cand in ran:
-        cfg = BlockSizes(**cand.config)
+        cfg = TritonConfig(**cand.config)
         need = gpu_limits.shared_memory_bytes(
             gpu_limits.effective_config(cfg, entry.seq, entry.seq), dtype=entry.dtype,
             head_dim=entry.head_dim)
@@ -118,9 +120,9 @@ def test_default_tiling_fits_for_every_dtype_and_head_dim(dtype, head_dim):
     for seq in (1, 127, 384, 4096):
         for causal in (False, True):
             spec = _spec(dtype, head_dim, seq, seq, causal)
-            pallas_gpu.check_supported(spec, "gpu", None)  # no refusal
-            cfg = pallas_gpu.resolve_config(spec, None)
-            pallas_gpu.check_block_sizes(cfg)
+            PG.check_supported(spec, "gpu", None)  # no refusal
+            cfg = PG.resolve_config(spec, None)
+            TritonConfig(**cfg.model_dump())  # a legal Triton tiling
             need = gpu_limits.shared_memory_bytes(
                 gpu_limits.effective_config(cfg, seq, seq), dtype=dtype, head_dim=head_dim)
             assert need <= H200_OPT_IN, (cfg, need)
@@ -129,35 +131,35 @@ def test_default_tiling_fits_for_every_dtype_and_head_dim(dtype, head_dim):
 
 def test_float32_d128_default_is_shrunk_stages_first_then_tiles():
     spec = _spec("float32", 128)
-    cfg = pallas_gpu.resolve_config(spec, None)
-    assert cfg != pallas_gpu.default_config(128)  # 128x128 s3: the issue's overflow
+    cfg = PG.resolve_config(spec, None)
+    assert cfg != PG.default_config(128)  # 128x128 s3: the issue's overflow
     assert cfg.num_stages >= 2  # tiles shrank before pipelining was given up
     assert cfg.block_q * cfg.block_kv < 128 * 128
     # bf16 keeps the measured 128x128 w8 s3 winner
-    assert pallas_gpu.resolve_config(_spec("bfloat16", 128), None) == pallas_gpu.default_config(128)
+    assert PG.resolve_config(_spec("bfloat16", 128), None) == PG.default_config(128)
 
 
 def test_explicit_tiling_that_cannot_fit_is_refused_naming_the_limit():
     spec = _spec("float32", 128)
     with pytest.raises(ValueError, match=r"shared memory.*232448"):
-        pallas_gpu.check_supported(spec, "gpu", _cfg(128, 128, 8, 3))
+        PG.check_supported(spec, "gpu", _cfg(128, 128, 8, 3))
     with pytest.raises(ValueError, match="232448"):
         kernels.resolve("pallas_gpu", spec, backend="gpu", config=_cfg(128, 128, 8, 3))
     # the same tiling over a 16-token sequence is a 16x16 tiling: it fits
-    pallas_gpu.check_supported(_spec("float32", 128, 16, 16), "gpu", _cfg(128, 128, 8, 3))
+    PG.check_supported(_spec("float32", 128, 16, 16), "gpu", _cfg(128, 128, 8, 3))
     # interpret mode (CPU) has no shared-memory limit
-    pallas_gpu.check_supported(spec, "cpu", _cfg(128, 128, 8, 3))
+    PG.check_supported(spec, "cpu", _cfg(128, 128, 8, 3))
 
 
 def test_fields_a_caller_fixes_are_kept_and_the_rest_fitted():
     spec = _spec("float32", 128)
-    cfg = pallas_gpu.resolve_config(spec, BlockSizes(block_q=128))
+    cfg = PG.resolve_config(spec, TritonConfig(block_q=128))
     assert cfg.block_q == 128
     need = gpu_limits.shared_memory_bytes(cfg, dtype="float32", head_dim=128)
     assert need <= H200_OPT_IN
     with pytest.raises(ValueError, match="shared memory"):
-        pallas_gpu.check_supported(spec, "gpu", BlockSizes(block_q=256, block_kv=256,
-                                                            num_stages=4))
+        PG.check_supported(spec, "gpu", TritonConfig(block_q=256, block_kv=256,
+                                                     num_stages=4))
 
 
 def test_nothing_fits_a_small_budget_so_auto_moves_on(monkeypatch):
@@ -165,8 +167,7 @@ def test_nothing_fits_a_small_budget_so_auto_moves_on(monkeypatch):
     monkeypatch.setattr(pallas_gpu, "shared_memory_budget", lambda device=None: tiny)
     spec = _spec("float32", 256)
     with pytest.raises(NotImplementedError, match="no tiling fits"):
-        pallas_gpu.check_supported(spec, "gpu", None)
-    monkeypatch.setattr(selection, "shared_memory_budget", lambda device=None: tiny)
+        PG.check_supported(spec, "gpu", None)
     res = kernels.resolve("auto", spec, backend="gpu")
     assert res.name != "pallas_gpu" and "no tiling fits" in res.skipped["pallas_gpu"]
 
@@ -179,7 +180,8 @@ def bf16_d128_table(tmp_path, monkeypatch):
     entry = selection.TableEntry(
         dtype="bfloat16", batch=1, seq=1024, num_heads=16, head_dim=128, causal=True,
         best="pallas_gpu", tflops={"pallas_gpu": 400.0, "cudnn": 380.0},
-        pallas_config={"block_q": 64, "block_kv": 64, "num_warps": 4, "num_stages": 3})
+        configs={"pallas_gpu": {"block_q": 64, "block_kv": 64, "num_warps": 4,
+                                "num_stages": 3}})
     table = selection.SelectionTable(
         jax_version="0.11.2", device_kind="NVIDIA H200", created_at="2026-12-01T00:00:00+00:00",
         command="test", tuning_data="synthetic", entries=[entry])
@@ -197,7 +199,7 @@ def test_table_tiling_for_another_dtype_is_never_applied_unfitted(bf16_d128_tabl
     assert name == "pallas_gpu"
     assert gpu_limits.shared_memory_bytes(cfg, dtype="float32", head_dim=256) <= H200_OPT_IN
     assert "shared memory" in reason and "float32" in reason
-    assert selection.select_pallas_config(shape) == cfg
+    assert selection.measured_config(shape, "pallas_gpu") == cfg
     spec = _spec("float32", 256, causal=True)
     res = kernels.resolve("auto", spec, backend="gpu")
     assert res.name == "pallas_gpu" and res.config == cfg
@@ -207,13 +209,15 @@ def test_table_tiling_for_another_dtype_is_never_applied_unfitted(bf16_d128_tabl
     # a bf16 call of the entry's own kind gets the table's tiling untouched
     bf16 = shape.model_copy(update={"dtype": "bfloat16", "head_dim": 128, "q_len": 1024,
                                     "kv_len": 1024})
-    assert selection.select_pallas_config(bf16) == BlockSizes(
-        **selection.nearest_entry(bf16, selection.load_table()).pallas_config)
+    assert selection.measured_config(bf16, "pallas_gpu") == selection.nearest_entry(
+        bf16, selection.load_table()).config_of("pallas_gpu")
 
 
 @pytest.mark.parametrize("dtype, head_dim", list(itertools.product(DTYPES, (32, 64, 128, 256))))
 def test_autotune_never_tries_a_tiling_that_cannot_fit(dtype, head_dim):
-    configs = autotune.candidate_configs(head_dim, dtype=dtype)
+    shape = AttentionShape(batch=1, q_len=4096, kv_len=4096, num_heads=2, num_kv_heads=2,
+                           head_dim=head_dim, dtype=dtype)
+    configs = PG.candidate_configs(shape)
     assert configs
     for cfg in configs:
         assert gpu_limits.shared_memory_bytes(cfg, dtype=dtype, head_dim=head_dim) <= H200_OPT_IN
@@ -240,7 +244,7 @@ def test_gpu_every_dtype_and_head_dim_runs_and_matches_float64(dtype, head_dim, 
     q, k, v, _, _ = random_inputs(case, seed=head_dim + 7 * causal)
     ref = reference_for(q, k, v, case)
     if implementation == "pallas_gpu:kernel-default":  # the fitted default, not the table's
-        fn = kernels.get_attention_fn("pallas_gpu", pallas_gpu.fitted_config(
+        fn = kernels.get_attention_fn("pallas_gpu", PG.fitted_config(
             dtype, head_dim, 384, 384))
     else:  # pallas_gpu without a tiling takes the (fitted) table's; auto picks
         fn = kernels.get_attention_fn(implementation)

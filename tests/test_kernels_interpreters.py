@@ -11,8 +11,8 @@ import pytest
 
 import kernels
 from kernels import interpreters
-from kernels.config import BlockSizes
 from kernels.interpreters import InterpreterPlan
+from kernels.pallas_tpu import TpuConfig
 from tests.kernels_helpers import Case, assert_accurate, random_inputs, reference_for
 
 # Fresh seeds per case (never the test set's): several shapes, causal and not, padding
@@ -25,7 +25,7 @@ CASES = [
     Case("gqa-causal-padded", batch=2, q_len=384, kv_len=384, num_heads=8, num_kv_heads=2,
          head_dim=128, causal=True, kv_lengths=(384, 250), q_lengths=(384, 250)),
     Case("cross-gqa-small-blocks", batch=1, q_len=100, kv_len=520, num_heads=6,
-         num_kv_heads=3, head_dim=80, config=BlockSizes(block_q=32, block_kv=128)),
+         num_kv_heads=3, head_dim=80, config=TpuConfig(block_q=32, block_kv=128)),
     Case("bf16-causal", batch=2, q_len=130, kv_len=130, num_heads=2, num_kv_heads=1,
          head_dim=64, dtype="bfloat16", causal=True, kv_lengths=(130, 60)),
 ]

@@ -20,7 +20,6 @@ from pydantic import ValidationError
 
 from kernels import mosaic_variants, pallas_mosaic_gpu
 from kernels.build import source_digests
-from kernels.config import BlockSizes
 from kernels.contract import AttentionSpec
 from kernels.mosaic_variants import (
     MAX_LAZY_RESCALE_LOG2,
@@ -30,10 +29,14 @@ from kernels.mosaic_variants import (
     tile_registers,
 )
 from kernels.naive import naive_attention
-from kernels.pallas_mosaic_gpu import pallas_mosaic_gpu_attention
+from kernels.pallas_mosaic_gpu import (
+    MosaicConfig,
+    PallasMosaicGpuKernel,
+    pallas_mosaic_gpu_attention,
+)
 from kernels.reference import attention_reference, relative_error
 from kernels.registry import IMPLEMENTATIONS
-from kernels.selection import select_pallas_config
+from kernels.selection import measured_config
 from kernels.shapes import AttentionShape
 from kernels.tools import ptxas_report
 from kernels.tools import variants as variants_tool
@@ -89,7 +92,7 @@ def test_intra_wg_pipeline_refuses_tilings_whose_tiles_exceed_the_registers():
         with pytest.raises(ValueError, match="intra_wg_pipeline.*consumer_registers=232"):
             on.check_tiling(block_q, block_kv, d)
     with pytest.raises(ValueError, match="intra_wg_pipeline"):
-        _lowered(on, head_dim=64, config=BlockSizes(block_q=64, block_kv=256, num_stages=2))
+        _lowered(on, head_dim=64, config=MosaicConfig(block_q=64, block_kv=256, kv_ring_depth=2))
 
 
 def test_the_64x192_tile_at_head_dim_128_fits_the_registers_but_not_the_pipeline():
@@ -107,7 +110,7 @@ def test_the_64x192_tile_at_head_dim_128_fits_the_registers_but_not_the_pipeline
             piped.check_tiling(64, 192, 128)
     with pytest.raises(ValueError, match="intra_wg_pipeline"):
         _lowered(MosaicVariant(intra_wg_pipeline=True), head_dim=128,
-                 config=BlockSizes(block_q=64, block_kv=192, num_stages=2))
+                 config=MosaicConfig(block_q=64, block_kv=192, kv_ring_depth=2))
 
 
 def test_output_chunks_split_head_dim_into_whole_64_column_tiles():
@@ -126,7 +129,7 @@ def test_half_width_output_buffers_fit_shared_memory_at_head_dim_256():
     with the lazy rescale's 2 KiB reduction scratch. Bytes from the buffers' shapes:
     queries 2 x 64 x 256 x 2, K and V rings 2 x 2 x 64 x 256 x 2, output 2 x 64 x 128 x 2,
     13 barriers of 8 bytes."""
-    cfg = BlockSizes(block_q=64, block_kv=64, num_warps=12, num_stages=2)
+    cfg = MosaicConfig(block_q=64, block_kv=64, kv_ring_depth=2)
     lazy = pallas_mosaic_gpu.variant_scratch_bytes(MosaicVariant(lazy_rescale_log2=8.0))
     queries, rings, half_output, barriers = 65536, 131072, 32768, 104
     assert not pallas_mosaic_gpu.separate_output(cfg, 256, 2, lazy)
@@ -151,7 +154,7 @@ def test_the_smem_count_is_what_the_kernel_allocates(head_dim, block_q, block_kv
     kernel's scratch really declares: every shared-memory ref's elements times 2 bytes,
     8 bytes per barrier, and the variant's reduction scratch."""
     variant = MosaicVariant(**switches)
-    cfg = BlockSizes(block_q=block_q, block_kv=block_kv, num_warps=12, num_stages=stages)
+    cfg = MosaicConfig(block_q=block_q, block_kv=block_kv, kv_ring_depth=stages)
     extra = pallas_mosaic_gpu.variant_scratch_bytes(variant)
     cols = pallas_mosaic_gpu.output_staging_cols(cfg, head_dim, 2, extra, variant.output_chunks)
     plan = pallas_mosaic_gpu._Plan(
@@ -176,7 +179,7 @@ def test_pingpong_across_tiles_is_refused_where_the_output_shares_the_query_tile
     across = MosaicVariant(pingpong_across_tiles=True, lazy_rescale_log2=8.0)
     with pytest.raises(ValueError, match="pingpong_across_tiles needs the output staged"):
         _lowered(across, head_dim=256)
-    deep_ring = BlockSizes(block_q=64, block_kv=128, num_stages=3)  # d128: no room either
+    deep_ring = MosaicConfig(block_q=64, block_kv=128, kv_ring_depth=3)  # d128: no room either
     with pytest.raises(ValueError, match="pingpong_across_tiles needs the output staged"):
         _lowered(MosaicVariant(pingpong_across_tiles=True), head_dim=128, config=deep_ring)
     assert "mosaic_gpu_v2" in _lowered(across.model_copy(update={"output_chunks": 2}), 256)
@@ -190,8 +193,8 @@ def test_registered_switches_drop_what_the_tiling_cannot_hold(monkeypatch):
     rule = mosaic_variants.SwitchRule(
         padded_head_dim=128, switches={"output_chunks": 2, "pingpong_across_tiles": True})
     monkeypatch.setattr(mosaic_variants, "REGISTERED_SWITCHES", (rule,))
-    deep = BlockSizes(block_q=64, block_kv=128, num_warps=12, num_stages=3)
-    shallow = deep.model_copy(update={"num_stages": 2})
+    deep = MosaicConfig(block_q=64, block_kv=128, kv_ring_depth=3)
+    shallow = deep.model_copy(update={"kv_ring_depth": 2})
     got = pallas_mosaic_gpu.registered_variant(deep, 128)
     assert (got.output_chunks, got.pingpong_across_tiles) == (1, False)
     got = pallas_mosaic_gpu.registered_variant(shallow, 128)
@@ -211,7 +214,7 @@ def test_registered_switches_drop_what_the_tiling_cannot_hold(monkeypatch):
     spec = AttentionSpec(batch=1, q_len=512, kv_len=512, num_heads=2, num_kv_heads=2,
                          head_dim=128, dtype=jnp.dtype("bfloat16"), causal=True, scale=0.1,
                          has_lengths=False)
-    pallas_mosaic_gpu.check_supported(spec, "cuda", deep)
+    PallasMosaicGpuKernel().check_supported(spec, "cuda", deep)
     assert "mosaic_gpu_v2" in _lowered(None, head_dim=128, causal=True, config=deep)
 
 
@@ -227,7 +230,7 @@ def test_the_variants_module_is_part_of_the_source_digest():
 
 
 def test_lazy_rescale_accounts_for_its_reduction_scratch():
-    cfg = pallas_mosaic_gpu.default_config(128)
+    cfg = PallasMosaicGpuKernel().default_config(128)
     base = pallas_mosaic_gpu.smem_bytes(cfg, 128)
     extra = pallas_mosaic_gpu.variant_scratch_bytes(MosaicVariant(lazy_rescale_log2=8.0))
     assert extra > 0 and pallas_mosaic_gpu.variant_scratch_bytes(MosaicVariant()) == 0
@@ -313,7 +316,7 @@ KERNEL_BEFORE_THE_PIPELINE_SWITCH = {
         "9c243c567826a18ea33a0c579157a85a19461e92a0e3ef0bcdabd03f26e00e9d",
     (128, True, True, MosaicVariant(rowsum_before_handover=True), None):
         "f7fd40d603c3f4f10b663b1c83e3a51b7cf045d325e598268ff02dde5597b8b8",
-    (64, False, False, MosaicVariant(), BlockSizes(block_q=64, block_kv=256, num_stages=2)):
+    (64, False, False, MosaicVariant(), MosaicConfig(block_q=64, block_kv=256, kv_ring_depth=2)):
         "88c663007ab037e3635fc020d95be4575c7ca111484daeeb6cac217866c3b57c",
 }
 
@@ -364,7 +367,7 @@ def test_the_pipeline_switch_off_lowers_to_the_kernel_before_it(monkeypatch):
 KERNEL_BEFORE_THE_UNPADDED_KV = {
     (128, False, 768, MosaicVariant(), None):
         "b93df9cff5d778805fe0a0555049a6e3553d6bd472beaa43204de830c8836a9c",
-    (64, False, 768, MosaicVariant(), BlockSizes(block_q=64, block_kv=256, num_stages=2)):
+    (64, False, 768, MosaicVariant(), MosaicConfig(block_q=64, block_kv=256, kv_ring_depth=2)):
         "4c54d44ec34099e1f8da3d20d34e431a7760cad57b68f19f48f1ae527ffae6be",
     (128, True, 768, None, None):
         "ffa6dd3d79bc37b0b9940781c248883915837d66e13d51b7d66ff2671bbaee8f",
@@ -427,7 +430,7 @@ def test_head_dim_128_lowers_to_the_modules_measured_in_session_8(monkeypatch):
     for (dtype, batch, seq, causal), digest in D128_AS_MEASURED_IN_SESSION_8.items():
         shape = AttentionShape(dtype=dtype, batch=batch, q_len=seq, kv_len=seq, num_heads=16,
                                num_kv_heads=16, head_dim=128, causal=causal)
-        config = select_pallas_config(shape, implementation="pallas_mosaic_gpu")
+        config = measured_config(shape, "pallas_mosaic_gpu")
         fn = functools.partial(pallas_mosaic_gpu_attention, causal=causal, scale=128 ** -0.5,
                                q_lengths=None, kv_lengths=None, config=config, num_sms=132)
         x = jax.ShapeDtypeStruct((batch, seq, 16, 128), getattr(jnp, dtype))
@@ -694,24 +697,24 @@ PIPELINE_CASES = [
     (Case("pipe_causal_gqa_lengths", batch=3, q_len=200, kv_len=330, num_heads=2,
           num_kv_heads=1, head_dim=64, dtype="bfloat16", causal=True,
           q_lengths=(200, 77, 150), kv_lengths=(330, 129, 40),
-          config=BlockSizes(block_q=64, block_kv=64, num_stages=2)), {}, True),
+          config=MosaicConfig(block_q=64, block_kv=64, kv_ring_depth=2)), {}, True),
     # full mask at head_dim 128 (padded from 96), a 3-deep ring: kv length 128 ends on
     # a block (the last block unmasked, n_full = ub), 40 gives ub = 1, q length 60
     # leaves the second pair empty (ub = 0).
     (Case("pipe_full_d96_lengths", batch=3, q_len=200, kv_len=330, num_heads=4,
           num_kv_heads=2, head_dim=96, dtype="float16", causal=False,
           q_lengths=(200, 60, 131), kv_lengths=(330, 128, 40),
-          config=BlockSizes(block_q=64, block_kv=64, num_stages=3)), {}, False),
+          config=MosaicConfig(block_q=64, block_kv=64, kv_ring_depth=3)), {}, False),
     # head_dim 256 with the lazy rescale (its registered switch there), static bounds:
     # 3 blocks, none masked (n_full = ub known at trace time).
     (Case("pipe_d256_static_lazy", batch=1, q_len=128, kv_len=192, num_heads=2,
           num_kv_heads=2, head_dim=256, dtype="bfloat16", causal=False,
-          config=BlockSizes(block_q=64, block_kv=64, num_stages=2)),
+          config=MosaicConfig(block_q=64, block_kv=64, kv_ring_depth=2)),
      {"lazy_rescale_log2": 8.0}, False),
     # static ub = 1 (40 keys, 64-key blocks): only the prologue and a masked epilogue.
     (Case("pipe_d128_one_block", batch=1, q_len=100, kv_len=40, num_heads=2,
           num_kv_heads=1, head_dim=128, dtype="bfloat16", causal=False,
-          config=BlockSizes(block_q=64, block_kv=64, num_stages=2)), {}, False),
+          config=MosaicConfig(block_q=64, block_kv=64, kv_ring_depth=2)), {}, False),
 ]
 
 
@@ -733,24 +736,24 @@ TILE_BOUNDARY_CASES = [
     # race detection on (a slot or query tile reused before both consumers let go of it)
     (Case("across_d64_causal_gqa", batch=2, q_len=384, kv_len=384, num_heads=4,
           num_kv_heads=2, head_dim=64, dtype="bfloat16", causal=True,
-          config=BlockSizes(block_q=64, block_kv=128, num_stages=2)),
+          config=MosaicConfig(block_q=64, block_kv=128, kv_ring_depth=2)),
      {"pingpong_across_tiles": True, "rowsum_before_handover": False}, True),
     # with the intra-warpgroup pipeline at d128 (head_dim 96 padded), full mask
     (Case("across_pipelined_d96_full", batch=1, q_len=256, kv_len=320, num_heads=2,
           num_kv_heads=1, head_dim=96, dtype="float16", causal=False,
-          config=BlockSizes(block_q=64, block_kv=64, num_stages=2)),
+          config=MosaicConfig(block_q=64, block_kv=64, kv_ring_depth=2)),
      {"pingpong_across_tiles": True, "intra_wg_pipeline": True}, False),
     # d256: four 64-column output stores per tile, across tiles, the lazy rescale, causal
     (Case("chunks4_across_d256_causal", batch=1, q_len=256, kv_len=256, num_heads=2,
           num_kv_heads=2, head_dim=256, dtype="bfloat16", causal=True,
-          config=BlockSizes(block_q=64, block_kv=64, num_stages=2)),
+          config=MosaicConfig(block_q=64, block_kv=64, kv_ring_depth=2)),
      {"output_chunks": 4, "pingpong_across_tiles": True, "lazy_rescale_log2": 8.0}, False),
     # d256 with lengths (the offset per tile) and two output stores; query pairs past a
     # length are empty tiles and their rows exact zeros
     (Case("chunks2_d256_lengths", batch=2, q_len=300, kv_len=330, num_heads=2,
           num_kv_heads=1, head_dim=256, dtype="bfloat16", causal=False,
           q_lengths=(300, 77), kv_lengths=(330, 129),
-          config=BlockSizes(block_q=64, block_kv=64, num_stages=2)),
+          config=MosaicConfig(block_q=64, block_kv=64, kv_ring_depth=2)),
      {"output_chunks": 2, "pingpong_across_tiles": True}, False),
 ]
 
@@ -941,8 +944,8 @@ def test_the_64x192_entries_run_at_d128_with_the_registered_switches():
     tile, regs = by_name["d128-tile-q64-kv192"], by_name["d128-tile-q64-kv192-regs-240"]
     for entry in (tile, regs):
         assert entry["head_dims"] == [128]
-        assert variants_tool.block_sizes(entry, 128) == BlockSizes(block_q=64, block_kv=192,
-                                                                   num_stages=2)
+        assert variants_tool.block_sizes(entry, 128) == MosaicConfig(block_q=64, block_kv=192,
+                                                                   kv_ring_depth=2)
     for causal in (False, True):
         for kv_len in (4096, 16384):
             registered = mosaic_variants.registered_default(128, causal=causal, kv_len=kv_len)

@@ -13,7 +13,18 @@ import pytest
 
 import kernels
 from kernels import selection
-from kernels.api import AUTO_ORDER, NATIVE_FLASH
+
+
+def test_the_orders_the_classes_declare_are_the_documented_ones():
+    """``auto``'s fallback order and the rollout's flash kernel per backend, derived from
+    the kernel classes' ``auto_priority`` and ``rollout_default_on`` declarations."""
+    assert {b: kernels.auto_order(b) for b in ("cpu", "gpu", "tpu")} == {
+        "tpu": ("pallas_tpu", "xla", "naive"),
+        "gpu": ("pallas_gpu", "cudnn", "pallas_mosaic_gpu", "xla", "naive"),
+        "cpu": ("xla", "naive")}
+    assert {b: kernels.native_flash(b) for b in ("cpu", "gpu", "tpu")} == {
+        "tpu": "pallas_tpu", "gpu": "pallas_gpu", "cpu": "pallas_tpu"}
+    assert kernels.auto_order("metal") == kernels.auto_order("cpu")
 
 
 def _spec(dtype="float32", shape=(2, 128, 4, 64)):
@@ -27,7 +38,7 @@ def test_native_is_what_attention_auto_runs_on_a_cpu_or_tpu(backend):
         assert (kernels.native_flash_kernel("native", backend)
                 == kernels.resolve("auto", _spec(dtype), backend).name)
     assert "runs first" in kernels.why_picked("native", backend)
-    assert kernels.native_flash_kernel("auto", backend) == NATIVE_FLASH[backend]
+    assert kernels.native_flash_kernel("auto", backend) == kernels.native_flash(backend)
 
 
 def _table(best: str) -> selection.SelectionTable:
@@ -45,7 +56,7 @@ def test_on_a_gpu_auto_runs_what_the_table_picks_not_native(best, tmp_path, monk
     path.write_text(_table(best).model_dump_json())
     monkeypatch.setattr(selection, "DEFAULT_TABLE_PATH", path)
     native = kernels.native_flash_kernel("native", "gpu")
-    assert native == AUTO_ORDER["gpu"][0]
+    assert native == kernels.auto_order("gpu")[0]
     picked = kernels.resolve("auto", _spec("bfloat16"), "gpu").name
     assert picked == best  # the table decides, per shape
     if best != native:
@@ -61,8 +72,8 @@ def test_with_the_checked_in_table_auto_follows_the_table_on_a_gpu():
 
 def test_auto_on_a_cpu_says_it_interprets_and_names_the_native_kernel():
     why = kernels.why_picked("auto", "cpu")
-    assert NATIVE_FLASH["cpu"] in why and "interpreted" in why
-    assert f"native kernel ({AUTO_ORDER['cpu'][0]})" in why
+    assert kernels.native_flash("cpu") in why and "interpreted" in why
+    assert f"native kernel ({kernels.auto_order('cpu')[0]})" in why
     assert "as asked" in kernels.why_picked("xla", "cpu")
     assert "interpreted" not in kernels.why_picked("auto", "gpu")
     with pytest.raises(ValueError, match="unknown implementation"):

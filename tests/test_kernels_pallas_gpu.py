@@ -15,17 +15,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernels.config import BlockSizes
 from kernels.contract import validate
-from kernels.pallas_gpu import (
-    KERNEL_NAME,
-    check_supported,
-    pallas_gpu_attention,
-    resolve_config,
-)
+from kernels.pallas_gpu import KERNEL_NAME, PallasGpuKernel, TritonConfig, pallas_gpu_attention
 from kernels.reference import attention_reference, relative_error
 from kernels.shapes import AttentionShape
 
+KERNEL = PallasGpuKernel()
 ON_GPU = jax.default_backend() in ("gpu", "cuda")
 gpu = pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
 
@@ -43,7 +38,7 @@ def _run(q, k, v, *, causal=False, q_lengths=None, kv_lengths=None, config=None)
     ql = None if q_lengths is None else jnp.asarray(q_lengths, jnp.int32)
     kl = None if kv_lengths is None else jnp.asarray(kv_lengths, jnp.int32)
     if isinstance(config, dict):
-        config = BlockSizes(**config)
+        config = TritonConfig(**config)
     out = pallas_gpu_attention(q, k, v, causal=causal, scale=scale, q_lengths=ql,
                                kv_lengths=kl, config=config)
     assert out.shape == q.shape and out.dtype == q.dtype
@@ -99,7 +94,7 @@ def test_half_precision_error_within_small_factor_of_naive(dtype):
 def test_rows_without_keys_and_query_padding_are_zero():
     q, k, v = _inputs(5, 2, 32, 32, 2, 2, 32, jnp.float32)
     out = np.asarray(_run(q, k, v, q_lengths=[32, 20], kv_lengths=[0, 32],
-                          config=BlockSizes(block_q=16, block_kv=16)))
+                          config=TritonConfig(block_q=16, block_kv=16)))
     assert np.all(out[0] == 0.0)  # example 0 sees no key
     assert np.all(out[1, 20:] == 0.0)  # query padding
     assert np.all(np.abs(out[1, :20]).sum(axis=-1) > 0)
@@ -116,7 +111,7 @@ def test_padding_and_future_keys_are_never_read():
     pad[1, 32:] = True  # keys beyond every causal query of example 1
     k_bad, v_bad = (jnp.where(pad, jnp.nan, x) for x in (k, v))
     out = _run(q, k_bad, v_bad, causal=True, kv_lengths=kv_lengths,
-               config=BlockSizes(block_q=16, block_kv=16))
+               config=TritonConfig(block_q=16, block_kv=16))
     assert np.all(np.isfinite(np.asarray(out)))
     assert relative_error(out, ref) < 1e-5
 
@@ -124,14 +119,14 @@ def test_padding_and_future_keys_are_never_read():
 def test_huge_logits_do_not_overflow():
     q, k, v = _inputs(11, 1, 32, 32, 1, 1, 32, jnp.float32)
     q = q * 300.0  # logits ~ 1e3-1e4: exp overflows without the running max
-    out = _run(q, k, v, causal=True, config=BlockSizes(block_q=16, block_kv=16))
+    out = _run(q, k, v, causal=True, config=TritonConfig(block_q=16, block_kv=16))
     assert relative_error(out, _ref(q, k, v, causal=True)) < 1e-5
 
 
 def test_gqa_reads_kv_heads_without_repeating_them():
     q, k, v = _inputs(13, 1, 32, 32, 8, 2, 32, jnp.float32)
     fn = functools.partial(pallas_gpu_attention, causal=False, scale=0.1, q_lengths=None,
-                           kv_lengths=None, config=BlockSizes(block_q=16, block_kv=16))
+                           kv_lengths=None, config=TritonConfig(block_q=16, block_kv=16))
     jaxpr = jax.make_jaxpr(fn)(q, k, v)
     calls = [e for e in jaxpr.eqns if e.primitive.name == "pallas_call"]
     assert len(calls) == 1
@@ -158,16 +153,15 @@ def test_lowers_for_cuda_with_triton_and_a_stable_name(causal, lengths):
 def test_export_for_cuda_from_a_cpu_host_carries_the_triton_kernel():
     from jax import export as jax_export
 
-    from kernels.pallas_gpu import export_context, export_disabled_checks
 
     q = jax.ShapeDtypeStruct((1, 256, 2, 64), jnp.bfloat16)
     fn = jax.jit(functools.partial(pallas_gpu_attention, causal=True, scale=0.125,
                                    q_lengths=None, kv_lengths=None, config=None))
     interpreted = fn.trace(q, q, q).lower().as_text()  # traced first: must not be reused
     assert "__gpu$xla.gpu.triton" not in interpreted
-    with export_context("cuda"):
+    with KERNEL.export_context("cuda"):
         exported = jax_export.export(fn, platforms=["cuda"],
-                                     disabled_checks=export_disabled_checks("cuda"))(q, q, q)
+                                     disabled_checks=KERNEL.export_disabled_checks("cuda"))(q, q, q)
     text = exported.mlir_module()
     assert "__gpu$xla.gpu.triton" in text and KERNEL_NAME in text
     assert exported.platforms == ("cuda",) and len(exported.serialize()) > 0
@@ -180,24 +174,26 @@ def _spec(q_shape, kv_shape, dtype):
 
 def test_check_supported_reasons():
     spec = _spec((1, 128, 4, 128), (1, 128, 2, 128), jnp.bfloat16)
-    check_supported(spec, "gpu")
-    check_supported(_spec((1, 128, 4, 128), (1, 128, 2, 128), jnp.float32), "cpu")  # interpreted
+    KERNEL.check_supported(spec, "gpu")
+    KERNEL.check_supported(_spec((1, 128, 4, 128), (1, 128, 2, 128), jnp.float32), "cpu")  # interpreted
     with pytest.raises(NotImplementedError, match="tpu"):
-        check_supported(spec, "tpu")
+        KERNEL.check_supported(spec, "tpu")
     with pytest.raises(NotImplementedError, match="head_dim"):
-        check_supported(_spec((1, 128, 4, 512), (1, 128, 2, 512), jnp.bfloat16), "gpu")
+        KERNEL.check_supported(_spec((1, 128, 4, 512), (1, 128, 2, 512), jnp.bfloat16), "gpu")
     with pytest.raises(ValueError, match="power of two"):
-        check_supported(spec, "gpu", BlockSizes(block_q=48))
+        KERNEL.check_supported(spec, "gpu", {"block_q": 48})
     with pytest.raises(ValueError, match="num_stages"):
-        check_supported(spec, "gpu", BlockSizes(num_stages=9))
+        KERNEL.check_supported(spec, "gpu", {"num_stages": 9})
+    with pytest.raises(ValueError, match="power of two"):
+        TritonConfig(block_kv=300)  # the config type checks itself
 
 
 def test_config_defaults_are_filled_in():
     spec = _spec((1, 128, 4, 128), (1, 128, 2, 128), jnp.bfloat16)
-    cfg = resolve_config(spec, BlockSizes(block_q=64, block_kv=32, num_warps=4))
+    cfg = KERNEL.resolve_config(spec, TritonConfig(block_q=64, block_kv=32, num_warps=4))
     assert (cfg.block_q, cfg.block_kv, cfg.num_warps) == (64, 32, 4)
     assert cfg.num_stages is not None  # filled from the head_dim default
-    assert resolve_config(spec, None) == resolve_config(spec, BlockSizes())
+    assert KERNEL.resolve_config(spec, None) == KERNEL.resolve_config(spec, TritonConfig())
 
 
 @pytest.mark.slow

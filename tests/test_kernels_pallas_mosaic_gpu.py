@@ -22,17 +22,16 @@ import pytest
 
 from kernels import api, pallas_mosaic_gpu, selection
 from kernels.build import build as build_kernel
-from kernels.config import BlockSizes
 from kernels.contract import validate
 from kernels.kernel import round_up
 from kernels.mosaic_variants import MosaicVariant
 from kernels.naive import naive_attention
+from kernels.pallas_gpu import TritonConfig
 from kernels.pallas_mosaic_gpu import (
     KERNEL_NAME,
-    check_block_sizes,
-    check_supported,
+    MosaicConfig,
+    PallasMosaicGpuKernel,
     pallas_mosaic_gpu_attention,
-    resolve_config,
     smem_bytes,
 )
 from kernels.reference import attention_reference, relative_error
@@ -42,6 +41,7 @@ from kernels.tile_schedule import tile_schedule
 from kernels.tools import autotune, bench
 from tests.kernels_helpers import Case, assert_accurate, mosaic_module_text, random_inputs
 
+KERNEL = PallasMosaicGpuKernel()
 ON_GPU = jax.default_backend() in ("gpu", "cuda")
 gpu = pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
 
@@ -71,43 +71,55 @@ def test_head_dim_is_padded_to_the_next_multiple_of_64():
 def test_default_config_is_complete_legal_and_fits_shared_memory():
     for head_dim in (32, 64, 96, 128, 256):
         spec = _spec((1, 256, 2, head_dim), (1, 256, 2, head_dim), jnp.float16)
-        cfg = resolve_config(spec, None)
-        assert not any(v is None for v in cfg.model_dump().values())
-        check_block_sizes(cfg)
-        check_supported(spec, "gpu", cfg)
+        cfg = KERNEL.resolve_config(spec, None)
+        assert cfg.is_complete()
+        KERNEL.check_supported(spec, "gpu", cfg)
         assert smem_bytes(cfg, head_dim) <= pallas_mosaic_gpu.SMEM_LIMIT_BYTES
-    cfg = resolve_config(BF16_SPEC, BlockSizes(num_stages=3))
-    assert (cfg.num_stages, cfg.num_warps, cfg.block_q) == (3, 12, 64)  # the rest filled in
+    cfg = KERNEL.resolve_config(BF16_SPEC, MosaicConfig(kv_ring_depth=3))
+    assert (cfg.kv_ring_depth, cfg.block_q) == (3, 64)  # the rest filled in
 
 
 @pytest.mark.parametrize("config,constraint", [
-    (BlockSizes(block_q=32), "block_q must be one of"),
-    (BlockSizes(block_kv=96), "block_kv must be a multiple of 64 of at most 256"),
-    (BlockSizes(block_kv=160), "block_kv must be a multiple of 64 of at most 256.*got 160"),
-    (BlockSizes(block_kv=320), "block_kv must be a multiple of 64 of at most 256.*got 320"),
-    (BlockSizes(num_stages=1), "K/V ring depth"),
-    (BlockSizes(num_stages=5), "K/V ring depth"),
-    (BlockSizes(num_warps=8), "num_warps is fixed at 12"),
+    ({"block_q": 32}, "block_q must be one of"),
+    ({"block_kv": 96}, "block_kv must be a multiple of 64 of at most 256"),
+    ({"block_kv": 160}, "block_kv must be a multiple of 64 of at most 256.*got 160"),
+    ({"block_kv": 320}, "block_kv must be a multiple of 64 of at most 256.*got 320"),
+    ({"kv_ring_depth": 1}, "K/V ring depth"),
+    ({"num_stages": 5}, "K/V ring depth"),  # the older records' name of the ring depth
+    ({"num_warps": 8}, "num_warps is fixed at 12"),
 ])
 def test_illegal_tilings_are_refused_naming_the_constraint(config, constraint):
     with pytest.raises(ValueError, match=constraint):
-        check_block_sizes(config)
+        KERNEL.config_from(config)
     with pytest.raises(ValueError, match=constraint):
-        check_supported(BF16_SPEC, "gpu", config)
+        KERNEL.check_supported(BF16_SPEC, "gpu", config)
+    if "num_warps" not in config and "num_stages" not in config:  # not a field of its own
+        with pytest.raises(ValueError, match=constraint):
+            MosaicConfig(**config)  # the config type checks itself
+
+
+def test_older_records_block_sizes_read_as_its_config():
+    """The shape every kernel shared before (a stored version's ``kernelgate.config``, a
+    build record, a schema-2 GPU table): ``num_stages`` is the ring depth, ``num_warps``
+    12 a constant of the kernel."""
+    old = {"block_q": 64, "block_kv": 128, "num_warps": 12, "num_stages": 3}
+    assert KERNEL.config_from(old) == MosaicConfig(block_q=64, block_kv=128, kv_ring_depth=3)
+    assert KERNEL.config_from({"block_q": 64, "num_warps": None, "num_stages": None}) == \
+        MosaicConfig(block_q=64)
 
 
 def test_a_tiling_over_shared_memory_is_refused_and_counted():
     spec = _spec((1, 512, 2, 256), (1, 512, 2, 256), jnp.bfloat16)
-    big = BlockSizes(block_q=128, block_kv=256, num_stages=4)
+    big = MosaicConfig(block_q=128, block_kv=256, kv_ring_depth=4)
     with pytest.raises(ValueError, match="shared memory"):
-        check_supported(spec, "gpu", big)
+        KERNEL.check_supported(spec, "gpu", big)
     # By hand: q tiles 2*64*128*2 B, output tiles the same, K and V rings 2*2*128*128*2 B,
     # 4 + 4*2 + 1 barriers of 8 B.
-    cfg = BlockSizes(block_q=64, block_kv=128, num_stages=2, num_warps=12)
+    cfg = MosaicConfig(block_q=64, block_kv=128, kv_ring_depth=2)
     assert smem_bytes(cfg, 128) == 32768 + 32768 + 131072 + 104
     # A 3-deep ring no longer fits beside separate output tiles: the output is staged
     # in the query tiles instead, which saves 32 KiB.
-    deeper = cfg.model_copy(update={"num_stages": 3})
+    deeper = cfg.model_copy(update={"kv_ring_depth": 3})
     assert not pallas_mosaic_gpu.separate_output(deeper, 128)
     assert smem_bytes(deeper, 128) == 32768 + 196608 + 136
 
@@ -118,8 +130,7 @@ def test_the_64x192_tile_fits_at_head_dim_128_with_the_output_in_the_query_tiles
     stage the output (separate output tiles would need 32 KiB more: 262144 B of tiles),
     K and V rings 2*2*192*128*2 B, 13 barriers of 8 B: 229480 of the 232448 B; the lazy
     rescale's 2048 B reduction scratch still fits (231528). A 3-deep ring does not."""
-    cfg = BlockSizes(block_q=64, block_kv=192, num_stages=2, num_warps=12)
-    check_block_sizes(cfg)
+    cfg = MosaicConfig(block_q=64, block_kv=192, kv_ring_depth=2)
     lazy = pallas_mosaic_gpu.REDUCTION_SCRATCH_BYTES
     for extra, total in ((0, 229480), (lazy, 231528)):
         assert not pallas_mosaic_gpu.separate_output(cfg, 128, 2, extra)
@@ -128,11 +139,11 @@ def test_the_64x192_tile_fits_at_head_dim_128_with_the_output_in_the_query_tiles
     for dtype in (jnp.bfloat16, jnp.float16):
         for causal in (False, True):
             spec = _spec((4, 4096, 16, 128), (4, 4096, 16, 128), dtype, causal)
-            check_supported(spec, "gpu", cfg)
-            assert resolve_config(spec, BlockSizes(block_kv=192)) == cfg
-    deeper = cfg.model_copy(update={"num_stages": 3})
+            KERNEL.check_supported(spec, "gpu", cfg)
+            assert KERNEL.resolve_config(spec, MosaicConfig(block_kv=192)) == cfg
+    deeper = cfg.model_copy(update={"kv_ring_depth": 3})
     with pytest.raises(ValueError, match="shared memory"):
-        check_supported(_spec((1, 512, 2, 128), (1, 512, 2, 128), jnp.bfloat16), "gpu", deeper)
+        KERNEL.check_supported(_spec((1, 512, 2, 128), (1, 512, 2, 128), jnp.bfloat16), "gpu", deeper)
 
 
 # ----------------------------------------------------------------------------- refusals
@@ -141,14 +152,14 @@ def test_the_64x192_tile_fits_at_head_dim_128_with_the_output_in_the_query_tiles
 @pytest.mark.parametrize("backend", ["cpu", "tpu"])
 def test_backends_other_than_a_gpu_are_refused_by_name(backend):
     with pytest.raises(NotImplementedError, match=f"Hopper.*backend '{backend}'"):
-        check_supported(BF16_SPEC, backend)
+        KERNEL.check_supported(BF16_SPEC, backend)
 
 
 def test_float32_and_large_head_dims_are_refused_by_name():
     with pytest.raises(NotImplementedError, match="float32.*pallas_gpu runs float32"):
-        check_supported(_spec((1, 64, 2, 64), (1, 64, 2, 64), jnp.float32), "gpu")
+        KERNEL.check_supported(_spec((1, 64, 2, 64), (1, 64, 2, 64), jnp.float32), "gpu")
     with pytest.raises(NotImplementedError, match="head_dim <= 256"):
-        check_supported(_spec((1, 64, 2, 512), (1, 64, 2, 512), jnp.bfloat16), "gpu")
+        KERNEL.check_supported(_spec((1, 64, 2, 512), (1, 64, 2, 512), jnp.bfloat16), "gpu")
     q = jnp.zeros((1, 64, 2, 64), jnp.float32)
     with pytest.raises(NotImplementedError, match="bfloat16"):
         pallas_mosaic_gpu_attention(q, q, q, causal=False, scale=0.1, q_lengths=None,
@@ -158,9 +169,9 @@ def test_float32_and_large_head_dims_are_refused_by_name():
 def test_non_hopper_gpus_are_refused(monkeypatch):
     monkeypatch.setattr(pallas_mosaic_gpu, "_device_capability", lambda: "10.0")
     with pytest.raises(NotImplementedError, match="sm_90.*10.0"):
-        check_supported(BF16_SPEC, "gpu")
+        KERNEL.check_supported(BF16_SPEC, "gpu")
     monkeypatch.setattr(pallas_mosaic_gpu, "_device_capability", lambda: "9.0")
-    check_supported(BF16_SPEC, "gpu")
+    KERNEL.check_supported(BF16_SPEC, "gpu")
 
 
 # ----------------------------------------------------------------------------- registry, auto
@@ -170,17 +181,19 @@ def test_registered_as_a_native_tiled_gpu_kernel(monkeypatch):
     impl = api.IMPLEMENTATIONS["pallas_mosaic_gpu"]
     assert impl.native_platforms == ("gpu",) and impl.tiled
     assert isinstance(impl, pallas_mosaic_gpu.PallasMosaicGpuKernel)
+    assert impl.config_type is MosaicConfig
+    assert type(impl).forward is pallas_mosaic_gpu_attention
     calls = []
-    monkeypatch.setattr(pallas_mosaic_gpu, "pallas_mosaic_gpu_attention",
-                        lambda *a, **kw: calls.append(kw) or "out")
+    monkeypatch.setattr(type(impl), "forward",
+                        staticmethod(lambda *a, **kw: calls.append(kw) or "out"))
     assert impl(1, 2, 3, causal=True, scale=0.5, q_lengths=None, kv_lengths=None) == "out"
     assert calls == [dict(causal=True, scale=0.5, q_lengths=None, kv_lengths=None, config=None)]
     resolution = api.resolve("pallas_mosaic_gpu", BF16_SPEC, backend="gpu")
-    assert resolution.native and resolution.config == resolve_config(BF16_SPEC)
+    assert resolution.native and resolution.config == KERNEL.resolve_config(BF16_SPEC)
     with pytest.raises(NotImplementedError, match="Hopper"):
         api.resolve("pallas_mosaic_gpu", BF16_SPEC, backend="cpu")
     with pytest.raises(ValueError, match="block_kv"):
-        impl.check_config(BlockSizes(block_kv=48))
+        impl.config_from({"block_kv": 48})
 
 
 def test_auto_on_cpu_never_picks_it():
@@ -203,7 +216,7 @@ def test_auto_on_gpu_with_the_committed_table_picks_what_the_table_measured():
         best = api.IMPLEMENTATIONS[entry.best]
         if str(spec.dtype) in best.capability.dtypes:
             assert resolution.name == entry.best
-    order = api.AUTO_ORDER["gpu"]  # without a table: cuDNN before the unmeasured Mosaic kernel
+    order = api.auto_order("gpu")  # without a table: cuDNN before the unmeasured Mosaic kernel
     assert order.index("pallas_mosaic_gpu") > order.index("cudnn")
 
 
@@ -235,7 +248,7 @@ def mosaic_table(tmp_path, monkeypatch):
 def test_auto_picks_it_with_its_measured_tiling_where_the_table_says_it_is_fastest(mosaic_table):
     resolution = api.resolve("auto", BF16_SPEC, backend="gpu")
     assert resolution.name == "pallas_mosaic_gpu"
-    assert (resolution.config.block_kv, resolution.config.num_stages) == (64, 4)
+    assert (resolution.config.block_kv, resolution.config.kv_ring_depth) == (64, 4)
     causal = _spec((2, 1024, 16, 128), (2, 1024, 16, 128), jnp.float16, causal=True)
     assert api.resolve("auto", causal, backend="gpu").name == "cudnn"
     # float32: neither cuDNN nor Mosaic runs it; pallas_gpu with its own measured tiling.
@@ -253,12 +266,13 @@ def test_table_entries_stay_backward_compatible_and_consistent():
         {"dtype": "bfloat16", "batch": 1, "seq": 1024, "num_heads": 16, "head_dim": 128,
          "causal": False, "best": "cudnn", "tflops": {"cudnn": 1.0, "pallas_gpu": 0.5},
          "pallas_config": {"block_q": 64}})
-    assert old.mosaic_config is None and old.config_of("pallas_mosaic_gpu") is None
-    assert old.config_of("pallas_gpu") == BlockSizes(block_q=64)
-    with pytest.raises(ValueError, match="mosaic_config"):
+    assert "pallas_mosaic_gpu" not in old.configs and old.config_of("pallas_mosaic_gpu") is None
+    assert old.config_of("pallas_gpu") == TritonConfig(block_q=64)
+    with pytest.raises(ValueError, match="was tuned but has no config"):
         selection.TableEntry.model_validate(
             {**old.model_dump(), "best": "pallas_mosaic_gpu",
-             "tflops": {"cudnn": 1.0, "pallas_gpu": 0.5, "pallas_mosaic_gpu": 2.0}})
+             "tflops": {"cudnn": 1.0, "pallas_gpu": 0.5, "pallas_mosaic_gpu": 2.0},
+             "candidates": {"pallas_mosaic_gpu": [{"config": {}, "error": "x"}]}})
     with pytest.raises(ValueError, match="no TFLOP/s"):
         selection.TableEntry.model_validate({**old.model_dump(), "best": "pallas_gpu",
                                              "tflops": {"cudnn": 1.0}})
@@ -267,19 +281,24 @@ def test_table_entries_stay_backward_compatible_and_consistent():
 # ----------------------------------------------------------------------------- autotune, bench
 
 
+def _shape(head_dim):
+    return AttentionShape(dtype="bfloat16", batch=1, q_len=4096, kv_len=4096, num_heads=16,
+                          num_kv_heads=16, head_dim=head_dim, causal=False)
+
+
 def test_mosaic_candidates_are_legal_default_first_and_fit():
     for head_dim in (64, 128, 256):
-        configs = autotune.mosaic_candidate_configs(head_dim)
-        assert configs[0] == pallas_mosaic_gpu.default_config(head_dim)
+        configs = KERNEL.candidate_configs(_shape(head_dim))
+        assert configs[0] == KERNEL.default_config(head_dim)
         assert len(set(configs)) == len(configs)
         for cfg in configs:
-            check_block_sizes(cfg)
+            assert cfg.is_complete() and isinstance(cfg, MosaicConfig)
             assert smem_bytes(cfg, head_dim) <= pallas_mosaic_gpu.SMEM_LIMIT_BYTES
         if head_dim <= 128:  # tile sizes and ring depth both vary
-            assert {c.num_stages for c in configs} >= {2, 3, 4}
+            assert {c.kv_ring_depth for c in configs} >= {2, 3, 4}
             assert {c.block_kv for c in configs} >= {64, 128}
     # At head_dim 256 only 64x64 tiles with a 2-deep ring fit in 227 KiB.
-    assert len(autotune.mosaic_candidate_configs(256)) == 1
+    assert len(KERNEL.candidate_configs(_shape(256))) == 1
 
 
 def test_a_short_tuning_keeps_the_64x256_tile_at_head_dim_64():
@@ -290,7 +309,7 @@ def test_a_short_tuning_keeps_the_64x256_tile_at_head_dim_64():
     for cap in (2, 3, 4, 6):
         space = autotune.search_space("pallas_mosaic_gpu", shape, quick=False, max_tilings=cap)
         assert len(space) == cap and len(set(space)) == cap
-        assert space[0] == pallas_mosaic_gpu.default_config(64)
+        assert space[0] == KERNEL.default_config(64)
         assert (space[1].block_q, space[1].block_kv) == (64, 256)
     full = autotune.search_space("pallas_mosaic_gpu", shape, quick=False, max_tilings=None)
     assert len(full) > 4 and set(autotune.search_space(
@@ -301,10 +320,11 @@ def test_autotune_on_cpu_records_why_the_mosaic_kernel_was_not_tuned():
     shape = AttentionShape(dtype="float16", batch=1, q_len=32, kv_len=32, num_heads=2,
                            num_kv_heads=2, head_dim=32, causal=True)
     entry = autotune.tune_shape(shape, quick=True, seed=0, repeats=1, target_repeat_s=0.0)
-    assert entry.best == "pallas_gpu" and entry.mosaic_config is None
-    assert entry.mosaic_candidates and all(
+    assert entry.best == "pallas_gpu" and "pallas_mosaic_gpu" not in entry.configs
+    tried = entry.candidates["pallas_mosaic_gpu"]
+    assert tried and all(
         c.tflops is None and c.error.startswith("unsupported: NotImplementedError")
-        for c in entry.mosaic_candidates)
+        for c in tried)
 
 
 def test_bench_row_says_why_it_did_not_run_on_cpu():
@@ -338,10 +358,10 @@ def test_bench_summarises_both_kernels_per_pass_and_group():
 LOWERING_CASES = {
     "bf16_d128_full": (jnp.bfloat16, 128, 16, False, False, None),
     "bf16_d128_causal_gqa_lengths": (jnp.bfloat16, 128, 4, True, True, None),
-    "f16_d64_causal_3_stages": (jnp.float16, 64, 16, True, False, BlockSizes(num_stages=3)),
+    "f16_d64_causal_3_stages": (jnp.float16, 64, 16, True, False, MosaicConfig(kv_ring_depth=3)),
     "f16_d256_lengths": (jnp.float16, 256, 8, False, True, None),
     "bf16_d96_padded_head_dim_block_q_128": (jnp.bfloat16, 96, 16, True, False,
-                                             BlockSizes(block_q=128, block_kv=64)),
+                                             MosaicConfig(block_q=128, block_kv=64)),
 }
 
 
@@ -413,7 +433,7 @@ def test_kv_unpadded_along_the_sequence_lowers_for_cuda_with_the_64x192_tile(cau
     whole 192 x 128 bf16 block (49152 B), the last one included. Written against JAX
     0.10.2's lowering: a change there is a reason to look at the rule again. The
     interpreter's path pads (``kv_rows``)."""
-    config = BlockSizes(block_q=64, block_kv=192, num_stages=2)
+    config = MosaicConfig(block_q=64, block_kv=192, kv_ring_depth=2)
     q = jax.ShapeDtypeStruct((2, 4096, 4, 128), jnp.bfloat16)
     kv = jax.ShapeDtypeStruct((2, 4096, 2, 128), jnp.bfloat16)
 
@@ -524,7 +544,7 @@ def test_build_exports_cuda_and_skips_the_rest_with_reasons(tmp_path):
     result = build_kernel("pallas_mosaic_gpu", None, shape, platforms=("cuda", "cpu"),
                          with_lengths=True, output_dir=tmp_path)
     assert result.ok and result.local is None and "Hopper" in result.local_skipped_reason
-    assert result.config == resolve_config(validate(*shape.structs(), causal=True)[0])
+    assert result.config == KERNEL.resolve_config(validate(*shape.structs(), causal=True)[0])
     cuda, cpu = result.artifact("cuda"), result.artifact("cpu")
     assert cuda.status == "exported" and cuda.size_bytes > 0 and cuda.reason is None
     assert cpu.status == "skipped" and "not native on cpu" in cpu.reason
@@ -646,20 +666,20 @@ INTERPRET_CASES = [
     # 2:1 and causal (was batch 2 x 4 heads, 16 tiles and 48 blocks: the same paths).
     Case("ring_wraps_across_tiles_gqa_causal", batch=2, q_len=256, kv_len=256, num_heads=2,
          num_kv_heads=1, head_dim=64, dtype="bfloat16", causal=True,
-         config=BlockSizes(block_q=64, block_kv=64, num_stages=2)),
+         config=MosaicConfig(block_q=64, block_kv=64, kv_ring_depth=2)),
     # Lengths that are no tile multiples, an example with no key at all, head_dim padded
     # 40 -> 64, q_len < kv_len, a 3-deep ring (the causal limit reads 3 K/V blocks of the
     # second pair, so the ring wraps), GQA 2:1. Was 4 heads, 200 x 330: the same paths.
     Case("lengths_empty_example_padded_head_dim", batch=2, q_len=150, kv_len=260,
          num_heads=2, num_kv_heads=1, head_dim=40, dtype="float16", causal=True,
          q_lengths=(150, 101), kv_lengths=(0, 201),
-         config=BlockSizes(block_q=64, block_kv=64, num_stages=3)),
+         config=MosaicConfig(block_q=64, block_kv=64, kv_ring_depth=3)),
     # Non-causal with kv_lengths: the masked tail starts mid-tile (dynamic n_full), 3 of
     # the 128-key blocks read. One head (was 2 heads sharing one kv head: GQA indexing is
     # covered by the two cases above).
     Case("full_kv_length_mid_tile", batch=1, q_len=100, kv_len=400, num_heads=1,
          num_kv_heads=1, head_dim=64, dtype="bfloat16", kv_lengths=(257,),
-         config=BlockSizes(block_q=64, block_kv=128)),
+         config=MosaicConfig(block_q=64, block_kv=128)),
     # The 64 x 192 tile at head_dim 128 (FlashAttention-3's 176 keys rounded up to the
     # wgmma's multiple of 64; its output staged in the query tiles): 400 keys are two
     # full blocks and one of 16 (masked past the end), 2 heads on one kv head, so 6
@@ -668,13 +688,13 @@ INTERPRET_CASES = [
     # run, here.
     Case("d128_kv192_full_gqa_ragged", batch=1, q_len=100, kv_len=400, num_heads=2,
          num_kv_heads=1, head_dim=128, dtype="bfloat16",
-         config=BlockSizes(block_q=64, block_kv=192, num_stages=2)),
+         config=MosaicConfig(block_q=64, block_kv=192, kv_ring_depth=2)),
     # ... causal, with fewer keys (200) than queries (256): pair 0 reads one block (the
     # diagonal inside it), pair 1 two; block 1 holds 8 keys and is masked past them and
     # by the diagonal.
     Case("d128_kv192_causal_ragged", batch=1, q_len=256, kv_len=200, num_heads=1,
          num_kv_heads=1, head_dim=128, dtype="float16", causal=True,
-         config=BlockSizes(block_q=64, block_kv=192, num_stages=2)),
+         config=MosaicConfig(block_q=64, block_kv=192, kv_ring_depth=2)),
     # head_dim 256: the output is staged in the query tiles (no room for separate ones).
     # One query pair (q_len 100, ragged) of one head: was 130 x 130 with 2 heads on one
     # kv head (2 pairs each); the staging is per tile, the same at any count.
@@ -710,7 +730,7 @@ def test_interpreted_kernel_never_reads_padding_or_races(interpreter):
     # second), 3 K/V blocks and 2 query pairs.
     case = Case("nan_padding", batch=2, q_len=192, kv_len=192, num_heads=1, num_kv_heads=1,
                 head_dim=64, dtype="bfloat16", causal=True, q_lengths=(192, 100),
-                kv_lengths=(70, 192), config=BlockSizes(block_q=64, block_kv=64))
+                kv_lengths=(70, 192), config=MosaicConfig(block_q=64, block_kv=64))
     q, k, v, ql, kl = random_inputs(case, seed=3)
     ref = attention_reference(q, k, v, causal=True, q_lengths=ql, kv_lengths=kl)
     pad_kv = np.zeros(k.shape, bool)
@@ -733,7 +753,7 @@ def test_interpreted_kernel_with_several_persistent_ctas(interpreter):
     params = _interpret_params()
     case = Case("three_ctas_causal", batch=1, q_len=256, kv_len=256, num_heads=5,
                 num_kv_heads=1, head_dim=64, dtype="bfloat16", causal=True,
-                config=BlockSizes(block_q=64, block_kv=64, num_stages=2))
+                config=MosaicConfig(block_q=64, block_kv=64, kv_ring_depth=2))
     q, k, v, ql, kl = random_inputs(case, seed=11)
     ref = attention_reference(q, k, v, causal=True)
     out = _run(case, q, k, v, ql, kl, interpret=params, num_sms=3)
@@ -755,7 +775,7 @@ def test_unpadded_kv_in_the_interpreter_with_the_tmas_zero_fill(causal, interpre
     monkeypatch.setattr(pallas_mosaic_gpu, "kv_rows", lambda kv_len, *a, **kw: kv_len)
     case = Case("kv192_unpadded", batch=1, q_len=256, kv_len=200, num_heads=1,
                 num_kv_heads=1, head_dim=128, dtype="bfloat16", causal=causal,
-                config=BlockSizes(block_q=64, block_kv=192, num_stages=2))
+                config=MosaicConfig(block_q=64, block_kv=192, kv_ring_depth=2))
     q, k, v, ql, kl = random_inputs(case, seed=int(np.random.default_rng().integers(1 << 31)))
     ref = attention_reference(q, k, v, causal=causal)
     fn = functools.partial(_run, case, q, k, v, ql, kl)
@@ -868,7 +888,7 @@ def test_gpu_the_64x192_tile_reads_k_and_v_unpadded(dtype, causal, seq):
     # own dimension (zeros), not run into the next head's or example's keys.
     case = Case(f"kv192-{dtype}-{causal}-{seq}", batch=2, q_len=seq, kv_len=seq, num_heads=4,
                 num_kv_heads=2, head_dim=128, dtype=dtype, causal=causal,
-                config=BlockSizes(block_q=64, block_kv=192, num_stages=2))
+                config=MosaicConfig(block_q=64, block_kv=192, kv_ring_depth=2))
     padded = (2, round_up(seq, 192), 2, 128)
     assert pallas_mosaic_gpu.kv_rows(seq, 128, 192, interpret=False,
                                      has_kv_lengths=False) == seq
@@ -883,7 +903,7 @@ def test_gpu_the_64x192_tile_reads_k_and_v_unpadded(dtype, causal, seq):
 
 @gpu
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", autotune.mosaic_candidate_configs(128), ids=str)
+@pytest.mark.parametrize("config", KERNEL.candidate_configs(_shape(128)), ids=str)
 def test_gpu_every_candidate_tiling_and_a_small_persistent_grid_are_correct(config):
     case = Case("tilings", batch=1, q_len=1536, kv_len=1536, num_heads=4, num_kv_heads=2,
                 head_dim=128, dtype="bfloat16", causal=True, config=config)

@@ -15,7 +15,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 import kernels
 from kernels import pallas_tpu
-from kernels.config import BlockSizes
+from kernels.pallas_tpu import TpuConfig
 from tests.kernels_helpers import Case, assert_accurate, random_inputs, reference_for
 
 
@@ -23,8 +23,8 @@ from tests.kernels_helpers import Case, assert_accurate, random_inputs, referenc
     # Short sequences shrink the tile to the rounded-up length instead of padding to 128.
     (1, 1, 32, None, (8, 128, 8, 128, 128)),
     (127, 129, 80, None, (128, 128, 128, 256, 128)),
-    (300, 300, 256, BlockSizes(block_q=64, block_kv=256), (64, 256, 320, 512, 256)),
-    (20, 1000, 64, BlockSizes(block_q=256, block_kv=512), (24, 512, 24, 1024, 128)),
+    (300, 300, 256, TpuConfig(block_q=64, block_kv=256), (64, 256, 320, 512, 256)),
+    (20, 1000, 64, TpuConfig(block_q=256, block_kv=512), (24, 512, 24, 1024, 128)),
 ])
 def test_plan_tiling(q_len, kv_len, head_dim, config, expected):
     t = pallas_tpu.plan_tiling(q_len, kv_len, head_dim, config)
@@ -95,7 +95,7 @@ def test_padding_blocks_are_not_computed():
     q[1, 128:] = np.nan  # example 1: query block 1 is past q_length 8
     out = kernels.attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), q_lengths=ql,
                             kv_lengths=kl, implementation="pallas_tpu",
-                            config=BlockSizes(block_q=128, block_kv=128))
+                            config=TpuConfig(block_q=128, block_kv=128))
     assert_accurate(out, ref, "float32")
 
 
@@ -130,7 +130,7 @@ def _export_tpu(case: Case, with_lengths: bool = False):
     (Case("tpu-bf16-causal-gqa3", batch=2, q_len=300, kv_len=129, num_heads=6,
           num_kv_heads=2, head_dim=128, dtype="bfloat16", causal=True), True),
     (Case("tpu-f32-d80", q_len=127, kv_len=1000, head_dim=80,
-          config=BlockSizes(block_q=64, block_kv=256)), False),
+          config=TpuConfig(block_q=64, block_kv=256)), False),
     (Case("tpu-f16-d256-mqa", q_len=64, kv_len=64, num_heads=4, num_kv_heads=1,
           head_dim=256, dtype="float16", causal=True), False),
 ])
@@ -224,7 +224,7 @@ def test_no_races_under_race_detection():
     with pltpu.force_tpu_interpret_mode(params):
         out = kernels.attention(q, k, v, causal=True, q_lengths=ql, kv_lengths=kl,
                                 implementation="pallas_tpu",
-                                config=BlockSizes(block_q=64, block_kv=128))
+                                config=TpuConfig(block_q=64, block_kv=128))
         out.block_until_ready()
     assert not tpu_interpret.races.races_found
     assert_accurate(out, reference_for(q, k, v, case, ql, kl), "float32")
@@ -232,9 +232,14 @@ def test_no_races_under_race_detection():
 
 def test_check_supported():
     spec, _, _ = kernels.validate(*random_inputs(Case("spec"))[:3])
-    pallas_tpu.check_supported(spec, "tpu")
-    pallas_tpu.check_supported(spec, "cpu")
+    kernel = kernels.IMPLEMENTATIONS["pallas_tpu"]
+    kernel.check_supported(spec, "tpu")
+    kernel.check_supported(spec, "cpu")
     with pytest.raises(NotImplementedError, match="native on tpu, interpreted on cpu"):
-        pallas_tpu.check_supported(spec, "gpu")
+        kernel.check_supported(spec, "gpu")
     with pytest.raises(ValueError, match="block_kv must be a multiple of 128"):
-        pallas_tpu.check_supported(spec, "tpu", BlockSizes(block_q=8, block_kv=200))
+        kernel.check_supported(spec, "tpu", {"block_q": 8, "block_kv": 200})
+    with pytest.raises(ValueError, match="block_kv must be a multiple of 128"):
+        TpuConfig(block_q=8, block_kv=200)  # the config type checks itself
+    with pytest.raises(ValueError, match=r"takes block sizes \['block_q', 'block_kv'\]"):
+        kernel.check_supported(spec, "tpu", {"block_q": 8, "num_warps": 4})

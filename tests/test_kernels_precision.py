@@ -49,7 +49,7 @@ def test_every_implementation_declares_its_float32_precision():
         # undeclared only when it runs no float32 call at all
         for platform in impl.native_platforms:
             with pytest.raises(NotImplementedError):
-                impl.check(spec, platform, None)
+                impl.check_supported(spec, platform, None)
 
 
 def _inputs(seed, shape, q_scale=1.0):

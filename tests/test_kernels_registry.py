@@ -22,7 +22,8 @@ from evaluation.accuracy import evaluate_accuracy
 from evaluation.profiling import record_trace
 from evaluation.runners import LocalRunner
 from kernels import dispatch, registry, selection
-from kernels.config import BlockSizes
+from kernels.build import build as build_kernel
+from kernels.config import LEGACY_FIELDS
 from kernels.kernel import Capability, Kernel
 from kernels.tools import bench
 from kernels.xla import xla_attention
@@ -64,7 +65,7 @@ F32 = dict(batch=2, q_len=64, kv_len=64, num_heads=2, num_kv_heads=2, head_dim=3
 
 
 def test_a_registered_kernel_is_built(stand_in, tmp_path):
-    build = kernels.build(STAND_IN, None, F32, platforms=("cpu",), output_dir=tmp_path)
+    build = build_kernel(STAND_IN, None, F32, platforms=("cpu",), output_dir=tmp_path)
     assert build.implementation == STAND_IN and build.config is None
     assert build.resolution.name == STAND_IN and build.resolution.native
     assert build.local is not None and build.local.compile_time_s > 0
@@ -73,10 +74,10 @@ def test_a_registered_kernel_is_built(stand_in, tmp_path):
     assert StandInKernel.calls > 0
     # its declared capability refuses a bf16 build, naming the reason
     with pytest.raises(NotImplementedError, match="supports dtypes"):
-        kernels.build(STAND_IN, None, {**F32, "dtype": "bfloat16"}, platforms=())
-    # untiled (no config_fields): block sizes are refused, not ignored
+        build_kernel(STAND_IN, None, {**F32, "dtype": "bfloat16"}, platforms=())
+    # untiled (no config type): block sizes are refused, not ignored
     with pytest.raises(ValueError, match="does not tile"):
-        kernels.build(STAND_IN, BlockSizes(block_q=64), F32, platforms=())
+        build_kernel(STAND_IN, {"block_q": 64}, F32, platforms=())
 
 
 def test_a_registered_kernel_is_evaluated(stand_in):
@@ -203,13 +204,16 @@ def test_each_kernel_refuses_what_its_capability_leaves_out(name):
 
 
 @pytest.mark.parametrize("name", list(registry.BUILTIN))
-def test_each_kernel_refuses_block_sizes_outside_its_config_fields(name):
+def test_each_kernel_refuses_block_sizes_outside_its_config_type(name):
     kernel = kernels.IMPLEMENTATIONS[name]
-    for field in BlockSizes.model_fields:
-        if field not in kernel.config_fields:
+    config_type = kernel.config_type
+    for field in LEGACY_FIELDS:
+        readable = config_type is not None and (
+            field in config_type.model_fields or field in config_type.legacy_names)
+        if not readable:
             with pytest.raises(ValueError):
-                kernel.check_config(BlockSizes(**{field: 64 if "block" in field else 2}))
-    assert kernel.tiled == bool(kernel.config_fields)
+                kernel.config_from({field: 64 if "block" in field else 3})
+    assert kernel.tiled == bool(kernel.config_fields) == (config_type is not None)
     if kernel.tiled:
         resolved = kernel.resolve_config(_spec(kernel.capability.dtypes[0], 64), None)
         assert all(getattr(resolved, f) is not None for f in kernel.config_fields)
@@ -227,4 +231,5 @@ def test_the_tuned_and_our_kernels_are_what_the_classes_declare():
     for entry in table.entries:
         assert entry.best in kernels.IMPLEMENTATIONS
         assert set(entry.tflops) <= {"cudnn", *registry.tuned()}
-        assert entry.config_of("pallas_gpu") is not None
+        assert set(entry.configs) <= set(registry.tuned())
+        assert isinstance(entry.config_of("pallas_gpu"), kernels.KernelConfig)

@@ -56,7 +56,7 @@ def test_merging_tables_of_two_device_kinds_keeps_both(tmp_path):
     l4 = selection.SelectionTable.model_validate(json.loads(
         _table(tmp_path, 2, [_entry("pallas_gpu")], kind="NVIDIA L4").read_text()))
     merged = selection.merge_tables(h200, l4)
-    assert merged.schema_version == 2
+    assert merged.schema_version == selection.TABLE_SCHEMA_VERSION
     assert sorted(selection.measured_on(e, merged) for e in merged.entries) == [
         "NVIDIA H200", "NVIDIA L4"]
     other = l4.model_copy(update={"jax_version": "0.0.1"})
@@ -65,8 +65,8 @@ def test_merging_tables_of_two_device_kinds_keeps_both(tmp_path):
 
 
 def test_an_unknown_schema_version_is_refused(tmp_path):
-    with pytest.raises(ValueError, match="schema_version 3"):
-        selection.load_table(_table(tmp_path, 3, []))
+    with pytest.raises(ValueError, match="schema_version 4"):
+        selection.load_table(_table(tmp_path, 4, []))
 
 
 def _measured(dtype: str, head_dim: int, seq: int, tflops: dict, kind="NVIDIA H200") -> dict:

@@ -3,7 +3,7 @@ to at each shape (the serving model's and the benchmark's)."""
 
 from __future__ import annotations
 
-from kernels.config import BlockSizes
+from kernels.pallas_tpu import TpuConfig
 from kernels.shapes import AttentionShape
 from lineage.tiling import resolved_tiling, shape_label, tiling_rule
 
@@ -19,11 +19,11 @@ def test_a_per_call_tiling_resolves_at_every_shape_and_never_reads_null():
 
 
 def test_block_sizes_asked_for_are_the_ones_resolved():
-    asked = BlockSizes(block_q=32, block_kv=64)
+    asked = TpuConfig(block_q=32, block_kv=256)
     resolved = resolved_tiling("pallas_tpu", asked, SHAPES)
-    assert all("block_q=32" in v and "block_kv=64" in v for v in resolved.values()), resolved
+    assert all("block_q=32" in v and "block_kv=256" in v for v in resolved.values()), resolved
     rule = tiling_rule("pallas_tpu", asked)
-    assert "block_q=32" in rule and "block_kv=64" in rule
+    assert "block_q=32" in rule and "block_kv=256" in rule
 
 
 def test_an_untiled_kernel_says_so():

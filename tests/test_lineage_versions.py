@@ -25,6 +25,7 @@ import pytest
 
 import kernels
 from evaluation.model import MiniLM
+from kernels.build import build as build_kernel
 from kernels.shapes import AttentionShape
 from lineage import registered_model, registry, tags
 from lineage import tracking as tr
@@ -54,8 +55,8 @@ INJECTED = "1.5 *"  # the change in the copy's kernels/xla.py
 REGISTER = textwrap.dedent("""
     import sys
     from pathlib import Path
-    import kernels
     from evaluation.model import MiniLM
+    from kernels.build import build as build_kernel
     from kernels.shapes import AttentionShape
     from lineage import keys, tracking as tr
     from lineage.attestations import Signing
@@ -67,7 +68,7 @@ REGISTER = textwrap.dedent("""
                       trust=keys.folder_trust())
     shape = AttentionShape(batch=1, q_len=64, kv_len=64, num_heads=2, num_kv_heads=2,
                            head_dim=32, dtype="float32")
-    build = kernels.build("xla", None, shape, platforms=(), output_dir=out)
+    build = build_kernel("xla", None, shape, platforms=(), output_dir=out)
     with tr.stage_run(tracking, family, "build") as run_id:
         logged = log_version_model(tracking, run_id, build, Path(out), MiniLM.load())
         version = register_version(tracking, family, run_id, build, logged, signing)
@@ -77,7 +78,7 @@ REGISTER = textwrap.dedent("""
 
 def _register_here(tracking, tmp_path: Path, signing) -> tuple[str, str]:
     out = tmp_path / "build-here"
-    build = kernels.build("xla", None, SHAPE, platforms=(), output_dir=out)
+    build = build_kernel("xla", None, SHAPE, platforms=(), output_dir=out)
     with tr.stage_run(tracking, FAMILY, "build") as run_id:
         logged = log_version_model(tracking, run_id, build, out, MiniLM.load())
         version = register_version(tracking, FAMILY, run_id, build, logged, signing)

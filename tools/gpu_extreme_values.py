@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kernels import api  # noqa: E402
 from kernels import pallas_mosaic_gpu as mosaic  # noqa: E402
 from kernels.reference import attention_reference, relative_error  # noqa: E402
-from kernels.selection import select_pallas_config  # noqa: E402
+from kernels.selection import measured_config  # noqa: E402
 from kernels.shapes import AttentionShape  # noqa: E402
 from kernels.shapes import random_inputs as shape_inputs  # noqa: E402
 from kernels.timing import time_call  # noqa: E402
@@ -129,11 +129,11 @@ def perf(out_dir: Path, kernels: dict, deadline: float) -> None:
             continue
         shape = AttentionShape(dtype=dtype, batch=batch, q_len=seq, kv_len=seq, num_heads=16,
                                num_kv_heads=16, head_dim=d, causal=causal)
-        config = select_pallas_config(shape, implementation="pallas_mosaic_gpu")
+        config = measured_config(shape, "pallas_mosaic_gpu")
         q, k, v = shape_inputs(shape, seed=11)
         flops = 4.0 * batch * 16 * seq * seq * d * (0.5 if causal else 1.0)
         row = dict(dtype=dtype, head_dim=d, batch=batch, seq=seq, causal=causal,
-                   config=config.model_dump(), passes={})
+                   config=config.model_dump() if config else None, passes={})
         fns = {name: jax.jit(functools.partial(kernels[name], causal=causal, scale=d ** -0.5,
                                                q_lengths=None, kv_lengths=None, config=config))
                for name in kernels}

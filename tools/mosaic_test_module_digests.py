@@ -28,11 +28,13 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from kernels.config import BlockSizes
-from kernels.pallas_mosaic_gpu import pallas_mosaic_gpu_attention
+from kernels.pallas_mosaic_gpu import (
+    MosaicConfig,
+    PallasMosaicGpuKernel,
+    pallas_mosaic_gpu_attention,
+)
+from kernels.selection import measured_config
 from kernels.shapes import AttentionShape
-from kernels.tools import autotune
-from kernels.tools.bench import select_pallas_config
 from tests.kernels_helpers import mosaic_module_text
 
 
@@ -74,15 +76,17 @@ def digests() -> None:
             shape = AttentionShape(dtype=dtype, batch=4, q_len=4096, kv_len=4096, num_heads=16,
                                    num_kv_heads=16, head_dim=128, causal=causal)
             digest(f"bench-{dtype}-{causal}", 4, 4096, 4096, 16, 16, 128, dtype, causal,
-                   config=select_pallas_config(shape, implementation="pallas_mosaic_gpu"))
+                   config=measured_config(shape, "pallas_mosaic_gpu"))
     # test_gpu_the_64x192_tile_reads_k_and_v_unpadded
     for dtype in ("bfloat16", "float16"):
         for causal in (False, True):
             for seq in (4096, 1000):
                 digest(f"kv192-{dtype}-{causal}-{seq}", 2, seq, seq, 4, 2, 128, dtype, causal,
-                       config=BlockSizes(block_q=64, block_kv=192, num_stages=2))
+                       config=MosaicConfig(block_q=64, block_kv=192, kv_ring_depth=2))
     # test_gpu_every_candidate_tiling_and_a_small_persistent_grid_are_correct
-    for config in autotune.mosaic_candidate_configs(128):
+    shape = AttentionShape(dtype="bfloat16", batch=1, q_len=4096, kv_len=4096, num_heads=16,
+                           num_kv_heads=16, head_dim=128, causal=False)
+    for config in PallasMosaicGpuKernel().candidate_configs(shape):
         for sms in (132, 5):
             digest(f"tiling-{config}-sms{sms}".replace(" ", "_"), 1, 1536, 1536, 4, 2, 128,
                    "bfloat16", True, config=config, num_sms=sms)

@@ -3,7 +3,7 @@
 ``python -m kernels.tools.bench --out bench.json`` builds, checks and times naive, xla, cudnn,
 our two GPU kernels pallas_gpu (Triton lowering) and pallas_mosaic_gpu (Mosaic GPU,
 FlashAttention-3 design), and tokamax's Mosaic GPU kernel where tokamax is importable,
-over the grid of issue 3: bf16 and f16, head_dim 64 and 128, causal and not, seq
+over the benchmark grid: bf16 and f16, head_dim 64 and 128, causal and not, seq
 1024..16384 with ``batch * seq = 16384`` and ``heads = 2048 / head_dim``. It reports
 TFLOP/s (``4 * B * H * S^2 * D``, halved when causal), each row's ratio to cuDNN (both
 timing passes) and fraction of the bf16 matrix-product ceiling measured in the same
@@ -44,12 +44,12 @@ import numpy as np
 from pydantic import BaseModel, Field
 
 from kernels.api import attention, default_backend
-from kernels.config import BlockSizes
+from kernels.config import KernelConfig
 from kernels.contract import validate
 from kernels.reference import attention_reference, relative_error
 from kernels.registry import IMPLEMENTATIONS as REGISTRY
 from kernels.registry import ours
-from kernels.selection import select_pallas_config
+from kernels.selection import measured_config
 from kernels.shapes import AttentionShape, random_inputs
 from kernels.timing import DEFAULT_WARMUP_S, Timing, compile_and_warm, time_call
 from kernels.tools import bench_serving
@@ -174,7 +174,7 @@ def matmul_ceiling(size: int, dtype: Any = jnp.bfloat16, repeats: int = 11,
 # --------------------------------------------------------------------------- implementations
 
 
-def attention_fn(name: str, shape: AttentionShape, config: BlockSizes | None):
+def attention_fn(name: str, shape: AttentionShape, config: KernelConfig | None):
     """A jittable ``fn(q, k, v) -> out`` for one implementation, or raise
     ``NotImplementedError`` / ``ImportError`` when it cannot run here."""
     scale = 1.0 / math.sqrt(shape.head_dim)
@@ -187,7 +187,7 @@ def attention_fn(name: str, shape: AttentionShape, config: BlockSizes | None):
                                  scale=scale, implementation="mosaic")
     spec, _, _ = validate(*shape.structs(), causal=shape.causal, scale=scale)
     # Each kernel's own check says where it runs (pallas_gpu: interpreted on a CPU).
-    REGISTRY[name].check(spec, default_backend(), config)
+    REGISTRY[name].check_supported(spec, default_backend(), config)
     return functools.partial(attention, causal=shape.causal, scale=scale,
                              implementation=name, config=config)
 
@@ -261,9 +261,9 @@ def bench_shape(shape: AttentionShape, implementations: Sequence[str], *, seed: 
     naive_out = None
     results: list[BenchRow] = []
     for name in implementations:
-        config = select_pallas_config(shape, implementation=name) if _tuned(name) else None
+        config = measured_config(shape, name) if _tuned(name) else None
         row = BenchRow(shape=shape, implementation=name,
-                       config=config.model_dump() if config else None)
+                       config=config.fields_set() if config else None)
         try:
             fn = attention_fn(name, shape, config)
             compiled, row.compile_s, row.temp_bytes, row.peak_bytes = compile_and_warm(
@@ -322,7 +322,7 @@ def long_context(implementations: Sequence[str], seqs: Sequence[int], *, heads: 
                                    causal=True)
             row = LongContextRow(implementation=name, seq=seq, ok=False)
             try:
-                config = (select_pallas_config(shape, implementation=name) if _tuned(name)
+                config = (measured_config(shape, name) if _tuned(name)
                           else None)
                 fn = attention_fn(name, shape, config)
                 q, k, v = random_inputs(shape, seed=seq)

@@ -1,6 +1,6 @@
 """The serving workload's shapes: MiniLM attention, microseconds per call, every implementation.
 
-Why (issue 11, item 5). The canary serves all-MiniLM-L6-v2: 12 heads x head_dim 32,
+Why. The canary serves all-MiniLM-L6-v2: 12 heads x head_dim 32,
 sequences up to 512 tokens, float32 (and bf16), and the attention call carries
 ``kv_lengths`` (padding). Flash attention's usual win (long sequences, head_dim 64-128)
 is not there: on the H200 pallas_gpu took 421 us at 16 x 512 against XLA's 358 us at
@@ -11,7 +11,7 @@ Columns: ``naive``, ``xla`` (float32 at HIGHEST, the serving baseline), ``cudnn`
 only), ``pallas_gpu`` (the table's tiling for the shape, fitted to the device), and
 ``pallas_mosaic_gpu`` when the registry has it. Informational columns, never part of the
 exit code: ``xla_default`` (float32 at JAX's default precision: TF32 on a GPU, what the
-serving baseline used before issue 11) and, for float32, ``pallas_gpu[tf32x3]`` and
+serving baseline used before it was pinned to HIGHEST) and, for float32, ``pallas_gpu[tf32x3]`` and
 ``pallas_gpu[bf16x6]``: the same kernel with the float32 products emulated on tensor
 cores (``kernels.pallas_gpu.FLOAT32_PRECISIONS``), timed and scored against float64 so
 that the choice of the float32 path is made on measurements. (Interpreted on a CPU,
@@ -40,17 +40,17 @@ from pydantic import BaseModel, Field
 
 from kernels.api import attention, default_backend
 from kernels.contract import validate
-from kernels.pallas_gpu import fitted_config, pallas_gpu_attention
+from kernels.pallas_gpu import pallas_gpu_attention
 from kernels.reference import attention_reference, relative_error, rounding_floor
 from kernels.registry import IMPLEMENTATIONS as REGISTRY
-from kernels.selection import select_pallas_config
+from kernels.selection import measured_config
 from kernels.shapes import AttentionShape, random_inputs
 from kernels.timing import DEFAULT_WARMUP_S, Timing, time_call
 
 MINILM_HEADS = 12
 MINILM_HEAD_DIM = 32
 SERVING_SIZES: tuple[tuple[int, int], ...] = ((8, 128), (16, 512), (4, 1024))
-"""(batch, seq) of the serving table: the issue's measured shapes (MiniLM buckets)."""
+"""(batch, seq) of the serving table: the shapes measured on the H200 (MiniLM buckets)."""
 QUICK_SIZES: tuple[tuple[int, int], ...] = ((2, 32), (1, 64))
 SERVING_DTYPES = ("float32", "bfloat16")
 EXPERIMENT_COLUMNS = ("xla_default", "pallas_gpu[tf32x3]", "pallas_gpu[bf16x6]")
@@ -110,8 +110,9 @@ def serving_shapes(quick: bool, dtypes: Sequence[str] = SERVING_DTYPES,
 
 
 def _pallas_config(shape: AttentionShape):
-    return select_pallas_config(shape) or fitted_config(shape.dtype, shape.head_dim,
-                                                        shape.q_len, shape.kv_len)
+    kernel = REGISTRY["pallas_gpu"]
+    return measured_config(shape, "pallas_gpu") or kernel.fitted_config(
+        shape.dtype, shape.head_dim, shape.q_len, shape.kv_len)
 
 
 def column_fn(column: str, shape: AttentionShape) -> tuple[Callable, Any, str | None]:
@@ -128,8 +129,8 @@ def column_fn(column: str, shape: AttentionShape) -> tuple[Callable, Any, str | 
         # A tuned kernel runs the table's tiling for the shape, else its own default
         # (pallas_gpu's fitted to the device); each kernel's check says where it runs
         # (pallas_gpu: interpreted on a CPU).
-        impl.check(spec, backend)
-        config = ((select_pallas_config(shape, implementation=column)
+        impl.check_supported(spec, backend)
+        config = ((measured_config(shape, column)
                    or impl.resolve_config(spec, None)) if impl.tuned else None)
         fn = functools.partial(attention, causal=shape.causal, scale=scale,
                                implementation=column, config=config)
@@ -175,7 +176,7 @@ def bench_serving_shape(shape: AttentionShape, names: Sequence[str], *, seed: in
         row = ServingRow(shape=shape, implementation=name, experiment=name not in REGISTRY)
         try:
             fn, config, row.float32_precision = column_fn(name, shape)
-            row.config = config.model_dump() if config is not None else None
+            row.config = config.fields_set() if config is not None else None
             jitted = jax.jit(fn)
             out = jax.block_until_ready(jitted(q, k, v, kv_lengths))
             got = np.stack([np.asarray(out[b, rows_idx, h].astype(jnp.float32))

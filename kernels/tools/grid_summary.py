@@ -1,13 +1,14 @@
-"""Issue 24's floor and goal, read off one ``kernels.tools.variants`` report, and the
-report's per-row table (:func:`format_table`, which the benchmark prints).
+"""The Mosaic GPU kernel's performance floor and goal, read off one
+``kernels.tools.variants`` report, and the report's per-row table (:func:`format_table`,
+which the benchmark prints).
 
 The floor (every group at >= 1.0x cuDNN, the geomean over all rows at >= 1.05x) and the
 goal (at S = 16384 without a mask, >= 0.90 of the matmul ceiling at head_dim 128 and 256,
 >= 0.75 at head_dim 64) are judged per variant from the rows of ONE call: each ratio is
 TFLOP/s of the variant over cuDNN's on the same shape in the same process, the ceiling is
 the same call's best large GEMM (``matmul_ceiling_tflops.ceiling``). A group is head_dim x
-mask (causal or full) over both dtypes and both lengths, the grouping of the issue's
-table; the per-(dtype, head_dim, mask) ratios are reported beside it.
+mask (causal or full) over both dtypes and both lengths, the grouping the floor was set
+with; the per-(dtype, head_dim, mask) ratios are reported beside it.
 
 A row that failed, or was not correct against float64, is not a speed: the variant's
 summary then says ``floor_met: false`` and names the row, and a group with no row is
@@ -36,7 +37,7 @@ FLOOR_GROUP_RATIO = 1.0
 FLOOR_GEOMEAN_RATIO = 1.05
 GOAL_SEQ = 16384
 GOAL_OF_CEILING = {64: 0.75, 128: 0.90, 256: 0.90}
-"""Issue 24's goal: fraction of the same call's matmul ceiling, non-causal, S = 16384."""
+"""The goal: fraction of the same call's matmul ceiling, non-causal, S = 16384."""
 
 
 def parse_shape(label: str) -> dict[str, Any]:

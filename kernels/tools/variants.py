@@ -1,4 +1,4 @@
-"""Time pallas_mosaic_gpu's variant switches side by side in one process (issue 24).
+"""Time pallas_mosaic_gpu's variant switches side by side in one process.
 
 For every shape of the chosen set (``kernels/tools/fa3_variants.json``: ``priority``,
 bf16 head_dim 64 and 256 non-causal S=16384, where the kernel loses most; or ``grid``,
@@ -38,24 +38,25 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kernels.config import BlockSizes
 from kernels.contract import validate
 from kernels.mosaic_variants import MosaicVariant, registered_default
 from kernels.naive import naive_attention
 from kernels.pallas_mosaic_gpu import (
+    MosaicConfig,
+    PallasMosaicGpuKernel,
     padded_head_dim,
     pallas_mosaic_gpu_attention,
     registered_variant,
-    resolve_config,
 )
 from kernels.reference import attention_reference, relative_error, rounding_floor
-from kernels.selection import select_pallas_config
+from kernels.selection import measured_config
 from kernels.shapes import AttentionShape, random_inputs
 from kernels.timing import compile_and_warm, time_call
 from kernels.tools import bench, grid_summary
 from kernels.tools.grid_summary import format_table
 from kernels.tools.ptxas_report import captured_output, parse_ptxas
 
+KERNEL = PallasMosaicGpuKernel()
 VARIANTS_FILE = Path(__file__).with_name("fa3_variants.json")
 PASSES = 3
 CEILING_SIZES = (4096, 8192, 12288)
@@ -81,14 +82,14 @@ def load_variant_sets(path: Path | str = VARIANTS_FILE) -> dict[str, Any]:
         MosaicVariant(**entry.get("variant", {}))  # raises on a bad switch
         MosaicVariant(**entry.get("registered_plus", {}))
         for d, cfg in entry.get("config", {}).items():
-            BlockSizes(**cfg)
+            KERNEL.config_from(cfg)  # raises on a bad tiling
             if not str(d).isdigit():
                 raise ValueError(f"{path}: {entry['name']}: config keys are head_dims, got {d!r}")
     return data
 
 
 def entry_variant(entry: dict[str, Any], head_dim: int, *, causal: bool | None = None,
-                  kv_len: int | None = None, config: BlockSizes | None = None) -> MosaicVariant:
+                  kv_len: int | None = None, config: MosaicConfig | None = None) -> MosaicVariant:
     """The entry's switches at ``head_dim``: its ``variant`` (unset fields off), or, with no
     ``variant`` (``default``, a tiling entry), the switches the kernel is registered with at
     this head_dim, mask and ``kv_len`` (``mosaic_variants.registered_default`` at
@@ -110,10 +111,11 @@ def entry_variant(entry: dict[str, Any], head_dim: int, *, causal: bool | None =
     return registered
 
 
-def block_sizes(entry: dict[str, Any], head_dim: int) -> BlockSizes | None:
-    """The entry's tiling at ``head_dim`` (``None``: the table's or the default)."""
+def block_sizes(entry: dict[str, Any], head_dim: int) -> MosaicConfig | None:
+    """The entry's tiling at ``head_dim`` (``None``: the table's or the default); the file
+    writes the ring depth as ``num_stages``, which ``MosaicConfig`` reads."""
     cfg = entry.get("config", {}).get(str(head_dim))
-    return BlockSizes(**cfg) if cfg else None
+    return KERNEL.config_from(cfg) if cfg else None
 
 
 def shapes(spec: dict[str, Any]) -> list[AttentionShape]:
@@ -151,7 +153,7 @@ def _variant_fn(shape, variant, config, interpret=False):
     return fn
 
 
-def small_check(variant: MosaicVariant, config: BlockSizes | None, head_dim: int,
+def small_check(variant: MosaicVariant, config: MosaicConfig | None, head_dim: int,
                 dtype: str, seed: int, *, seqs: tuple[int, int] = (1000, 1100),
                 interpret: bool = False) -> dict[str, Any]:
     """The variant on a small causal GQA shape (B2, H4/2, ``seqs`` = (q_len, kv_len)
@@ -212,10 +214,10 @@ def run_shape(shape: AttentionShape, entries: Sequence[dict[str, Any]], ceiling:
     for entry in entries:
         if shape.head_dim not in entry.get("head_dims", (shape.head_dim,)):
             continue
-        config = block_sizes(entry, shape.head_dim) or select_pallas_config(
-            shape, implementation="pallas_mosaic_gpu")
+        config = block_sizes(entry, shape.head_dim) or measured_config(
+            shape, "pallas_mosaic_gpu")
         spec = validate(*shape.structs(), causal=shape.causal)[0]
-        resolved = resolve_config(spec, config)
+        resolved = KERNEL.resolve_config(spec, config)
         variant = entry_variant(entry, shape.head_dim, causal=shape.causal,
                                 kv_len=shape.kv_len, config=resolved)
         row: dict[str, Any] = {"shape": shape.label, "variant": entry["name"],
@@ -324,7 +326,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               "passes": PASSES, "matmul_ceiling_tflops": ceiling, "shape_set": args.shapes,
               "variants": {n: by_name[n] for n in wanted}, "rows": rows}
     print("\n" + format_table(rows))
-    if args.shapes == "grid":  # issue 24's floor and goal, from this call's rows alone
+    if args.shapes == "grid":  # the floor and goal, from this call's rows alone
         report["summary"] = grid_summary.summarize(report)
         print("\n" + grid_summary.format_summary(report["summary"]))
     if args.out:
