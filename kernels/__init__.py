@@ -30,13 +30,20 @@ __all__ = sorted(_WHERE)
 
 
 def __getattr__(name: str) -> Any:
-    """``kernels.<name>``: imported from its module on first use, then kept here.
+    """``kernels.<name>``: imported from its module on first use, then kept here; a
+    submodule (``kernels.registry``) is imported on first use too, as an eager package's
+    would already be.
 
     Raises:
-        AttributeError: not one of ``__all__`` (a submodule is imported as usual).
+        AttributeError: neither one of ``__all__`` nor a submodule.
     """
     module = _WHERE.get(name)
     if module is None:
+        try:
+            return importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as err:
+            if err.name != f"{__name__}.{name}":
+                raise
         raise AttributeError(f"module 'kernels' has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
