@@ -172,6 +172,10 @@ def _paused_run_id(transition: str, result: dict, attempt: int = 0,
         while time.monotonic() < deadline:
             if "error" in result:
                 raise AssertionError(f"the rollout failed: {result['error']!r}")
+            if "state" in result:  # ended without asking: say how, not wait out the timeout
+                state = result["state"]
+                raise AssertionError(f"the rollout ended as {state.name} before asking for "
+                                     f"{transition}: {state.message}")
             for run in client.read_flow_runs(flow_run_filter=paused):
                 if run.state is None or run.state.state_details.pause_key != key:
                     continue  # another ask (or a run an earlier test left paused)

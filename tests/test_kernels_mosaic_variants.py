@@ -1,9 +1,9 @@
-"""The variant switches of pallas_mosaic_gpu (issue 24): validation, defaults that keep
+"""The variant switches of pallas_mosaic_gpu: validation, defaults that keep
 the kernel as it was, lowering for CUDA from this CPU host, the lazy rescale rule of the
 online softmax against float64, and the variants (among them the intra-warpgroup
 pipeline) in JAX's GPU interpret mode.
 ``gpu`` tests run every variant of ``kernels/tools/fa3_variants.json`` natively against
-float64, with the poisoned-padding and low-precision-extreme cases of issue 23."""
+float64, with the poisoned-padding and low-precision-extreme cases of the kernel contract."""
 
 from __future__ import annotations
 
@@ -389,17 +389,17 @@ def test_lengths_that_are_block_multiples_lower_as_before_the_unpadded_kv(monkey
         assert got == digest, (d, causal, kv_len, variant, config)
 
 
-# head_dim 128's kernels as measured on the H200 in session 8 (commit 4e0e33f; BENCHMARKS.md
-# "The H200, session 8"): the floor call's eight d128 rows (bf16 and f16; S = 4096 x B4 and
+# head_dim 128's kernels as measured on the H200 at commit 4e0e33f (BENCHMARKS.md, the
+# d128 floor call): the floor call's eight d128 rows (bf16 and f16; S = 4096 x B4 and
 # 16384 x B1; 16 heads; full and causal) and causal S = 131072 (B1, H16: 113.3 ms against
 # cuDNN's 122.6 ms), each with the tiling the committed table selects, lowered by JAX 0.10.2
-# for the H200's 132 SMs. Session 9's final commit (f36f0bc) lowers to the same modules. The
+# for the H200's 132 SMs. Commit f36f0bc lowers to the same modules. The
 # figures describe the shipped d128 kernel only while it lowers to these very modules; a
 # change here means measuring those rows again. (dtype, batch, seq, causal) -> sha256.
 # Re-pinned at the exponent change (above): the eight 4096/16384 rows were measured again
 # on these modules beside the old ones (bench_results/h200-2026-12-04-extreme-values/
 # perf.json: 0.919-0.992 of the old, 2-8 % slower); the 131072 row was not.
-D128_AS_MEASURED_IN_SESSION_8 = {
+D128_AS_MEASURED = {
     ("bfloat16", 1, 131072, True):
         "df94f4b4d60f21887bc136dbd5b61a2a1faa6c6141cf60d01eb79d19c6692efd",
     ("bfloat16", 4, 4096, False):
@@ -423,11 +423,11 @@ D128_AS_MEASURED_IN_SESSION_8 = {
 
 @pytest.mark.skipif(jax.__version__ != "0.10.2",
                     reason="the recorded modules were lowered by JAX 0.10.2")
-def test_head_dim_128_lowers_to_the_modules_measured_in_session_8(monkeypatch):
-    """No switch was registered at head_dim 128 after session 8, and the code added since
+def test_head_dim_128_lowers_to_the_modules_as_measured(monkeypatch):
+    """No switch was registered at head_dim 128 after that measurement, and the code added since
     (the ping-pong across tiles, the half-width output, the unpadded K/V) must leave its
     kernels byte for byte as measured, the 131072-token causal row included."""
-    for (dtype, batch, seq, causal), digest in D128_AS_MEASURED_IN_SESSION_8.items():
+    for (dtype, batch, seq, causal), digest in D128_AS_MEASURED.items():
         shape = AttentionShape(dtype=dtype, batch=batch, q_len=seq, kv_len=seq, num_heads=16,
                                num_kv_heads=16, head_dim=128, causal=causal)
         config = measured_config(shape, "pallas_mosaic_gpu")
@@ -446,11 +446,11 @@ def _lowered_at(variant, head_dim, causal, seq):
 
 
 def test_the_kernel_as_registered_lowers_to_the_measured_switches():
-    """Issue 24's measured choices (session 5 and 7 on the H200), read from the issue's
+    """The switch choices measured on the H200, read from those
     measurements rather than from the rule table: at head_dim 256 the lazy rescale, with
     the row sum before the hand-over only without a causal mask at kv_len <= 4096; at 64
-    and 128 the row sum after the hand-over; 192 < d <= 256 pads to 256. Session 10 (the
-    grid of h200-2026-12-02-session10/switches-grid-bf16): at 256 the output staged through half-width
+    and 128 the row sum after the hand-over; 192 < d <= 256 pads to 256. The
+    switches grid (bf16, BENCHMARKS.md): at 256 the output staged through half-width
     buffers, at 64 the ping-pong's offset once per kernel."""
     lazy = MosaicVariant(lazy_rescale_log2=8.0, output_chunks=2)
     lazy_before = MosaicVariant(lazy_rescale_log2=8.0, rowsum_before_handover=True,
@@ -761,7 +761,7 @@ TILE_BOUNDARY_CASES = [
 @pytest.mark.parametrize("case, switches, races", TILE_BOUNDARY_CASES,
                          ids=[c.name for c, _, _ in TILE_BOUNDARY_CASES])
 def test_tile_boundary_switches_in_interpret_mode_against_float64(case, switches, races):
-    """Session 10's switches in JAX's GPU interpreter on fresh random inputs against
+    """The tile-boundary switches in JAX's GPU interpreter on fresh random inputs against
     float64: the ping-pong's offset set once per kernel (consumer 0 starts a tile while
     consumer 1 finishes the last one; every barrier phase still waited once, in order)
     and the output staged through head_dim / n-column buffers (n TMA stores per tile,
@@ -789,7 +789,7 @@ def _gpu_variants():
 
 def check_variant_kinds(variant: MosaicVariant, head_dim: int, dtype: str, *, seq: int,
                         interpret: bool = False) -> None:
-    """Issue 23's kinds for one variant against float64: poison in the padding never
+    """The contract's extreme kinds for one variant against float64: poison in the padding never
     reaches the output (padded query rows exactly 0), and large equal logits with one or
     two visible keys stay finite and equal to float64; then, without lengths (the only
     calls that set the ping-pong's offset once per kernel), causal and full inputs of
@@ -841,7 +841,7 @@ def test_gpu_variant_poisoned_padding_and_extremes(variant, head_dim, dtype):
 def test_the_gpu_checks_run_in_interpret_mode_on_the_registered_d256_switches():
     """The `gpu` test's body in JAX's GPU interpreter (128 tokens: 8 tiles in one CTA),
     on the switches registered at head_dim 256 (the lazy rescale and the half-width
-    output, stored in two copies): session 10's first H200 run of the body failed on a
+    output, stored in two copies): the first H200 run of the body failed on a
     call of the naive baseline without its lengths before any kernel check, so the body
     runs here first."""
     variant = mosaic_variants.registered_default(256)
@@ -954,7 +954,7 @@ def test_the_64x192_entries_run_at_d128_with_the_registered_switches():
             got = variants_tool.entry_variant(regs, 128, causal=causal, kv_len=kv_len)
             assert got == registered.model_copy(
                 update={"consumer_registers": 240, "producer_registers": 24})
-            assert got.rowsum_before_handover is False  # registered at d128 (session 7)
+            assert got.rowsum_before_handover is False  # registered at d128 (measured on the H200)
             assert kv_len % 192 and pallas_mosaic_gpu.kv_rows(
                 kv_len, 128, 192, interpret=False, has_kv_lengths=False) == kv_len
     grid = [s for s in variants_tool.shapes({**sets["grid_shapes"],

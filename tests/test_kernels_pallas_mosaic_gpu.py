@@ -1,4 +1,4 @@
-"""pallas_mosaic_gpu: the warp-specialised Mosaic GPU flash-attention kernel (issue 14).
+"""pallas_mosaic_gpu: the warp-specialised Mosaic GPU flash-attention kernel.
 
 Without a GPU: config validation, refusals by name, the registry and ``auto``, the
 selection table's backward compatibility, lowering and ``jax.export`` for CUDA from this
@@ -372,7 +372,7 @@ def test_lowers_for_cuda_from_a_cpu_host(case):
     own example kernel failed on bf16 at this stage (a float16 scratch buffer)."""
     dtype, head_dim, kv_heads, causal, lengths, config = case
     # 500: no tile multiple and an even number of query pairs at block_q 64 and 128 (the
-    # balanced causal schedule); lowering time grows with the length (was 1000, issue 26).
+    # balanced causal schedule); lowering time grows with the length (was 1000, too slow for CI).
     q = jax.ShapeDtypeStruct((2, 500, 16, head_dim), dtype)
     kv = jax.ShapeDtypeStruct((2, 500, kv_heads, head_dim), dtype)
     lens = jax.ShapeDtypeStruct((2,), jnp.int32) if lengths else None
@@ -661,7 +661,7 @@ def _naive_error(case: Case, q, k, v, ql, kl, ref) -> float:
 
 INTERPRET_CASES = [
     # Interpret mode costs CPU time per K/V block step, so each case is the smallest shape
-    # that keeps its property (issue 26). Here 8 tiles (2 examples x 2 heads x 2 query
+    # that keeps its property (CI time). Here 8 tiles (2 examples x 2 heads x 2 query
     # pairs) in one persistent CTA: 24 K/V blocks pass a 2-slot ring across tiles, GQA
     # 2:1 and causal (was batch 2 x 4 heads, 16 tiles and 48 blocks: the same paths).
     Case("ring_wraps_across_tiles_gqa_causal", batch=2, q_len=256, kv_len=256, num_heads=2,
