@@ -78,6 +78,7 @@ app.command(name="approve-loosening")(approve_loosening)
 app.command()(reanchor)
 from flows import prefect_server  # noqa: E402
 from flows.cli_calibrate import calibrate  # noqa: E402
+from flows.cli_history import timeline  # noqa: E402
 from flows.cli_revalidate import revalidate  # noqa: E402
 from flows.cli_stack import stack_app  # noqa: E402
 from flows.paths import compilation_cache  # noqa: E402
@@ -85,6 +86,7 @@ from flows.paths import compilation_cache  # noqa: E402
 app.add_typer(stack_app, name="stack")
 app.command()(calibrate)
 app.command()(revalidate)
+app.command()(timeline)
 
 
 def _plan(implementation: str, thresholds: Path | None, store_dir: Path, block_q: int | None,
@@ -249,24 +251,6 @@ def audit(target: Annotated[str, typer.Argument(help="alias (production, canary,
             typer.echo(f"bundle written to {export_bundle(tracking, fam, result, trust_files, export, key_dir or keys.default_key_dir())}")
     typer.echo(result.render())
     raise typer.Exit(result.exit_code)
-
-
-@app.command()
-def timeline(family: Family = None, store_dir: StoreDir = Path(".kernelgate"),
-             json_out: Annotated[Path | None, typer.Option(
-                 "--json", dir_okay=False, help="also write the timelines as JSON here")] = None) -> None:
-    """Where each rollout's time went: result, version and every stage's wall time (recorded by the flow into each stage's run), read from the MLflow store; every family unless --family."""
-    check_known_family(family, store_dir)
-    from lineage.timeline import render, rollout_timelines
-
-    tracking = open_store(store_dir, must_exist=True)
-    chosen = [existing_family(tracking, family)] if family else families(tracking)
-    timelines = [t for fam in chosen for t in rollout_timelines(tracking, fam)]
-    typer.echo(render(timelines))
-    if json_out is not None:
-        json_out.parent.mkdir(parents=True, exist_ok=True)
-        json_out.write_text(json.dumps([t.model_dump(mode="json") for t in timelines], indent=1))
-        typer.echo(f"written {json_out}")
 
 
 def _user_name() -> str | None:

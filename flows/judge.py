@@ -167,8 +167,10 @@ def confirm(context: RolloutContext, preregistered: Preregistered, built: Built,
         ConfirmationExhausted: the family has spent every confirmation draw.
     """
     record = context.record
+    # every run of the family: the stage tag is not signed (a re-tagged evaluation would
+    # hide a spent split; the registry's wall refuses a reused one either way)
     spent = spent_confirmation_digests(StoreSource(record.tracking, record.family,
-                                                   record.signing.trust, stages=("evaluation",)))
+                                                   record.signing.trust))
     split = unspent_draw(testset.testset_dir, spent,  # drawn as built, whatever the contract
                          model=context.model.with_attention_dtype("float32"))
     run_logger().info("confirmation split %s (%d spent by %s before)", split, len(spent),

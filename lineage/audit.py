@@ -39,6 +39,8 @@ from lineage import (
     family_log,
     key_changes,
     model_files,
+    production_story,
+    reference_audit,
     registered_model,
     store_check,
 )
@@ -63,8 +65,14 @@ def _history(source: EvidenceSource, actual: dict[str, str], walk: Walk) -> dict
     return signed
 
 
-def _promotion_of(source: EvidenceSource, version: str) -> Attestation | None:
+def _promotion_of(source: EvidenceSource, version: str, walk: Walk) -> Attestation | None:
+    """The newest signed promotion of ``version``; every signed production move naming
+    it is shown (its promotion, a rollback that restored it or took it out)."""
     moves, _ = registered_model.alias_history(source)
+    for move in production_story.production_moves(moves):
+        if production_story.role_of(move, version):
+            walk.link("production move", move.run_id, True,
+                      production_story.sentence(move, version), problem=False)
     promotions = [m for m in moves if m.predicate.get("action") == "promote"
                   and m.predicate.get("alias") == "production"
                   and str(m.predicate.get("version")) == version]
@@ -279,7 +287,7 @@ def audit(tracking: Tracking | None, family: str, target: str, *, trust=None,
         walk.link("version", None, False, f"{target!r} is not a version number and no such alias "
                   f"is set; aliases now: {actual or 'none'}")
         return report()
-    promotion = _promotion_of(source, version)
+    promotion = _promotion_of(source, version, walk)
     held = [a for a, v in actual.items() if v == version]
     transition = ("canary->production" if "production" in held or promotion is not None
                   else "shadow->canary" if "canary" in held else None)
@@ -313,38 +321,9 @@ def audit(tracking: Tracking | None, family: str, target: str, *, trust=None,
         if load_model and evidence.build is not None:
             _loaded_model(tracking, source, version, walk)
         if recheck_reference and evidence.decision is not None:
-            _recheck_reference(source, evidence.decision.evaluation_run_id, recheck_reference, walk)
+            reference_audit.recheck_reference(source, evidence.decision.evaluation_run_id,
+                                              recheck_reference, walk)
     else:
         verified, checked, found = verify_artifacts(source, _linked_runs(evidence, promotion))
         walk.problems += found
     return report(verified, checked)
-
-
-def _recheck_reference(source: EvidenceSource, evaluation_run_id: str, sample: int,
-                       walk: Walk) -> None:
-    """Recompute ``sample`` cached references of an evaluation (its signed index says
-    which arrays it used) and compare; a test set that is not on this host is said,
-    not counted as a problem."""
-    from evaluation.reference_cache import INDEX_FILE, ReferenceIndex, recheck
-    from evaluation.report import REPORT_FILENAME, EvaluationReport
-    from evaluation.testset import load_split
-
-    try:
-        index = ReferenceIndex.model_validate_json(
-            source.artifact(evaluation_run_id, f"evaluation/{INDEX_FILE}"))
-        report = EvaluationReport.model_validate_json(
-            source.artifact(evaluation_run_id, f"evaluation/{REPORT_FILENAME}"))
-    except Exception as err:  # noqa: BLE001 - a missing index is a finding, not a crash
-        walk.link("reference", evaluation_run_id, False, f"no readable reference index: {err}")
-        return
-    try:
-        cases = {c.spec.case_id: c for c in load_split(report.testset_dir, report.split)}
-    except FileNotFoundError:
-        walk.link("reference", evaluation_run_id, False, f"test set {report.testset_dir} is not "
-                  "on this host; the cached reference was not rechecked", problem=False)
-        return
-    result = recheck(index, cases, sample=sample)
-    walk.link("reference", evaluation_run_id, not result.problems,
-              f"{result.checked} cached references ({', '.join(result.methods) or 'none'}) "
-              "recomputed with NumPy: max "
-              f"relative difference {result.max_rel_diff:.2g}" + "".join(f"; {p}" for p in result.problems))

@@ -23,7 +23,7 @@ from typing import Literal
 from mlflow.exceptions import MlflowException
 
 from kernels.config import KernelConfig
-from lineage import tags
+from lineage import production_story, tags
 from lineage.attestations import Attestation, TrustPolicy
 from lineage.ownership import refusing_squatted
 from lineage.records import LineageError
@@ -270,7 +270,10 @@ def describe_version(tracking: Tracking, family: str, version: str, decision: st
     rows.append(link("confirmation decision", values.get(tags.CONFIRMATION_RUN_ID)))
     rows.append(link("rollout (parent run: promotion and rollback runs are its children)",
                      values.get(tags.ROLLOUT_RUN_ID)))
-    text = "\n".join([
+    # the signed production story at the top (lineage.production_story) outlives a rewrite
+    kept = production_story.story_block(
+        client.get_model_version(registered_model_name(family), version).description)
+    text = kept + "\n".join([
         f"**{decision}**", "",
         *_tiling_lines(values), "",
         "Chain of evidence (each run holds its signed `attestations/*.dsse.json`; "
@@ -319,8 +322,11 @@ def signed_aliases(moves: list[Attestation]) -> dict[str, str]:
 
 def store_alias_history(tracking: Tracking, family: str,
                         trust: TrustPolicy) -> tuple[list[Attestation], list[str]]:
-    """:func:`alias_history` read from the store's ``promotion``/``rollback`` runs only."""
-    return alias_history(StoreSource(tracking, family, trust, stages=("promotion", "rollback")))
+    """:func:`alias_history` read from every run of the family in the store: a run's
+    ``kernelgate.stage`` tag is not signed, so it cannot say which runs hold moves (a
+    signed rollback re-tagged as another stage would drop out, and ``reconcile`` would
+    move production back to what it rolled away from)."""
+    return alias_history(StoreSource(tracking, family, trust))
 
 
 def promoted_versions(moves: list[Attestation]) -> list[str]:

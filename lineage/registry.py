@@ -27,7 +27,6 @@ for that reason: splitting the moves from their checks would open a path around 
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 from datetime import UTC, datetime
 from typing import Literal
@@ -36,8 +35,8 @@ from mlflow.exceptions import MlflowException
 from pydantic import AwareDatetime, BaseModel, ConfigDict
 
 from kernels.errors import KernelgateError
-from lineage import chain, family_log, log_writer, tags
-from lineage.attestations import Signing
+from lineage import chain, family_log, log_writer, production_story, tags
+from lineage.attestations import Signing, TrustPolicy
 from lineage.log_sequence import SequenceTaken
 from lineage.records import log_alias_change
 from lineage.registered_model import (
@@ -47,7 +46,6 @@ from lineage.registered_model import (
     drop_version_tag,
     ensure_registered_model,
     production_history,
-    promoted_versions,
     registered_model_name,
     signed_aliases,
     store_alias_history,
@@ -57,8 +55,6 @@ from lineage.registered_model import (
 )
 from lineage.sources import StoreSource
 from lineage.tracking import Tracking
-
-_HISTORY_KEEP = 50
 
 
 class PromotionRefused(KernelgateError, RuntimeError):
@@ -263,13 +259,8 @@ def promote(tracking: Tracking, family: str, version: str, *, decision_run_id: s
                     at=_now(), action="clear", reason=f"{done} retired: v{version} was promoted"),
                     signing, parent_run_id=parent_run_id)
         drop_version_tag(tracking, family, version, tags.alias_owner(done))
-    client = tracking.client()
-    name = registered_model_name(family)
-    history = [v for v in promoted_versions(moves) if v != version] + [version]
-    client.set_registered_model_tag(name, tags.PRODUCTION_HISTORY,
-                                    json.dumps(history[-_HISTORY_KEEP:]))
-    if expected_previous:
-        client.set_registered_model_tag(name, tags.PREVIOUS_PRODUCTION, expected_previous)
+    tell_production_story(tracking, family, signing.trust,
+                          [version] + ([expected_previous] if expected_previous else []))
     tag_version(tracking, family, version, {
         tags.DECISION_RUN_ID: decision_run_id,
         tags.EVALUATION_RUN_ID: evidence.decision.evaluation_run_id,
@@ -340,7 +331,33 @@ def rollback(tracking: Tracking, family: str, *, reason: str, signing: Signing,
     _move(tracking, family, change, signing, parent_run_id=parent_run_id)
     tag_version(tracking, family, current,
                 {tags.ROLLBACK_REASON: reason, tags.ROLLED_BACK_AT: change.at.isoformat()})
+    if alias == "production":
+        tell_production_story(tracking, family, signing.trust,
+                              [current] + ([restored] if restored else []))
     return change
+
+
+def tell_production_story(tracking: Tracking, family: str, trust: TrustPolicy,
+                          versions: list[str]) -> None:
+    """After a production move: the registered model's history tags (every production
+    move with its time and reason; the version production last pointed at before now)
+    and the version pages of ``versions`` (a production-story block at the top), all
+    from the signed alias history (``lineage.production_story``). For people; nothing
+    reads them back. A version deleted since is skipped."""
+    moves = production_story.production_moves(store_alias_history(tracking, family, trust)[0])
+    client = tracking.client()
+    name = registered_model_name(family)
+    client.set_registered_model_tag(name, tags.PRODUCTION_HISTORY,
+                                    production_story.history_tag(moves))
+    if moves and moves[-1].previous_version:
+        client.set_registered_model_tag(name, tags.PREVIOUS_PRODUCTION,
+                                        moves[-1].previous_version)
+    for version in versions:
+        if not version_exists(tracking, family, version):
+            continue
+        page = client.get_model_version(name, version).description
+        client.update_model_version(name, version,
+                                    description=production_story.with_story(page, moves, version))
 
 
 def reject(tracking: Tracking, family: str, version: str, reason: str, *, signing: Signing,

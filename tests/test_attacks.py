@@ -67,6 +67,7 @@ KINDS = {
     15: "the key-compromise procedure (rotate, revoke, reconcile) takes production down",
     16: "lineage facts the MLflow UI shows (environment tags, dataset inputs) are not signed",
     17: "settings that change a verdict are not part of the registration",
+    18: "which runs hold the signed history is read from an unsigned tag",
 }
 
 
@@ -1097,3 +1098,23 @@ def same_registration_rolled_out_with_fewer_shadow_requests(lab: Lab) -> str:
     preregister(THRESHOLDS, tracking=lab.tracking, family=FAMILY, signing=lab.signing,
                 bindings=bound)  # the registered values: accepted
     return str(refused.value)
+
+
+# --- kind 18: which runs hold the signed history is read from an unsigned tag -------------
+
+
+@attack(18, "as signed")
+def a_signed_rollback_retagged_as_another_stage_then_reconciled(lab: Lab) -> str:
+    """A signed rollback's run re-tagged ``kernelgate.stage=evaluation``: the alias history
+    still holds the move, so ``reconcile`` leaves production where the rollback put it."""
+    change = registry.rollback(lab.tracking, FAMILY, reason="nightly re-validation failed",
+                               signing=lab.signing)
+    experiment = lab.client.get_experiment_by_name(tr.experiment_name(FAMILY))
+    (run,) = lab.client.search_runs([experiment.experiment_id], filter_string=(
+        f"tags.`{tags.STAGE}` = 'rollback'"), order_by=["attributes.start_time DESC"],
+        max_results=1)
+    lab.client.set_tag(run.info.run_id, tags.STAGE, "evaluation")
+    changed = registry.reconcile(lab.tracking, FAMILY, lab.signing)
+    now = registered_model.alias_version(lab.tracking, FAMILY, "production")
+    assert now == change.version, f"reconcile moved production to v{now}: {changed}"
+    return f"production stays v{now} as signed (reconcile changed {changed or 'nothing'})"

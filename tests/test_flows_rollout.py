@@ -530,6 +530,21 @@ def test_manual_rollback_restores_the_chosen_version_signed_and_audited(
     last = moves[-1].predicate
     assert (last["action"], last["version"], last["previous_version"]) == (
         "rollback", earlier, promoted.version)
+    # the story after the rollback is the true one: audit, version page, timeline
+    text = report.render()
+    assert f"restored to production by a rollback from v{promoted.version}" in text
+    assert "paging storm" in text
+    page = tracking.client().get_model_version(
+        registered_model.registered_model_name(FAMILY), earlier).description
+    assert "(restored by a rollback)" in page.splitlines()[1], page
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+    shown = CliRunner().invoke(app, ["timeline", "--family", FAMILY, "--store-dir",
+                                     str(make_settings("good").store_dir)])
+    assert shown.exit_code == 0, shown.output
+    assert (f"rollback  v{promoted.version} -> v{earlier}: manual rollback requested by "
+            "rm@example.com: paging storm") in shown.output, shown.output
 
 
 def test_a_rollout_that_fails_in_canary_is_closed_by_what_its_record_says(

@@ -551,3 +551,68 @@ def test_what_counts_as_a_rejection_for_the_loosening_rule():
                    record("decision", verdict="promote"), record("canary", passed=True)]
     assert [_rejects(a) for a in counted] == [True] * len(counted)
     assert [_rejects(a) for a in not_counted] == [False] * len(not_counted)
+
+
+def test_after_a_rollback_to_an_earlier_version_its_audit_and_page_tell_the_rollback(
+        tracking, family, tmp_path, signing):
+    """``rollback --to``: the audit of the version restored lists its promotion and the
+    rollback that restored it (with the reason); its version page starts with where it
+    stands now; the one rolled away from says it was rolled back; the registered model's
+    history tag carries every production move with its time and reason."""
+    import json
+
+    from lineage.audit import audit
+
+    path = _write(tmp_path, thresholds_yaml())
+    chains = [promotable_chain(tracking, family, path, signing=signing) for _ in range(3)]
+    for chain in chains:
+        promote(tracking, family, chain, signing)
+    first, last = chains[0].version, chains[2].version
+    name = registered_model.registered_model_name(family)
+    client = tracking.client()
+    client.update_model_version(name, first, description="**promoted: the gate passed**")
+    registry.rollback(tracking, family, reason="manual rollback requested by rm: pager storm",
+                      signing=signing, to=first)
+
+    report = audit(tracking, family, "production", trust=signing.trust, load_model=False)
+    assert report.exit_code == 0, report.render()
+    moves = [link.detail for link in report.chain if link.name == "production move"]
+    assert len(moves) == 3, moves  # promoted, replaced by v2's promotion, restored
+    assert "promoted to production" in moves[0]
+    assert "replaced in production by a promotion to v" in moves[1]
+    assert f"restored to production by a rollback from v{last}" in moves[2]
+    assert "pager storm" in moves[2] and "pager storm" in report.render()
+
+    page = client.get_model_version(name, first).description
+    assert page.splitlines()[1].startswith("**In production since ")
+    assert "(restored by a rollback)" in page.splitlines()[1]
+    assert "pager storm" in page and "**promoted: the gate passed**" in page  # kept below
+    gone = client.get_model_version(name, last).description
+    assert gone.splitlines()[1].startswith("**Not in production: rollback at ")
+    rolled_back = audit(tracking, family, last, trust=signing.trust, load_model=False)
+    assert any(link.name == "production move" and "rolled back from production to "
+               f"v{first}" in link.detail for link in rolled_back.chain)
+
+    model_tags = client.get_registered_model(name).tags
+    history = json.loads(model_tags[tags.PRODUCTION_HISTORY])
+    assert [(h["action"], h["version"], h["from"]) for h in history] == [
+        ("promote", chains[0].version, None), ("promote", chains[1].version, first),
+        ("promote", last, chains[1].version), ("rollback", first, last)]
+    assert all(h["at"] and h["run_id"] for h in history)
+    assert "pager storm" in history[-1]["reason"]
+    assert model_tags[tags.PREVIOUS_PRODUCTION] == last
+
+
+def test_a_rewritten_version_page_keeps_its_production_story(tracking, family, tmp_path,
+                                                             signing):
+    """The rollout's end rewrites the version page (``describe_version``) after the
+    promotion told its story: the story block stays at the top, once."""
+    path = _write(tmp_path, thresholds_yaml())
+    chain = promotable_chain(tracking, family, path, signing=signing)
+    promote(tracking, family, chain, signing)
+    for _ in range(2):
+        text = registered_model.describe_version(tracking, family, chain.version,
+                                                 "promoted: every criterion passed")
+    assert text.count("Production history") == 1
+    assert text.splitlines()[1].startswith("**In production since ")
+    assert "**promoted: every criterion passed**" in text
