@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
 
@@ -44,6 +46,27 @@ def _store(store_dir: Path):
                    err=True)
         return None
     return tr.tracking_for(store_dir)
+
+
+@contextlib.contextmanager
+def _every_family_held(store_dir: Path) -> Iterator[object | None]:
+    """The store's tracking (None: no store, said) while holding every family's place in
+    line, as a rollout holds its own (the family lock on a store of files, the family's
+    Prefect slot on a tracking server), families in name order. A key change waits for
+    the rollouts in progress to end: a rollout that signs with a key retired or revoked
+    under it would die halfway and leave its log with a gap."""
+    tracking = _store(store_dir)
+    if tracking is None:
+        yield None
+        return
+    from flows.tasks import family_slot
+    from lineage import key_changes, rollout
+
+    with contextlib.ExitStack() as held:
+        for family in key_changes.families(tracking):
+            held.enter_context(rollout.family_lock(store_dir, family))
+            held.enter_context(family_slot(family))
+        yield tracking
 
 
 def _pipeline_signing(folder: Path):
@@ -114,19 +137,19 @@ def keys_rotate(key_dir: KeyDir = None, store_dir: StoreDir = Path(".kernelgate"
     from lineage import key_rotation, keys
     from lineage.key_changes import KeyChange
 
-    old, new = keys.rotate(key_dir)
-    typer.echo(f"retired {old}; new pipeline key {new}")
-    tracking = _store(store_dir)
-    if tracking is None:
-        return
-    folder = key_dir or keys.default_key_dir()
-    # the rotation first (signed by the new key), then the aliases re-attested after it
-    _record(tracking, KeyChange(action="rotate", keyid=old, new_keyid=new), folder)
-    signing = _pipeline_signing(folder)
-    for family in key_rotation.families(tracking):
-        for line in key_rotation.reattest(tracking, family, signing,
-                                          reason=f"key rotation: {old[:12]} -> {new[:12]}"):
-            typer.echo(f"re-attested {family}: {line}")
+    with _every_family_held(store_dir) as tracking:
+        old, new = keys.rotate(key_dir)
+        typer.echo(f"retired {old}; new pipeline key {new}")
+        if tracking is None:
+            return
+        folder = key_dir or keys.default_key_dir()
+        # the rotation first (signed by the new key), then the aliases re-attested after it
+        _record(tracking, KeyChange(action="rotate", keyid=old, new_keyid=new), folder)
+        signing = _pipeline_signing(folder)
+        for family in key_rotation.families(tracking):
+            for line in key_rotation.reattest(tracking, family, signing,
+                                              reason=f"key rotation: {old[:12]} -> {new[:12]}"):
+                typer.echo(f"re-attested {family}: {line}")
 
 
 @keys_app.command("revoke")
@@ -148,10 +171,15 @@ def keys_revoke(keyid: Annotated[str, typer.Argument(help="the key id to revoke"
         raise typer.BadParameter(
             f"{keyid} is the current pipeline key: run `kernelgate keys rotate` first (the "
             "revocation is signed into each family's log by a key that stays valid)")
-    position = "default" if at is None else None if at == "start" else datetime.fromisoformat(at)
-    when = keys.revoke(keyid, key_dir, at=position)
-    typer.echo(f"revoked {keyid} " + (f"from {when.isoformat()}" if when else "from the start"))
-    tracking = _store(store_dir)
-    if tracking is not None and current.exists():
-        _record(tracking, KeyChange(action="revoke", keyid=keyid,
-                                    revoked_from=when.isoformat() if when else None), folder)
+    try:
+        position = ("default" if at is None else None if at == "start"
+                    else datetime.fromisoformat(at))
+    except ValueError:
+        raise typer.BadParameter(f"{at!r}: an ISO time (2026-12-04T10:00:00) or 'start'",
+                                 param_hint="--at") from None
+    with _every_family_held(store_dir) as tracking:
+        when = keys.revoke(keyid, key_dir, at=position)
+        typer.echo(f"revoked {keyid} " + (f"from {when.isoformat()}" if when else "from the start"))
+        if tracking is not None and current.exists():
+            _record(tracking, KeyChange(action="revoke", keyid=keyid,
+                                        revoked_from=when.isoformat() if when else None), folder)

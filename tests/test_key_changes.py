@@ -103,3 +103,49 @@ def test_the_cli_signs_rotation_revocation_and_approver_keys_into_the_logs(store
                          registrations=[], attestations_verified=3, artifacts_verified=0,
                          artifacts_checked=0, problems=[], key_changes=lines)
     assert "key changes (signed log order):" in report.render()
+
+
+def test_a_key_rotation_waits_for_a_rollout_of_any_family_to_end(store):
+    """A rollout holds its family's lock for its whole run (another process here); the
+    rotation waits for it before the key folder changes, so the rollout never signs with
+    a key retired under it. The lock's holder says when it let go; the rotation's key
+    must be newer than that."""
+    import subprocess
+    import sys
+    import time
+
+    tracking, key_dir, store_dir = store
+    old = keys.load_signer(key_dir / "pipeline.pem").public_key.keyid
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys, time\n"
+         "from lineage.rollout import family_lock\n"
+         f"with family_lock({str(store_dir)!r}, 'fam-b'):\n"
+         "    print('held', flush=True)\n"
+         "    time.sleep(4)\n"
+         "    print(time.time(), flush=True)\n"],
+        stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1])
+    assert holder.stdout.readline().strip() == "held"
+    code, out = _cli("keys", "rotate", "--key-dir", str(key_dir), "--store-dir", str(store_dir))
+    rotated_at = time.time()
+    released_at = float(holder.stdout.readline())
+    holder.wait(timeout=30)
+    assert code == 0, out
+    new_key = key_dir / "pipeline.pem"
+    assert keys.load_signer(new_key).public_key.keyid != old
+    # the new key was written after the holder let go, not while it held the lock
+    assert new_key.stat().st_mtime >= released_at - 0.05, (new_key.stat().st_mtime, released_at)
+    assert rotated_at >= released_at
+
+
+def test_a_revocation_with_an_unreadable_time_is_refused_before_anything_changes(store):
+    tracking, key_dir, store_dir = store
+    code, out = _cli("keys", "rotate", "--key-dir", str(key_dir), "--store-dir", str(store_dir))
+    assert code == 0, out
+    before = sorted(p.name for p in key_dir.rglob("*"))
+    old = [k for k in keys.folder_trust(key_dir).public_keys
+           if k != keys.load_signer(key_dir / "pipeline.pem").public_key.keyid][0]
+    code, out = _cli("keys", "revoke", old, "--at", "yesterday", "--key-dir", str(key_dir),
+                     "--store-dir", str(store_dir))
+    assert code == 2 and "--at" in out and "ISO time" in out, out
+    assert sorted(p.name for p in key_dir.rglob("*")) == before
