@@ -22,7 +22,7 @@ from evaluation.plots import write_plots
 from evaluation.profiling import profile_runners
 from evaluation.progress import progress_bar
 from evaluation.reference_cache import INDEX_FILE as REFERENCE_INDEX_FILE
-from evaluation.reference_cache import ReferenceCache
+from evaluation.reference_cache import EntrySeal, ReferenceCache
 from evaluation.report import (
     REPORT_FILENAME,
     EvaluationReport,
@@ -135,6 +135,7 @@ def evaluate_candidate(
     progress: bool = True,
     measure_speed: bool = True,
     reference_cache_dir: str | Path | None = None,
+    reference_seal: EntrySeal | None = None,
     profile: bool | None = None,
     serving: Contract | None = None,
     model_documents: int | None = None,
@@ -175,6 +176,9 @@ def evaluate_candidate(
         reference_cache_dir: where float64 references are cached between evaluations
             (``evaluation.reference_cache``; ``None``: computed, not kept). Either way the
             index of what was used is written to ``out_dir/reference_cache.json``.
+        reference_seal: signs each reference computed and checks each one read from the
+            cache (a cached array whose seal does not open is recomputed; the pipeline
+            passes ``lineage.reference_seal.SignedReferences``); None: used as read.
         profile: record a ``jax.profiler`` trace of the in-process implementations at
             the first benchmark shape into ``out_dir/profile`` (``evaluation.profiling``);
             default: when the candidate's speed is assessed (native hardware).
@@ -236,7 +240,7 @@ def evaluate_candidate(
         raise ValueError(f"no case of split {split!r} is inside the serving contract "
                          f"({report.serving}); {len(report.not_drawn)} cases left out")
     bar = (lambda n, desc: progress_bar(n, desc)) if progress else (lambda n, desc: None)
-    reference = ReferenceCache(reference_cache_dir)
+    reference = ReferenceCache(reference_cache_dir, seal=reference_seal)
     plan = interpreters or InterpreterPlan()
     if takes_the_choice(cand_info):
         report.interpreters = {"accuracy": plan.accuracy, "model_check": plan.model_check}

@@ -13,6 +13,14 @@ confirmation of a later one and the nightly re-validation on the same test set r
 it. The cache is evidence, not trust: every evaluation writes an index (key, array
 sha256, hit or computed, method) that is logged and signed with the evaluation, and
 :func:`recheck` recomputes a sample with NumPy on the host and compares.
+
+Signed when computed: with a :class:`EntrySeal` (the pipeline passes
+``lineage.reference_seal.SignedReferences``, its own key), each array is sealed as it is
+written (``<key>.dsse.json`` beside ``<key>.npy``: the key and the array's sha256, signed)
+and a hit counts only when its seal opens with the pipeline's trusted keys; anything else
+— an array written by someone with the folder but not the key, a missing or foreign seal
+— is recomputed (and sealed) and the index says why. The index alone would only sign
+whatever bytes were read.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ import os
 import tempfile
 import time
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 from pydantic import BaseModel, Field
@@ -77,6 +86,20 @@ class CacheEntry(BaseModel):
     rows: list[int] | None = Field(description="sampled query rows; None: all rows")
     hit: bool = Field(description="read from the cache (True) or computed now")
     seconds: float = Field(description="time to read or compute, seconds")
+    recomputed: str | None = Field(default=None, description=(
+        "why a cached array was not used (its seal missing or not opening): computed again"))
+
+
+class EntrySeal(Protocol):
+    """Signs a cache entry when it is computed and checks it when it is read.
+
+    ``seal(entry)`` returns the bytes stored as ``<key>.dsse.json``; ``opens(data,
+    entry)`` is True only when ``data`` is a seal by a trusted key of exactly
+    ``entry.key`` and ``entry.sha256`` (the array's bytes as read)."""
+
+    def seal(self, entry: CacheEntry) -> bytes: ...
+
+    def opens(self, data: bytes, entry: CacheEntry) -> bool: ...
 
 
 class ReferenceIndex(BaseModel):
@@ -110,11 +133,14 @@ class ReferenceCache:
         directory: the cache folder, created on first write.
         method: ``reference_method()`` by default.
         sample_above: cases with more query x key pairs are referenced on sampled rows.
+        seal: signs each array written and checks each one read (a hit whose seal does
+            not open is recomputed); None: cached arrays are used as read (tests, tools).
     """
 
     def __init__(self, directory: str | Path | None, *, method: str | None = None,
-                 sample_above: int = SAMPLE_ABOVE):
+                 sample_above: int = SAMPLE_ABOVE, seal: EntrySeal | None = None):
         self.directory = None if directory is None else Path(directory)
+        self.seal = seal
         self.sample_above = sample_above
         self.method = method or reference_method()
         self.code = reference_code_sha256()
@@ -141,19 +167,39 @@ class ReferenceCache:
         method = self.method_for(case, rows)
         key = self.key(case, rows, method)
         path = None if self.directory is None else self.directory / f"{key}.npy"
-        hit = path is not None and path.exists()
+        hit, recomputed = path is not None and path.exists(), None
         if hit:
             ref = np.load(path)
-        else:
+            if self.seal is not None:
+                recomputed = self._unsealed(path, self._entry(case, method, key, rows, ref))
+                hit = recomputed is None
+        if not hit:
             ref = compute(case, rows, method)
             if path is not None:
                 _save(path, ref)
-        self.index.entries.append(CacheEntry(
+        entry = self._entry(case, method, key, rows, ref).model_copy(update={
+            "hit": hit, "recomputed": recomputed, "seconds": time.perf_counter() - start})
+        if path is not None and not hit and self.seal is not None:
+            _write(path.with_suffix(".dsse.json"), self.seal.seal(entry))
+        self.index.entries.append(entry)
+        return ref, rows
+
+    @staticmethod
+    def _entry(case: TestCase, method: str, key: str, rows: np.ndarray | None,
+               ref: np.ndarray) -> CacheEntry:
+        return CacheEntry(
             case_id=case.spec.case_id, case_digest=case.spec.digest, method=method, key=key,
             sha256=hashlib.sha256(np.ascontiguousarray(ref).tobytes()).hexdigest(),
-            rows=None if rows is None else rows.tolist(), hit=hit,
-            seconds=time.perf_counter() - start))
-        return ref, rows
+            rows=None if rows is None else rows.tolist(), hit=False, seconds=0.0)
+
+    def _unsealed(self, path: Path, entry: CacheEntry) -> str | None:
+        """Why the cached array at ``path`` may not be used, or None when its seal opens."""
+        seal_path = path.with_suffix(".dsse.json")
+        if not seal_path.exists():
+            return "no seal beside the cached array"
+        if not self.seal.opens(seal_path.read_bytes(), entry):
+            return "its seal does not open for these bytes with a trusted key"
+        return None
 
     def summary(self) -> ReferenceSummary:
         """What this cache served so far, for the evaluation report."""
@@ -183,6 +229,14 @@ def compute(case: TestCase, rows: np.ndarray | None, method: str) -> np.ndarray:
     return attention_reference(case.q, case.k, case.v, **args)
 
 
+def _write(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (a reader never sees half a seal)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "wb") as out:
+        out.write(data)
+    os.replace(tmp, path)
+
+
 def _save(path: Path, array: np.ndarray) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".npy")
@@ -195,13 +249,22 @@ def _save(path: Path, array: np.ndarray) -> None:
         raise
 
 
-def _sample(entries: list[CacheEntry], n: int) -> list[CacheEntry]:
-    """The cheapest entry of each method first (so an accelerator-computed one is always
-    among them when there is one), then the cheapest of the rest."""
-    by_cost = sorted(entries, key=lambda e: e.seconds)
-    firsts = list({e.method: e for e in reversed(by_cost)}.values())
-    chosen = sorted(firsts, key=lambda e: e.method == "numpy-float64")[:n]
-    return chosen + [e for e in by_cost if e not in chosen][:n - len(chosen)]
+def _sample(entries: list[CacheEntry], n: int,
+            rng: np.random.Generator | None = None) -> list[CacheEntry]:
+    """Which ``n`` entries a recheck recomputes: the most expensive one (the long cases a
+    planted reference pays most to hide in), then the costliest of each other method
+    (so an accelerator-computed one is among them when there is one), then a random
+    sample of the rest (``rng``; fresh when None): a forger cannot know which entries
+    will be looked at."""
+    rng = rng or np.random.default_rng()
+    by_cost = sorted(entries, key=lambda e: -e.seconds)
+    chosen: list[CacheEntry] = []
+    for entry in by_cost:
+        if len(chosen) < n and all(c.method != entry.method for c in chosen):
+            chosen.append(entry)
+    rest = [e for e in by_cost if e not in chosen]
+    picks = rng.permutation(len(rest))[:max(0, n - len(chosen))]
+    return chosen + [rest[i] for i in sorted(picks)]
 
 
 class RecheckResult(BaseModel):
@@ -215,8 +278,9 @@ class RecheckResult(BaseModel):
 
 def recheck(index: ReferenceIndex, cases: dict[str, TestCase], *, sample: int = 3,
             tolerance: float = 1e-10) -> RecheckResult:
-    """Recompute ``sample`` entries of ``index`` (the cheapest first) with NumPy and
-    compare them with the cached arrays, whose bytes must match the index's sha256.
+    """Recompute ``sample`` entries of ``index`` (:func:`_sample`: the most expensive, one
+    per method, the rest at random) with NumPy and compare them with the cached arrays,
+    whose bytes must match the index's sha256.
 
     Raises:
         ValueError: the index has no cache folder.

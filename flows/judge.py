@@ -23,6 +23,7 @@ from kernels.shapes import AttentionShape
 from lineage import evidence, registered_model, registration, tags, version_runners
 from lineage.chain import spent_confirmation_digests
 from lineage.records import log_decision
+from lineage.reference_seal import SignedReferences
 from lineage.sources import StoreSource
 
 REFERENCE_CACHE_DIR = "reference-cache"
@@ -96,6 +97,7 @@ def evaluate(context: RolloutContext, preregistered: Preregistered, built: Built
                 perf_shapes=preregistered.perf_shapes(settings),
                 measure_speed=measure_speed,
                 reference_cache_dir=settings.store_dir / REFERENCE_CACHE_DIR,
+                reference_seal=SignedReferences(record.signing),
                 serving=frozen.serving, model_documents=frozen.model_check_documents,
                 interpreters=registered_interpreters(frozen))
         finally:

@@ -42,14 +42,15 @@ ATTESTATION_DIR = "attestations"
 
 KINDS = ("registration", "build", "evaluation", "decision", "approval", "shadow", "canary",
          "alias", "outcome", "loosening", "checkpoint", "reanchor", "reanchor-approval",
-         "calibration", "key_change")
+         "calibration", "key_change", "reference")
 """What is attested: a preregistration, a build, an evaluation, a gate decision (held-out
 or confirmation), an approval, a shadow stage, a canary step, an alias move (assign,
 promote, rollback, clear; numbered per family), a rollout's outcome, an approval to
 loosen thresholds, a checkpoint of the family's log (``lineage.checkpoints``), a re-anchor
 of a damaged log and a person's approval of it (``lineage.reanchor``), an A/A calibration
 of the canary judge, a key change (rotation, revocation, approver key:
-``lineage.key_changes``)."""
+``lineage.key_changes``), a cached float64 reference's seal (``lineage.reference_seal``;
+beside the array, in no run)."""
 
 
 class AttestationError(KernelgateError, RuntimeError):

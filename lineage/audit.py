@@ -320,9 +320,10 @@ def audit(tracking: Tracking | None, family: str, target: str, *, trust=None,
             walk.link("model files", version, *model_files.check_link(tracking, source, version))
         if load_model and evidence.build is not None:
             _loaded_model(tracking, source, version, walk)
-        if recheck_reference and evidence.decision is not None:
-            reference_audit.recheck_reference(source, evidence.decision.evaluation_run_id,
-                                              recheck_reference, walk)
+        for record in (evidence.decision, evidence.confirmation) if recheck_reference else ():
+            if record is not None:  # the confirmation's references too
+                reference_audit.recheck_reference(source, record.evaluation_run_id,
+                                                  recheck_reference, walk)
     else:
         verified, checked, found = verify_artifacts(source, _linked_runs(evidence, promotion))
         walk.problems += found

@@ -68,6 +68,7 @@ KINDS = {
     16: "lineage facts the MLflow UI shows (environment tags, dataset inputs) are not signed",
     17: "settings that change a verdict are not part of the registration",
     18: "which runs hold the signed history is read from an unsigned tag",
+    19: "a float64 reference planted in the cache is scored against",
 }
 
 
@@ -1118,3 +1119,35 @@ def a_signed_rollback_retagged_as_another_stage_then_reconciled(lab: Lab) -> str
     now = registered_model.alias_version(lab.tracking, FAMILY, "production")
     assert now == change.version, f"reconcile moved production to v{now}: {changed}"
     return f"production stays v{now} as signed (reconcile changed {changed or 'nothing'})"
+
+
+# --- kind 19: a float64 reference planted in the cache is scored against ------------------
+
+
+@attack(19, "recomputed")
+def every_cached_reference_planted_at_1_02_times_the_truth(lab: Lab) -> str:
+    """Every array in ``<store>/reference-cache`` rewritten as 1.02 x the reference (the
+    seals left as they were): an evaluation's cache serves none of them; each is
+    recomputed from the case and the index says why."""
+    import numpy as np
+
+    from evaluation.reference_cache import ReferenceCache
+    from evaluation.testset import load_split
+    from lineage.reference_seal import SignedReferences
+
+    folder = lab.store / "reference-cache"
+    truth = {path: np.load(path) for path in sorted(folder.glob("*.npy"))}
+    assert truth, "the rollouts cached no reference"
+    for path, array in truth.items():
+        np.save(path, array * 1.02)
+    cache = ReferenceCache(folder, seal=SignedReferences(lab.signing))
+    served = 0
+    for case in load_split(lab.testset, "heldout"):
+        reference, _ = cache(case)
+        path = folder / f"{cache.index.entries[-1].key}.npy"
+        if path in truth:
+            assert np.array_equal(reference, truth[path]), f"{case.spec.case_id}: planted served"
+            served += 1
+    assert served, "no held-out case met its cached reference"
+    why = sorted({e.recomputed for e in cache.index.entries if e.recomputed})
+    return f"{served} planted references recomputed ({'; '.join(why)})"

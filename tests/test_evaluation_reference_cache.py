@@ -130,14 +130,81 @@ def test_precompiling_in_threads_changes_no_result():
         assert all(r.error is None and r.rel_error < 1e-5 for r in threaded[role].cases)
 
 
-def test_recheck_always_includes_an_accelerator_computed_entry():
-    """The cheapest entries are NumPy's own (a recheck of those proves little): the
-    sample takes the cheapest of each method first."""
+def test_recheck_takes_the_most_expensive_one_of_each_method_then_random_ones():
+    """The costliest entry first (long cases are where a planted reference hides best),
+    the costliest of each other method, then a random draw of the rest: every entry is
+    drawn by some seed, so none is safe to forge."""
     def entry(i, method, seconds):
         return rc.CacheEntry(case_id=f"c{i}", case_digest="d", method=method, key=f"k{i}",
                              sha256="s", rows=None, hit=False, seconds=seconds)
     entries = [entry(0, "numpy-float64", 0.01), entry(1, "numpy-float64", 0.02),
-               entry(2, "jax-gpu-float64", 0.5), entry(3, "jax-gpu-float64", 0.3)]
-    assert [e.case_id for e in rc._sample(entries, 2)] == ["c3", "c0"]
-    assert [e.case_id for e in rc._sample(entries, 1)] == ["c3"]
-    assert [e.case_id for e in rc._sample(entries[:2], 2)] == ["c0", "c1"]
+               entry(2, "jax-gpu-float64", 0.5), entry(3, "jax-gpu-float64", 0.3),
+               entry(4, "numpy-float64", 0.05)]
+    assert [e.case_id for e in rc._sample(entries, 1)] == ["c2"]
+    assert [e.case_id for e in rc._sample(entries, 2)] == ["c2", "c4"]
+    drawn = set()
+    for seed in range(40):
+        picked = [e.case_id for e in rc._sample(entries, 3, np.random.default_rng(seed))]
+        assert picked[:2] == ["c2", "c4"] and len(set(picked)) == 3
+        drawn.add(picked[2])
+    assert drawn == {"c0", "c1", "c3"}  # the third is random among the rest
+
+
+class _KeySeal:
+    """A stand-in seal (an HMAC with a key the forger does not have), so the cache's own
+    rule is tested apart from the pipeline's Ed25519 seal (tests/test_lineage_reference_seal.py)."""
+
+    def __init__(self, secret: bytes):
+        self.secret = secret
+
+    def _mac(self, entry) -> bytes:
+        import hmac
+
+        return hmac.new(self.secret, f"{entry.key}:{entry.sha256}".encode(), "sha256").digest()
+
+    def seal(self, entry) -> bytes:
+        return self._mac(entry)
+
+    def opens(self, data, entry) -> bool:
+        import hmac
+
+        return hmac.compare_digest(data, self._mac(entry))
+
+
+def test_a_planted_reference_is_recomputed_not_used(tmp_path):
+    """A cached array rewritten by someone with the folder but not the key (the
+    reference x 1.02, its seal copied or forged with another key): the next evaluation
+    recomputes it, says why, and scores against the true float64 reference."""
+    rng = np.random.default_rng()
+    case = _case(rng)
+    seal = _KeySeal(b"pipeline")
+    truth, _ = rc.ReferenceCache(tmp_path, method="numpy-float64", seal=seal)(case)
+    (npy,) = tmp_path.glob("*.npy")
+    assert npy.with_suffix(".dsse.json").exists()
+    again = rc.ReferenceCache(tmp_path, method="numpy-float64", seal=seal)
+    assert np.array_equal(again(case)[0], truth) and again.index.entries[0].hit
+
+    np.save(npy, truth * 1.02)  # planted; the old seal no longer matches these bytes
+    fresh = rc.ReferenceCache(tmp_path, method="numpy-float64", seal=seal)
+    got, _ = fresh(case)
+    assert np.array_equal(got, truth)
+    (entry,) = fresh.index.entries
+    assert not entry.hit and "does not open" in entry.recomputed
+
+    np.save(npy, truth * 1.02)  # planted with a seal made by another key
+    forger = _KeySeal(b"forger")
+    planted = rc.ReferenceCache(tmp_path, method="numpy-float64")._entry(
+        case, "numpy-float64", entry.key, None, truth * 1.02)
+    npy.with_suffix(".dsse.json").write_bytes(forger.seal(planted))
+    assert np.array_equal(rc.ReferenceCache(tmp_path, method="numpy-float64",
+                                            seal=seal)(case)[0], truth)
+
+    np.save(npy, truth * 1.02)  # and with the seal deleted
+    npy.with_suffix(".dsse.json").unlink()
+    last = rc.ReferenceCache(tmp_path, method="numpy-float64", seal=seal)
+    assert np.array_equal(last(case)[0], truth)
+    assert last.index.entries[0].recomputed == "no seal beside the cached array"
+    # without a seal (tools, the plain cache) the bytes are used as read: the seal decides
+    np.save(npy, truth * 1.02)
+    assert not np.array_equal(rc.ReferenceCache(tmp_path, method="numpy-float64")(case)[0],
+                              truth)
