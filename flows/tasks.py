@@ -87,7 +87,7 @@ def open_rollout(settings: RolloutSettings, plan: RolloutPlan | None = None, *,
         rollout.link(record, {tags.PREFECT_FLOW_RUN_ID: str(flow_run_id)})
     for run_id in rollout.close_dead_runs(tracking, family, alive_run_id=record.rollout_run_id,
                                           lease_s=settings.stale_alias_after_s,
-                                          owner_is_dead=owner_is_dead):
+                                          owner_is_dead=owner_is_dead, signing=record.signing):
         logger.warning("closed run %s of a rollout that died as KILLED", run_id)
     for change in registry.reconcile(tracking, family, record.signing):
         logger.warning("reconciled %s with its signed alias history: %s", family, change)

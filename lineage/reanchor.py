@@ -8,17 +8,24 @@ artifact of a ``reanchor`` run and appends a ``reanchor`` entry to the log that 
 every entry it gives up on. The audit says so on every run after (a warning line, not a
 failure): nothing missing is ever silently forgotten. The loosening rule counts a
 re-anchored range as a possible rejection (``lineage.registration``).
+
+The aliases are re-attested too: the approval names the aliases as MLflow shows them
+(what serves), and every alias the signed history leaves elsewhere gets a signed
+``reattest`` move to that version. Without it a cut rollback (its signed move lost)
+would be undone by the next ``reconcile``, putting the rolled-back version back in
+production "as signed".
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from datetime import UTC, datetime
 
 from securesystemslib.signer import Signer, SSlibKey
 
 from kernels.errors import KernelgateError
-from lineage import family_log, log_writer
+from lineage import family_log, log_writer, registered_model
 from lineage import tracking as tr
 from lineage.attestations import (
     Attestation,
@@ -28,7 +35,9 @@ from lineage.attestations import (
     make_envelope,
     verify_envelope,
 )
+from lineage.records import log_alias_change
 from lineage.registration import latest_registration
+from lineage.registry import AliasChange
 from lineage.sources import StoreSource
 from lineage.tracking import Tracking
 
@@ -67,17 +76,39 @@ def reanchor(tracking: Tracking, family: str, approver: Signer, reason: str,
     missing = sorted(set(log.gaps()) | set(range(log.length + 1, length + 1))
                      | ({checkpoint.length} if checkpoint and checkpoint.length <= log.length
                         and log.digest_at(checkpoint.length) != checkpoint.head else set()))
+    shown = registered_model.aliases(tracking, family)
     predicate = {"family": family, "missing": missing, "damage": damage, "reason": reason,
-                 "genesis": log.genesis or (checkpoint.genesis if checkpoint else None)}
+                 "genesis": log.genesis or (checkpoint.genesis if checkpoint else None),
+                 "aliases": shown}
     digest = hashlib.sha256(json.dumps(damage).encode()).hexdigest()
     approval = make_envelope("reanchor-approval", {f"log/{family}/damage": digest}, predicate,
                              approver)
     check_approval(approval, approvers_trust(approvers), predicate)
     with tr.stage_run(tracking, family, "reanchor", run_name="reanchor-log") as run_id:
         tr.log_bytes(tracking, run_id, approval, APPROVAL_ARTIFACT)
-        return log_writer.append(tracking, run_id, "reanchor", {
+        entry = log_writer.append(tracking, run_id, "reanchor", {
             **predicate, "approver": approvers[keyid].name, "approver_keyid": keyid,
             "approval_artifact": APPROVAL_ARTIFACT}, signing, force=True)
+    _reattest_aliases(tracking, family, shown, signing,
+                      reason=f"re-anchor {run_id}: the aliases as {approvers[keyid].name} "
+                             "approved them")
+    return entry
+
+
+def _reattest_aliases(tracking: Tracking, family: str, shown: dict[str, str],
+                      signing: Signing, *, reason: str) -> None:
+    """Sign a ``reattest`` move for each alias whose signed state differs from ``shown``."""
+    moves, _ = registered_model.store_alias_history(tracking, family, signing.trust)
+    signed = registered_model.signed_aliases(moves)
+    for alias in sorted(set(shown) | set(signed)):
+        if shown.get(alias) == signed.get(alias):
+            continue
+        change = AliasChange(family=family, alias=alias, version=shown.get(alias),
+                             previous_version=signed.get(alias), at=datetime.now(UTC),
+                             action="reattest", reason=reason)
+        log_alias_change(tracking, change, signing=signing, sequence=len(moves) + 1,
+                         previous_envelope=moves[-1].envelope_sha256 if moves else None)
+        moves, _ = registered_model.store_alias_history(tracking, family, signing.trust)
 
 
 def approvers_trust(approvers: dict) -> TrustPolicy:

@@ -1151,3 +1151,47 @@ def every_cached_reference_planted_at_1_02_times_the_truth(lab: Lab) -> str:
     assert served, "no held-out case met its cached reference"
     why = sorted({e.recomputed for e in cache.index.entries if e.recomputed})
     return f"{served} planted references recomputed ({'; '.join(why)})"
+
+
+def test_a_killed_rollouts_files_are_signed_as_interrupted_by_the_next_one(pristine):
+    """A rollout SIGKILLed after logging its traffic and canary verdict (never signed):
+    the next rollout, holding the lock, closes the run KILLED and signs its
+    ``interrupted`` outcome over the files as found, so the audit's cross-check no longer
+    reports them "added after signing" with no tamperer (before: every audit, forever);
+    a later change to one of them is still caught."""
+    from lineage import store_check
+    from lineage.rollout import close_dead_runs, family_lock
+
+    lab = Lab(pristine, "killed-after-logging")
+    script = textwrap.dedent(f"""
+        import os, signal
+        from lineage import tracking as tr
+        t = tr.local_tracking({str(lab.store)!r})
+        run = tr.start_run(t, {FAMILY!r}, "rollout", run_name="doomed")
+        tr.log_text(t, run, '{{"verdict": "pass"}}', "canary/verdict.json")
+        tr.log_text(t, run, '[1, 2, 3]', "traffic/shadow.json")
+        print(run, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], cwd=PROJECT, capture_output=True,
+                          text=True, timeout=120)
+    doomed = done.stdout.strip().splitlines()[-1]
+
+    def found() -> list[str]:
+        _, _, problems = store_check.cross_check(lab.tracking, lab.source(), {doomed}, FAMILY,
+                                                 lab.versions["v2"], None)
+        return problems
+
+    assert any("added after signing" in p for p in found())  # the false alarm, reproduced
+    with family_lock(lab.store, FAMILY, timeout_s=5) as held:
+        closed = close_dead_runs(lab.tracking, FAMILY, alive_run_id="", lease_s=3600,
+                                 owner_is_dead=held, signing=lab.signing)
+    assert doomed in closed and lab.client.get_run(doomed).info.status == "KILLED"
+    assert found() == []
+    (outcome,) = [a for a in lab.source().attestations()
+                  if a.kind == "outcome" and a.run_id == doomed]
+    assert outcome.predicate["result"] == "interrupted"
+    assert outcome.predicate["orphans"] == ["canary/verdict.json", "traffic/shadow.json"]
+    verdict = _artifact_file(lab, doomed, "canary/verdict.json")
+    verdict.write_text('{"verdict": "fail"}')
+    assert any("altered after signing" in p for p in found())

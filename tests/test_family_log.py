@@ -189,3 +189,37 @@ def test_a_writer_without_a_key_folder_still_numbers(lab, tmp_path):
     log = family_log.read(StoreSource(tracking, "bare", bare.trust))
     assert log.problems == [] and log.length > 5
     assert log_writer.damage(log, bare) == ([], None)
+
+
+def test_a_reanchor_after_a_cut_rollback_keeps_what_serves(lab):
+    """The signed rollback of production is cut from the end of the log (its envelope
+    deleted): the signed history says the rolled-back version serves, MLflow the restored
+    one. The re-anchor re-attests the aliases as the approver saw them, so the
+    ``reconcile`` every rollout starts with does not resurrect the rolled-back version."""
+    from lineage.reanchor import reanchor
+
+    chains = [promotable_chain(lab.tracking, lab.family, lab.strict, signing=lab.signing)
+              for _ in range(2)]
+    for chain in chains:
+        promote(lab.tracking, lab.family, chain, lab.signing)
+    registry.rollback(lab.tracking, lab.family, reason="p99 regression", signing=lab.signing)
+    restored, rolled_back = chains[0].version, chains[1].version
+    log = lab.log()
+    last = log.entries[log.length]
+    assert last.kind == "alias" and last.predicate["action"] == "rollback"
+    _envelope(lab, last).unlink()  # the end of the log cut: the rollback's signed move gone
+    assert registered_model.alias_version(lab.tracking, lab.family, "production") == restored
+
+    entry = reanchor(lab.tracking, lab.family, keys.load_signer(lab.alice),
+                     "rollback envelope lost with a disk", lab.signing)
+    assert entry.predicate["aliases"] == {"production": restored}
+    changed = registry.reconcile(lab.tracking, lab.family, lab.signing)
+    assert changed == []
+    assert registered_model.alias_version(lab.tracking, lab.family, "production") == restored, \
+        f"v{rolled_back} resurrected"
+    moves, problems = registered_model.store_alias_history(lab.tracking, lab.family,
+                                                           lab.signing.trust)
+    assert problems == [] and moves[-1].predicate["action"] == "reattest"
+    report = audit(lab.tracking, lab.family, "production", trust=lab.signing.trust,
+                   load_model=False, witnessing=lab.seen)
+    assert not any("signed history leaves it" in p for p in report.problems), report.render()
