@@ -94,10 +94,13 @@ def run_scores(lq: int, lk: int, d: int, rng: np.random.Generator) -> dict:
     alpha = float(sq) * float(sk) * sm
     q64, k64 = np.asarray(q8).astype(np.float64), np.asarray(k8).astype(np.float64)
     ref = (q64 @ k64.T) * alpha
-    bound = alpha * d * REDUCED_UNIT * (np.abs(q64) @ np.abs(k64).T) + SCALE_ROUNDING * np.abs(ref)
-    err = np.abs(out - ref)
+    mass = alpha * d * (np.abs(q64) @ np.abs(k64).T)
+    err, scaling = np.abs(out - ref), SCALE_ROUNDING * np.abs(ref)
+    bound = mass * REDUCED_UNIT + scaling
+    bound32 = mass * FP32_UNIT + scaling
     return {"kind": "scores", "shape": [lq, lk, d], "max_abs_error": float(err.max()),
             "max_abs_ref": float(np.abs(ref).max()),
+            "fp32_bound_ratio": float((err / bound32).max()),
             "reduced_bound_ratio": float((err / bound).max()),
             "max_abs_error_vs_unrounded": float(np.abs(out - (q_true @ k_true.T) * sm).max()),
             "finite": bool(np.isfinite(out).all())}
