@@ -84,22 +84,26 @@ def _ask(context: RolloutContext, transition: Transition, gated: Gated,
         except ValidationError as err:
             notice = _refused(transition, _errors(err))
             continue
-        authenticated, how = False, "unauthenticated: typed into the Prefect UI"
+        authenticated, how, kept = False, "unauthenticated: typed into the Prefect UI", None
         if given.signed_approval.strip():
             try:
-                name, how = verify_approval(given.signed_approval.encode(), policy,
-                                            flow_run_id=str(flow_run.get_id()),
-                                            transition=transition, approve=typed.approve)
+                signed = verify_approval(given.signed_approval.encode(), policy,
+                                         flow_run_id=str(flow_run.get_id()),
+                                         transition=transition, approve=typed.approve)
             except AttestationError as err:
                 notice = _refused(transition, f"the signed approval: {err}")
                 continue
-            typed, authenticated = typed.model_copy(update={"approver": name}), True
+            # what the approver signed is the record: their name, their comment, their envelope
+            typed = typed.model_copy(update={"approver": signed.approver,
+                                             "comment": signed.comment})
+            authenticated, how, kept = True, signed.authentication, given.signed_approval.strip()
         if policy.require_signed and not authenticated:
             notice = _refused(transition, "this policy requires a signed approval (an answer "
                               "typed into the form is not one): run `kernelgate approve "
                               f"{flow_run.get_id()} --key <your key>` and paste its output")
             continue
-        return record_answer(typed, authenticated=authenticated, authentication=how, **about)
+        return record_answer(typed, authenticated=authenticated, authentication=how,
+                             signed_answer=kept, **about)
     raise AssertionError("unreachable")
 
 
@@ -163,7 +167,8 @@ def ask_approval(context: RolloutContext, transition: Transition, gated: Gated,
         if not policy.auto_approve:
             answer = _ask(context, transition, gated, traffic, confirmed)
         run_id = log_approval(record.tracking, answer, decision_run_id=gated.run_id,
-                              signing=record.signing, parent_run_id=record.rollout_run_id)
+                              signing=record.signing, parent_run_id=record.rollout_run_id,
+                              person_envelope=answer.signed_answer and answer.signed_answer.encode())
     registered_model.link_approval(record.tracking, record.family, gated.version, transition, run_id)
     logger.info("approval %s: %s by %s (%s; %s)", transition,
                 "approved" if answer.approved else "rejected", answer.approver,

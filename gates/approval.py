@@ -73,6 +73,10 @@ class ApprovalRecord(BaseModel):
         "the registration's policy names); an answer typed into the UI is not")
     authentication: str = Field(
         default="none", description="how the approver was identified, in words")
+    signed_answer: str | None = Field(default=None, description=(
+        "the approver's own signed answer (the DSSE envelope `kernelgate approve` printed), "
+        "kept so an auditor can verify it again with the registered approver keys; its "
+        "comment is the comment recorded"))
 
     @model_validator(mode="after")
     def _consistent(self) -> ApprovalRecord:
@@ -85,10 +89,12 @@ def record_answer(
     answer: ApprovalInput, *, transition: Transition, family: str, version: str,
     authenticated: bool = False,
     authentication: str = "unauthenticated: typed into the Prefect UI",
+    signed_answer: str | None = None,
 ) -> ApprovalRecord:
     """The record of a person's answer (``at`` = now, UTC); ``authenticated`` only when
-    the caller verified the approver's signature."""
+    the caller verified the approver's signature (``signed_answer``, kept)."""
     return ApprovalRecord(
+        signed_answer=signed_answer,
         transition=transition,
         family=family,
         version=version,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from typing import NamedTuple
 
 from securesystemslib.signer import Signer, SSlibKey
 
@@ -29,12 +30,22 @@ def sign_approval(signer: Signer, *, flow_run_id: str, transition: str, approve:
     return make_envelope("approval", {f"prefect-flow-run/{flow_run_id}": digest}, answer, signer)
 
 
-def verify_approval(envelope: bytes, policy: ApprovalPolicy, *, flow_run_id: str,
-                    transition: str, approve: bool) -> tuple[str, str]:
-    """Check a signed answer against the registered policy and this pause.
+class SignedAnswer(NamedTuple):
+    """A verified signed answer: who (the policy's name), how, and what they wrote."""
+
+    approver: str
+    authentication: str
+    comment: str
+
+
+def verify_approval(envelope: bytes, policy: ApprovalPolicy, *, flow_run_id: str | None,
+                    transition: str, approve: bool) -> SignedAnswer:
+    """Check a signed answer against the registered policy and this pause
+    (``flow_run_id`` None: any flow run, as an auditor re-checking a kept answer).
 
     Returns:
-        ``(approver name from the policy, how they were authenticated)``.
+        :class:`SignedAnswer`: the approver's name from the policy, how they were
+        authenticated, and the comment they signed (the one to record).
 
     Raises:
         AttestationError: no approver key in the policy verifies it, or it answers
@@ -47,11 +58,32 @@ def verify_approval(envelope: bytes, policy: ApprovalPolicy, *, flow_run_id: str
         raise AttestationError("the registered approval policy names no approver keys")
     signed = verify_envelope(envelope, trust, path="signed approval")
     p = signed.predicate
-    if (p.get("flow_run_id"), p.get("transition"), p.get("approve")) != (flow_run_id, transition,
-                                                                         approve):
+    expected = (flow_run_id or p.get("flow_run_id"), transition, approve)
+    if (p.get("flow_run_id"), p.get("transition"), p.get("approve")) != expected:
         raise AttestationError(
             f"the signed approval answers flow run {p.get('flow_run_id')} {p.get('transition')} "
             f"approve={p.get('approve')}, not this pause ({flow_run_id} {transition} "
             f"approve={approve})")
     approver = approvers[signed.keyid]
-    return approver.name, f"signed with {approver.name}'s key {signed.keyid[:12]}"
+    return SignedAnswer(approver.name, f"signed with {approver.name}'s key {signed.keyid[:12]}",
+                        str(p.get("comment", "")))
+
+
+def recheck_answer(record, policy: ApprovalPolicy) -> str | None:
+    """The audit's second look at an authenticated approval ``record``
+    (``gates.approval.ApprovalRecord``) under the registered ``policy``: its kept signed
+    answer must verify with a named approver's key and say what the record says (the
+    transition, the answer, the approver, the comment). Returns the problem, or None."""
+    if not record.authenticated:
+        return None
+    if not record.signed_answer:
+        return "recorded as signed, but the approver's own signed answer is not kept"
+    try:
+        answer = verify_approval(record.signed_answer.encode(), policy, flow_run_id=None,
+                                 transition=record.transition, approve=record.approved)
+    except AttestationError as err:
+        return f"the kept signed answer does not verify: {err}"
+    if (answer.approver, answer.comment) != (record.approver, record.comment):
+        return (f"the record says {record.approver!r}: {record.comment!r}; the signed answer "
+                f"{answer.approver!r}: {answer.comment!r}")
+    return None

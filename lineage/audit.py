@@ -44,6 +44,7 @@ from lineage import (
     registered_model,
     store_check,
 )
+from lineage.approvals import recheck_answer
 from lineage.attestations import Attestation, AttestationError
 from lineage.audit_report import AuditReport, Walk
 from lineage.bundle import verify_artifacts
@@ -154,6 +155,9 @@ def _display(walk: Walk, evidence: chain.ChainEvidence, missing: list[str],
         walk.link(f"approval {transition}", found.run_id, not named(f"approval {transition}"),
                   f"{'approved' if a.approved else 'rejected'} by {a.approver} ({a.authentication}) "
                   f"at {a.at:%Y-%m-%dT%H:%M:%SZ}: {a.comment}", problem=False)
+        if evidence.thresholds is not None and (
+                wrong := recheck_answer(a, evidence.thresholds.approval)):
+            walk.link(f"signed answer {transition}", found.run_id, False, wrong)
     for stage in ([evidence.shadow] if evidence.shadow else []) + evidence.canary:
         kind = "shadow" if stage is evidence.shadow else "canary"
         walk.link(f"{kind} run", stage.run_id, stage.passed,

@@ -1,0 +1,69 @@
+"""A person's signed answer: its comment is the one recorded, and the answer itself is
+kept so the audit can verify it again with the registered approver keys."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from gates.approval import ApprovalInput, record_answer
+from gates.approval_policy import ApprovalPolicy
+from lineage import keys
+from lineage.approvals import recheck_answer, sign_approval, verify_approval
+from lineage.attestations import AttestationError
+
+
+@pytest.fixture
+def alice(tmp_path):
+    public = keys.create_key(tmp_path / "alice.pem")
+    policy = ApprovalPolicy(required_for=["canary->production"], timeout_s=30,
+                            require_signed=True, approvers=[{
+                                "name": "alice", "keyid": public.keyid,
+                                "public_key": public.to_dict()}])
+    return keys.load_signer(tmp_path / "alice.pem"), policy
+
+
+def _answer(signer, comment="canary read; ship", approve=True, run="0f3c-run"):
+    return sign_approval(signer, flow_run_id=run, transition="canary->production",
+                         approve=approve, comment=comment)
+
+
+def _record(envelope: bytes | None, *, approver="alice", comment="canary read; ship"):
+    typed = ApprovalInput(decision="approve", approver=approver, comment=comment)
+    return record_answer(typed, transition="canary->production", family="xla", version="3",
+                         authenticated=envelope is not None, authentication="signed",
+                         signed_answer=envelope and envelope.decode())
+
+
+def test_the_signed_comment_is_returned_to_be_recorded(alice):
+    signer, policy = alice
+    got = verify_approval(_answer(signer, comment="p99 fine at 16k"), policy,
+                          flow_run_id="0f3c-run", transition="canary->production", approve=True)
+    assert (got.approver, got.comment) == ("alice", "p99 fine at 16k")
+    with pytest.raises(AttestationError, match="not this pause"):
+        verify_approval(_answer(signer), policy, flow_run_id="another-run",
+                        transition="canary->production", approve=True)
+
+
+def test_the_audit_rechecks_a_kept_answer_both_ways(alice, tmp_path):
+    signer, policy = alice
+    envelope = _answer(signer)
+    assert recheck_answer(_record(envelope), policy) is None  # untouched: clean
+    assert recheck_answer(_record(None), policy) is None  # unauthenticated: nothing to recheck
+    edited = _record(envelope, comment="approved by the CTO")  # the comment edited after
+    assert "signed answer 'alice': 'canary read; ship'" in recheck_answer(edited, policy)
+    lost = _record(envelope).model_copy(update={"signed_answer": None})
+    assert "not kept" in recheck_answer(lost, policy)
+    mallory = keys.load_signer(keys.ensure_pipeline_key(tmp_path / "mallory"))
+    forged = _record(_answer(mallory))
+    assert "does not verify" in recheck_answer(forged, policy)
+    rejected_as_approved = _record(_answer(signer, approve=False))
+    assert "approve=False" in recheck_answer(rejected_as_approved, policy)
+
+
+def test_an_old_record_without_the_field_still_loads():
+    old = _record(None).model_dump(mode="json")
+    old.pop("signed_answer")
+    assert type(_record(None)).model_validate(old).signed_answer is None
+    assert datetime.now(UTC) >= type(_record(None)).model_validate(old).at
