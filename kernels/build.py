@@ -113,6 +113,10 @@ class KernelBuild(BaseModel):
     local: LocalCompile | None
     local_skipped_reason: str | None = None
     artifacts: list[ExportArtifact]
+    third_party: dict[str, dict[str, str] | None] = Field(
+        default_factory=dict, description="distribution -> {distribution, version, sha256} "
+        "of the installed third-party code the kernel runs (``Kernel.third_party``), which "
+        "the source digest does not cover; None: not installed at build")
 
     @field_validator("requested_config", "config", mode="before")
     @classmethod
@@ -383,7 +387,8 @@ def build(implementation: str, config: ConfigLike, shape: AttentionShape | dict,
         shape=shape, with_lengths=with_lengths, jax_version=jax.__version__,
         jaxlib_version=importlib.metadata.version("jaxlib"),
         source_sha256=combined_digest(sources), source_files=sources, local=local,
-        local_skipped_reason=local_skipped, artifacts=artifacts)
+        local_skipped_reason=local_skipped, artifacts=artifacts,
+        third_party=impl.third_party_code())
     if out is not None:
         _write_atomic(out / "kernel_build.json", result.model_dump_json(indent=2).encode())
     return result

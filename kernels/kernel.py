@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar, get_args, get_origin
 
 from pydantic import ValidationError
@@ -80,6 +81,25 @@ class Capability:
         return self.refusal(dtype, head_dim) is None
 
 
+def distribution_record(name: str) -> dict[str, str] | None:
+    """The installed distribution ``name`` as a build records it: ``{"distribution",
+    "version", "sha256"}``, the sha256 over its installed files' own sha256 (sorted ``path
+    digest`` lines, bar ``.dist-info`` and bytecode, which an installer writes itself),
+    or ``None`` when it is not installed. Reads every file (~115 MB for flash-attn3-jax)."""
+    import hashlib
+    import importlib.metadata
+
+    try:
+        dist = importlib.metadata.distribution(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    lines = [f"{f.as_posix()} {hashlib.sha256(Path(str(f.locate())).read_bytes()).hexdigest()}"
+             for f in sorted(dist.files or (), key=str) if ".dist-info" not in str(f)
+             and f.suffix != ".pyc" and Path(str(f.locate())).is_file()]
+    return {"distribution": dist.metadata["Name"], "version": dist.version,
+            "sha256": hashlib.sha256("\n".join(lines).encode()).hexdigest()}
+
+
 def _validation_message(err: ValidationError) -> str:
     """pydantic's errors as one line: the constraint each field broke."""
     parts = []
@@ -128,6 +148,10 @@ class Kernel(Generic[ConfigT]):
         variant_fields: the names of its variant switches (techniques a benchmark
             switches on one at a time, e.g. ``kernels.mosaic_variants.MosaicVariant``);
             the registered kernel always runs their defaults.
+        third_party: the installed distributions whose code it runs and the code digest
+            does not cover (a wheel's compiled library): a build records each
+            (:meth:`third_party_code`), a version's runner refuses other bytes
+            (:meth:`check_third_party`).
     """
 
     name: ClassVar[str]
@@ -145,6 +169,7 @@ class Kernel(Generic[ConfigT]):
     lowers_at_trace_time: ClassVar[bool] = False
     export_needs_local_device: ClassVar[bool] = False
     variant_fields: ClassVar[tuple[str, ...]] = ()
+    third_party: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -294,6 +319,27 @@ class Kernel(Generic[ConfigT]):
         """``jax.export`` safety checks its export for ``platform`` must waive."""
         del platform
         return []
+
+    def third_party_code(self) -> dict[str, dict[str, str] | None]:
+        """Each distribution of ``third_party`` -> its record as installed here
+        (:func:`distribution_record`; ``None``: not installed)."""
+        return {name: distribution_record(name) for name in self.third_party}
+
+    def check_third_party(self, recorded: Mapping[str, Any] | None) -> None:
+        """Refuse to run a version whose build recorded other third-party code than is
+        installed here (``recorded``: the build's :meth:`third_party_code`; ``None``, an
+        older record, counts as nothing recorded).
+
+        Raises:
+            RuntimeError: a distribution's name, version or sha256 differs, or it is
+                missing here or in the record (the message gives both).
+        """
+        installed = self.third_party_code()
+        for name in self.third_party:
+            built = (recorded or {}).get(name)
+            if built != installed[name]:
+                raise RuntimeError(f"{self.name} runs {name}: the version was built with "
+                                   f"{built}, this host has {installed[name]}")
 
     def kernel(self) -> Kernel:
         """The callable ``fn(q, k, v, *, causal, scale, q_lengths, kv_lengths, config)``."""

@@ -35,6 +35,7 @@ BUILTIN: dict[str, str] = {
     "pallas_tpu": "kernels.pallas_tpu:PallasTpuKernel",
     "pallas_gpu": "kernels.pallas_gpu:PallasGpuKernel",
     "pallas_mosaic_gpu": "kernels.pallas_mosaic_gpu:PallasMosaicGpuKernel",
+    "fa3": "kernels.fa3:Fa3Kernel",
 }
 """The built-in kernels, in registry order: name -> ``module:Class``."""
 

