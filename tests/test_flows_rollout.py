@@ -336,7 +336,13 @@ def test_blank_approver_is_asked_again_then_approved(
     assert said in outcome.decided_by, outcome.decided_by
     mv = tracking.client().get_model_version(
         registered_model.registered_model_name(APPROVAL_FAMILY), outcome.version)
-    assert said in mv.description.splitlines()[0], mv.description
+    # the page starts with where the version stands (the signed production story), then
+    # the rollout's verdict line naming who approved and how
+    from lineage.production_story import STORY_END
+
+    story, _, verdict = mv.description.partition(STORY_END)
+    assert "**In production since " in story, mv.description
+    assert said in verdict.strip().splitlines()[0], mv.description
 
 
 def test_a_person_s_rejection_ends_rejected_naming_them(seeded, make_settings, tracking, tmp_path):
