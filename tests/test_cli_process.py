@@ -85,13 +85,13 @@ def test_a_submodule_is_an_attribute_of_the_lazy_package_on_first_use():
     """``import kernels`` then ``kernels.registry.BUILTIN``, as tests/test_kernels_poisoned.py
     does at its top: it failed on the H200 when that module was collected alone (the lazy
     package knew its names but not its submodules); no JAX for it either."""
-    code = ("import sys, kernels\nprint(sorted(kernels.registry.BUILTIN)[:2], "
+    code = ("import sys, kernels\nprint('naive' in kernels.registry.BUILTIN, "
             "'jax' in sys.modules)\ntry:\n    kernels.no_such_thing\n"
             "except AttributeError as err:\n    print(err)\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, text=True,
                          capture_output=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
                          timeout=120).stdout.splitlines()
-    assert out == ["['cudnn', 'naive'] False",
+    assert out == ["True False",
                    "module 'kernels' has no attribute 'no_such_thing'"], out
 
 
