@@ -40,7 +40,8 @@ def timeline(family: Annotated[str | None, typer.Option(
     for fam in chosen:
         attested, problems = registered_model.store_alias_history(tracking, fam, trust)
         moves = production_story.production_moves(attested)
-        typer.echo(f"\nproduction of {fam} (signed alias history, {len(moves)} moves):")
+        count = f"{len(moves)} move{'' if len(moves) == 1 else 's'}"
+        typer.echo(f"\nproduction of {fam} (signed alias history, {count}):")
         for move in moves:
             now = f"v{move.version}" if move.version else "nothing"
             typer.echo(f"  {move.at:%Y-%m-%d %H:%M:%S} {move.action:<9} "
