@@ -418,8 +418,16 @@ def test_auditor_goes_from_the_home_page_to_production_its_caveat_and_its_chain(
     page.wait_for_url(re.compile(rf".*/models/{name}/versions/{version}(\?.*)?$"))
     page.get_by_text("Chain of evidence", exact=False).first.wait_for(timeout=60_000)
     _no_genai(page, visited)
+    from lineage.production_story import STORY_END
+
     recorded = tracking.client().get_model_version(name, version).description or ""
-    verdict = recorded.splitlines()[0]
+    story, _, rest = recorded.partition(STORY_END)
+    # the page starts with where the version stands (the signed production story), shown
+    # as text (its markers are HTML comments, not shown)
+    assert "**In production since " in story, recorded
+    page.get_by_text(re.compile(r"In production since .*\(promoted\)")).first.wait_for()
+    assert page.get_by_text("kernelgate:production-story").count() == 0
+    verdict = rest.strip().splitlines()[0]
     # the caveat rides in the verdict line (the profile's canary is too small for its
     # latency test's power), and the page shows that line as recorded
     assert verdict.lstrip("*# ").startswith("promoted") and "not assessed" in verdict, verdict
