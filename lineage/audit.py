@@ -167,6 +167,21 @@ def _display(walk: Walk, evidence: chain.ChainEvidence, missing: list[str],
         walk.link(name, ref, ok, detail)
 
 
+def _rollout_of(promotion: Attestation, source: EvidenceSource, walk: Walk) -> str | None:
+    """The rollout run the promotion was signed under (its signed ``parent_run_id``; a
+    promotion signed before that field: MLflow's parent tag, a hint). A parent tag that
+    differs from the signed one is a problem: it would take the rollout's own files out
+    of the cross-check."""
+    shown = source.parent(promotion.run_id)
+    if "parent_run_id" not in promotion.predicate:
+        return shown
+    signed = promotion.predicate["parent_run_id"]
+    if shown != signed:
+        walk.problems.append(f"run {promotion.run_id}: its parent run is {shown} in MLflow, "
+                             f"signed {signed} (re-pointed outside the pipeline)")
+    return signed
+
+
 def _linked_runs(evidence: chain.ChainEvidence, promotion: Attestation | None) -> set[str]:
     runs = {evidence.build_run_id} if evidence.build_run_id else set()
     for record in (evidence.decision, evidence.confirmation):
@@ -312,7 +327,7 @@ def audit(tracking: Tracking | None, family: str, target: str, *, trust=None,
     verified = checked = 0
     if online:
         runs = _linked_runs(evidence, promotion)
-        rollout_run = source.parent(promotion.run_id) if promotion is not None else None
+        rollout_run = _rollout_of(promotion, source, walk) if promotion is not None else None
         if rollout_run:  # every stage run of that rollout, not only the ones linked
             runs |= {rollout_run} | source.children(rollout_run)
         verified, checked, found = store_check.cross_check(

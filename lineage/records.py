@@ -219,7 +219,10 @@ def log_alias_change(tracking: Tracking, change: BaseModel, *, signing: Signing,
     with tr.stage_run(tracking, data["family"], stage, parent_run_id=parent_run_id,
                       run_name=f"{data['action']}-{data['alias']}", run_tags=run_tags) as run_id:
         tr.log_model_json(tracking, run_id, change, tags.ALIAS_CHANGE_ARTIFACT)
+        # the rollout run it belongs to, signed: the audit's scope follows this link, not
+        # MLflow's editable parent tag
         append(tracking, run_id, "alias", {
             **data, "sequence": sequence, "previous_envelope": previous_envelope,
-            "chain": chain or {}, "tags": run_tags}, signing, retry=False, expect_seq=log_seq)
+            "chain": chain or {}, "tags": run_tags, "parent_run_id": parent_run_id},
+            signing, retry=False, expect_seq=log_seq)
     return run_id

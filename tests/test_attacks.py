@@ -69,6 +69,7 @@ KINDS = {
     17: "settings that change a verdict are not part of the registration",
     18: "which runs hold the signed history is read from an unsigned tag",
     19: "a float64 reference planted in the cache is scored against",
+    20: "the audit's scope follows MLflow's editable parent link",
 }
 
 
@@ -1195,3 +1196,27 @@ def test_a_killed_rollouts_files_are_signed_as_interrupted_by_the_next_one(prist
     verdict = _artifact_file(lab, doomed, "canary/verdict.json")
     verdict.write_text('{"verdict": "fail"}')
     assert any("altered after signing" in p for p in found())
+
+
+# --- kind 20: the audit's scope follows MLflow's editable parent link ---------------------
+
+
+@attack(20, "re-pointed outside the pipeline")
+def production_promotion_reparented_then_its_rollout_outcome_edited(lab: Lab) -> str:
+    """The promotion run of production re-pointed (``mlflow.parentRunId``) at a decoy
+    rollout run, then the real rollout run's ``outcome.json`` edited: the audit follows
+    the signed parent, so the edit stays in scope, and the re-pointing is named."""
+    moves, _ = registered_model.store_alias_history(lab.tracking, FAMILY, lab.signing.trust)
+    promotion = [m for m in moves if m.predicate.get("action") == "promote"
+                 and m.predicate.get("alias") == "production"
+                 and str(m.predicate.get("version")) == lab.versions["v2"]][-1]
+    rollout_run = promotion.predicate["parent_run_id"]
+    decoy = tr.start_run(lab.tracking, FAMILY, "rollout", run_name="decoy")
+    tr.end_run(lab.tracking, decoy, "FINISHED")
+    lab.client.set_tag(promotion.run_id, tags.PARENT, decoy)
+    outcome = _artifact_file(lab, rollout_run, tags.OUTCOME_ARTIFACT)
+    edited = json.loads(outcome.read_text()) | {"decided_by": "the CTO (approved in person)"}
+    outcome.write_text(json.dumps(edited))
+    message = _detected(lab.audit())
+    assert f"artifact {tags.OUTCOME_ARTIFACT!r} of run {rollout_run}" in message, message
+    return message
