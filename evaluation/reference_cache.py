@@ -170,14 +170,16 @@ class ReferenceCache:
         hit, recomputed = path is not None and path.exists(), None
         if hit:
             ref = np.load(path)
+            entry = self._entry(case, method, key, rows, ref)
             if self.seal is not None:
-                recomputed = self._unsealed(path, self._entry(case, method, key, rows, ref))
+                recomputed = self._unsealed(path, entry)
                 hit = recomputed is None
         if not hit:
             ref = compute(case, rows, method)
             if path is not None:
                 _save(path, ref)
-        entry = self._entry(case, method, key, rows, ref).model_copy(update={
+            entry = self._entry(case, method, key, rows, ref)
+        entry = entry.model_copy(update={
             "hit": hit, "recomputed": recomputed, "seconds": time.perf_counter() - start})
         if path is not None and not hit and self.seal is not None:
             _write(path.with_suffix(".dsse.json"), self.seal.seal(entry))

@@ -51,12 +51,12 @@ Thresholds = Annotated[Path | None, typer.Option(
     help="thresholds file to preregister; default: thresholds/local-dry-run.yaml, or "
          "thresholds/local-interpreted.yaml when the kernel runs interpreted here (it says which)",
     exists=True, dir_okay=False)]
-StoreDir = Annotated[Path, typer.Option(help="local store: MLflow SQLite, artifacts, test sets")]
 Family = Annotated[str | None, typer.Option(
     help="kernel family (MLflow experiment and registered model); default: the kernel's name")]
 BlockQ = Annotated[int | None, typer.Option(min=1, help="query block size (tokens)")]
 BlockKV = Annotated[int | None, typer.Option(min=1, help="key/value block size (tokens)")]
 from flows.cli_args import (  # noqa: E402
+    StoreDir,
     check_family,
     check_implementation,
     check_known_family,

@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
 from flows.cli_keys import check_name
+
+StoreDir = Annotated[Path, typer.Option(help="local store: MLflow SQLite, artifacts, test sets")]
 
 
 def kernel_names() -> list[str]:

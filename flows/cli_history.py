@@ -14,11 +14,9 @@ from typing import Annotated
 
 import typer
 
-from flows.cli_args import check_known_family
+from flows.cli_args import StoreDir, check_known_family
 from flows.cli_keys import KeyDir
 from flows.cli_store import existing_family, families, open_store
-
-StoreDir = Annotated[Path, typer.Option(help="local store: MLflow SQLite, artifacts, test sets")]
 
 
 def timeline(family: Annotated[str | None, typer.Option(

@@ -30,17 +30,30 @@ def families(tracking: Tracking) -> list[str]:
                   if m.name.startswith(MODEL_PREFIX))
 
 
-def reattest(tracking: Tracking, family: str, signing: Signing, *, reason: str) -> list[str]:
-    """Sign the family's current signed aliases again with ``signing`` (the new key);
-    returns ``alias -> v<version>`` lines for what was re-attested. Moves no alias."""
+def reattest(tracking: Tracking, family: str, signing: Signing, *, reason: str,
+             to: dict[str, str] | None = None) -> list[str]:
+    """Sign ``reattest`` alias moves with ``signing``; returns ``alias -> v<version>``
+    lines for what was signed. Moves no alias in MLflow.
+
+    Args:
+        to: the aliases to attest (alias -> version; an alias the signed history sets and
+            ``to`` lacks is attested as removed), each signed only where the signed history
+            says otherwise (a re-anchor: the aliases as MLflow shows them). None: every
+            alias the signed history sets, signed again as it is (a key rotation: the
+            same state under the new key).
+    """
     moves, _ = store_alias_history(tracking, family, signing.trust)
+    signed = signed_aliases(moves)
+    wanted = signed if to is None else to
     done = []
-    for alias, version in sorted(signed_aliases(moves).items()):
-        change = AliasChange(family=family, alias=alias, version=version,
-                             previous_version=version, at=datetime.now(UTC), action="reattest",
-                             reason=reason)
+    for alias in sorted(set(wanted) | set(signed)):
+        if to is not None and wanted.get(alias) == signed.get(alias):
+            continue
+        change = AliasChange(family=family, alias=alias, version=wanted.get(alias),
+                             previous_version=signed.get(alias), at=datetime.now(UTC),
+                             action="reattest", reason=reason)
         log_alias_change(tracking, change, signing=signing, sequence=len(moves) + 1,
                          previous_envelope=moves[-1].envelope_sha256 if moves else None)
         moves, _ = store_alias_history(tracking, family, signing.trust)
-        done.append(f"{alias} -> v{version}")
+        done.append(f"{alias} -> v{wanted.get(alias)}")
     return done

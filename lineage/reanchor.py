@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-from datetime import UTC, datetime
 
 from securesystemslib.signer import Signer, SSlibKey
 
 from kernels.errors import KernelgateError
-from lineage import family_log, log_writer, registered_model
+from lineage import family_log, key_rotation, log_writer, registered_model
 from lineage import tracking as tr
 from lineage.attestations import (
     Attestation,
@@ -35,9 +34,7 @@ from lineage.attestations import (
     make_envelope,
     verify_envelope,
 )
-from lineage.records import log_alias_change
 from lineage.registration import latest_registration
-from lineage.registry import AliasChange
 from lineage.sources import StoreSource
 from lineage.tracking import Tracking
 
@@ -89,26 +86,10 @@ def reanchor(tracking: Tracking, family: str, approver: Signer, reason: str,
         entry = log_writer.append(tracking, run_id, "reanchor", {
             **predicate, "approver": approvers[keyid].name, "approver_keyid": keyid,
             "approval_artifact": APPROVAL_ARTIFACT}, signing, force=True)
-    _reattest_aliases(tracking, family, shown, signing,
-                      reason=f"re-anchor {run_id}: the aliases as {approvers[keyid].name} "
-                             "approved them")
+    key_rotation.reattest(tracking, family, signing, to=shown,
+                          reason=f"re-anchor {run_id}: the aliases as {approvers[keyid].name} "
+                                 "approved them")
     return entry
-
-
-def _reattest_aliases(tracking: Tracking, family: str, shown: dict[str, str],
-                      signing: Signing, *, reason: str) -> None:
-    """Sign a ``reattest`` move for each alias whose signed state differs from ``shown``."""
-    moves, _ = registered_model.store_alias_history(tracking, family, signing.trust)
-    signed = registered_model.signed_aliases(moves)
-    for alias in sorted(set(shown) | set(signed)):
-        if shown.get(alias) == signed.get(alias):
-            continue
-        change = AliasChange(family=family, alias=alias, version=shown.get(alias),
-                             previous_version=signed.get(alias), at=datetime.now(UTC),
-                             action="reattest", reason=reason)
-        log_alias_change(tracking, change, signing=signing, sequence=len(moves) + 1,
-                         previous_envelope=moves[-1].envelope_sha256 if moves else None)
-        moves, _ = registered_model.store_alias_history(tracking, family, signing.trust)
 
 
 def approvers_trust(approvers: dict) -> TrustPolicy:

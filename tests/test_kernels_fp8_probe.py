@@ -21,28 +21,16 @@ import pytest
 
 from kernels import fp8_probe
 from kernels.tools import fp8_probe_run
+from tests.kernels_helpers import mosaic_module_text
 
 ON_GPU = jax.default_backend() in ("gpu", "cuda")
 E4M3 = fp8_probe.E4M3
 
 
 def _mosaic_module(monkeypatch, fn, *args) -> str:
-    """The Mosaic GPU module of ``fn(*args)`` lowered for CUDA, as text, captured where
-    Mosaic GPU serializes it (after its wgmma lowering: the PTX instruction is in it)."""
-    import jax.experimental.mosaic.gpu.core as mgpu_core
-
-    texts: list[str] = []
-    serde = mgpu_core._run_serde_pass
-
-    def capture(module, *a, **kw):
-        if kw.get("serialize"):
-            texts.append(module.operation.get_asm(enable_debug_info=False))
-        return serde(module, *a, **kw)
-
-    monkeypatch.setattr(mgpu_core, "_run_serde_pass", capture)
-    jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))
-    assert len(texts) == 1, f"{len(texts)} Mosaic GPU modules, expected one"
-    return texts[0]
+    """The Mosaic GPU module of ``fn(*args)`` lowered for CUDA, as text (after its wgmma
+    lowering: the PTX instruction is in it)."""
+    return mosaic_module_text(monkeypatch, fn, *args)[1]
 
 
 def _seed() -> np.random.Generator:
