@@ -22,7 +22,7 @@ from evaluation import recorded_traffic, serving
 from evaluation.documents import assign_splits, load_documents
 from evaluation.model import MiniLM
 from flows.traffic import judge_step
-from gates.canary_latency import conclude_canary
+from gates.canary_latency import another_look, conclude_canary
 from gates.canary_plan import CanaryPlan
 from gates.serving_contract import ServingContract
 from gates.thresholds import load_thresholds
@@ -79,19 +79,20 @@ def canary_run(plan: CanaryPlan, production: serving.Endpoint, candidate: servin
     is cut fresh from ``documents`` with ``seed`` into the plan's steps; each step is
     warmed on both endpoints, replayed with ABBA timing, judged with the earlier steps'
     results, and the canary stops at a breach as a rollout's does."""
-    traffic = recorded_traffic.record_traffic(documents, sum(s.requests for s in plan.steps),
+    looks = plan.looks()
+    traffic = recorded_traffic.record_traffic(documents, sum(s.requests for s in looks),
                                               seed=seed)
     endpoints = [production] if candidate is production else [production, candidate]
     results = []
-    for step, part in zip(plan.steps, recorded_traffic.split_traffic(
-            traffic, [s.requests for s in plan.steps]), strict=True):
+    for step, part in zip(looks, recorded_traffic.split_traffic(
+            traffic, [s.requests for s in looks]), strict=True):
+        if not another_look(plan, results):
+            break  # a breach, or an extra look the verdict does not need
         serving.warm_up(part.requests, endpoints, model)
         replayed = serving.replay_canary_step(part.requests, step.traffic_fraction, production,
                                               candidate, salt=f"calibration-{seed}:{step.name}",
                                               abba=True)
         results.append(judge_step(plan, replayed, step, results, None))
-        if not results[-1].passed:
-            break
     verdict = conclude_canary(plan, results)
     return verdict.verdict, verdict.reason, [x for r in results for x in r.log_ratios]
 

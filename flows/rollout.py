@@ -40,6 +40,7 @@ from flows.traffic import (
     settle,
     shadow,
 )
+from gates.canary_latency import another_look
 from gates.decision import short_reason as gate_reason
 from gates.headline import promotion_reason
 from lineage.rollout import RolloutOutcome
@@ -87,6 +88,8 @@ def _stages(ctx: RolloutContext) -> RolloutOutcome:
         return stopped
     enter_canary(ctx, gated)
     for step, requests in traffic.canary:
+        if not another_look(gated.thresholds.canary, judged[1:]):
+            break  # an extension's extra look, not needed: the verdict is not inconclusive
         judged.append(result := canary_step(ctx, gated, evaluated, step, requests, judged[1:]))
         if not result.passed:
             return roll_back(ctx, gated, step.name, f"{step.name}: {'; '.join(result.breaches)}",

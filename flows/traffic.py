@@ -33,8 +33,9 @@ def record_traffic(context: RolloutContext, preregistered: Preregistered,
                    gated: Gated) -> TrafficPlan:
     """Cut the request stream from held-out documents only and log it to the rollout
     run: one segment for shadow (the size the registration bound), one per step of the
-    registered canary plan."""
-    steps = gated.thresholds.canary.steps
+    registered canary plan, and one per extra look its extension may take (served only
+    if the look is taken)."""
+    steps = gated.thresholds.canary.looks()
     sizes = [preregistered.shadow_requests(context.settings), *(s.requests for s in steps)]
     documents = assign_splits(load_documents(context.settings.documents_dir))["heldout"]
     traffic = recorded_traffic.record_traffic(documents, sum(sizes), seed=0)

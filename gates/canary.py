@@ -252,7 +252,7 @@ def _legacy(cand: np.ndarray, prod: np.ndarray, plan: CanaryPlan,
 def _paired(step: CanaryStep, plan: CanaryPlan, abba: tuple | None,
             earlier: Sequence[CanaryStepResult], reason: str | None) -> dict:
     """The paired look of a canary step (see ``gates.canary_latency``)."""
-    names = [s.name for s in plan.steps]
+    names = [s.name for s in plan.looks()]
     out = {"alpha": math.nan, "u_statistic": math.nan, "p_value": math.nan,
            "common_language_effect": math.nan, "median_latency_ratio": None,
            "latency_slower": False, "breach": None}

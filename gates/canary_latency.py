@@ -61,7 +61,7 @@ def step_look(plan: CanaryPlan, step_index: int, log_ratios: ArrayLike,
     r = np.concatenate([np.asarray(x, dtype=np.float64) for x in (*earlier, log_ratios)]) \
         if (earlier or len(log_ratios)) else np.zeros(0)
     shift = math.log(plan.latency.tolerated_slowdown_ratio)
-    found = latency_judge.look(plan.steps[step_index].name, r - shift,
+    found = latency_judge.look(plan.looks()[step_index].name, r - shift,
                                plan.step_alphas()[step_index])
     median = float(np.exp(np.median(r))) if r.size else math.nan
     return found.model_copy(update={"median_ratio": median})
@@ -86,6 +86,33 @@ class CanaryVerdict(BaseModel):
     calibration_run_id: str | None = None
 
 
+def _required_pairs(plan: CanaryPlan, noise_sd: float, n_looks: int) -> int | None:
+    """The pairs the verdict says the power needs: at the plan's ``noise_sd`` without an
+    extension; with one, at the measured noise and the alpha of the last look taken."""
+    if not plan.paired:
+        return None
+    if plan.extend is None or not noise_sd > 0:
+        return plan.required_pairs()
+    alpha = plan.step_alphas()[min(max(n_looks, 1), len(plan.looks())) - 1]
+    return latency_judge.pairs_for_power(alpha, plan.detectable_ratio, noise_sd,
+                                         plan.latency.power)
+
+
+def another_look(plan: CanaryPlan, results: Sequence) -> bool:
+    """Whether the canary takes its next look after ``results`` (the steps so far, in order):
+    every registered step is taken (unless one breached: the flow stops there); an
+    extension's extra look only while the verdict so far is *inconclusive* (no breach, the
+    latency test assessed but short of its power at the measured noise) and the plan has
+    one left."""
+    if len(results) < len(plan.steps):
+        return all(r.passed for r in results)
+    if plan.extend is None or len(results) >= len(plan.looks()):
+        return False
+    if not all(r.passed for r in results) or not all(r.latency_assessed for r in results):
+        return False
+    return conclude_canary(plan, results).verdict == "inconclusive"
+
+
 def conclude_canary(plan: CanaryPlan, results: Sequence) -> CanaryVerdict:
     """The whole-canary verdict from the canary steps' results (``CanaryStepResult``, in
     step order; the shadow stage is not one of them).
@@ -93,7 +120,8 @@ def conclude_canary(plan: CanaryPlan, results: Sequence) -> CanaryVerdict:
     ``fail``: a step breached, the errors over every step exceed ``max_error_count``, the
     p99 ratio over every compared request exceeds ``max_p99_ratio``, or the latency test
     rejected. ``inconclusive``: none of those, but the latency test (where assessed) ends
-    with too few pairs or too much noise. Otherwise ``pass``.
+    with too few pairs or too much noise (with an extension: short of its power at the
+    measured noise after the looks taken). Otherwise ``pass``.
 
     Raises:
         ValueError: no results.
@@ -111,8 +139,8 @@ def conclude_canary(plan: CanaryPlan, results: Sequence) -> CanaryVerdict:
     if assessed and (tail := tail_breach(plan, ratio, len(cand), " over the whole canary")):
         breaches.append(tail)
     n_pairs = sum(len(r.log_ratios) for r in results)
-    required = plan.required_pairs() if plan.paired else None
     sd = latency_judge.robust_sd([x for r in results for x in r.log_ratios])
+    required = _required_pairs(plan, sd, len(results))
     if not plan.paired:
         lat, why = "pass", "latency: judged per step (legacy mannwhitneyu test)"
     elif not assessed:
@@ -120,8 +148,11 @@ def conclude_canary(plan: CanaryPlan, results: Sequence) -> CanaryVerdict:
         lat, why = "not_assessed", f"latency not assessed: {reason}"
     else:
         looks = [r.latency_look for r in results]
-        lat, why = latency_judge.conclude(
-            looks, required_pairs=required, noise_sd=plan.latency.noise_sd)
+        lat, why = (latency_judge.conclude(looks, required_pairs=required,
+                                           noise_sd=plan.latency.noise_sd)
+                    if plan.extend is None else
+                    latency_judge.conclude_powered(looks, power=plan.latency.power,
+                                                   slowdown_ratio=plan.detectable_ratio))
     if breaches:
         verdict, reason = "fail", "; ".join(breaches)
     elif lat == "fail":

@@ -13,7 +13,7 @@ from pydantic import field_validator, model_validator
 
 from gates.directions import Looser as L
 from gates.directions import limit
-from gates.latency_judge import pairs_for_power, signed_rank_power
+from gates.latency_judge import pairs_for_power, powered_noise_sd, signed_rank_power
 from gates.schema_base import _KEY, _N, Finite, Name, _Strict
 
 
@@ -96,6 +96,32 @@ class LatencyTest(_Strict):
         return self
 
 
+MORE_SUFFIX = ".more"
+"""An extra look's step name: the last step's name, this, and its number (``canary-50pct.more1``)."""
+
+
+class CanaryExtension(_Strict):
+    """Extra looks after the last step, taken while the measured noise leaves the paired
+    test short of its power (a sequential plan with a stated maximum).
+
+    Each extra look serves ``requests`` more requests at the last step's traffic fraction
+    and adds them to the test. The alpha of every look the plan *may* take, the extra ones
+    included, is fixed before any data is seen (``CanaryPlan.step_alphas`` spends
+    ``alpha`` over them by requests), so an identical kernel is rolled back with
+    probability at most ``alpha`` however many are taken. With an extension the canary
+    passes when its last look's power at the *measured* noise reaches the stated power
+    (``gates.latency_judge.conclude_powered``) instead of when the measured noise is within
+    ``noise_sd``: ``noise_sd`` then sizes the steps, and the extension carries the plan up
+    to the noise its largest look can power (``CanaryPlan.noise_ceiling``).
+    """
+
+    max_steps: int = limit(L.LOWER, ge=0, le=50, description=(
+        "The most extra looks after the last step (0: none, but the canary is judged by its "
+        "power at the measured noise)."))
+    requests: int = limit(L.LOWER, gt=0, le=1_000_000,
+                          description="Requests each extra look serves (both arms).")
+
+
 class CanaryPlan(_Strict):
     """Steps and per-step failure limits watched during the canary."""
 
@@ -111,26 +137,64 @@ class CanaryPlan(_Strict):
         L.HIGHER, default=None, gt=1, le=100,
         description="Max p99(candidate)/p99(production) request latency, per step and over "
         "the whole canary (judged where at least 500 pairs were compared).")
+    extend: CanaryExtension | None = limit(
+        L.NESTED, default=None, description="Extra looks while the measured noise leaves the "
+        "latency test short of its power (a sequential plan); unset: no extra look, and a "
+        "canary measuring more noise than noise_sd is inconclusive.")
 
     @property
     def paired(self) -> bool:
         """True for the paired, alpha-spending latency test (``signed_rank_abba``)."""
         return self.latency.test == "signed_rank_abba"
 
+    def looks(self) -> list[CanaryStep]:
+        """Every step the canary may take: the registered steps, then the extension's extra
+        looks (``<last step>.more1``, ...) at the last step's traffic fraction."""
+        if self.extend is None or self.extend.max_steps == 0:
+            return list(self.steps)
+        last = self.steps[-1]
+        return [*self.steps, *(CanaryStep(name=f"{last.name}{MORE_SUFFIX}{i}",
+                                          traffic_fraction=last.traffic_fraction,
+                                          requests=self.extend.requests)
+                               for i in range(1, self.extend.max_steps + 1))]
+
     def pairs_per_step(self) -> list[int]:
-        """Compared requests each step adds: ``floor(fraction * requests)``."""
+        """Compared requests each registered step adds: ``floor(fraction * requests)``."""
         return [math.floor(s.traffic_fraction * s.requests) for s in self.steps]
 
+    def pairs_per_look(self) -> list[int]:
+        """Compared requests each of :meth:`looks` adds."""
+        return [math.floor(s.traffic_fraction * s.requests) for s in self.looks()]
+
     def step_alphas(self) -> list[float]:
-        """The alpha each look spends (by the requests each step adds; sum = alpha)."""
-        weights = [max(n, 1) for n in self.pairs_per_step()]
+        """The alpha each of :meth:`looks` spends (by the requests it adds; they sum to
+        alpha, the extra looks' share reserved whether or not they are taken)."""
+        weights = [max(n, 1) for n in self.pairs_per_look()]
         return [self.latency.alpha * w / sum(weights) for w in weights]
 
     def required_pairs(self) -> int:
-        """The pairs the last look needs to reach the stated power (paired test)."""
+        """The pairs the last registered step's look needs to reach the stated power at the
+        plan's ``noise_sd`` (paired test)."""
         t = self.latency
-        return pairs_for_power(self.step_alphas()[-1], self.detectable_ratio, t.noise_sd,
-                               t.power)
+        return pairs_for_power(self.step_alphas()[len(self.steps) - 1], self.detectable_ratio,
+                               t.noise_sd, t.power)
+
+    def noise_ceiling(self) -> float:
+        """The largest per-request log-ratio noise (robust sd) at which the plan's last
+        possible look still reaches the stated power: ``noise_sd``'s reach with the extra
+        looks (paired test; ``noise_sd`` itself without an extension, whose rule is the
+        bound)."""
+        t = self.latency
+        if self.extend is None:
+            return float(t.noise_sd)
+        return powered_noise_sd(sum(self.pairs_per_look()), self.step_alphas()[-1],
+                                self.detectable_ratio, t.power)
+
+    def is_look_sequence(self, names: list[str]) -> bool:
+        """Whether ``names`` (steps in the order taken) are the registered steps, in order,
+        followed by none or more of the extension's extra looks in order."""
+        planned = [s.name for s in self.looks()]
+        return len(self.steps) <= len(names) <= len(planned) and names == planned[:len(names)]
 
     @property
     def detectable_ratio(self) -> float:
@@ -145,13 +209,13 @@ class CanaryPlan(_Strict):
         if not self.paired:
             return None
         t, total = self.latency, sum(self.pairs_per_step())
-        reached = signed_rank_power(total, self.step_alphas()[-1], self.detectable_ratio,
-                                    t.noise_sd)
+        last_alpha = self.step_alphas()[len(self.steps) - 1]
+        reached = signed_rank_power(total, last_alpha, self.detectable_ratio, t.noise_sd)
         if reached >= t.power:
             return None
         return (f"the canary's {total} compared requests cannot reach its power: {reached:.3f} < "
                 f"{t.power:g} at slowdown {t.min_slowdown_ratio:g} and noise sd "
-                f"{t.noise_sd:g} (alpha of the last look {self.step_alphas()[-1]:.3g}); it "
+                f"{t.noise_sd:g} (alpha of the last step's look {last_alpha:.3g}); it "
                 f"needs {self.required_pairs()}: serve more requests")
 
     @field_validator("steps")
@@ -186,15 +250,26 @@ class CanaryPlan(_Strict):
         empty = [s.name for s, n in zip(self.steps, self.pairs_per_step(), strict=True) if n < 1]
         if self.paired and empty:
             raise ValueError(f"canary steps {empty} compare no request (fraction x requests < 1)")
+        if self.extend is not None and not self.paired:
+            raise ValueError("a canary extension needs the paired latency test "
+                             "(signed_rank_abba): its extra looks are that test's")
+        if self.extend is not None and self.extend.max_steps:
+            last = self.steps[-1]
+            if len(last.name) + len(MORE_SUFFIX) + len(str(self.extend.max_steps)) > 64:
+                raise ValueError(f"the last canary step's name {last.name!r} is too long to name "
+                                 "the extension's looks (<name>.moreN, at most 64 characters)")
+            if math.floor(last.traffic_fraction * self.extend.requests) < 1:
+                raise ValueError("the canary extension's looks compare no request (the last "
+                                 "step's fraction x extend.requests < 1)")
         total = sum(self.pairs_per_step())
-        if self.paired and 2.0 ** -total >= self.step_alphas()[-1]:
+        if self.paired and 2.0 ** -total >= self.step_alphas()[len(self.steps) - 1]:
             # a test that can never fire is refused on every profile; one that can but
             # lacks the stated power is refused where latency can block (power_problem)
             raise ValueError(
                 f"the canary's {total} compared requests give a smallest one-sided signed-rank "
-                f"p-value of {2.0 ** -total:.3g}, never below the last look's alpha="
-                f"{self.step_alphas()[-1]:.3g}: the latency test could never fire; serve more "
-                "requests")
+                f"p-value of {2.0 ** -total:.3g}, never below the last step's alpha="
+                f"{self.step_alphas()[len(self.steps) - 1]:.3g}: the latency test could never "
+                "fire; serve more requests")
         return self
 
 

@@ -104,6 +104,24 @@ def pairs_for_power(alpha: float, slowdown_ratio: float, noise_sd: float,
     return n
 
 
+def powered_noise_sd(n_pairs: int, alpha: float, slowdown_ratio: float, power: float) -> float:
+    """The largest log-ratio noise sd at which ``n_pairs`` pairs at level ``alpha`` still
+    reach ``power`` against ``slowdown_ratio`` (the inverse of :func:`signed_rank_power` in
+    ``noise_sd``; 0 when the exact test cannot reach ``alpha`` with ``n_pairs``).
+
+    Raises:
+        ValueError: ``power`` outside (0, 1) or a ``slowdown_ratio`` that is not > 1.
+    """
+    if not 0.0 < power < 1.0:
+        raise ValueError(f"power must lie in (0, 1), got {power}")
+    if not slowdown_ratio > 1.0:
+        raise ValueError(f"slowdown_ratio must be > 1, got {slowdown_ratio}")
+    if n_pairs < 1 or 2.0 ** -n_pairs >= alpha:
+        return 0.0
+    z = _NORMAL.inv_cdf(1.0 - alpha) + _NORMAL.inv_cdf(power)
+    return float(math.sqrt(3.0 * n_pairs / math.pi) * math.log(slowdown_ratio) / z)
+
+
 def abba_log_ratios(candidate_s: ArrayLike, production_s: ArrayLike) -> np.ndarray:
     """Per-request log ratios from ABBA timings.
 
@@ -200,3 +218,48 @@ def conclude(looks: Sequence[LatencyLook], *, required_pairs: int,
                                 f"plan's {noise_sd:.3g}: too noisy for its power")
     return "pass", (f"latency: not slower ({last.n_pairs} pairs, median ratio "
                     f"{last.median_ratio:.3f}, noise sd {last.noise_sd:.3g})")
+
+
+def measured_power(item: LatencyLook, slowdown_ratio: float) -> float:
+    """The power ``item``'s test had against ``slowdown_ratio`` at the noise it measured
+    (:func:`signed_rank_power` with the look's pairs, alpha and robust sd; 1 where every
+    log ratio was equal, 0 with fewer than 2 pairs)."""
+    if math.isnan(item.noise_sd) or item.n_pairs < 2:
+        return 0.0
+    if item.noise_sd <= 0.0:
+        return 1.0 if 2.0 ** -item.n_pairs < item.alpha else 0.0
+    return signed_rank_power(item.n_pairs, item.alpha, slowdown_ratio, item.noise_sd)
+
+
+def conclude_powered(looks: Sequence[LatencyLook], *, power: float,
+                     slowdown_ratio: float) -> tuple[Verdict, str]:
+    """The latency verdict of a sequential plan (one with an extension) from its looks.
+
+    ``fail`` at the first look that found the candidate slower; otherwise ``pass`` when the
+    last look's power at its *measured* noise (:func:`measured_power`) reaches ``power``;
+    otherwise ``inconclusive``, saying how far it fell short and the pairs the measured
+    noise needs. With this rule the stated power holds for the noise the canary had, not
+    only for the noise the plan was sized for.
+
+    Raises:
+        ValueError: no looks.
+    """
+    if not looks:
+        raise ValueError("no latency looks to conclude from")
+    for item in looks:
+        if item.slower:
+            return "fail", (f"latency: candidate slower at {item.step} (signed-rank p="
+                            f"{item.p_value:.3g} < alpha_k={item.alpha:.3g}, median ratio "
+                            f"{item.median_ratio:.3f}, {item.n_pairs} pairs)")
+    last = looks[-1]
+    reached = measured_power(last, slowdown_ratio)
+    if reached >= power:
+        return "pass", (f"latency: not slower ({last.n_pairs} pairs, median ratio "
+                        f"{last.median_ratio:.3f}, noise sd {last.noise_sd:.3g}: power "
+                        f"{reached:.3f} at the measured noise)")
+    needs = (f"; at that noise the last look needs "
+             f"{pairs_for_power(last.alpha, slowdown_ratio, last.noise_sd, power)} pairs"
+             if last.noise_sd > 0 and not math.isnan(last.noise_sd) else "")
+    return "inconclusive", (f"latency: {last.n_pairs} pairs at measured noise sd "
+                            f"{last.noise_sd:.3g} give power {reached:.3f} < {power:g}{needs}: "
+                            "too noisy for its power")

@@ -51,6 +51,8 @@ def _field(d: Direction, name: str, a: Any, b: Any, where: str, owner: BaseModel
     if looser is Looser.NOT_A_LIMIT:
         return []
     if looser is Looser.NESTED:
+        if a is None or b is None:  # an optional sub-model set or unset: another test
+            return [] if a == b else [f"{where}{name} {_words(a)} -> {_words(b)}"]
         return _model(a, b, f"{where}{name}.")
     if looser in (Looser.FEWER, Looser.MORE):
         return _members(d, name, a, b, where)
@@ -104,6 +106,8 @@ def _keyed(members: Any, key: str | None) -> dict:
 def _words(v: Any) -> str:
     if isinstance(v, bool):
         return str(v).lower()
+    if isinstance(v, BaseModel):
+        return "set"
     if v is None:
         return "unset"
     if isinstance(v, float):

@@ -15,7 +15,7 @@ import math
 import numpy as np
 
 from gates.canary import CanaryStepResult
-from gates.canary_latency import conclude_canary, step_look
+from gates.canary_latency import another_look, conclude_canary, step_look
 from gates.canary_plan import CanaryPlan
 from gates.latency_judge import abba_log_ratios
 from lineage.attestations import AttestationError
@@ -37,7 +37,7 @@ def _step(plan: CanaryPlan, result: CanaryStepResult, earlier: list[CanaryStepRe
             return "the signed log ratios are not those of the signed timings"
     if result.latency_look is None:
         return None if not result.latency_assessed else "assessed, but no look was signed"
-    names = [s.name for s in plan.steps]
+    names = [s.name for s in plan.looks()]
     if result.step not in names:
         return f"step {result.step!r} is not in the registered plan"
     look = step_look(plan, names.index(result.step), result.log_ratios,
@@ -63,7 +63,7 @@ def rederive(source: EvidenceSource, plan: CanaryPlan | None,
     findings: list[Finding] = []
     earlier: list[CanaryStepResult] = []
     latest = {s.name: s for s in steps}  # in signing order: a step signed again counts last
-    order = [s.name for s in plan.steps]
+    order = [s.name for s in plan.looks()]
     for stage in sorted(latest.values(), key=lambda s: order.index(s.name)
                         if s.name in order else len(order)):
         try:
@@ -73,13 +73,16 @@ def rederive(source: EvidenceSource, plan: CanaryPlan | None,
             return findings
         result = CanaryStepResult.model_validate_json(data)
         why = _step(plan, result, earlier)
+        if why is None and len(earlier) >= len(plan.steps) and not another_look(plan, earlier):
+            why = (f"{stage.name} is an extra look the plan did not call for: the verdict "
+                   "before it was not inconclusive")
         look = result.latency_look
         detail = why or (f"{stage.name}: re-derived from {len(result.log_ratios)} signed samples"
                          + (f": p={look.p_value:.3g} at alpha_k={look.alpha:.3g}" if look
                             else f" (latency not assessed: {result.latency_not_assessed_reason})"))
         findings.append(("canary re-derived", stage.run_id, why is None, detail))
         earlier.append(result)
-    if len(earlier) == len(plan.steps):
+    if len(earlier) >= len(plan.steps) and not another_look(plan, earlier):
         verdict = conclude_canary(plan, earlier)
         findings.append(("canary verdict", None, True,
                          f"re-derived: {verdict.verdict} ({verdict.reason})"))

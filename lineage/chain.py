@@ -277,10 +277,11 @@ def problems(evidence: ChainEvidence, transition: Transition) -> list[str]:
     for needed in (t for t in upto if t in evidence.thresholds.approval.required_for):
         out += _approval_problems(evidence, needed)
     if transition == "canary->production":
-        steps = [s.name for s in evidence.thresholds.canary.steps]
+        plan = evidence.thresholds.canary
         passed = [c.name for c in evidence.canary if c.passed]
-        if passed != steps:
-            out.append(f"canary steps passed {passed}, the registered plan has {steps}")
+        if len(passed) != len(evidence.canary) or not plan.is_look_sequence(passed):
+            out.append(f"canary steps passed {passed}, the registered plan has "
+                       f"{[s.name for s in plan.looks()]}")
         out += _decision_problems(evidence, evidence.confirmation, "confirmation decision",
                                   scope=["accuracy"])
         if evidence.confirmation_reused_by:

@@ -35,7 +35,7 @@ from scipy import stats
 
 from gates import latency_judge
 from gates.canary import analyse_canary_step
-from gates.canary_latency import MIN_TAIL_PAIRS, conclude_canary
+from gates.canary_latency import MIN_TAIL_PAIRS, another_look, conclude_canary
 from gates.canary_plan import CanaryPlan
 from gates.thresholds import load_thresholds
 
@@ -62,10 +62,11 @@ def plan_of(profile: str) -> CanaryPlan:
 def draw(plan: CanaryPlan, n_requests: int, n: int, rng: np.random.Generator, *,
          null: str = "exchange") -> tuple[np.ndarray, np.ndarray]:
     """The draws of ``n`` simulated canaries: ``(indices, swaps)``, both
-    ``[n, sum(pairs_per_step)]`` (int request indices into a sample of ``n_requests``,
-    drawn with replacement; bool: exchange the request's two sides). A step's pairs are
-    its consecutive columns; ``null="raw"`` exchanges nothing."""
-    total = sum(plan.pairs_per_step())
+    ``[n, sum(pairs_per_look)]`` (int request indices into a sample of ``n_requests``,
+    drawn with replacement; bool: exchange the request's two sides). A look's pairs are
+    its consecutive columns (an extension's extra looks drawn too, used if taken);
+    ``null="raw"`` exchanges nothing."""
+    total = sum(plan.pairs_per_look())
     indices = rng.integers(0, n_requests, (n, total))
     swaps = (rng.random((n, total)) < 0.5 if null == "exchange"
              else np.zeros((n, total), dtype=bool))
@@ -82,20 +83,20 @@ def _sides(cand, prod, indices, swaps, slowdown):
 def judged_canary(plan: CanaryPlan, cand: np.ndarray, prod: np.ndarray, indices: np.ndarray,
                   swaps: np.ndarray, *, slowdown: float = 1.0):
     """One simulated canary (one row of :func:`draw`) through the canary's own analysis
-    (``analyse_canary_step`` per step, stopping at a breach, then ``conclude_canary``);
-    returns its ``CanaryVerdict``. The reference :func:`verdicts` is checked against."""
+    (``analyse_canary_step`` per look while ``another_look`` says so, as the rollout
+    does, then ``conclude_canary``); returns its ``CanaryVerdict``. The reference
+    :func:`verdicts` is checked against."""
     c_all, p_all = _sides(cand, prod, indices, swaps, slowdown)
-    bounds = np.cumsum([0, *plan.pairs_per_step()])
+    bounds = np.cumsum([0, *plan.pairs_per_look()])
     results = []
-    for k, step in enumerate(plan.steps):
+    for k, step in enumerate(plan.looks()):
+        if not another_look(plan, results):
+            break
         c, p = c_all[bounds[k]:bounds[k + 1]], p_all[bounds[k]:bounds[k + 1]]
         n = len(c)
-        result = analyse_canary_step(
+        results.append(analyse_canary_step(
             step, c[:, 0], p[:, 0], np.zeros(n), 0, 0, 0, 0, plan, abba=(c, p),
-            earlier=results)
-        results.append(result)
-        if not result.passed:
-            break
+            earlier=results))
     return conclude_canary(plan, results)
 
 
@@ -155,8 +156,11 @@ def verdicts(plan: CanaryPlan, cand: np.ndarray, prod: np.ndarray, indices: np.n
     (the cumulative pairs at its spent alpha) finds the candidate slower or, with
     ``MIN_TAIL_PAIRS`` of its own, its p99 ratio exceeds ``max_p99_ratio``; the canary
     fails at a breach or on the p99 ratio over every pair; else it passes with the
-    plan's pairs and noise at most ``noise_sd``, or is inconclusive. Equal to
-    :func:`judged_canary` row by row (``tests/test_canary_simulation.py`` checks it).
+    plan's pairs and noise at most ``noise_sd``, or is inconclusive. With an extension
+    (a sequential plan) a row takes extra looks while it is neither failed nor powered
+    (its last look's power at the measured noise, ``latency_judge.measured_power``) and
+    passes at the first look that is powered. Equal to :func:`judged_canary` row by row
+    (``tests/test_canary_simulation.py`` checks it).
 
     Raises:
         ValueError: a plan that is not paired or cannot reach its power (its latency
@@ -170,19 +174,36 @@ def verdicts(plan: CanaryPlan, cand: np.ndarray, prod: np.ndarray, indices: np.n
     limit = plan.max_p99_ratio
     if limit is not None:
         c, p = _per_request(cand, prod, indices, swaps, slowdown, np.mean)
-    bounds = np.cumsum([0, *plan.pairs_per_step()])
-    breach = np.zeros(len(r), dtype=bool)
-    for k, alpha in enumerate(plan.step_alphas()):
-        breach |= signed_rank_p(r[:, :bounds[k + 1]]) < alpha
+    bounds = np.cumsum([0, *plan.pairs_per_look()])
+    alphas, last_step = plan.step_alphas(), len(plan.steps) - 1
+    verdict = np.full(len(r), "", dtype=object)
+    for k, alpha in enumerate(alphas):
+        going = verdict == ""
+        breach = signed_rank_p(r[:, :bounds[k + 1]]) < alpha
         own = slice(bounds[k], bounds[k + 1])
         if limit is not None and bounds[k + 1] - bounds[k] >= MIN_TAIL_PAIRS:
             breach |= _p99_ratio(c[:, own], p[:, own]) > limit
-    if limit is not None and bounds[-1] >= MIN_TAIL_PAIRS:
-        breach |= _p99_ratio(c, p) > limit
-    centred = r - np.median(r, axis=1, keepdims=True)
-    noise = latency_judge.MAD_TO_SD * np.median(np.abs(centred), axis=1)
-    enough = (bounds[-1] >= plan.required_pairs()) & (noise <= plan.latency.noise_sd)
-    return np.where(breach, "fail", np.where(enough, "pass", "inconclusive"))
+        verdict[going & breach] = "fail"
+        if k < last_step:
+            continue
+        going = verdict == ""
+        if limit is not None and bounds[k + 1] >= MIN_TAIL_PAIRS:
+            verdict[going & (_p99_ratio(c[:, :bounds[k + 1]], p[:, :bounds[k + 1]]) > limit)] \
+                = "fail"
+            going = verdict == ""
+        prefix = r[:, :bounds[k + 1]]
+        noise = latency_judge.MAD_TO_SD * np.median(
+            np.abs(prefix - np.median(prefix, axis=1, keepdims=True)), axis=1)
+        if plan.extend is None:
+            enough = (bounds[k + 1] >= plan.required_pairs()) & (noise <= plan.latency.noise_sd)
+        else:
+            enough = np.array([latency_judge.measured_power(latency_judge.LatencyLook(
+                step="", n_pairs=int(bounds[k + 1]), alpha=alpha, p_value=1.0,
+                median_ratio=1.0, noise_sd=float(sd), slower=False), plan.detectable_ratio)
+                >= plan.latency.power for sd in noise])
+        verdict[going & enough] = "pass"
+    verdict[verdict == ""] = "inconclusive"
+    return verdict.astype(str)
 
 
 def margin(rate: float, n: int) -> float:

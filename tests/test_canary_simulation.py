@@ -23,7 +23,7 @@ from tests import latency_sim as sim
 N = 1000
 FILES = sim.sample_files()
 # profiles with the same canary plan (bf16-long is local-dry-run's) are simulated once
-DISTINCT = list({sim.plan_of(p).model_dump_json(include={"steps", "latency", "max_p99_ratio"}): p
+DISTINCT = list({sim.plan_of(p).model_dump_json(include={"steps", "latency", "max_p99_ratio", "extend"}): p
                  for p in sim.PROFILES}.values())
 # a plan that declares it cannot reach its power (local-interpreted: its canary's latency
 # is reported not assessed, with that reason) has no power or A/A rate to simulate

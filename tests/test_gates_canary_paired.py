@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from gates.canary import analyse_canary_step
-from gates.canary_latency import conclude_canary
+from gates.canary_latency import another_look, conclude_canary
 from gates.canary_plan import CanaryPlan
 from gates.thresholds import load_thresholds, parse_thresholds
 
@@ -39,7 +39,7 @@ def test_each_look_uses_the_cumulative_pairs_at_the_spent_alpha():
     plan = _plan()
     results = _canary(plan, np.random.default_rng(0))
     assert [r.latency_look.n_pairs for r in results] == list(np.cumsum(plan.pairs_per_step()))
-    assert [r.alpha for r in results] == pytest.approx(plan.step_alphas())
+    assert [r.alpha for r in results] == pytest.approx(plan.step_alphas()[:len(plan.steps)])
     assert sum(plan.step_alphas()) == pytest.approx(plan.latency.alpha)
     assert all(len(r.log_ratios) == len(r.candidate_timings_s) for r in results)
     verdict = conclude_canary(plan, results)
@@ -120,3 +120,112 @@ def test_legacy_plans_still_load_but_take_no_paired_fields():
     with pytest.raises(ValueError, match="needs"):
         CanaryPlan.model_validate({**base, "latency": {"test": "signed_rank_abba",
                                                        "alpha": 0.05, "min_slowdown_ratio": 1.1}})
+
+
+def _sequential(plan: CanaryPlan, rng, *, shift: float = 0.0, sd: float = 0.05) -> list:
+    """A canary as the rollout runs it: each look the plan may take while
+    ``another_look`` says so, requests drawn with per-request log-ratio noise ``sd``."""
+    results = []
+    for step in plan.looks():
+        if not another_look(plan, results):
+            break
+        n = int(step.traffic_fraction * step.requests)
+        base = rng.lognormal(np.log(0.002), 0.3, (n, 1)) * np.ones((1, 2))
+        # one draw per request and side: the request's log ratio has sd ``sd``
+        cand = base * np.exp(shift + rng.normal(0, sd / np.sqrt(2), (n, 1)))
+        prod = base * np.exp(rng.normal(0, sd / np.sqrt(2), (n, 1)))
+        results.append(analyse_canary_step(step, cand[:, 0], prod[:, 0], np.zeros(n), 0, 0, 0,
+                                           0, plan, abba=(cand, prod), earlier=results))
+    return results
+
+
+GPU_NOISE = 0.336
+"""The robust sd of per-request log ratios the default rollout's canary measured on the
+H200 (pallas_gpu against xla, MiniLM batch 1; BENCHMARKS): beyond the plan's noise_sd."""
+
+
+def test_the_shipped_gpu_profiles_extend_their_canary_up_to_the_noise_seen_on_the_h200():
+    for profile in ("local-dry-run", "bf16-long"):
+        plan = _plan(profile)
+        assert plan.extend is not None and plan.power_problem() is None
+        assert plan.noise_ceiling() > GPU_NOISE * 1.5, profile
+        names = [s.name for s in plan.looks()]
+        assert names[:len(plan.steps)] == [s.name for s in plan.steps]
+        assert names[len(plan.steps)] == "canary-50pct.more1" and len(set(names)) == len(names)
+        # every look the plan may take has its alpha fixed now, and together they spend alpha
+        assert len(plan.step_alphas()) == len(names)
+        assert sum(plan.step_alphas()) == pytest.approx(plan.latency.alpha)
+
+
+def test_without_the_extension_the_gpu_noise_is_inconclusive_as_it_was_on_the_h200():
+    plan = _plan().model_copy(update={"extend": None})
+    outcomes = [conclude_canary(plan, _sequential(plan, np.random.default_rng(seed),
+                                                  sd=GPU_NOISE)) for seed in range(20)]
+    assert sum(v.verdict == "inconclusive" for v in outcomes) >= 18
+    assert all("too noisy" in v.reason for v in outcomes if v.verdict == "inconclusive")
+
+
+def test_with_the_extension_an_identical_kernel_at_the_gpu_noise_passes_and_says_its_power():
+    plan = _plan()
+    verdicts, looks = [], []
+    for seed in range(40):
+        results = _sequential(plan, np.random.default_rng(100 + seed), sd=GPU_NOISE)
+        looks.append(len(results))
+        verdicts.append(conclude_canary(plan, results))
+    passed = [v for v in verdicts if v.verdict == "pass"]
+    assert len(passed) >= 36, [v.reason for v in verdicts if v.verdict != "pass"]
+    assert all("at the measured noise" in v.reason for v in passed)
+    # it took extra looks, and stopped as soon as the power was reached
+    assert min(looks) > len(plan.steps) and max(looks) < len(plan.looks())
+    for v in passed:
+        assert v.n_pairs >= v.required_pairs
+
+
+def test_with_the_extension_a_slowdown_at_the_minimum_is_still_caught_at_the_stated_power():
+    plan = _plan()
+    shift = np.log(plan.latency.min_slowdown_ratio)
+    verdicts = [conclude_canary(plan, _sequential(plan, np.random.default_rng(300 + seed),
+                                                  shift=shift, sd=GPU_NOISE)).verdict
+                for seed in range(60)]
+    assert verdicts.count("fail") / len(verdicts) >= plan.latency.power - 0.08, verdicts
+
+
+def test_the_extension_stops_at_its_maximum_and_says_inconclusive_past_its_noise_ceiling():
+    plan = _plan()
+    unbreached = 0
+    for seed in range(10):
+        results = _sequential(plan, np.random.default_rng(70 + seed), sd=plan.noise_ceiling() * 3)
+        verdict = conclude_canary(plan, results)
+        if verdict.verdict == "fail":
+            continue  # noise can breach by chance (at most alpha); not this test's subject
+        unbreached += 1
+        assert len(results) == len(plan.looks())
+        assert verdict.verdict == "inconclusive" and "too noisy for its power" in verdict.reason
+    assert unbreached >= 8
+
+
+def test_no_extra_look_after_a_pass_or_a_breach():
+    plan = _plan()
+    quiet = _sequential(plan, np.random.default_rng(8), sd=0.05)
+    assert len(quiet) == len(plan.steps) and conclude_canary(plan, quiet).verdict == "pass"
+    slow = _sequential(plan, np.random.default_rng(9), shift=np.log(1.5), sd=0.05)
+    assert not slow[-1].passed and not another_look(plan, slow)
+    assert len(slow) <= len(plan.steps)
+
+
+def test_an_extension_needs_the_paired_test_and_a_name_that_fits():
+    base = dict(steps=[{"name": "s" * 60, "traffic_fraction": 0.5, "requests": 400}],
+                max_error_count=0, max_nan_count=0, max_output_drift=1e-3,
+                max_memory_growth_bytes=0)
+    paired = {"test": "signed_rank_abba", "alpha": 0.05, "min_slowdown_ratio": 1.1,
+              "power": 0.9, "noise_sd": 0.2, "inconclusive": "reject"}
+    with pytest.raises(ValueError, match="too long"):
+        CanaryPlan.model_validate({**base, "latency": paired,
+                                   "extend": {"max_steps": 10, "requests": 100}})
+    with pytest.raises(ValueError, match="paired latency test"):
+        CanaryPlan.model_validate({**base, "latency": {"test": "mannwhitneyu", "alpha": 0.05},
+                                   "extend": {"max_steps": 1, "requests": 100}})
+    with pytest.raises(ValueError, match="compare no request"):
+        CanaryPlan.model_validate({**base, "steps": [{"name": "s", "traffic_fraction": 0.5,
+                                                      "requests": 400}],
+                                   "latency": paired, "extend": {"max_steps": 1, "requests": 1}})

@@ -17,7 +17,7 @@ import yaml
 from pydantic import BaseModel
 
 from gates.approval_policy import ApprovalPolicy, Approver
-from gates.canary_plan import CanaryPlan, CanaryStep, LatencyTest
+from gates.canary_plan import CanaryExtension, CanaryPlan, CanaryStep, LatencyTest
 from gates.directions import Looser, direction_of, limit
 from gates.loosening import loosenings
 from gates.serving_contract import ServingContract
@@ -285,6 +285,28 @@ def test_tightenings_and_names_report_nothing(edit):
     assert loosenings(_parsed(BASE), _edited(edit)) == []
 
 
+def test_a_canary_extension_set_unset_or_shortened_needs_approval():
+    """Setting or unsetting the extension changes the passing rule (bound on the noise or
+    power at the measured noise): another test. Fewer or smaller extra looks take power
+    from a noisy canary, as fewer requests in a step do."""
+    from pathlib import Path
+
+    local = Path(__file__).resolve().parents[1] / "thresholds" / "local-dry-run.yaml"
+    with_extension = parse_thresholds(local.read_bytes())
+
+    def extended(extend):
+        canary = with_extension.canary.model_copy(update={"extend": extend})
+        return with_extension.model_copy(update={"canary": canary})
+
+    bare = extended(None)
+    assert loosenings(bare, with_extension) == ["canary.extend unset -> set"]
+    assert loosenings(with_extension, bare) == ["canary.extend set -> unset"]
+    shorter = extended(CanaryExtension(max_steps=2, requests=100))
+    assert sorted(loosenings(with_extension, shorter)) == [
+        "canary.extend.max_steps 6 -> 2", "canary.extend.requests 200 -> 100"]
+    assert loosenings(with_extension, extended(CanaryExtension(max_steps=8, requests=400))) == []
+
+
 def test_a_wider_serving_contract_is_a_tightening():
     narrow = {"dtypes": ["bfloat16"], "model_dtype": "bfloat16", "min_head_dim": 64,
               "max_head_dim": 128, "min_seq": 1024, "max_seq": 4096}
@@ -324,7 +346,8 @@ def test_an_unchanged_profile_reports_nothing_and_the_reverse_of_a_loosening_doe
 
 # --- every field declares its direction ------------------------------------------------
 
-SCHEMA_MODELS = {Thresholds, CanaryPlan, LatencyTest, CanaryStep, ApprovalPolicy, Approver,
+SCHEMA_MODELS = {Thresholds, CanaryPlan, LatencyTest, CanaryStep, CanaryExtension,
+                 ApprovalPolicy, Approver,
                  PlatformCriteria, ValueCriterion, ChangeCriterion, ServingContract}
 
 
