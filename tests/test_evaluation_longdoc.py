@@ -307,3 +307,28 @@ def test_a_real_replay_on_this_host_with_a_failing_and_a_nan_kernel():
     assert bad.overall.errors == counts[32] > 0
     assert bad.overall.non_finite == counts[16] > 0
     assert "no kernel for 32 keys" in next(r.error for r in bad.trace.requests if r.bucket == 32)
+
+
+def test_the_bench_command_pairs_two_kernels_and_writes_json(tmp_path: Path, capsys):
+    import json
+
+    import yaml
+
+    from evaluation.longdoc import bench
+
+    raw = _spec(arrivals={"rate_per_s": 50.0, "requests": 12, "warmup_requests": 2,
+                          "seed": 5}).model_dump(mode="json")
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    out = tmp_path / "bench.json"
+    assert bench.main(["--workload", str(path), "--kernels", "xla,naive",
+                       "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "ttr ratio" in text and "naive / xla" in text
+    data = json.loads(out.read_text())
+    assert data["kernels"] == ["xla", "naive"] and set(data["paired"]) >= {"all"}
+    assert data["paired"]["all"]["min_output_cosine"] > 0.9999
+    ids = [[r["id"] for r in data["reports"][k]["trace"]["requests"]] for k in ("xla", "naive")]
+    assert ids[0] == ids[1] == list(range(12))  # paired on the same arrivals
+    with pytest.raises(SystemExit):
+        bench.main(["--help"])

@@ -13,14 +13,11 @@ import pytest
 from pydantic import ValidationError
 from scipy.stats import binomtest
 
-from gates.adoption import (
-    AdoptionInputError,
-    AdoptionPlan,
+from gates.adoption import AdoptionInputError, AdoptionPlan, judge, sign_boundary
+from gates.adoption_power import (
     _first_decisions,
     adoption_power,
-    judge,
     pairs_for_adoption_power,
-    sign_boundary,
     simulate_decisions,
     tuned_rho,
 )
