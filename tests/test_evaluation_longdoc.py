@@ -260,6 +260,7 @@ def test_errors_and_non_finite_outputs_are_counted_not_raised():
     report = summarise(replay(HAND, spec, serve), spec, implementation="fake", device="none")
     o = report.overall
     assert (o.errors, o.non_finite) == (1, 1)
+    assert o.docs_per_s == pytest.approx(3 / 1.4)  # requests 0-2 (3 failed)
     assert o.goodput_docs_per_s == pytest.approx(2 / 1.4)  # requests 0 and 1
     assert o.cost_per_1000_docs == pytest.approx(2.0 / 4 * 1000)  # 4 served without error
     assert report.trace.requests[3].error == "RuntimeError: out of memory"

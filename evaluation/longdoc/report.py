@@ -9,9 +9,10 @@ Definitions (seconds, tokens, documents; every figure computable by hand from a 
 * **Time to result** = queue + compute per request; p50/p95/p99 are nearest-rank
   percentiles (the ``ceil(q n)``-th smallest: always an observed value) over the steady
   requests.
-* **documents/s, tokens/s**: requests (any) whose result came within the window, and
-  their unpadded tokens, per second of window. **Goodput**: those of them that were
-  served without error, finite, within the SLO, per second; **SLO attainment**: the
+* **documents/s, tokens/s**: requests (any, warm-up included) served without error
+  whose result came within the window, and their unpadded tokens, per second of window.
+  **Goodput**: those of them that were finite and within the SLO, per second; **SLO
+  attainment**: the
   share of steady requests served finite within the SLO.
 * **Device busy fraction**: seconds of batch service inside the window over the
   window's length (per bucket: that bucket's share).
@@ -99,8 +100,9 @@ def figures(records: Sequence[RequestRecord], batches: Sequence[BatchRecord],
     length = end - start
     steady = [r for r in records if r.id in steady_ids]
     ttr = [r.time_to_result_s for r in steady]
-    done = [r for r in records if start <= r.time_to_result_s + r.arrival_s <= end]
-    good = [r for r in done if r.ok and r.finite and r.time_to_result_s <= spec.slo_s]
+    done = [r for r in records
+            if r.ok and start <= r.time_to_result_s + r.arrival_s <= end]
+    good = [r for r in done if r.finite and r.time_to_result_s <= spec.slo_s]
     ok = [r for r in records if r.ok]
     device_s = sum(b.service_s for b in batches)
     rate = (lambda x: x / length) if length > 0 else (lambda x: None)

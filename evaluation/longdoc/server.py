@@ -57,7 +57,7 @@ class EncoderServer:
         self.compile_s = 0.0
         self.compiled_peak_bytes: int | None = None
         self.outputs: dict[int, np.ndarray] = {}
-        self._compiled: dict[tuple[int, int], object] = {}
+        self._compiled: dict[tuple[int, int], object] = {}  # a program or its error
 
     def batch_inputs(self, batch: Batch) -> tuple[np.ndarray, np.ndarray]:
         """int32 ids ``[rows, bucket]`` (zeros past each length) and lengths ``[rows]``;
@@ -69,15 +69,24 @@ class EncoderServer:
         return ids, np.array([r.tokens for r in reqs], dtype=np.int32)
 
     def _program(self, ids: np.ndarray, lengths: np.ndarray):
+        """The compiled forward of this batch shape (compiled and warmed once); a shape
+        that failed to compile raises its first error again without recompiling."""
         key = ids.shape
+        if isinstance(self._compiled.get(key), Exception):
+            raise self._compiled[key]
         if key not in self._compiled:
             t0 = time.perf_counter()
-            compiled = encode_jit.lower(self.encoder.params, ids, lengths,
-                                        attention_fn=self.attention_fn,
-                                        spec=self.encoder.spec).compile()
-            jax.block_until_ready(compiled(self.encoder.params, jnp.asarray(ids),
-                                           jnp.asarray(lengths)))
-            self.compile_s += time.perf_counter() - t0
+            try:
+                compiled = encode_jit.lower(self.encoder.params, ids, lengths,
+                                            attention_fn=self.attention_fn,
+                                            spec=self.encoder.spec).compile()
+                jax.block_until_ready(compiled(self.encoder.params, jnp.asarray(ids),
+                                               jnp.asarray(lengths)))
+            except Exception as err:  # noqa: BLE001 - kept: every batch of it fails alike
+                self._compiled[key] = err
+                raise
+            finally:
+                self.compile_s += time.perf_counter() - t0
             peak = compiler_peak_bytes(compiled)
             if peak is not None:
                 self.compiled_peak_bytes = max(peak, self.compiled_peak_bytes or 0)
