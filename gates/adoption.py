@@ -38,6 +38,11 @@ effect: with ``k*(n)`` the fewest signs that reach ``1/alpha``, the lower bound 
 smallest; both are kept as running intersections (valid, since the coverage holds at
 every ``n`` simultaneously).
 
+The pairs must be independent (or at least each sign a fair coin given the past under
+the null): times to result in one queue are not (a slow batch delays every request
+behind it), so the pairs fed here are compute times measured paired and order-balanced
+(as the latency judge's ABBA pairs are), not queue-inclusive times.
+
 Decision per look (first one reached ends the test):
 
 * ``not_worth_it``: the upper bound of the median effect is below ``delta``: confident
