@@ -1,4 +1,7 @@
-"""Plots of an evaluation (matplotlib, Agg backend, PNG).
+"""Plots of an evaluation (matplotlib's object-oriented API, PNG files).
+
+Figures are made with ``matplotlib.figure.Figure`` directly, not ``pyplot``: a file-only
+figure needs no GUI backend and no global figure registry (nothing to close).
 
 * error by category: relative L2 error per case, one box and the individual cases per
   category, for each implementation, on a log axis;
@@ -11,14 +14,11 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
-import matplotlib
+import numpy as np
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")  # files only; never needs a display
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-from evaluation.accuracy import AGGREGATE_CATEGORIES, AccuracyResult  # noqa: E402
-from evaluation.performance import PerformanceResult  # noqa: E402
+from evaluation.accuracy import AGGREGATE_CATEGORIES, AccuracyResult
+from evaluation.performance import PerformanceResult
 
 COLORS = {"candidate": "tab:blue", "baseline": "tab:orange", "production": "tab:green"}
 _TINY = 1e-12  # stands in for an exact (0) error on the log axis
@@ -32,7 +32,6 @@ def _color(role: str, i: int) -> str:
 def _save(fig, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
     return path
 
 
@@ -51,7 +50,8 @@ def plot_error_by_category(accuracy: dict[str, AccuracyResult], path: str | Path
     cats = list(AGGREGATE_CATEGORIES)
     roles = list(accuracy)
     width = 0.8 / max(len(roles), 1)
-    fig, ax = plt.subplots(figsize=(max(7.0, 2.4 * len(cats)), 4.8))
+    fig = Figure(figsize=(max(7.0, 2.4 * len(cats)), 4.8))
+    ax = fig.subplots()
     rng = np.random.default_rng(0)  # jitter only
     finite_all = [r.rel_error for a in accuracy.values() for r in a.cases if np.isfinite(r.rel_error)]
     top = max(finite_all + [threshold or 0.0, _TINY]) * 10
@@ -100,7 +100,8 @@ def plot_latency_distribution(perf: PerformanceResult, path: str | Path) -> Path
     roles = sorted({r for s in perf.shapes for r in s.implementations},
                    key=lambda r: (list(COLORS).index(r) if r in COLORS else 9, r))
     width = 0.8 / max(len(roles), 1)
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.8 * len(perf.shapes) + 2), 4.8))
+    fig = Figure(figsize=(max(6.0, 1.8 * len(perf.shapes) + 2), 4.8))
+    ax = fig.subplots()
     for i, role in enumerate(roles):
         color = _color(role, i)
         for j, shape in enumerate(perf.shapes):
@@ -134,7 +135,8 @@ def plot_speedup_vs_seq_len(perf: PerformanceResult, path: str | Path) -> Path:
         for role, speedup in s.speedup_vs_baseline.items():
             if role != perf.baseline:
                 series[(role, family)].append((sh.kv_len, speedup))
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig = Figure(figsize=(7, 4.5))
+    ax = fig.subplots()
     markers = "osD^v<>"
     families = sorted({f for _, f in series})
     roles = sorted({r for r, _ in series})

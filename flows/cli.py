@@ -10,25 +10,35 @@ that rolled back, 3 a rollout that errored (a stage crashed; signed, outcome pri
 
 from __future__ import annotations
 
+import json
+import logging
 import os
+from pathlib import Path
+from typing import Annotated
 
-# Show the packages' own log lines in Prefect's run logs (must precede importing Prefect).
-os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS",
-                      "kernelgate,kernels,evaluation,gates,lineage,flows")
-from flows.log_noise import quiet_environment, route_to_debug_log  # noqa: E402
+import typer
 
-quiet_environment()  # before MLflow, GX or tqdm is imported
-# Prefect's local server gets 20 s to start by default; a busy 2-core host needed more
-# (seen: "Timed out while attempting to connect to ephemeral Prefect API server").
-os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
-
-import json  # noqa: E402
-import logging  # noqa: E402
-from pathlib import Path  # noqa: E402
-from typing import Annotated  # noqa: E402
-
-import typer  # noqa: E402
+# (importing flows set what Prefect, MLflow and tqdm read at import: flows/__init__.py)
+from flows import prefect_server
+from flows.cli_approvals import approve, approve_loosening
+from flows.cli_args import (
+    StoreDir,
+    check_family,
+    check_implementation,
+    check_known_family,
+    check_store_dir,
+    check_thresholds,
+)
+from flows.cli_calibrate import calibrate
+from flows.cli_history import timeline
+from flows.cli_keys import KeyDir, check_name, keys_app
+from flows.cli_log import CheckpointFiles, reanchor, witnessing
+from flows.cli_ops import notifications_app, ui
+from flows.cli_revalidate import revalidate
+from flows.cli_stack import stack_app
+from flows.cli_store import existing_family, fail_fast_if_down, families, open_store
+from flows.log_noise import route_to_debug_log
+from flows.paths import compilation_cache
 
 # Prefect attaches its handlers to the extra loggers but leaves their level at the
 # root's WARNING; the stage summaries are INFO.
@@ -55,33 +65,14 @@ Family = Annotated[str | None, typer.Option(
     help="kernel family (MLflow experiment and registered model); default: the kernel's name")]
 BlockQ = Annotated[int | None, typer.Option(min=1, help="query block size (tokens)")]
 BlockKV = Annotated[int | None, typer.Option(min=1, help="key/value block size (tokens)")]
-from flows.cli_args import (  # noqa: E402
-    StoreDir,
-    check_family,
-    check_implementation,
-    check_known_family,
-    check_store_dir,
-    check_thresholds,
-)
-from flows.cli_keys import KeyDir, check_name, keys_app  # noqa: E402
-from flows.cli_ops import notifications_app, ui  # noqa: E402
-from flows.cli_store import existing_family, fail_fast_if_down, families, open_store  # noqa: E402
 
 app.add_typer(keys_app, name="keys")
 app.add_typer(notifications_app, name="notifications")
 app.command()(ui)
-from flows.cli_approvals import approve, approve_loosening  # noqa: E402
-from flows.cli_log import CheckpointFiles, reanchor, witnessing  # noqa: E402
 
 app.command()(approve)
 app.command(name="approve-loosening")(approve_loosening)
 app.command()(reanchor)
-from flows import prefect_server  # noqa: E402
-from flows.cli_calibrate import calibrate  # noqa: E402
-from flows.cli_history import timeline  # noqa: E402
-from flows.cli_revalidate import revalidate  # noqa: E402
-from flows.cli_stack import stack_app  # noqa: E402
-from flows.paths import compilation_cache  # noqa: E402
 
 app.add_typer(stack_app, name="stack")
 app.command()(calibrate)

@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from flows.stack_accounts import ACCOUNTS, claim_families, create_accounts  # noqa: E402,F401
+from flows.stack_accounts import ACCOUNTS, claim_families, create_accounts  # noqa: F401
 from flows.stack_config import (  # noqa: F401 - re-exported: one module for callers
     DEFAULT_CONFIG,
     PROJECT_DIR,

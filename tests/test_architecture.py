@@ -270,6 +270,36 @@ def test_no_session_or_issue_numbers_in_code_or_tests():
                            + "\n".join(offenders))
 
 
+def _late_imports(text: str) -> list[int]:
+    """Lines of module-level imports that follow other statements (after the docstring and
+    ``from __future__``): what ruff's E402 flags and a ``# noqa: E402`` silences."""
+    body = ast.parse(text).body
+    seen_code, late = False, []
+    for i, node in enumerate(body):
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            if seen_code:
+                late.append(node.lineno)
+        elif not (i == 0 and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)):
+            seen_code = True
+    return late
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_imports_come_first_in_every_module(module):
+    """No environment set or backend chosen between imports: a module that needs a
+    setting before a library's import gets it from its package's ``__init__``
+    (``flows/__init__.py``), so tools that follow imports read the file top down."""
+    late = _late_imports(MODULES[module].read_text())
+    assert not late, f"{module}: imports after other statements at lines {late}"
+
+
+def test_the_late_import_check_finds_a_planted_one():
+    planted = '"""doc."""\nfrom __future__ import annotations\nimport os\n' \
+              'os.environ.setdefault("X", "1")\nimport json\n'
+    assert _late_imports(planted) == [5]
+    assert _late_imports('"""doc."""\nimport os\nimport json\nX = 1\n') == []
+
+
 def test_the_history_scanner_finds_what_is_planted_and_nothing_else():
     s, i = "session", "issue"  # split, so that this file holds no reference itself
     planted = (f'"""Fixed in {s} 11.\n\nSee {i}s 19-21 and {s}s 11 and 13."""\n'
