@@ -20,9 +20,10 @@ import contextlib
 import random
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, NamedTuple
 
-from lineage import checkpoints, family_log
+from lineage import checkpoints, family_log, store_identity
 from lineage.attestations import Attestation, AttestationError, Signing, attest
 from lineage.family_log import FamilyLog, Head, LogDamaged
 from lineage.log_sequence import SequenceTaken
@@ -35,43 +36,44 @@ class Kept(NamedTuple):
     entry, then moves the checkpoints: read in this order they never run ahead of the
     log, so a writer racing another is never mistaken for a cut log)."""
 
-    beside_key: dict[str, bytes]
-    """genesis -> checkpoint envelope, from ``<key dir>/checkpoints/<family>/``"""
+    beside_key: dict[Path, bytes]
+    """file -> checkpoint envelope: ``<key dir>/checkpoints/<store>/<family>.json`` of every
+    store, and those of before logs carried a store identity"""
     with_sequencer: bytes | None
 
 
 def kept_checkpoints(family: str, signing: Signing) -> Kept:
     """Read the pipeline's checkpoints of ``family``'s logs (call before reading the log)."""
-    beside: dict[str, bytes] = {}
+    beside: dict[Path, bytes] = {}
     if signing.key_dir is not None:
-        folder = checkpoints.checkpoint_file(signing.key_dir, family, "x").parent
-        for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        root = Path(signing.key_dir) / checkpoints.CHECKPOINTS
+        legacy = root / family
+        found = [*root.glob(f"*/{family}.json"), *(legacy.glob("*.json") if legacy.is_dir() else [])]
+        for path in sorted(set(found)):
             with contextlib.suppress(OSError):
-                beside[path.stem] = path.read_bytes()
+                beside[path] = path.read_bytes()
     data = signing.sequencer.checkpoint(family) if signing.sequencer is not None else None
     return Kept(beside_key=beside, with_sequencer=data)
 
 
-def damage(log: FamilyLog, signing: Signing, kept: Kept | None = None
-           ) -> tuple[list[str], Head | None]:
-    """What is wrong with ``log`` for a writer (its own problems, and against the
-    pipeline's checkpoints), and the furthest of those checkpoints (None: none kept).
-    ``kept``: the checkpoints read before ``log`` was (default: read now)."""
+def damage(log: FamilyLog, signing: Signing, kept: Kept | None = None,
+           location: str | None = None) -> tuple[list[str], Head | None]:
+    """What is wrong with ``log`` for a writer (its own problems, against the pipeline's
+    checkpoints kept for its store and family, and a store found where the key folder saw
+    another), and the furthest of those checkpoints (None: none kept). ``kept``: the
+    checkpoints read before ``log`` was (default: read now); ``location``: where the store
+    is (``lineage.store_identity.location``)."""
     found = list(log.problems)
-    checkpoint = None
+    found += store_identity.check(log.store, location, signing.key_dir,
+                                  "the pipeline's key folder")[0]
+    checkpoint, why = checkpoints.pipeline_checkpoint(
+        log, signing.key_dir, signing.trust, location,
+        kept=None if kept is None else kept.beside_key)
+    found += why
     if kept is None:
-        checkpoint, why = checkpoints.pipeline_checkpoint(log, signing.key_dir, signing.trust)
-        found += why
         data = signing.sequencer.checkpoint(log.family) if signing.sequencer is not None else None
     else:
         data = kept.with_sequencer
-        if log.genesis is not None and log.genesis in kept.beside_key:
-            label = str(checkpoints.checkpoint_file(signing.key_dir, log.family, log.genesis))
-            try:
-                checkpoint = checkpoints.read_checkpoint(kept.beside_key[log.genesis],
-                                                         signing.trust, label=label)
-            except AttestationError as err:
-                found.append(f"pipeline checkpoint unusable: {err}")
     if checkpoint is not None:
         found += checkpoints.compare(log, checkpoint, "the pipeline's checkpoint")[0]
     if data is not None:
@@ -90,7 +92,12 @@ def damage(log: FamilyLog, signing: Signing, kept: Kept | None = None
 def current_damage(source: EvidenceSource, signing: Signing) -> list[str]:
     """:func:`damage` of the family's log read from ``source`` now (checkpoints first)."""
     kept = kept_checkpoints(source.family, signing)
-    return damage(family_log.read(source), signing, kept)[0]
+    return damage(family_log.read(source), signing, kept, _location(source))[0]
+
+
+def _location(source: EvidenceSource) -> str | None:
+    tracking = getattr(source, "tracking", None)
+    return None if tracking is None else store_identity.location(tracking)
 
 
 def intact_log(source: EvidenceSource, signing: Signing) -> FamilyLog:
@@ -102,7 +109,7 @@ def intact_log(source: EvidenceSource, signing: Signing) -> FamilyLog:
     """
     kept = kept_checkpoints(source.family, signing)
     log = family_log.read(source)
-    found, _ = damage(log, signing, kept)
+    found, _ = damage(log, signing, kept, _location(source))
     if found:
         raise _damaged(found, source.family)
     return log
@@ -199,7 +206,8 @@ def _append_once(tracking: Tracking, run_id: str, kind: str, predicate: Mapping[
                  family: str, force: bool, expect_seq: int | None = None) -> Attestation:
     kept = kept_checkpoints(family, signing)  # before the log: see Kept
     log = family_log.read(StoreSource(tracking, family, signing.trust))
-    found, checkpoint = damage(log, signing, kept)
+    where = store_identity.location(tracking)
+    found, checkpoint = damage(log, signing, kept, where)
     if found and not force:
         raise _damaged(found, family)
     seq = max(log.length, checkpoint.length if checkpoint else 0) + 1
@@ -215,11 +223,17 @@ def _append_once(tracking: Tracking, run_id: str, kind: str, predicate: Mapping[
             raise SequenceTaken(f"entry {seq} of {family}'s signed log was claimed by another "
                                 "writer first; nothing was logged", seq=seq)
 
-    entry = attest(tracking, run_id, kind,
-                   {**predicate, family_log.LOG_FIELD: {"family": family, "seq": seq, "prev": prev}},
+    store = (log.store or (checkpoint.store if checkpoint else None)
+             or store_identity.store_for(signing.key_dir, where) or store_identity.new_store_id())
+    position = {"family": family, "seq": seq, "prev": prev}
+    if seq == 1:  # the log's identity: its store and family, signed
+        position["store"] = store
+    entry = attest(tracking, run_id, kind, {**predicate, family_log.LOG_FIELD: position},
                    signing.signer, subjects=subjects, name=name, before_logging=claim)
     genesis = log.genesis or (checkpoint.genesis if checkpoint else None) or entry.envelope_sha256
-    checkpoints.write_checkpoint(Head(family=family, genesis=genesis, length=seq,
+    if signing.key_dir is not None:
+        store_identity.remember(signing.key_dir, where, store)
+    checkpoints.write_checkpoint(Head(family=family, store=store, genesis=genesis, length=seq,
                                       head=entry.envelope_sha256), signing)
     return entry
 

@@ -137,7 +137,7 @@ def test_a_checkpoint_brought_by_the_auditor_and_one_of_another_log(lab, tmp_pat
     _promoted_then_rejected(lab)
     log = lab.log()
     kept = tmp_path / "kept.json"
-    kept.write_bytes(checkpoints.checkpoint_file(lab.key_dir, "fam", log.genesis).read_bytes())
+    kept.write_bytes(checkpoints.checkpoint_file(lab.key_dir, "fam", log.store).read_bytes())
     found, _ = checkpoints.witness(log, lab.signing.trust, files=[kept])
     assert found == []
     # a stranger's own pipeline key (a Signing only takes a signer its trust names)
