@@ -43,7 +43,6 @@ from lineage import (
     reference_audit,
     registered_model,
     store_check,
-    store_identity,
 )
 from lineage.approvals import recheck_answer
 from lineage.attestations import Attestation, AttestationError
@@ -284,12 +283,11 @@ def audit(tracking: Tracking | None, family: str, target: str, *, trust=None,
     walk.problems += [f"attestation does not verify: {p}" for p in source.problems()]
     log = family_log.read(source)
     seen = witnessing or checkpoints.Witnessing()
-    if seen.location is None and isinstance(source, StoreSource):
-        seen = seen.model_copy(update={"location": store_identity.location(source.tracking)})
-    found, warnings = checkpoints.witness(log, source.trust, **seen.model_dump())
+    where = seen.location or (tracking.tracking_uri if tracking is not None else None)
+    found, warnings = checkpoints.witness(log, source.trust, **seen.model_dump() | {"location": where})
     walk.problems += log.problems + found
     if seen.home is not None and not log.problems and not found:
-        checkpoints.remember(log, seen.home, seen.location)
+        checkpoints.remember(log, seen.home, where)
     online = isinstance(source, StoreSource)
     actual = registered_model.aliases(tracking, family) if online else source.view.get("aliases", {})
     signed = _history(source, actual, walk)

@@ -126,6 +126,33 @@ def require_intact(tracking: Tracking, family: str, signing: Signing) -> FamilyL
     return intact_log(StoreSource(tracking, family, signing.trust), signing)
 
 
+def earlier_log(tracking: Tracking, family: str, key_dir: Path | None) -> str | None:
+    """Why ``family`` cannot be started as a new family in this store, or None: a name
+    that has or had a log there (the pipeline's checkpoint of the family in this store,
+    beside its key; an experiment of the family under another name, e.g. renamed, or
+    deleted) names that log. A new log of a known family would be a restarted log."""
+    where = store_identity.location(tracking)
+    store = store_identity.store_for(key_dir, where)
+    if key_dir is not None and store is not None:
+        path = checkpoints.checkpoint_file(key_dir, family, store)
+        if path.is_file():
+            return (f"{family} has a signed log in this store (the pipeline's checkpoint "
+                    f"{path}): a name that has or had a log cannot start a new one")
+    from mlflow.entities import ViewType
+
+    from lineage import tags
+    from lineage.tracking import experiment_name
+
+    found = tracking.client().search_experiments(
+        view_type=ViewType.ALL, filter_string=f"tags.`{tags.FAMILY}` = '{family}'")
+    others = sorted(e.name for e in found if e.name != experiment_name(family)
+                    or e.lifecycle_stage != "active")
+    if others:
+        return (f"{family} had a log in this store (experiment {', '.join(others)}, renamed or "
+                "deleted): a name that has or had a log cannot start a new one")
+    return None
+
+
 CLAIM_WAIT_S = 120.0
 """How long a writer that keeps losing *one* log position waits for the winner's entry to
 appear before giving up (a winner that died between its claim and its entry leaves the
@@ -238,4 +265,5 @@ def _append_once(tracking: Tracking, run_id: str, kind: str, predicate: Mapping[
     return entry
 
 
-__all__ = ["LogDamaged", "SequenceTaken", "append", "current_damage", "damage", "intact_log", "require_intact"]
+__all__ = ["LogDamaged", "SequenceTaken", "append", "current_damage", "damage", "earlier_log", "intact_log",
+           "require_intact"]
