@@ -92,12 +92,23 @@ def damage(log: FamilyLog, signing: Signing, kept: Kept | None = None,
 def current_damage(source: EvidenceSource, signing: Signing) -> list[str]:
     """:func:`damage` of the family's log read from ``source`` now (checkpoints first)."""
     kept = kept_checkpoints(source.family, signing)
-    return damage(family_log.read(source), signing, kept, _location(source))[0]
+    log = family_log.read(source)
+    return damage(log, signing, kept, _location(source, log, signing))[0]
 
 
-def _location(source: EvidenceSource) -> str | None:
+def _location(source: EvidenceSource, log: FamilyLog, signing: Signing) -> str | None:
+    """Where the store a writer reads is; a store made afresh where the key folder saw
+    another (nothing of any family in it) makes the key folder forget the old one there,
+    so its first entry names a new store id (``lineage.store_identity``)."""
     tracking = getattr(source, "tracking", None)
-    return None if tracking is None else store_identity.location(tracking)
+    if tracking is None:
+        return None
+    where = store_identity.location(tracking)
+    if (not log.entries and not log.legacy and signing.key_dir is not None
+            and store_identity.store_for(signing.key_dir, where) is not None
+            and store_identity.is_fresh(tracking, source.family)):
+        store_identity.forget(signing.key_dir, where)
+    return where
 
 
 def intact_log(source: EvidenceSource, signing: Signing) -> FamilyLog:
@@ -109,7 +120,7 @@ def intact_log(source: EvidenceSource, signing: Signing) -> FamilyLog:
     """
     kept = kept_checkpoints(source.family, signing)
     log = family_log.read(source)
-    found, _ = damage(log, signing, kept, _location(source))
+    found, _ = damage(log, signing, kept, _location(source, log, signing))
     if found:
         raise _damaged(found, source.family)
     return log
@@ -133,6 +144,8 @@ def earlier_log(tracking: Tracking, family: str, key_dir: Path | None) -> str | 
     deleted) names that log. A new log of a known family would be a restarted log."""
     where = store_identity.location(tracking)
     store = store_identity.store_for(key_dir, where)
+    if store is not None and store_identity.is_fresh(tracking, family):
+        return None  # a new store made where another was: a new store id, nothing to restart
     if key_dir is not None and store is not None:
         path = checkpoints.checkpoint_file(key_dir, family, store)
         if path.is_file():
@@ -232,8 +245,9 @@ def _append_once(tracking: Tracking, run_id: str, kind: str, predicate: Mapping[
                  signing: Signing, *, subjects: Mapping[str, str] | None, name: str | None,
                  family: str, force: bool, expect_seq: int | None = None) -> Attestation:
     kept = kept_checkpoints(family, signing)  # before the log: see Kept
-    log = family_log.read(StoreSource(tracking, family, signing.trust))
-    where = store_identity.location(tracking)
+    source = StoreSource(tracking, family, signing.trust)
+    log = family_log.read(source)
+    where = _location(source, log, signing)
     found, checkpoint = damage(log, signing, kept, where)
     if found and not force:
         raise _damaged(found, family)

@@ -17,6 +17,11 @@ family before, and fails as a restarted log.
   new place (moved, or restored from a backup elsewhere) is said, not failed.
 * Logs whose first entry names no store were made before logs carried a store identity:
   still verified, and said.
+* A store made afresh at a place the key folder knows (``make clean``, then a rollout:
+  no experiment of any family, renamed or deleted ones included) is a new store: it gets
+  a new id on its first entry. The auditors who saw the old store there fail it, naming
+  both; a store that still holds a family's experiment under any name keeps its id, so a
+  family renamed away cannot start again unseen.
 
 The checkpoints beside the key and the auditor's remembered heads are kept per
 ``(store id, family)`` (``lineage.checkpoints``).
@@ -68,6 +73,34 @@ def remember(folder: Path, where: str, store_id: str) -> None:
     tmp.replace(path)
 
 
+def forget(folder: Path, where: str) -> None:
+    """Forget which store was at ``where`` (a new store was made there)."""
+    places = known(folder)
+    if places.pop(where, None) is None:
+        return
+    path = Path(folder) / STORES_FILE
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"locations": places}, indent=1, sort_keys=True))
+    tmp.replace(path)
+
+
+def is_fresh(tracking: Tracking, family: str) -> bool:
+    """Whether the store holds nothing of any family but ``family``'s own experiment
+    (just created, holding no log yet): no other experiment of the pipeline's, by name or
+    by family tag, deleted ones included."""
+    from mlflow.entities import ViewType
+
+    from lineage import tags
+
+    own = f"kernelgate-{family}"
+    for experiment in tracking.client().search_experiments(view_type=ViewType.ALL,
+                                                           max_results=1000):
+        ours = experiment.name.startswith("kernelgate-") or tags.FAMILY in experiment.tags
+        if ours and (experiment.name != own or experiment.lifecycle_stage != "active"):
+            return False
+    return True
+
+
 def new_store_id() -> str:
     """A new store id (random, 32 hex digits)."""
     return uuid.uuid4().hex
@@ -100,4 +133,5 @@ def check(store_id: str | None, where: str | None, folder: Path | None, whose: s
     return [], []
 
 
-__all__ = ["STORES_FILE", "check", "known", "location", "new_store_id", "remember", "store_for"]
+__all__ = ["STORES_FILE", "check", "forget", "is_fresh", "known", "location", "new_store_id", "remember",
+           "store_for"]

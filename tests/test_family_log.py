@@ -279,3 +279,30 @@ def test_a_log_without_a_store_identity_is_verified_and_said(lab):
     found, _ = checkpoints.witness(legacy, lab.signing.trust, key_dir=lab.key_dir,
                                    location=lab.tracking.tracking_uri)
     assert found == []  # known by the store id the key folder remembers for its place
+
+
+def test_a_store_made_afresh_where_another_was_gets_a_new_id(lab):
+    """The store emptied and made again in its folder (``make clean``, then a rollout):
+    the pipeline starts the family there under a new store id; an auditor who saw the
+    old store there fails the new one, naming both."""
+    import sqlite3
+
+    promotable_chain(lab.tracking, lab.family, lab.strict, signing=lab.signing)
+    old = lab.log()
+    checkpoints.remember(old, lab.home, lab.tracking.tracking_uri)
+    folder = lab.key_dir.parent / "store"
+    empty = tr.local_tracking(lab.key_dir.parent / "empty")
+    empty.client().search_experiments()  # the tables of a new store
+    with sqlite3.connect(folder.parent / "empty" / "mlflow.db") as src, \
+            sqlite3.connect(folder / "mlflow.db") as dst:
+        src.backup(dst)  # in place: this process's open connections see the new store
+    shutil.rmtree(folder / "mlartifacts")
+    assert log_writer.earlier_log(lab.tracking, lab.family, lab.key_dir) is None
+    promotable_chain(lab.tracking, lab.family, lab.strict, signing=lab.signing)
+    new = lab.log()
+    assert new.problems == [] and new.store not in (None, old.store)
+    found, _ = checkpoints.witness(new, lab.signing.trust, key_dir=lab.key_dir, home=lab.home,
+                                   location=lab.tracking.tracking_uri)
+    assert any("another store was put in its place" in p and "your kernelgate home" in p
+               for p in found), found
+    assert not any("key folder" in p for p in found), found
