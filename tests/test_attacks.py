@@ -12,9 +12,9 @@ caught by kind; ``make attacks`` sets it and replays every variant (RELIABILITY.
 records it).
 
 Which run where (the suite's time): ``make test`` replays the first attack
-registered of each kind (17 of the 47 variants, one per kind, so every kind is still
+registered of each kind (22 of the 52 variants, one per kind, so every kind is still
 tried on every run); the other 30 variants of those kinds are marked ``slow`` and run
-in ``make attacks`` (all 47, the report RELIABILITY.md quotes) and ``make test-slow``.
+in ``make attacks`` (all 52, the report RELIABILITY.md quotes) and ``make test-slow``.
 None is deleted. Why: every variant replays on a copy of the pristine store and most
 end in a full audit, and the variants of one kind exercise the same check.
 """
