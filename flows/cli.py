@@ -127,6 +127,13 @@ def _plan(implementation: str, thresholds: Path | None, store_dir: Path, block_q
             raise typer.BadParameter(
                 f"no family {family!r} in this store yet (families: {families(tracking) or 'none'}); "
                 "pass --new-family to start one", param_hint="--family")
+        if family not in families(tracking):
+            from lineage.keys import default_key_dir
+            from lineage.log_writer import earlier_log
+
+            why = earlier_log(tracking, family, key_dir or default_key_dir())
+            if why is not None:
+                raise typer.BadParameter(why, param_hint="--family")
     else:
         open_store(store_dir, must_exist=False)
     return settings, plan

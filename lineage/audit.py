@@ -283,10 +283,11 @@ def audit(tracking: Tracking | None, family: str, target: str, *, trust=None,
     walk.problems += [f"attestation does not verify: {p}" for p in source.problems()]
     log = family_log.read(source)
     seen = witnessing or checkpoints.Witnessing()
-    found, warnings = checkpoints.witness(log, source.trust, **seen.model_dump())
+    where = seen.location or (tracking.tracking_uri if tracking is not None else None)
+    found, warnings = checkpoints.witness(log, source.trust, **seen.model_dump() | {"location": where})
     walk.problems += log.problems + found
     if seen.home is not None and not log.problems and not found:
-        checkpoints.remember(log, seen.home)
+        checkpoints.remember(log, seen.home, where)
     online = isinstance(source, StoreSource)
     actual = registered_model.aliases(tracking, family) if online else source.view.get("aliases", {})
     signed = _history(source, actual, walk)

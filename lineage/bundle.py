@@ -8,8 +8,10 @@ with no MLflow at all. The layout is defined here once, for both directions::
     artifacts/<run id>/<path>                the artifacts those envelopes sign
     keys/<name>.pub.json                     the public keys trusted at export (a copy:
                                              an auditor checks their ids, not this folder)
-    checkpoints/<genesis>.json               the pipeline's signed checkpoint of the family's
-                                             log (its length and head) at export
+    checkpoints/<family>.json                the pipeline's signed checkpoint of the family's
+                                             log (its store, length and head) at export
+                                             (<genesis>.json: a log made before logs
+                                             carried a store identity)
     store_view.json                          the registry as it was: aliases, version ->
                                              build run, deleted runs (unsigned: a hint; the
                                              audit trusts the signed history and checkpoint)
@@ -29,7 +31,7 @@ from typing import Protocol
 
 from mlflow.exceptions import MlflowException
 
-from lineage import checkpoints, family_log, registered_model
+from lineage import checkpoints, family_log, registered_model, store_identity
 from lineage import tracking as tr
 from lineage.attestations import (
     ATTESTATION_DIR,
@@ -181,11 +183,12 @@ def export_bundle(tracking: Tracking, family: str, report: AuditText, trust_file
             with contextlib.suppress(MlflowException, OSError):  # missing: offline check names it
                 target.write_bytes(tr.read_artifact(tracking, run_id, path))
     log = family_log.read(source)
-    if key_dir is not None and log.genesis is not None:
-        checkpoint = checkpoints.checkpoint_file(key_dir, family, log.genesis)
-        if checkpoint.is_file():
-            (out / CHECKPOINTS).mkdir(parents=True, exist_ok=True)
-            shutil.copy(checkpoint, out / CHECKPOINTS / checkpoint.name)
+    if key_dir is not None:
+        for checkpoint in checkpoints.checkpoint_paths(log, key_dir,
+                                                       store_identity.location(tracking)):
+            if checkpoint.is_file():
+                (out / CHECKPOINTS).mkdir(parents=True, exist_ok=True)
+                shutil.copy(checkpoint, out / CHECKPOINTS / checkpoint.name)
     keys = out / KEYS
     keys.mkdir(parents=True, exist_ok=True)
     for path in trust_files:

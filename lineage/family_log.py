@@ -10,8 +10,12 @@ envelope leaves a gap or a broken link that :func:`read` names. Deleting the *la
 entries leaves no gap: that is what a checkpoint held elsewhere sees
 (:mod:`lineage.checkpoints`; :func:`compare` checks a log against one).
 
-Entries signed before the log existed (no ``log`` field) are a legacy prefix: counted and
-said, never a failure. A gap re-anchored by a person's signed approval
+Entry 1 also names the store the log belongs to (``"store"``: its id,
+``lineage.store_identity``): a log is known by its store and family, so a log of the same
+family with another first entry is a restarted log, compared with (and failed against)
+the heads seen before. A log whose first entry names no store was made before logs carried
+a store identity: verified as before, and said. Entries signed before the log existed (no
+``log`` field) are a legacy prefix: counted and said, never a failure. A gap re-anchored by a person's signed approval
 (``lineage.reanchor``) is a warning forever after, not a problem. The writer is
 ``lineage.log_writer``.
 """
@@ -34,11 +38,13 @@ class LogDamaged(KernelgateError, RuntimeError):
 
 
 class Head(BaseModel):
-    """A log's identity (family, first entry) and how far it reached (length, head)."""
+    """A log's identity (store, family, first entry) and how far it reached (length, head)."""
 
     model_config = ConfigDict(frozen=True)
 
     family: str
+    store: str | None = Field(None, description="the store id entry 1 names (None: a log "
+                                                "made before logs carried a store identity)")
     genesis: str = Field(description="sha256 of entry 1's envelope")
     length: int = Field(ge=1)
     head: str = Field(description="sha256 of entry `length`'s envelope")
@@ -77,12 +83,23 @@ class FamilyLog(BaseModel):
                 return self.entries[seq].predicate.get("genesis")
         return None
 
+    @property
+    def store(self) -> str | None:
+        """The store id entry 1 signs (or a re-anchor recorded); None: unknown, or a log
+        made before logs carried a store identity."""
+        if 1 in self.entries:
+            return position(self.entries[1]).get("store")
+        for seq in sorted(self.entries):
+            if self.entries[seq].kind == "reanchor":
+                return self.entries[seq].predicate.get("store")
+        return None
+
     def head(self) -> Head | None:
         """This log's head (None: empty, or its identity is unknown)."""
         genesis = self.genesis
         if not self.entries or genesis is None:
             return None
-        return Head(family=self.family, genesis=genesis, length=self.length,
+        return Head(family=self.family, store=self.store, genesis=genesis, length=self.length,
                     head=self.entries[self.length].envelope_sha256)
 
     def gaps(self) -> list[int]:
@@ -150,6 +167,10 @@ def read(source: EvidenceSource) -> FamilyLog:
         else:
             log.problems.append(f"signed log of {source.family}: {issue}")
         log.damaged.append(seq)
+    if 1 in log.entries and log.store is None:
+        log.warnings.append(f"signed log of {source.family}: made before logs carried a store "
+                            "identity (entry 1 names no store): a restarted log is seen only "
+                            "against a checkpoint or remembered head written since")
     if log.legacy:
         log.warnings.append(f"signed log of {source.family}: {log.legacy} signed record(s) from "
                             "before the log existed (no log position; not ordered)")
@@ -163,7 +184,12 @@ def compare(log: FamilyLog, head: Head, label: str) -> tuple[list[str], list[str
         return [f"{label}: it is for family {head.family!r}, not {log.family!r}"], []
     if log.genesis is not None and head.genesis != log.genesis:
         return [f"{label}: it is for another log of {log.family} (first entry "
-                f"{head.genesis[:12]}, this log's {log.genesis[:12]}): the log was replaced"], []
+                f"{head.genesis[:12]}, this log's {log.genesis[:12]}): a restarted log (the "
+                "family's log was replaced or started again)"], []
+    if not log.entries:
+        return [f"{label}: {log.family} had a signed log of {head.length} entries (first entry "
+                f"{head.genesis[:12]}) and none of it is here: a restarted or removed log (its "
+                "experiment renamed or deleted?); its last entries were cut"], []
     if log.length < head.length:
         return [f"{label}: the signed log of {log.family} has {log.length} entries, but "
                 f"{head.length} were seen (head {head.head[:12]}): its last entries were cut"], []

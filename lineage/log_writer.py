@@ -20,9 +20,10 @@ import contextlib
 import random
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, NamedTuple
 
-from lineage import checkpoints, family_log
+from lineage import checkpoints, family_log, store_identity
 from lineage.attestations import Attestation, AttestationError, Signing, attest
 from lineage.family_log import FamilyLog, Head, LogDamaged
 from lineage.log_sequence import SequenceTaken
@@ -35,43 +36,44 @@ class Kept(NamedTuple):
     entry, then moves the checkpoints: read in this order they never run ahead of the
     log, so a writer racing another is never mistaken for a cut log)."""
 
-    beside_key: dict[str, bytes]
-    """genesis -> checkpoint envelope, from ``<key dir>/checkpoints/<family>/``"""
+    beside_key: dict[Path, bytes]
+    """file -> checkpoint envelope: ``<key dir>/checkpoints/<store>/<family>.json`` of every
+    store, and those of before logs carried a store identity"""
     with_sequencer: bytes | None
 
 
 def kept_checkpoints(family: str, signing: Signing) -> Kept:
     """Read the pipeline's checkpoints of ``family``'s logs (call before reading the log)."""
-    beside: dict[str, bytes] = {}
+    beside: dict[Path, bytes] = {}
     if signing.key_dir is not None:
-        folder = checkpoints.checkpoint_file(signing.key_dir, family, "x").parent
-        for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        root = Path(signing.key_dir) / checkpoints.CHECKPOINTS
+        legacy = root / family
+        found = [*root.glob(f"*/{family}.json"), *(legacy.glob("*.json") if legacy.is_dir() else [])]
+        for path in sorted(set(found)):
             with contextlib.suppress(OSError):
-                beside[path.stem] = path.read_bytes()
+                beside[path] = path.read_bytes()
     data = signing.sequencer.checkpoint(family) if signing.sequencer is not None else None
     return Kept(beside_key=beside, with_sequencer=data)
 
 
-def damage(log: FamilyLog, signing: Signing, kept: Kept | None = None
-           ) -> tuple[list[str], Head | None]:
-    """What is wrong with ``log`` for a writer (its own problems, and against the
-    pipeline's checkpoints), and the furthest of those checkpoints (None: none kept).
-    ``kept``: the checkpoints read before ``log`` was (default: read now)."""
+def damage(log: FamilyLog, signing: Signing, kept: Kept | None = None,
+           location: str | None = None) -> tuple[list[str], Head | None]:
+    """What is wrong with ``log`` for a writer (its own problems, against the pipeline's
+    checkpoints kept for its store and family, and a store found where the key folder saw
+    another), and the furthest of those checkpoints (None: none kept). ``kept``: the
+    checkpoints read before ``log`` was (default: read now); ``location``: where the store
+    is (``lineage.store_identity.location``)."""
     found = list(log.problems)
-    checkpoint = None
+    found += store_identity.check(log.store, location, signing.key_dir,
+                                  "the pipeline's key folder")[0]
+    checkpoint, why = checkpoints.pipeline_checkpoint(
+        log, signing.key_dir, signing.trust, location,
+        kept=None if kept is None else kept.beside_key)
+    found += why
     if kept is None:
-        checkpoint, why = checkpoints.pipeline_checkpoint(log, signing.key_dir, signing.trust)
-        found += why
         data = signing.sequencer.checkpoint(log.family) if signing.sequencer is not None else None
     else:
         data = kept.with_sequencer
-        if log.genesis is not None and log.genesis in kept.beside_key:
-            label = str(checkpoints.checkpoint_file(signing.key_dir, log.family, log.genesis))
-            try:
-                checkpoint = checkpoints.read_checkpoint(kept.beside_key[log.genesis],
-                                                         signing.trust, label=label)
-            except AttestationError as err:
-                found.append(f"pipeline checkpoint unusable: {err}")
     if checkpoint is not None:
         found += checkpoints.compare(log, checkpoint, "the pipeline's checkpoint")[0]
     if data is not None:
@@ -90,7 +92,23 @@ def damage(log: FamilyLog, signing: Signing, kept: Kept | None = None
 def current_damage(source: EvidenceSource, signing: Signing) -> list[str]:
     """:func:`damage` of the family's log read from ``source`` now (checkpoints first)."""
     kept = kept_checkpoints(source.family, signing)
-    return damage(family_log.read(source), signing, kept)[0]
+    log = family_log.read(source)
+    return damage(log, signing, kept, _location(source, log, signing))[0]
+
+
+def _location(source: EvidenceSource, log: FamilyLog, signing: Signing) -> str | None:
+    """Where the store a writer reads is; a store made afresh where the key folder saw
+    another (nothing of any family in it) makes the key folder forget the old one there,
+    so its first entry names a new store id (``lineage.store_identity``)."""
+    tracking = getattr(source, "tracking", None)
+    if tracking is None:
+        return None
+    where = store_identity.location(tracking)
+    if (not log.entries and not log.legacy and signing.key_dir is not None
+            and store_identity.store_for(signing.key_dir, where) is not None
+            and store_identity.is_fresh(tracking, source.family)):
+        store_identity.forget(signing.key_dir, where)
+    return where
 
 
 def intact_log(source: EvidenceSource, signing: Signing) -> FamilyLog:
@@ -102,7 +120,7 @@ def intact_log(source: EvidenceSource, signing: Signing) -> FamilyLog:
     """
     kept = kept_checkpoints(source.family, signing)
     log = family_log.read(source)
-    found, _ = damage(log, signing, kept)
+    found, _ = damage(log, signing, kept, _location(source, log, signing))
     if found:
         raise _damaged(found, source.family)
     return log
@@ -117,6 +135,35 @@ def _damaged(found: list[str], family: str) -> LogDamaged:
 def require_intact(tracking: Tracking, family: str, signing: Signing) -> FamilyLog:
     """:func:`intact_log` of the family's store."""
     return intact_log(StoreSource(tracking, family, signing.trust), signing)
+
+
+def earlier_log(tracking: Tracking, family: str, key_dir: Path | None) -> str | None:
+    """Why ``family`` cannot be started as a new family in this store, or None: a name
+    that has or had a log there (the pipeline's checkpoint of the family in this store,
+    beside its key; an experiment of the family under another name, e.g. renamed, or
+    deleted) names that log. A new log of a known family would be a restarted log."""
+    where = store_identity.location(tracking)
+    store = store_identity.store_for(key_dir, where)
+    if store is not None and store_identity.is_fresh(tracking, family):
+        return None  # a new store made where another was: a new store id, nothing to restart
+    if key_dir is not None and store is not None:
+        path = checkpoints.checkpoint_file(key_dir, family, store)
+        if path.is_file():
+            return (f"{family} has a signed log in this store (the pipeline's checkpoint "
+                    f"{path}): a name that has or had a log cannot start a new one")
+    from mlflow.entities import ViewType
+
+    from lineage import tags
+    from lineage.tracking import experiment_name
+
+    found = tracking.client().search_experiments(
+        view_type=ViewType.ALL, filter_string=f"tags.`{tags.FAMILY}` = '{family}'")
+    others = sorted(e.name for e in found if e.name != experiment_name(family)
+                    or e.lifecycle_stage != "active")
+    if others:
+        return (f"{family} had a log in this store (experiment {', '.join(others)}, renamed or "
+                "deleted): a name that has or had a log cannot start a new one")
+    return None
 
 
 CLAIM_WAIT_S = 120.0
@@ -198,8 +245,10 @@ def _append_once(tracking: Tracking, run_id: str, kind: str, predicate: Mapping[
                  signing: Signing, *, subjects: Mapping[str, str] | None, name: str | None,
                  family: str, force: bool, expect_seq: int | None = None) -> Attestation:
     kept = kept_checkpoints(family, signing)  # before the log: see Kept
-    log = family_log.read(StoreSource(tracking, family, signing.trust))
-    found, checkpoint = damage(log, signing, kept)
+    source = StoreSource(tracking, family, signing.trust)
+    log = family_log.read(source)
+    where = _location(source, log, signing)
+    found, checkpoint = damage(log, signing, kept, where)
     if found and not force:
         raise _damaged(found, family)
     seq = max(log.length, checkpoint.length if checkpoint else 0) + 1
@@ -215,13 +264,20 @@ def _append_once(tracking: Tracking, run_id: str, kind: str, predicate: Mapping[
             raise SequenceTaken(f"entry {seq} of {family}'s signed log was claimed by another "
                                 "writer first; nothing was logged", seq=seq)
 
-    entry = attest(tracking, run_id, kind,
-                   {**predicate, family_log.LOG_FIELD: {"family": family, "seq": seq, "prev": prev}},
+    store = (log.store or (checkpoint.store if checkpoint else None)
+             or store_identity.store_for(signing.key_dir, where) or store_identity.new_store_id())
+    position = {"family": family, "seq": seq, "prev": prev}
+    if seq == 1:  # the log's identity: its store and family, signed
+        position["store"] = store
+    entry = attest(tracking, run_id, kind, {**predicate, family_log.LOG_FIELD: position},
                    signing.signer, subjects=subjects, name=name, before_logging=claim)
     genesis = log.genesis or (checkpoint.genesis if checkpoint else None) or entry.envelope_sha256
-    checkpoints.write_checkpoint(Head(family=family, genesis=genesis, length=seq,
+    if signing.key_dir is not None:
+        store_identity.remember(signing.key_dir, where, store)
+    checkpoints.write_checkpoint(Head(family=family, store=store, genesis=genesis, length=seq,
                                       head=entry.envelope_sha256), signing)
     return entry
 
 
-__all__ = ["LogDamaged", "SequenceTaken", "append", "current_damage", "damage", "intact_log", "require_intact"]
+__all__ = ["LogDamaged", "SequenceTaken", "append", "current_damage", "damage", "earlier_log", "intact_log",
+           "require_intact"]

@@ -9,6 +9,13 @@ every entry it gives up on. The audit says so on every run after (a warning line
 failure): nothing missing is ever silently forgotten. The loosening rule counts a
 re-anchored range as a possible rejection (``lineage.registration``).
 
+A family whose log this store lost entirely (its experiment renamed or deleted: a
+writer refuses a new first entry of a family the pipeline's checkpoint knows) is
+restarted the same way: the re-anchor continues the family's log after the checkpoint's
+head, giving up every entry of it, and its approver is one named in the newest
+registration of that log, read where the log still is (the experiment the family's was
+renamed to, deleted ones included). Without one the family stays refused.
+
 The aliases are re-attested too: the approval names the aliases as MLflow shows them
 (what serves), and every alias the signed history leaves elsewhere gets a signed
 ``reattest`` move to that version. Without it a cut rollback (its signed move lost)
@@ -24,7 +31,7 @@ import json
 from securesystemslib.signer import Signer, SSlibKey
 
 from kernels.errors import KernelgateError
-from lineage import family_log, key_rotation, log_writer, registered_model
+from lineage import family_log, key_rotation, log_writer, registered_model, store_identity, tags
 from lineage import tracking as tr
 from lineage.attestations import (
     Attestation,
@@ -59,10 +66,12 @@ def reanchor(tracking: Tracking, family: str, approver: Signer, reason: str,
         raise ReanchorRefused("a re-anchor needs a reason (what was lost, and how)")
     source = StoreSource(tracking, family, signing.trust)
     log = family_log.read(source)
-    damage, checkpoint = log_writer.damage(log, signing)
+    damage, checkpoint = log_writer.damage(log, signing,
+                                           location=store_identity.location(tracking))
     if not damage:
         raise ReanchorRefused(f"the signed log of {family} is intact: nothing to re-anchor")
-    latest = latest_registration(source)
+    latest = latest_registration(source) or earlier_registration(tracking, family,
+                                                                 signing.trust, checkpoint)
     approvers = {a.keyid: a for a in latest[1].approval.approvers} if latest else {}
     keyid = approver.public_key.keyid
     if keyid not in approvers:
@@ -76,6 +85,7 @@ def reanchor(tracking: Tracking, family: str, approver: Signer, reason: str,
     shown = registered_model.aliases(tracking, family)
     predicate = {"family": family, "missing": missing, "damage": damage, "reason": reason,
                  "genesis": log.genesis or (checkpoint.genesis if checkpoint else None),
+                 "store": log.store or (checkpoint.store if checkpoint else None),
                  "aliases": shown}
     digest = hashlib.sha256(json.dumps(damage).encode()).hexdigest()
     approval = make_envelope("reanchor-approval", {f"log/{family}/damage": digest}, predicate,
@@ -90,6 +100,26 @@ def reanchor(tracking: Tracking, family: str, approver: Signer, reason: str,
                           reason=f"re-anchor {run_id}: the aliases as {approvers[keyid].name} "
                                  "approved them")
     return entry
+
+
+def earlier_registration(tracking: Tracking, family: str, trust: TrustPolicy,
+                         checkpoint: family_log.Head | None):
+    """The newest verified registration of ``family``'s log as ``checkpoint`` knows it
+    (same first entry), read from any experiment of the family (renamed or deleted ones
+    included), with its thresholds; None: no checkpoint, or that log is nowhere here."""
+    if checkpoint is None:
+        return None
+    from mlflow.entities import ViewType
+
+    found = tracking.client().search_experiments(
+        view_type=ViewType.ALL, filter_string=f"tags.`{tags.FAMILY}` = '{family}'")
+    for experiment in found:
+        source = StoreSource(tracking, family, trust, experiment_id=experiment.experiment_id)
+        if family_log.read(source).genesis == checkpoint.genesis:
+            latest = latest_registration(source)
+            if latest is not None:
+                return latest
+    return None
 
 
 def approvers_trust(approvers: dict) -> TrustPolicy:

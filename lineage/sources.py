@@ -122,11 +122,14 @@ class StoreSource:
 
     Args:
         stages: only runs of these stages (``None``: every run of the family).
+        experiment_id: read this experiment (default: the family's, by its name), e.g.
+            one the family's experiment was renamed to.
     """
 
     def __init__(self, tracking: Tracking, family: str, trust: TrustPolicy, *,
-                 stages: tuple[str, ...] | None = None):
+                 stages: tuple[str, ...] | None = None, experiment_id: str | None = None):
         self.tracking, self.family, self.trust, self.stages = tracking, family, trust, stages
+        self.experiment_id = experiment_id
         self._found: list[Attestation] | None = None
         self._problems: list[str] = []
         self._deleted: set[str] = set()
@@ -137,7 +140,8 @@ class StoreSource:
             return
         self._found = []
         client = self.tracking.client()
-        experiment = client.get_experiment_by_name(experiment_name(self.family))
+        experiment = (client.get_experiment(self.experiment_id) if self.experiment_id
+                      else client.get_experiment_by_name(experiment_name(self.family)))
         if experiment is None:
             return
         token = None

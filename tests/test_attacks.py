@@ -12,9 +12,9 @@ caught by kind; ``make attacks`` sets it and replays every variant (RELIABILITY.
 records it).
 
 Which run where (the suite's time): ``make test`` replays the first attack
-registered of each kind (17 of the 47 variants, one per kind, so every kind is still
+registered of each kind (22 of the 52 variants, one per kind, so every kind is still
 tried on every run); the other 30 variants of those kinds are marked ``slow`` and run
-in ``make attacks`` (all 47, the report RELIABILITY.md quotes) and ``make test-slow``.
+in ``make attacks`` (all 52, the report RELIABILITY.md quotes) and ``make test-slow``.
 None is deleted. Why: every variant replays on a copy of the pristine store and most
 end in a full audit, and the variants of one kind exercise the same check.
 """
@@ -70,6 +70,8 @@ KINDS = {
     18: "which runs hold the signed history is read from an unsigned tag",
     19: "a float64 reference planted in the cache is scored against",
     20: "the audit's scope follows MLflow's editable parent link",
+    21: "a family's log starts again under its old name (experiment and model renamed)",
+    22: "another store signed by the same key folder is put in the store's place",
 }
 
 
@@ -97,7 +99,7 @@ def attack(kind: int, expect: str):
 class Lab:
     """One attack's copy of the pristine store (``pristine``: the fixture's namespace)."""
 
-    def __init__(self, pristine: SimpleNamespace, name: str):
+    def __init__(self, pristine: SimpleNamespace, name: str, *, in_place: bool = True):
         self.root = pristine.root / "attacks" / name
         self.store = self.root / "store"
         copy_store(pristine.path, self.store)  # its runs point at this copy, not the original
@@ -121,6 +123,12 @@ class Lab:
         self.home = self.root / "home"  # the auditor's remembered heads
         self.signing = Signing(signer=keys.load_signer(keys.ensure_pipeline_key(self.keys)),
                                trust=keys.folder_trust(self.keys), key_dir=self.keys)
+        if in_place:  # the copy is the store where the pipeline wrote it (its key folder says)
+            from lineage import store_identity
+
+            built = tr.local_tracking(pristine.built).tracking_uri
+            store_identity.remember(self.keys, self.tracking.tracking_uri,
+                                    store_identity.known(self.keys)[built])
 
     def witnessing(self, **kw):
         from lineage.checkpoints import Witnessing
@@ -277,6 +285,21 @@ def test_the_untouched_store_passes_the_audit(pristine):
     assert report.exit_code == 0, report.render()
     assert report.attestations_verified > 20 and report.artifacts_verified > 20
     assert f"{report.attestations_verified} attestations" in report.summary()
+    assert not any("store identity" in w for w in report.warnings), report.render()
+
+
+def test_a_store_restored_to_another_folder_still_audits(pristine):
+    """The store copied to a folder neither the pipeline nor this auditor saw it in (a
+    move, a restore from a backup): the audit passes, saying where the store was before;
+    the pipeline's writers go on there (and remember the new place)."""
+    lab = Lab(pristine, "restored-elsewhere", in_place=False)
+    report = lab.audit()
+    assert report.exit_code == 0, report.render()
+    assert any("moved or restored" in w for w in report.warnings), report.render()
+    registry.rollback(lab.tracking, FAMILY, reason="drill after the restore", signing=lab.signing)
+    again = lab.audit()
+    assert again.exit_code == 0, again.render()
+    assert not any("moved or restored" in w for w in again.warnings), again.render()
 
 
 def representatives(attacks: list[Attack]) -> set[str]:
@@ -928,7 +951,7 @@ def test_kernelgate_audit_passes_an_untouched_store_with_a_rolled_back_version(p
     for _ in range(2):
         code, out = _cli(lab, *args, env=env)
         assert code == 0, out
-    assert list((lab.home / "witnessed" / FAMILY).glob("*.json"))
+    assert list((lab.home / "witnessed").glob(f"*/{FAMILY}.json"))
 
 
 # --- kind 12: an exported bundle is trusted unsigned ------------------------------------------
@@ -1220,3 +1243,76 @@ def production_promotion_reparented_then_its_rollout_outcome_edited(lab: Lab) ->
     message = _detected(lab.audit())
     assert f"artifact {tags.OUTCOME_ARTIFACT!r} of run {rollout_run}" in message, message
     return message
+
+
+# --- kind 21: a family's log starts again under its old name -------------------------------
+
+
+def _renamed_away(lab: Lab) -> None:
+    """The family's experiment and registered model renamed with MLflow's client: the
+    store has no ``kernelgate-attacked`` any more, its old log sits under another name."""
+    experiment = lab.client.get_experiment_by_name(tr.experiment_name(FAMILY))
+    lab.client.rename_experiment(experiment.experiment_id, f"{tr.experiment_name(FAMILY)}-old")
+    lab.client.rename_registered_model(lab.model, f"{lab.model}-old")
+
+
+def _fresh_promotion(tracking, folder: Path, signing) -> None:
+    """A new log of the family in ``tracking``: a registration of a loose thresholds file
+    (written in ``folder``), a build judged by it and promoted (``tests.conftest_lineage``:
+    the signed chain, no kernel)."""
+    from tests.conftest_lineage import promotable_chain, promote, thresholds_yaml
+
+    loose = folder / "loose.yaml"
+    loose.write_text(thresholds_yaml().replace('op: "<=", value: 2.0', 'op: "<=", value: 40.0'))
+    promote(tracking, FAMILY, promotable_chain(tracking, FAMILY, loose, signing=signing), signing)
+
+
+@attack(21, "restarted")
+def experiment_and_model_renamed_then_a_new_family_of_the_old_name(lab: Lab) -> str:
+    """The rename: after renaming, ``rollout --new-family`` of the old name is refused,
+    and so is the fresh log's first entry by the writer. An insider who also removed the
+    checkpoints beside the key gets the fresh log written and promoted: the auditor who
+    remembered the family's head fails it as a restarted log."""
+    from lineage.family_log import LogDamaged
+    from lineage.registration import preregister
+
+    assert lab.audit().exit_code == 0  # the auditor remembers the family's head
+    _renamed_away(lab)
+    code, out = _cli(lab, "rollout", "--implementation", "xla", "--new-family", "--family",
+                     FAMILY, "--store-dir", str(lab.store), "--key-dir", str(lab.keys),
+                     "--thresholds", str(THRESHOLDS))
+    assert code == 2 and "has or had a log" in out, out
+    with pytest.raises(LogDamaged) as refused:
+        preregister(THRESHOLDS, tracking=lab.tracking, family=FAMILY, signing=lab.signing)
+    assert not lab.source().attestations(), "the refused writer logged an entry"
+    shutil.rmtree(lab.keys / "checkpoints")
+    _fresh_promotion(lab.tracking, lab.root, lab.signing)
+    return f"{out}\n{refused.value}\n{_detected(lab.audit())}"
+
+
+# --- kind 22: another store signed by the same key folder put in the store's place --------
+
+
+@attack(22, "another store was put in its place")
+def another_store_of_the_same_key_folder_copied_over_this_one(lab: Lab) -> str:
+    """A second store the same key folder signs (its own family ``attacked``, a loose
+    registration promoted) copied over this one: the pipeline's key folder and the
+    auditor both knew this place as the other store; the writer refuses and the audit
+    fails."""
+    from lineage.family_log import LogDamaged
+    from tests.store_copies import copy_store, forget_artifact_locations, recorded_root, relocate
+
+    assert lab.audit().exit_code == 0  # the auditor saw this store here
+    _fresh_promotion(tr.local_tracking(lab.root / "other"), lab.root, lab.signing)
+    swap = copy_store(lab.root / "other", lab.root / "swap")
+    relocate(swap / "mlflow.db", recorded_root(swap / "mlflow.db"), str(lab.store.resolve()))
+    with sqlite3.connect(swap / "mlflow.db") as src, sqlite3.connect(lab.store / "mlflow.db") as dst:
+        src.backup(dst)  # in place: the open connections to this store read the other one
+    shutil.rmtree(lab.store / "mlartifacts")
+    shutil.copytree(swap / "mlartifacts", lab.store / "mlartifacts")
+    forget_artifact_locations()
+    with pytest.raises(LogDamaged) as refused:
+        registry.reconcile(lab.tracking, FAMILY, lab.signing)
+    found = _detected(lab.audit())
+    assert "your kernelgate home knows" in found and "key folder knows" in found, found
+    return f"{refused.value}\n{found}"

@@ -137,7 +137,7 @@ def test_a_checkpoint_brought_by_the_auditor_and_one_of_another_log(lab, tmp_pat
     _promoted_then_rejected(lab)
     log = lab.log()
     kept = tmp_path / "kept.json"
-    kept.write_bytes(checkpoints.checkpoint_file(lab.key_dir, "fam", log.genesis).read_bytes())
+    kept.write_bytes(checkpoints.checkpoint_file(lab.key_dir, "fam", log.store).read_bytes())
     found, _ = checkpoints.witness(log, lab.signing.trust, files=[kept])
     assert found == []
     # a stranger's own pipeline key (a Signing only takes a signer its trust names)
@@ -223,3 +223,86 @@ def test_a_reanchor_after_a_cut_rollback_keeps_what_serves(lab):
     report = audit(lab.tracking, lab.family, "production", trust=lab.signing.trust,
                    load_model=False, witnessing=lab.seen)
     assert not any("signed history leaves it" in p for p in report.problems), report.render()
+
+
+def _rename_family(lab, to: str) -> None:
+    client = lab.tracking.client()
+    experiment = client.get_experiment_by_name(tr.experiment_name(lab.family))
+    client.rename_experiment(experiment.experiment_id, tr.experiment_name(to))
+    client.rename_registered_model(registered_model.registered_model_name(lab.family),
+                                   registered_model.registered_model_name(to))
+
+
+def test_a_family_renamed_away_starts_again_only_by_an_approvers_restart(lab, tmp_path):
+    """The family's experiment and registered model renamed: the store holds no log of
+    ``fam`` under its name. A new first entry is refused (the pipeline's checkpoint is
+    kept per store and family), ``--new-family`` names the earlier log, and only an
+    approver named in the earlier log's newest registration restarts it: the re-anchor
+    continues the family's log, giving up every entry of the old one, said by the log."""
+    from lineage.reanchor import ReanchorRefused, reanchor
+
+    _promoted_then_rejected(lab)
+    before = lab.log()
+    assert before.store is not None and before.problems == []
+    assert audit(lab.tracking, lab.family, "production", trust=lab.signing.trust,
+                 load_model=False, witnessing=lab.seen).exit_code == 0
+    assert log_writer.earlier_log(lab.tracking, "fresh", lab.key_dir) is None
+    _rename_family(lab, "fam-old")
+    assert "has or had a log" in log_writer.earlier_log(lab.tracking, "fam", lab.key_dir)
+    with pytest.raises(LogDamaged, match="restarted"):
+        preregister(lab.strict, tracking=lab.tracking, family=lab.family, signing=lab.signing)
+    assert lab.log().length == 0
+    mallory = keys.load_signer(keys.ensure_pipeline_key(tmp_path / "mallory"))
+    with pytest.raises(ReanchorRefused, match="not an approver"):
+        reanchor(lab.tracking, lab.family, mallory, "let me start over", lab.signing)
+    entry = reanchor(lab.tracking, lab.family, keys.load_signer(lab.alice),
+                     "experiment renamed by mistake; the family starts again", lab.signing)
+    assert entry.predicate["missing"] == list(range(1, before.length + 1))
+    preregister(lab.strict, tracking=lab.tracking, family=lab.family, signing=lab.signing)
+    after = lab.log()
+    assert after.problems == [] and after.store == before.store
+    assert after.genesis == before.genesis and after.length == before.length + 2
+    found, said = checkpoints.witness(after, lab.signing.trust, key_dir=lab.key_dir,
+                                      home=lab.home, location=lab.tracking.tracking_uri)
+    assert found == [] and any("alice" in w for w in after.warnings), (found, said)
+
+
+def test_a_log_without_a_store_identity_is_verified_and_said(lab):
+    """A log whose first entry names no store (made before logs carried one) is read and
+    compared as before; the log says so, as a warning."""
+    promotable_chain(lab.tracking, lab.family, lab.strict, signing=lab.signing)
+    log = lab.log()
+    first = log.entries[1]
+    first.predicate["log"].pop("store")
+    legacy = family_log.FamilyLog(family="fam", entries=log.entries)
+    assert legacy.store is None and legacy.head().store is None
+    found, _ = checkpoints.witness(legacy, lab.signing.trust, key_dir=lab.key_dir,
+                                   location=lab.tracking.tracking_uri)
+    assert found == []  # known by the store id the key folder remembers for its place
+
+
+def test_a_store_made_afresh_where_another_was_gets_a_new_id(lab):
+    """The store emptied and made again in its folder (``make clean``, then a rollout):
+    the pipeline starts the family there under a new store id; an auditor who saw the
+    old store there fails the new one, naming both."""
+    import sqlite3
+
+    promotable_chain(lab.tracking, lab.family, lab.strict, signing=lab.signing)
+    old = lab.log()
+    checkpoints.remember(old, lab.home, lab.tracking.tracking_uri)
+    folder = lab.key_dir.parent / "store"
+    empty = tr.local_tracking(lab.key_dir.parent / "empty")
+    empty.client().search_experiments()  # the tables of a new store
+    with sqlite3.connect(folder.parent / "empty" / "mlflow.db") as src, \
+            sqlite3.connect(folder / "mlflow.db") as dst:
+        src.backup(dst)  # in place: this process's open connections see the new store
+    shutil.rmtree(folder / "mlartifacts")
+    assert log_writer.earlier_log(lab.tracking, lab.family, lab.key_dir) is None
+    promotable_chain(lab.tracking, lab.family, lab.strict, signing=lab.signing)
+    new = lab.log()
+    assert new.problems == [] and new.store not in (None, old.store)
+    found, _ = checkpoints.witness(new, lab.signing.trust, key_dir=lab.key_dir, home=lab.home,
+                                   location=lab.tracking.tracking_uri)
+    assert any("another store was put in its place" in p and "your kernelgate home" in p
+               for p in found), found
+    assert not any("key folder" in p for p in found), found

@@ -129,6 +129,9 @@ def test_audit_of_the_legacy_production_passes(audited, commit):
     assert "[ok] loaded model: 1  loaded in" in out, out
     before_the_log = "WARNING: signed log of legacy:" in out and "before the log existed" in out
     assert before_the_log == (commit == BEFORE_THE_LOG), out
+    # a log whose first entry names no store: verified, and said (not a failure)
+    unbound = "made before logs carried a store identity" in out
+    assert unbound == (commit != BEFORE_THE_LOG), out
 
 
 def test_the_log_starts_after_the_legacy_prefix(tmp_path):
