@@ -7,7 +7,10 @@ in the folder :data:`LEGACY_STORES` names: ``store/`` (SQLite ``mlflow.db``, art
 and ``keys/`` (the key folder that signed it). 1b29598 predates the family log; 1be416f
 is the last commit before one plan per session (the registration's frozen bytes read
 back by every stage), the kernels as classes with their own configs and the GPU table
-of ``{implementation: config}``. ``mlflow.db`` names its folder in absolute paths, so
+of ``{implementation: config}``; a4ddf68 is the last commit before logs carried their
+store's identity and canary plans could be sequential (its store has sealed float64
+references, signed approval answers and aliases signed with their rollout run).
+``mlflow.db`` names its folder in absolute paths, so
 each test works on an extraction of its own, relocated with ``tests.store_copies`` (which
 checks that no path still names the folder it was made in — it may well exist here).
 
@@ -33,7 +36,8 @@ import pytest
 
 from tests.store_copies import naming, relocate, tree_digest
 
-LEGACY_STORES = {"1b29598": "/tmp/prev/out", "1be416f": "/tmp/prev1be/out"}
+LEGACY_STORES = {"1b29598": "/tmp/prev/out", "1be416f": "/tmp/prev1be/out",
+                 "a4ddf68": "/tmp/prev-a4d/out"}
 """The commit each store was made at -> the folder it was made in."""
 BEFORE_THE_LOG = "1b29598"
 FAMILY = "legacy"
