@@ -189,6 +189,7 @@ def _paused_run_id(transition: str, result: dict, attempt: int = 0,
 
 
 def _rollout_in_background(settings):
+    from flows.end_states import outcome_of
     from flows.rollout import rollout
 
     result: dict = {}
@@ -196,7 +197,7 @@ def _rollout_in_background(settings):
     def run():
         try:
             result["state"] = rollout(settings, return_state=True)
-            result["outcome"] = result["state"].result()  # here: no event loop in this thread
+            result["outcome"] = outcome_of(result["state"])  # here: no event loop in this thread
         except BaseException as err:  # noqa: BLE001 - reported by the test
             result["error"] = err
     # The flow reports to this test's server: its settings live in a context variable.
