@@ -771,14 +771,18 @@ INCONCLUSIVE_FAMILY = "attention-inconclusive"
 def test_an_inconclusive_rollback_does_not_lock_the_family(prefect_server, make_settings,
                                                             tracking, tmp_path, signing):
     """A plan that needs a fresh A/A calibration, on a device with none: the rollout is
-    rolled back before its canary, said *inconclusive* (no finding about the kernel), and
-    that signed outcome is no rejection: the family's next registration may drop the
-    requirement (a loosening) without a person's approval. A gate rejection still locks."""
+    rolled back before its canary — before any person is asked, though the plan requires
+    approvals (a release manager is never asked to approve what the plan then refuses:
+    asked, the rollout would have paused and timed out) — said *inconclusive* (no
+    finding about the kernel), and that signed outcome is no rejection: the family's next
+    registration may drop the requirement (a loosening) without a person's approval. A
+    gate rejection still locks."""
     import yaml
 
     from lineage.registration import LooseningRefused, preregister
 
-    needs = untimed(STRICT_THRESHOLDS, tmp_path / "calibrated.yaml")
+    needs = untimed(STRICT_THRESHOLDS, tmp_path / "calibrated.yaml",
+                    required_for=["shadow->canary", "canary->production"], timeout_s=5)
     data = yaml.safe_load(needs.read_text())
     data["canary"]["latency"]["max_calibration_age_days"] = 30
     needs.write_text(yaml.safe_dump(data))
