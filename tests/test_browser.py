@@ -495,7 +495,7 @@ def _ended(process, result: dict, lines: list[str], timeout_s: float = 900) -> s
     return "".join(lines)
 
 
-def test_walkthrough_under_staging_from_an_empty_store_promotes_one_rollout_and_rejects_one(
+def test_walkthrough_under_staging_from_an_empty_store_rejects_one_rollout_and_promotes_one(
         prefect_ui, family, page, screenshots, tmp_path):
     """README's release-manager walkthrough as written, from an empty store, under the
     shipped ``thresholds/staging.yaml`` at its own sizes (the CLI's defaults: no
@@ -503,8 +503,12 @@ def test_walkthrough_under_staging_from_an_empty_store_promotes_one_rollout_and_
     with no production yet, the native baseline against itself, for the family
     ``--implementation native`` rolls out), then ``kernelgate rollout --implementation
     native --thresholds thresholds/staging.yaml`` twice, answered in the Prefect UI:
-    approved at both transitions (*Promoted*, exit 0), then rejected at shadow->canary
-    (*Rejected*, Failed-type, exit 0, production unchanged)."""
+    rejected at shadow->canary (*Rejected*, Failed-type, exit 0, no production), then
+    approved at both transitions (*Promoted*, exit 0, in production).
+
+    The rejection comes first so that neither gate compares speed with a production
+    version: an identical kernel's p99 against production's on a busy 2-core host is
+    noise this test is not about (each gate here judges the candidate against naive)."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.objects import StateType
 
@@ -522,6 +526,18 @@ def test_walkthrough_under_staging_from_an_empty_store_promotes_one_rollout_and_
                "--store-dir", str(store)]
 
     process, result, lines = _kernelgate_in_background(prefect_ui, *command)
+    run_id = _paused_run_id("shadow->canary", result)
+    dialog = _open_form(page, prefect_ui, run_id, "shadow->canary")
+    _answer(page, dialog, decision="reject", approver="rm@example.com",
+            comment="not this release", screenshot=screenshots / "staging-rejection-form.png")
+    out = _ended(process, result, lines)
+    assert "— rejected at approval" in out and "rm@example.com" in out, out[-3000:]
+    assert registered_model.alias_version(local_tracking(store), family, "production") is None
+    _final_state_shown(page, prefect_ui, run_id, "Rejected", screenshots / "staging-rejected.png")
+    with get_client(sync_client=True) as client:  # red in the runs list, not green
+        assert client.read_flow_run(run_id).state.type == StateType.FAILED
+
+    process, result, lines = _kernelgate_in_background(prefect_ui, *command)
     for transition, shot in (("shadow->canary", "staging-shadow-form.png"),
                              ("canary->production", "staging-production-form.png")):
         run_id = _paused_run_id(transition, result)
@@ -532,16 +548,5 @@ def test_walkthrough_under_staging_from_an_empty_store_promotes_one_rollout_and_
     production = registered_model.alias_version(local_tracking(store), family, "production")
     assert production is not None and f"{family} v{production} — promoted" in out, out[-3000:]
     _final_state_shown(page, prefect_ui, run_id, "Promoted", screenshots / "staging-promoted.png")
-
-    process, result, lines = _kernelgate_in_background(prefect_ui, *command)
-    run_id = _paused_run_id("shadow->canary", result)
-    dialog = _open_form(page, prefect_ui, run_id, "shadow->canary")
-    _answer(page, dialog, decision="reject", approver="rm@example.com",
-            comment="not this release", screenshot=screenshots / "staging-rejection-form.png")
-    out = _ended(process, result, lines)
-    assert "— rejected at approval" in out and "rm@example.com" in out, out[-3000:]
-    assert registered_model.alias_version(local_tracking(store), family,
-                                          "production") == production
-    _final_state_shown(page, prefect_ui, run_id, "Rejected", screenshots / "staging-rejected.png")
-    with get_client(sync_client=True) as client:  # red in the runs list, not green
-        assert client.read_flow_run(run_id).state.type == StateType.FAILED
+    with get_client(sync_client=True) as client:
+        assert client.read_flow_run(run_id).state.type == StateType.COMPLETED
