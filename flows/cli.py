@@ -159,14 +159,12 @@ def rollout(implementation: Implementation = "auto",
     debug_log = route_to_debug_log(store_dir / "logs" / "third-party.log")
     typer.echo(f"third-party log lines (MLflow, Great Expectations, warnings): {debug_log}",
                err=True)
-    from flows.errored import EXIT_CODES, OUTCOME_ATTRIBUTE, RolloutErrored
-    from flows.rollout import rollout as rollout_flow
+    from flows.errored import EXIT_CODES, OUTCOME_ATTRIBUTE
+    from flows.rollout import run_rollout
 
     prefect_server.wait()
-    try:
-        outcome = rollout_flow(settings, plan)
-    except RolloutErrored as err:  # a crash: signed as errored, printed, not a traceback
-        outcome = err.outcome
+    try:  # every signed end, a crash's errored one included: printed, not a traceback
+        outcome = run_rollout(settings, plan)
     except KeyboardInterrupt as err:  # Ctrl-C: the session signed it as interrupted
         outcome = getattr(err, OUTCOME_ATTRIBUTE, None)
         if outcome is None:

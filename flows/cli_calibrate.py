@@ -9,12 +9,13 @@ from typing import Annotated
 import typer
 
 from flows.cli_keys import KeyDir, check_name
-from flows.cli_store import existing_family, open_store
+from flows.cli_store import existing_family, families, open_store
 
 
 def calibrate(
         family: Annotated[str | None, typer.Option(
-            help="kernel family (default: the native flash kernel's name)")] = None,
+            help="kernel family (default: the store's only family; in a store with none "
+            "yet, the family `rollout --implementation native` rolls out on this host)")] = None,
         runs: Annotated[int, typer.Option(min=1, max=100_000, help=(
             "A/A canaries to run; the record keeps the false-rollback rate's Wilson 95 % "
             "interval, and counts as within alpha when alpha is at or above its lower end "
@@ -34,6 +35,8 @@ def calibrate(
     tracking = open_store(store_dir, must_exist=thresholds is None, writes=True)
     if thresholds is not None and family is not None:
         fam = check_name(family)
+    elif thresholds is not None and not families(tracking):
+        fam = first_family()
     else:
         fam = existing_family(tracking, family)
     signing = signing_for(RolloutSettings(store_dir=store_dir, key_dir=key_dir))
@@ -54,3 +57,18 @@ def calibrate(
                f"{record.inconclusive} inconclusive; noise sd {record.noise_sd}; "
                f"device {record.facts['device_kind']}")
     raise typer.Exit(0 if record.within_alpha else 1)
+
+
+def first_family() -> str:
+    """The family a store's first calibration is for when none is named: the one
+    ``kernelgate rollout --implementation native`` rolls out on this host (xla on a CPU
+    host, pallas_gpu on a GPU), the release-manager walkthrough's, said on stderr. The
+    host's ``auto`` kernel is not it: on a CPU host that runs interpreted, whose canary
+    latency is never assessed, so its rollouts need no calibration."""
+    import kernels
+
+    fam = kernels.native_flash_kernel("native", kernels.default_backend())
+    typer.echo(f"calibrating family {fam}: the store has none yet, and {fam} is what "
+               "`kernelgate rollout --implementation native` rolls out here (--family for "
+               "another)", err=True)
+    return fam

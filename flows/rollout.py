@@ -18,6 +18,7 @@ from pathlib import Path
 from prefect import flow
 
 from evaluation.report import EvaluationReport
+from flows.end_states import outcome_of, rollout_end_state
 from flows.errored import errored_outcome, errored_state
 from flows.judge import build, confirm, evaluate, gate
 from flows.plan import RolloutPlan
@@ -51,8 +52,9 @@ def rollout(settings: RolloutSettings | None = None,
             plan: RolloutPlan | None = None) -> RolloutOutcome:
     """Governed rollout of one candidate kernel under ``plan`` (``flows.plan``; None: the
     one ``settings`` resolve to). Ends in a state named for what happened (*Promoted*,
-    *Rejected*, *TimedOut*, *RolledBack*; its message says who decided), or *Errored*
-    for a crash (``flows.errored``; the call raises ``RolloutErrored``)."""
+    *Rejected*, *TimedOut*, *RolledBack*, typed by ``flows.end_states``), or *Errored*
+    (``flows.errored``). A call returns a promotion's outcome, raises any other's
+    (``RolloutNotPromoted``, ``RolloutErrored``); :func:`run_rollout` returns them all."""
     try:
         with rollout_session(settings or RolloutSettings(), plan) as context:
             outcome = _stages(context)
@@ -61,7 +63,7 @@ def rollout(settings: RolloutSettings | None = None,
             raise
         tag_result("errored")
         return errored_state(errored, err)
-    return end_state(outcome.result, outcome.summary(), outcome)
+    return rollout_end_state(outcome)
 
 
 def _stages(ctx: RolloutContext) -> RolloutOutcome:
@@ -142,3 +144,16 @@ def evaluate_candidate(settings: RolloutSettings | None = None,
     if report_path:
         evaluated.report.write(report_path)
     return end_state(outcome.result, outcome.summary(), evaluated.report)
+
+
+def run_rollout(settings: RolloutSettings | None = None,
+                plan: RolloutPlan | None = None) -> RolloutOutcome:
+    """Run :func:`rollout` and return its signed outcome however it ended (promoted,
+    rejected, timed out, rolled back, errored), read from its final state.
+
+    Raises:
+        KeyboardInterrupt: the rollout was interrupted (its ``interrupted`` outcome, where
+            the record was open, on the exception; ``flows.errored.OUTCOME_ATTRIBUTE``).
+        Exception: what the run raised before its record opened.
+    """
+    return outcome_of(rollout(settings, plan, return_state=True))

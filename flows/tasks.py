@@ -313,19 +313,22 @@ STATE_NAMES: dict[str, str] = {"promoted": "Promoted", "rejected": "Rejected",
                                "evaluated": "Evaluated", "built": "Built",
                                "nothing_in_production": "NothingInProduction",
                                "errored": "Errored"}
-"""Result -> the name of the Completed-type state a flow run ends in (the Prefect UI's
-runs list shows it). *Errored* (a crash) is Failed-type instead (``flows.errored``); a
-failure before the record opened stays Prefect's own *Failed*."""
+"""Result -> the name of the state a flow run ends in (the Prefect UI's runs list shows
+it). Completed-type from :func:`end_state`; the rollout's own ends are typed by what they
+mean (``flows.end_states``: only *Promoted* is Completed). *Errored* (a crash) is
+Failed-type (``flows.errored``); a failure before the record opened stays Prefect's own
+*Failed*."""
 
 RESULT_TAG_PREFIX = "kernelgate-result:"
 """Flow-run tag naming the result (``kernelgate-result:promoted``), to filter runs on."""
 
 
 def end_state(result: str, reason: str, data: object) -> State:
-    """The flow run's final state: ``Completed`` named for ``result`` (*Promoted*,
-    *Rejected*, *RolledBack*, …) with ``reason`` as its message and ``data`` as its
-    result; also tags the flow run ``kernelgate-result:<result>``. Return it from the
-    flow: Prefect ends the run in that state and the caller gets ``data``."""
+    """The flow run's final state: ``Completed`` named for ``result`` (*Built*,
+    *Evaluated*, *Passed*, *RolledBack* of a manual rollback or a re-validation, …) with
+    ``reason`` as its message and ``data`` as its result; also tags the flow run
+    ``kernelgate-result:<result>``. Return it from the flow: Prefect ends the run in that
+    state and the caller gets ``data``. A rollout's end: ``flows.end_states``."""
     tag_result(result)
     return Completed(name=STATE_NAMES.get(result, "Completed"), message=reason[:500], data=data)
 

@@ -167,7 +167,7 @@ def _build_pristine(root: Path) -> None:
 
     from evaluation import serving
     from flows import rollout as rollout_module
-    from flows.rollout import rollout
+    from flows.rollout import rollout, run_rollout
     from flows.settings import RolloutSettings
     from kernels.shapes import AttentionShape
     from lineage import keys
@@ -191,7 +191,7 @@ def _build_pristine(root: Path) -> None:
             outcome = rollout(settings("good"))
             assert outcome.result == "promoted", outcome.reason
             versions[label] = outcome.version
-        outcome = rollout(settings("wrong_scale"))
+        outcome = run_rollout(settings("wrong_scale"))
         assert (outcome.result, outcome.stage) == ("rejected", "gate"), outcome
         versions["rejected_at_gate"] = outcome.version
 
@@ -203,7 +203,7 @@ def _build_pristine(root: Path) -> None:
 
         with pytest.MonkeyPatch.context() as canary:
             canary.setattr(serving, "replay_canary_step", fault_in_canary)
-            outcome = rollout(settings("nan_under_fault"))
+            outcome = run_rollout(settings("nan_under_fault"))
         Fault.active = False
         assert outcome.result == "rolled_back" and outcome.stage.startswith("canary"), outcome
         versions["failed_canary"] = outcome.version

@@ -12,6 +12,11 @@ native`` (xla on this CPU host, family ``xla``: a real family, so the screenshot
 for its latency test's power, so latency is not assessed there, with that reason). The
 tests run in file order: the approval promotes the version the auditor follows.
 
+The last test is README's walkthrough itself, in a store of its own that starts empty:
+``kernelgate calibrate`` and two ``kernelgate rollout`` commands under the shipped
+``thresholds/staging.yaml``, run as the README's user runs them (subprocesses reporting to
+this module's Prefect server), answered in the UI.
+
 Needs ``/usr/bin/chromium`` (Debian's ``chromium``; ``.ci/run`` installs it) and the
 ``playwright`` package (dev extra). Run with ``make test-browser``. Screenshots go to
 ``$KERNELGATE_SCREENSHOTS`` (default ``<pytest tmp>/screenshots``).
@@ -189,6 +194,7 @@ def _paused_run_id(transition: str, result: dict, attempt: int = 0,
 
 
 def _rollout_in_background(settings):
+    from flows.end_states import outcome_of
     from flows.rollout import rollout
 
     result: dict = {}
@@ -196,7 +202,7 @@ def _rollout_in_background(settings):
     def run():
         try:
             result["state"] = rollout(settings, return_state=True)
-            result["outcome"] = result["state"].result()  # here: no event loop in this thread
+            result["outcome"] = outcome_of(result["state"])  # here: no event loop in this thread
         except BaseException as err:  # noqa: BLE001 - reported by the test
             result["error"] = err
     # The flow reports to this test's server: its settings live in a context variable.
@@ -455,3 +461,92 @@ def test_auditor_goes_from_the_home_page_to_production_its_caveat_and_its_chain(
         page.get_by_text(run.info.run_name, exact=False).first.wait_for(timeout=60_000)
         _no_genai(page, visited)
     page.screenshot(path=str(screenshots / "mlflow-linked-run.png"), full_page=True)
+
+
+STAGING = ROOT / "thresholds" / "staging.yaml"
+KERNELGATE = Path(sys.executable).parent / "kernelgate"
+
+
+def _kernelgate_in_background(prefect_ui: str, *args: str):
+    """``kernelgate ARGS`` as README's user runs it, reporting to this test's Prefect
+    server: the process, a dict that gets ``error`` once it exits (what
+    :func:`_paused_run_id` reports if that is before an approval is asked) and its output
+    lines, complete once ``error`` is there."""
+    env = dict(os.environ, PREFECT_API_URL=f"{prefect_ui}/api")
+    process = subprocess.Popen([str(KERNELGATE), *args], cwd=ROOT, env=env, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    result: dict = {}
+    lines: list[str] = []
+
+    def read():
+        lines.extend(process.stdout)
+        result["error"] = f"kernelgate {args[0]} exited {process.wait()}: {''.join(lines[-20:])}"
+    threading.Thread(target=read, daemon=True).start()
+    return process, result, lines
+
+
+def _ended(process, result: dict, lines: list[str], timeout_s: float = 900) -> str:
+    """The command's whole output once it exited 0 (README: every signed end but an
+    errored one exits 0)."""
+    assert process.wait(timeout=timeout_s) == 0, "".join(lines[-40:])
+    deadline = time.monotonic() + 30
+    while "error" not in result and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return "".join(lines)
+
+
+def test_walkthrough_under_staging_from_an_empty_store_rejects_one_rollout_and_promotes_one(
+        prefect_ui, family, page, screenshots, tmp_path):
+    """README's release-manager walkthrough as written, from an empty store, under the
+    shipped ``thresholds/staging.yaml`` at its own sizes (the CLI's defaults: no
+    tests-only profile, no smaller settings): ``kernelgate calibrate`` (one A/A canary:
+    with no production yet, the native baseline against itself, for the family
+    ``--implementation native`` rolls out), then ``kernelgate rollout --implementation
+    native --thresholds thresholds/staging.yaml`` twice, answered in the Prefect UI:
+    rejected at shadow->canary (*Rejected*, Failed-type, exit 0, no production), then
+    approved at both transitions (*Promoted*, exit 0, in production).
+
+    The rejection comes first so that neither gate compares speed with a production
+    version: an identical kernel's p99 against production's on a busy 2-core host is
+    noise this test is not about (each gate here judges the candidate against naive)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.objects import StateType
+
+    from lineage import registered_model
+    from lineage.tracking import local_tracking
+
+    store = tmp_path / "store"
+    calibrated = subprocess.run(
+        [str(KERNELGATE), "calibrate", "--thresholds", str(STAGING), "--runs", "1",
+         "--store-dir", str(store)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert calibrated.returncode == 0, calibrated.stdout + calibrated.stderr
+    assert f"calibrating family {family}" in calibrated.stderr, calibrated.stderr
+    assert "A/A canaries rolled back" in calibrated.stdout, calibrated.stdout
+    command = ["rollout", "--implementation", "native", "--thresholds", str(STAGING),
+               "--store-dir", str(store)]
+
+    process, result, lines = _kernelgate_in_background(prefect_ui, *command)
+    run_id = _paused_run_id("shadow->canary", result)
+    dialog = _open_form(page, prefect_ui, run_id, "shadow->canary")
+    _answer(page, dialog, decision="reject", approver="rm@example.com",
+            comment="not this release", screenshot=screenshots / "staging-rejection-form.png")
+    out = _ended(process, result, lines)
+    assert "— rejected at approval" in out and "rm@example.com" in out, out[-3000:]
+    assert registered_model.alias_version(local_tracking(store), family, "production") is None
+    _final_state_shown(page, prefect_ui, run_id, "Rejected", screenshots / "staging-rejected.png")
+    with get_client(sync_client=True) as client:  # red in the runs list, not green
+        assert client.read_flow_run(run_id).state.type == StateType.FAILED
+
+    process, result, lines = _kernelgate_in_background(prefect_ui, *command)
+    for transition, shot in (("shadow->canary", "staging-shadow-form.png"),
+                             ("canary->production", "staging-production-form.png")):
+        run_id = _paused_run_id(transition, result)
+        dialog = _open_form(page, prefect_ui, run_id, transition)
+        _answer(page, dialog, decision="approve", approver="rm@example.com",
+                comment="evidence read; go", screenshot=screenshots / shot)
+    out = _ended(process, result, lines)
+    production = registered_model.alias_version(local_tracking(store), family, "production")
+    assert production is not None and f"{family} v{production} — promoted" in out, out[-3000:]
+    _final_state_shown(page, prefect_ui, run_id, "Promoted", screenshots / "staging-promoted.png")
+    with get_client(sync_client=True) as client:
+        assert client.read_flow_run(run_id).state.type == StateType.COMPLETED

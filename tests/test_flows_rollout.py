@@ -28,8 +28,9 @@ import kernels
 from evaluation import serving
 from evaluation.testset import load_split
 from flows import judge, promotion, tasks, traffic
+from flows.end_states import RolloutNotPromoted, outcome_of
 from flows.errored import RolloutErrored
-from flows.rollout import rollout
+from flows.rollout import rollout, run_rollout
 from flows.settings import RolloutSettings
 from kernels.kernel import Capability, Kernel
 from kernels.shapes import AttentionShape
@@ -146,8 +147,9 @@ def rejected_at_gate(prefect_server, store, flow_thresholds):
             assert outcome.result == "promoted", outcome.reason
         before = registered_model.aliases(tracking, FAMILY)
         state = rollout(settings("wrong_scale"), return_state=True)
-        tags_of_run = flow_run_tags(state)
-    return SimpleNamespace(state=state, before=before, flow_run_tags=tags_of_run)
+        tags_of_run, recorded = flow_run_tags(state), recorded_state(state)
+    return SimpleNamespace(state=state, before=before, flow_run_tags=tags_of_run,
+                           recorded=recorded)
 
 
 def thresholds_with(tmp_path: Path, **approval) -> Path:
@@ -174,9 +176,18 @@ def flow_run_tags(state) -> list[str]:
         return client.read_flow_run(state.state_details.flow_run_id).tags
 
 
+def recorded_state(state) -> tuple[str, StateType]:
+    """The flow run's final state as the server recorded it (what the Prefect UI shows
+    and colours by type): its name and type."""
+    with get_client(sync_client=True) as client:
+        run = client.read_flow_run(state.state_details.flow_run_id)
+    return run.state.name, run.state.type
+
+
 def test_passing_candidate_is_promoted_with_full_lineage(seeded, make_settings, tracking, signing):
     state = rollout(make_settings("good"), return_state=True)
     assert (state.name, state.type) == ("Promoted", StateType.COMPLETED)
+    assert recorded_state(state) == ("Promoted", StateType.COMPLETED)  # green in the UI
     assert "kernelgate-result:promoted" in flow_run_tags(state)
     outcome = state.result()
     assert outcome.result == "promoted"
@@ -203,11 +214,56 @@ def test_passing_candidate_is_promoted_with_full_lineage(seeded, make_settings, 
     assert "shadow run" in stages_seen and stages_seen.count("canary run") >= 2
 
 
+END_STATES = [("promoted", False, "Promoted", StateType.COMPLETED),
+              ("rejected", False, "Rejected", StateType.FAILED),
+              ("timed_out", False, "TimedOut", StateType.FAILED),
+              ("rolled_back", False, "RolledBack", StateType.FAILED),
+              ("rolled_back", True, "RolledBack", StateType.CANCELLED)]
+
+
+@pytest.mark.parametrize(("result", "inconclusive", "name", "kind"), END_STATES)
+def test_only_a_promotion_ends_completed_and_every_end_keeps_its_outcome_and_exit_code(
+        prefect_server, result, inconclusive, name, kind):
+    """What the Prefect UI colours a rollout's end by (the server's record of the state
+    type): Completed only for *Promoted*; a verdict against the candidate Failed; an
+    inconclusive rollback Cancelled. The names the notifications key on, the outcome a
+    caller reads and the CLI's exit code (0 for each: README) stay as they were."""
+    import pickle
+
+    from prefect import flow
+
+    from flows.end_states import rollout_end_state
+    from flows.errored import EXIT_CODES
+    from lineage.rollout import RolloutOutcome
+
+    outcome = RolloutOutcome(family=FAMILY, version="7", result=result, stage="gate",
+                             reason="why", inconclusive=inconclusive, rollout_run_id="r",
+                             tracking_uri="file:///x", ui_command="kernelgate ui")
+
+    @flow(name="kernelgate-end-state-check")
+    def ends():
+        return rollout_end_state(outcome)
+
+    state = ends(return_state=True)
+    assert recorded_state(state) == (name, kind)
+    assert f"kernelgate-result:{result}" in flow_run_tags(state)
+    assert outcome_of(state) == outcome and EXIT_CODES[outcome_of(state).result] == 0
+    if result == "promoted":
+        assert ends() == outcome
+    else:
+        with pytest.raises(RolloutNotPromoted) as raised:
+            ends()
+        assert raised.value.outcome == outcome
+        assert pickle.loads(pickle.dumps(raised.value)).outcome == outcome  # a persisted result
+
+
 def test_numerically_wrong_candidate_stops_at_the_gate(rejected_at_gate, tracking):
     state, seeded = rejected_at_gate.state, rejected_at_gate.before
-    assert (state.name, state.type) == ("Rejected", StateType.COMPLETED)
+    # a verdict against the candidate: Failed-type, never shown green like Promoted
+    assert (state.name, state.type) == ("Rejected", StateType.FAILED)
+    assert rejected_at_gate.recorded == ("Rejected", StateType.FAILED)
     assert "kernelgate-result:rejected" in rejected_at_gate.flow_run_tags
-    outcome = state.result()
+    outcome = outcome_of(state)
     assert (outcome.result, outcome.stage) == ("rejected", "gate")
     # Each failed criterion's reason is printed once (the gate's summary); the outcome's
     # reason only names the criteria.
@@ -229,9 +285,9 @@ def test_candidate_returning_nan_during_canary_is_rolled_back(seeded, make_setti
 
     monkeypatch.setattr(serving, "replay_canary_step", fault_starts_with_canary_traffic)
     state = rollout(make_settings("nan_under_fault"), return_state=True)
-    assert (state.name, state.type) == ("RolledBack", StateType.COMPLETED)
+    assert (state.name, state.type) == ("RolledBack", StateType.FAILED)  # a canary finding
     assert "kernelgate-result:rolled_back" in flow_run_tags(state)
-    outcome = state.result()
+    outcome = outcome_of(state)
     assert outcome.result == "rolled_back"
     assert outcome.stage.startswith("canary"), outcome
     assert "NaN" in outcome.reason or "non-finite" in outcome.reason
@@ -244,7 +300,8 @@ def test_slow_candidate_is_rejected_by_the_canary_latency_test(prefect_server, m
     """The written latency plan (noise sd 0.5), in a family of its own: the candidate is
     compared with the native baseline, which serves a family with no production."""
     before = registered_model.aliases(tracking, LATENCY_FAMILY)
-    outcome = rollout(make_settings("slow", thresholds=STRICT_THRESHOLDS, family=LATENCY_FAMILY))
+    outcome = run_rollout(make_settings("slow", thresholds=STRICT_THRESHOLDS,
+                                        family=LATENCY_FAMILY))
     assert outcome.result == "rolled_back"
     assert outcome.stage in ("shadow", "canary-25pct", "canary-50pct")
     assert "latency" in outcome.reason and "signed-rank" in outcome.reason
@@ -286,11 +343,11 @@ def _rollout_answered(settings, transition: str, *run_inputs: dict, return_state
 
     answer = threading.Thread(target=answer_all, daemon=True)
     answer.start()
-    outcome = rollout(settings, return_state=return_state)
+    state = rollout(settings, return_state=True)
     answer.join(timeout=5)
     if errors:
         raise errors[0]
-    return outcome
+    return state if return_state else outcome_of(state)
 
 
 def flow_run_log(state) -> list[str]:
@@ -355,8 +412,8 @@ def test_a_person_s_rejection_ends_rejected_naming_them(seeded, make_settings, t
     state = _rollout_answered(settings, "shadow->canary",
                               {"decision": "reject", "approver": "rm@example.com",
                                "comment": "not this week"}, return_state=True)
-    assert (state.name, state.type) == ("Rejected", StateType.COMPLETED)
-    outcome = state.result()
+    assert (state.name, state.type) == ("Rejected", StateType.FAILED)
+    outcome = outcome_of(state)
     assert (outcome.result, outcome.stage) == ("rejected", "approval")
     assert "rm@example.com" in outcome.decided_by and "unauthenticated" in outcome.decided_by
     assert "rm@example.com" in state.message and "not this week" in state.message
@@ -379,8 +436,8 @@ def test_approval_timeout_ends_timed_out(seeded, make_settings, tracking, tmp_pa
         tmp_path, required_for=["shadow->canary"], timeout_s=3))
     before = registered_model.aliases(tracking, APPROVAL_FAMILY)
     state = rollout(settings, return_state=True)
-    assert (state.name, state.type) == ("TimedOut", StateType.COMPLETED)
-    outcome = state.result()
+    assert (state.name, state.type) == ("TimedOut", StateType.FAILED)  # the timeout rejects
+    outcome = outcome_of(state)
     assert (outcome.result, outcome.stage) == ("timed_out", "approval")
     assert outcome.decided_by.startswith("nobody") and "3 s" in outcome.reason
     assert_production_unchanged(tracking, before, outcome.version, APPROVAL_FAMILY)
@@ -514,7 +571,7 @@ def test_manual_rollback_restores_the_chosen_version_signed_and_audited(
     promoted = rollout(make_settings("good"))
     assert promoted.result == "promoted", promoted.reason
     earlier = registered_model.production_history(tracking, FAMILY, signing.trust)[-2]
-    rejected = rejected_at_gate.state.result()
+    rejected = outcome_of(rejected_at_gate.state)
     assert rejected.result == "rejected" and rejected.version != earlier
     with pytest.raises(registry.PromotionRefused, match="not an earlier production"):
         manual_rollback(reason="test", requested_by="rm", to_version=int(rejected.version),
@@ -657,8 +714,8 @@ def test_a_kernel_refusing_part_of_its_contract_is_rejected_naming_the_refused_c
     assert refused, "the test set's held-out split has float16 cases"
     with kernels.registered(RefusesLowPrecision):
         state = rollout(make_settings("refuses_low_precision"), return_state=True)
-    assert (state.name, state.type) == ("Rejected", StateType.COMPLETED)
-    outcome = state.result()
+    assert (state.name, state.type) == ("Rejected", StateType.FAILED)
+    outcome = outcome_of(state)
     assert (outcome.result, outcome.stage) == ("rejected", "gate")
     assert "coverage" in outcome.reason
     (line,) = [x for x in outcome.decision_summary.splitlines() if x.startswith("- fail: coverage:")]
@@ -714,20 +771,31 @@ INCONCLUSIVE_FAMILY = "attention-inconclusive"
 def test_an_inconclusive_rollback_does_not_lock_the_family(prefect_server, make_settings,
                                                             tracking, tmp_path, signing):
     """A plan that needs a fresh A/A calibration, on a device with none: the rollout is
-    rolled back before its canary, said *inconclusive* (no finding about the kernel), and
-    that signed outcome is no rejection: the family's next registration may drop the
-    requirement (a loosening) without a person's approval. A gate rejection still locks."""
+    rolled back before its canary — before any person is asked, though the plan requires
+    approvals (a release manager is never asked to approve what the plan then refuses:
+    asked, the rollout would have paused and timed out) — said *inconclusive* (no
+    finding about the kernel), and that signed outcome is no rejection: the family's next
+    registration may drop the requirement (a loosening) without a person's approval. A
+    gate rejection still locks."""
     import yaml
 
     from lineage.registration import LooseningRefused, preregister
 
-    needs = untimed(STRICT_THRESHOLDS, tmp_path / "calibrated.yaml")
+    needs = untimed(STRICT_THRESHOLDS, tmp_path / "calibrated.yaml",
+                    required_for=["shadow->canary", "canary->production"], timeout_s=5)
     data = yaml.safe_load(needs.read_text())
     data["canary"]["latency"]["max_calibration_age_days"] = 30
     needs.write_text(yaml.safe_dump(data))
-    outcome = rollout(make_settings("good", thresholds=needs, family=INCONCLUSIVE_FAMILY))
+    state = rollout(make_settings("good", thresholds=needs, family=INCONCLUSIVE_FAMILY),
+                    return_state=True)
+    # called off for want of evidence: Cancelled-type, neither a success nor a verdict
+    assert recorded_state(state) == ("RolledBack", StateType.CANCELLED)
+    outcome = outcome_of(state)
     assert (outcome.result, outcome.stage, outcome.inconclusive) == ("rolled_back", "canary",
                                                                      True), outcome.reason
+    with pytest.raises(RolloutNotPromoted, match="no fresh calibration") as raised:
+        state.result()  # what calling the flow as a function raises, the outcome on it
+    assert raised.value.outcome == outcome
     assert "no fresh calibration" in outcome.reason
     assert "inconclusive: not a verdict on the kernel" in outcome.verdict()
     looser = untimed(STRICT_THRESHOLDS, tmp_path / "uncalibrated.yaml")
@@ -735,7 +803,8 @@ def test_an_inconclusive_rollback_does_not_lock_the_family(prefect_server, make_
                                signing=signing)
     assert registration.profile == "flow-test"
     # a finding about the kernel still locks: the wrong kernel rejected at the gate
-    rejected = rollout(make_settings("wrong_scale", thresholds=looser, family=INCONCLUSIVE_FAMILY))
+    rejected = run_rollout(make_settings("wrong_scale", thresholds=looser,
+                                         family=INCONCLUSIVE_FAMILY))
     assert rejected.result == "rejected"
     with pytest.raises(LooseningRefused, match="rejected or rolled back"):
         preregister(_loosened(looser, tmp_path), tracking=tracking, family=INCONCLUSIVE_FAMILY,

@@ -192,3 +192,34 @@ def test_a_family_with_no_production_calibrates_its_native_baseline(tmp_path, si
         StoreSource(tracking, "first", signing.trust),
         calibration.device_facts(collect_environment()), 30)
     assert found == run_id, about
+
+
+def test_a_first_calibration_without_family_is_for_the_native_family_and_says_so(
+        tmp_path, monkeypatch):
+    """README's walkthrough calibrates a store with no family yet and names none: the
+    calibration is for the family ``rollout --implementation native`` rolls out here
+    (xla on a CPU host), whose rollouts look it up, not the host's ``auto`` kernel."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from typer.testing import CliRunner
+
+    import kernels
+    from flows import calibrate as cal
+    from flows.cli import app
+
+    asked = {}
+
+    def recorded(tracking, family, **kwargs):
+        asked["family"] = family
+        return "run-1", SimpleNamespace(rate_95=(0.0, 0.79), false_rollbacks=0, runs=1,
+                                        false_rollback_rate=0.0, alpha=0.01, within_alpha=True,
+                                        inconclusive=0, noise_sd=0.1, facts={"device_kind": "cpu"})
+
+    monkeypatch.setattr(cal, "calibrate", recorded)
+    staging = str(Path(__file__).parents[1] / "thresholds" / "staging.yaml")
+    result = CliRunner().invoke(app, ["calibrate", "--thresholds", staging,
+                                      "--runs", "1", "--store-dir", str(tmp_path / "store")])
+    native = kernels.native_flash_kernel("native", kernels.default_backend())
+    assert result.exit_code == 0, result.output
+    assert asked["family"] == native and f"calibrating family {native}" in result.output
