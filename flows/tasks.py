@@ -312,7 +312,7 @@ STATE_NAMES: dict[str, str] = {"promoted": "Promoted", "rejected": "Rejected",
                                "timed_out": "TimedOut", "rolled_back": "RolledBack", "passed": "Passed",
                                "evaluated": "Evaluated", "built": "Built",
                                "nothing_in_production": "NothingInProduction",
-                               "errored": "Errored"}
+                               "not_adopted": "NotAdopted", "errored": "Errored"}
 """Result -> the name of the Completed-type state a flow run ends in (the Prefect UI's
 runs list shows it). *Errored* (a crash) is Failed-type instead (``flows.errored``); a
 failure before the record opened stays Prefect's own *Failed*."""
