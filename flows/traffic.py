@@ -212,16 +212,23 @@ def canary_verdict(context: RolloutContext, gated: Gated, steps: list[CanaryStep
     return verdict
 
 
-@stage_task(name="adoption-verdict")
 def adoption_verdict(context: RolloutContext, gated: Gated, steps: list[CanaryStepResult],
                      safety: CanaryVerdict) -> AdoptionVerdict | None:
-    """The adoption decision of a registration with ``decision:``
-    (``gates.adoption_decision.conclude_adoption`` on the canary steps' paired log ratios,
-    looked at after each step), logged to the rollout run (``adoption/decision.json``,
-    signed with the outcome as the canary verdict is); None without ``decision:``."""
-    plan = gated.thresholds.decision
-    if plan is None:
+    """The adoption decision of a registration with ``decision:`` (the
+    ``adoption-verdict`` stage); None without one, and then no stage runs or is recorded:
+    such a rollout's record is what it was before the section existed."""
+    if gated.thresholds.decision is None:
         return None
+    return _adoption_stage(context, gated, steps, safety)
+
+
+@stage_task(name="adoption-verdict")
+def _adoption_stage(context: RolloutContext, gated: Gated, steps: list[CanaryStepResult],
+                    safety: CanaryVerdict) -> AdoptionVerdict:
+    """``gates.adoption_decision.conclude_adoption`` on the canary steps' paired log
+    ratios (looked at after each step), logged to the rollout run
+    (``adoption/decision.json``, signed with the outcome as the canary verdict is)."""
+    plan = gated.thresholds.decision
     reason = next((s.latency_not_assessed_reason for s in steps if not s.log_ratios), None)
     verdict = conclude_adoption(plan, safety.verdict, [s.log_ratios for s in steps],
                                 not_assessed_reason=reason)
