@@ -5,7 +5,8 @@ under .kernelgate/, the pipeline's signing key in ~/.kernelgate/keys (created on
 use), whatever device JAX sees. Point at shared servers with PREFECT_API_URL and
 MLFLOW_TRACKING_URI. Exit codes: 0 the command did its job (a rejection or rollback is
 a result, printed), 1 an error or a failed audit, 2 bad arguments or a re-validation
-that rolled back, 3 a rollout that errored (a stage crashed; signed, outcome printed).
+that rolled back, 3 a rollout that errored (a stage crashed; signed, outcome printed), 4 a
+rollout whose candidate was safe but not worth adopting (its registration's decision).
 """
 
 from __future__ import annotations

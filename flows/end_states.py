@@ -14,6 +14,10 @@ Cancelled grey) never shows a refused candidate like a promoted one.
   calibration): Cancelled-type. The rollout was called off for want of evidence, with no
   finding about the kernel, and it does not count as a rejection: Failed would claim a
   verdict that was never reached, Completed a success that did not happen.
+- *NotAdopted* (a registration with ``decision:``: safe, but the preregistered superiority
+  claim did not hold): Cancelled-type. Production is unchanged and nothing was found
+  wrong with the kernel, so it is no rejection either; it is not the success the run was
+  for, so not green.
 
 The names are unchanged, so the automations keyed on them (``prefect.flow-run.RolledBack``,
 ``prefect.flow-run.TimedOut``; ``flows.notifications``), the ``kernelgate-result:<result>``
@@ -56,14 +60,14 @@ def rollout_end_state(outcome: RolloutOutcome) -> State:
     """The rollout flow run's final state for ``outcome`` (module docstring): named for
     its result, its message the verdict line; Completed-type with the outcome as its
     result when promoted, else Failed-type (a verdict against the candidate) or
-    Cancelled-type (inconclusive: no verdict) with a :class:`RolloutNotPromoted` as its
+    Cancelled-type (inconclusive, or safe but not adopted: no verdict against it) with a :class:`RolloutNotPromoted` as its
     result. Also tags the flow run ``kernelgate-result:<result>``. Return it from the flow."""
     tag_result(outcome.result)
     name = STATE_NAMES.get(outcome.result, "Completed")
     message = outcome.summary()[:500]
     if outcome.result == "promoted":
         return Completed(name=name, message=message, data=outcome)
-    kind = Cancelled if outcome.inconclusive else Failed
+    kind = Cancelled if outcome.inconclusive or outcome.result == "not_adopted" else Failed
     return kind(name=name, message=message, data=RolloutNotPromoted(outcome))
 
 

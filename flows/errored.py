@@ -26,7 +26,7 @@ OUTCOME_ATTRIBUTE = "kernelgate_outcome"
 
 
 EXIT_CODES = {"promoted": 0, "rejected": 0, "timed_out": 0, "rolled_back": 0, "errored": 3,
-              "interrupted": 130}
+              "not_adopted": 4, "interrupted": 130}
 """``kernelgate rollout``: result -> exit code (anything else: 1; README, "Exit codes")."""
 
 

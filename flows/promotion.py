@@ -15,6 +15,7 @@ from pydantic import Field, ValidationError
 
 from flows.results import Confirmed, Evaluated, Gated, Promoted, RolloutContext
 from flows.tasks import finish, run_logger, stage_clock, stage_task
+from gates.adoption_decision import AdoptionVerdict
 from gates.approval import (
     ApprovalInput,
     ApprovalRecord,
@@ -248,8 +249,11 @@ def approvers(context: RolloutContext, gated: Gated) -> str:
             + (f"; approvals: {people}" if people else ""))
 
 
+ADOPTION_DECIDER = "the adoption test (preregistered decision)"
+
 DECIDERS = {"shadow": "the shadow analysis (preregistered plan)",
-            "confirmation": "the confirmation split's gate (preregistered thresholds)"}
+            "confirmation": "the confirmation split's gate (preregistered thresholds)",
+            "adoption": ADOPTION_DECIDER}
 """Stage -> who decided a roll-back there (any other stage: a canary step or verdict)."""
 
 
@@ -266,3 +270,24 @@ def roll_back(context: RolloutContext, gated: Gated, stage: str, reason: str,
     return finish(context, "rolled_back", stage, reason, version=gated.version,
                   decision=gated.decision, traffic=traffic, inconclusive=inconclusive,
                   decided_by=decider + (": inconclusive" if inconclusive else ""))
+
+
+def unless_adopted(context: RolloutContext, gated: Gated, verdict: AdoptionVerdict | None,
+                   traffic: Sequence[CanaryStepResult] = ()) -> RolloutOutcome | None:
+    """The end of a rollout whose registration's adoption test did not adopt, or None to
+    go on (adopted, or no ``decision:`` section). *Not worth it*: its own end state
+    (``not_adopted``): the candidate's aliases taken back, production unchanged, the
+    version tagged as not adopted with the figures; no rejection of the kernel.
+    *Inconclusive*: rolled back as an inconclusive canary is (not a verdict on the
+    kernel, never promoted). *Unsafe*: rolled back (the canary's verdict failed)."""
+    if verdict is None or verdict.outcome == "adopted":
+        return None
+    if verdict.outcome == "not_worth_it":
+        record = context.record
+        registry.decline(record.tracking, record.family, gated.version, verdict.reason,
+                         signing=record.signing, parent_run_id=record.rollout_run_id)
+        run_logger().warning("v%s not adopted: %s", gated.version, verdict.reason)
+        return finish(context, "not_adopted", "adoption", verdict.reason, version=gated.version,
+                      decision=gated.decision, traffic=traffic, decided_by=ADOPTION_DECIDER)
+    return roll_back(context, gated, "adoption", verdict.reason, traffic,
+                     inconclusive=verdict.outcome == "inconclusive")

@@ -2,8 +2,9 @@
 that run only its first stages.
 
 The rollout's body is the stage list of the design notes: preregister → build →
-evaluate → gate → shadow → approval → canary steps → canary verdict → confirm → promote,
-or roll back.
+evaluate → gate → shadow → approval → canary steps → canary verdict → (adoption, where the
+registration has ``decision:``) → confirm → promote, or roll back (or, safe but not worth
+adopting, end *NotAdopted*).
 Each stage is a task (``flows.judge``, ``flows.traffic``, ``flows.promotion``) calling
 plain functions of the packages below; it returns what it established as a typed result
 (``flows.results``), which the flow passes on to the stages that need it. Every
@@ -22,7 +23,15 @@ from flows.end_states import outcome_of, rollout_end_state
 from flows.errored import errored_outcome, errored_state
 from flows.judge import build, confirm, evaluate, gate
 from flows.plan import RolloutPlan
-from flows.promotion import approve, approvers, enter_canary, promote, reject, roll_back
+from flows.promotion import (
+    approve,
+    approvers,
+    enter_canary,
+    promote,
+    reject,
+    roll_back,
+    unless_adopted,
+)
 from flows.results import RolloutContext
 from flows.settings import RolloutSettings
 from flows.tasks import (
@@ -34,6 +43,7 @@ from flows.tasks import (
     tag_result,
 )
 from flows.traffic import (
+    adoption_verdict,
     canary_calibration,
     canary_step,
     canary_verdict,
@@ -52,8 +62,8 @@ def rollout(settings: RolloutSettings | None = None,
             plan: RolloutPlan | None = None) -> RolloutOutcome:
     """Governed rollout of one candidate kernel under ``plan`` (``flows.plan``; None: the
     one ``settings`` resolve to). Ends in a state named for what happened (*Promoted*,
-    *Rejected*, *TimedOut*, *RolledBack*, typed by ``flows.end_states``), or *Errored*
-    (``flows.errored``). A call returns a promotion's outcome, raises any other's
+    *Rejected*, *TimedOut*, *RolledBack*, *NotAdopted*, typed by ``flows.end_states``), or
+    *Errored* (``flows.errored``). A call returns a promotion's outcome, raises any other's
     (``RolloutNotPromoted``, ``RolloutErrored``); :func:`run_rollout` returns them all."""
     try:
         with rollout_session(settings or RolloutSettings(), plan) as context:
@@ -96,9 +106,11 @@ def _stages(ctx: RolloutContext) -> RolloutOutcome:
         if not result.passed:
             return roll_back(ctx, gated, step.name, f"{step.name}: {'; '.join(result.breaches)}",
                              judged)
-    if stop := settle(gated, canary_verdict(ctx, gated, judged[1:], calibration)):
+    if stop := settle(gated, verdict := canary_verdict(ctx, gated, judged[1:], calibration)):
         return roll_back(ctx, gated, "canary", f"canary: {stop.reason}", judged,
                          inconclusive=stop.inconclusive)
+    if ended := unless_adopted(ctx, gated, adoption_verdict(ctx, gated, judged[1:], verdict), judged):
+        return ended  # not worth it (NotAdopted) or inconclusive; adopted goes on
     confirmed = confirm(ctx, preregistered, built, testset)
     if not confirmed.passed:
         return roll_back(ctx, gated, "confirmation",

@@ -312,7 +312,7 @@ STATE_NAMES: dict[str, str] = {"promoted": "Promoted", "rejected": "Rejected",
                                "timed_out": "TimedOut", "rolled_back": "RolledBack", "passed": "Passed",
                                "evaluated": "Evaluated", "built": "Built",
                                "nothing_in_production": "NothingInProduction",
-                               "errored": "Errored"}
+                               "not_adopted": "NotAdopted", "errored": "Errored"}
 """Result -> the name of the state a flow run ends in (the Prefect UI's runs list shows
 it). Completed-type from :func:`end_state`; the rollout's own ends are typed by what they
 mean (``flows.end_states``: only *Promoted* is Completed). *Errored* (a crash) is

@@ -10,11 +10,12 @@ from evaluation import recorded_traffic, serving
 from evaluation.documents import assign_splits, load_documents
 from flows.results import Evaluated, Gated, Preregistered, RolloutContext
 from flows.tasks import run_logger, stage_task
+from gates.adoption_decision import AdoptionVerdict, conclude_adoption
 from gates.canary import CanaryStepResult, analyse_canary_step
 from gates.canary_latency import CanaryVerdict, conclude_canary
 from gates.canary_plan import CanaryPlan, CanaryStep
 from kernels import interpreters
-from lineage import calibration, evidence, registered_model, registry, version_runners
+from lineage import calibration, evidence, registered_model, registry, tags, version_runners
 from lineage import tracking as tr
 from lineage.environment import collect_environment
 from lineage.records import log_canary_step, log_shadow
@@ -208,6 +209,32 @@ def canary_verdict(context: RolloutContext, gated: Gated, steps: list[CanaryStep
     record = context.record
     tr.log_model_json(record.tracking, record.rollout_run_id, verdict, "canary/verdict.json")
     run_logger().info("canary verdict: %s (%s)", verdict.verdict, verdict.reason)
+    return verdict
+
+
+def adoption_verdict(context: RolloutContext, gated: Gated, steps: list[CanaryStepResult],
+                     safety: CanaryVerdict) -> AdoptionVerdict | None:
+    """The adoption decision of a registration with ``decision:`` (the
+    ``adoption-verdict`` stage); None without one, and then no stage runs or is recorded:
+    such a rollout's record is what it was before the section existed."""
+    if gated.thresholds.decision is None:
+        return None
+    return _adoption_stage(context, gated, steps, safety)
+
+
+@stage_task(name="adoption-verdict")
+def _adoption_stage(context: RolloutContext, gated: Gated, steps: list[CanaryStepResult],
+                    safety: CanaryVerdict) -> AdoptionVerdict:
+    """``gates.adoption_decision.conclude_adoption`` on the canary steps' paired log
+    ratios (looked at after each step), logged to the rollout run
+    (``adoption/decision.json``, signed with the outcome as the canary verdict is)."""
+    plan = gated.thresholds.decision
+    reason = next((s.latency_not_assessed_reason for s in steps if not s.log_ratios), None)
+    verdict = conclude_adoption(plan, safety.verdict, [s.log_ratios for s in steps],
+                                not_assessed_reason=reason)
+    record = context.record
+    tr.log_model_json(record.tracking, record.rollout_run_id, verdict, tags.ADOPTION_ARTIFACT)
+    run_logger().info("adoption: %s (%s)", verdict.outcome, verdict.reason)
     return verdict
 
 

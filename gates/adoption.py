@@ -132,9 +132,10 @@ class AdoptionPlan(BaseModel):
 
 
 class AdoptionLook(BaseModel):
-    """The test after ``n`` pairs. Ratios are candidate/baseline (< 1: faster)."""
+    """The test after ``n`` pairs. Ratios are candidate/baseline (< 1: faster).
+    An unbounded side is infinite (``"Infinity"`` in JSON, read back as such)."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, ser_json_inf_nan="strings")
 
     n: int
     median_ratio: float = Field(description="median of the n pairs' ratios")
@@ -150,7 +151,7 @@ class AdoptionResult(BaseModel):
     """Every requested look and the verdict: the first look that decided, else
     ``inconclusive`` at ``max_pairs`` or ``continue`` while data are still coming."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, ser_json_inf_nan="strings")
 
     plan: AdoptionPlan
     looks: list[AdoptionLook]

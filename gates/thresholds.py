@@ -9,7 +9,8 @@ candidate is evaluated. It holds, per target platform (``tpu``, ``gpu``, ``cpu``
   1.2x better than the baseline; error at most 1.1x worse than production);
 
 and, once per profile, whether ``not_assessed`` criteria block promotion, the canary
-plan and the approval policy. Metric names are those of ARCHITECTURE.md ("evaluation").
+plan, the approval policy and, optionally, the adoption decision
+(``gates.adoption_decision``). Metric names are those of ARCHITECTURE.md ("evaluation").
 
 The file's bytes are what preregistration hashes, so :func:`load_thresholds` keeps the
 sha256 of the exact bytes it parsed (``Thresholds.source_sha256``). Reading the bytes
@@ -28,6 +29,7 @@ from typing import Literal
 
 from pydantic import PrivateAttr, ValidationError, field_validator, model_validator
 
+from gates.adoption_decision import DecisionPlan
 from gates.approval_policy import ApprovalPolicy
 from gates.canary_plan import CanaryPlan
 from gates.directions import Looser as L
@@ -183,6 +185,11 @@ class Thresholds(_Strict):
         description="what the registration serves (gates.serving_contract); default: everything")
     canary: CanaryPlan = limit(L.NESTED)
     approval: ApprovalPolicy = limit(L.NESTED)
+    decision: DecisionPlan | None = limit(
+        L.NESTED, default=None,
+        description="adoption as a preregistered claim (gates.adoption_decision): after a "
+        "passing canary, the candidate is adopted only if shown worth it over production; "
+        "unset: no adoption test (a passing canary goes on, as without this section)")
 
     _source_sha256: str | None = PrivateAttr(default=None)
     _source_schema_version: int = PrivateAttr(default=SCHEMA_VERSION)
@@ -202,6 +209,21 @@ class Thresholds(_Strict):
         problem = self.canary.power_problem()
         if problem and self.not_assessed_blocks_promotion:
             raise ValueError(f"canary latency plan: {problem}")
+        return self
+
+    @model_validator(mode="after")
+    def _decision_fits_the_canary(self) -> Thresholds:
+        if self.decision is None:
+            return self
+        if not self.canary.paired:
+            raise ValueError("decision: the adoption test reads the canary's paired samples; "
+                             "it needs the paired latency test (signed_rank_abba)")
+        pairs = sum(self.canary.pairs_per_step())
+        if self.decision.max_pairs > pairs:
+            raise ValueError(
+                f"decision.max_pairs ({self.decision.max_pairs}) exceeds the {pairs} requests "
+                "the canary's registered steps compare: a passing canary could end before the "
+                "adoption test does; lower max_pairs or serve more canary requests")
         return self
 
     @property

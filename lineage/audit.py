@@ -10,8 +10,8 @@ trusts (never a key found in the store) it:
 3. follows the version behind the target through the chain ``lineage.chain`` defines —
    the same rules the registry enforces before a move — reading only signed records:
    build, evaluation, gate decision, registration, shadow, approvals the *signed*
-   policy requires, every canary step, the confirmation decision (and a confirmation
-   split used twice), whatever tags say; a deleted run is missing evidence;
+   policy requires, every canary step (re-derived, with any adoption decision), the
+   confirmation decision (and a split used twice), whatever tags say; deleted: missing;
 4. re-derives each gate decision with ``gates.decision.decide`` from the signed report
    and the signed registration, and compares it with the signed decision;
 5. cross-checks what MLflow shows (metrics, params, run tags, the version's tags) against
@@ -127,7 +127,7 @@ def _rederive(source: EvidenceSource, record: DecisionRecord, evidence: chain.Ch
 
 
 def _display(walk: Walk, evidence: chain.ChainEvidence, missing: list[str],
-             source: EvidenceSource) -> None:
+             source: EvidenceSource, version: str, promoted: bool) -> None:
     def named(word: str) -> bool:
         return any(word in p for p in missing)
 
@@ -162,9 +162,10 @@ def _display(walk: Walk, evidence: chain.ChainEvidence, missing: list[str],
         kind = "shadow" if stage is evidence.shadow else "canary"
         walk.link(f"{kind} run", stage.run_id, stage.passed,
                   f"{stage.name}: {'passed' if stage.passed else 'did not pass'}", problem=False)
-    plan = evidence.thresholds.canary if evidence.thresholds is not None else None
-    for name, ref, ok, detail in canary_audit.rederive(source, plan, evidence.canary):
-        walk.link(name, ref, ok, detail)
+    t = evidence.thresholds
+    for found in canary_audit.rederive(source, t and t.canary, evidence.canary,
+                                       decision=t and t.decision, version=version, promoted=promoted):
+        walk.link(*found)
 
 
 def _rollout_of(promotion: Attestation, source: EvidenceSource, walk: Walk) -> str | None:
@@ -317,7 +318,7 @@ def audit(tracking: Tracking | None, family: str, target: str, *, trust=None,
     walk.link("version", version, source.version_run(version) is not None,
               f"build run {source.version_run(version)}")
     missing = chain.problems(evidence, transition) if transition else evidence.read_problems
-    _display(walk, evidence, missing, source)
+    _display(walk, evidence, missing, source, version, transition == "canary->production")
     walk.problems += missing
     if transition == "canary->production":
         if promotion is None:

@@ -6,6 +6,12 @@ recomputes, step by step and with the earlier steps' samples as the canary did, 
 per-request log ratios, the look's signed-rank p-value and whether it rejected, and
 then the whole-canary verdict; any difference from what was signed is a problem.
 Records of the legacy unpaired test carry no raw samples: shown, not re-derived.
+
+Under a registration with ``decision:`` it re-derives the adoption decision too
+(``gates.adoption_decision.conclude_adoption``) from the same signed samples and the
+registered plan, and compares it with the signed ``adoption/decision.json`` of the
+version's rollout run (a subject of its outcome attestation); a promoted version with no
+signed ``adopted`` decision is a problem.
 """
 
 from __future__ import annotations
@@ -14,11 +20,13 @@ import math
 
 import numpy as np
 
+from gates.adoption_decision import AdoptionVerdict, DecisionPlan, conclude_adoption
 from gates.canary import CanaryStepResult
 from gates.canary_latency import another_look, conclude_canary, step_look
 from gates.canary_plan import CanaryPlan
 from gates.latency_judge import abba_log_ratios
-from lineage.attestations import AttestationError
+from lineage import tags
+from lineage.attestations import AttestationError, subject_name
 from lineage.sources import EvidenceSource, signed_artifact
 
 Finding = tuple[str, str | None, bool, str]
@@ -54,10 +62,13 @@ def _step(plan: CanaryPlan, result: CanaryStepResult, earlier: list[CanaryStepRe
     return None
 
 
-def rederive(source: EvidenceSource, plan: CanaryPlan | None,
-             steps: list) -> list[Finding]:
+def rederive(source: EvidenceSource, plan: CanaryPlan | None, steps: list, *,
+             decision: DecisionPlan | None = None, version: str | None = None,
+             promoted: bool = False) -> list[Finding]:
     """Findings for the canary steps ``steps`` (``chain.StageEvidence``, in signing
-    order; the newest record of a step counts, judged in the plan's step order)."""
+    order; the newest record of a step counts, judged in the plan's step order) and,
+    with a registered ``decision`` and the ``version`` audited, its adoption decision
+    (``promoted``: the version holds production, so it must have been adopted)."""
     if plan is None or not plan.paired or not steps:
         return []
     findings: list[Finding] = []
@@ -86,4 +97,58 @@ def rederive(source: EvidenceSource, plan: CanaryPlan | None,
         verdict = conclude_canary(plan, earlier)
         findings.append(("canary verdict", None, True,
                          f"re-derived: {verdict.verdict} ({verdict.reason})"))
+        if decision is not None and version is not None:
+            findings += adoption(source, decision, verdict.verdict, earlier, version,
+                                 promoted=promoted)
     return findings
+
+
+def signed_adoption(source: EvidenceSource, version: str) -> tuple[str, AdoptionVerdict] | None:
+    """The newest signed adoption decision of ``version``: ``(rollout run id, verdict)``
+    from an outcome attestation naming the version whose subjects hold
+    ``adoption/decision.json``, or None when no rollout of it signed one.
+
+    Raises:
+        AttestationError: the signed file is missing or was altered after signing.
+    """
+    outcomes = sorted((a for a in source.attestations() if a.kind == "outcome"
+                       and str(a.predicate.get("version")) == version
+                       and subject_name(a.run_id, tags.ADOPTION_ARTIFACT) in a.subjects),
+                      key=lambda a: a.predicate.get("attested_at", ""))
+    if not outcomes:
+        return None
+    run_id = outcomes[-1].run_id
+    _, data = signed_artifact(source, run_id, "outcome", tags.ADOPTION_ARTIFACT)
+    return run_id, AdoptionVerdict.model_validate_json(data)
+
+
+def adoption(source: EvidenceSource, decision: DecisionPlan, safety: str,
+             results: list[CanaryStepResult], version: str, *,
+             promoted: bool) -> list[Finding]:
+    """The adoption decision re-derived from the signed canary ``results`` (in step
+    order) and the registered ``decision``, against the signed one; ``safety``: the
+    re-derived whole-canary verdict."""
+    try:
+        found = signed_adoption(source, version)
+    except AttestationError as err:
+        return [("adoption decision", None, False, str(err))]
+    if found is None:
+        if promoted:
+            return [("adoption decision", None, False, f"v{version} holds production under a "
+                     "registration with decision:, but no rollout signed an adoption decision")]
+        return []
+    run_id, signed = found
+    reason = next((r.latency_not_assessed_reason for r in results if not r.log_ratios), None)
+    again = conclude_adoption(decision, safety, [r.log_ratios for r in results],
+                              not_assessed_reason=reason)
+    said = (f"{signed.outcome} at {signed.decided_at} of {signed.n_pairs} pairs, looks "
+            f"{signed.looks}")
+    derived = f"{again.outcome} at {again.decided_at} of {again.n_pairs} pairs, looks {again.looks}"
+    if said != derived:
+        return [("adoption decision", run_id, False, f"re-derived from the signed canary samples "
+                 f"and the registered plan: {derived}; signed: {said}")]
+    if promoted and signed.outcome != "adopted":
+        return [("adoption decision", run_id, False,
+                 f"v{version} holds production, but its signed adoption decision is "
+                 f"{signed.outcome}: {signed.reason}")]
+    return [("adoption decision", run_id, True, f"re-derived: {again.reason}")]

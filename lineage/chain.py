@@ -120,7 +120,7 @@ def collect(source: EvidenceSource, version: str, *,
     return evidence
 
 
-STOPPING_RESULTS = ("rejected", "timed_out", "rolled_back", "errored", "failed")
+STOPPING_RESULTS = ("rejected", "timed_out", "rolled_back", "not_adopted", "errored", "failed")
 
 
 def _stopped(found: list[Attestation], version: str) -> list[str]:

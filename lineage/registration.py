@@ -66,8 +66,10 @@ def _rejects(a: Attestation) -> bool:
     """Whether a signed record says a candidate was found wanting: a gate that rejected, a
     shadow or canary step that breached, a production rollback, a rollout that ended
     rejected, timed out or rolled back. Not an inconclusive rollout (noise, no fresh
-    calibration: no finding about the kernel), not an errored one (a crash), and not
-    the shadow/canary alias taken back when either ends (its outcome says why)."""
+    calibration: no finding about the kernel), not an errored one (a crash), not one
+    ending ``not_adopted`` (safe, but not worth adopting: a finding about its value, not
+    a failure), and not the shadow/canary alias taken back when either ends (its outcome
+    says why)."""
     p = a.predicate
     return ((a.kind == "decision" and p.get("verdict") == "reject")
             or (a.kind in ("shadow", "canary") and p.get("passed") is False)

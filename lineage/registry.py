@@ -370,6 +370,17 @@ def reject(tracking: Tracking, family: str, version: str, reason: str, *, signin
             for alias in ("shadow", "canary") if alias_version(tracking, family, alias) == version]
 
 
+def decline(tracking: Tracking, family: str, version: str, reason: str, *, signing: Signing,
+            parent_run_id: str | None = None) -> list[AliasChange]:
+    """Record that a safe version is not adopted (``kernelgate.not_adopted_reason``: the
+    adoption test found it not worth it); a ``shadow`` or ``canary`` alias pointing at it
+    is taken back. ``production`` is never touched, and nothing here is a rejection."""
+    tag_version(tracking, family, version, {tags.NOT_ADOPTED_REASON: reason})
+    return [rollback(tracking, family, reason=reason, alias=alias, signing=signing,
+                     parent_run_id=parent_run_id)
+            for alias in ("shadow", "canary") if alias_version(tracking, family, alias) == version]
+
+
 def clear_stale(tracking: Tracking, family: str, alias: Alias, *, reason: str, signing: Signing,
                 parent_run_id: str | None = None) -> str | None:
     """Remove an alias that no longer means anything (left by a rollout that died).

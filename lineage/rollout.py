@@ -30,11 +30,13 @@ from lineage.tracking import Tracking
 
 PROJECT_DIR = Path(__file__).resolve().parents[1]
 
-Result = Literal["promoted", "rejected", "timed_out", "rolled_back", "errored", "interrupted",
-                 "failed", "built", "evaluated"]
+Result = Literal["promoted", "rejected", "timed_out", "rolled_back", "not_adopted", "errored",
+                 "interrupted", "failed", "built", "evaluated"]
 """``rejected``: the gate or a person said no; ``timed_out``: nobody answered an approval
 within the preregistered timeout (which rejects); ``rolled_back``: a shadow, canary or
-confirmation breach (or a re-validation failure); ``errored``: a stage crashed
+confirmation breach (or a re-validation failure); ``not_adopted``: safe, but the
+registration's adoption test found it not worth adopting (``gates.adoption_decision``:
+production unchanged, no finding against the kernel); ``errored``: a stage crashed
 (``flows.errored``); ``interrupted``: a person stopped the command (Ctrl-C) mid-stage;
 ``failed``: a crash, as records written before *Errored* existed name it."""
 

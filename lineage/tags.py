@@ -117,6 +117,7 @@ PROMOTED_AT: Final = "kernelgate.promoted_at"
 REJECTION_REASON: Final = "kernelgate.rejection_reason"
 ROLLED_BACK_AT: Final = "kernelgate.rolled_back_at"
 ROLLBACK_REASON: Final = "kernelgate.rollback_reason"
+NOT_ADOPTED_REASON: Final = "kernelgate.not_adopted_reason"  # safe, not worth adopting
 STALE_REASON: Final = "kernelgate.stale_reason"
 PREVIOUS_PRODUCTION: Final = "kernelgate.previous_production_version"
 PRODUCTION_HISTORY: Final = "kernelgate.production_history"  # for people in the UI; never read
@@ -137,6 +138,7 @@ APPROVAL_ARTIFACT: Final = "approvals/approval.json"
 PERSON_APPROVAL_ARTIFACT: Final = "approvals/person.dsse.json"  # a person's own signature
 ALIAS_CHANGE_ARTIFACT: Final = "registry/alias_change.json"
 OUTCOME_ARTIFACT: Final = "rollout/outcome.json"
+ADOPTION_ARTIFACT: Final = "adoption/decision.json"  # rollout run; signed with the outcome
 REVALIDATION_ARTIFACT: Final = "revalidation/outcome.json"
 
 

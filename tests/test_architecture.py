@@ -113,7 +113,7 @@ def test_modules_are_small_or_say_why(module):
 
 ROLLOUT_STAGES = ("preregister", "build", "prepare_testset", "evaluate", "gate",
                   "canary_calibration", "record_traffic", "approve", "shadow", "enter_canary",
-                  "canary_step", "canary_verdict", "confirm", "promote")
+                  "canary_step", "canary_verdict", "adoption_verdict", "confirm", "promote")
 """The stage list of the design notes, in order (approval is asked three times). The
 canary's calibration is looked up right after the gate: a plan that will refuse for want
 of one says so before any person is asked to approve a step."""

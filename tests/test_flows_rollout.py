@@ -811,6 +811,61 @@ def test_an_inconclusive_rollback_does_not_lock_the_family(prefect_server, make_
                     signing=signing)
 
 
+ADOPTION_FAMILY = "attention-adoption"
+DECISION = {"against": "production", "minimum_worthwhile_ratio": 0.5, "alpha": 0.05,
+            "power": 0.8, "noise_sd": 0.5, "max_pairs": 18, "mixture_rho": 0.25}
+"""An adoption claim the flow-test canary's 6 + 12 compared requests can decide: worth it
+only at half the alternative's time (a control kernel is nowhere near)."""
+
+
+def test_a_safe_candidate_that_is_not_faster_ends_not_adopted(prefect_server, make_settings,
+                                                              tracking, tmp_path, signing):
+    """A registration with ``decision:``, in a family of its own (adding the section is a
+    loosening, refused after the shared family's rejections), so the control kernel (XLA)
+    is compared with the native baseline (XLA: no production yet). Safe, not faster: the
+    rollout ends *NotAdopted* (exit code 4), production unchanged, the version not
+    adopted with the figures, the decision signed and re-derived by the audit, and no
+    rejection under the family's loosening rule."""
+    import yaml
+
+    from flows.errored import EXIT_CODES
+    from lineage.audit import audit
+    from lineage.canary_audit import signed_adoption
+    from lineage.registration import preregister
+    from lineage.sources import StoreSource
+
+    decided = untimed(STRICT_THRESHOLDS, tmp_path / "decided.yaml")
+    data = yaml.safe_load(decided.read_text())
+    decided.write_text(yaml.safe_dump(data | {"decision": DECISION}))
+    before = registered_model.aliases(tracking, ADOPTION_FAMILY)
+    state = rollout(make_settings("good", thresholds=decided, family=ADOPTION_FAMILY),
+                    return_state=True)
+    # Grey in the runs list: not the success it was run for, no verdict against the kernel.
+    assert (state.name, state.type) == ("NotAdopted", StateType.CANCELLED)
+    outcome = outcome_of(state)
+    assert (outcome.result, outcome.stage, outcome.inconclusive) == ("not_adopted", "adoption",
+                                                                     False), outcome.reason
+    assert EXIT_CODES[outcome.result] == 4
+    assert outcome.reason.startswith("not worth adopting over production")
+    assert outcome.decided_by == "the adoption test (preregistered decision)"
+    assert_production_unchanged(tracking, before, outcome.version, family=ADOPTION_FAMILY)
+    version = tracking.client().get_model_version(
+        registered_model.registered_model_name(ADOPTION_FAMILY), outcome.version)
+    assert "confidence sequence" in version.tags[tags.NOT_ADOPTED_REASON]
+    assert tags.REJECTION_REASON not in version.tags
+    source = StoreSource(tracking, ADOPTION_FAMILY, signing.trust)
+    run_id, verdict = signed_adoption(source, outcome.version)
+    assert (run_id, verdict.outcome, verdict.n_pairs) == (outcome.rollout_run_id,
+                                                          "not_worth_it", 18)
+    report = audit(tracking, ADOPTION_FAMILY, outcome.version, trust=signing.trust,
+                   load_model=False)
+    [link] = [link for link in report.chain if link.name == "adoption decision"]
+    assert link.ok and link.detail.startswith("re-derived: not worth adopting"), report.render()
+    # no rejection: the family's next registration may loosen without a person's approval
+    preregister(_loosened(decided, tmp_path), tracking=tracking, family=ADOPTION_FAMILY,
+                signing=signing)
+
+
 def _loosened(path: Path, tmp_path: Path) -> Path:
     """``path`` with its canary's NaN bound relaxed (a loosening)."""
     import yaml

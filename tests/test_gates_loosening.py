@@ -16,6 +16,7 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
+from gates.adoption_decision import DecisionPlan
 from gates.approval_policy import ApprovalPolicy, Approver
 from gates.canary_plan import CanaryExtension, CanaryPlan, CanaryStep, LatencyTest
 from gates.directions import Looser, direction_of, limit
@@ -346,7 +347,7 @@ def test_an_unchanged_profile_reports_nothing_and_the_reverse_of_a_loosening_doe
 
 # --- every field declares its direction ------------------------------------------------
 
-SCHEMA_MODELS = {Thresholds, CanaryPlan, LatencyTest, CanaryStep, CanaryExtension,
+SCHEMA_MODELS = {Thresholds, CanaryPlan, LatencyTest, CanaryStep, CanaryExtension, DecisionPlan,
                  ApprovalPolicy, Approver,
                  PlatformCriteria, ValueCriterion, ChangeCriterion, ServingContract}
 
