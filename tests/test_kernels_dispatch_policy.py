@@ -6,10 +6,21 @@ kernel's routing (checked against float64 attention) and the evidence tool end t
 
 from __future__ import annotations
 
-
 import pytest
 
+from kernels.dispatch_space import (
+    DEFAULT_GRID,
+    Bucket,
+    BucketGrid,
+    CoverageError,
+    IntRange,
+    Region,
+    check_partition,
+)
 from kernels.timing import median_interval
+
+SPACE = Region(dtypes=("float32",), causal=(False,))
+"""A small space for hand-made buckets: float32, non-causal, every size."""
 
 
 def test_the_median_interval_is_the_order_statistics_its_coverage_allows():
@@ -31,3 +42,58 @@ def test_the_median_interval_refuses_what_it_cannot_bound(samples, confidence, m
         median_interval(samples, confidence)
 
 
+
+
+def _split(name: str, q_len: IntRange) -> Bucket:
+    return Bucket(name=name, dtypes=("float32",), causal=(False,), q_len=q_len)
+
+
+def test_buckets_that_split_the_space_exactly_once_are_accepted():
+    check_partition(SPACE, [_split("short", IntRange(hi=64)), _split("long", IntRange(lo=64))])
+
+
+@pytest.mark.parametrize("buckets, match", [
+    ([_split("short", IntRange(hi=65)), _split("long", IntRange(lo=64))],
+     r"'short' and 'long' overlap: both cover float32 full head_dim \[1, inf\) "
+     r"q_len \[64, 65\)"),
+    ([_split("short", IntRange(hi=64)), _split("long", IntRange(lo=65))],
+     r"no bucket covers float32 full head_dim \[1, inf\) q_len \[64, 65\)"),
+    ([_split("short", IntRange(hi=64)), _split("long", IntRange(lo=64)),
+      Bucket(name="causal", dtypes=("float32",), causal=(True,))],
+     r"'causal' .* reaches outside the policy's space"),
+    ([_split("all", IntRange()), _split("all", IntRange(lo=2))], r"\['all'\] appear twice"),
+])
+def test_buckets_that_overlap_leave_a_gap_or_reach_outside_are_refused(buckets, match):
+    with pytest.raises(CoverageError, match=match):
+        check_partition(SPACE, buckets)
+
+
+def test_the_default_grid_splits_by_dtype_causal_head_dim_and_at_1024_and_8192_tokens():
+    buckets = DEFAULT_GRID.buckets()
+    check_partition(DEFAULT_GRID.space, buckets)
+    assert len(buckets) == 3 * 2 * 3 * 3 * 3  # dtypes, causal, head_dim, q_len, kv_len
+    ranges = DEFAULT_GRID.axis_ranges()
+    assert [r.lo for r in ranges["q_len"]] == [1, 1024, 8192]
+    assert [r.lo for r in ranges["kv_len"]] == [1, 1024, 8192]
+    assert [(r.lo, r.hi) for r in ranges["head_dim"]] == [(1, 65), (65, 129), (129, None)]
+
+    def bucket_of(**call):
+        (found,) = [b for b in buckets if b.contains(**call)]
+        return found.name
+
+    call = {"dtype": "bfloat16", "causal": False, "head_dim": 64, "kv_len": 512, "batch": 1}
+    assert bucket_of(**call, q_len=1023) != bucket_of(**call, q_len=1024)
+    assert bucket_of(**call, q_len=8191) != bucket_of(**call, q_len=8192)
+    assert bucket_of(**call, q_len=1024) == bucket_of(**call, q_len=8191)
+    assert bucket_of(**{**call, "head_dim": 128}, q_len=64) != bucket_of(**call, q_len=64)
+
+
+@pytest.mark.parametrize("fields, match", [
+    ({"seq_cuts": (8192, 1024)}, "seq_cuts must be strictly increasing"),
+    ({"head_dim_cuts": (1,)}, r"head_dim_cuts \[1\] lie outside the space's head_dim"),
+    ({"space": Region(q_len=IntRange(hi=2048))},
+     r"seq_cuts \[8192\] lie outside the space's q_len \[1, 2048\)"),
+])
+def test_a_grid_with_cuts_that_split_nothing_is_refused(fields, match):
+    with pytest.raises(ValueError, match=match):
+        BucketGrid(**fields)
