@@ -6,8 +6,20 @@ kernel's routing (checked against float64 attention) and the evidence tool end t
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from kernels.dispatch_audit import PolicyError, audit_policy, load_policy
+from kernels.dispatch_policy import (
+    BucketEvidence,
+    DispatchPolicy,
+    Evidence,
+    KernelEvidence,
+    Rule,
+    ShapeTiming,
+    derive_policy,
+)
 from kernels.dispatch_space import (
     DEFAULT_GRID,
     Bucket,
@@ -17,6 +29,7 @@ from kernels.dispatch_space import (
     Region,
     check_partition,
 )
+from kernels.shapes import AttentionShape
 from kernels.timing import median_interval
 
 SPACE = Region(dtypes=("float32",), causal=(False,))
@@ -97,3 +110,223 @@ def test_the_default_grid_splits_by_dtype_causal_head_dim_and_at_1024_and_8192_t
 def test_a_grid_with_cuts_that_split_nothing_is_refused(fields, match):
     with pytest.raises(ValueError, match=match):
         BucketGrid(**fields)
+
+
+# --------------------------------------------------------------------------- the policy
+
+GRID = BucketGrid(space=SPACE, head_dim_cuts=(48,), seq_cuts=(32,), split_kv_len=False)
+"""Four buckets: head_dim below 48 or not, q_len below 32 or not (kv_len whole)."""
+SHAPES = {(d, s): AttentionShape(batch=1, q_len=s, kv_len=s, num_heads=2, num_kv_heads=2,
+                                 head_dim=d) for d in (32, 64) for s in (16, 64)}
+"""One measured shape per bucket of :data:`GRID`: (head_dim, q_len) -> shape."""
+
+
+def _bucket_at(head_dim: int, seq: int) -> Bucket:
+    (bucket,) = [b for b in GRID.buckets() if b.contains_shape(SHAPES[head_dim, seq])]
+    return bucket
+
+
+def _timing(shape: AttentionShape, median: float, spread: float = 0.01) -> ShapeTiming:
+    return ShapeTiming(shape=shape, median_s=median, low_s=median * (1 - spread),
+                       high_s=median * (1 + spread), coverage=0.988, repeats=11)
+
+
+def make_evidence(measured: dict[tuple[int, int], dict[str, float | str]],
+                  spread: float = 0.01) -> Evidence:
+    """Stand-in evidence over :data:`GRID`: per bucket (by its shape's (head_dim, q_len)),
+    kernel -> median seconds or the reason it refused; buckets not given: xla 1 ms."""
+    buckets = []
+    for key, shape in SHAPES.items():
+        kernels = []
+        for name, value in measured.get(key, {"xla": 1e-3}).items():
+            kernels.append(KernelEvidence(kernel=name, refused=value) if isinstance(value, str)
+                           else KernelEvidence(kernel=name,
+                                               timings=(_timing(shape, value, spread),)))
+        buckets.append(BucketEvidence(bucket=_bucket_at(*key), shapes=(shape,),
+                                      kernels=tuple(kernels)))
+    return Evidence(space=SPACE, device="stand-in CPU", backend="cpu",
+                    method="stand-in timings", buckets=tuple(buckets))
+
+
+MEASURED = {(32, 16): {"xla": 1.0e-5, "naive": 3.0e-5},   # xla clearly faster
+            (32, 64): {"xla": 5.0e-5, "naive": 2.0e-5},   # naive clearly faster
+            (64, 16): {"xla": 1.0e-5, "naive": 1.01e-5},  # within each other's interval
+            (64, 64): {"xla": "xla refused: stand-in reason",
+                       "naive": "naive refused: another reason"}}
+
+
+def _choice(policy: DispatchPolicy, head_dim: int, seq: int):
+    return policy.choice_for(SHAPES[head_dim, seq])
+
+
+def test_the_policy_takes_the_fastest_kernel_of_each_bucket():
+    policy = derive_policy(make_evidence(MEASURED), ("xla", "naive"), Rule())
+    assert _choice(policy, 32, 16).kernel == "xla"
+    assert _choice(policy, 32, 64).kernel == "naive"
+    assert _choice(policy, 32, 64).regret == 0.0
+    summaries = {s.kernel: s for s in _choice(policy, 32, 64).summaries}
+    assert summaries["xla"].ratio_to_best == pytest.approx(2.5)
+    assert _choice(policy, 64, 16).kernel == "xla"  # tied: no priority, the fastest
+    assert policy.kernels() == ("xla", "naive")
+
+
+def test_a_tie_within_the_intervals_goes_to_the_first_in_priority_and_only_a_tie():
+    policy = derive_policy(make_evidence(MEASURED), ("xla", "naive"),
+                           Rule(priority=("naive", "xla")))
+    tied = _choice(policy, 64, 16)
+    assert (tied.kernel, tied.best) == ("naive", "xla")
+    assert tied.regret == pytest.approx(0.01)
+    assert "overlaps the fastest's (xla" in tied.why
+    # naive first in priority, but xla's interval lies wholly below naive's: xla
+    assert _choice(policy, 32, 16).kernel == "xla"
+    wide = derive_policy(make_evidence(MEASURED, spread=0.9), ("xla", "naive"),
+                         Rule(priority=("naive",)))
+    assert _choice(wide, 32, 16).kernel == "naive"  # intervals that wide overlap
+
+
+def test_a_bucket_no_kernel_serves_keeps_no_kernel_and_every_reason():
+    policy = derive_policy(make_evidence(MEASURED), ("xla", "naive", "cudnn"), Rule())
+    empty = _choice(policy, 64, 64)
+    assert empty.kernel is None and empty.regret is None
+    for reason in ("xla refused: stand-in reason", "naive refused: another reason",
+                   "cudnn: not measured in this bucket"):
+        assert reason in empty.why
+    assert {s.kernel: s.refused for s in _choice(policy, 32, 16).summaries}["cudnn"] == \
+        "not measured in this bucket"
+
+
+@pytest.mark.parametrize("candidates, rule, match", [
+    (("xla", "xla"), Rule(), "distinct registry names"),
+    ((), Rule(), "distinct registry names"),
+    (("xla", "naive"), Rule(priority=("cudnn",)), r"priority names \['cudnn'\]"),
+])
+def test_derive_policy_refuses_bad_candidates(candidates, rule, match):
+    with pytest.raises(ValueError, match=match):
+        derive_policy(make_evidence(MEASURED), candidates, rule)
+
+
+def test_evidence_whose_buckets_leave_a_gap_or_overlap_is_refused():
+    evidence = make_evidence(MEASURED)
+    with pytest.raises(ValueError, match="no bucket covers float32 full head_dim"):
+        Evidence(**{**evidence.__dict__, "buckets": evidence.buckets[1:]})
+    whole = BucketEvidence(bucket=Bucket(name="whole", dtypes=("float32",), causal=(False,)),
+                           shapes=evidence.buckets[0].shapes,
+                           kernels=evidence.buckets[0].kernels)
+    with pytest.raises(ValueError, match="overlap"):
+        Evidence(**{**evidence.__dict__, "buckets": (whole, *evidence.buckets[1:])})
+
+
+def test_evidence_that_contradicts_itself_is_refused():
+    shape = SHAPES[32, 16]
+    with pytest.raises(ValueError, match="low_s <= median_s <= high_s"):
+        ShapeTiming(shape=shape, median_s=1.0, low_s=1.1, high_s=2.0, coverage=0.9, repeats=7)
+    with pytest.raises(ValueError, match="timings or a refusal, exactly one"):
+        KernelEvidence(kernel="xla", timings=(_timing(shape, 1e-5),), refused="no")
+    with pytest.raises(ValueError, match="holds shapes outside it"):
+        BucketEvidence(bucket=_bucket_at(64, 64), shapes=(shape,), kernels=())
+    with pytest.raises(ValueError, match="not at the bucket's shapes"):
+        BucketEvidence(bucket=_bucket_at(32, 16), shapes=(shape,), kernels=(
+            KernelEvidence(kernel="xla", timings=(_timing(shape, 1e-5),) * 2),))
+
+
+# --------------------------------------------------------------------------- fingerprint, audit
+
+def _policy() -> DispatchPolicy:
+    return derive_policy(make_evidence(MEASURED), ("xla", "naive"), Rule(priority=("xla",)))
+
+
+def _reordered(value):
+    """The same JSON value with every object's keys in reverse order."""
+    if isinstance(value, dict):
+        return {k: _reordered(value[k]) for k in reversed(list(value))}
+    if isinstance(value, list):
+        return [_reordered(v) for v in value]
+    return value
+
+
+def test_the_fingerprint_ignores_layout_and_key_order():
+    policy = _policy()
+    data = json.loads(policy.model_dump_json())
+    assert list(_reordered(data)) != list(data)
+    again = DispatchPolicy.model_validate_json(json.dumps(_reordered(data), indent=3))
+    assert again.fingerprint() == policy.fingerprint()
+    assert derive_policy(make_evidence(MEASURED), ("xla", "naive"),
+                         Rule(priority=("xla",))).fingerprint() == policy.fingerprint()
+
+
+def _edits() -> list[tuple[str, dict]]:
+    """(what, measured, evidence fields) for one changed measurement or record each."""
+    out = []
+    for key, kernels in MEASURED.items():
+        for name, value in kernels.items():
+            changed = value + " (edited)" if isinstance(value, str) else value * 1.0001
+            out.append((f"{name} at {key}", {**MEASURED, key: {**kernels, name: changed}}, {}))
+    return out + [("device", MEASURED, {"device": "another CPU"}),
+                  ("method", MEASURED, {"method": "other timings"})]
+
+
+@pytest.mark.parametrize("what, measured, fields", _edits(), ids=[e[0] for e in _edits()])
+def test_the_fingerprint_moves_with_any_evidence(what, measured, fields):
+    evidence = make_evidence(measured)
+    evidence = Evidence(**{**evidence.__dict__, **fields})
+    changed = derive_policy(evidence, ("xla", "naive"), Rule(priority=("xla",)))
+    assert changed.fingerprint() != _policy().fingerprint(), what
+    assert changed.evidence_sha256 != _policy().evidence_sha256, what
+
+
+def _edited(policy: DispatchPolicy, bucket: tuple[int, int], kernel: str, median: float
+            ) -> DispatchPolicy:
+    """``policy`` as a file whose one evidence value was edited by hand afterwards."""
+    data = json.loads(policy.model_dump_json())
+    index = policy.buckets.index(_choice(policy, *bucket))
+    (entry,) = [k for k in data["buckets"][index]["evidence"]["kernels"] if k["kernel"] == kernel]
+    entry["timings"][0].update(median_s=median, low_s=median * 0.99, high_s=median * 1.01)
+    return DispatchPolicy.model_validate(data)
+
+
+def test_the_audit_passes_a_policy_as_derived_and_read_back(tmp_path):
+    policy = _policy()
+    audit_policy(policy, policy.fingerprint())
+    path = tmp_path / "policy.json"
+    path.write_text(policy.model_dump_json(indent=1))
+    assert load_policy(path, policy.fingerprint()) == policy
+
+
+def test_evidence_edited_after_signing_fails_the_audit(tmp_path):
+    policy = _policy()
+    signed = policy.fingerprint()
+    # naive made the fastest in the bucket that chose xla: the recorded choice is now wrong
+    edited = _edited(policy, (32, 16), "naive", 1e-6)
+    with pytest.raises(PolicyError, match=f"not the {signed} signed"):
+        audit_policy(edited, signed)
+    # and with its fingerprint taken again (no signature to hold it to) the rule says so
+    with pytest.raises(PolicyError, match=r"records xla, but its evidence derives naive"):
+        audit_policy(edited, edited.fingerprint())
+    path = tmp_path / "policy.json"
+    path.write_text(edited.model_dump_json())
+    with pytest.raises(PolicyError, match=r"policy\.json: bucket .* records xla"):
+        load_policy(path)
+
+
+def test_an_edit_that_keeps_the_choice_still_fails_the_audit():
+    edited = _edited(_policy(), (32, 16), "naive", 2.9e-5)  # still slower than xla
+    assert _choice(edited, 32, 16).kernel == "xla"
+    with pytest.raises(PolicyError, match=r"naive's recorded summary .* is not its evidence's"):
+        audit_policy(edited)
+
+
+def test_a_policy_recording_other_evidence_than_it_carries_fails_the_audit():
+    policy = _policy()
+    forged = policy.model_copy(update={"evidence_sha256": "0" * 64})
+    with pytest.raises(PolicyError, match=f"records evidence {'0' * 64}"):
+        audit_policy(forged)
+
+
+def test_a_policy_file_that_is_missing_or_not_a_policy_is_refused_by_name(tmp_path):
+    with pytest.raises(PolicyError, match=r"nowhere\.json"):
+        load_policy(tmp_path / "nowhere.json")
+    path = tmp_path / "bad.json"
+    path.write_text('{"schema_version": 1}')
+    with pytest.raises(PolicyError,
+                       match=r"bad\.json is not a valid policy: space: Field required; device"):
+        load_policy(path)
