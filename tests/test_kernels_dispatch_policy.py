@@ -8,9 +8,15 @@ from __future__ import annotations
 
 import json
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
+import kernels
+from kernels.contract import validate
 from kernels.dispatch_audit import PolicyError, audit_policy, load_policy
+from kernels.dispatch_kernel import DispatchConfig, DispatchKernel
 from kernels.dispatch_policy import (
     BucketEvidence,
     DispatchPolicy,
@@ -29,8 +35,13 @@ from kernels.dispatch_space import (
     Region,
     check_partition,
 )
+from kernels.kernel import Kernel
+from kernels.naive import NaiveKernel
+from kernels.reference import attention_reference
+from kernels.registry import registered
 from kernels.shapes import AttentionShape
 from kernels.timing import median_interval
+from kernels.xla import XlaKernel
 
 SPACE = Region(dtypes=("float32",), causal=(False,))
 """A small space for hand-made buckets: float32, non-causal, every size."""
@@ -257,10 +268,10 @@ def test_the_fingerprint_ignores_layout_and_key_order():
 def _edits() -> list[tuple[str, dict]]:
     """(what, measured, evidence fields) for one changed measurement or record each."""
     out = []
-    for key, kernels in MEASURED.items():
-        for name, value in kernels.items():
+    for key, by_kernel in MEASURED.items():
+        for name, value in by_kernel.items():
             changed = value + " (edited)" if isinstance(value, str) else value * 1.0001
-            out.append((f"{name} at {key}", {**MEASURED, key: {**kernels, name: changed}}, {}))
+            out.append((f"{name} at {key}", {**MEASURED, key: {**by_kernel, name: changed}}, {}))
     return out + [("device", MEASURED, {"device": "another CPU"}),
                   ("method", MEASURED, {"method": "other timings"})]
 
@@ -330,3 +341,96 @@ def test_a_policy_file_that_is_missing_or_not_a_policy_is_refused_by_name(tmp_pa
     with pytest.raises(PolicyError,
                        match=r"bad\.json is not a valid policy: space: Field required; device"):
         load_policy(path)
+
+
+# --------------------------------------------------------------------------- the dispatch kernel
+
+def _counting(base: type[Kernel]) -> Kernel:
+    """A stand-in: the registered kernel ``base`` (same name, same output), counting the
+    calls it serves."""
+
+    class Counting(base):
+        calls = 0
+
+        def __call__(self, *args, **kwargs):
+            type(self).calls += 1
+            return super().__call__(*args, **kwargs)
+
+    return Counting()
+
+
+@pytest.fixture
+def stand_ins(monkeypatch):
+    """xla and naive as counting stand-ins, and the dispatch kernel of the stand-in
+    policy registered (xla at (32, 16) and (64, 16), naive at (32, 64), none at (64, 64))."""
+    counted = {"xla": _counting(XlaKernel), "naive": _counting(NaiveKernel)}
+    for name, kernel in counted.items():
+        monkeypatch.setitem(kernels.IMPLEMENTATIONS, name, kernel)
+    with registered(DispatchKernel(_policy())) as dispatch:
+        yield counted, dispatch
+
+
+@pytest.mark.parametrize("head_dim, seq, served_by", [
+    (40, 20, "xla"), (16, 33, "naive"), (48, 31, "xla")])
+def test_the_dispatch_kernel_serves_each_bucket_by_its_kernel_as_float64_attention_does(
+        stand_ins, head_dim, seq, served_by):
+    counted, _ = stand_ins
+    rng = np.random.default_rng(head_dim * 1000 + seq)  # fresh inputs, unlike the evidence's
+    q, k, v = (jnp.asarray(rng.standard_normal((2, seq, 2, head_dim)), jnp.float32)
+               for _ in range(3))
+    before = {name: type(kernel).calls for name, kernel in counted.items()}
+    out = kernels.attention(q, k, v, implementation="dispatch")
+    served = {name: type(kernel).calls - before[name] for name, kernel in counted.items()}
+    assert served == {n: int(n == served_by) for n in counted}
+    reference = attention_reference(q, k, v)
+    np.testing.assert_allclose(np.asarray(out, np.float64), reference, rtol=2e-5, atol=2e-6)
+    jitted = jax.jit(lambda q, k, v: kernels.attention(q, k, v, implementation="dispatch"))
+    out = jitted(q, k, v)  # routed when traced: the same kernel, compiled
+    assert type(counted[served_by]).calls - before[served_by] == 2
+    np.testing.assert_allclose(np.asarray(out, np.float64), reference, rtol=2e-5, atol=2e-6)
+
+
+def test_the_dispatch_kernel_refuses_a_bucket_without_kernel_and_calls_outside_its_space(
+        stand_ins):
+    q = jnp.ones((1, 40, 2, 64), jnp.float32)
+    with pytest.raises(NotImplementedError, match=r"has no kernel: no candidate serves it: "
+                                                  r"xla: xla refused: stand-in reason"):
+        kernels.attention(q, q, q, implementation="dispatch")
+    q = jnp.ones((1, 8, 2, 32), jnp.bfloat16)
+    with pytest.raises(NotImplementedError, match=r"space .* does not hold bfloat16 d32"):
+        kernels.attention(q, q, q, implementation="dispatch")
+
+
+def test_the_dispatch_config_names_its_policy_and_refuses_another(stand_ins):
+    _, dispatch = stand_ins
+    spec, _, _ = validate(*SHAPES[32, 16].structs(), causal=False)
+    assert kernels.resolve("dispatch", spec).config == DispatchConfig(
+        policy_sha256=_policy().fingerprint())
+    with pytest.raises(ValueError, match=f"serves the policy {dispatch.fingerprint}; the "
+                                         f"config names {'a' * 64}"):
+        kernels.resolve("dispatch", spec, config={"policy_sha256": "a" * 64})
+    with pytest.raises(ValueError, match="dispatch takes block sizes"):
+        kernels.resolve("dispatch", spec, config={"block_q": 64})
+
+
+def test_the_dispatch_kernel_serves_only_an_audited_policy(tmp_path):
+    edited = _edited(_policy(), (32, 16), "naive", 1e-6)
+    with pytest.raises(PolicyError, match="records xla, but its evidence derives naive"):
+        DispatchKernel(edited)
+    path = tmp_path / "policy.json"
+    path.write_text(_policy().model_dump_json())
+    with pytest.raises(PolicyError, match="not the 0+ signed"):
+        DispatchKernel.from_file(path, "0" * 64)
+    assert DispatchKernel.from_file(path, _policy().fingerprint()).policy == _policy()
+
+
+def test_auto_is_unchanged_by_a_registered_dispatch_kernel(monkeypatch):
+    assert "dispatch" not in kernels.registry.BUILTIN
+    spec, _, _ = validate(*SHAPES[32, 16].structs(), causal=False)
+    before = (kernels.api.auto_order("cpu"), kernels.resolve("auto", spec, "cpu").name)
+    with registered(DispatchKernel(_policy())) as dispatch:
+        assert (kernels.api.auto_order("cpu"), kernels.resolve("auto", spec, "cpu").name) \
+            == before
+        assert dispatch.is_native("tpu")
+        monkeypatch.setattr(NaiveKernel, "native_platforms", ("cpu", "gpu"))
+        assert dispatch.is_native("cpu") and not dispatch.is_native("tpu")  # naive serves
