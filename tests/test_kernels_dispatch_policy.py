@@ -41,6 +41,7 @@ from kernels.reference import attention_reference
 from kernels.registry import registered
 from kernels.shapes import AttentionShape
 from kernels.timing import median_interval
+from kernels.tools import dispatch_evidence
 from kernels.xla import XlaKernel
 
 SPACE = Region(dtypes=("float32",), causal=(False,))
@@ -434,3 +435,39 @@ def test_auto_is_unchanged_by_a_registered_dispatch_kernel(monkeypatch):
         assert dispatch.is_native("tpu")
         monkeypatch.setattr(NaiveKernel, "native_platforms", ("cpu", "gpu"))
         assert dispatch.is_native("cpu") and not dispatch.is_native("tpu")  # naive serves
+
+
+# --------------------------------------------------------------------------- the evidence tool
+
+def test_the_evidence_tool_measures_every_bucket_and_writes_an_audited_policy(tmp_path, capsys):
+    out = tmp_path / "run"
+    code = dispatch_evidence.main(["--out", str(out), "--quick", "--dtypes", "float32",
+                                   "--causal", "full", "--kernels", "xla,naive,cudnn",
+                                   "--priority", "naive", "--repeats", "3"])
+    assert code == 0
+    evidence = Evidence.model_validate_json((out / "evidence.json").read_text())
+    policy = load_policy(out / "policy.json")  # audited: re-derived from its evidence
+    assert policy == derive_policy(evidence, ("xla", "naive", "cudnn"),
+                                   Rule(priority=("naive",)))
+    assert policy.backend == "cpu" and "3 repeats" in policy.method
+    assert len(policy.buckets) == 8  # float32, full; head_dim, q_len, kv_len each cut once
+    check_partition(policy.space, [b.bucket for b in policy.buckets])
+    for choice in policy.buckets:
+        assert choice.kernel in ("xla", "naive"), choice.why
+        assert all(choice.bucket.contains_shape(s) for s in choice.evidence.shapes)
+        timed = {k.kernel: k for k in choice.evidence.kernels}
+        assert [t.shape for t in timed["xla"].timings] == list(choice.evidence.shapes)
+        assert all(t.low_s <= t.median_s <= t.high_s and t.repeats == 3
+                   for k in ("xla", "naive") for t in timed[k].timings)
+        assert "cudnn needs an NVIDIA GPU" in timed["cudnn"].refused
+    table = capsys.readouterr().out
+    assert table.count("-> ") == 8 and "   * " in table and policy.fingerprint() in table
+
+
+def test_the_evidence_tool_refuses_a_bucket_it_would_not_measure_before_timing(tmp_path):
+    with pytest.raises(ValueError, match=r"bucket 'float32 full d\[1, 48\) q\[1, 32\) "
+                                         r"kv\[32, inf\) b\[1, inf\)': no measured kv_len "
+                                         r"of \(16,\) lies in \[32, inf\)"):
+        dispatch_evidence.main(["--out", str(tmp_path), "--quick", "--dtypes", "float32",
+                                "--causal", "full", "--seqs", "16"])
+    assert not list(tmp_path.iterdir())
