@@ -35,20 +35,12 @@ class Timing(BaseModel):
     calls_per_repeat: int
 
 
-def time_call(fn: Callable[..., Any], args: Sequence[Any], *, repeats: int = 11,
-              target_repeat_s: float = 0.02, max_calls: int = 200,
-              warmup_s: float = DEFAULT_WARMUP_S) -> Timing:
-    """Time ``fn(*args)`` (already compiled) in seconds per call.
-
-    Args:
-        fn: a jitted function (its C++ dispatch costs microseconds; a ``Compiled``
-            object's ``__call__`` costs ~0.2 ms and would dominate small kernels).
-        args: its arguments (device arrays).
-        repeats: timed repeats; the median is reported.
-        target_repeat_s: aimed duration of one repeat (seconds); the calls per repeat
-            come from the fastest of the last three warm-up calls.
-        max_calls: cap on calls per repeat.
-        warmup_s: wall time of untimed calls first (0 on a CPU test run).
+def time_samples(fn: Callable[..., Any], args: Sequence[Any], *, repeats: int = 11,
+                 target_repeat_s: float = 0.02, max_calls: int = 200,
+                 warmup_s: float = DEFAULT_WARMUP_S) -> tuple[list[float], int]:
+    """The per-repeat samples behind :func:`time_call` (same arguments): ``(seconds per
+    call of each repeat, in the order taken; calls per repeat)``, for a caller that
+    needs more than the median (``median_interval``).
 
     Raises:
         ValueError: ``repeats < 1``.
@@ -72,8 +64,58 @@ def time_call(fn: Callable[..., Any], args: Sequence[Any], *, repeats: int = 11,
             out = fn(*args)
         jax.block_until_ready(out)
         samples.append((time.perf_counter() - t0) / calls)
+    return samples, calls
+
+
+def time_call(fn: Callable[..., Any], args: Sequence[Any], *, repeats: int = 11,
+              target_repeat_s: float = 0.02, max_calls: int = 200,
+              warmup_s: float = DEFAULT_WARMUP_S) -> Timing:
+    """Time ``fn(*args)`` (already compiled) in seconds per call.
+
+    Args:
+        fn: a jitted function (its C++ dispatch costs microseconds; a ``Compiled``
+            object's ``__call__`` costs ~0.2 ms and would dominate small kernels).
+        args: its arguments (device arrays).
+        repeats: timed repeats; the median is reported.
+        target_repeat_s: aimed duration of one repeat (seconds); the calls per repeat
+            come from the fastest of the last three warm-up calls.
+        max_calls: cap on calls per repeat.
+        warmup_s: wall time of untimed calls first (0 on a CPU test run).
+
+    Raises:
+        ValueError: ``repeats < 1``.
+    """
+    samples, calls = time_samples(fn, args, repeats=repeats, target_repeat_s=target_repeat_s,
+                                  max_calls=max_calls, warmup_s=warmup_s)
     return Timing(median_s=statistics.median(samples), min_s=min(samples),
                   max_s=max(samples), repeats=repeats, calls_per_repeat=calls)
+
+
+def median_interval(samples: Sequence[float], confidence: float = 0.95
+                    ) -> tuple[float, float, float]:
+    """``(low, high, coverage)``: the distribution-free order-statistic interval for the
+    median of independent ``samples`` (seconds): the ``k``-th smallest and ``k``-th largest
+    sample, ``k`` the largest with ``P(Binomial(n, 1/2) < k) <= (1 - confidence) / 2``
+    (Hahn & Meeker, *Statistical Intervals*, 1991, ch. 5), and its exact coverage. With
+    too few samples for ``confidence`` (n < 6 at 0.95) it is ``[min, max]``, whose
+    coverage ``1 - 2^(1-n)`` it reports.
+
+    Raises:
+        ValueError: no samples, or ``confidence`` outside (0, 1).
+    """
+    if not samples:
+        raise ValueError("median_interval needs at least one sample")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must lie in (0, 1), got {confidence}")
+    ordered, n = sorted(samples), len(samples)
+
+    def below(k: int) -> float:  # P(Binomial(n, 1/2) < k): the interval misses on one side
+        return sum(math.comb(n, i) for i in range(k)) / 2 ** n
+
+    k = 1
+    while k + 1 <= (n + 1) // 2 and below(k + 1) <= (1 - confidence) / 2:
+        k += 1
+    return ordered[k - 1], ordered[n - k], 1 - 2 * below(k)
 
 
 def compile_and_warm(fn: Callable[..., Any], args: Sequence[Any]

@@ -1,0 +1,251 @@
+"""Measure dispatch evidence over a bucket grid and derive a dispatch policy from it.
+
+``python -m kernels.tools.dispatch_evidence --out DIR`` times every candidate kernel
+(registry names) at every measured shape of every bucket of a grid
+(``kernels.dispatch_space.BucketGrid``), in one process, with the same random inputs for
+every kernel at a shape (``kernels.shapes.random_inputs``) and one method
+(``kernels.timing.time_samples``: warm-up, repeats of back-to-back calls; the median and
+its order-statistic interval, ``median_interval``). A kernel whose own support check
+refuses a shape of a bucket, or that fails there, cannot serve that bucket, and the
+evidence says why. It writes ``evidence.json`` and ``policy.json``
+(``kernels.dispatch_policy.derive_policy``; ties broken by ``--priority``, default the
+candidates' order) and prints, per bucket, each kernel's median, interval and ratio to the
+bucket's fastest, the choice marked ``*``.
+
+What is measured is data (:class:`Plan`): :data:`DEFAULT_PLAN` is the policy's default
+grid (``DEFAULT_GRID``) with a shape per bucket for an accelerator; :data:`QUICK_PLAN`
+(``--quick``, and always without an accelerator) is a tiny grid for a CPU host: the
+mechanism, not performance. Flags override single fields.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import jax
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt
+
+from kernels.api import default_backend
+from kernels.dispatch_policy import (
+    BucketEvidence,
+    DispatchPolicy,
+    Evidence,
+    KernelEvidence,
+    Rule,
+    ShapeTiming,
+    derive_policy,
+)
+from kernels.dispatch_space import DEFAULT_GRID, Bucket, BucketGrid, Region
+from kernels.shapes import AttentionShape, random_inputs
+from kernels.timing import DEFAULT_WARMUP_S, median_interval, time_samples
+from kernels.tools.bench import attention_fn
+
+CONFIDENCE = 0.95
+"""Of each median's interval (``median_interval``)."""
+
+
+class Plan(BaseModel):
+    """What a run measures: the buckets (``grid``), the shapes measured in each (every
+    combination of the listed sizes that lies in the bucket; kv_len from ``seqs`` too, or
+    equal to q_len where the grid leaves kv_len whole), the candidates and the timing
+    (``repeats`` of ``target_repeat_s`` seconds each after ``warmup_s``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    grid: BucketGrid = DEFAULT_GRID
+    kernels: tuple[str, ...] = Field(("xla", "cudnn", "pallas_gpu", "pallas_mosaic_gpu", "fa3"),
+                                     min_length=1)
+    head_dims: tuple[PositiveInt, ...] = (64, 128, 256)
+    seqs: tuple[PositiveInt, ...] = (256, 2048, 16384)
+    batches: tuple[PositiveInt, ...] = (1,)
+    heads: PositiveInt = 16
+    kv_heads: PositiveInt | None = None
+    repeats: int = Field(21, ge=2)
+    target_repeat_s: PositiveFloat = 0.02
+    warmup_s: float = Field(DEFAULT_WARMUP_S, ge=0)
+    seed: int = 0
+
+    def shapes(self, bucket: Bucket) -> list[AttentionShape]:
+        """The shapes measured in ``bucket``.
+
+        Raises:
+            ValueError: none of the listed sizes lies in the bucket on some axis (the
+                bucket and the axis named).
+        """
+        split_kv = self.grid.split_kv_len
+        sizes = {"head_dim": self.head_dims, "q_len": self.seqs, "batch": self.batches,
+                 **({"kv_len": self.seqs} if split_kv else {})}
+        for axis, values in sizes.items():
+            if not any(v in getattr(bucket, axis) for v in values):
+                raise ValueError(f"bucket {bucket.name!r}: no measured {axis} of {values} "
+                                 f"lies in {getattr(bucket, axis).label}; add one")
+        pairs = [(s, t) for s in self.seqs for t in (self.seqs if split_kv else (s,))
+                 if s in bucket.q_len and t in bucket.kv_len]
+        return [AttentionShape(batch=n, q_len=s, kv_len=t, num_heads=self.heads,
+                               num_kv_heads=self.kv_heads or self.heads, head_dim=d,
+                               dtype=bucket.dtypes[0], causal=bucket.causal[0])
+                for d in self.head_dims if d in bucket.head_dim for s, t in pairs
+                for n in self.batches if n in bucket.batch]
+
+
+DEFAULT_PLAN = Plan()
+"""An accelerator's run: the default grid (162 buckets), one shape per bucket at head_dim
+64/128/256 and 256/2048/16384 tokens, the GPU's candidates."""
+
+QUICK_PLAN = Plan(grid=BucketGrid(space=Region(), head_dim_cuts=(48,), seq_cuts=(32,)),
+                  kernels=("xla", "naive"), head_dims=(32, 64), seqs=(16, 64), heads=2,
+                  repeats=7, target_repeat_s=0.002, warmup_s=0.0)
+"""A CPU host's run: tiny shapes, two kernels, no warm-up (the mechanism, not speed)."""
+
+
+def _short(err: BaseException) -> str:
+    first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    return f"{type(err).__name__}: {first}"[:300]
+
+
+def _measure_bucket(plan: Plan, bucket: Bucket, seed: int) -> BucketEvidence:
+    """Every candidate timed at each of the bucket's shapes (the same inputs for all), or
+    the first refusal or failure it met there."""
+    shapes = plan.shapes(bucket)
+    timings: dict[str, list[ShapeTiming]] = {n: [] for n in plan.kernels}
+    refused: dict[str, str] = {}
+    for j, shape in enumerate(shapes):
+        qkv = random_inputs(shape, seed + j)
+        for name in [n for n in plan.kernels if n not in refused]:
+            try:
+                jitted = jax.jit(attention_fn(name, shape, None))
+                jax.block_until_ready(jitted(*qkv))  # compiled outside any timing
+                samples, _ = time_samples(jitted, qkv, repeats=plan.repeats,
+                                          target_repeat_s=plan.target_repeat_s,
+                                          warmup_s=plan.warmup_s)
+            except (NotImplementedError, ImportError) as err:
+                refused[name] = f"refused at {shape.label}: {_short(err)}"
+                continue
+            except Exception as err:  # noqa: BLE001 - a kernel that fails cannot serve here
+                refused[name] = f"failed at {shape.label}: {_short(err)}"
+                continue
+            low, high, coverage = median_interval(samples, CONFIDENCE)
+            timings[name].append(ShapeTiming(shape=shape, median_s=statistics.median(samples),
+                                             low_s=low, high_s=high, coverage=coverage,
+                                             repeats=len(samples)))
+    kernels = [KernelEvidence(kernel=n, refused=refused[n]) if n in refused
+               else KernelEvidence(kernel=n, timings=tuple(timings[n])) for n in plan.kernels]
+    return BucketEvidence(bucket=bucket, shapes=tuple(shapes), kernels=tuple(kernels))
+
+
+def measure(plan: Plan) -> Evidence:
+    """The evidence of every bucket of ``plan``'s grid, on this process's device.
+
+    Raises:
+        ValueError: a bucket without a measured size on some axis (:meth:`Plan.shapes`),
+            checked for every bucket before anything is timed.
+    """
+    buckets = plan.grid.buckets()
+    for bucket in buckets:
+        plan.shapes(bucket)
+    measured = []
+    for i, bucket in enumerate(buckets):
+        measured.append(_measure_bucket(plan, bucket, plan.seed + 1000 * i))
+        print(f"[dispatch_evidence] {i + 1}/{len(buckets)} {bucket.name}", file=sys.stderr,
+              flush=True)
+    method = (f"kernels.timing.time_samples: {plan.repeats} repeats of back-to-back calls of "
+              f"~{plan.target_repeat_s} s after {plan.warmup_s} s of warm-up; the median and "
+              f"its order-statistic interval ({CONFIDENCE}); one process, the same random "
+              f"inputs (seed {plan.seed}) for every kernel at a shape")
+    return Evidence(space=plan.grid.space, device=jax.devices()[0].device_kind,
+                    backend=default_backend(), method=method, buckets=tuple(measured))
+
+
+def format_table(policy: DispatchPolicy) -> str:
+    """Per bucket: each candidate's median and interval (microseconds, geometric means
+    over the bucket's shapes) and its ratio to the bucket's fastest; ``*`` marks the
+    choice."""
+    lines = [f"dispatch policy {policy.fingerprint()[:16]} on {policy.device} "
+             f"({policy.backend}); rule {policy.rule.name}, priority {list(policy.rule.priority)}"]
+    for choice in policy.buckets:
+        lines.append(f"{choice.bucket.name}  ({len(choice.evidence.shapes)} shapes) -> "
+                     f"{choice.kernel or 'NONE'}")
+        for s in choice.summaries:
+            mark = "*" if s.kernel == choice.kernel else " "
+            if s.refused is not None:
+                lines.append(f"   {mark} {s.kernel:18s} cannot serve: {s.refused[:110]}")
+            else:
+                lines.append(f"   {mark} {s.kernel:18s} {s.median_s * 1e6:10.1f} us "
+                             f"[{s.low_s * 1e6:.1f}, {s.high_s * 1e6:.1f}]  "
+                             f"x{s.ratio_to_best:.3f} of best")
+    return "\n".join(lines)
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in _names(text))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (``--help``); unset flags keep the plan's values."""
+    parser = argparse.ArgumentParser(prog="python -m kernels.tools.dispatch_evidence",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True,
+                        help="folder for evidence.json and policy.json")
+    parser.add_argument("--quick", action="store_true",
+                        help="the tiny CPU plan (always the case without an accelerator)")
+    parser.add_argument("--kernels", type=_names, help="candidates, comma-separated")
+    parser.add_argument("--priority", type=_names, default=(),
+                        help="tie-break order (default: the candidates' order)")
+    parser.add_argument("--dtypes", type=_names, help="the space's dtypes")
+    parser.add_argument("--causal", choices=["full", "causal"], help="one causal flag only")
+    parser.add_argument("--head-dims", type=_ints, help="measured head_dims")
+    parser.add_argument("--seqs", type=_ints, help="measured q_len and kv_len")
+    parser.add_argument("--repeats", type=int)
+    parser.add_argument("--seed", type=int)
+    return parser
+
+
+def plan_from(args: argparse.Namespace, backend: str) -> Plan:
+    """The plan: :data:`QUICK_PLAN` with ``--quick`` or on a CPU host, else
+    :data:`DEFAULT_PLAN`, with the flags given.
+
+    Raises:
+        ValueError: a value the plan or its grid refuses (the field named).
+    """
+    plan = QUICK_PLAN if args.quick or backend == "cpu" else DEFAULT_PLAN
+    space = {**plan.grid.space.model_dump(),
+             **({"dtypes": args.dtypes} if args.dtypes else {}),
+             **({"causal": (args.causal == "causal",)} if args.causal else {})}
+    grid = BucketGrid.model_validate({**plan.grid.model_dump(), "space": space})
+    fields = {"kernels": args.kernels, "head_dims": args.head_dims, "seqs": args.seqs,
+              "repeats": args.repeats, "seed": args.seed}
+    return Plan.model_validate({**plan.model_dump(), "grid": grid,
+                                **{k: v for k, v in fields.items() if v is not None}})
+
+
+def run(args: argparse.Namespace) -> tuple[Evidence, DispatchPolicy]:
+    """Measure the plan ``args`` give, derive its policy and write both JSON files."""
+    plan = plan_from(args, default_backend())
+    evidence = measure(plan)
+    policy = derive_policy(evidence, plan.kernels, Rule(priority=args.priority or plan.kernels))
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "evidence.json").write_text(evidence.model_dump_json(indent=1))
+    (args.out / "policy.json").write_text(policy.model_dump_json(indent=1))
+    return evidence, policy
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI entry point: 0, or 2 when some bucket has no kernel (the table says why)."""
+    args = build_parser().parse_args(argv)
+    _, policy = run(args)
+    print(format_table(policy))
+    print(f"wrote {args.out / 'evidence.json'} and {args.out / 'policy.json'} "
+          f"(fingerprint {policy.fingerprint()})")
+    return 0 if all(b.kernel is not None for b in policy.buckets) else 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
