@@ -25,6 +25,8 @@ from evaluation.longdoc.bench import load_result
 from evaluation.longdoc.effect import METHOD, Effect, effects
 from evaluation.longdoc.plots import write_plots
 
+ROOT = Path(__file__).resolve().parents[2]
+
 
 def sources(paths: list[Path]) -> list[Path]:
     """The result files named: files as given, folders' ``*.json`` sorted by name."""
@@ -46,12 +48,20 @@ def _fmt(e: Effect) -> str:
     return f"{e.ratio:.3f}{interval}"
 
 
+def _shown(path: Path) -> str:
+    """``path`` relative to the project folder when it is inside it (as committed)."""
+    try:
+        return path.resolve().relative_to(ROOT).as_posix()
+    except ValueError:
+        return path.as_posix()
+
+
 def render(path: Path, out_dir: Path) -> dict:
     """Plots and the effects file of one result; returns the effects file's content."""
     result = load_result(path)
     found = effects(result.baseline, result.candidate)
     write_plots(result, out_dir, prefix=f"{path.stem}-", found=found)
-    record = {"source": path.as_posix(),
+    record = {"source": _shown(path),
               "source_sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
               "kernels": result.kernels, "device": result.baseline.device,
               "method": METHOD, "effects": [e.model_dump(mode="json") for e in found]}
