@@ -112,6 +112,14 @@ STAGE_STARTED_AT: Final = "kernelgate.stage_started_at"
 STAGE_ENDED_AT: Final = "kernelgate.stage_ended_at"
 STAGE_TIME_PREFIX: Final = "kernelgate.stage_time."  # rollout run: + stage without a run of its own
 
+# long-document benchmark runs (lineage.longdoc_log; their own experiment, no family)
+WORKLOAD: Final = "kernelgate.workload"  # the workload spec's name
+WORKLOAD_SHA256: Final = "kernelgate.workload_sha256"  # sha256 of the spec file's bytes
+WORKLOAD_WEIGHTS_SHA256: Final = "kernelgate.workload_weights_sha256"  # the seeded encoder's
+BENCH_BASELINE: Final = "kernelgate.bench_baseline"
+BENCH_CANDIDATE: Final = "kernelgate.bench_candidate"
+LONGDOC_ARTIFACT_DIR: Final = "longdoc"
+
 # model version and registered model
 PROMOTED_AT: Final = "kernelgate.promoted_at"
 REJECTION_REASON: Final = "kernelgate.rejection_reason"

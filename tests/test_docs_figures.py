@@ -8,6 +8,9 @@ from pathlib import Path
 from tests.attack_table import table
 
 ROOT = Path(__file__).resolve().parents[1]
+LONGDOC_FIGURES = "docs/longdoc"
+LONGDOC_COMMAND = ("python -m evaluation.longdoc.figures "
+                   "kernels/tools/bench_results/h200-2026-12-04-longdoc docs/longdoc")
 
 
 def test_reliability_attack_table_is_the_committed_make_attacks_output():
@@ -47,5 +50,25 @@ def test_the_readme_screenshots_are_what_make_docs_screenshots_copies_from_the_b
                              (ROOT / "tests" / "test_browser.py").read_text()))
     assert {source for source, _ in copies} <= written, written
     shown = set(re.findall(r"\]\((docs/[^)]+\.png)\)", (ROOT / "README.md").read_text()))
+    shown -= {path for path in shown if path.startswith(f"{LONGDOC_FIGURES}/")}  # plots, below
     assert shown == {dest for _, dest in copies}
     assert all((ROOT / dest).is_file() for _, dest in copies)
+
+
+def test_the_readme_long_document_figures_are_the_figures_command_on_committed_results():
+    """README names the command; each plot it shows has its effects file beside it, made
+    from a committed result whose bytes are still those plotted
+    (``tests/test_evaluation_longdoc_plots.py`` re-runs the command and compares)."""
+    import hashlib
+    import re
+
+    text = (ROOT / "README.md").read_text()
+    assert LONGDOC_COMMAND in " ".join(text.split())
+    shown = re.findall(rf"\]\(({LONGDOC_FIGURES}/[^)]+)-(?:bucket-effect|time-to-result)\.png\)",
+                       text)
+    assert shown, "README shows no long-document figure"
+    for stem in shown:
+        record = json.loads((ROOT / f"{stem}-effects.json").read_text())
+        source = ROOT / record["source"]
+        assert record["source"].startswith(LONGDOC_COMMAND.split()[3] + "/")
+        assert hashlib.sha256(source.read_bytes()).hexdigest() == record["source_sha256"]

@@ -5,5 +5,7 @@ price), ``arrivals`` (the seeded open-loop stream), ``encoder`` (the seeded, fin
 long-context encoder, attention through the kernel contract), ``batcher`` (length
 buckets within a token budget), ``loadgen`` (the discrete-event replay: queue and
 compute apart), ``server`` (a batch measured for real on the device), ``report`` (the
-figures per request, per bucket and overall) and ``run`` (one spec, one implementation).
+figures per request, per bucket and overall), ``run`` (one spec, one implementation),
+``bench`` (two kernels on the same arrivals), ``effect`` (the per-bucket effect with an
+interval), ``plots`` and ``figures`` (plots of a comparison, and of committed results).
 """

@@ -12,6 +12,11 @@ embeddings). The JSON holds both reports (per-request records included) and the 
 It lives in ``evaluation/`` rather than ``kernels/tools/``: it serves an encoder, and
 ``kernels`` imports nothing of ours (ARCHITECTURE.md's layering).
 
+It imports no MLflow, so it runs on a device image without it. The same command with
+``--mlflow-store DIR`` (or ``--from-json`` to log a result made elsewhere) is
+``python -m lineage.longdoc_log``: MLflow calls live in ``lineage/`` (ARCHITECTURE.md).
+Plots of a result: ``python -m evaluation.longdoc.figures``.
+
 Examples::
 
     python -m evaluation.longdoc.bench                       # the CPU spec, xla vs naive
@@ -27,12 +32,40 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from pydantic import BaseModel
+
+from evaluation.longdoc.report import LongdocReport
 
 BUSY_TARGET = 0.7
 """The baseline's busy fraction a workload's rate is meant to reach (queueing matters)."""
 
 
-def _parse(argv: list[str] | None) -> argparse.Namespace:
+class BenchResult(BaseModel):
+    """What the command writes with ``--json``: both reports (per-request records
+    included), baseline first in ``kernels``, and the pair's medians (:func:`paired`)."""
+
+    workload: str
+    workload_sha256: str | None = None
+    kernels: list[str]
+    paired: dict[str, dict]
+    reports: dict[str, LongdocReport]
+
+    @property
+    def baseline(self) -> LongdocReport:
+        return self.reports[self.kernels[0]]
+
+    @property
+    def candidate(self) -> LongdocReport:
+        return self.reports[self.kernels[1]]
+
+
+def load_result(path: str | Path) -> BenchResult:
+    """Read a result the command wrote (``--json``)."""
+    return BenchResult.model_validate_json(Path(path).read_bytes())
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command's options (``lineage.longdoc_log`` adds its MLflow ones to them)."""
     parser = argparse.ArgumentParser(
         prog="python -m evaluation.longdoc.bench",
         description="Serve a long-document workload with two attention kernels on the same "
@@ -45,7 +78,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rate", type=float, default=None,
                         help="arrival rate override, requests/s (default: the spec's)")
     parser.add_argument("--json", type=Path, default=None, help="where to write the JSON")
-    return parser.parse_args(argv)
+    return parser
 
 
 def _ratio(a: list[float], b: list[float]) -> float | None:
@@ -103,7 +136,12 @@ def table(names: list[str], reports: list, pair: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the comparison; exit 0, or 2 when a kernel had errors or non-finite outputs."""
-    args = _parse(argv)
+    return run(parser().parse_args(argv))[1]
+
+
+def run(args: argparse.Namespace) -> tuple[dict, int]:
+    """Serve, print the table, write ``--json`` if asked; returns the result (the JSON's
+    content) and the exit code (:func:`main`)."""
     import jax
 
     from evaluation.longdoc.run import serve_workload
@@ -135,16 +173,16 @@ def main(argv: list[str] | None = None) -> int:
     if busy is not None and busy < BUSY_TARGET:
         print(f"note: {names[0]}'s busy fraction {busy:.2f} is below {BUSY_TARGET}: queueing "
               "plays little part at this rate (raise --rate)")
+    result = {"workload": spec.name, "workload_sha256": reports[0].workload_sha256,
+              "kernels": names, "paired": pair,
+              "reports": {n: r.model_dump(mode="json") for n, r in zip(names, reports,
+                                                                       strict=True)}}
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({
-            "workload": spec.name, "workload_sha256": reports[0].workload_sha256,
-            "kernels": names, "paired": pair,
-            "reports": {n: r.model_dump(mode="json") for n, r in zip(names, reports,
-                                                                     strict=True)}}, indent=1))
+        args.json.write_text(json.dumps(result, indent=1))
         print(f"wrote {args.json}")
     failed = any(r.overall.errors or r.overall.non_finite for r in reports)
-    return 2 if failed else 0
+    return result, 2 if failed else 0
 
 
 if __name__ == "__main__":
