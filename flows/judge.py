@@ -20,11 +20,9 @@ from gates.thresholds import Thresholds
 from kernels.build import build as build_kernel
 from kernels.interpreters import InterpreterPlan
 from kernels.shapes import AttentionShape
-from lineage import evidence, registered_model, registration, tags, version_runners
+from lineage import evidence, registration, tags
 from lineage.chain import spent_confirmation_digests
-from lineage.records import log_decision
 from lineage.reference_seal import SignedReferences
-from lineage.sources import StoreSource
 
 REFERENCE_CACHE_DIR = "reference-cache"
 """Under the store folder: float64 references cached across evaluations (keyed by the
@@ -76,8 +74,7 @@ def evaluate(context: RolloutContext, preregistered: Preregistered, built: Built
     """
     record, settings = context.record, context.settings
     pool = context.versions
-    production_version = (version_runners.production_version(record.tracking, record.family)
-                          if compare_production else None)
+    production_version = context.store.production_version() if compare_production else None
     production = pool.runner(production_version) if production_version else None
     candidate = pool.runner(built.version)
     out = record.work_dir / f"evaluation-{split}"
@@ -118,17 +115,15 @@ def evaluate(context: RolloutContext, preregistered: Preregistered, built: Built
 
 def _judge(context: RolloutContext, preregistered: Preregistered, built: Built,
            evaluated: Evaluated, *, kinds=None) -> Gated:
-    record = context.record
-    source = StoreSource(record.tracking, record.family, record.signing.trust,
-                         stages=("preregistration",))
+    store = context.store
+    source = store.source(stages=("preregistration",))
     thresholds = registration.thresholds_for_gate(source, preregistered.registration,
                                                   context.plan.thresholds_sha256,
                                                   evaluated.report.started_at)
     decision = decide(evaluated.report, thresholds, preregistered.registration, kinds=kinds)
-    decision_run_id = log_decision(record.tracking, record.family, decision,
-                                   build_run_id=built.build_run_id,
-                                   evaluation_run_id=evaluated.run_id, version=built.version,
-                                   signing=record.signing, parent_run_id=record.rollout_run_id)
+    decision_run_id = store.log_decision(decision, build_run_id=built.build_run_id,
+                                         evaluation_run_id=evaluated.run_id, version=built.version,
+                                         parent_run_id=context.record.rollout_run_id)
     return Gated(version=built.version, decision=decision, run_id=decision_run_id,
                  thresholds=thresholds)
 
@@ -145,15 +140,14 @@ def gate(context: RolloutContext, preregistered: Preregistered, built: Built,
             the evaluation started before the registration.
     """
     gated = _judge(context, preregistered, built, evaluated)
-    record = context.record
+    store = context.store
     # linked now, not only on promotion: a rejected version's description links its chain.
     # Only a version's first gate links: a re-validation gates production again, and its
     # links stay the ones the promotion signed (the audit compares them).
-    if tags.DECISION_RUN_ID not in registered_model.version_tags(record.tracking, record.family,
-                                                                 built.version):
-        registered_model.link_gate(record.tracking, record.family, built.version,
-                                   decision_run_id=gated.run_id, evaluation_run_id=evaluated.run_id,
-                                   registration_id=preregistered.registration.registration_id)
+    if tags.DECISION_RUN_ID not in store.version_tags(built.version):
+        store.link_gate(built.version, decision_run_id=gated.run_id,
+                        evaluation_run_id=evaluated.run_id,
+                        registration_id=preregistered.registration.registration_id)
     run_logger().info("gate: %s — %s", gated.decision.verdict, gated.decision.summary)
     return gated
 
@@ -168,19 +162,18 @@ def confirm(context: RolloutContext, preregistered: Preregistered, built: Built,
     Raises:
         ConfirmationExhausted: the family has spent every confirmation draw.
     """
-    record = context.record
+    store = context.store
     # every run of the family: the stage tag is not signed (a re-tagged evaluation would
     # hide a spent split; the registry's wall refuses a reused one either way)
-    spent = spent_confirmation_digests(StoreSource(record.tracking, record.family,
-                                                   record.signing.trust))
+    spent = spent_confirmation_digests(store.source())
     split = unspent_draw(testset.testset_dir, spent,  # drawn as built, whatever the contract
                          model=context.model.with_attention_dtype("float32"))
     run_logger().info("confirmation split %s (%d spent by %s before)", split, len(spent),
-                      record.family)
+                      store.family)
     evaluated = evaluate(context, preregistered, built, testset, split=split,
                          measure_speed=False, compare_production=False)
     judged = _judge(context, preregistered, built, evaluated, kinds={"accuracy"})
-    registered_model.link_confirmation(record.tracking, record.family, built.version, judged.run_id)
+    store.link_confirmation(built.version, judged.run_id)
     run_logger().info("confirmation split: %s — %s", judged.decision.verdict,
                       judged.decision.summary)
     return Confirmed(decision=judged.decision, run_id=judged.run_id, evaluation=evaluated)

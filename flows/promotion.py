@@ -26,10 +26,9 @@ from gates.approval import (
 from gates.approval_policy import Transition
 from gates.approval_view import approval_markdown, signed_only_note
 from gates.canary import CanaryStepResult
-from lineage import registered_model, registry, tags
+from lineage import tags
 from lineage.approvals import verify_approval
 from lineage.attestations import AttestationError
-from lineage.records import log_approval
 from lineage.rollout import RolloutOutcome
 
 APPROVAL_POLL_S = 2
@@ -167,10 +166,10 @@ def ask_approval(context: RolloutContext, transition: Transition, gated: Gated,
     with stage_clock(context, "approval"):  # the wait for a person included
         if not policy.auto_approve:
             answer = _ask(context, transition, gated, traffic, confirmed)
-        run_id = log_approval(record.tracking, answer, decision_run_id=gated.run_id,
-                              signing=record.signing, parent_run_id=record.rollout_run_id,
-                              person_envelope=answer.signed_answer and answer.signed_answer.encode())
-    registered_model.link_approval(record.tracking, record.family, gated.version, transition, run_id)
+        run_id = context.store.log_approval(
+            answer, decision_run_id=gated.run_id, parent_run_id=record.rollout_run_id,
+            person_envelope=answer.signed_answer and answer.signed_answer.encode())
+    context.store.link_approval(gated.version, transition, run_id)
     logger.info("approval %s: %s by %s (%s; %s)", transition,
                 "approved" if answer.approved else "rejected", answer.approver,
                 answer.authentication, answer.comment)
@@ -206,10 +205,8 @@ def enter_canary(context: RolloutContext, gated: Gated) -> None:
     Raises:
         PromotionRefused: the chain up to ``shadow->canary`` is incomplete.
     """
-    record = context.record
-    registry.assign_canary(record.tracking, record.family, gated.version,
-                           decision_run_id=gated.run_id, signing=record.signing,
-                           owner_run_id=record.rollout_run_id)
+    context.store.assign_canary(gated.version, decision_run_id=gated.run_id,
+                                owner_run_id=context.record.rollout_run_id)
 
 
 @stage_task(name="promote")
@@ -220,11 +217,9 @@ def promote(context: RolloutContext, gated: Gated, evaluated: Evaluated) -> Prom
     Raises:
         PromotionRefused: the chain is incomplete, or production moved since.
     """
-    record = context.record
-    change = registry.promote(record.tracking, record.family, gated.version,
-                              decision_run_id=gated.run_id,
-                              expected_previous=evaluated.judged_against, signing=record.signing,
-                              parent_run_id=record.rollout_run_id)
+    change = context.store.promote(gated.version, decision_run_id=gated.run_id,
+                                   expected_previous=evaluated.judged_against,
+                                   parent_run_id=context.record.rollout_run_id)
     run_logger().info("promoted v%s to production (previous: %s)", gated.version,
                       change.previous_version)
     return Promoted(version=gated.version, previous_version=change.previous_version)
@@ -233,17 +228,14 @@ def promote(context: RolloutContext, gated: Gated, evaluated: Evaluated) -> Prom
 @stage_task(name="roll-back")
 def reject(context: RolloutContext, gated: Gated, reason: str) -> None:
     """Record why the candidate stops here; its ``shadow``/``canary`` aliases are rolled back."""
-    record = context.record
-    registry.reject(record.tracking, record.family, gated.version, reason,
-                    signing=record.signing, parent_run_id=record.rollout_run_id)
+    context.store.reject(gated.version, reason, parent_run_id=context.record.rollout_run_id)
     run_logger().warning("v%s rejected: %s", gated.version, reason)
 
 
 def approvers(context: RolloutContext, gated: Gated) -> str:
     """Who decided a promotion: the preregistered criteria and plan, and each approval's
     approver (``(auto)`` where the policy auto-approves)."""
-    record = context.record
-    asked = registered_model.approvers(record.tracking, record.family, gated.version)
+    asked = context.store.approvers(gated.version)
     people = "; ".join(f"{t}: {who}" for t, who in asked.items())
     return ("the gate, shadow, canary and confirmation (preregistered)"
             + (f"; approvals: {people}" if people else ""))
@@ -283,9 +275,8 @@ def unless_adopted(context: RolloutContext, gated: Gated, verdict: AdoptionVerdi
     if verdict is None or verdict.outcome == "adopted":
         return None
     if verdict.outcome == "not_worth_it":
-        record = context.record
-        registry.decline(record.tracking, record.family, gated.version, verdict.reason,
-                         signing=record.signing, parent_run_id=record.rollout_run_id)
+        context.store.decline(gated.version, verdict.reason,
+                              parent_run_id=context.record.rollout_run_id)
         run_logger().warning("v%s not adopted: %s", gated.version, verdict.reason)
         return finish(context, "not_adopted", "adoption", verdict.reason, version=gated.version,
                       decision=gated.decision, traffic=traffic, decided_by=ADOPTION_DECIDER)

@@ -21,6 +21,7 @@ from gates.serving_contract import ServingContract
 from gates.thresholds import Thresholds
 from kernels.shapes import AttentionShape
 from lineage.bindings import RolloutBindings
+from lineage.family_store import FamilyStore
 from lineage.registration import FrozenRegistration
 from lineage.rollout import RolloutRecord
 from lineage.version_runners import VersionPool
@@ -45,8 +46,9 @@ class ServingModel:
         """MiniLM, its attention in the serving contract's ``model_dtype``."""
         if self._model is None:
             self._model = MiniLM.load().with_attention_dtype(self.contract.model_dtype)
-            self._pool = VersionPool(self._record.tracking, self._record.family,
-                                     self._model, self._record.signing.trust)
+            record = self._record
+            self._pool = VersionPool(record.tracking, record.family, self._model,
+                                     record.signing.trust)
         return self._model
 
     @property
@@ -78,6 +80,11 @@ class RolloutContext:
     plan: RolloutPlan
     record: RolloutRecord
     serving: ServingModel = field(repr=False)
+
+    @property
+    def store(self) -> FamilyStore:
+        """The record's family in its store, signed by its signer."""
+        return FamilyStore.of(self.record)
 
     @property
     def model(self) -> MiniLM:

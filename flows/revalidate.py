@@ -32,9 +32,8 @@ from flows.results import Built, Preregistered, RolloutContext
 from flows.settings import RolloutSettings
 from flows.tasks import end_state, prepare_testset, rollout_session, run_logger, signing_for
 from kernels.errors import KernelgateError
-from lineage import chain, registered_model, registration, registry, tags, version_runners
+from lineage import chain, registered_model, registration, tags, version_runners
 from lineage import tracking as tr
-from lineage.log_writer import append
 from lineage.sources import StoreSource
 
 
@@ -169,7 +168,7 @@ def _finish(ctx: RolloutContext, version: str | None, result: str, reason: str,
             loaded: str | None = None) -> RevalidationOutcome:
     record = ctx.record
     ctx.serving.close()
-    now = registered_model.alias_version(record.tracking, record.family, "production")
+    now = ctx.store.production_version()
     serving = (f"{record.family} v{now}" if now
                else f"{version_runners.NATIVE_BASELINE} (native baseline)")
     outcome = RevalidationOutcome(family=record.family, version=version, result=result,
@@ -178,9 +177,9 @@ def _finish(ctx: RolloutContext, version: str | None, result: str, reason: str,
     tr.log_model_json(record.tracking, record.rollout_run_id, outcome, tags.REVALIDATION_ARTIFACT)
     run_tags = {tags.RESULT: result, tags.NOTE: reason}
     tr.set_tags(record.tracking, record.rollout_run_id, run_tags)
-    append(record.tracking, record.rollout_run_id, "outcome",
-           {"family": record.family, "version": version, "result": result,
-            "reason": reason, "tags": run_tags}, record.signing)
+    ctx.store.append(record.rollout_run_id, "outcome",
+                     {"family": record.family, "version": version, "result": result,
+                      "reason": reason, "tags": run_tags})
     tr.end_run(record.tracking, record.rollout_run_id, "FAILED" if result == "error" else "FINISHED")
     try:
         create_markdown_artifact(
@@ -197,7 +196,7 @@ def _finish(ctx: RolloutContext, version: str | None, result: str, reason: str,
 def _revalidate(ctx: RolloutContext) -> RevalidationOutcome:
     record, plan = ctx.record, ctx.plan
     version = plan.version
-    now = version_runners.production_version(record.tracking, record.family)
+    now = ctx.store.production_version()
     if now != version:
         raise NotJudgeable(f"production of {record.family} moved from v{version} to v{now} "
                            "while this re-validation waited for the family; the next run "
@@ -222,9 +221,8 @@ def _revalidate(ctx: RolloutContext) -> RevalidationOutcome:
                        f"v{version} still meets its preregistered thresholds "
                        f"({plan.registration.profile}, registration "
                        f"{plan.registration.registration_id})", loaded)
-    change = registry.rollback(record.tracking, record.family,
-                               reason=f"nightly re-validation failed: {why}",
-                               signing=record.signing, parent_run_id=record.rollout_run_id)
+    change = ctx.store.rollback(reason=f"nightly re-validation failed: {why}",
+                                parent_run_id=record.rollout_run_id)
     target = (f"previous production v{change.version}" if change.version else
               f"the native baseline ({version_runners.NATIVE_BASELINE}); no earlier usable production")
     return _finish(ctx, version, "rolled_back",

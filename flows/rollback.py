@@ -23,8 +23,9 @@ from pydantic import Field
 import kernels
 from flows.settings import RolloutSettings
 from flows.tasks import end_state, family_slot, run_logger, signing_for
-from lineage import registry, rollout
+from lineage import rollout
 from lineage import tracking as tr
+from lineage.family_store import FamilyStore
 from lineage.registry import AliasChange
 
 
@@ -49,13 +50,11 @@ def manual_rollback(
     if family == "auto":
         family = kernels.native_flash_kernel("auto", kernels.default_backend())
     settings = RolloutSettings(store_dir=Path(store_dir))
-    tracking = tr.tracking_for(settings.store_dir)
-    signing = signing_for(settings)
+    store = FamilyStore(tr.tracking_for(settings.store_dir), family, signing_for(settings))
     with rollout.family_lock(settings.store_dir, family), family_slot(family):
-        registry.reconcile(tracking, family, signing)
-        change = registry.rollback(
-            tracking, family, reason=f"manual rollback requested by {requested_by}: {reason}",
-            signing=signing, to=None if to_version is None else str(to_version))
+        store.reconcile()
+        change = store.rollback(reason=f"manual rollback requested by {requested_by}: {reason}",
+                                to=None if to_version is None else str(to_version))
     now = f"v{change.version}" if change.version else "nothing (the native baseline serves)"
     message = f"production of {family}: v{change.previous_version} -> {now}"
     run_logger().warning("%s (%s)", message, change.reason)

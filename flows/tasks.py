@@ -37,12 +37,12 @@ from flows.stages import StageTask, run_logger, stage_clock, stage_task  # noqa:
 from gates.canary import CanaryStepResult
 from gates.decision import GateDecision
 from gates.headline import caveat
-from lineage import keys, registered_model, registration, registry, rollout, tags
+from lineage import keys, registration, rollout, tags
 from lineage import tracking as tr
 from lineage.attestations import Signing
 from lineage.bindings import RolloutBindings, bindings_for, check_bound_testset
+from lineage.family_store import FamilyStore
 from lineage.rollout import Result, RolloutOutcome
-from lineage.sources import StoreSource
 
 
 def signing_for(settings: RolloutSettings) -> Signing:
@@ -89,13 +89,13 @@ def open_rollout(settings: RolloutSettings, plan: RolloutPlan | None = None, *,
                                           lease_s=settings.stale_alias_after_s,
                                           owner_is_dead=owner_is_dead, signing=record.signing):
         logger.warning("closed run %s of a rollout that died as KILLED", run_id)
-    for change in registry.reconcile(tracking, family, record.signing):
+    store = FamilyStore.of(record)
+    for change in store.reconcile():
         logger.warning("reconciled %s with its signed alias history: %s", family, change)
     if clear_stale_aliases:
-        for alias in registry.clear_stale_aliases(
-                tracking, family, lease_s=settings.stale_alias_after_s,
-                cleared_by_run_id=record.rollout_run_id, signing=record.signing,
-                owner_is_dead=owner_is_dead):
+        for alias in store.clear_stale_aliases(lease_s=settings.stale_alias_after_s,
+                                               cleared_by_run_id=record.rollout_run_id,
+                                               owner_is_dead=owner_is_dead):
             logger.warning("cleared the stale %s alias of %s", alias, family)
     return RolloutContext(settings=settings, plan=plan, record=record,
                           serving=ServingModel(record, plan.serving))
@@ -206,16 +206,14 @@ def _close_failed(record: rollout.RolloutRecord, reason: str,
     ``stage``, signed. Returns the outcome written, if any."""
     if record.tracking.client().get_run(record.rollout_run_id).info.status != "RUNNING":
         return None
-    version = built_version(record)
-    if version is not None and version == registered_model.alias_version(record.tracking, record.family,
-                                                                  "production"):
+    version, store = built_version(record), FamilyStore.of(record)
+    if version is not None and version == store.production_version():
         return rollout.close_rollout(record, result="promoted", stage="promotion", version=version,
                                      reason=f"promoted; a step after the promotion failed: {reason}")
     try:
         if version is not None:
-            registry.reject(record.tracking, record.family, version,
-                            f"rollout failed: {reason}", signing=record.signing,
-                            parent_run_id=record.rollout_run_id)
+            store.reject(version, f"rollout failed: {reason}",
+                         parent_run_id=record.rollout_run_id)
     finally:
         outcome = rollout.close_rollout(record, result="interrupted" if interrupted else "errored",
                                         stage=stage, reason=reason, version=version)
@@ -239,14 +237,12 @@ def preregister(context: RolloutContext) -> Preregistered:
     approval = settings.loosening_approval.read_bytes() if settings.loosening_approval else None
     # the test set's digest is bound by the registration: prepared first (idempotent)
     testset_dir = prepare_testset.fn(context).testset_dir
-    registered = registration.preregister_bytes(
-        plan.thresholds_bytes, plan.thresholds_file, tracking=record.tracking,
-        family=record.family, signing=record.signing, parent_run_id=record.rollout_run_id,
+    registered = context.store.preregister(
+        plan.thresholds_bytes, plan.thresholds_file, parent_run_id=record.rollout_run_id,
         loosening_approval=approval, source=str(settings.thresholds),
         bindings=rollout_bindings(settings, plan, testset_dir))
     rollout.link(record, {tags.REGISTRATION_ID: registered.registration_id})
-    source = StoreSource(record.tracking, record.family, record.signing.trust,
-                         stages=("preregistration",))
+    source = context.store.source(stages=("preregistration",))
     return Preregistered.read_back(registration.frozen_registration(source,
                                                                     registered.registration_id))
 

@@ -15,10 +15,9 @@ from gates.canary import CanaryStepResult, analyse_canary_step
 from gates.canary_latency import CanaryVerdict, conclude_canary
 from gates.canary_plan import CanaryPlan, CanaryStep
 from kernels import interpreters
-from lineage import calibration, evidence, registered_model, registry, tags, version_runners
+from lineage import calibration, evidence, registered_model, tags, version_runners
 from lineage import tracking as tr
 from lineage.environment import collect_environment
-from lineage.records import log_canary_step, log_shadow
 
 
 class TrafficPlan(BaseModel):
@@ -128,9 +127,8 @@ def shadow(context: RolloutContext, gated: Gated, evaluated: Evaluated,
            traffic: recorded_traffic.RecordedTraffic) -> CanaryStepResult:
     """Shadow stage: production serves, the candidate (alias ``shadow``) is mirrored and
     judged with the canary plan's limits (drift, errors, NaN, latency where native)."""
-    record, version = context.record, gated.version
-    registry.assign_shadow(record.tracking, record.family, version,
-                           signing=record.signing, owner_run_id=record.rollout_run_id)
+    store, version, run = context.store, gated.version, context.record.rollout_run_id
+    store.assign_shadow(version, owner_run_id=run)
     production, candidate = _endpoints(context, "shadow", version)
     with _plan(gated).scope("shadow"):
         _warm_up(context, evaluated, traffic, production, candidate)
@@ -140,10 +138,9 @@ def shadow(context: RolloutContext, gated: Gated, evaluated: Evaluated,
     # The candidate sees every shadow request (mirrored) but serves none of them.
     judged = _judged(gated, evaluated, result, CanaryStep(
         name="shadow", traffic_fraction=1.0, requests=len(traffic.requests)))
-    run_id = log_shadow(record.tracking, record.family, version, result, judged,
-                        decision_run_id=gated.run_id, signing=record.signing,
-                        parent_run_id=record.rollout_run_id)
-    registered_model.link_traffic_run(record.tracking, record.family, version, "shadow", run_id)
+    run_id = store.log_shadow(version, result, judged, decision_run_id=gated.run_id,
+                              parent_run_id=run)
+    store.link_traffic_run(version, "shadow", run_id)
     run_logger().info("shadow: %s", serving.traffic_summary(result))
     return judged
 
@@ -168,10 +165,10 @@ def canary_step(context: RolloutContext, gated: Gated, evaluated: Evaluated, ste
             abba=evaluated.report.speed_assessed)
     result = _interpreted(gated, evaluated, "canary", result)
     judged = _judged(gated, evaluated, result, step, earlier)
-    run_id = log_canary_step(record.tracking, record.family, judged, version=version,
-                             decision_run_id=gated.run_id, signing=record.signing,
-                             parent_run_id=record.rollout_run_id)
-    registered_model.link_traffic_run(record.tracking, record.family, version, "canary", run_id)
+    store = context.store
+    run_id = store.log_canary_step(judged, version=version, decision_run_id=gated.run_id,
+                                   parent_run_id=record.rollout_run_id)
+    store.link_traffic_run(version, "canary", run_id)
     run_logger().info("%s: %s -> %s", step.name, serving.traffic_summary(result),
                           "pass" if judged.passed else f"breach: {judged.breaches}")
     return judged
@@ -190,9 +187,7 @@ def canary_calibration(context: RolloutContext, gated: Gated,
     days = gated.thresholds.canary.latency.max_calibration_age_days
     if not days or not _latency_can_block(gated, evaluated):
         return None, "no calibration required"
-    record = context.record
-    source = calibration.StoreSource(record.tracking, record.family, record.signing.trust,
-                                     stages=("calibration",))
+    source = context.store.source(stages=("calibration",))
     facts = calibration.device_facts(collect_environment())
     run_id, about = calibration.fresh_calibration(source, facts, days)
     run_logger().info("canary calibration: %s", about)

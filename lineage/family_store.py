@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from lineage import family_log, log_writer, records, registered_model, registry
-from lineage import tracking as tr
+from gates.preregistration import Registration
+from lineage import family_log, log_writer, records, registered_model, registration, registry
 from lineage.attestations import Attestation, Signing, TrustPolicy
 from lineage.family_log import FamilyLog
 from lineage.registered_model import Alias
@@ -77,6 +77,13 @@ class FamilyStore:
 
     # ------------------------------------------------------------------------- the records
 
+    def preregister(self, thresholds_bytes: bytes, thresholds_file: str,
+                    **kwargs: Any) -> Registration:
+        """Freeze and sign thresholds bytes (``registration.preregister_bytes``)."""
+        return registration.preregister_bytes(thresholds_bytes, thresholds_file,
+                                              tracking=self.tracking, family=self.family,
+                                              signing=self.signing, **kwargs)
+
     def log_decision(self, decision: Any, **kwargs: Any) -> str:
         return records.log_decision(self.tracking, self.family, decision,
                                     signing=self.signing, **kwargs)
@@ -91,9 +98,6 @@ class FamilyStore:
     def log_canary_step(self, result: Any, **kwargs: Any) -> str:
         return records.log_canary_step(self.tracking, self.family, result,
                                        signing=self.signing, **kwargs)
-
-    def log_model_json(self, run_id: str, model: Any, artifact_path: str) -> str:
-        return tr.log_model_json(self.tracking, run_id, model, artifact_path)
 
     # ---------------------------------------------------- the registered model and aliases
 

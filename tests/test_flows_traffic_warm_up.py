@@ -48,16 +48,15 @@ def test_shadow_serves_under_the_registered_interpreter_and_records_it(native, t
     result = TrafficResult(stage="shadow", fraction=0.0, candidate="pallas_tpu@v1",
                            production="xla", records=[], memory_start_bytes=0,
                            memory_end_bytes=0)
-    monkeypatch.setattr(traffic.registry, "assign_shadow", lambda *a, **k: None)
     monkeypatch.setattr(traffic, "_endpoints", lambda *a: ("production", "candidate"))
     monkeypatch.setattr(traffic, "_warm_up", lambda *a: seen.append(interpreters.current()))
     monkeypatch.setattr(traffic.serving, "replay_shadow",
                         lambda *a, **k: seen.append(interpreters.current()) or result)
     monkeypatch.setattr(traffic, "_judged", lambda gated, ev, res, step: res)
-    monkeypatch.setattr(traffic, "log_shadow", lambda t, f, v, res, judged, **k: logged.append(res))
-    monkeypatch.setattr(traffic.registered_model, "link_traffic_run", lambda *a: None)
-    context = SimpleNamespace(record=SimpleNamespace(tracking=None, family="f", signing=None,
-                                                     rollout_run_id="r"),
+    store = SimpleNamespace(  # the family store's writes, recorded instead of signed
+        assign_shadow=lambda version, **k: None, link_traffic_run=lambda *a: None,
+        log_shadow=lambda version, res, judged, **k: logged.append(res))
+    context = SimpleNamespace(record=SimpleNamespace(rollout_run_id="r"), store=store,
                               serving=SimpleNamespace())
     evaluated = SimpleNamespace(report=SimpleNamespace(candidate=SimpleNamespace(
         native=native, target_platform=target)))
