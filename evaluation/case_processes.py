@@ -5,7 +5,7 @@ calls cannot run in two threads; on a 2-core CPU host the accuracy cases of an
 interpreted candidate ran on one core. :class:`CaseHelper` is a process of its own
 (``python -m evaluation.case_processes``) that builds the same built-in kernels from the
 same checkout (``LocalRunner.for_implementation``: a version runs here only when its code
-digest is this checkout's, ``lineage.version_runners``) and runs its share of the cases
+digest is this checkout's, ``lineage.serving.version_runners``) and runs its share of the cases
 with ``evaluation.accuracy``'s own call and timing, returning each output, its seconds
 and any error. Scoring (float64 reference, naive, ratios) stays in the parent, case by
 case in the split's order, so the report is the one a single process writes.

@@ -178,7 +178,7 @@ def evaluate_candidate(
             index of what was used is written to ``out_dir/reference_cache.json``.
         reference_seal: signs each reference computed and checks each one read from the
             cache (a cached array whose seal does not open is recomputed; the pipeline
-            passes ``lineage.reference_seal.SignedReferences``); None: used as read.
+            passes ``lineage.signing.reference_seal.SignedReferences``); None: used as read.
         profile: record a ``jax.profiler`` trace of the in-process implementations at
             the first benchmark shape into ``out_dir/profile`` (``evaluation.profiling``);
             default: when the candidate's speed is assessed (native hardware).

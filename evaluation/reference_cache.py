@@ -15,7 +15,7 @@ sha256, hit or computed, method) that is logged and signed with the evaluation, 
 :func:`recheck` recomputes a sample with NumPy on the host and compares.
 
 Signed when computed: with a :class:`EntrySeal` (the pipeline passes
-``lineage.reference_seal.SignedReferences``, its own key), each array is sealed as it is
+``lineage.signing.reference_seal.SignedReferences``, its own key), each array is sealed as it is
 written (``<key>.dsse.json`` beside ``<key>.npy``: the key and the array's sha256, signed)
 and a hit counts only when its seal opens with the pipeline's trusted keys; anything else
 — an array written by someone with the folder but not the key, a missing or foreign seal

@@ -5,7 +5,7 @@ interface (:class:`Runner`): attention on given arrays, embeddings of documents,
 prepared, compiled attention call that can be timed. :class:`LocalRunner` runs a
 kernel of this process (the naive baseline, a plain function in a test); a registered
 model version runs in a process of its own that loaded *its* code
-(``lineage.version_runners.VersionWorker``, same interface), so two versions with different
+(``lineage.serving.version_runners.VersionWorker``, same interface), so two versions with different
 kernel code can run side by side.
 
 Every timing is taken inside the runner around a call that blocks until the device is

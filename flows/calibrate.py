@@ -9,7 +9,7 @@ both sides (the same endpoint), judges it with the canary's own function
 (``flows.traffic.judge_step``, the earlier steps' results included), stops at a breach
 as the rollout does, and concludes with ``gates.canary_latency.conclude_canary``. The
 verdicts and every run's per-request log ratios become a signed ``calibration`` record
-(``lineage.calibration``), valid for this device, driver, JAX version and serving code.
+(``lineage.records.calibration``), valid for this device, driver, JAX version and serving code.
 """
 
 from __future__ import annotations
@@ -26,11 +26,13 @@ from gates.canary_latency import another_look, conclude_canary
 from gates.canary_plan import CanaryPlan
 from gates.serving_contract import ServingContract
 from gates.thresholds import load_thresholds
-from lineage import calibration, chain, registered_model, version_runners
-from lineage.attestations import Signing
-from lineage.environment import collect_environment
-from lineage.sources import StoreSource
-from lineage.tracking import Tracking
+from lineage.aliases import registered_model
+from lineage.records import calibration, chain
+from lineage.records.environment import collect_environment
+from lineage.serving import version_runners
+from lineage.signing.attestations import Signing
+from lineage.signing.sources import StoreSource
+from lineage.store.tracking import Tracking
 
 
 class RegisteredServing(NamedTuple):
@@ -112,7 +114,7 @@ def calibrate(tracking: Tracking, family: str, *, runs: int, signing: Signing,
     serves until a first promotion, sized by ``thresholds``) and log the signed
     calibration record. Returns ``(calibration run id, record)``. What a calibration
     vouches for is the serving path's noise and the judge's A/A rate on this device
-    (``lineage.calibration``: its staleness facts), whichever kernel ran both sides.
+    (``lineage.records.calibration``: its staleness facts), whichever kernel ran both sides.
 
     Raises:
         ValueError: no plan to size runs by (no production and no ``thresholds``).

@@ -129,8 +129,8 @@ def _plan(implementation: str, thresholds: Path | None, store_dir: Path, block_q
                 f"no family {family!r} in this store yet (families: {families(tracking) or 'none'}); "
                 "pass --new-family to start one", param_hint="--family")
         if family not in families(tracking):
-            from lineage.keys import default_key_dir
-            from lineage.log_writer import earlier_log
+            from lineage.log.log_writer import earlier_log
+            from lineage.signing.keys import default_key_dir
 
             why = earlier_log(tracking, family, key_dir or default_key_dir())
             if why is not None:
@@ -217,9 +217,9 @@ def audit(target: Annotated[str, typer.Argument(help="alias (production, canary,
     if bundle is None:
         check_known_family(family, store_dir)
     from flows.cli_store import add_ownership_findings
-    from lineage import keys
-    from lineage.audit import audit as run_audit
-    from lineage.bundle import BundleSource, export_bundle
+    from lineage.audit.audit import audit as run_audit
+    from lineage.audit.bundle import BundleSource, export_bundle
+    from lineage.signing import keys
 
     try:
         if trusted_key:
@@ -281,7 +281,7 @@ def rollback_cmd(reason: Annotated[str, typer.Option(help="why; recorded, signed
     tracking = open_store(store_dir, must_exist=True, writes=True)
     fam = existing_family(tracking, family)
     from flows.rollback import manual_rollback
-    from lineage.registry import PromotionRefused
+    from lineage.aliases.registry import PromotionRefused
 
     try:
         change = manual_rollback(reason=reason, requested_by=requester, to_version=to,

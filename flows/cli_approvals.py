@@ -22,8 +22,8 @@ def approve(flow_run_id: Annotated[str, typer.Argument(help="the paused rollout'
     from prefect.client.orchestration import get_client
     from prefect.flow_runs import resume_flow_run
 
-    from lineage import keys
-    from lineage.approvals import sign_approval
+    from lineage.signing import keys
+    from lineage.signing.approvals import sign_approval
 
     with get_client(sync_client=True) as client:
         run = client.read_flow_run(flow_run_id)
@@ -58,10 +58,10 @@ def approve_loosening(thresholds: Annotated[Path, typer.Option(help="thresholds 
     """Sign an approval of thresholds looser than the family's newest registration (pass it to `rollout --loosening-approval`). It binds that registration, the file, the rollout settings, an expiry and a one-time nonce; what a rollout would refuse is refused here first."""
     from flows.cli_store import open_store
     from gates.loosening import loosenings
-    from lineage import keys
-    from lineage.loosening_approval import sign_loosening
-    from lineage.registration import latest_registration
-    from lineage.sources import StoreSource
+    from lineage.records.loosening_approval import sign_loosening
+    from lineage.records.registration import latest_registration
+    from lineage.signing import keys
+    from lineage.signing.sources import StoreSource
 
     if not reason.strip():
         raise typer.BadParameter("a loosening needs a reason", param_hint="--reason")

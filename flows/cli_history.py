@@ -1,8 +1,8 @@
 """``kernelgate timeline``: where each rollout's time went, and how production moved.
 
 Reads the MLflow store only (no Prefect): each rollout's stages with their wall times
-(``lineage.timeline``), then each family's production moves as the signed alias
-history tells them (``lineage.production_story``): promotions and rollbacks, manual ones
+(``lineage.records.timeline``), then each family's production moves as the signed alias
+history tells them (``lineage.aliases.production_story``): promotions and rollbacks, manual ones
 included, with their times and reasons. Heavy imports stay inside.
 """
 
@@ -27,8 +27,9 @@ def timeline(family: Annotated[str | None, typer.Option(
              key_dir: KeyDir = None) -> None:
     """Where each rollout's time went (result, version, every stage's wall time, recorded by the flow into each stage's run), then each family's production moves from the signed alias history (promotions and rollbacks with times and reasons); every family unless --family."""
     check_known_family(family, store_dir)
-    from lineage import keys, production_story, registered_model
-    from lineage.timeline import render, rollout_timelines
+    from lineage.aliases import production_story, registered_model
+    from lineage.records.timeline import render, rollout_timelines
+    from lineage.signing import keys
 
     tracking = open_store(store_dir, must_exist=True)
     chosen = [existing_family(tracking, family)] if family else families(tracking)

@@ -39,7 +39,7 @@ StoreDir = Annotated[Path, typer.Option(
 
 def _store(store_dir: Path):
     """The store's tracking, or None (said) when there is none to record in."""
-    from lineage import tracking as tr
+    from lineage.store import tracking as tr
 
     if not os.environ.get("MLFLOW_TRACKING_URI") and not (store_dir / "mlflow.db").exists():
         typer.echo(f"no MLflow store at {store_dir}: the key change is in no family's log",
@@ -60,7 +60,8 @@ def _every_family_held(store_dir: Path) -> Iterator[object | None]:
         yield None
         return
     from flows.tasks import family_slot
-    from lineage import key_changes, rollout
+    from lineage.aliases import key_changes
+    from lineage.rollout import rollout
 
     with contextlib.ExitStack() as held:
         for family in key_changes.families(tracking):
@@ -73,8 +74,8 @@ def _pipeline_signing(folder: Path):
     """The pipeline's signing from the key folder, with the servers profile's log
     sequencer where one is configured (``flows.log_sequencer.server_sequencer``)."""
     from flows.log_sequencer import server_sequencer
-    from lineage import keys
-    from lineage.attestations import Signing
+    from lineage.signing import keys
+    from lineage.signing.attestations import Signing
 
     return Signing(signer=keys.load_signer(folder / f"{keys.PIPELINE_KEY}.pem"),
                    trust=keys.folder_trust(folder), key_dir=folder,
@@ -82,8 +83,8 @@ def _pipeline_signing(folder: Path):
 
 
 def _record(tracking, change, folder: Path) -> None:
-    """Sign ``change`` into every family's log of the store (``lineage.key_changes``)."""
-    from lineage import key_changes
+    """Sign ``change`` into every family's log of the store (``lineage.aliases.key_changes``)."""
+    from lineage.aliases import key_changes
 
     for family in key_changes.log_everywhere(tracking, change, _pipeline_signing(folder)):
         typer.echo(f"logged in {family}'s signed log: {change.describe()}")
@@ -93,7 +94,7 @@ def _record(tracking, change, folder: Path) -> None:
 def keys_create(name: Annotated[str, typer.Option(help="key name; 'pipeline' is the pipeline's")] = "pipeline",
                 key_dir: KeyDir = None, store_dir: StoreDir = Path(".kernelgate")) -> None:
     """Create an Ed25519 key (PEM, mode 0600) and its public key: the pipeline's in the key folder, a person's (any other name) in its approvers/ folder, with the approvers entry for a thresholds file."""
-    from lineage import keys
+    from lineage.signing import keys
 
     folder = key_dir or keys.default_key_dir()
     check_name(name)
@@ -110,7 +111,7 @@ def keys_create(name: Annotated[str, typer.Option(help="key name; 'pipeline' is 
                    f"file's approval policy:\n  - {json.dumps(entry)}")
         tracking = _store(store_dir)
         if tracking is not None and (folder / f"{keys.PIPELINE_KEY}.pem").exists():
-            from lineage.key_changes import KeyChange
+            from lineage.aliases.key_changes import KeyChange
 
             _record(tracking, KeyChange(action="approver_key", keyid=public.keyid, name=name),
                     folder)
@@ -119,7 +120,7 @@ def keys_create(name: Annotated[str, typer.Option(help="key name; 'pipeline' is 
 @keys_app.command("list")
 def keys_list(key_dir: KeyDir = None) -> None:
     """List the pipeline role's public keys (and revocations with their positions), then the approver keys in approvers/."""
-    from lineage import keys
+    from lineage.signing import keys
 
     trust = keys.folder_trust(key_dir)
     for keyid in trust.public_keys:
@@ -134,8 +135,9 @@ def keys_list(key_dir: KeyDir = None) -> None:
 @keys_app.command("rotate")
 def keys_rotate(key_dir: KeyDir = None, store_dir: StoreDir = Path(".kernelgate")) -> None:
     """Retire the pipeline key (what it signed still verifies), create a new one, and re-sign every family's current aliases with it (nothing moves)."""
-    from lineage import key_rotation, keys
-    from lineage.key_changes import KeyChange
+    from lineage.aliases import key_rotation
+    from lineage.aliases.key_changes import KeyChange
+    from lineage.signing import keys
 
     with _every_family_held(store_dir) as tracking:
         old, new = keys.rotate(key_dir)
@@ -162,8 +164,8 @@ def keys_revoke(keyid: Annotated[str, typer.Argument(help="the key id to revoke"
     """Revoke a key from a position: what it signed before stays valid, nothing later verifies; the revocation is signed into every family's log."""
     from datetime import datetime
 
-    from lineage import keys
-    from lineage.key_changes import KeyChange
+    from lineage.aliases.key_changes import KeyChange
+    from lineage.signing import keys
 
     folder = key_dir or keys.default_key_dir()
     current = folder / f"{keys.PIPELINE_KEY}.pem"

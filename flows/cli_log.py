@@ -21,9 +21,9 @@ def witnessing(key_dir: Path | None, files: list[Path] | None, bundle: Path | No
     """What an audit checks the log against: the pipeline's checkpoint in the key folder,
     the auditor's files (and a bundle's checkpoints: then one is required), and the head
     remembered under the auditor's kernelgate home (``KERNELGATE_HOME``)."""
-    from lineage.bundle import CHECKPOINTS
-    from lineage.checkpoints import Witnessing, kernelgate_home
-    from lineage.keys import default_key_dir
+    from lineage.audit.bundle import CHECKPOINTS
+    from lineage.log.checkpoints import Witnessing, kernelgate_home
+    from lineage.signing.keys import default_key_dir
 
     carried = sorted((bundle / CHECKPOINTS).glob("*.json")) if bundle is not None else []
     return Witnessing(key_dir=key_dir or default_key_dir(), files=[*(files or []), *carried],
@@ -39,11 +39,11 @@ def reanchor(family: Annotated[str, typer.Option(help="kernel family whose log i
     """Re-anchor a family's damaged signed log: a named approver signs what is missing; every later audit shows it."""
     check_store_dir(store_dir, writes=True)
     from flows.log_sequencer import server_sequencer
-    from lineage import keys
-    from lineage import tracking as tr
-    from lineage.attestations import Signing
-    from lineage.reanchor import ReanchorRefused
-    from lineage.reanchor import reanchor as do_reanchor
+    from lineage.aliases.reanchor import ReanchorRefused
+    from lineage.aliases.reanchor import reanchor as do_reanchor
+    from lineage.signing import keys
+    from lineage.signing.attestations import Signing
+    from lineage.store import tracking as tr
 
     folder = key_dir or keys.default_key_dir()
     signing = Signing(signer=keys.load_signer(keys.ensure_pipeline_key(folder)),

@@ -85,13 +85,13 @@ def ui(store_dir: Annotated[Path, typer.Option(help="local store: MLflow SQLite,
     if port_in_use(port):
         raise typer.BadParameter(f"port {port} is in use on 127.0.0.1 (another MLflow UI or "
                                  "server?); pass a free one", param_hint="--port")
-    from lineage import tracking as tr
+    from lineage.store import tracking as tr
 
     tracking = tr.local_tracking(store_dir)
     cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", tracking.tracking_uri,
            "--default-artifact-root", tracking.artifact_root or "", "--port", str(port),
            "--workers", "1"]
-    from lineage.tags import UI_VIEW_QUERY
+    from lineage.store.tags import UI_VIEW_QUERY
 
     typer.echo(f"MLflow UI on http://127.0.0.1:{port}  ({' '.join(cmd)})\n"
                f"registered models (model-training view, not GenAI): "

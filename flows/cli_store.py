@@ -20,7 +20,7 @@ def open_store(store_dir: Path, *, must_exist: bool, writes: bool = False):
     naming it (``flows.cli_args.check_store_dir``)."""
     check_store_dir(store_dir, writes=writes)
     fail_fast_if_down()
-    from lineage import tracking as tr
+    from lineage.store import tracking as tr
     if not os.environ.get("MLFLOW_TRACKING_URI") and must_exist and not (store_dir / "mlflow.db").exists():
         raise typer.BadParameter(f"no MLflow store at {store_dir.resolve()} (run a rollout first, or pass --store-dir / set MLFLOW_TRACKING_URI)")
     tracking = tr.tracking_for(store_dir)
@@ -37,7 +37,7 @@ def fail_fast_if_down() -> None:
     uri = os.environ.get("MLFLOW_TRACKING_URI", "")
     if not uri.startswith(("http://", "https://")):
         return
-    from lineage.store import StoreUnreachable, Tracking, check_reachable
+    from lineage.store.store import StoreUnreachable, Tracking, check_reachable
     try:
         check_reachable(Tracking(tracking_uri=uri))
     except StoreUnreachable as err:
@@ -76,7 +76,7 @@ def existing_family(tracking, family: str | None) -> str:
 
 def add_ownership_findings(tracking, family: str, result) -> None:
     """On the servers profile (an ``http(s)`` tracking URI), add to the audit ``result``
-    (a ``lineage.audit_report.AuditReport``) who owns ``family`` besides the pipeline
+    (a ``lineage.audit.audit_report.AuditReport``) who owns ``family`` besides the pipeline
     (``flows.stack_accounts.audit_ownership``: problems naming the owner, or a warning
     that only the auditing account was read). A local store has no accounts: nothing."""
     if not tracking.tracking_uri.startswith(("http://", "https://")):

@@ -8,7 +8,7 @@ Cancelled grey) never shows a refused candidate like a promoted one.
   against the candidate — the gate's preregistered criteria, a named person, the
   preregistered timeout (which rejects), or a shadow, canary or confirmation finding —
   and each counts as a rejection for the family's loosening rule
-  (``lineage.registration``). The run did not achieve its purpose, for a reason about
+  (``lineage.records.registration``). The run did not achieve its purpose, for a reason about
   the kernel: that is what Failed means to someone reading the runs list.
 - *RolledBack* when inconclusive (a canary too noisy for its power, no fresh
   calibration): Cancelled-type. The rollout was called off for want of evidence, with no
@@ -38,7 +38,7 @@ from prefect.states import Cancelled, Completed, Failed, State
 
 from flows.tasks import STATE_NAMES, tag_result
 from kernels.errors import KernelgateError
-from lineage.rollout import RolloutOutcome
+from lineage.rollout.rollout import RolloutOutcome
 
 
 class RolloutNotPromoted(KernelgateError):

@@ -17,7 +17,7 @@ import contextlib
 from prefect.states import Failed, State
 
 from kernels.errors import KernelgateError
-from lineage.rollout import RolloutOutcome
+from lineage.rollout.rollout import RolloutOutcome
 
 STAGE_ATTRIBUTE = "kernelgate_stage"
 """Set on an exception by the stage task it escaped (``flows.tasks.StageTask``)."""

@@ -20,9 +20,11 @@ from gates.thresholds import Thresholds
 from kernels.build import build as build_kernel
 from kernels.interpreters import InterpreterPlan
 from kernels.shapes import AttentionShape
-from lineage import evidence, registration, tags
-from lineage.chain import spent_confirmation_digests
-from lineage.reference_seal import SignedReferences
+from lineage.records import registration
+from lineage.records.chain import spent_confirmation_digests
+from lineage.rollout import evidence
+from lineage.signing.reference_seal import SignedReferences
+from lineage.store import tags
 
 REFERENCE_CACHE_DIR = "reference-cache"
 """Under the store folder: float64 references cached across evaluations (keyed by the
@@ -63,7 +65,7 @@ def evaluate(context: RolloutContext, preregistered: Preregistered, built: Built
              testset: Prepared, *, split: str = "heldout", measure_speed: bool = True,
              compare_production: bool = True) -> Evaluated:
     """Evaluate the built version — the registered model, run by its own code
-    (``lineage.versions``) — on one split against naive (and production) and log the
+    (``lineage.serving.versions``) — on one split against naive (and production) and log the
     evidence to an evaluation run. Everything that can change the verdict comes from the
     registration (``preregistered``): the serving contract, the MiniLM document count and
     the Pallas interpreters of its thresholds; the perf shapes and repeats and the MiniLM

@@ -1,4 +1,4 @@
-"""The family log's sequencer on a Prefect server (``lineage.log_sequence.LogSequencer``).
+"""The family log's sequencer on a Prefect server (``lineage.log.log_sequence.LogSequencer``).
 
 * A claim of position N of family F is the Prefect variable
   ``kernelgate-log-<F>-<N>`` (value: the entry's envelope sha256). The Prefect server
@@ -25,7 +25,7 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import VariableCreate, VariableUpdate
 from prefect.exceptions import ObjectAlreadyExists
 
-from lineage.log_sequence import safe_name
+from lineage.log.log_sequence import safe_name
 
 
 def claim_name(family: str, seq: int) -> str:
@@ -39,7 +39,7 @@ def checkpoint_name(family: str) -> str:
 
 
 class PrefectSequencer:
-    """:class:`lineage.log_sequence.LogSequencer` on the Prefect server this process is a
+    """:class:`lineage.log.log_sequence.LogSequencer` on the Prefect server this process is a
     client of (``PREFECT_API_URL`` and its auth string from Prefect's settings)."""
 
     def claim(self, family: str, seq: int, envelope_sha256: str) -> bool:

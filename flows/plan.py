@@ -26,8 +26,8 @@ from flows.settings import RolloutSettings
 from gates.preregistration import PreregistrationError
 from gates.serving_contract import ServingContract
 from gates.thresholds import Thresholds, parse_thresholds
-from lineage.bindings import RolloutBindings
-from lineage.registration import Registration
+from lineage.records.bindings import RolloutBindings
+from lineage.records.registration import Registration
 
 
 class RolloutPlan(BaseModel):
@@ -113,7 +113,7 @@ def registered_plan(family: str, version: str, *, build_run_id: str, implementat
                     bindings: RolloutBindings | None, backend: str) -> RolloutPlan:
     """The plan that re-judges ``version`` of ``family`` (built by ``build_run_id``): its
     signed ``implementation``, its ``registration``'s frozen ``thresholds_bytes`` (read
-    back and digest-checked by the caller, ``lineage.registration.frozen_registration``)
+    back and digest-checked by the caller, ``lineage.records.registration.frozen_registration``)
     and the test-set profile its ``bindings`` name (for a registration without bindings,
     the profile of ``backend``).
 

@@ -26,10 +26,10 @@ from gates.approval import (
 from gates.approval_policy import Transition
 from gates.approval_view import approval_markdown, signed_only_note
 from gates.canary import CanaryStepResult
-from lineage import tags
-from lineage.approvals import verify_approval
-from lineage.attestations import AttestationError
-from lineage.rollout import RolloutOutcome
+from lineage.rollout.rollout import RolloutOutcome
+from lineage.signing.approvals import verify_approval
+from lineage.signing.attestations import AttestationError
+from lineage.store import tags
 
 APPROVAL_POLL_S = 2
 

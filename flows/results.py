@@ -20,11 +20,11 @@ from gates.preregistration import Registration
 from gates.serving_contract import ServingContract
 from gates.thresholds import Thresholds
 from kernels.shapes import AttentionShape
-from lineage.bindings import RolloutBindings
 from lineage.family_store import FamilyStore
-from lineage.registration import FrozenRegistration
-from lineage.rollout import RolloutRecord
-from lineage.version_runners import VersionPool
+from lineage.records.bindings import RolloutBindings
+from lineage.records.registration import FrozenRegistration
+from lineage.rollout.rollout import RolloutRecord
+from lineage.serving.version_runners import VersionPool
 
 
 class ServingModel:

@@ -32,9 +32,12 @@ from flows.results import Built, Preregistered, RolloutContext
 from flows.settings import RolloutSettings
 from flows.tasks import end_state, prepare_testset, rollout_session, run_logger, signing_for
 from kernels.errors import KernelgateError
-from lineage import chain, registered_model, registration, tags, version_runners
-from lineage import tracking as tr
-from lineage.sources import StoreSource
+from lineage.aliases import registered_model
+from lineage.records import chain, registration
+from lineage.serving import version_runners
+from lineage.signing.sources import StoreSource
+from lineage.store import tags
+from lineage.store import tracking as tr
 
 
 class RevalidationOutcome(BaseModel):
@@ -117,7 +120,7 @@ def revalidate_production(family: str, settings: RolloutSettings | None = None
     Raises:
         NotJudgeable: the version's signed record names no readable registration or
             build (nothing is opened or written).
-        lineage.bindings.BindingsRefused: the bound test set is not on disk (signed as an
+        lineage.records.bindings.BindingsRefused: the bound test set is not on disk (signed as an
             error outcome; production untouched).
     """
     settings = settings or RolloutSettings()

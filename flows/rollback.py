@@ -1,7 +1,7 @@
 """A release manager's manual rollback of ``production`` (``kernelgate rollback`` and the
 ``manual-rollback`` deployment's *Run* form in the Prefect UI).
 
-The same path as every rollback (``lineage.registry.rollback``): a signed alias-change
+The same path as every rollback (``lineage.aliases.registry.rollback``): a signed alias-change
 intent logged as a ``rollback`` run, then the move; the version rolled away from is
 tagged with the reason. The registry refuses a target that was never promoted, was
 rolled back since, no longer exists or whose chain is incomplete.
@@ -23,10 +23,10 @@ from pydantic import Field
 import kernels
 from flows.settings import RolloutSettings
 from flows.tasks import end_state, family_slot, run_logger, signing_for
-from lineage import rollout
-from lineage import tracking as tr
+from lineage.aliases.registry import AliasChange
 from lineage.family_store import FamilyStore
-from lineage.registry import AliasChange
+from lineage.rollout import rollout
+from lineage.store import tracking as tr
 
 
 @flow(name="kernelgate-manual-rollback")
@@ -45,7 +45,7 @@ def manual_rollback(
 
     Raises:
         ValueError: nothing in production, or ``to_version`` is what it serves.
-        lineage.registry.PromotionRefused: ``to_version`` may not serve.
+        lineage.aliases.registry.PromotionRefused: ``to_version`` may not serve.
     """
     if family == "auto":
         family = kernels.native_flash_kernel("auto", kernels.default_backend())

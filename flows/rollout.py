@@ -54,7 +54,7 @@ from flows.traffic import (
 from gates.canary_latency import another_look
 from gates.decision import short_reason as gate_reason
 from gates.headline import promotion_reason
-from lineage.rollout import RolloutOutcome
+from lineage.rollout.rollout import RolloutOutcome
 
 
 @flow(name="kernelgate-rollout", log_prints=True)

@@ -48,15 +48,15 @@ def create_accounts(config: StackConfig, mlflow_url: str) -> None:
 def claim_families(config: StackConfig, mlflow_url: str) -> list[str]:
     """Create the experiment and registered model of each of ``config.families`` as the
     pipeline account (idempotent), so it owns them before any other account can create
-    the names (``lineage.ownership``); returns the families claimed.
+    the names (``lineage.store.ownership``); returns the families claimed.
 
     Raises:
         StackError: a family is already owned by another account (the message says how
             an admin hands it back), or a password variable is unset.
     """
-    from lineage.ownership import FamilyOwnedElsewhere, refusing_squatted
-    from lineage.registered_model import ensure_registered_model
-    from lineage.tracking import Tracking, ensure_experiment
+    from lineage.aliases.registered_model import ensure_registered_model
+    from lineage.store.ownership import FamilyOwnedElsewhere, refusing_squatted
+    from lineage.store.tracking import Tracking, ensure_experiment
 
     tracking = Tracking(tracking_uri=mlflow_url)
     try:
@@ -76,8 +76,8 @@ def _owners(config: StackConfig, mlflow_url: str, family: str) -> list[str]:
     """The accounts owning ``family`` on the server, read as the admin."""
     from mlflow.server import get_app_client
 
-    from lineage.ownership import owners
-    from lineage.tracking import Tracking, experiment_name
+    from lineage.store.ownership import owners
+    from lineage.store.tracking import Tracking, experiment_name
 
     with _as_account("admin", config.secrets.value("mlflow_admin")):
         found = Tracking(tracking_uri=mlflow_url).client().get_experiment_by_name(
@@ -90,7 +90,7 @@ def _owners(config: StackConfig, mlflow_url: str, family: str) -> list[str]:
 def audit_ownership(mlflow_url: str, family: str,
                     secrets: Secrets | None = None) -> tuple[list[str], list[str]]:
     """Who owns ``family`` on the tracking server at ``mlflow_url``, for the audit:
-    ``(problems, warnings)``, the problems from ``lineage.ownership.squatting`` (an
+    ``(problems, warnings)``, the problems from ``lineage.store.ownership.squatting`` (an
     owner other than the pipeline named; the pipeline not owning it).
 
     With the MLflow admin's password in the environment (``secrets.mlflow_admin``,
@@ -104,8 +104,8 @@ def audit_ownership(mlflow_url: str, family: str,
     from mlflow.utils.credentials import get_default_host_creds
     from mlflow.utils.rest_utils import http_request, verify_rest_response
 
-    from lineage.ownership import manage_holders, squatting
-    from lineage.tracking import Tracking, experiment_name
+    from lineage.store.ownership import manage_holders, squatting
+    from lineage.store.tracking import Tracking, experiment_name
 
     secrets = secrets or Secrets()
     admin = os.environ.get(secrets.mlflow_admin, "")

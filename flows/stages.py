@@ -16,7 +16,7 @@ from prefect.utilities.annotations import quote
 
 from flows.errored import mark_stage
 from flows.results import RolloutContext
-from lineage import timeline
+from lineage.records import timeline
 
 
 class StageTask(Task):
@@ -37,7 +37,7 @@ class StageTask(Task):
 @contextlib.contextmanager
 def stage_clock(context: RolloutContext, stage: str) -> Iterator[None]:
     """Time a stage by the wall clock and record its start and end into the MLflow runs
-    it created (``lineage.timeline.record_stage_time``), also when it raises; a failure to
+    it created (``lineage.records.timeline.record_stage_time``), also when it raises; a failure to
     record is a warning (the evidence is complete without it)."""
     started = time.time()
     try:

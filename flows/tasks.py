@@ -37,12 +37,15 @@ from flows.stages import StageTask, run_logger, stage_clock, stage_task  # noqa:
 from gates.canary import CanaryStepResult
 from gates.decision import GateDecision
 from gates.headline import caveat
-from lineage import keys, registration, rollout, tags
-from lineage import tracking as tr
-from lineage.attestations import Signing
-from lineage.bindings import RolloutBindings, bindings_for, check_bound_testset
 from lineage.family_store import FamilyStore
-from lineage.rollout import Result, RolloutOutcome
+from lineage.records import registration
+from lineage.records.bindings import RolloutBindings, bindings_for, check_bound_testset
+from lineage.rollout import rollout
+from lineage.rollout.rollout import Result, RolloutOutcome
+from lineage.signing import keys
+from lineage.signing.attestations import Signing
+from lineage.store import tags
+from lineage.store import tracking as tr
 
 
 def signing_for(settings: RolloutSettings) -> Signing:
@@ -53,7 +56,7 @@ def signing_for(settings: RolloutSettings) -> Signing:
     (``flows.log_sequencer``).
 
     Raises:
-        lineage.keys.KeyFileError: the key file is unusable.
+        lineage.signing.keys.KeyFileError: the key file is unusable.
     """
     key_dir = settings.key_dir or keys.default_key_dir()
     signer = keys.load_signer(keys.ensure_pipeline_key(key_dir))
@@ -117,7 +120,7 @@ def family_slot(family: str, *, timeout_s: float | None = None) -> Iterator[bool
     limit 1 when missing) while a rollout runs against a tracking server and a Prefect
     server: a second rollout of the family waits here, and then judges against whatever
     the first promoted. Yields True when a slot is held; False on the embedded store
-    (where ``lineage.rollout.family_lock`` queues instead) or without a Prefect server.
+    (where ``lineage.rollout.rollout.family_lock`` queues instead) or without a Prefect server.
 
     Holding the slot means every other rollout of the family has ended or died (a
     slot's lease lapses ``SLOT_LEASE_S`` seconds after its holder stops renewing it).
@@ -223,14 +226,14 @@ def _close_failed(record: rollout.RolloutRecord, reason: str,
 @stage_task(name="preregister")
 def preregister(context: RolloutContext) -> Preregistered:
     """Freeze the plan's thresholds bytes in MLflow, signed, before anything is
-    evaluated, with the settings that can change a verdict (``lineage.bindings``); return
+    evaluated, with the settings that can change a verdict (``lineage.records.bindings``); return
     the registration as every later stage reads it (read back from the signed record).
 
     Raises:
         ValueError: the bytes do not parse against the thresholds schema.
-        lineage.registration.LooseningRefused: they loosen the family's thresholds after a
+        lineage.records.registration.LooseningRefused: they loosen the family's thresholds after a
             rejection without a named approval.
-        lineage.bindings.BindingsRefused: the family's newest registration froze the same
+        lineage.records.bindings.BindingsRefused: the family's newest registration froze the same
             file with other verdict-changing settings (named).
     """
     record, settings, plan = context.record, context.settings, context.plan
@@ -250,7 +253,7 @@ def preregister(context: RolloutContext) -> Preregistered:
 def rollout_bindings(settings: RolloutSettings, plan: RolloutPlan,
                      testset_dir) -> RolloutBindings:
     """The settings of ``settings`` that can change a verdict, as the registration binds
-    them (``lineage.bindings``; the test-set profile is the plan's)."""
+    them (``lineage.records.bindings``; the test-set profile is the plan's)."""
     return bindings_for(perf_shapes=settings.perf_shapes, perf_repeats=settings.perf_repeats,
                         shadow_requests=settings.shadow_requests,
                         model_check=settings.model_check,
@@ -266,7 +269,7 @@ def prepare_testset(context: RolloutContext) -> Prepared:
     must find the test set it bound: another set is refused, naming both digests.
 
     Raises:
-        lineage.bindings.BindingsRefused: the test set on disk is not the bound one.
+        lineage.records.bindings.BindingsRefused: the test set on disk is not the bound one.
     """
     settings, plan = context.settings, context.plan
     folder = settings.testset_dir or settings.store_dir / "testsets" / plan.testset_profile

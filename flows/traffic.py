@@ -15,9 +15,13 @@ from gates.canary import CanaryStepResult, analyse_canary_step
 from gates.canary_latency import CanaryVerdict, conclude_canary
 from gates.canary_plan import CanaryPlan, CanaryStep
 from kernels import interpreters
-from lineage import calibration, evidence, registered_model, tags, version_runners
-from lineage import tracking as tr
-from lineage.environment import collect_environment
+from lineage.aliases import registered_model
+from lineage.records import calibration
+from lineage.records.environment import collect_environment
+from lineage.rollout import evidence
+from lineage.serving import version_runners
+from lineage.store import tags
+from lineage.store import tracking as tr
 
 
 class TrafficPlan(BaseModel):

@@ -20,7 +20,7 @@ of four outcomes:
   interpreted candidate): never promoted, not a verdict on the kernel.
 
 The audit re-derives the verdict from the signed canary samples and the registered plan
-(``lineage.canary_audit``).
+(``lineage.audit.canary_audit``).
 """
 
 from __future__ import annotations

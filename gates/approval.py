@@ -4,7 +4,7 @@
 the Prefect form from it (``class ApprovalForm(prefect.input.RunInput, ApprovalInput)``),
 so this package never imports Prefect. Whatever happens — an answer, a timeout, or an
 auto-approval the preregistered policy allows — becomes an :class:`ApprovalRecord`
-that is logged to MLflow (``lineage.records.log_approval``).
+that is logged to MLflow (``lineage.records.records.log_approval``).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ bytes' sha256 and the registration time. :func:`check_registration` refuses with
 :class:`PreregistrationError` when the thresholds in hand are not the registered bytes,
 or when the evaluation started before the registration — results seen before the
 thresholds were frozen cannot be judged by them. Writing and reading registrations
-(MLflow) is ``lineage.registration``'s job.
+(MLflow) is ``lineage.records.registration``'s job.
 """
 
 from __future__ import annotations

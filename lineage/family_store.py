@@ -15,13 +15,15 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from gates.preregistration import Registration
-from lineage import family_log, log_writer, records, registered_model, registration, registry
-from lineage.attestations import Attestation, Signing, TrustPolicy
-from lineage.family_log import FamilyLog
-from lineage.registered_model import Alias
-from lineage.registry import AliasChange
-from lineage.sources import StoreSource
-from lineage.tracking import Tracking
+from lineage.aliases import registered_model, registry
+from lineage.aliases.registered_model import Alias
+from lineage.aliases.registry import AliasChange
+from lineage.log import family_log, log_writer
+from lineage.log.family_log import FamilyLog
+from lineage.records import records, registration
+from lineage.signing.attestations import Attestation, Signing, TrustPolicy
+from lineage.signing.sources import StoreSource
+from lineage.store.tracking import Tracking
 
 
 @dataclass(frozen=True)
@@ -40,7 +42,7 @@ class FamilyStore:
 
     @classmethod
     def of(cls, record: Any) -> FamilyStore:
-        """The family store of a rollout's record (``lineage.rollout.RolloutRecord``)."""
+        """The family store of a rollout's record (``lineage.rollout.rollout.RolloutRecord``)."""
         return cls(record.tracking, record.family, record.signing)
 
     @property
@@ -50,11 +52,11 @@ class FamilyStore:
     # ------------------------------------------------------------------ the audit's reads
 
     def source(self, *, stages: tuple[str, ...] | None = None) -> StoreSource:
-        """The family's signed evidence in the store (``lineage.sources.StoreSource``)."""
+        """The family's signed evidence in the store (``lineage.signing.sources.StoreSource``)."""
         return StoreSource(self.tracking, self.family, self.trust, stages=stages)
 
     def log(self) -> FamilyLog:
-        """The family's signed log read back and checked (``lineage.family_log.read``)."""
+        """The family's signed log read back and checked (``lineage.log.family_log.read``)."""
         return family_log.read(self.source())
 
     def alias_history(self) -> tuple[list[Attestation], list[str]]:

@@ -34,8 +34,8 @@ def _kernelgate_home(tmp_path_factory, monkeypatch):
 @pytest.fixture
 def signing(_key_folder):
     """The pipeline's signer and trust, as a rollout in this test session would have."""
-    from lineage import keys
-    from lineage.attestations import Signing
+    from lineage.signing import keys
+    from lineage.signing.attestations import Signing
 
     return Signing(signer=keys.load_signer(keys.ensure_pipeline_key(_key_folder)),
                    trust=keys.folder_trust(_key_folder))

@@ -23,15 +23,16 @@ from gates.canary_plan import CanaryStep
 from gates.decision import GateDecision, decide
 from gates.preregistration import Registration
 from gates.thresholds import load_thresholds
-from lineage import registered_model, registry, tags
-from lineage import tracking as tr
-from lineage.attestations import Signing
-from lineage.log_writer import append
-from lineage.records import log_approval, log_canary_step, log_decision, log_shadow
-from lineage.registered_model import register_build
-from lineage.registration import preregister, registered_thresholds
-from lineage.sources import StoreSource
-from lineage.tracking import Tracking
+from lineage.aliases import registered_model, registry
+from lineage.aliases.registered_model import register_build
+from lineage.log.log_writer import append
+from lineage.records.records import log_approval, log_canary_step, log_decision, log_shadow
+from lineage.records.registration import preregister, registered_thresholds
+from lineage.signing.attestations import Signing
+from lineage.signing.sources import StoreSource
+from lineage.store import tags
+from lineage.store import tracking as tr
+from lineage.store.tracking import Tracking
 
 
 class StandInReport(BaseModel):

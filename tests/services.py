@@ -57,9 +57,9 @@ def tiny_settings(family: str, testset_dir: Path, store_dir: Path, thresholds: P
 
 def rollout_runs(tracking, family: str) -> list:
     """The family's rollout (parent) runs, oldest first; ``[]`` when it has no experiment.
-    ``tracking`` is a ``lineage.tracking.Tracking``."""
-    from lineage import tags
-    from lineage import tracking as tr
+    ``tracking`` is a ``lineage.store.tracking.Tracking``."""
+    from lineage.store import tags
+    from lineage.store import tracking as tr
 
     experiment = tracking.client().get_experiment_by_name(tr.experiment_name(family))
     if experiment is None:

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from flows import stack as st
-from lineage.tracking import Tracking
+from lineage.store.tracking import Tracking
 from tests import services as sv
 
 _SHARED: dict[str, object] = {}

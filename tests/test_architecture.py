@@ -173,10 +173,10 @@ def test_stages_return_results_and_nothing_is_written_into_the_context():
 
 
 def test_tag_names_live_in_one_module():
-    """No ``kernelgate.*`` or ``mlflow.*`` tag literal outside lineage/tags.py."""
+    """No ``kernelgate.*`` or ``mlflow.*`` tag literal outside lineage/store/tags.py."""
     offenders = []
     for module, path in MODULES.items():
-        if module == "lineage.tags":
+        if module == "lineage.store.tags":
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if (isinstance(node, ast.Constant) and isinstance(node.value, str)
@@ -317,7 +317,7 @@ def test_the_history_scanner_finds_what_is_planted_and_nothing_else():
 REGISTERED_SETTINGS = ("thresholds", "perf_shapes", "perf_repeats", "model_check",
                        "shadow_requests", "testset_profile", "testset_profile_for")
 """The settings a registration freezes or binds (the thresholds file's bytes; the perf
-shapes and repeats, MiniLM check, shadow size and test-set profile: ``lineage.bindings``)."""
+shapes and repeats, MiniLM check, shadow size and test-set profile: ``lineage.records.bindings``)."""
 READ_BEFORE_REGISTRATION = {
     ("flows.plan", "resolve_plan"),  # the plan: the file's bytes read and parsed once
     ("flows.tasks", "preregister"),  # names the file in the registration's messages

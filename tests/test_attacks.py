@@ -37,8 +37,9 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from lineage import registered_model, registry, tags
-from lineage import tracking as tr
+from lineage.aliases import registered_model, registry
+from lineage.store import tags
+from lineage.store import tracking as tr
 from tests import faulty_kernels
 from tests.faulty_kernels import Fault
 from tests.flow_thresholds import untimed_flow_test
@@ -114,8 +115,8 @@ class Lab:
         self.versions = pristine.versions
         self.client = self.tracking.client()
         self.model = registered_model.registered_model_name(FAMILY)
-        from lineage import keys
-        from lineage.attestations import Signing
+        from lineage.signing import keys
+        from lineage.signing.attestations import Signing
 
         # the key folder (with its checkpoints) as the pipeline left it, one per attack: an
         # attack's own signed moves advance its checkpoint only
@@ -124,25 +125,25 @@ class Lab:
         self.signing = Signing(signer=keys.load_signer(keys.ensure_pipeline_key(self.keys)),
                                trust=keys.folder_trust(self.keys), key_dir=self.keys)
         if in_place:  # the copy is the store where the pipeline wrote it (its key folder says)
-            from lineage import store_identity
+            from lineage.store import store_identity
 
             built = tr.local_tracking(pristine.built).tracking_uri
             store_identity.remember(self.keys, self.tracking.tracking_uri,
                                     store_identity.known(self.keys)[built])
 
     def witnessing(self, **kw):
-        from lineage.checkpoints import Witnessing
+        from lineage.log.checkpoints import Witnessing
 
         return Witnessing(**{"key_dir": self.keys, "home": self.home, **kw})
 
     def audit(self, target: str = "production", **kw):
-        from lineage.audit import audit
+        from lineage.audit.audit import audit
 
         return audit(self.tracking, FAMILY, target, trust=self.signing.trust, load_model=False,
                      witnessing=self.witnessing(), **kw)
 
     def source(self, **kw):
-        from lineage.sources import StoreSource
+        from lineage.signing.sources import StoreSource
 
         return StoreSource(self.tracking, FAMILY, self.signing.trust, **kw)
 
@@ -170,7 +171,7 @@ def _build_pristine(root: Path) -> None:
     from flows.rollout import rollout, run_rollout
     from flows.settings import RolloutSettings
     from kernels.shapes import AttentionShape
-    from lineage import keys
+    from lineage.signing import keys
 
     shape = AttentionShape(batch=1, q_len=128, kv_len=128, num_heads=4, num_kv_heads=4,
                            head_dim=32, dtype="float32", causal=False)
@@ -264,7 +265,7 @@ def results():
 def test_a_write_to_one_copy_leaves_the_others_byte_identical(pristine):
     """A signed write into a copied run (whose id the fixture's process has written
     before) lands in that copy only: the pristine store and another copy are unchanged."""
-    from lineage.attestations import attest
+    from lineage.signing.attestations import attest
     from tests.store_copies import tree_digest
 
     before = tree_digest(pristine.path)
@@ -375,7 +376,7 @@ def link_tags_deleted_to_switch_the_checks_off(lab: Lab) -> str:
 
 @attack(1, "confirmation")
 def promote_without_confirmation(lab: Lab) -> str:
-    from lineage.registry import PromotionRefused
+    from lineage.aliases.registry import PromotionRefused
 
     with pytest.raises(PromotionRefused) as refused:
         registry.promote(lab.tracking, FAMILY, lab.versions["unconfirmed"],
@@ -389,7 +390,7 @@ def promote_without_confirmation(lab: Lab) -> str:
 def rolled_back_version_promoted_again_by_its_old_decision(lab: Lab) -> str:
     """A rollback is read: a version the signed history rolled back cannot come back
     through `promote` on its old evidence."""
-    from lineage.registry import PromotionRefused
+    from lineage.aliases.registry import PromotionRefused
 
     bad = lab.versions["failed_canary"]
     decision = lab.mv(bad).tags.get(tags.DECISION_RUN_ID)
@@ -444,7 +445,7 @@ def build_param_edited(lab: Lab) -> str:
 
 @attack(2, tags.IMPLEMENTATION)
 def version_tag_implementation_switched_to_naive(lab: Lab) -> str:
-    from lineage.versions import recorded_kernel
+    from lineage.serving.versions import recorded_kernel
 
     v2 = lab.versions["v2"]
     lab.client.set_model_version_tag(lab.model, v2, tags.IMPLEMENTATION, "naive")
@@ -479,8 +480,8 @@ def canary_record_flipped_to_passed_on_disk(lab: Lab) -> str:
 def attestation_forged_with_the_attackers_own_key(lab: Lab) -> str:
     """The attacker can write the store, not the key folder: a statement signed with
     their own key is not trusted."""
-    from lineage import keys
-    from lineage.attestations import attest
+    from lineage.signing import keys
+    from lineage.signing.attestations import attest
 
     stranger = keys.load_signer(_stranger_key(lab))
     run_id = lab.mv(lab.versions["failed_canary"]).run_id
@@ -492,7 +493,7 @@ def attestation_forged_with_the_attackers_own_key(lab: Lab) -> str:
 
 
 def _stranger_key(lab: Lab) -> Path:
-    from lineage import keys
+    from lineage.signing import keys
 
     path = lab.root / "attacker" / "attacker.pem"
     keys.create_key(path)
@@ -536,7 +537,7 @@ def alpha_of_1e_300(lab: Lab) -> str:
 
 @attack(3, "loosens")
 def looser_registration_after_a_rejection(lab: Lab) -> str:
-    from lineage.registration import LooseningRefused, preregister
+    from lineage.records.registration import LooseningRefused, preregister
 
     def loosen(d):
         for criterion in d["platforms"]["cpu"]["value"]:
@@ -576,11 +577,11 @@ def corrupted_history_tag_before_a_rollback(lab: Lab) -> str:
 
 @attack(4, "KILLED")
 def sigkilled_rollout_leaves_a_running_run(lab: Lab) -> str:
-    from lineage.rollout import close_dead_runs, family_lock
+    from lineage.rollout.rollout import close_dead_runs, family_lock
 
     script = textwrap.dedent(f"""
         import os, signal
-        from lineage import tracking as tr
+        from lineage.store import tracking as tr
         t = tr.local_tracking({str(lab.store)!r})
         run = tr.start_run(t, {FAMILY!r}, "rollout", run_name="doomed")
         print(run, flush=True)
@@ -602,7 +603,7 @@ def sigkilled_rollout_leaves_a_running_run(lab: Lab) -> str:
 def second_rollout_promotes_against_a_stale_production(lab: Lab) -> str:
     """The second of two overlapping rollouts was judged against v1; v2 was promoted
     meanwhile: compare-and-swap refuses."""
-    from lineage.registry import PromotionRefused
+    from lineage.aliases.registry import PromotionRefused
 
     v2 = lab.versions["v2"]
     with pytest.raises(PromotionRefused) as refused:
@@ -615,12 +616,12 @@ def second_rollout_promotes_against_a_stale_production(lab: Lab) -> str:
 def two_rollouts_of_one_family_at_once(lab: Lab) -> str:
     import filelock
 
-    from lineage.rollout import family_lock
+    from lineage.rollout.rollout import family_lock
 
     script = textwrap.dedent(f"""
         import time
         from pathlib import Path
-        from lineage.rollout import family_lock
+        from lineage.rollout.rollout import family_lock
         with family_lock(Path({str(lab.store)!r}), {FAMILY!r}):
             print("held", flush=True)
             time.sleep(60)
@@ -644,8 +645,8 @@ def two_rollouts_of_one_family_at_once(lab: Lab) -> str:
 def four_processes_write_version_tags_at_once(lab: Lab) -> str:
     script = textwrap.dedent(f"""
         import sys
-        from lineage import registered_model
-        from lineage import tracking as tr
+        from lineage.aliases import registered_model
+        from lineage.store import tracking as tr
         t = tr.local_tracking({str(lab.store)!r})
         for i in range(40):
             registered_model.tag_version(t, {FAMILY!r}, {lab.versions['v2']!r},
@@ -664,7 +665,7 @@ def four_processes_write_version_tags_at_once(lab: Lab) -> str:
 
 @attack(5, "own process")
 def dispatch_edited_outside_the_kernel_module(lab: Lab) -> str:
-    from lineage.versions import recorded_kernel
+    from lineage.serving.versions import recorded_kernel
 
     checkout = lab.root / "checkout"
     shutil.copytree(PROJECT, checkout, ignore=shutil.ignore_patterns(
@@ -672,7 +673,7 @@ def dispatch_edited_outside_the_kernel_module(lab: Lab) -> str:
     api = checkout / "kernels" / "api.py"
     api.write_text(api.read_text() + "\n# dispatch edited: pallas_tpu -> naive\n")
     digest = subprocess.run(
-        [sys.executable, "-c", "from lineage.versions import this_process_code; "
+        [sys.executable, "-c", "from lineage.serving.versions import this_process_code; "
          "print(this_process_code()[0])"], cwd=checkout, capture_output=True, text=True,
         timeout=300, check=True).stdout.strip()
     recorded = recorded_kernel(lab.source(stages=("build",)), lab.versions["v2"])["code_sha256"]
@@ -830,7 +831,7 @@ def underpowered_plan_at_runtime(lab: Lab) -> str:
 
 @attack(9, "testset-copy")
 def same_test_set_from_another_folder(lab: Lab) -> str:
-    from lineage.evidence import log_evaluation_inputs
+    from lineage.rollout.evidence import log_evaluation_inputs
 
     copy = shutil.copytree(lab.testset, lab.root / "testset-copy")
     record = SimpleNamespace(tracking=lab.tracking)
@@ -868,8 +869,8 @@ def _delete_envelopes(lab: Lab, which: Callable) -> list[str]:
 def _loosening_refused_and_named(lab: Lab) -> str:
     """What a rollout with the loosened file meets: its preregistration refuses, the
     reconcile its open starts with refuses, the audit names the gap."""
-    from lineage.family_log import LogDamaged
-    from lineage.registration import LooseningRefused, preregister
+    from lineage.log.family_log import LogDamaged
+    from lineage.records.registration import LooseningRefused, preregister
 
     with pytest.raises(LooseningRefused) as refused:
         preregister(_loosened(lab), tracking=lab.tracking, family=FAMILY, signing=lab.signing)
@@ -882,7 +883,7 @@ def _loosening_refused_and_named(lab: Lab) -> str:
 def rejection_decision_deleted_then_loosened_rollout(lab: Lab) -> str:
     """A rollout with loosened thresholds is refused; the attacker deletes the
     rejection's decision.dsse.json and rolls out again with the loosened file."""
-    from lineage.registration import LooseningRefused, preregister
+    from lineage.records.registration import LooseningRefused, preregister
 
     with pytest.raises(LooseningRefused):
         preregister(_loosened(lab), tracking=lab.tracking, family=FAMILY, signing=lab.signing)
@@ -895,7 +896,7 @@ def failed_canary_and_its_rollbacks_deleted_then_loosened_rollout(lab: Lab) -> s
     """Every envelope that says a candidate failed (the failed canary, its rollbacks, the
     gate rejection, the rollouts' outcomes): what is left in the store shows no rejection
     at all, and the rule that read "what is still in the store" was fooled by that."""
-    from lineage.registration import _rejects
+    from lineage.records.registration import _rejects
 
     _delete_envelopes(lab, _rejects)
     assert not any(_rejects(a) for a in lab.source().attestations())
@@ -918,7 +919,7 @@ def signed_rollback_cut_from_the_end_of_the_history(lab: Lab) -> str:
     production back to v2, delete v2's rollback tags. The log alone has no gap; the
     pipeline's checkpoint and the head the auditor remembered see the cut, and reconcile
     refuses instead of keeping v2."""
-    from lineage.family_log import LogDamaged
+    from lineage.log.family_log import LogDamaged
 
     _signed_rollback(lab)
     assert lab.audit().exit_code == 0  # remembered: the head after the rollback
@@ -962,8 +963,8 @@ def rollback_cut_from_an_exported_bundle(lab: Lab) -> str:
     """Delete the rollback's folder from an exported bundle and edit its unsigned
     store_view.json: the checkpoint the bundle carries (signed) sees the cut; a bundle
     whose checkpoint is deleted too fails for carrying none."""
-    from lineage.audit import audit
-    from lineage.bundle import STORE_VIEW, BundleSource, export_bundle
+    from lineage.audit.audit import audit
+    from lineage.audit.bundle import STORE_VIEW, BundleSource, export_bundle
 
     change = _signed_rollback(lab)
     out = lab.root / "bundle"
@@ -1012,7 +1013,7 @@ def _doctored_copy(lab: Lab, version: str) -> Path:
 
 @attack(13, "code/lineage/model.py")
 def storage_location_pointed_at_a_doctored_model(lab: Lab) -> str:
-    from lineage.version_runners import VersionPool, VersionWorker
+    from lineage.serving.version_runners import VersionPool, VersionWorker
 
     v2 = lab.versions["v2"]
     _doctored_copy(lab, v2)
@@ -1041,8 +1042,8 @@ def model_file_edited_under_its_storage_location(lab: Lab) -> str:
 @attack(14, "pipeline-role")
 def approver_key_created_with_keys_create_promotes(lab: Lab) -> str:
     from flows.cli_keys import keys_app
-    from lineage import keys
-    from lineage.attestations import Signing
+    from lineage.signing import keys
+    from lineage.signing.attestations import Signing
 
     key_dir = lab.keys
     from typer.testing import CliRunner
@@ -1065,8 +1066,8 @@ def approver_key_created_with_keys_create_promotes(lab: Lab) -> str:
 
 @attack(15, "AUDIT PASSED")
 def rotate_revoke_then_the_reconcile_every_rollout_starts_with(lab: Lab) -> str:
-    from lineage import keys
-    from lineage.attestations import Signing
+    from lineage.signing import keys
+    from lineage.signing.attestations import Signing
 
     key_dir = lab.keys
     old = keys.load_signer(key_dir / "pipeline.pem").public_key.keyid
@@ -1112,8 +1113,8 @@ def evaluation_dataset_digest_rewritten_in_the_backend_store(lab: Lab) -> str:
 
 @attack(17, "shadow_requests")
 def same_registration_rolled_out_with_fewer_shadow_requests(lab: Lab) -> str:
-    from lineage.bindings import BindingsRefused, RolloutBindings, whole_numbers
-    from lineage.registration import latest_registration, preregister
+    from lineage.records.bindings import BindingsRefused, RolloutBindings, whole_numbers
+    from lineage.records.registration import latest_registration, preregister
 
     newest, _ = latest_registration(lab.source())
     bound = RolloutBindings.model_validate(whole_numbers(newest.predicate["bindings"]))
@@ -1157,7 +1158,7 @@ def every_cached_reference_planted_at_1_02_times_the_truth(lab: Lab) -> str:
 
     from evaluation.reference_cache import ReferenceCache
     from evaluation.testset import load_split
-    from lineage.reference_seal import SignedReferences
+    from lineage.signing.reference_seal import SignedReferences
 
     folder = lab.store / "reference-cache"
     truth = {path: np.load(path) for path in sorted(folder.glob("*.npy"))}
@@ -1183,13 +1184,13 @@ def test_a_killed_rollouts_files_are_signed_as_interrupted_by_the_next_one(prist
     ``interrupted`` outcome over the files as found, so the audit's cross-check no longer
     reports them "added after signing" with no tamperer (before: every audit, forever);
     a later change to one of them is still caught."""
-    from lineage import store_check
-    from lineage.rollout import close_dead_runs, family_lock
+    from lineage.audit import store_check
+    from lineage.rollout.rollout import close_dead_runs, family_lock
 
     lab = Lab(pristine, "killed-after-logging")
     script = textwrap.dedent(f"""
         import os, signal
-        from lineage import tracking as tr
+        from lineage.store import tracking as tr
         t = tr.local_tracking({str(lab.store)!r})
         run = tr.start_run(t, {FAMILY!r}, "rollout", run_name="doomed")
         tr.log_text(t, run, '{{"verdict": "pass"}}', "canary/verdict.json")
@@ -1273,8 +1274,8 @@ def experiment_and_model_renamed_then_a_new_family_of_the_old_name(lab: Lab) -> 
     and so is the fresh log's first entry by the writer. An insider who also removed the
     checkpoints beside the key gets the fresh log written and promoted: the auditor who
     remembered the family's head fails it as a restarted log."""
-    from lineage.family_log import LogDamaged
-    from lineage.registration import preregister
+    from lineage.log.family_log import LogDamaged
+    from lineage.records.registration import preregister
 
     assert lab.audit().exit_code == 0  # the auditor remembers the family's head
     _renamed_away(lab)
@@ -1299,7 +1300,7 @@ def another_store_of_the_same_key_folder_copied_over_this_one(lab: Lab) -> str:
     registration promoted) copied over this one: the pipeline's key folder and the
     auditor both knew this place as the other store; the writer refuses and the audit
     fails."""
-    from lineage.family_log import LogDamaged
+    from lineage.log.family_log import LogDamaged
     from tests.store_copies import copy_store, forget_artifact_locations, recorded_root, relocate
 
     assert lab.audit().exit_code == 0  # the auditor saw this store here

@@ -285,8 +285,8 @@ def _final_state_shown(page, base: str, run_id: str, name: str, screenshot: Path
 
 def test_release_manager_approves_both_transitions_and_the_rollout_is_promoted(
         prefect_ui, settings, family, page, screenshots, store):
-    from lineage import registered_model
-    from lineage.tracking import local_tracking
+    from lineage.aliases import registered_model
+    from lineage.store.tracking import local_tracking
 
     thread, result = _rollout_in_background(settings)
     run_id = _paused_run_id("shadow->canary", result)
@@ -314,8 +314,8 @@ def test_release_manager_approves_both_transitions_and_the_rollout_is_promoted(
 
 def test_release_manager_sees_why_a_blank_approver_is_refused_then_rejects(
         prefect_ui, settings, family, page, screenshots, store):
-    from lineage import registered_model
-    from lineage.tracking import local_tracking
+    from lineage.aliases import registered_model
+    from lineage.store.tracking import local_tracking
 
     before = registered_model.aliases(local_tracking(store / "store"), family)
     thread, result = _rollout_in_background(settings)
@@ -401,8 +401,9 @@ def _no_genai(page, visited: list[str]) -> None:
 
 def test_auditor_goes_from_the_home_page_to_production_its_caveat_and_its_chain(
         store, family, mlflow_ui, page, screenshots):
-    from lineage import registered_model, tags
-    from lineage.tracking import local_tracking
+    from lineage.aliases import registered_model
+    from lineage.store import tags
+    from lineage.store.tracking import local_tracking
 
     tracking = local_tracking(store / "store")
     version = registered_model.alias_version(tracking, family, "production")
@@ -424,7 +425,7 @@ def test_auditor_goes_from_the_home_page_to_production_its_caveat_and_its_chain(
     page.wait_for_url(re.compile(rf".*/models/{name}/versions/{version}(\?.*)?$"))
     page.get_by_text("Chain of evidence", exact=False).first.wait_for(timeout=60_000)
     _no_genai(page, visited)
-    from lineage.production_story import STORY_END
+    from lineage.aliases.production_story import STORY_END
 
     recorded = tracking.client().get_model_version(name, version).description or ""
     story, _, rest = recorded.partition(STORY_END)
@@ -512,8 +513,8 @@ def test_walkthrough_under_staging_from_an_empty_store_rejects_one_rollout_and_p
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.objects import StateType
 
-    from lineage import registered_model
-    from lineage.tracking import local_tracking
+    from lineage.aliases import registered_model
+    from lineage.store.tracking import local_tracking
 
     store = tmp_path / "store"
     calibrated = subprocess.run(

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from lineage.rollout import RolloutOutcome
+from lineage.rollout.rollout import RolloutOutcome
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location(

@@ -21,9 +21,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_ctrl_c_mid_stage_ends_in_seconds_as_a_signed_interrupted_outcome(tmp_path_factory,
                                                                            tmp_path, signing):
-    from lineage import registered_model, tags
-    from lineage import tracking as tr
-    from lineage.sources import StoreSource
+    from lineage.aliases import registered_model
+    from lineage.signing.sources import StoreSource
+    from lineage.store import tags
+    from lineage.store import tracking as tr
 
     store = tmp_path / "store"
     copy_of(flow_testset(tmp_path_factory), store / "testsets" / "minimal")

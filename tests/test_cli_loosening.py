@@ -9,9 +9,9 @@ import pytest
 from typer.testing import CliRunner
 
 from flows.cli import app
-from lineage import keys
-from lineage import tracking as tr
-from lineage.registration import preregister
+from lineage.records.registration import preregister
+from lineage.signing import keys
+from lineage.store import tracking as tr
 from tests.conftest_lineage import build_chain, passing_metrics, thresholds_yaml
 
 FAMILY = "loosen"

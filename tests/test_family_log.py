@@ -11,13 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from lineage import checkpoints, family_log, keys, log_writer, registered_model, registry
-from lineage import tracking as tr
-from lineage.attestations import Signing
-from lineage.audit import audit
-from lineage.family_log import LogDamaged
-from lineage.registration import LooseningRefused, preregister
-from lineage.sources import StoreSource
+from lineage.aliases import registered_model, registry
+from lineage.audit.audit import audit
+from lineage.log import checkpoints, family_log, log_writer
+from lineage.log.family_log import LogDamaged
+from lineage.records.registration import LooseningRefused, preregister
+from lineage.signing import keys
+from lineage.signing.attestations import Signing
+from lineage.signing.sources import StoreSource
+from lineage.store import tracking as tr
 from tests.conftest_lineage import (
     build_chain,
     passing_metrics,
@@ -155,7 +157,7 @@ def test_a_checkpoint_brought_by_the_auditor_and_one_of_another_log(lab, tmp_pat
 
 
 def test_reanchor_needs_a_named_approver_and_is_reported_forever(lab, tmp_path):
-    from lineage.reanchor import ReanchorRefused, reanchor
+    from lineage.aliases.reanchor import ReanchorRefused, reanchor
 
     first, _ = _promoted_then_rejected(lab)
     with pytest.raises(ReanchorRefused, match="intact"):
@@ -196,7 +198,7 @@ def test_a_reanchor_after_a_cut_rollback_keeps_what_serves(lab):
     deleted): the signed history says the rolled-back version serves, MLflow the restored
     one. The re-anchor re-attests the aliases as the approver saw them, so the
     ``reconcile`` every rollout starts with does not resurrect the rolled-back version."""
-    from lineage.reanchor import reanchor
+    from lineage.aliases.reanchor import reanchor
 
     chains = [promotable_chain(lab.tracking, lab.family, lab.strict, signing=lab.signing)
               for _ in range(2)]
@@ -239,7 +241,7 @@ def test_a_family_renamed_away_starts_again_only_by_an_approvers_restart(lab, tm
     kept per store and family), ``--new-family`` names the earlier log, and only an
     approver named in the earlier log's newest registration restarts it: the re-anchor
     continues the family's log, giving up every entry of the old one, said by the log."""
-    from lineage.reanchor import ReanchorRefused, reanchor
+    from lineage.aliases.reanchor import ReanchorRefused, reanchor
 
     _promoted_then_rejected(lab)
     before = lab.log()

@@ -16,10 +16,10 @@ from flows.paths import PROJECT_DIR
 from flows.results import Built, Prepared, Preregistered
 from gates.thresholds import load_thresholds
 from kernels.interpreters import GENERIC_INTERPRET, TPU_INTERPRET
-from lineage import evidence
-from lineage import tracking as tr
-from lineage.registration import frozen_registration, preregister
-from lineage.sources import StoreSource
+from lineage.records.registration import frozen_registration, preregister
+from lineage.rollout import evidence
+from lineage.signing.sources import StoreSource
+from lineage.store import tracking as tr
 
 THRESHOLDS = PROJECT_DIR / "thresholds"
 

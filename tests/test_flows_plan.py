@@ -23,7 +23,8 @@ from prefect.testing.utilities import prefect_test_harness
 from flows.settings import RolloutSettings
 from kernels.registry import IMPLEMENTATIONS, PLUGINS_ENV
 from kernels.shapes import AttentionShape
-from lineage import registered_model, tags
+from lineage.aliases import registered_model
+from lineage.store import tags
 from tests import bf16_only_kernel
 from tests.flow_thresholds import FLOW_TEST, untimed
 from tests.shared_builds import HARNESS_STARTUP_S, copy_of, flow_testset
@@ -85,7 +86,7 @@ def promoted(prefect_server, store, tmp_path_factory):
 def _evaluation(store: Path, run_id: str, tmp_path: Path):
     """The held-out evaluation run under the revalidation run ``run_id``, and its report."""
     from evaluation.report import EvaluationReport
-    from lineage.tracking import local_tracking
+    from lineage.store.tracking import local_tracking
 
     client = local_tracking(store).client()
     experiment = client.get_run(run_id).info.experiment_id
@@ -100,7 +101,7 @@ def _evaluation(store: Path, run_id: str, tmp_path: Path):
 def assert_judged_as_registered(store: Path, outcome, promoted, tmp_path: Path) -> None:
     """The revalidation's evaluation ran under v1's registration, with its bindings: the
     bf16 perf shape at 3 repeats, the minimal test set, no MiniLM check."""
-    from lineage.tracking import local_tracking
+    from lineage.store.tracking import local_tracking
 
     assert outcome.result == "passed", outcome.reason
     tracking = local_tracking(store)
@@ -147,7 +148,7 @@ def test_the_nightly_job_rejudges_every_family_in_production(promoted, store):
     from typer.testing import CliRunner
 
     from flows.cli import app
-    from lineage.tracking import local_tracking
+    from lineage.store.tracking import local_tracking
 
     in_production = registered_model.families_in_production(local_tracking(store))
     assert in_production == {FAMILY: promoted.version}
@@ -163,7 +164,7 @@ def test_altered_registered_bytes_are_an_error_never_a_rollback(promoted, store)
     """The frozen thresholds edited in the store (a looser criterion, no key): the
     re-validation refuses to judge — nothing is opened, production stays."""
     from flows.revalidate import NotJudgeable, revalidate_production
-    from lineage.tracking import local_tracking
+    from lineage.store.tracking import local_tracking
 
     tracking = local_tracking(store)
     registration_id = registered_model.version_tags(

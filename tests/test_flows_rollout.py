@@ -34,8 +34,9 @@ from flows.rollout import rollout, run_rollout
 from flows.settings import RolloutSettings
 from kernels.kernel import Capability, Kernel
 from kernels.shapes import AttentionShape
-from lineage import registered_model, registry, tags
-from lineage.rollout import close_rollout
+from lineage.aliases import registered_model, registry
+from lineage.rollout.rollout import close_rollout
+from lineage.store import tags
 from tests import faulty_kernels
 from tests.faulty_kernels import Fault
 from tests.flow_thresholds import FLOW_TEST, untimed
@@ -97,7 +98,7 @@ def make_settings(store, tmp_path, monkeypatch, flow_thresholds):
 
 @pytest.fixture
 def tracking(store):
-    from lineage.tracking import local_tracking
+    from lineage.store.tracking import local_tracking
 
     return local_tracking(store / "store")
 
@@ -105,7 +106,7 @@ def tracking(store):
 @pytest.fixture
 def source(tracking, signing):
     """The family's signed record, read with the pipeline's keys."""
-    from lineage.sources import StoreSource
+    from lineage.signing.sources import StoreSource
 
     return StoreSource(tracking, FAMILY, signing.trust)
 
@@ -127,7 +128,7 @@ def rejected_at_gate(prefect_server, store, flow_thresholds):
 
     Module-scoped, so it cannot use the function-scoped ``make_settings``/``seeded``; it
     seeds production itself when no test has yet (the same check as ``seeded``)."""
-    from lineage.tracking import local_tracking
+    from lineage.store.tracking import local_tracking
 
     tracking = local_tracking(store / "store")
     with pytest.MonkeyPatch.context() as mp:
@@ -198,13 +199,13 @@ def test_passing_candidate_is_promoted_with_full_lineage(seeded, make_settings, 
     for link in (tags.DECISION_RUN_ID, tags.EVALUATION_RUN_ID, tags.REGISTRATION_ID,
                  tags.CONFIRMATION_RUN_ID):
         assert link in mv_tags
-    from lineage.records import load_decision
-    from lineage.sources import StoreSource
+    from lineage.records.records import load_decision
+    from lineage.signing.sources import StoreSource
 
     source = StoreSource(tracking, FAMILY, signing.trust)
     confirmation = load_decision(source, mv_tags[tags.CONFIRMATION_RUN_ID]).decision
     assert confirmation.passed and confirmation.scope == ["accuracy"]
-    from lineage.audit import audit
+    from lineage.audit.audit import audit
 
     # The test kernels exist only in this process (monkeypatched registry), so the
     # loaded-model check runs in test_lineage_versions with real kernels.
@@ -234,7 +235,7 @@ def test_only_a_promotion_ends_completed_and_every_end_keeps_its_outcome_and_exi
 
     from flows.end_states import rollout_end_state
     from flows.errored import EXIT_CODES
-    from lineage.rollout import RolloutOutcome
+    from lineage.rollout.rollout import RolloutOutcome
 
     outcome = RolloutOutcome(family=FAMILY, version="7", result=result, stage="gate",
                              reason="why", inconclusive=inconclusive, rollout_run_id="r",
@@ -366,8 +367,8 @@ def test_blank_approver_is_asked_again_then_approved(
     never recorded; the next, complete answer continues to production. (An answer
     without the approver field at all is refused by the server: the form keeps its
     required fields and ``minLength``.)"""
-    from lineage.records import load_approval
-    from lineage.sources import StoreSource
+    from lineage.records.records import load_approval
+    from lineage.signing.sources import StoreSource
 
     settings = make_settings("good", family=APPROVAL_FAMILY, thresholds=thresholds_with(
         tmp_path, required_for=["shadow->canary"], timeout_s=240))
@@ -395,7 +396,7 @@ def test_blank_approver_is_asked_again_then_approved(
         registered_model.registered_model_name(APPROVAL_FAMILY), outcome.version)
     # the page starts with where the version stands (the signed production story), then
     # the rollout's verdict line naming who approved and how
-    from lineage.production_story import STORY_END
+    from lineage.aliases.production_story import STORY_END
 
     story, _, verdict = mv.description.partition(STORY_END)
     assert "**In production since " in story, mv.description
@@ -496,7 +497,7 @@ def test_nightly_revalidation_rolls_back_a_production_version_that_broke(
     # the re-validation's gate leaves the links the promotion signed (it had overwritten
     # them: the services backup drill's audit failed on it, 2026-12-01)
     assert {k: version_tags(tracking, promoted.version)[k] for k in links} == signed
-    from lineage.audit import audit
+    from lineage.audit.audit import audit
 
     report = audit(tracking, FAMILY, "production", trust=signing.trust, load_model=False)
     assert report.exit_code == 0, report.render()
@@ -524,9 +525,9 @@ def test_record_matches_architecture_table(seeded, tracking, source):
     ARCHITECTURE.md's record table says (later changes to the record update both)."""
     import fnmatch
 
-    from lineage import tracking as tr
-    from lineage.records import load_decision
-    from lineage.registration import registered_thresholds
+    from lineage.records.records import load_decision
+    from lineage.records.registration import registered_thresholds
+    from lineage.store import tracking as tr
 
     version = seeded["production"]
     vtags = version_tags(tracking, version)
@@ -535,7 +536,7 @@ def test_record_matches_architecture_table(seeded, tracking, source):
         [rollout_run.info.experiment_id],
         filter_string=f"tags.`{tags.PARENT}` = '{rollout_run.info.run_id}'")
     registration = load_decision(source, vtags[tags.DECISION_RUN_ID]).registration_id
-    from lineage.registration import load_registration
+    from lineage.records.registration import load_registration
 
     thresholds = registered_thresholds(source, load_registration(source, registration))
     counts = {"steps": len(thresholds.canary.steps),
@@ -566,7 +567,7 @@ def test_manual_rollback_restores_the_chosen_version_signed_and_audited(
     signed alias change the audit verifies, and a version that never served is refused
     (the module's one candidate rejected at the gate, ``rejected_at_gate``)."""
     from flows.rollback import manual_rollback
-    from lineage.audit import audit
+    from lineage.audit.audit import audit
 
     promoted = rollout(make_settings("good"))
     assert promoted.result == "promoted", promoted.reason
@@ -779,7 +780,7 @@ def test_an_inconclusive_rollback_does_not_lock_the_family(prefect_server, make_
     gate rejection still locks."""
     import yaml
 
-    from lineage.registration import LooseningRefused, preregister
+    from lineage.records.registration import LooseningRefused, preregister
 
     needs = untimed(STRICT_THRESHOLDS, tmp_path / "calibrated.yaml",
                     required_for=["shadow->canary", "canary->production"], timeout_s=5)
@@ -829,10 +830,10 @@ def test_a_safe_candidate_that_is_not_faster_ends_not_adopted(prefect_server, ma
     import yaml
 
     from flows.errored import EXIT_CODES
-    from lineage.audit import audit
-    from lineage.canary_audit import signed_adoption
-    from lineage.registration import preregister
-    from lineage.sources import StoreSource
+    from lineage.audit.audit import audit
+    from lineage.audit.canary_audit import signed_adoption
+    from lineage.records.registration import preregister
+    from lineage.signing.sources import StoreSource
 
     decided = untimed(STRICT_THRESHOLDS, tmp_path / "decided.yaml")
     data = yaml.safe_load(decided.read_text())

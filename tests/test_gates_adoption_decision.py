@@ -132,8 +132,8 @@ def test_adding_removing_or_relaxing_the_decision_is_a_loosening():
 # --- not adopted is no rejection; the audit re-derives the decision ---------------------
 
 def test_a_not_adopted_outcome_is_no_rejection_for_the_loosening_rule():
-    from lineage.attestations import Attestation
-    from lineage.registration import _rejects
+    from lineage.records.registration import _rejects
+    from lineage.signing.attestations import Attestation
 
     def outcome(result: str, inconclusive: bool = False) -> Attestation:
         return Attestation(kind="outcome", run_id="r", path="p", subjects={}, keyid="k",
@@ -150,7 +150,7 @@ def _results(steps: list[list[float]]) -> list[CanaryStepResult]:
 
 
 def test_the_audit_re_derives_the_decision_and_names_a_doctored_one(monkeypatch):
-    from lineage import canary_audit
+    from lineage.audit import canary_audit
 
     steps = _steps(math.log(1.0))
     signed = conclude_adoption(PLAN, "pass", steps)

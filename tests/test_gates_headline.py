@@ -90,7 +90,7 @@ def test_the_headline_says_each_thing_once():
     assessed once (latency and memory growth of the same stages in one item), the state
     message once (in its reason), and the CLI's gate line does not repeat the reason's
     list."""
-    from lineage.rollout import RolloutOutcome
+    from lineage.rollout.rollout import RolloutOutcome
 
     decision = _decision(speed_assessed=False,
                          speed_not_assessed_reason="ran in TPU interpret mode on a cpu host")

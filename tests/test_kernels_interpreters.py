@@ -125,11 +125,11 @@ def test_plan_keeps_accuracy_in_tpu_interpret_mode():
 
 
 def test_a_version_s_own_process_runs_under_the_interpreter_the_request_names():
-    """``lineage/model_worker.py`` (a version in its own process) enters the interpreter
+    """``lineage/serving/model_worker.py`` (a version in its own process) enters the interpreter
     the parent's request carries and says which ran; the parent sends its current one."""
     from types import SimpleNamespace
 
-    from lineage import model_worker
+    from lineage.serving import model_worker
 
     ran: list[str] = []
 

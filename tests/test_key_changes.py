@@ -8,12 +8,14 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from lineage import family_log, key_changes, keys
-from lineage import tracking as tr
-from lineage.attestations import Signing
-from lineage.audit_report import AuditReport
-from lineage.key_changes import KeyChange
-from lineage.sources import StoreSource
+from lineage.aliases import key_changes
+from lineage.aliases.key_changes import KeyChange
+from lineage.audit.audit_report import AuditReport
+from lineage.log import family_log
+from lineage.signing import keys
+from lineage.signing.attestations import Signing
+from lineage.signing.sources import StoreSource
+from lineage.store import tracking as tr
 
 FAMILIES = ("fam-a", "fam-b")
 
@@ -119,7 +121,7 @@ def test_a_key_rotation_waits_for_a_rollout_of_any_family_to_end(store):
     holder = subprocess.Popen(
         [sys.executable, "-c",
          "import sys, time\n"
-         "from lineage.rollout import family_lock\n"
+         "from lineage.rollout.rollout import family_lock\n"
          f"with family_lock({str(store_dir)!r}, 'fam-b'):\n"
          "    print('held', flush=True)\n"
          "    time.sleep(4)\n"

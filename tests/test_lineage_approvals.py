@@ -9,9 +9,9 @@ import pytest
 
 from gates.approval import ApprovalInput, record_answer
 from gates.approval_policy import ApprovalPolicy
-from lineage import keys
-from lineage.approvals import recheck_answer, sign_approval, verify_approval
-from lineage.attestations import AttestationError
+from lineage.signing import keys
+from lineage.signing.approvals import recheck_answer, sign_approval, verify_approval
+from lineage.signing.attestations import AttestationError
 
 
 @pytest.fixture

@@ -13,11 +13,13 @@ import pytest
 
 from gates.decision import decide
 from gates.thresholds import load_thresholds
-from lineage import keys, registered_model, tags
-from lineage import tracking as tr
-from lineage.audit import audit
-from lineage.records import log_decision
-from lineage.registration import preregister
+from lineage.aliases import registered_model
+from lineage.audit.audit import audit
+from lineage.records.records import log_decision
+from lineage.records.registration import preregister
+from lineage.signing import keys
+from lineage.store import tags
+from lineage.store import tracking as tr
 from tests.conftest_lineage import (
     Chain,
     complete_chain,
@@ -207,7 +209,7 @@ def test_registration_after_evaluation_run_is_flagged(tracking, request, tmp_pat
              tags.SPLIT: "heldout"}
     tr.set_tags(tracking, evaluation_run_id, tags_)
     tr.log_model_json(tracking, evaluation_run_id, report, "evaluation/evaluation_report.json")
-    from lineage.attestations import attest
+    from lineage.signing.attestations import attest
 
     attest(tracking, evaluation_run_id, "evaluation", {
         "family": family, "version": version, "build_run_id": build_run_id,
@@ -234,7 +236,7 @@ def test_a_canary_step_signed_with_a_verdict_its_samples_do_not_give_is_caught(
     """The audit re-derives each canary look from the signed ABBA samples: a step whose
     samples show a slowdown, signed as passed (valid signature, wrong verdict), is named."""
     from gates.thresholds import parse_thresholds
-    from lineage.records import log_canary_step
+    from lineage.records.records import log_canary_step
     from tests.conftest_lineage import _passing_step
 
     family, chain = promoted

@@ -8,9 +8,9 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 import pytest
 
-from lineage import calibration
-from lineage import tracking as tr
-from lineage.sources import StoreSource
+from lineage.records import calibration
+from lineage.signing.sources import StoreSource
+from lineage.store import tracking as tr
 
 FACTS = {"device_kind": "cpu", "driver_version": None, "jax_version": "0.0-test",
          "serving_digest": "ab" * 32}
@@ -53,7 +53,7 @@ def test_a_fresh_matching_calibration_is_found_and_a_stale_one_is_not(tracking, 
 
 
 def test_an_untrusted_calibration_does_not_count(tracking, signing, tmp_path):
-    from lineage import keys
+    from lineage.signing import keys
 
     family = "calibrated"
     stranger = keys.folder_trust(tmp_path)  # trusts no key
@@ -173,7 +173,7 @@ def test_a_family_with_no_production_calibrates_its_native_baseline(tmp_path, si
     import yaml
 
     from flows import calibrate as cal
-    from lineage.environment import collect_environment
+    from lineage.records.environment import collect_environment
     from tests.flow_thresholds import FLOW_TEST
 
     tracking = tr.local_tracking(tmp_path / "fresh-store")

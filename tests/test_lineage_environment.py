@@ -6,7 +6,7 @@ import hashlib
 import importlib.metadata
 from pathlib import Path
 
-from lineage.environment import LOCK_FILE, collect_environment, lock_drift
+from lineage.records.environment import LOCK_FILE, collect_environment, lock_drift
 
 ROOT = Path(__file__).resolve().parents[1]
 

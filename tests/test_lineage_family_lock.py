@@ -1,5 +1,5 @@
 """The family lock of a store of files: taken whatever the tracking URI names, and said
-when another rollout holds it (``lineage.rollout.family_lock``)."""
+when another rollout holds it (``lineage.rollout.rollout.family_lock``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import logging
 import filelock
 import pytest
 
-from lineage.rollout import family_lock, lock_folder
+from lineage.rollout.rollout import family_lock, lock_folder
 
 
 def test_the_embedded_store_locks_in_its_own_folder(tmp_path, monkeypatch):
@@ -39,7 +39,7 @@ def test_a_tracking_server_queues_on_prefect_not_on_a_file(tmp_path, monkeypatch
 def test_waiting_for_the_lock_is_said(tmp_path, monkeypatch, caplog):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     with (family_lock(tmp_path, "fam"),
-          caplog.at_level(logging.WARNING, logger="lineage.rollout"),
+          caplog.at_level(logging.WARNING, logger="lineage.rollout.rollout"),
           pytest.raises(filelock.Timeout),
           family_lock(tmp_path, "fam", timeout_s=0.2)):
         pass

@@ -7,11 +7,12 @@ import pytest
 
 from gates.decision import decide
 from gates.thresholds import load_thresholds
-from lineage import family_log, log_writer, registered_model, registry
-from lineage import tracking as tr
+from lineage.aliases import registered_model, registry
 from lineage.family_store import FamilyStore
-from lineage.records import load_decision
-from lineage.sources import StoreSource
+from lineage.log import family_log, log_writer
+from lineage.records.records import load_decision
+from lineage.signing.sources import StoreSource
+from lineage.store import tracking as tr
 from tests.conftest_lineage import (
     evaluation_report,
     passing_metrics,

@@ -141,11 +141,13 @@ def test_audit_of_the_legacy_production_passes(audited, commit):
 def test_the_log_starts_after_the_legacy_prefix(tmp_path):
     """A new entry on a store made before the log existed is entry 1 of the family's log;
     the old records stay a legacy prefix (a warning), and the audit still passes."""
-    from lineage import family_log, keys, registry
-    from lineage import tracking as tr
-    from lineage.attestations import Signing
-    from lineage.audit import audit
-    from lineage.sources import StoreSource
+    from lineage.aliases import registry
+    from lineage.audit.audit import audit
+    from lineage.log import family_log
+    from lineage.signing import keys
+    from lineage.signing.attestations import Signing
+    from lineage.signing.sources import StoreSource
+    from lineage.store import tracking as tr
 
     root = _extract(tmp_path / "x")
     folder = root / "keys"
@@ -236,7 +238,7 @@ def test_an_exported_bundle_of_the_legacy_store_re_audits_offline(legacy, audite
 
 
 def test_each_extraction_is_its_own_store(tmp_path, commit):
-    from lineage import tracking as tr
+    from lineage.store import tracking as tr
 
     first, second = _extract(tmp_path / "first", commit), _extract(tmp_path / "second", commit)
     untouched = tree_digest(second)

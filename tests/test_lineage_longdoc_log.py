@@ -13,8 +13,9 @@ import pytest
 
 from evaluation.longdoc.bench import load_result
 from evaluation.longdoc.effect import METHOD, effects
-from lineage import longdoc_log, tags
-from lineage import tracking as tr
+from lineage.store import tags
+from lineage.store import tracking as tr
+from lineage.tools import longdoc_log
 from tests.longdoc_synthetic import WEIGHTS, comparison, spec, write_spec
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -8,7 +8,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE, PERMISSION_DENIED
 
 from flows import stack as st
-from lineage.ownership import FamilyOwnedElsewhere, owners, refusing_squatted
+from lineage.store.ownership import FamilyOwnedElsewhere, owners, refusing_squatted
 
 
 def test_a_permission_denied_write_names_the_family_the_account_and_the_hand_back(monkeypatch):

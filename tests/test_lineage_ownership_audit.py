@@ -12,7 +12,7 @@ import pytest
 
 from flows import stack_accounts
 from flows.cli_store import add_ownership_findings
-from lineage.ownership import manage_holders, squatting
+from lineage.store.ownership import manage_holders, squatting
 
 GRANTS = {("auditor", "experiment", "7"): "MANAGE",
           ("release-manager", "registered_model", "kernelgate-xla"): "MANAGE",
@@ -69,7 +69,7 @@ def fake_server(monkeypatch):
     import mlflow.server
     import mlflow.utils.rest_utils as rest
 
-    import lineage.tracking as tr
+    import lineage.store.tracking as tr
 
     clients: list[FakeAuth] = []
 

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from evaluation.reference_cache import CacheEntry
-from lineage import keys
-from lineage.attestations import Signing
-from lineage.reference_seal import SignedReferences
+from lineage.signing import keys
+from lineage.signing.attestations import Signing
+from lineage.signing.reference_seal import SignedReferences
 
 
 def _signing(folder):

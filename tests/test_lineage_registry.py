@@ -21,17 +21,18 @@ from gates.canary import analyse_canary_step
 from gates.decision import decide
 from gates.preregistration import PreregistrationError
 from gates.thresholds import load_thresholds
-from lineage import registered_model, registry, tags
-from lineage import tracking as tr
-from lineage.records import load_approval, load_decision, log_canary_step
-from lineage.registration import (
+from lineage.aliases import registered_model, registry
+from lineage.aliases.registry import PromotionRefused
+from lineage.records.records import load_approval, load_decision, log_canary_step
+from lineage.records.registration import (
     LooseningRefused,
     preregister,
     registered_thresholds,
     verify_registration,
 )
-from lineage.registry import PromotionRefused
-from lineage.sources import StoreSource
+from lineage.signing.sources import StoreSource
+from lineage.store import tags
+from lineage.store import tracking as tr
 from tests.conftest_lineage import (
     StandInReport,
     baseline_metrics,
@@ -70,7 +71,7 @@ def _production_has_passing_decision(tracking, family, signing) -> bool:
     version = registered_model.alias_version(tracking, family, "production")
     if version is None:
         return True
-    from lineage import chain
+    from lineage.records import chain
 
     evidence = chain.collect(_source(tracking, family, signing), version)
     return not chain.problems(evidence, "canary->production")
@@ -368,7 +369,7 @@ def test_canary_step_is_recorded_signed(tracking, family, tmp_path, signing):
 
 def _approver(tmp_path: Path, name: str = "alice"):
     """``(key file, public key, the thresholds lines naming it as the approver)``."""
-    from lineage import keys
+    from lineage.signing import keys
 
     path = tmp_path / f"{name}.pem"
     public = keys.create_key(path)
@@ -386,7 +387,7 @@ def _rejected_under(tracking, family, tmp_path, signing, text: str, name: str):
 
 
 def _newest(tracking, family, signing):
-    from lineage.registration import latest_registration
+    from lineage.records.registration import latest_registration
 
     return latest_registration(_source(tracking, family, signing))[0]
 
@@ -395,8 +396,8 @@ def test_loosening_after_a_rejection_needs_a_named_approval(tracking, family, tm
     """Threshold shopping: a rejected candidate re-run under a copy of the file with one
     bound relaxed is refused; the same file with a signed approval by a person the
     previous policy names is registered, and the registration says so."""
-    from lineage import keys
-    from lineage.loosening_approval import sign_loosening
+    from lineage.records.loosening_approval import sign_loosening
+    from lineage.signing import keys
 
     alice, public, approver = _approver(tmp_path)
     rejected = _rejected_under(tracking, family, tmp_path, signing, thresholds_yaml() + approver,
@@ -428,10 +429,10 @@ def test_a_loosening_approval_is_no_bearer_token(tracking, family, tmp_path, sig
     """An approval binds what it approves: the registration it loosens (an old approval
     cannot re-loosen the family after a later tightening and rejection), the rollout
     settings (another binding cannot ride along), an expiry, and a key not revoked."""
-    from lineage import keys
-    from lineage.attestations import Signing, TrustPolicy
-    from lineage.bindings import RolloutBindings
-    from lineage.loosening_approval import sign_loosening
+    from lineage.records.bindings import RolloutBindings
+    from lineage.records.loosening_approval import sign_loosening
+    from lineage.signing import keys
+    from lineage.signing.attestations import Signing, TrustPolicy
 
     alice, public, approver = _approver(tmp_path)
     strict_text = thresholds_yaml() + approver
@@ -475,9 +476,9 @@ def test_a_loosening_approval_is_no_bearer_token(tracking, family, tmp_path, sig
 def test_a_loosening_approval_is_good_for_one_registration(tracking, family, tmp_path, signing):
     """Its nonce is spent by the registration that carries it (checked on the log, beside
     the binding to the previous registration, which a race could share)."""
-    from lineage import keys
-    from lineage.loosening_approval import check_loosening_approval, sign_loosening
-    from lineage.registration import latest_registration
+    from lineage.records.loosening_approval import check_loosening_approval, sign_loosening
+    from lineage.records.registration import latest_registration
+    from lineage.signing import keys
 
     alice, _, approver = _approver(tmp_path)
     _rejected_under(tracking, family, tmp_path, signing, thresholds_yaml() + approver, "s.yaml")
@@ -501,7 +502,7 @@ def test_a_v1_registration_in_the_chain_compares_with_v2_files(tracking, family,
                                                                 signing):
     """A family registered under schema 1 (a store made before schema 2) keeps its chain:
     its frozen v1 bytes read back intact and compare with a v2 file field by field."""
-    from lineage.registration import latest_registration
+    from lineage.records.registration import latest_registration
 
     v1_text = thresholds_yaml().replace("schema_version: 2\n", "schema_version: 1\n")
     assert "schema_version: 1\n" in v1_text
@@ -535,7 +536,7 @@ def test_what_counts_as_a_rejection_for_the_loosening_rule():
     alias taken back when a rollout ends (its outcome says why) do not."""
     from types import SimpleNamespace
 
-    from lineage.registration import _rejects
+    from lineage.records.registration import _rejects
 
     def record(kind: str, **predicate) -> SimpleNamespace:
         return SimpleNamespace(kind=kind, predicate=predicate)
@@ -561,7 +562,7 @@ def test_after_a_rollback_to_an_earlier_version_its_audit_and_page_tell_the_roll
     history tag carries every production move with its time and reason."""
     import json
 
-    from lineage.audit import audit
+    from lineage.audit.audit import audit
 
     path = _write(tmp_path, thresholds_yaml())
     chains = [promotable_chain(tracking, family, path, signing=signing) for _ in range(3)]

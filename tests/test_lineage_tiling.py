@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from kernels.pallas_tpu import TpuConfig
 from kernels.shapes import AttentionShape
-from lineage.tiling import resolved_tiling, shape_label, tiling_rule
+from lineage.serving.tiling import resolved_tiling, shape_label, tiling_rule
 
 SHAPES = [AttentionShape(batch=1, q_len=n, kv_len=n, num_heads=12, num_kv_heads=12,
                          head_dim=32, dtype="float32", causal=False) for n in (16, 100, 512)]

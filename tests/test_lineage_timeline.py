@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import time
 
-from lineage import tags
-from lineage import tracking as tr
-from lineage.timeline import record_stage_time, render, rollout_timelines
+from lineage.records.timeline import record_stage_time, render, rollout_timelines
+from lineage.store import tags
+from lineage.store import tracking as tr
 
 
 def test_stage_wall_times_and_versions_are_read_back_from_the_store(tmp_path):
@@ -38,7 +38,7 @@ def test_a_closed_rollout_names_its_verdict_caveat_version_and_next_commands(tmp
     """The rollout run's name carries the verdict with what was not assessed; the
     outcome's last lines give the audit command, `kernelgate ui` and the run's address
     in MLflow's model-training view; the timeline prints the version."""
-    from lineage.rollout import close_rollout, open_rollout
+    from lineage.rollout.rollout import close_rollout, open_rollout
 
     tracking = tr.local_tracking(tmp_path / "store")
     record = open_rollout(tracking, family="fam", implementation="pallas_tpu", backend="cpu",

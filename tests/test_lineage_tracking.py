@@ -10,9 +10,9 @@ import jax
 import pytest
 from pydantic import BaseModel
 
-from lineage import tags
-from lineage import tracking as tr
-from lineage.environment import collect_environment, git_revision
+from lineage.records.environment import collect_environment, git_revision
+from lineage.store import tags
+from lineage.store import tracking as tr
 
 
 @pytest.fixture(scope="module")

@@ -27,16 +27,17 @@ import kernels
 from evaluation.model import MiniLM
 from kernels.build import build as build_kernel
 from kernels.shapes import AttentionShape
-from lineage import registered_model, registry, tags
-from lineage import tracking as tr
-from lineage.sources import StoreSource
-from lineage.version_runners import VersionPool, VersionWorker, endpoint
-from lineage.versions import (
+from lineage.aliases import registered_model, registry
+from lineage.serving.version_runners import VersionPool, VersionWorker, endpoint
+from lineage.serving.versions import (
     KERNEL_JSON,
     log_version_model,
     recorded_kernel,
     register_version,
 )
+from lineage.signing.sources import StoreSource
+from lineage.store import tags
+from lineage.store import tracking as tr
 from tests.conftest_lineage import (
     build_chain,
     complete_chain,
@@ -58,9 +59,10 @@ REGISTER = textwrap.dedent("""
     from evaluation.model import MiniLM
     from kernels.build import build as build_kernel
     from kernels.shapes import AttentionShape
-    from lineage import keys, tracking as tr
-    from lineage.attestations import Signing
-    from lineage.versions import log_version_model, register_version
+    from lineage.signing import keys
+    from lineage.store import tracking as tr
+    from lineage.signing.attestations import Signing
+    from lineage.serving.versions import log_version_model, register_version
 
     uri, root, family, out = sys.argv[1:5]
     tracking = tr.Tracking(tracking_uri=uri, artifact_root=root)
@@ -111,8 +113,8 @@ def _register_from_changed_copy(tracking, tmp_path: Path) -> tuple[str, str]:
 @pytest.fixture(scope="module")
 def signed(tmp_path_factory):
     """The session's pipeline signer (module-scoped tests cannot use the function fixture)."""
-    from lineage import keys
-    from lineage.attestations import Signing
+    from lineage.signing import keys
+    from lineage.signing.attestations import Signing
 
     return Signing(signer=keys.load_signer(keys.ensure_pipeline_key()), trust=keys.folder_trust())
 
@@ -225,7 +227,7 @@ def _storage_location(tracking, version: str, value: str | None = None) -> str:
 def test_runners_refuse_files_that_are_not_the_signed_files(store, signed, tmp_path):
     """The version's storage location repointed at a doctored copy whose wrapper serves
     constant embeddings and reports the signed code digest: refused, naming the file."""
-    from lineage import model_files
+    from lineage.serving import model_files
 
     tracking, _, built = store
     version = built["here"][1]

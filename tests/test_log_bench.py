@@ -1,4 +1,4 @@
-"""``python -m lineage.log_bench``: a synthetic family log built through the one writer,
+"""``python -m lineage.tools.log_bench``: a synthetic family log built through the one writer,
 measured as it grows (the audit-time benchmark; the figures are in BENCHMARKS.md)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from lineage import log_bench
+from lineage.tools import log_bench
 
 
 @pytest.mark.slow  # a store and a dozen signed runs: seconds on a quiet host, minutes on a loaded one

@@ -1,5 +1,5 @@
 """Appends to a family's log as a compare-and-swap on its sequence, on an
-embedded store with a folder sequencer (``lineage.log_sequence.FolderSequencer``; the
+embedded store with a folder sequencer (``lineage.log.log_sequence.FolderSequencer``; the
 servers profile's Prefect-variable one is drilled in ``tests/test_services_attacks.py``)."""
 
 from __future__ import annotations
@@ -10,12 +10,15 @@ import threading
 
 import pytest
 
-from lineage import family_log, keys, log_writer, registered_model, registry, tags
-from lineage import tracking as tr
-from lineage.attestations import Signing
-from lineage.family_log import LogDamaged
-from lineage.log_sequence import FolderSequencer, SequenceTaken, safe_name
-from lineage.sources import StoreSource
+from lineage.aliases import registered_model, registry
+from lineage.log import family_log, log_writer
+from lineage.log.family_log import LogDamaged
+from lineage.log.log_sequence import FolderSequencer, SequenceTaken, safe_name
+from lineage.signing import keys
+from lineage.signing.attestations import Signing
+from lineage.signing.sources import StoreSource
+from lineage.store import tags
+from lineage.store import tracking as tr
 from tests.conftest_lineage import promotable_chain, signed_build, thresholds_yaml
 
 

@@ -25,7 +25,8 @@ import yaml
 from typer.testing import CliRunner
 
 from flows import stack as st
-from lineage import registered_model, registry, tags
+from lineage.aliases import registered_model, registry
+from lineage.store import tags
 from tests import services as sv
 from tests.services import RUN_TIMEOUT_S
 from tests.services_fixtures import as_account, env, prefect, stack, testset  # noqa: F401 - fixtures
@@ -128,7 +129,7 @@ def _denied(call) -> str:
 
 
 def test_auditor_reads_everything_and_changes_nothing(stack, as_account, signing):
-    from lineage import rollout
+    from lineage.rollout import rollout
 
     tracking = as_account("auditor")
     client = tracking.client()
@@ -164,8 +165,8 @@ def test_auditor_reads_everything_and_changes_nothing(stack, as_account, signing
 def test_stale_promotion_is_refused_when_the_queue_is_bypassed(stack, as_account):
     """A promotion judged against an older production (as a rollout that skipped the
     family's queue would make) is refused by the registry's compare-and-swap."""
-    from lineage import keys
-    from lineage.attestations import Signing
+    from lineage.signing import keys
+    from lineage.signing.attestations import Signing
 
     tracking = as_account("pipeline")
     key_dir = stack[1].key_dir  # the worker host's key: this process stands in for a worker

@@ -23,12 +23,14 @@ import pytest
 
 from flows import stack as st
 from flows.log_sequencer import PrefectSequencer, checkpoint_name
-from lineage import family_log, keys, log_writer, registered_model, registry
-from lineage.attestations import Signing
-from lineage.checkpoints import read_checkpoint
-from lineage.family_log import LogDamaged
-from lineage.sources import StoreSource
-from lineage.tracking import Tracking
+from lineage.aliases import registered_model, registry
+from lineage.log import family_log, log_writer
+from lineage.log.checkpoints import read_checkpoint
+from lineage.log.family_log import LogDamaged
+from lineage.signing import keys
+from lineage.signing.attestations import Signing
+from lineage.signing.sources import StoreSource
+from lineage.store.tracking import Tracking
 from tests import services as sv
 from tests.services_fixtures import mlflow_templates, stack  # noqa: F401 - fixtures
 
@@ -104,10 +106,11 @@ def attack(servers, tmp_path, request):
 MOVER = """
 import concurrent.futures, json, sys, threading
 from flows.log_sequencer import PrefectSequencer
-from lineage import keys, registry
-from lineage.attestations import Signing
-from lineage.checkpoints import read_checkpoint
-from lineage.tracking import Tracking
+from lineage.signing import keys
+from lineage.aliases import registry
+from lineage.signing.attestations import Signing
+from lineage.log.checkpoints import read_checkpoint
+from lineage.store.tracking import Tracking
 family, key_dir, uri, versions = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
 signing = Signing(signer=keys.load_signer(keys.ensure_pipeline_key(key_dir)),
                   trust=keys.folder_trust(key_dir), key_dir=key_dir, sequencer=PrefectSequencer())
@@ -389,8 +392,8 @@ def test_a_squatted_family_is_refused_naming_its_owner(attack, monkeypatch):
     from mlflow.exceptions import MlflowException
     from mlflow.server import get_app_client
 
-    from lineage.ownership import FamilyOwnedElsewhere
-    from lineage.tracking import experiment_name, start_run
+    from lineage.store.ownership import FamilyOwnedElsewhere
+    from lineage.store.tracking import experiment_name, start_run
     from tests.conftest_lineage import signed_build
 
     name = experiment_name(attack.family)

@@ -21,8 +21,9 @@ import pytest
 from typer.testing import CliRunner
 
 from flows import stack as st
-from lineage import registered_model, tags
-from lineage.tracking import Tracking
+from lineage.aliases import registered_model
+from lineage.store import tags
+from lineage.store.tracking import Tracking
 from tests import services as sv
 from tests.services import RUN_TIMEOUT_S
 from tests.services_fixtures import as_account, env, prefect, stack, testset  # noqa: F401 - fixtures

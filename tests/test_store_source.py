@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 
-from lineage import keys, log_writer
-from lineage import tracking as tr
-from lineage.attestations import Signing
-from lineage.sources import StoreSource
+from lineage.log import log_writer
+from lineage.signing import keys
+from lineage.signing.attestations import Signing
+from lineage.signing.sources import StoreSource
+from lineage.store import tracking as tr
 
 FAMILY = "fam"
 

@@ -10,7 +10,7 @@ import pytest
 
 from gates.approval_view import approval_markdown
 from gates.headline import ALL_PASSED, caveat, promotion_reason
-from lineage.rollout import RolloutOutcome, run_title
+from lineage.rollout.rollout import RolloutOutcome, run_title
 from tests.test_gates_headline import _decision, _step
 
 

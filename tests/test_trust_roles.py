@@ -13,13 +13,15 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from lineage import key_rotation, keys, registered_model, registry, store_check
-from lineage import tracking as tr
-from lineage.attestations import AttestationError, Signing, attest, verify_envelope
-from lineage.audit import audit
-from lineage.bindings import BindingsRefused, RolloutBindings
-from lineage.registration import preregister
-from lineage.sources import StoreSource
+from lineage.aliases import key_rotation, registered_model, registry
+from lineage.audit import store_check
+from lineage.audit.audit import audit
+from lineage.records.bindings import BindingsRefused, RolloutBindings
+from lineage.records.registration import preregister
+from lineage.signing import keys
+from lineage.signing.attestations import AttestationError, Signing, attest, verify_envelope
+from lineage.signing.sources import StoreSource
+from lineage.store import tracking as tr
 from tests.conftest_lineage import promotable_chain, promote, slug, thresholds_yaml
 
 
@@ -103,7 +105,7 @@ def test_rotate_revoke_reconcile_keeps_production_and_the_audit_passes(tmp_path,
     assert report.exit_code == 0, report.render()
     # the thief signs with the old key now: void; backdated to before the revocation, the
     # move is out of order in the signed history
-    from lineage.attestations import make_envelope
+    from lineage.signing.attestations import make_envelope
 
     thief = keys.load_signer(stolen)
     with pytest.raises(AttestationError, match="revoked before"):
@@ -120,7 +122,7 @@ def test_rotate_revoke_reconcile_keeps_production_and_the_audit_passes(tmp_path,
     tracking.client().delete_run(run_id)
     # revoked from the start instead: the old key's entries are void, so the family log is
     # damaged (re-anchor needed) and reconcile refuses; still nothing moves production
-    from lineage.family_log import LogDamaged
+    from lineage.log.family_log import LogDamaged
 
     keys.revoke(old, key_dir, at=None)
     with pytest.raises(LogDamaged):
@@ -131,7 +133,7 @@ def test_rotate_revoke_reconcile_keeps_production_and_the_audit_passes(tmp_path,
 def test_a_positioned_revocation_voids_later_signatures_only(key_dir, tmp_path):
     from datetime import UTC, datetime, timedelta
 
-    from lineage.attestations import make_envelope
+    from lineage.signing.attestations import make_envelope
 
     signer = keys.load_signer(key_dir / "pipeline.pem")
     envelope = make_envelope("outcome", {"x": "0" * 64}, {"note": "before"}, signer)
@@ -172,7 +174,7 @@ def test_a_registration_reused_with_other_settings_is_refused(tmp_path, tracking
 def test_an_infinite_signed_metric_reads_back_without_a_false_alarm(tracking, family, signing):
     from gates.canary import analyse_canary_step
     from gates.thresholds import load_thresholds
-    from lineage.records import log_canary_step
+    from lineage.records.records import log_canary_step
     plan = load_thresholds(Path(__file__).parent / "data" / "thresholds-flow-test.yaml").canary
     result = analyse_canary_step(plan.steps[0], [0.01] * 10, [0.0] * 10, [0.0] * 10, 0, 0, 0, 0,
                                  plan)

@@ -53,9 +53,9 @@ def _open(store_dir: Path, family: str | None):
 
 
 def _production(tracking, family: str, trust) -> tuple[str, dict]:
-    from lineage import registered_model
-    from lineage.sources import StoreSource
-    from lineage.versions import recorded_kernel
+    from lineage.aliases import registered_model
+    from lineage.serving.versions import recorded_kernel
+    from lineage.signing.sources import StoreSource
 
     version = registered_model.alias_version(tracking, family, "production")
     if version is None:
@@ -88,7 +88,7 @@ def run(args) -> int:
     from evaluation.runners import LocalRunner
     from flows.calibrate import canary_run, registered_plan, serving_model
     from gates.latency_judge import robust_sd, signed_rank_power
-    from lineage import version_runners
+    from lineage.serving import version_runners
 
     start = time.perf_counter()
     tracking, family = _open(args.store_dir, args.family)

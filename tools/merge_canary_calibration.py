@@ -57,7 +57,7 @@ def _result(verdict: str) -> str:
 
 
 def parse_rollout_log(text: str) -> dict:
-    """The outcome ``kernelgate rollout`` printed (``lineage.rollout.RolloutOutcome.
+    """The outcome ``kernelgate rollout`` printed (``lineage.rollout.rollout.RolloutOutcome.
     markdown``): family, version, result, stage and reason.
 
     Raises:

@@ -14,7 +14,7 @@ It lives in ``evaluation/`` rather than ``kernels/tools/``: it serves an encoder
 
 It imports no MLflow, so it runs on a device image without it. The same command with
 ``--mlflow-store DIR`` (or ``--from-json`` to log a result made elsewhere) is
-``python -m lineage.longdoc_log``: MLflow calls live in ``lineage/`` (ARCHITECTURE.md).
+``python -m lineage.tools.longdoc_log``: MLflow calls live in ``lineage/`` (ARCHITECTURE.md).
 Plots of a result: ``python -m evaluation.longdoc.figures``.
 
 Examples::
@@ -65,7 +65,7 @@ def load_result(path: str | Path) -> BenchResult:
 
 
 def parser() -> argparse.ArgumentParser:
-    """The command's options (``lineage.longdoc_log`` adds its MLflow ones to them)."""
+    """The command's options (``lineage.tools.longdoc_log`` adds its MLflow ones to them)."""
     parser = argparse.ArgumentParser(
         prog="python -m evaluation.longdoc.bench",
         description="Serve a long-document workload with two attention kernels on the same "

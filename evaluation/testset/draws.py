@@ -9,7 +9,7 @@ with seed ``<confirmation seed> + k`` for its synthetic cases. Draws are added t
 test set's manifest under ``draws`` (the set digest, over the three base splits, does
 not change), and :func:`check_disjoint` proves every draw disjoint from every split
 and every other draw. Which draws a family has spent is not kept here: the signed
-evaluation attestations record each split digest used (``lineage.chain``).
+evaluation attestations record each split digest used (``lineage.records.chain``).
 """
 
 from __future__ import annotations

@@ -1,0 +1,145 @@
+"""Re-anchoring a family's signed log that is damaged for real (a disk lost, a restore
+from an older backup): the only way past :class:`~lineage.family_log.LogDamaged`.
+
+A person named in the approval policy of the family's latest registration signs, with
+their own key, what is missing or damaged and why (a ``reanchor-approval`` envelope);
+the pipeline checks that key against the policy, keeps the person's envelope as an
+artifact of a ``reanchor`` run and appends a ``reanchor`` entry to the log that lists
+every entry it gives up on. The audit says so on every run after (a warning line, not a
+failure): nothing missing is ever silently forgotten. The loosening rule counts a
+re-anchored range as a possible rejection (``lineage.registration``).
+
+A family whose log this store lost entirely (its experiment renamed or deleted: a
+writer refuses a new first entry of a family the pipeline's checkpoint knows) is
+restarted the same way: the re-anchor continues the family's log after the checkpoint's
+head, giving up every entry of it, and its approver is one named in the newest
+registration of that log, read where the log still is (the experiment the family's was
+renamed to, deleted ones included). Without one the family stays refused.
+
+The aliases are re-attested too: the approval names the aliases as MLflow shows them
+(what serves), and every alias the signed history leaves elsewhere gets a signed
+``reattest`` move to that version. Without it a cut rollback (its signed move lost)
+would be undone by the next ``reconcile``, putting the rolled-back version back in
+production "as signed".
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from securesystemslib.signer import Signer, SSlibKey
+
+from kernels.errors import KernelgateError
+from lineage.aliases import key_rotation, registered_model
+from lineage.log import family_log, log_writer
+from lineage.records.registration import latest_registration
+from lineage.signing.attestations import (
+    Attestation,
+    AttestationError,
+    Signing,
+    TrustPolicy,
+    make_envelope,
+    verify_envelope,
+)
+from lineage.signing.sources import StoreSource
+from lineage.store import store_identity, tags
+from lineage.store import tracking as tr
+from lineage.store.tracking import Tracking
+
+APPROVAL_ARTIFACT = "log/reanchor-approval.dsse.json"
+
+
+class ReanchorRefused(KernelgateError, RuntimeError):
+    """The log is intact, the reason is empty, or the key is not a named approver's."""
+
+
+def reanchor(tracking: Tracking, family: str, approver: Signer, reason: str,
+             signing: Signing) -> Attestation:
+    """Re-anchor ``family``'s damaged log with a named approver's signed approval.
+
+    Returns the ``reanchor`` entry appended.
+
+    Raises:
+        ReanchorRefused: nothing is damaged, no reason, or ``approver`` is not named in
+            the approval policy of the family's latest verified registration.
+    """
+    if not reason.strip():
+        raise ReanchorRefused("a re-anchor needs a reason (what was lost, and how)")
+    source = StoreSource(tracking, family, signing.trust)
+    log = family_log.read(source)
+    damage, checkpoint = log_writer.damage(log, signing,
+                                           location=store_identity.location(tracking))
+    if not damage:
+        raise ReanchorRefused(f"the signed log of {family} is intact: nothing to re-anchor")
+    latest = latest_registration(source) or earlier_registration(tracking, family,
+                                                                 signing.trust, checkpoint)
+    approvers = {a.keyid: a for a in latest[1].approval.approvers} if latest else {}
+    keyid = approver.public_key.keyid
+    if keyid not in approvers:
+        raise ReanchorRefused(
+            f"key {keyid[:12]} is not an approver named in {family}'s latest registration "
+            f"(named: {sorted(a.name for a in approvers.values()) or 'none'})")
+    length = max(log.length, checkpoint.length if checkpoint else 0)
+    missing = sorted(set(log.gaps()) | set(range(log.length + 1, length + 1))
+                     | ({checkpoint.length} if checkpoint and checkpoint.length <= log.length
+                        and log.digest_at(checkpoint.length) != checkpoint.head else set()))
+    shown = registered_model.aliases(tracking, family)
+    predicate = {"family": family, "missing": missing, "damage": damage, "reason": reason,
+                 "genesis": log.genesis or (checkpoint.genesis if checkpoint else None),
+                 "store": log.store or (checkpoint.store if checkpoint else None),
+                 "aliases": shown}
+    digest = hashlib.sha256(json.dumps(damage).encode()).hexdigest()
+    approval = make_envelope("reanchor-approval", {f"log/{family}/damage": digest}, predicate,
+                             approver)
+    check_approval(approval, approvers_trust(approvers), predicate)
+    with tr.stage_run(tracking, family, "reanchor", run_name="reanchor-log") as run_id:
+        tr.log_bytes(tracking, run_id, approval, APPROVAL_ARTIFACT)
+        entry = log_writer.append(tracking, run_id, "reanchor", {
+            **predicate, "approver": approvers[keyid].name, "approver_keyid": keyid,
+            "approval_artifact": APPROVAL_ARTIFACT}, signing, force=True)
+    key_rotation.reattest(tracking, family, signing, to=shown,
+                          reason=f"re-anchor {run_id}: the aliases as {approvers[keyid].name} "
+                                 "approved them")
+    return entry
+
+
+def earlier_registration(tracking: Tracking, family: str, trust: TrustPolicy,
+                         checkpoint: family_log.Head | None):
+    """The newest verified registration of ``family``'s log as ``checkpoint`` knows it
+    (same first entry), read from any experiment of the family (renamed or deleted ones
+    included), with its thresholds; None: no checkpoint, or that log is nowhere here."""
+    if checkpoint is None:
+        return None
+    from mlflow.entities import ViewType
+
+    found = tracking.client().search_experiments(
+        view_type=ViewType.ALL, filter_string=f"tags.`{tags.FAMILY}` = '{family}'")
+    for experiment in found:
+        source = StoreSource(tracking, family, trust, experiment_id=experiment.experiment_id)
+        if family_log.read(source).genesis == checkpoint.genesis:
+            latest = latest_registration(source)
+            if latest is not None:
+                return latest
+    return None
+
+
+def approvers_trust(approvers: dict) -> TrustPolicy:
+    """The approvers' public keys as a trust policy."""
+    return TrustPolicy(public_keys={k: SSlibKey.from_dict(k, dict(a.public_key))
+                                    for k, a in approvers.items()})
+
+
+def check_approval(envelope: bytes, trust: TrustPolicy, predicate: dict) -> None:
+    """The person's envelope approves exactly this re-anchor.
+
+    Raises:
+        ReanchorRefused: not signed by a trusted approver, or for something else.
+    """
+    try:
+        approval = verify_envelope(envelope, trust, path="re-anchor approval")
+    except AttestationError as err:
+        raise ReanchorRefused(str(err)) from err
+    if approval.kind != "reanchor-approval" or any(
+            approval.predicate.get(k) != v for k, v in predicate.items() if k != "damage"):
+        raise ReanchorRefused("the re-anchor approval is for another family or range")

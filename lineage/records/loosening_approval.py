@@ -1,0 +1,133 @@
+"""What a person's approval of a loosening signs, and when a registration accepts it.
+
+A registration that loosens the family's previous one after a rejection needs a person
+named in that registration's approval policy to sign exactly that loosening
+(``kernelgate approve-loosening``). The approval is bound to what it approves, so it is no
+bearer token: the registration it loosens (id and envelope digest: an old approval cannot
+re-loosen the family after a later registration), the thresholds file's sha256, the rollout
+settings it binds (``lineage.bindings``: another test-set profile cannot ride along), an
+expiry, and a nonce spent by the one registration that carries it; an approver key revoked
+in the pipeline's key folder signs nothing any more.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from securesystemslib.signer import SSlibKey
+
+from gates.preregistration import PreregistrationError
+from gates.thresholds import Thresholds, parse_thresholds
+from lineage.records.bindings import RolloutBindings, whole_numbers
+from lineage.signing.attestations import (
+    Attestation,
+    AttestationError,
+    TrustPolicy,
+    make_envelope,
+    verify_envelope,
+)
+from lineage.signing.sources import EvidenceSource
+
+
+class LooseningRefused(PreregistrationError):
+    """A registration loosens thresholds after a rejection without a valid named approval."""
+
+
+LOOSENING_VALID_S = 7 * 24 * 3600
+"""How long a signed loosening approval stays usable by default (seconds)."""
+
+
+def check_loosening_approval(envelope: bytes, previous: tuple[Attestation, Thresholds],
+                              family: str, thresholds_sha256: str, loosened: list[str],
+                              bindings: RolloutBindings | None, source: EvidenceSource,
+                              revoked: set[str]) -> dict:
+    """A person's signed approval of exactly this loosening: by a key the previous
+    registration's policy names and that is not revoked (``revoked``), of this family's
+    newest registration (its id and envelope digest), of this file and these ``bindings``,
+    not expired and not used before (its nonce is spent by the registration that
+    carries it). Returns its predicate.
+
+    Raises:
+        LooseningRefused: naming what does not match.
+    """
+    approvers = {a.keyid: a for a in previous[1].approval.approvers}
+    names = sorted(a.name for a in approvers.values())
+    trust = TrustPolicy(public_keys={k: SSlibKey.from_dict(k, dict(a.public_key))
+                                     for k, a in approvers.items()}, revoked=set(revoked))
+    try:
+        approval = verify_envelope(envelope, trust, path="loosening approval")
+    except AttestationError as err:
+        raise LooseningRefused(f"loosening approval not accepted: {err} (the previous "
+                               f"registration trusts {names or 'no approver keys'})") from err
+    p = approval.predicate
+    if (approval.kind != "loosening" or p.get("family") != family
+            or p.get("thresholds_sha256") != thresholds_sha256 or not str(p.get("reason", "")).strip()):
+        raise LooseningRefused("the loosening approval is for another family or file, or gives "
+                               "no reason")
+    newest = previous[0].predicate["registration_id"]
+    if (p.get("previous_registration_id"), p.get("previous_envelope")) != (
+            newest, previous[0].envelope_sha256):
+        raise LooseningRefused(
+            f"the loosening approval approves a loosening of registration "
+            f"{p.get('previous_registration_id') or '(none named)'}; the family's newest is "
+            f"{newest}: an approval binds the registration it loosens (sign a new one with "
+            "kernelgate approve-loosening)")
+    try:
+        expires = datetime.fromisoformat(str(p.get("expires_at")))
+    except ValueError:
+        raise LooseningRefused("the loosening approval names no expiry") from None
+    if expires.tzinfo is None or datetime.now(UTC) > expires:
+        raise LooseningRefused(f"the loosening approval expired at {p.get('expires_at')}")
+    nonce = str(p.get("nonce") or "")
+    spent = [a.run_id for a in source.attestations() if a.kind == "registration"
+             and (a.predicate.get("loosening_approval") or {}).get("nonce") == nonce]
+    if not nonce or spent:
+        raise LooseningRefused(f"the loosening approval was used already (registration "
+                               f"{spent[0] if spent else '?'}): an approval is good for one "
+                               "registration")
+    asked = None if bindings is None else whole_numbers(bindings.model_dump(mode="json"))
+    approved = whole_numbers(p.get("bindings"))
+    if asked != approved:
+        differ = sorted(k for k in set(asked or {}) | set(approved or {})
+                        if (asked or {}).get(k) != (approved or {}).get(k))
+        raise LooseningRefused(
+            "the loosening approval approves other rollout settings than this rollout binds: "
+            + "; ".join(f"{k}: approved {(approved or {}).get(k)!r}, this rollout "
+                        f"{(asked or {}).get(k)!r}" for k in differ))
+    return {**p, "approver": approvers[approval.keyid].name, "keyid": approval.keyid,
+            "loosened": loosened}
+
+
+def loosening_predicate(family: str, thresholds_path: Path, reason: str, *,
+                        previous: Attestation, bindings: dict | None,
+                        valid_for_s: float = LOOSENING_VALID_S, nonce: str | None = None) -> dict:
+    """What a person signs to approve a loosening (``kernelgate approve-loosening``): this
+    thresholds file for ``family``, as a loosening of exactly the registration ``previous``
+    (its id and envelope digest), with these rollout ``bindings`` (``lineage.bindings``, as
+    JSON), good until ``valid_for_s`` seconds from now and for one registration (``nonce``,
+    random when None)."""
+    import secrets
+
+    data = Path(thresholds_path).read_bytes()
+    expires = datetime.now(UTC) + timedelta(seconds=valid_for_s)
+    return {"family": family, "thresholds_sha256": hashlib.sha256(data).hexdigest(),
+            "reason": reason, "file": Path(thresholds_path).name,
+            "thresholds": json.loads(json.dumps(parse_thresholds(data).model_dump(mode="json"))),
+            "previous_registration_id": previous.predicate["registration_id"],
+            "previous_envelope": previous.envelope_sha256, "bindings": bindings,
+            "expires_at": expires.isoformat(), "nonce": nonce or secrets.token_hex(16)}
+
+
+def sign_loosening(signer, family: str, thresholds_path: Path, reason: str, *,
+                   previous: Attestation, bindings: dict | None,
+                   valid_for_s: float = LOOSENING_VALID_S) -> bytes:
+    """A person's signed approval of exactly this thresholds file for ``family``, as a
+    loosening of the registration ``previous`` with ``bindings``
+    (:func:`loosening_predicate`); the file's bytes are its subject."""
+    predicate = loosening_predicate(family, thresholds_path, reason, previous=previous,
+                                    bindings=bindings, valid_for_s=valid_for_s)
+    return make_envelope("loosening", {f"thresholds/{Path(thresholds_path).name}":
+                                       predicate["thresholds_sha256"]}, predicate, signer)

@@ -1,0 +1,94 @@
+"""Approvals by people who are who they say: signed with their own keys.
+
+``kernelgate approve`` signs an ``approval`` statement naming the paused flow run, the
+transition and the answer with the approver's key; the flow accepts it only when the
+signature verifies with a key the *registration's* approval policy names
+(``approval.approvers``), and records the approver as authenticated by that key. An
+answer typed into the Prefect UI (behind a shared server password at best) is recorded
+as unauthenticated; a policy with ``require_signed: true`` does not count it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import NamedTuple
+
+from securesystemslib.signer import Signer, SSlibKey
+
+from gates.approval_policy import ApprovalPolicy
+from lineage.signing.attestations import (
+    AttestationError,
+    TrustPolicy,
+    make_envelope,
+    verify_envelope,
+)
+
+
+def sign_approval(signer: Signer, *, flow_run_id: str, transition: str, approve: bool,
+                  comment: str) -> bytes:
+    """A person's signed answer to one paused approval (a DSSE envelope, JSON bytes);
+    its subject is the answer itself (flow run, transition, answer, comment)."""
+    answer = {"flow_run_id": flow_run_id, "transition": transition, "approve": approve,
+              "comment": comment}
+    digest = hashlib.sha256(json.dumps(answer, sort_keys=True).encode()).hexdigest()
+    return make_envelope("approval", {f"prefect-flow-run/{flow_run_id}": digest}, answer, signer)
+
+
+class SignedAnswer(NamedTuple):
+    """A verified signed answer: who (the policy's name), how, and what they wrote."""
+
+    approver: str
+    authentication: str
+    comment: str
+
+
+def verify_approval(envelope: bytes, policy: ApprovalPolicy, *, flow_run_id: str | None,
+                    transition: str, approve: bool) -> SignedAnswer:
+    """Check a signed answer against the registered policy and this pause
+    (``flow_run_id`` None: any flow run, as an auditor re-checking a kept answer).
+
+    Returns:
+        :class:`SignedAnswer`: the approver's name from the policy, how they were
+        authenticated, and the comment they signed (the one to record).
+
+    Raises:
+        AttestationError: no approver key in the policy verifies it, or it answers
+            another flow run, transition or question.
+    """
+    approvers = {a.keyid: a for a in policy.approvers}
+    trust = TrustPolicy(public_keys={k: SSlibKey.from_dict(k, dict(a.public_key))
+                              for k, a in approvers.items()})
+    if not approvers:
+        raise AttestationError("the registered approval policy names no approver keys")
+    signed = verify_envelope(envelope, trust, path="signed approval")
+    p = signed.predicate
+    expected = (flow_run_id or p.get("flow_run_id"), transition, approve)
+    if (p.get("flow_run_id"), p.get("transition"), p.get("approve")) != expected:
+        raise AttestationError(
+            f"the signed approval answers flow run {p.get('flow_run_id')} {p.get('transition')} "
+            f"approve={p.get('approve')}, not this pause ({flow_run_id} {transition} "
+            f"approve={approve})")
+    approver = approvers[signed.keyid]
+    return SignedAnswer(approver.name, f"signed with {approver.name}'s key {signed.keyid[:12]}",
+                        str(p.get("comment", "")))
+
+
+def recheck_answer(record, policy: ApprovalPolicy) -> str | None:
+    """The audit's second look at an authenticated approval ``record``
+    (``gates.approval.ApprovalRecord``) under the registered ``policy``: its kept signed
+    answer must verify with a named approver's key and say what the record says (the
+    transition, the answer, the approver, the comment). Returns the problem, or None."""
+    if not record.authenticated:
+        return None
+    if not record.signed_answer:
+        return "recorded as signed, but the approver's own signed answer is not kept"
+    try:
+        answer = verify_approval(record.signed_answer.encode(), policy, flow_run_id=None,
+                                 transition=record.transition, approve=record.approved)
+    except AttestationError as err:
+        return f"the kept signed answer does not verify: {err}"
+    if (answer.approver, answer.comment) != (record.approver, record.comment):
+        return (f"the record says {record.approver!r}: {record.comment!r}; the signed answer "
+                f"{answer.approver!r}: {answer.comment!r}")
+    return None
