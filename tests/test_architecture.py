@@ -3,7 +3,8 @@
 kernels and gates import nothing of ours above them and neither MLflow nor Prefect;
 evaluation imports kernels (and neither MLflow nor Prefect); lineage imports gates,
 kernels and evaluation, and MLflow but not Prefect; flows import everything; nothing
-imports flows. Function-local imports count: a circle hidden inside a function is
+imports flows. Within lineage, each role (a subpackage) imports only the roles below it
+(``LINEAGE_LAYERS``). Function-local imports count: a circle hidden inside a function is
 still a circle. Modules stay small, or say in their docstring why not. Code, tests and
 tools say why in words, not by session or issue number.
 """
@@ -183,6 +184,100 @@ def test_tag_names_live_in_one_module():
                     and node.value.startswith(("kernelgate.", "mlflow.note", "mlflow.parent"))):
                 offenders.append(f"{module}: {node.value!r}")
     assert not offenders, offenders
+
+
+# ----------------------------------------------------------------------------- lineage
+
+_BELOW_SERVING = {"lineage.store", "lineage.signing", "lineage.log", "lineage.records",
+                  "lineage.aliases"}
+LINEAGE_LAYERS: dict[str, set[str]] = {
+    "lineage.store": set(),
+    "lineage.signing": {"lineage.store"},
+    "lineage.log": {"lineage.store", "lineage.signing"},
+    "lineage.records": {"lineage.store", "lineage.signing", "lineage.log"},
+    "lineage.aliases": {"lineage.store", "lineage.signing", "lineage.log", "lineage.records"},
+    "lineage.serving": _BELOW_SERVING,
+    "lineage.rollout": _BELOW_SERVING | {"lineage.serving"},
+    "lineage.audit": _BELOW_SERVING | {"lineage.serving"},
+    "lineage.family_store": _BELOW_SERVING,
+    "lineage.tools": _BELOW_SERVING | {"lineage.serving", "lineage.rollout", "lineage.audit"},
+    "lineage.model": set(),
+}
+"""The roles of ``lineage`` (a subpackage each, or a module of its own) and the roles
+each may import besides itself, bottom up: the store (MLflow itself), signing, the
+family log, the records a rollout signs, the registered model and its aliases, serving
+(a version as a model and its runners), then the runs of a rollout and the audit side
+by side; ``family_store`` is the family's one object over the records, log and aliases;
+``tools`` (benchmarks) may import every role and no role imports it. ``lineage.model``,
+the pyfunc wrapper every stored version names by that path, imports none of them and
+every role may import it."""
+LINEAGE_SHARED = {"lineage.model"}
+
+
+def lineage_role(name: str) -> str | None:
+    """The role of a module (or an imported name) of ``lineage``; None for the package."""
+    parts = name.split(".")
+    if parts[0] != "lineage" or len(parts) < 2:
+        return None
+    role = ".".join(parts[:2])
+    return role if role in LINEAGE_LAYERS else name
+
+
+def lineage_violations(imports: dict[str, set[str]]) -> list[str]:
+    """``module -> role`` for each import of a ``lineage`` module that its role may not
+    make (``imports``: module -> the names it imports), and each module in no role."""
+    found = []
+    for module, names in sorted(imports.items()):
+        role = lineage_role(module)
+        if role is None:
+            continue
+        if role not in LINEAGE_LAYERS:
+            found.append(f"{module}: in no role of LINEAGE_LAYERS")
+            continue
+        allowed = LINEAGE_LAYERS[role] | LINEAGE_SHARED | {role}
+        found += [f"{module} -> {r}" for r in sorted({lineage_role(n) for n in names} - {None})
+                  if r not in allowed]
+    return found
+
+
+def declared_cycles(layers: dict[str, set[str]]) -> list[str]:
+    """Circles in the declaration itself (a role that may import, through others, itself)."""
+    cycles = []
+
+    def visit(role: str, path: list[str]) -> None:
+        for nxt in sorted(layers.get(role, ())):
+            if nxt in path:
+                cycles.append(" -> ".join(path[path.index(nxt):] + [nxt]))
+            else:
+                visit(nxt, path + [nxt])
+
+    for role in sorted(layers):
+        visit(role, [role])
+    return sorted(set(cycles))
+
+
+def test_lineage_roles_are_layered_without_circles():
+    assert declared_cycles(LINEAGE_LAYERS) == []
+    imports = {m: _imports(p) for m, p in MODULES.items() if m.startswith("lineage.")}
+    assert lineage_violations(imports) == []
+    assert not any(lineage_role(m) == "lineage.tools" for names in
+                   [_imports(p) for m, p in MODULES.items() if not m.startswith("lineage.tools")]
+                   for m in names), "nothing imports lineage.tools"
+    roles = {lineage_role(m) for m in MODULES if m.startswith("lineage.")}
+    assert roles == set(LINEAGE_LAYERS), sorted(roles ^ set(LINEAGE_LAYERS))
+
+
+def test_the_lineage_layering_check_finds_planted_violations():
+    planted = {"lineage.store.tags": {"lineage.audit.audit"},  # an arrow back up
+               "lineage.records.records": {"lineage.aliases", "lineage.aliases.registry"},
+               "lineage.serving.versions": {"lineage.model", "lineage.store.tracking"},
+               "lineage.dispatch_policy": {"lineage.store.tracking"}}  # in no role
+    assert lineage_violations(planted) == [
+        "lineage.dispatch_policy: in no role of LINEAGE_LAYERS",
+        "lineage.records.records -> lineage.aliases",
+        "lineage.store.tags -> lineage.audit"]
+    circle = {**LINEAGE_LAYERS, "lineage.store": {"lineage.audit"}}
+    assert "lineage.store -> lineage.audit -> lineage.store" in declared_cycles(circle)
 
 
 def test_shared_leaves_import_nothing_of_ours():
