@@ -42,7 +42,7 @@ class FamilyStore:
 
     @classmethod
     def of(cls, record: Any) -> FamilyStore:
-        """The family store of a rollout's record (``lineage.rollout.rollout.RolloutRecord``)."""
+        """The family store of a rollout's record (``lineage.rollout.rollout.rollout.RolloutRecord``)."""
         return cls(record.tracking, record.family, record.signing)
 
     @property

@@ -2,11 +2,11 @@
 
 A rotation of the pipeline key, a revocation (with its position) and a new approver key
 change what the audit trusts; each is signed by the pipeline's current key as one
-``key_change`` entry of each family's append-only log (``lineage.log_writer.append``),
+``key_change`` entry of each family's append-only log (``lineage.log.log_writer.append``),
 in a ``key_change`` run of the family's experiment. So the audit sees the key changes in
 order among the family's other records (:func:`key_changes`), and deleting one leaves a
 gap in the log like any other deleted record. The key folder stays the source of what
-is trusted (``lineage.keys``); the entries are the history an auditor can check it
+is trusted (``lineage.signing.keys``); the entries are the history an auditor can check it
 against. ``kernelgate keys rotate|revoke|create --name`` write them
 (``flows.cli_keys``).
 """
@@ -66,7 +66,7 @@ def log_key_change(tracking: Tracking, family: str, change: KeyChange,
     """Sign ``change`` as the next entry of ``family``'s log; returns the run id.
 
     Raises:
-        lineage.family_log.LogDamaged: the family's log is damaged (nothing is written).
+        lineage.log.family_log.LogDamaged: the family's log is damaged (nothing is written).
     """
     data = change.model_dump(mode="json")
     run_tags = {tags.NOTE: change.describe()}

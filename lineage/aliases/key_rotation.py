@@ -1,10 +1,10 @@
 """Key rotation that keeps production: the current aliases re-attested with the new key.
 
-``kernelgate keys rotate`` retires the pipeline key (``lineage.keys.rotate``) and then,
+``kernelgate keys rotate`` retires the pipeline key (``lineage.signing.keys.rotate``) and then,
 for every family of the store, signs with the *new* key one ``reattest`` alias move per
 alias the signed history currently sets (same version, next sequence number, chained to
 the previous move). Nothing moves: the aliases already say that. A later
-``keys revoke <old>`` revokes the old key from its retirement (``lineage.keys.revoke``),
+``keys revoke <old>`` revokes the old key from its retirement (``lineage.signing.keys.revoke``),
 so everything it signed before stays valid; and even a revocation from the start (every
 old signature void) leaves the re-attested moves, signed by the new key, saying where
 each alias is — the reconcile every rollout starts with then changes nothing.

@@ -1,7 +1,7 @@
 """How each version got into production and out of it, told from the signed alias history.
 
 The registry's aliases say where production points now; the signed, hash-chained alias
-moves (``lineage.registered_model.alias_history``) say how it got there. This module
+moves (``lineage.aliases.registered_model.alias_history``) say how it got there. This module
 turns the production moves into sentences for people: the audit of a version lists
 every move that names it (its promotion, a rollback that restored it, the rollback that
 took it out), its MLflow version page carries the same lines at the top of its

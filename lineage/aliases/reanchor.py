@@ -1,5 +1,5 @@
 """Re-anchoring a family's signed log that is damaged for real (a disk lost, a restore
-from an older backup): the only way past :class:`~lineage.family_log.LogDamaged`.
+from an older backup): the only way past :class:`~lineage.log.family_log.LogDamaged`.
 
 A person named in the approval policy of the family's latest registration signs, with
 their own key, what is missing or damaged and why (a ``reanchor-approval`` envelope);
@@ -7,7 +7,7 @@ the pipeline checks that key against the policy, keeps the person's envelope as 
 artifact of a ``reanchor`` run and appends a ``reanchor`` entry to the log that lists
 every entry it gives up on. The audit says so on every run after (a warning line, not a
 failure): nothing missing is ever silently forgotten. The loosening rule counts a
-re-anchored range as a possible rejection (``lineage.registration``).
+re-anchored range as a possible rejection (``lineage.records.registration``).
 
 A family whose log this store lost entirely (its experiment renamed or deleted: a
 writer refuses a new first entry of a family the pipeline's checkpoint knows) is

@@ -9,9 +9,9 @@
   version to the runs that judged it. Tags are for people; nothing that decides reads them.
 * The signed alias history read back (:func:`alias_history`, :func:`signed_aliases`,
   :func:`production_history`): the numbered, hash-chained ``alias`` attestations, which
-  the alias-moving wall (:mod:`lineage.registry`) and the audit both replay.
+  the alias-moving wall (:mod:`lineage.aliases.registry`) and the audit both replay.
 
-Every alias move lives in :mod:`lineage.registry`, where its invariant is checked.
+Every alias move lives in :mod:`lineage.aliases.registry`, where its invariant is checked.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def register_build(tracking: Tracking, family: str, build_run_id: str, *, implem
 
     Raises:
         LineageError: the run does not exist or is not a ``build`` run.
-        lineage.ownership.FamilyOwnedElsewhere: another account owns the registered model.
+        lineage.store.ownership.FamilyOwnedElsewhere: another account owns the registered model.
     """
     client = tracking.client()
     try:
@@ -267,7 +267,7 @@ def describe_version(tracking: Tracking, family: str, version: str, decision: st
     rows.append(link("confirmation decision", values.get(tags.CONFIRMATION_RUN_ID)))
     rows.append(link("rollout (parent run: promotion and rollback runs are its children)",
                      values.get(tags.ROLLOUT_RUN_ID)))
-    # the signed production story at the top (lineage.production_story) outlives a rewrite
+    # the signed production story at the top (lineage.aliases.production_story) outlives a rewrite
     kept = production_story.story_block(
         client.get_model_version(registered_model_name(family), version).description)
     text = kept + "\n".join([

@@ -1,10 +1,10 @@
 """The alias-moving wall: every move of ``shadow``, ``canary`` and ``production``.
 
-* One registered model per kernel family (:mod:`lineage.registered_model` creates, reads
+* One registered model per kernel family (:mod:`lineage.aliases.registered_model` creates, reads
   and tags it and reads the signed alias history back; it never moves an alias).
 * Aliases ``shadow``, ``canary``, ``production``. ``shadow`` needs nothing (its output is
   never served). ``canary`` and ``production`` need a complete, signed chain of evidence
-  for the version (:mod:`lineage.chain`); otherwise :class:`PromotionRefused` is raised
+  for the version (:mod:`lineage.records.chain`); otherwise :class:`PromotionRefused` is raised
   and no alias moves. Whoever calls (a flow, the CLI, a Python shell) meets the same rules.
 * Promotion is a compare-and-swap: it is refused when ``production`` is no longer the
   version the candidate was judged against.
@@ -19,7 +19,7 @@
   says why either way.
 
 Every alias move and its invariant check live here together (a move added elsewhere
-could bypass it); each is an entry of the family's signed log (``lineage.log_writer``),
+could bypass it); each is an entry of the family's signed log (``lineage.log.log_writer``),
 a compare-and-swap on its sequence where writers race (``_move``). Kept over 350 lines
 for that reason: splitting the moves from their checks would open a path around them.
 """
@@ -87,7 +87,7 @@ def _move(tracking: Tracking, family: str, change: AliasChange, signing: Signing
           parent_run_id: str | None, chain_links: dict | None = None) -> AliasChange:
     """Sign the intent, then move the alias (the order that lets reconcile finish it).
 
-    The signed move is a compare-and-swap on the family's log (``lineage.log_writer``):
+    The signed move is a compare-and-swap on the family's log (``lineage.log.log_writer``):
     when another writer took the log position first, nothing of this attempt is signed
     and the move is signed again from the new head — numbered after the other move, its
     ``previous_version`` what the signed history now says. A promotion, rollback or
@@ -345,7 +345,7 @@ def tell_production_story(tracking: Tracking, family: str, trust: TrustPolicy,
     """After a production move: the registered model's history tags (every production
     move with its time and reason; the version production last pointed at before now)
     and the version pages of ``versions`` (a production-story block at the top), all
-    from the signed alias history (``lineage.production_story``). For people; nothing
+    from the signed alias history (``lineage.aliases.production_story``). For people; nothing
     reads them back. A version deleted since is skipped."""
     moves = production_story.production_moves(store_alias_history(tracking, family, trust)[0])
     client = tracking.client()

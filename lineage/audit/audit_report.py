@@ -1,5 +1,5 @@
 """What an audit found: the chain it followed, link by link, and every problem; its
-terminal text and exit code (``lineage.audit`` produces it)."""
+terminal text and exit code (``lineage.audit.audit`` produces it)."""
 
 from __future__ import annotations
 

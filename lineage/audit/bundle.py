@@ -1,7 +1,7 @@
 """The audit bundle: one family's signed record exported to a folder, and read back.
 
 ``kernelgate audit --export DIR`` writes it (:func:`export_bundle`); ``kernelgate audit
---bundle DIR`` reads it (:class:`BundleSource`, an :class:`~lineage.sources.EvidenceSource`)
+--bundle DIR`` reads it (:class:`BundleSource`, an :class:`~lineage.signing.sources.EvidenceSource`)
 with no MLflow at all. The layout is defined here once, for both directions::
 
     attestations/<run id>/<kind>.dsse.json   every envelope of the family (deleted runs too)
@@ -151,7 +151,7 @@ def verify_artifacts(source: BundleSource, runs: set[str]) -> tuple[int, int, li
 
 
 class AuditText(Protocol):
-    """What the export needs of an audit report (``lineage.audit_report.AuditReport``)."""
+    """What the export needs of an audit report (``lineage.audit.audit_report.AuditReport``)."""
 
     target: str
 

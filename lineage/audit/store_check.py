@@ -4,7 +4,7 @@ Run tags, metrics and params against the values each attestation signed; every s
 artifact re-hashed against its signed digest (an artifact no signature covers, or one
 signed and gone, is named); the version's tags against its signed build, its link tags
 against the signed promotion; deleted runs an auditor would follow. Each function
-returns the problems it found (``lineage.audit`` collects them) and never raises on a
+returns the problems it found (``lineage.audit.audit`` collects them) and never raises on a
 mismatch.
 """
 

@@ -1,6 +1,6 @@
 """Checkpoints of a family's log kept where the store's writers cannot rewrite them.
 
-A log is named by its store and family (``lineage.store_identity``), never by its first
+A log is named by its store and family (``lineage.store.store_identity``), never by its first
 entry: a log of the same family with another first entry is compared with the heads seen
 before and fails as a restarted log.
 
@@ -111,7 +111,7 @@ def sign_checkpoint(head: Head, signing: Signing) -> bytes:
 
 def write_checkpoint(head: Head, signing: Signing) -> Path | None:
     """Sign ``head`` and write it beside the pipeline's key and with the signing's
-    sequencer (``lineage.log_sequence``, e.g. a Prefect variable), where there is one.
+    sequencer (``lineage.log.log_sequence``, e.g. a Prefect variable), where there is one.
     Returns the file beside the key (None: no key folder known)."""
     if signing.sequencer is not None:
         signing.sequencer.write_checkpoint(head.family, sign_checkpoint(head, signing))

@@ -8,16 +8,16 @@ envelope as stored (``None`` for entry 1). Each envelope stays an artifact of it
 (where people look); the order is the signed ``(seq, prev)`` chain, so deleting any
 envelope leaves a gap or a broken link that :func:`read` names. Deleting the *last*
 entries leaves no gap: that is what a checkpoint held elsewhere sees
-(:mod:`lineage.checkpoints`; :func:`compare` checks a log against one).
+(:mod:`lineage.log.checkpoints`; :func:`compare` checks a log against one).
 
 Entry 1 also names the store the log belongs to (``"store"``: its id,
-``lineage.store_identity``): a log is known by its store and family, so a log of the same
+``lineage.store.store_identity``): a log is known by its store and family, so a log of the same
 family with another first entry is a restarted log, compared with (and failed against)
 the heads seen before. A log whose first entry names no store was made before logs carried
 a store identity: verified as before, and said. Entries signed before the log existed (no
 ``log`` field) are a legacy prefix: counted and said, never a failure. A gap re-anchored by a person's signed approval
-(``lineage.reanchor``) is a warning forever after, not a problem. The writer is
-``lineage.log_writer``.
+(``lineage.aliases.reanchor``) is a warning forever after, not a problem. The writer is
+``lineage.log.log_writer``.
 """
 
 from __future__ import annotations

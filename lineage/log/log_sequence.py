@@ -11,12 +11,12 @@ is refused (:class:`SequenceTaken`), logs nothing, and signs again from the new 
 
 The sequencer also keeps the pipeline's checkpoint of the log where the MLflow store's
 writers cannot rewrite it (the servers profile's counterpart of the checkpoint beside the
-key, ``lineage.checkpoints``): restoring an older backup of the store is then a log shorter
+key, ``lineage.log.checkpoints``): restoring an older backup of the store is then a log shorter
 than that checkpoint (a cut log) until a person re-anchors it.
 
 :class:`FolderSequencer` is the same contract on a folder (``O_EXCL`` files), for tests and
 for writers that share one filesystem. The embedded profile needs none (its writers of a
-family are serialised by ``lineage.rollout.family_lock``).
+family are serialised by ``lineage.rollout.rollout.family_lock``).
 """
 
 from __future__ import annotations

@@ -1,14 +1,14 @@
-"""The one writer of a family's signed log (``lineage.family_log``).
+"""The one writer of a family's signed log (``lineage.log.family_log``).
 
-:func:`append` is :func:`lineage.attestations.attest` with the entry's log position
+:func:`append` is :func:`lineage.signing.attestations.attest` with the entry's log position
 signed inside the statement. The next position is learned by reading the family's
 entries back from the store (every verified envelope, deleted runs included) and, where
 the pipeline keeps one, its checkpoint beside its key: the log must be intact and reach
-the checkpoint, otherwise :class:`~lineage.family_log.LogDamaged` is raised and nothing
+the checkpoint, otherwise :class:`~lineage.log.family_log.LogDamaged` is raised and nothing
 is written (a writer that numbered on from a cut log would fork it). On the embedded
-profile writers of a family are serialised by ``lineage.rollout.family_lock``; on a
+profile writers of a family are serialised by ``lineage.rollout.rollout.family_lock``; on a
 tracking server every append is a compare-and-swap on the log's sequence: the signed entry
-claims its number with the signing's sequencer (``lineage.log_sequence``) before it is
+claims its number with the signing's sequencer (``lineage.log.log_sequence``) before it is
 logged, and a writer that lost the number logs nothing and signs again from the new head.
 After the entry is logged, the checkpoint (beside the key, and with the sequencer) is moved
 to it.
@@ -63,7 +63,7 @@ def damage(log: FamilyLog, signing: Signing, kept: Kept | None = None,
     checkpoints kept for its store and family, and a store found where the key folder saw
     another), and the furthest of those checkpoints (None: none kept). ``kept``: the
     checkpoints read before ``log`` was (default: read now); ``location``: where the store
-    is (``lineage.store_identity.location``)."""
+    is (``lineage.store.store_identity.location``)."""
     found = list(log.problems)
     found += store_identity.check(log.store, location, signing.key_dir,
                                   "the pipeline's key folder")[0]
@@ -100,7 +100,7 @@ def current_damage(source: EvidenceSource, signing: Signing) -> list[str]:
 def _location(source: EvidenceSource, log: FamilyLog, signing: Signing) -> str | None:
     """Where the store a writer reads is; a store made afresh where the key folder saw
     another (nothing of any family in it) makes the key folder forget the old one there,
-    so its first entry names a new store id (``lineage.store_identity``)."""
+    so its first entry names a new store id (``lineage.store.store_identity``)."""
     tracking = getattr(source, "tracking", None)
     if tracking is None:
         return None

@@ -11,7 +11,7 @@ registers the *same* thresholds file as the family's newest registration (same
 registration: family, profile, thresholds sha256) with other values is refused naming
 each one (:class:`BindingsRefused`); with another thresholds file it is a new
 registration, and after a rejection a changed binding counts among its loosenings (it
-needs the same signed approval, ``lineage.registration``).
+needs the same signed approval, ``lineage.records.registration``).
 """
 
 from __future__ import annotations

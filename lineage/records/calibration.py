@@ -121,7 +121,7 @@ def log_calibration(tracking: Tracking, record: CalibrationRecord, *, signing: S
         client.log_metric(run_id, "calibration.false_rollback_rate", record.false_rollback_rate)
         if record.noise_sd is not None:
             client.log_metric(run_id, "calibration.noise_sd", record.noise_sd)
-        # an entry of the family's log like every other attestation (lineage.log_writer)
+        # an entry of the family's log like every other attestation (lineage.log.log_writer)
         log_writer.append(tracking, run_id, "calibration", {
             "family": record.family, "version": record.production_version,
             "facts": record.facts, "created_at": record.created_at, "runs": record.runs,

@@ -13,10 +13,10 @@ for that version's build and under one registration:
    plan, and a passing confirmation decision (accuracy criteria on a confirmation split
    no earlier rollout of the family used) under the same registration.
 
-Evidence is read only from verified attestations (``lineage.attestations``): tags help
+Evidence is read only from verified attestations (``lineage.signing.attestations``): tags help
 find runs, never decide what counts. :func:`collect` reads what the store holds for a
 version; :func:`problems` lists, in words, what is missing or wrong for a transition.
-``lineage.registry`` refuses an alias move with any problem, and ``lineage.audit``
+``lineage.aliases.registry`` refuses an alias move with any problem, and ``lineage.audit.audit``
 reports the same problems.
 """
 

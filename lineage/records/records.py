@@ -4,8 +4,8 @@ each signed, and read back verified against its signature.
 Each record is a run of its own stage (``gate``, ``approval``, ``shadow``, ``canary``,
 ``promotion``/``rollback``) in the family's experiment, a child of the rollout run when
 one is given, with its pydantic record as a JSON artifact, the link tags of
-:mod:`lineage.tags` (for people and the UI), and a signed attestation
-(``lineage.attestations``) whose predicate carries the same links and whose subjects are
+:mod:`lineage.store.tags` (for people and the UI), and a signed attestation
+(``lineage.signing.attestations``) whose predicate carries the same links and whose subjects are
 the run's artifacts. Readers (:func:`load_decision`, :func:`load_approval`) trust the
 signature, not the tags: a record whose artifact differs from its signed digest, or
 whose run carries no verified attestation, is refused.
@@ -193,7 +193,7 @@ def log_alias_change(tracking: Tracking, change: BaseModel, *, signing: Signing,
                      sequence: int, previous_envelope: str | None,
                      chain: dict | None = None, parent_run_id: str | None = None,
                      log_seq: int | None = None) -> str:
-    """Log an alias move (``lineage.registry.AliasChange``) as a signed ``promotion`` or
+    """Log an alias move (``lineage.aliases.registry.AliasChange``) as a signed ``promotion`` or
     ``rollback`` run — before the alias moves (the signed intent).
 
     Args:
@@ -205,9 +205,9 @@ def log_alias_change(tracking: Tracking, change: BaseModel, *, signing: Signing,
             ``previous_envelope`` were read after the log's length); another is refused.
 
     Raises:
-        lineage.log_sequence.SequenceTaken: another writer took the log position first
+        lineage.log.log_sequence.SequenceTaken: another writer took the log position first
             (this run ends FAILED, unsigned; the caller signs the move again from the new
-            head: ``lineage.registry``).
+            head: ``lineage.aliases.registry``).
     """
     data = change.model_dump(mode="json")
     stage = "rollback" if data["action"] == "rollback" else "promotion"

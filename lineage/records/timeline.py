@@ -1,6 +1,6 @@
 """Where a rollout's time went, read back from the MLflow store.
 
-Each rollout is a parent run whose children are its stage runs (``lineage.tags``). A
+Each rollout is a parent run whose children are its stage runs (``lineage.store.tags``). A
 stage run is created when the stage has its result, so MLflow's own start and end times
 say how long *logging* took, not the stage: the flow records each stage's wall-clock
 start and end (:func:`record_stage_time`) into the runs the stage created (tags

@@ -10,7 +10,7 @@
   ``evaluation/``, the test-set manifest under ``testset/``, and the report's finite
   metrics.
 
-Every artifact is logged through :mod:`lineage.tracking`, so its sha256 is recorded.
+Every artifact is logged through :mod:`lineage.store.tracking`, so its sha256 is recorded.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def log_build(record: RolloutRecord, build: KernelBuild, build_dir: Path,
               encoder: MiniLM, bench_shapes: Sequence[AttentionShape] = ()
               ) -> tuple[str, str, LoggedModel]:
     """Log a finished build as a ``build`` run of the rollout, with the build as an
-    MLflow model of what serves (``lineage.versions.log_version_model``), register it
+    MLflow model of what serves (``lineage.serving.versions.log_version_model``), register it
     as a model version, and sign a ``build`` attestation (subjects: every file of the
     run, the model's code included; predicate: what serves and its version number).
     Returns ``(run id, version, what was logged)``."""

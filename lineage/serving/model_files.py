@@ -3,7 +3,7 @@
 At build :func:`folder_manifest` lists every file of the logged MLflow model (``MLmodel``,
 ``code/…``, ``artifacts/…``, the pickled wrapper, the requirements) with its sha256; the
 signed ``build`` attestation carries it as ``model_files``. Whatever loads a version —
-the audit, :class:`lineage.version_runners.VersionPool` and the worker process it
+the audit, :class:`lineage.serving.version_runners.VersionPool` and the worker process it
 starts — copies the files from the version's *storage location* (what ``models:/…``
 loads, which the registry's row names and anyone who can write the store can repoint),
 hashes them, compares them with the signed manifest, and computes the code digest of the

@@ -1,11 +1,11 @@
 """Serve one registered version from a process of its own (run as a script, not imported).
 
-    python -P lineage/model_worker.py <local model folder> [<MiniLM attention dtype>]
+    python -P lineage/serving/model_worker.py <local model folder> [<MiniLM attention dtype>]
 
 The attention dtype (default float32) is the serving contract's ``model_dtype`` of the
 rollout asking, so both sides of a canary run MiniLM's attention in the same dtype.
 
-The parent (``lineage.version_runners.VersionWorker``) copies the version's files from
+The parent (``lineage.serving.version_runners.VersionWorker``) copies the version's files from
 its storage location and checks them against the signed file manifest; this process
 loads that checked copy with ``mlflow.pyfunc.load_model``, which puts the version's code
 snapshot first on ``sys.path`` before anything of ours is imported; so the kernel, the

@@ -3,7 +3,7 @@
 :class:`VersionPool` gives a :class:`evaluation.runners.Runner` per version for
 evaluation, shadow, canary, rollback checks and re-validation. A version's files are
 first copied from its storage location (what ``models:/…`` loads) and checked against
-its signed file manifest (``lineage.model_files``), the code digest computed from them:
+its signed file manifest (``lineage.serving.model_files``), the code digest computed from them:
 a version whose checked code is byte-for-byte this process's code (same snapshot
 digest) runs here; any other version runs in a process of its own
 (:class:`VersionWorker`, ``model_worker.py``) that loads the checked copy. Source drift cannot happen on these paths: code either is the
@@ -48,13 +48,13 @@ class VersionWorker:
 
     Its files are copied from the version's storage location (what ``models:/…``
     loads) and checked against the signed build's file manifest *here*, with the code
-    digest computed from them (``lineage.model_files``); the process loads that checked
+    digest computed from them (``lineage.serving.model_files``); the process loads that checked
     copy, nothing else. What the loaded model says of itself is never the evidence.
 
     Raises (at construction):
         RuntimeError: the files are not the signed ones (naming each), or the process
             could not load the version (the message carries its error).
-        lineage.attestations.AttestationError: the version has no signed build.
+        lineage.signing.attestations.AttestationError: the version has no signed build.
     """
 
     def __init__(self, tracking: Tracking, family: str, version: str, *, trust: TrustPolicy,

@@ -7,7 +7,7 @@ logs it as the artifact folder ``model/`` of the build run (every file's sha256
 recorded); the registered version's source is ``runs:/<build run>/model``, so
 ``models:/kernelgate-<family>@<alias>`` loads the thing itself.
 
-:mod:`lineage.version_runners` runs a registered version's own code.
+:mod:`lineage.serving.version_runners` runs a registered version's own code.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ class LoggedModel(BaseModel):
     seconds: float
     manifest: dict[str, str] = Field(
         default_factory=dict, description="every file of the model folder -> sha256 (signed "
-        "in the build as ``model_files``; ``lineage.model_files``)")
+        "in the build as ``model_files``; ``lineage.serving.model_files``)")
 
 
 def _requirements() -> list[str]:
@@ -167,7 +167,7 @@ def register_version(tracking: Tracking, family: str, run_id: str, build: Kernel
     """Register the logged model as a version and sign the ``build`` attestation: its
     subjects are every file of the build run (the model's code included), its predicate
     what serves, the version number, every file of the model folder by sha256
-    (``model_files``, checked wherever the version is loaded: ``lineage.model_files``)
+    (``model_files``, checked wherever the version is loaded: ``lineage.serving.model_files``)
     and the build run's ``run_tags`` (environment and code facts the UI shows, which the
     audit compares). Returns the version."""
     config = serving_config(build)

@@ -5,7 +5,7 @@ store can edit a tag, a metric or an artifact together with its digest tag. So e
 stage also writes an in-toto Statement v1 (``in_toto_attestation``) whose subjects are
 the sha256 digests of the stage's artifacts and whose predicate is the stage's record,
 wrapped in a DSSE envelope (``securesystemslib.dsse``) signed by the pipeline's key,
-which lives outside the store (``lineage.keys``). The envelope is logged with the run
+which lives outside the store (``lineage.signing.keys``). The envelope is logged with the run
 as ``attestations/<kind>.dsse.json``. The auditor verifies envelopes with the public
 keys *they* trust (``TrustPolicy``), never with a key found in the store.
 
@@ -46,10 +46,10 @@ KINDS = ("registration", "build", "evaluation", "decision", "approval", "shadow"
 """What is attested: a preregistration, a build, an evaluation, a gate decision (held-out
 or confirmation), an approval, a shadow stage, a canary step, an alias move (assign,
 promote, rollback, clear; numbered per family), a rollout's outcome, an approval to
-loosen thresholds, a checkpoint of the family's log (``lineage.checkpoints``), a re-anchor
-of a damaged log and a person's approval of it (``lineage.reanchor``), an A/A calibration
+loosen thresholds, a checkpoint of the family's log (``lineage.log.checkpoints``), a re-anchor
+of a damaged log and a person's approval of it (``lineage.aliases.reanchor``), an A/A calibration
 of the canary judge, a key change (rotation, revocation, approver key:
-``lineage.key_changes``), a cached float64 reference's seal (``lineage.reference_seal``;
+``lineage.aliases.key_changes``), a cached float64 reference's seal (``lineage.signing.reference_seal``;
 beside the array, in no run)."""
 
 
@@ -258,12 +258,12 @@ class Signing(BaseModel):
     trust: TrustPolicy
     key_dir: Path | None = None
     """The pipeline's key folder, where its checkpoints of each family's log live
-    (``lineage.checkpoints``); None: none are written or read."""
+    (``lineage.log.checkpoints``); None: none are written or read."""
     sequencer: Any = None
-    """A ``lineage.log_sequence.LogSequencer`` (on a tracking server: Prefect variables):
+    """A ``lineage.log.log_sequence.LogSequencer`` (on a tracking server: Prefect variables):
     every log append claims its position there first (a compare-and-swap) and the
     pipeline's checkpoint is kept there too; None: appends are not claimed (the embedded
-    profile, where ``lineage.rollout.family_lock`` serialises a family's writers)."""
+    profile, where ``lineage.rollout.rollout.family_lock`` serialises a family's writers)."""
 
     @model_validator(mode="after")
     def _pipeline_role(self) -> Signing:

@@ -114,7 +114,7 @@ def rotate(key_dir: Path | None = None) -> tuple[str, str]:
     verifies) and create a new one; the retirement time is kept in ``retired.json`` (the
     default position of a later revocation). Returns ``(old keyid, new keyid)``. The
     caller re-attests the current aliases with the new key
-    (``lineage.key_rotation.reattest``)."""
+    (``lineage.aliases.key_rotation.reattest``)."""
     key_dir = Path(key_dir or default_key_dir())
     current = ensure_pipeline_key(key_dir)
     old = load_signer(current).public_key.keyid

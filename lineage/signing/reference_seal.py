@@ -1,7 +1,7 @@
 """The pipeline's seal on each cached float64 reference (``evaluation.reference_cache``).
 
 A reference array is sealed when the evaluation computes it: a DSSE envelope of an
-in-toto statement (``lineage.attestations``, kind ``reference``) whose one subject is
+in-toto statement (``lineage.signing.attestations``, kind ``reference``) whose one subject is
 ``reference/<cache key>`` with the array's sha256, signed by the pipeline's key and
 written beside the array. The cache key already binds the case's digest, the reference
 code, the method and the sampled rows, so the subject says "these bytes are the float64

@@ -1,5 +1,5 @@
 """Where signed evidence is read from: the MLflow store (or, through the same protocol,
-an exported audit bundle: :class:`lineage.bundle.BundleSource`).
+an exported audit bundle: :class:`lineage.audit.bundle.BundleSource`).
 
 Everything that *reads* the record to decide something — the registry's checks before
 an alias moves, the audit, the offline verification of a bundle — reads it through an
@@ -112,7 +112,7 @@ class StoreSource:
     deleted runs included; read once, on first use).
 
     Every run's envelopes are listed and read, and every one verified, on each load: a
-    writer (``lineage.log_writer``) reads the family this way before each append, so a
+    writer (``lineage.log.log_writer``) reads the family this way before each append, so a
     deleted or altered entry anywhere in the log stops it. The runs come from one paged
     ``search_runs``; their ``attestations/`` folders are listed and read through each run's
     own artifact repository (``run.info.artifact_uri`` from that search), not through

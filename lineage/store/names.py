@@ -1,5 +1,5 @@
 """Names on the tracking server: a kernel family's experiment and registered model
-(``kernelgate-<family>``). A leaf: ``lineage.tracking`` and ``lineage.ownership`` both read it."""
+(``kernelgate-<family>``). A leaf: ``lineage.store.tracking`` and ``lineage.store.ownership`` both read it."""
 
 from __future__ import annotations
 

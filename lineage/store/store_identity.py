@@ -24,7 +24,7 @@ family before, and fails as a restarted log.
   family renamed away cannot start again unseen.
 
 The checkpoints beside the key and the auditor's remembered heads are kept per
-``(store id, family)`` (``lineage.checkpoints``).
+``(store id, family)`` (``lineage.log.checkpoints``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Every tag name of the record, in one place: how MLflow runs and registry entries link.
 
-An auditor starts at an alias and follows these tags (see ``lineage/audit.py``)::
+An auditor starts at an alias and follows these tags (see ``lineage/audit/audit.py``)::
 
     alias production ──> model version ──run_id / kernelgate.build_run_id──> build run
     model version ──kernelgate.decision_run_id──> gate run (stage "gate")
@@ -11,7 +11,7 @@ An auditor starts at an alias and follows these tags (see ``lineage/audit.py``):
 
 Every run carries ``kernelgate.stage`` and ``kernelgate.family``; runs of one rollout
 share a parent (``mlflow.parentRunId``) so the MLflow UI shows the rollout as one tree.
-Every artifact logged through :mod:`lineage.tracking` has its sha256 recorded as the run
+Every artifact logged through :mod:`lineage.store.tracking` has its sha256 recorded as the run
 tag ``kernelgate.sha256/<artifact path>``. ARCHITECTURE.md's record table lists which run
 carries which tag.
 """
@@ -112,7 +112,7 @@ STAGE_STARTED_AT: Final = "kernelgate.stage_started_at"
 STAGE_ENDED_AT: Final = "kernelgate.stage_ended_at"
 STAGE_TIME_PREFIX: Final = "kernelgate.stage_time."  # rollout run: + stage without a run of its own
 
-# long-document benchmark runs (lineage.longdoc_log; their own experiment, no family)
+# long-document benchmark runs (lineage.tools.longdoc_log; their own experiment, no family)
 WORKLOAD: Final = "kernelgate.workload"  # the workload spec's name
 WORKLOAD_SHA256: Final = "kernelgate.workload_sha256"  # sha256 of the spec file's bytes
 WORKLOAD_WEIGHTS_SHA256: Final = "kernelgate.workload_weights_sha256"  # the seeded encoder's
@@ -133,7 +133,7 @@ PRODUCTION_HISTORY: Final = "kernelgate.production_history"  # for people in the
 # artifact digests: DIGEST_PREFIX + artifact path -> sha256 hex
 DIGEST_PREFIX: Final = "kernelgate.sha256/"
 
-# environment facts (lineage.environment): ENV_PREFIX + field name
+# environment facts (lineage.records.environment): ENV_PREFIX + field name
 ENV_PREFIX: Final = "kernelgate.env."
 
 # dataset input tags

@@ -10,7 +10,7 @@ global), so several stage runs can be open at once and nothing depends on proces
 Each run gets ``kernelgate.stage`` and ``kernelgate.family`` tags and, when given, the
 parent rollout run (``mlflow.parentRunId``), so a rollout reads as one tree in the UI.
 Every artifact logged here records its sha256 as the tag ``kernelgate.sha256/<path>``
-(:mod:`lineage.tags`); :mod:`lineage.audit` re-verifies them. Log artifacts only through
+(:mod:`lineage.store.tags`); :mod:`lineage.audit.audit` re-verifies them. Log artifacts only through
 these helpers: an artifact without a recorded digest fails the audit.
 """
 
@@ -75,7 +75,7 @@ def start_run(
     """Create a run in the family's experiment and return its id (status RUNNING).
 
     Raises:
-        lineage.ownership.FamilyOwnedElsewhere: another account owns the experiment.
+        lineage.store.ownership.FamilyOwnedElsewhere: another account owns the experiment.
     """
     all_tags = {tags.STAGE: stage, tags.FAMILY: family, **(run_tags or {})}
     if parent_run_id:

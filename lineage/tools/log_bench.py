@@ -1,7 +1,7 @@
-"""What a family's signed log costs as it grows: ``python -m lineage.log_bench --out log.json``.
+"""What a family's signed log costs as it grows: ``python -m lineage.tools.log_bench --out log.json``.
 
 In a throwaway embedded store it builds a synthetic but real family log through the one
-writer (``lineage.log_writer.append``: each entry a signed DSSE envelope of its own run,
+writer (``lineage.log.log_writer.append``: each entry a signed DSSE envelope of its own run,
 numbered and chained, the pipeline's checkpoint moved after it): ``--rollouts`` rollouts
 of ``--entries`` entries each (default 100 x 8: registration, build, evaluation, gate
 decision, shadow, a canary step, an alias move, the outcome; one run per entry, as a
@@ -10,7 +10,7 @@ rollout's stages are). After every ``--every`` rollouts it measures, on this mac
 * append: the mean seconds of the last rollout's appends (each reads the family's log
   back from the store to learn the next position and check it);
 * audit (log part): ``StoreSource`` loading every verified envelope of the family,
-  ``lineage.family_log.read`` and ``lineage.checkpoints.witness`` against the pipeline's
+  ``lineage.log.family_log.read`` and ``lineage.log.checkpoints.witness`` against the pipeline's
   checkpoint and a remembered head: the part of ``kernelgate audit`` that grows with the
   log (the chain, decision and artifact checks follow one version's chain).
 
@@ -88,7 +88,7 @@ def run(rollouts: int, entries: int, every: int, root: Path) -> dict:
             print(_row(rows[-1]), flush=True)
     return {"rollouts": rollouts, "entries_per_rollout": entries, "rows": rows,
             "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-            "command": f"python -m lineage.log_bench --rollouts {rollouts} --entries {entries} "
+            "command": f"python -m lineage.tools.log_bench --rollouts {rollouts} --entries {entries} "
                        f"--every {every}"}
 
 

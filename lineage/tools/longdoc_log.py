@@ -1,4 +1,4 @@
-"""A long-document comparison in MLflow: ``python -m lineage.longdoc_log``.
+"""A long-document comparison in MLflow: ``python -m lineage.tools.longdoc_log``.
 
 A result of ``evaluation.longdoc.bench`` (two kernels served on the same arrivals)
 becomes one run in the experiment ``bench-<workload>``: an experiment of its own, with
@@ -11,7 +11,7 @@ no family, so no rollout, audit or store-freshness check reads it. The run holds
 * metrics: every figure of each kernel per group (``all`` or a bucket's tokens) as
   ``<kernel>/<group>/<figure>``, and the effects as ``effect/<group>/<metric>_ratio``,
   ``_low``, ``_high`` and ``_pairs`` (``evaluation.longdoc.effect``);
-* artifacts, each with its sha256 recorded (``lineage.tracking``): ``longdoc/buckets.csv``
+* artifacts, each with its sha256 recorded (``lineage.store.tracking``): ``longdoc/buckets.csv``
   (the per-bucket table: both kernels' figures, the effects with their intervals),
   ``longdoc/buckets.table.json`` (the same table through ``MlflowClient.log_table``, which
   the MLflow UI shows as a table), ``longdoc/effects.json``, ``longdoc/result.json`` (the
@@ -211,7 +211,7 @@ def _log_table(tracking: Tracking, run_id: str, rows: list[dict], artifact_path:
 def main(argv: list[str] | None = None) -> int:
     """The bench, then its result logged; exit as the bench does (0 for ``--from-json``)."""
     parser = bench.parser()
-    parser.prog = "python -m lineage.longdoc_log"
+    parser.prog = "python -m lineage.tools.longdoc_log"
     parser.description = ("Serve a long-document workload with two kernels on the same "
                           "arrivals (python -m evaluation.longdoc.bench) and log the result, "
                           "its per-bucket table and plots to MLflow.")

@@ -1,11 +1,11 @@
-"""What versions that serve cost: ``python -m lineage.versions_bench --out versions.json``.
+"""What versions that serve cost: ``python -m lineage.tools.versions_bench --out versions.json``.
 
 In a throwaway store it builds one version (``xla`` by default), logs it as an MLflow
 model and registers it, then measures, on this machine:
 
 * logging: seconds and bytes/files of the logged model;
 * loading: seconds from starting a version's own process to its first answer
-  (``lineage.version_runners.VersionWorker``: Python start, imports, ``mlflow.pyfunc.load_model``,
+  (``lineage.serving.version_runners.VersionWorker``: Python start, imports, ``mlflow.pyfunc.load_model``,
   the encoder's weights);
 * a replayed request (one document through the encoder): the latency measured inside
   the runner and the wall time seen by the caller, for the version in its own process
@@ -87,7 +87,7 @@ def run(implementation: str, n_requests: int) -> dict:
     direct = _time_runner(LocalRunner.for_implementation(build.implementation, build.config, encoder),
                           texts)
     return {"created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-            "command": " ".join(["python -m lineage.versions_bench", *sys.argv[1:]]),
+            "command": " ".join(["python -m lineage.tools.versions_bench", *sys.argv[1:]]),
             "backend": kernels.default_backend(), "device_kind": jax.devices()[0].device_kind,
             "jax_version": jax.__version__, "implementation": build.implementation,
             "log_seconds": logged.seconds, "model_bytes": logged.size_bytes,
@@ -96,7 +96,7 @@ def run(implementation: str, n_requests: int) -> dict:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lineage.versions_bench",
+    parser = argparse.ArgumentParser(prog="python -m lineage.tools.versions_bench",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--implementation", default="xla")
     parser.add_argument("--requests", type=int, default=50)
