@@ -2,8 +2,9 @@
 
 Each ``tests/data/legacy-store-<commit>.tar.gz`` (read by
 ``tests/test_lineage_legacy_store.py``) was made with this script from a checkout of that
-commit (1b29598 with OUT=/tmp/prev/out; 1be416f with OUT=/tmp/prev1be/out and a4ddf68
-with OUT=/tmp/prev-a4d/out, whose ``store/jax-cache`` was left out too):
+commit (1b29598 with OUT=/tmp/prev/out; 1be416f with OUT=/tmp/prev1be/out, a4ddf68
+with OUT=/tmp/prev-a4d/out and 3aa28dc with OUT=/tmp/prev-3aa/out, whose
+``store/jax-cache`` was left out too):
 
     KERNELGATE_KEY_DIR=OUT/keys PYTHONPATH=. python tests/make_legacy_store.py OUT
     cd OUT && tar czf legacy-store-<commit>.tar.gz --exclude=reference-cache \
