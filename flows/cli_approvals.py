@@ -59,7 +59,7 @@ def approve_loosening(thresholds: Annotated[Path, typer.Option(help="thresholds 
     from flows.cli_store import open_store
     from gates.loosening import loosenings
     from lineage import keys
-    from lineage.loosening_approval import sign_loosening
+    from lineage.loosening_approval import sign_loosening, unnamed
     from lineage.registration import latest_registration
     from lineage.sources import StoreSource
 
@@ -77,12 +77,10 @@ def approve_loosening(thresholds: Annotated[Path, typer.Option(help="thresholds 
     signer = keys.load_signer(key)
     keyid = signer.public_key.keyid
     named = {a.keyid: a.name for a in frozen.approval.approvers}
-    if keyid not in named:
-        raise typer.BadParameter(
-            f"key {keyid[:12]} is not an approver of registration "
-            f"{previous.predicate['registration_id']} (it names "
-            f"{sorted(named.values()) or 'no approver'}): a rollout would refuse this approval",
-            param_hint="--key")
+    why = unnamed(previous, frozen, {keyid}, family)  # the rollout's own words
+    if why is not None:
+        raise typer.BadParameter(f"{why}: a rollout would refuse this approval",
+                                 param_hint="--key")
     if keyid in trust.revoked or keyid in trust.revoked_at:
         raise typer.BadParameter(f"key {keyid[:12]} is revoked in {folder}", param_hint="--key")
     from gates.thresholds import load_thresholds
