@@ -123,6 +123,17 @@ def _past_first_use(source: EvidenceSource) -> str | None:
     return None
 
 
+def beyond_roster(old: Thresholds, new: Thresholds, loosened: list[str]) -> list[str]:
+    """The loosenings of ``loosened`` (``old`` -> ``new``, bindings included) other than
+    the approvers ``new`` adds to ``old``'s: what founding a roster cannot carry."""
+    alone = old.model_copy(update={"approval": old.approval.model_copy(
+        update={"approvers": [*old.approval.approvers, *new.approval.approvers]})})
+    founds = set(loosenings(old, alone))
+    keyids = [a.keyid for a in new.approval.approvers]
+    repeated = ["approval.approvers: a keyid repeated"] if len(set(keyids)) != len(keyids) else []
+    return [item for item in loosened if item not in founds] + repeated
+
+
 def founding(source: EvidenceSource, previous: tuple[Attestation, Thresholds],
              thresholds: Thresholds, loosened: list[str], *, why: str, shown: str) -> dict | None:
     """What a registration of ``thresholds`` (``shown`` in messages), loosening
@@ -142,12 +153,7 @@ def founding(source: EvidenceSource, previous: tuple[Attestation, Thresholds],
     registration_id = attestation.predicate["registration_id"]
     added = list(thresholds.approval.approvers)
     names = [a.name for a in added]
-    alone = old.model_copy(update={"approval": old.approval.model_copy(
-        update={"approvers": added})})
-    founds = set(loosenings(old, alone))
-    others = [item for item in loosened if item not in founds]
-    if len({a.keyid for a in added}) != len(added):
-        others.append("approval.approvers: a keyid repeated")
+    others = beyond_roster(old, thresholds, loosened)
     head = f"{shown} loosens the family's previous registration {registration_id} after a rejection ({why})"
     if not added or others:
         also = (f"; it also adds approvers {names}, and a registration that founds the "

@@ -144,6 +144,8 @@ def test_keys_entry_and_keys_create_print_entries_that_found_the_roster(locked, 
     listed = f"  approvers: [{', '.join(json.dumps(e) for e in entries)}]\n"
     founding = tmp_path / "founding.yaml"
     founding.write_text(thresholds_yaml() + listed)
+    asked = _approve(store, alice, founding, tmp_path / "needless.json")
+    assert asked.exit_code == 2 and "needs no approval" in _words(asked.output), asked.output
     registration = preregister(founding, tracking=tracking, family=FAMILY, signing=signing)
     assert registration.registration_id
     approved = tmp_path / "loose-named.yaml"
