@@ -42,6 +42,7 @@ from lineage import (
     production_story,
     reference_audit,
     registered_model,
+    roster,
     store_check,
 )
 from lineage.approvals import recheck_answer
@@ -245,20 +246,6 @@ def _loaded_model(tracking: Tracking, source: StoreSource, version: str, walk: W
         worker.close()
 
 
-def _registrations(source: EvidenceSource) -> list[str]:
-    out = []
-    for a in sorted((a for a in source.attestations() if a.kind == "registration"),
-                    key=lambda a: a.predicate.get("registered_at", "")):
-        p = a.predicate
-        line = f"{p.get('registered_at')} {a.run_id} profile {p.get('profile')} sha256 {str(p.get('thresholds_sha256'))[:12]}"
-        if p.get("loosened"):
-            approval = p.get("loosening_approval") or {}
-            line += (f"; LOOSENED {p['loosened']} approved by {approval.get('approver')}: "
-                     f"{approval.get('reason')}" if approval else f"; loosened {p['loosened']}")
-        out.append(line)
-    return out
-
-
 def audit(tracking: Tracking | None, family: str, target: str, *, trust=None,
           source: EvidenceSource | None = None, load_model: bool = True,
           recheck_reference: int = 0,
@@ -286,7 +273,8 @@ def audit(tracking: Tracking | None, family: str, target: str, *, trust=None,
     seen = witnessing or checkpoints.Witnessing()
     where = seen.location or (tracking.tracking_uri if tracking is not None else None)
     found, warnings = checkpoints.witness(log, source.trust, **seen.model_dump() | {"location": where})
-    walk.problems += log.problems + found
+    notices, wrong = roster.audit_roster(source)
+    walk.problems += log.problems + found + wrong
     if seen.home is not None and not log.problems and not found:
         checkpoints.remember(log, seen.home, where)
     online = isinstance(source, StoreSource)
@@ -298,7 +286,7 @@ def audit(tracking: Tracking | None, family: str, target: str, *, trust=None,
     def report(verified: int = 0, checked: int = 0) -> AuditReport:
         return AuditReport(family=family, target=target, model_name=name, version=version,
                            aliases=actual, signed_aliases=signed, chain=walk.links,
-                           registrations=_registrations(source),
+                           registrations=roster.registration_lines(source), notices=notices,
                            attestations_verified=len(source.attestations()),
                            artifacts_verified=verified, artifacts_checked=checked,
                            problems=walk.problems, warnings=log.warnings + warnings,

@@ -40,6 +40,34 @@ LOOSENING_VALID_S = 7 * 24 * 3600
 """How long a signed loosening approval stays usable by default (seconds)."""
 
 
+def no_roster_yet(registration_id: str, family: str) -> str:
+    """Why no loosening approval of ``registration_id`` can exist (it names no approver),
+    and the two steps that lead past it (``lineage.roster``)."""
+    return (f"registration {registration_id} names no approver, so no loosening approval "
+            "can exist yet. Two steps: first roll out a thresholds file that only adds "
+            "approvers to approval.approvers, each entry as `kernelgate keys entry --key "
+            f"KEY.pem --family {family}` prints it (the person's signature shows they hold "
+            "the key): a family's first approvers are accepted on first use, and every audit "
+            "says so; then one of them signs the loosening (kernelgate approve-loosening) "
+            "and the rollout passes it with --loosening-approval")
+
+
+def unnamed(previous: Attestation, thresholds: Thresholds, keyids: set[str],
+            family: str) -> str | None:
+    """Why keys ``keyids`` cannot approve a loosening of the registration ``previous``
+    (whose thresholds are ``thresholds``), or None: one of them is named there. The same
+    words for ``kernelgate approve-loosening`` (before it signs) and the rollout."""
+    registration_id = previous.predicate["registration_id"]
+    named = {a.keyid: a.name for a in thresholds.approval.approvers}
+    if not named:
+        return no_roster_yet(registration_id, family)
+    if keyids & set(named):
+        return None
+    shown = ", ".join(sorted(k[:12] for k in keyids)) or "(none)"
+    return (f"key {shown} is not an approver of registration {registration_id} (it names "
+            f"{sorted(named.values())})")
+
+
 def check_loosening_approval(envelope: bytes, previous: tuple[Attestation, Thresholds],
                               family: str, thresholds_sha256: str, loosened: list[str],
                               bindings: RolloutBindings | None, source: EvidenceSource,
@@ -55,6 +83,13 @@ def check_loosening_approval(envelope: bytes, previous: tuple[Attestation, Thres
     """
     approvers = {a.keyid: a for a in previous[1].approval.approvers}
     names = sorted(a.name for a in approvers.values())
+    try:
+        claimed = {str(k) for k in (s.get("keyid") for s in json.loads(envelope)["signatures"])}
+    except (ValueError, KeyError, TypeError, AttributeError):
+        claimed = set()
+    if (claimed or not approvers) and (why := unnamed(previous[0], previous[1], claimed,
+                                                         family)) is not None:
+        raise LooseningRefused(f"loosening approval not accepted: {why}")
     trust = TrustPolicy(public_keys={k: SSlibKey.from_dict(k, dict(a.public_key))
                                      for k, a in approvers.items()}, revoked=set(revoked))
     try:

@@ -8,7 +8,9 @@ previous registration (so the chain shows every registration in order). A
 registration that loosens any criterion of the previous one (``gates.loosening``) after
 a candidate of the family was rejected or rolled back is refused unless a person named
 in the previous registration's approval policy signed an approval of exactly that
-loosening (``kernelgate approve-loosening``); the audit shows the chain. The run id is
+loosening (``kernelgate approve-loosening``), or it only names the family's first
+approvers, each proving their key (``lineage.roster``: trust on first use, signed as
+``roster_founded`` and shown by every audit after); the audit shows the chain. The run id is
 the registration id. The rules of a valid registration are ``gates.preregistration``'s.
 """
 
@@ -35,6 +37,7 @@ from lineage.bindings import changes as binding_changes
 from lineage.family_log import read as read_log
 from lineage.log_writer import append, current_damage, intact_log
 from lineage.loosening_approval import LooseningRefused, check_loosening_approval
+from lineage.roster import founding
 from lineage.sources import EvidenceSource, StoreSource, signed_artifact
 from lineage.tracking import Tracking
 
@@ -154,16 +157,18 @@ def preregister_bytes(data: bytes, name: str, *, tracking: Tracking, family: str
         if previous[0].predicate.get("thresholds_sha256") == digest:
             refuse_rebinding(previous[0].predicate["registration_id"], bound, bindings)
         loosened += [f"binding {change}" for change in binding_changes(bound, bindings)]
-    approved = None
+    approved = founded = None
     why = rejection_in_log(source, current_damage(source, signing)) if loosened else None
-    if why is not None:
-        if loosening_approval is None:
+    if why is not None and loosening_approval is None:
+        founded = founding(source, previous, thresholds, loosened, why=why, shown=str(path))
+        if founded is None:
             raise LooseningRefused(
                 f"{path} loosens the family's previous registration "
                 f"{previous[0].predicate['registration_id']} after a rejection ({why}): "
                 + "; ".join(loosened)
                 + ". A person named in that registration's approval policy must approve it "
                 "(kernelgate approve-loosening), or keep the thresholds")
+    elif why is not None:
         approved = check_loosening_approval(loosening_approval, previous, family, digest,
                                              loosened, bindings, source,
                                              signing.trust.revoked | set(signing.trust.revoked_at))
@@ -185,7 +190,8 @@ def preregister_bytes(data: bytes, name: str, *, tracking: Tracking, family: str
             "previous_registration_id": previous[0].predicate["registration_id"] if previous else None,
             "previous_envelope": previous[0].envelope_sha256 if previous else None,
             "loosened": loosened, "loosening_approval": approved, "tags": run_tags,
-            "bindings": None if bindings is None else bindings.model_dump(mode="json")},
+            "bindings": None if bindings is None else bindings.model_dump(mode="json"),
+            **({"roster_founded": founded} if founded else {})},
             signing)
     return Registration(registration_id=run_id, family=family, profile=thresholds.profile,
                         thresholds_sha256=digest, thresholds_artifact=artifact,
