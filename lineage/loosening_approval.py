@@ -17,14 +17,12 @@ import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from securesystemslib.signer import SSlibKey
-
 from gates.preregistration import PreregistrationError
 from gates.thresholds import Thresholds, parse_thresholds
+from lineage.approvals import approvers_trust
 from lineage.attestations import (
     Attestation,
     AttestationError,
-    TrustPolicy,
     make_envelope,
     verify_envelope,
 )
@@ -90,13 +88,13 @@ def check_loosening_approval(envelope: bytes, previous: tuple[Attestation, Thres
     if (claimed or not approvers) and (why := unnamed(previous[0], previous[1], claimed,
                                                          family)) is not None:
         raise LooseningRefused(f"loosening approval not accepted: {why}")
-    trust = TrustPolicy(public_keys={k: SSlibKey.from_dict(k, dict(a.public_key))
-                                     for k, a in approvers.items()}, revoked=set(revoked))
+    trust, left_out = approvers_trust(previous[1].approval.approvers, revoked)
     try:
         approval = verify_envelope(envelope, trust, path="loosening approval")
     except AttestationError as err:
         raise LooseningRefused(f"loosening approval not accepted: {err} (the previous "
-                               f"registration trusts {names or 'no approver keys'})") from err
+                               f"registration trusts {names or 'no approver keys'}"
+                               + "".join(f"; {why}" for why in left_out) + ")") from err
     p = approval.predicate
     if (approval.kind != "loosening" or p.get("family") != family
             or p.get("thresholds_sha256") != thresholds_sha256 or not str(p.get("reason", "")).strip()):

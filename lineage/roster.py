@@ -26,13 +26,13 @@ from __future__ import annotations
 import hashlib
 import json
 
-from securesystemslib.formats import encode_canonical
 from securesystemslib.signer import Signer, SSlibKey
 
 from gates.approval_policy import Approver
 from gates.loosening import loosenings
 from gates.preregistration import PreregistrationError
 from gates.thresholds import Thresholds, parse_thresholds
+from lineage.approvals import key_id_of
 from lineage.attestations import (
     Attestation,
     AttestationError,
@@ -68,8 +68,7 @@ def possession_problem(approver: Approver, family: str) -> str | None:
     who = f"{approver.name} (key id {approver.keyid[:12]})"
     key = dict(approver.public_key)
     try:
-        fields = {k: key[k] for k in ("keytype", "scheme", "keyval")}
-        computed = hashlib.sha256(encode_canonical(fields).encode()).hexdigest()
+        computed = key_id_of(key)
         trust = TrustPolicy(public_keys={approver.keyid: SSlibKey.from_dict(approver.keyid, key)})
     except (KeyError, TypeError, ValueError, AttributeError) as err:
         return f"{who}: its public key is unusable ({err})"
