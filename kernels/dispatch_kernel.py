@@ -1,5 +1,8 @@
 """``DispatchKernel``: a kernel that serves each call by the kernel a dispatch policy chose
-for the call's bucket (``kernels.dispatch_policy``), behind the same contract as any kernel.
+for the call's bucket (``kernels.dispatch_policy``), behind the same contract as any kernel;
+a call that kernel refuses (the bucket reaches past its capability: ``fa3`` runs head_dim
+128 of the bucket's 65-128) goes to the next kernel of the bucket's recorded ranking that
+accepts it.
 
 It runs only where a policy is given explicitly: an instance is made from an audited
 policy (:class:`DispatchKernel`, or :meth:`DispatchKernel.from_file` with the policy's
@@ -40,9 +43,10 @@ class DispatchConfig(KernelConfig):
 
 
 class DispatchKernel(Kernel[DispatchConfig]):
-    """Each call served by its policy's kernel for the call's bucket. Its support is its
-    buckets' kernels' support: a call is refused outside the policy's space, where its
-    bucket has no kernel (the policy says why) or where the bucket's kernel refuses it.
+    """Each call served by the first kernel of its bucket's ranking that accepts it (the
+    bucket's choice, else the next). A call is refused outside the policy's space, where
+    its bucket has no kernel (the policy says why) or where every kernel of the bucket's
+    ranking refuses it.
     Exported only for the local platform: a bucket's kernel may query the device or
     choose its lowering when traced (cuDNN, the Pallas kernels).
 
@@ -74,7 +78,7 @@ class DispatchKernel(Kernel[DispatchConfig]):
         return cls(load_policy(path, sha256))
 
     def is_native(self, backend: str) -> bool:
-        """Whether every kernel its buckets chose compiles natively on ``backend``."""
+        """Whether every kernel its buckets may serve by compiles natively on ``backend``."""
         return all(IMPLEMENTATIONS[k].is_native(backend) for k in self.policy.kernels())
 
     def default_config(self, head_dim: int) -> DispatchConfig:
@@ -95,34 +99,40 @@ class DispatchKernel(Kernel[DispatchConfig]):
                              f"names {wanted.policy_sha256}")
         return self.default_config(spec.head_dim)
 
-    def route(self, spec: AttentionSpec) -> BucketChoice:
-        """The bucket ``spec`` falls in, with its kernel.
+    def route(self, spec: AttentionSpec, backend: str) -> tuple[BucketChoice, str]:
+        """The bucket ``spec`` falls in and the kernel serving it on ``backend``: the first
+        of the bucket's ranking whose own support check accepts the call.
 
         Raises:
-            NotImplementedError: the call is outside the policy's space, or its bucket has
-                no kernel (the policy's reasons given).
+            NotImplementedError: the call is outside the policy's space, its bucket has
+                no kernel (the policy's reasons given), or every kernel of the ranking
+                refuses it (each one's reason, prefixed by the bucket).
         """
         choice = self.policy.choice_for(spec.shape)
         if choice.kernel is None:
             raise NotImplementedError(f"dispatch: bucket {choice.bucket.name!r} has no kernel: "
                                       f"{choice.why}")
-        return choice
+        refusals = []
+        for name in choice.ranking:
+            try:
+                IMPLEMENTATIONS[name].check_supported(spec, backend)
+            except NotImplementedError as err:
+                refusals.append(f"{name}: {err}")
+                continue
+            return choice, name
+        raise NotImplementedError(f"dispatch: bucket {choice.bucket.name!r}: every kernel of "
+                                  f"its ranking refuses the call: {'; '.join(refusals)}")
 
     def check_supported(self, spec: AttentionSpec, backend: str, config=None) -> None:
-        """Raise unless the bucket's kernel runs ``spec`` on ``backend``.
+        """Raise unless some kernel of the bucket's ranking runs ``spec`` on ``backend``.
 
         Raises:
-            NotImplementedError: outside the policy's space, a bucket without a kernel, or
-                the bucket's kernel refuses the call (its reason, prefixed by the bucket).
-            ValueError: an illegal config (:meth:`resolve_config`).
+            NotImplementedError: as :meth:`route`.
+            ValueError: an illegal config (:meth:`resolve_config`), or one the serving
+                kernel's check raises.
         """
         self.resolve_config(spec, config)
-        choice = self.route(spec)
-        try:
-            IMPLEMENTATIONS[choice.kernel].check_supported(spec, backend)
-        except NotImplementedError as err:
-            raise NotImplementedError(f"dispatch: bucket {choice.bucket.name!r} -> "
-                                      f"{choice.kernel}: {err}") from None
+        self.route(spec, backend)
 
     def __call__(self, q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool,
                  scale: float, q_lengths: jax.Array | None, kv_lengths: jax.Array | None,
@@ -139,8 +149,9 @@ class DispatchKernel(Kernel[DispatchConfig]):
                              head_dim=q.shape[3], dtype=q.dtype, causal=causal, scale=scale,
                              has_lengths=q_lengths is not None or kv_lengths is not None)
         self.resolve_config(spec, config)
-        choice = self.route(spec)
-        resolution = resolve(choice.kernel, spec, default_backend())
+        backend = default_backend()
+        _, name = self.route(spec, backend)
+        resolution = resolve(name, spec, backend)
         return IMPLEMENTATIONS[resolution.name].kernel()(
             q, k, v, causal=causal, scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths,
             config=resolution.config)
