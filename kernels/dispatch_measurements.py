@@ -96,12 +96,15 @@ class BucketEvidence(FrozenModel):
 
 class Evidence(FrozenModel):
     """Measurements for a policy: per bucket (the buckets partition ``space``), on one
-    device, by one method (both in words, e.g. ``NVIDIA H200`` and the timing method)."""
+    device, by one method (both in words, e.g. ``NVIDIA H200`` and the timing method),
+    with one software stack (``software``: name -> version or digest, e.g. ``jax``, the
+    kernels' source digest; empty: not recorded)."""
 
     space: Region = Region()
     device: str
     backend: str
     method: str
+    software: dict[str, str] = Field(default_factory=dict)
     buckets: tuple[BucketEvidence, ...] = Field(min_length=1)
 
     @model_validator(mode="after")

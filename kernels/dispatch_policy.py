@@ -135,6 +135,7 @@ class DispatchPolicy(FrozenModel):
     device: str
     backend: str
     method: str
+    software: dict[str, str] = Field(default_factory=dict)
     evidence_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     candidates: tuple[str, ...] = Field(min_length=1)
     capabilities: tuple[DeclaredCapability, ...]
@@ -156,7 +157,8 @@ class DispatchPolicy(FrozenModel):
     def evidence(self) -> Evidence:
         """The evidence the policy says it was derived from (its buckets' evidence)."""
         return Evidence(space=self.space, device=self.device, backend=self.backend,
-                        method=self.method, buckets=tuple(b.evidence for b in self.buckets))
+                        method=self.method, software=self.software,
+                        buckets=tuple(b.evidence for b in self.buckets))
 
     def choice_for(self, shape: AttentionShape) -> BucketChoice:
         """The bucket ``shape`` lies in.
@@ -286,6 +288,7 @@ def derive_policy(evidence: Evidence, candidates: Sequence[str], rule: Rule,
     declared = {n: capabilities[n] for n in candidates}
     return DispatchPolicy(space=evidence.space, device=evidence.device,
                           backend=evidence.backend, method=evidence.method,
+                          software=evidence.software,
                           evidence_sha256=evidence.fingerprint(), candidates=candidates,
                           capabilities=tuple(DeclaredCapability(kernel=n, capability=c)
                                              for n, c in declared.items()),
