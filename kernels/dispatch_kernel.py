@@ -7,9 +7,10 @@ accepts it.
 It runs only where a policy is given explicitly: an instance is made from an audited
 policy (:class:`DispatchKernel`, or :meth:`DispatchKernel.from_file` with the policy's
 signed fingerprint) and registered by whoever serves it (``kernels.registry.registered``).
-It is not in the registry's ``BUILTIN`` and declares no ``auto_priority``, so ``auto``
-resolves exactly as before; ``auto`` serving a promoted policy, and a ``dispatch`` that a
-rollout builds, evaluates and promotes, are later steps.
+It is not in the registry's ``BUILTIN`` and declares no ``auto_priority``: ``auto``
+serves a promoted policy only when one is configured (``kernels.dispatch_serving``, the
+same routing); a ``dispatch`` that a rollout builds, evaluates and promotes is a later
+step (``lineage.dispatch_record`` audits the signed policy of a dispatch build).
 
 Its config (:class:`DispatchConfig`) is the policy's fingerprint: the config a call
 resolves to names the policy, so a build's record changes whenever the policy does, and a
@@ -30,7 +31,8 @@ from kernels.api import default_backend, resolve
 from kernels.config import KernelConfig
 from kernels.contract import AttentionSpec
 from kernels.dispatch_audit import audit_policy, load_policy
-from kernels.dispatch_policy import BucketChoice, DispatchPolicy
+from kernels.dispatch_policy import DispatchPolicy
+from kernels.dispatch_serving import Route, route
 from kernels.kernel import Kernel
 from kernels.registry import IMPLEMENTATIONS
 
@@ -99,37 +101,27 @@ class DispatchKernel(Kernel[DispatchConfig]):
                              f"names {wanted.policy_sha256}")
         return self.default_config(spec.head_dim)
 
-    def route(self, spec: AttentionSpec, backend: str) -> tuple[BucketChoice, str]:
-        """The bucket ``spec`` falls in and the kernel serving it on ``backend``: the first
-        of the bucket's ranking whose own support check accepts the call.
+    def route(self, spec: AttentionSpec, backend: str) -> Route:
+        """Where ``spec`` goes on ``backend``: its bucket and the first kernel of the
+        bucket's ranking whose own support check accepts the call
+        (``kernels.dispatch_serving.route``).
 
         Raises:
             NotImplementedError: the call is outside the policy's space, its bucket has
                 no kernel (the policy's reasons given), or every kernel of the ranking
-                refuses it (each one's reason, prefixed by the bucket).
+                refuses it (each one's reason, with the bucket).
         """
-        choice = self.policy.choice_for(spec.shape)
-        if choice.kernel is None:
-            raise NotImplementedError(f"dispatch: bucket {choice.bucket.name!r} has no kernel: "
-                                      f"{choice.why}")
-        refusals = []
-        for name in choice.ranking:
-            try:
-                IMPLEMENTATIONS[name].check_supported(spec, backend)
-            except NotImplementedError as err:
-                refusals.append(f"{name}: {err}")
-                continue
-            return choice, name
-        raise NotImplementedError(f"dispatch: bucket {choice.bucket.name!r}: every kernel of "
-                                  f"its ranking refuses the call: {'; '.join(refusals)}")
+        found = route(self.policy, spec, backend)
+        if found.kernel is None:
+            raise NotImplementedError(f"dispatch: {found.why}")
+        return found
 
     def check_supported(self, spec: AttentionSpec, backend: str, config=None) -> None:
         """Raise unless some kernel of the bucket's ranking runs ``spec`` on ``backend``.
 
         Raises:
             NotImplementedError: as :meth:`route`.
-            ValueError: an illegal config (:meth:`resolve_config`), or one the serving
-                kernel's check raises.
+            ValueError: an illegal config (:meth:`resolve_config`).
         """
         self.resolve_config(spec, config)
         self.route(spec, backend)
@@ -150,8 +142,7 @@ class DispatchKernel(Kernel[DispatchConfig]):
                              has_lengths=q_lengths is not None or kv_lengths is not None)
         self.resolve_config(spec, config)
         backend = default_backend()
-        _, name = self.route(spec, backend)
-        resolution = resolve(name, spec, backend)
+        resolution = resolve(self.route(spec, backend).kernel, spec, backend)
         return IMPLEMENTATIONS[resolution.name].kernel()(
             q, k, v, causal=causal, scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths,
             config=resolution.config)
