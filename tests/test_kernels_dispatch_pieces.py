@@ -119,6 +119,11 @@ def test_the_tool_lists_the_grids_buckets_and_refuses_an_empty_slice(tmp_path, c
     assert dispatch_evidence.main(["--out", str(tmp_path), "--quick", "--list"]) == 0
     listed = capsys.readouterr().out.splitlines()
     assert len(listed) == 3 * 2 * 8 and listed[0].startswith("   0 float32 full")
+    assert dispatch_evidence.main(["--out", str(tmp_path), "--list", "--dtypes",
+                                   "bfloat16"]) == 0  # the accelerator's grid, on a CPU
+    listed = capsys.readouterr().out.splitlines()
+    assert len(listed) == 54 and listed[27].startswith(
+        "  27 bfloat16 causal d[1, 65) q[1, 1024) kv[1, 1024)")
     with pytest.raises(ValueError, match="selects no bucket"):
         dispatch_evidence.main(["--out", str(tmp_path), "--quick", "--dtypes", "float32",
                                 "--slice-dtypes", "bfloat16"])

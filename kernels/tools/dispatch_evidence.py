@@ -257,7 +257,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--slice-buckets", type=_span, metavar="START:STOP",
                         help="a piece: only these buckets, by index in the grid's order")
     parser.add_argument("--list", action="store_true",
-                        help="print the grid's buckets with their indices and exit")
+                        help="print the grid's buckets with their indices and exit (the "
+                             "accelerator's grid on any host, the tiny one with --quick)")
     return parser
 
 
@@ -322,8 +323,8 @@ def run(args: argparse.Namespace) -> tuple[Evidence, DispatchPolicy] | EvidenceP
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point: 0, or 2 when some bucket has no kernel (the table says why)."""
     args = build_parser().parse_args(argv)
-    if args.list:
-        plan = plan_from(args, default_backend())
+    if args.list:  # the accelerator's grid unless --quick, so slices are planned anywhere
+        plan = plan_from(args, "cpu" if args.quick else "gpu")
         print("\n".join(f"{i:4d} {b.name}" for i, b in enumerate(plan.grid.buckets())))
         return 0
     result = run(args)
