@@ -94,6 +94,16 @@ def audit_dispatch_build(source: EvidenceSource, run_id: str
     return audit, policy
 
 
+def version_problems(source: EvidenceSource, build_run_id: str | None,
+                     build_predicate: dict | None) -> list[str]:
+    """The dispatch audit's problems for a version's signed build (``[]`` for a build of
+    another implementation, or none): the one call a family audit makes for a version
+    (``lineage.audit``, after the chain is walked)."""
+    if build_run_id is None or (build_predicate or {}).get("implementation") != "dispatch":
+        return []
+    return audit_dispatch_build(source, build_run_id)[0].problems
+
+
 def serving_environment(source: EvidenceSource, run_id: str, folder: Path) -> dict[str, str]:
     """The environment under which ``auto`` serves the audited policy of the dispatch
     build ``run_id``: the policy written to ``folder/policy-<fingerprint>.json`` and its

@@ -74,6 +74,10 @@ def test_a_buckets_evidence_edited_after_signing_fails_the_audit(tracking, signi
                               "its signed digest (altered after signing)"]
     with pytest.raises(DispatchRecordError, match="altered after signing"):
         dispatch_record.serving_environment(source, run_id, tmp_path)
+    dispatch = {"implementation": "dispatch"}
+    assert dispatch_record.version_problems(source, run_id, dispatch) == audit.problems
+    assert dispatch_record.version_problems(source, run_id, {"implementation": "xla"}) == []
+    assert dispatch_record.version_problems(source, None, dispatch) == []
 
 
 def test_a_policy_signed_with_a_choice_its_evidence_does_not_derive_fails_the_audit(
