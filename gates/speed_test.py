@@ -28,8 +28,9 @@ The test states its uncertainty honestly at any sample size: at 10 calls a shape
 is the maximum, whose null distribution is wide, so the test rarely shows a tail
 regression (its power is stated in BENCHMARKS.md, "Gate speed criteria on a busy host")
 but never rejects an identical kernel for a draw of the noise. The reason gives the
-estimate and its one-sided ``1 - alpha`` lower confidence bound (the inverted test:
-the smallest ratio the data do not rule out ... the largest they do, found by bisection).
+estimate and its one-sided ``1 - alpha`` lower confidence bound: the test inverted, the
+smallest ratio ``r`` whose H0 "ratio <= r" the data do not reject (found by bisection
+with the same swaps): a bound above ``max_regression`` goes with a failure.
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ class SpeedTest:
                    else "not shown slower than allowed")
         return (f"{metric}: paired permutation test (scipy.stats.permutation_test, "
                 f"within-pair swaps of {self.pairs} interleaved calls over {self.shapes} "
-                f"shapes, p{self.quantile:g} per shape): candidate/{against} ratio "
+                f"shape{'s' if self.shapes != 1 else ''}, p{self.quantile:g} per shape): candidate/{against} ratio "
                 f"{self.estimate:.3g}x{bound}; H0 ratio <= {self.max_ratio:g}: "
                 f"p = {self.p_value:.3g} {'<' if self.rejected else '>='} alpha "
                 f"{self.alpha:g}: {verdict}")

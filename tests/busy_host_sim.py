@@ -14,15 +14,32 @@ last ``repeats`` rounds are kept. Every call sees
 
 The numbers are chosen to look like the measured failure (an identical kernel's p99
 ratio of 1.25 to 2.2 on the 2-core host), not fitted to it.
+
+:func:`rejections` judges simulated evaluations with the real ``gates.decision.decide``
+(speed criteria only); ``python -m tests.busy_host_sim`` prints the rates BENCHMARKS.md
+states.
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
+from gates import speed_test
+from gates.decision import decide
+from gates.preregistration import Registration
+from gates.thresholds import parse_thresholds
+
 ROLES = ("candidate", "baseline", "production")
+ROOT = Path(__file__).resolve().parents[1]
+REGISTERED_AT = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+A_A_DRAWS = 1000
+POWER_DRAWS = 200
 
 
 @dataclass(frozen=True)
@@ -69,3 +86,71 @@ def point_metric(samples: list[list[float]], q: float) -> float:
     """The report's metric: geometric mean over shapes of ``np.percentile`` (linear)."""
     per_shape = [np.percentile(s, q) for s in samples]
     return float(np.exp(np.mean(np.log(per_shape))))
+
+
+def frozen(data: bytes):
+    thresholds = parse_thresholds(data)
+    return thresholds, Registration(
+        registration_id="reg-1", family="test", profile=thresholds.profile,
+        thresholds_sha256=hashlib.sha256(data).hexdigest(),
+        thresholds_artifact="thresholds/t.yaml", registered_at=REGISTERED_AT)
+
+
+def legacy(data: bytes) -> bytes:
+    """The profile as registered before the paired test existed: no test, no alpha."""
+    text = data.decode()
+    for alpha in ("0.016", "0.025"):
+        text = text.replace(f", test: paired_permutation, alpha: {alpha}", "")
+    assert "paired_permutation" not in text
+    return text.encode()
+
+
+def as_report(samples: dict[str, list[list[float]]]) -> SimpleNamespace:
+    """What the gate reads of an evaluation report, from simulated per-repeat latencies."""
+    def metrics(role):
+        return {"latency.p50_s": point_metric(samples[role], 50),
+                "latency.p99_s": point_metric(samples[role], 99)}
+
+    shapes = [SimpleNamespace(
+        shape=SimpleNamespace(label=f"shape{i}"),
+        implementations={role: SimpleNamespace(ok=True, latencies_s=samples[role][i])
+                         for role in ROLES}) for i in range(len(samples["candidate"]))]
+    return SimpleNamespace(
+        metrics=metrics("candidate"), baseline_metrics=metrics("baseline"),
+        production_metrics=metrics("production"), speed_assessed=True,
+        speed_not_assessed_reason=None, target_platform="cpu", device_platform="cpu",
+        started_at=REGISTERED_AT + timedelta(minutes=5),
+        performance=SimpleNamespace(shapes=shapes))
+
+
+def rejections(data: bytes, slowdown: float, draws: int, seed: int) -> tuple[float, dict]:
+    """The gate's speed-rejection rate over simulated evaluations, and per criterion."""
+    thresholds, registration = frozen(data)
+    rng = np.random.default_rng(seed)
+    rejected, failed = 0, {}
+    for _ in range(draws):
+        decision = decide(as_report(draw(rng, slowdown=slowdown)), thresholds, registration,
+                          kinds={"speed"})
+        rejected += decision.verdict == "reject"
+        for c in decision.by_status("fail"):
+            failed[c.name] = failed.get(c.name, 0) + 1
+    return rejected / draws, {k: v / draws for k, v in failed.items()}
+
+
+def main() -> None:
+    """Print the simulated rates BENCHMARKS.md states (``python -m tests.busy_host_sim``):
+    the draws of ``tests/test_gates_speed_test.py`` (seeds 1 and 2), with twice as many
+    A/A gates."""
+    speed_test.RESAMPLES, speed_test.BOUND_STEPS = 999, 0
+    shipped = (ROOT / "thresholds" / "staging.yaml").read_bytes()
+    for label, data in (("paired test", shipped), ("point estimate", legacy(shipped))):
+        for slowdown, draws, seed in ((1.0, 2 * A_A_DRAWS, 1), (1.25, POWER_DRAWS, 2),
+                                      (1.5, POWER_DRAWS, 2)):
+            rate, failed = rejections(data, slowdown, draws, seed)
+            print(f"{label}: candidate {slowdown}x production, {draws} gates: speed "
+                  f"rejection {rate:.3f}; per criterion "
+                  f"{ {k: round(v, 3) for k, v in sorted(failed.items())} }", flush=True)
+
+
+if __name__ == "__main__":
+    main()

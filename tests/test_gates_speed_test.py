@@ -9,76 +9,27 @@ Smyth) and leave out the confidence bound, which only the reason shows.
 
 from __future__ import annotations
 
-import hashlib
-from datetime import UTC, datetime, timedelta
-from pathlib import Path
-from types import SimpleNamespace
-
 import numpy as np
 import pytest
 
 from gates import speed_test
+from gates.approval_view import criterion_cells
 from gates.decision import decide
 from gates.loosening import loosenings
-from gates.preregistration import Registration
 from gates.speed_test import paired_quantile_test
 from gates.thresholds import parse_thresholds
-from tests.busy_host_sim import ROLES, draw, point_metric
+from tests.busy_host_sim import (
+    A_A_DRAWS,
+    POWER_DRAWS,
+    ROOT,
+    as_report,
+    draw,
+    frozen,
+    legacy,
+    rejections,
+)
 
-ROOT = Path(__file__).resolve().parents[1]
-REGISTERED_AT = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 SHIPPED = sorted((ROOT / "thresholds").glob("*.yaml"))
-A_A_DRAWS = 1000
-POWER_DRAWS = 200
-
-
-def _frozen(data: bytes):
-    thresholds = parse_thresholds(data)
-    return thresholds, Registration(
-        registration_id="reg-1", family="test", profile=thresholds.profile,
-        thresholds_sha256=hashlib.sha256(data).hexdigest(),
-        thresholds_artifact="thresholds/t.yaml", registered_at=REGISTERED_AT)
-
-
-def _legacy(data: bytes) -> bytes:
-    """The profile as registered before the paired test existed: no test, no alpha."""
-    text = data.decode()
-    for alpha in ("0.016", "0.025"):
-        text = text.replace(f", test: paired_permutation, alpha: {alpha}", "")
-    assert "paired_permutation" not in text
-    return text.encode()
-
-
-def _report(samples: dict[str, list[list[float]]]) -> SimpleNamespace:
-    """What the gate reads of an evaluation report, from simulated per-repeat latencies."""
-    def metrics(role):
-        return {"latency.p50_s": point_metric(samples[role], 50),
-                "latency.p99_s": point_metric(samples[role], 99)}
-
-    shapes = [SimpleNamespace(
-        shape=SimpleNamespace(label=f"shape{i}"),
-        implementations={role: SimpleNamespace(ok=True, latencies_s=samples[role][i])
-                         for role in ROLES}) for i in range(len(samples["candidate"]))]
-    return SimpleNamespace(
-        metrics=metrics("candidate"), baseline_metrics=metrics("baseline"),
-        production_metrics=metrics("production"), speed_assessed=True,
-        speed_not_assessed_reason=None, target_platform="cpu", device_platform="cpu",
-        started_at=REGISTERED_AT + timedelta(minutes=5),
-        performance=SimpleNamespace(shapes=shapes))
-
-
-def _rejections(data: bytes, slowdown: float, draws: int, seed: int) -> tuple[float, dict]:
-    """The gate's speed-rejection rate over simulated evaluations, and per criterion."""
-    thresholds, registration = _frozen(data)
-    rng = np.random.default_rng(seed)
-    rejected, failed = 0, {}
-    for _ in range(draws):
-        decision = decide(_report(draw(rng, slowdown=slowdown)), thresholds, registration,
-                          kinds={"speed"})
-        rejected += decision.verdict == "reject"
-        for c in decision.by_status("fail"):
-            failed[c.name] = failed.get(c.name, 0) + 1
-    return rejected / draws, {k: v / draws for k, v in failed.items()}
 
 
 @pytest.fixture
@@ -89,8 +40,8 @@ def fast_tests(monkeypatch):
 
 def test_the_point_estimate_rule_rejects_an_identical_kernel_far_more_than_1_in_20():
     # The measured failure, reproduced: max of 10 calls over max of 10 calls.
-    data = _legacy((ROOT / "thresholds" / "staging.yaml").read_bytes())
-    rate, failed = _rejections(data, 1.0, A_A_DRAWS, seed=1)
+    data = legacy((ROOT / "thresholds" / "staging.yaml").read_bytes())
+    rate, failed = rejections(data, 1.0, A_A_DRAWS, seed=1)
     assert rate > 0.15, (rate, failed)
     assert failed.get("p99-vs-production", 0) > 0.15
 
@@ -109,14 +60,14 @@ def test_every_shipped_profile_tests_its_regression_bounds_within_the_family_alp
 @pytest.mark.usefixtures("fast_tests")
 def test_an_identical_kernel_passes_the_shipped_speed_criteria_at_least_19_in_20():
     data = (ROOT / "thresholds" / "staging.yaml").read_bytes()
-    rate, failed = _rejections(data, 1.0, A_A_DRAWS, seed=1)  # the same draws as above
+    rate, failed = rejections(data, 1.0, A_A_DRAWS, seed=1)  # the same draws as above
     assert rate <= 0.05, (rate, failed)
 
 
 @pytest.mark.usefixtures("fast_tests")
 def test_a_one_and_a_half_times_slower_kernel_is_rejected_with_the_stated_power():
     data = (ROOT / "thresholds" / "staging.yaml").read_bytes()
-    rate, failed = _rejections(data, 1.5, POWER_DRAWS, seed=2)
+    rate, failed = rejections(data, 1.5, POWER_DRAWS, seed=2)
     assert rate >= 0.95, (rate, failed)  # stated power: BENCHMARKS.md
     assert failed["p50-vs-production"] >= 0.95
 
@@ -134,8 +85,8 @@ def test_the_test_holds_its_level_at_the_bound_itself(q, bound):
 
 def test_the_reason_states_the_test_the_estimate_and_its_bound():
     data = (ROOT / "thresholds" / "staging.yaml").read_bytes()
-    thresholds, registration = _frozen(data)
-    report = _report(draw(np.random.default_rng(4), slowdown=1.5))
+    thresholds, registration = frozen(data)
+    report = as_report(draw(np.random.default_rng(4), slowdown=1.5))
     decision = decide(report, thresholds, registration, kinds={"speed"})
     p50 = next(c for c in decision.criteria if c.name == "p50-vs-production")
     assert p50.status == "fail" and p50.test == "paired_permutation"
@@ -150,8 +101,8 @@ def test_the_reason_states_the_test_the_estimate_and_its_bound():
 
 
 def test_a_report_without_per_repeat_latencies_fails_the_tested_criterion_saying_so():
-    thresholds, registration = _frozen((ROOT / "thresholds" / "staging.yaml").read_bytes())
-    report = _report(draw(np.random.default_rng(5)))
+    thresholds, registration = frozen((ROOT / "thresholds" / "staging.yaml").read_bytes())
+    report = as_report(draw(np.random.default_rng(5)))
     report.performance = None
     decision = decide(report, thresholds, registration, kinds={"speed"})
     p99 = next(c for c in decision.criteria if c.name == "p99-vs-production")
@@ -184,14 +135,14 @@ def test_the_schema_refuses_a_test_it_cannot_honour(extra, words):
 
 
 def test_without_a_test_a_criterion_keeps_its_point_estimate_meaning():
-    thresholds = parse_thresholds(_legacy((ROOT / "thresholds" / "staging.yaml").read_bytes()))
+    thresholds = parse_thresholds(legacy((ROOT / "thresholds" / "staging.yaml").read_bytes()))
     assert {c.judged_by for p in thresholds.platforms.values() for c in p.change} == {
         "point_estimate"}
 
 
 def test_opting_in_lowering_alpha_or_going_back_are_each_reported_as_a_change():
     shipped = (ROOT / "thresholds" / "staging.yaml").read_bytes()
-    new, old = parse_thresholds(shipped), parse_thresholds(_legacy(shipped))
+    new, old = parse_thresholds(shipped), parse_thresholds(legacy(shipped))
     assert "cpu/p99-vs-production: test point_estimate -> paired_permutation" in loosenings(old, new)
     assert "cpu/p99-vs-production: test paired_permutation -> point_estimate" in loosenings(new, old)
     lower = parse_thresholds(shipped.replace(b"max_regression: 1.2, test: paired_permutation, "
@@ -199,3 +150,13 @@ def test_opting_in_lowering_alpha_or_going_back_are_each_reported_as_a_change():
                                              b"paired_permutation, alpha: 0.001"))
     assert any("alpha 0.016 -> 0.001" in x for x in loosenings(new, lower))
     assert not [x for x in loosenings(lower, new) if "alpha" in x]
+
+
+def test_the_approval_form_shows_a_tested_criterion_by_its_test():
+    thresholds, registration = frozen((ROOT / "thresholds" / "staging.yaml").read_bytes())
+    decision = decide(as_report(draw(np.random.default_rng(6))), thresholds, registration,
+                      kinds={"speed"})
+    p99 = next(c for c in decision.criteria if c.name == "p99-vs-production")
+    observed, required = criterion_cells(p99)
+    assert f"p = {p99.p_value:.3g}" in observed
+    assert required == "not shown < 0.833× at α 0.016 (paired_permutation)"
