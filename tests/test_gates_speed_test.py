@@ -9,6 +9,8 @@ Smyth) and leave out the confidence bound, which only the reason shows.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -16,7 +18,7 @@ from gates import speed_test
 from gates.approval_view import criterion_cells
 from gates.decision import decide
 from gates.loosening import loosenings
-from gates.speed_test import paired_quantile_test
+from gates.speed_test import paired_latencies, paired_quantile_test
 from gates.thresholds import parse_thresholds
 from tests.busy_host_sim import (
     A_A_DRAWS,
@@ -160,3 +162,20 @@ def test_the_approval_form_shows_a_tested_criterion_by_its_test():
     observed, required = criterion_cells(p99)
     assert f"p = {p99.p_value:.3g}" in observed
     assert required == "not shown < 0.833× at α 0.016 (paired_permutation)"
+
+
+def test_unpaired_or_missing_latencies_are_named_not_compared():
+    one = SimpleNamespace(label="S256")
+    run = SimpleNamespace
+
+    def perf(candidate, production, ok=True):
+        return SimpleNamespace(shapes=[SimpleNamespace(shape=one, implementations={
+            "candidate": run(ok=True, latencies_s=candidate),
+            "production": run(ok=ok, latencies_s=production)})])
+
+    assert "cannot be paired" in paired_latencies(perf([1.0, 2.0], [1.0]), "production")
+    assert "both ran" in paired_latencies(perf([1.0], [1.0], ok=False), "production")
+    assert paired_latencies(perf([1.0], [2.0]), "production") == ([[1.0]], [[2.0]])
+    with pytest.raises(ValueError, match="finite and positive"):
+        paired_quantile_test([[1.0, 0.0]], [[1.0, 1.0]], quantile=50, max_ratio=1.1,
+                             alpha=0.05)
