@@ -36,6 +36,7 @@ from lineage import (
     canary_audit,
     chain,
     checkpoints,
+    dispatch_record,
     family_log,
     key_changes,
     model_files,
@@ -307,7 +308,8 @@ def audit(tracking: Tracking | None, family: str, target: str, *, trust=None,
               f"build run {source.version_run(version)}")
     missing = chain.problems(evidence, transition) if transition else evidence.read_problems
     _display(walk, evidence, missing, source, version, transition == "canary->production")
-    walk.problems += missing
+    walk.problems += missing + dispatch_record.version_problems(
+        source, evidence.build_run_id, evidence.build.predicate if evidence.build else None)
     if transition == "canary->production":
         if promotion is None:
             walk.link("promotion", None, False,
