@@ -58,8 +58,10 @@ def approve_loosening(thresholds: Annotated[Path, typer.Option(help="thresholds 
     """Sign an approval of thresholds looser than the family's newest registration (pass it to `rollout --loosening-approval`). It binds that registration, the file, the rollout settings, an expiry and a one-time nonce; what a rollout would refuse is refused here first."""
     from flows.cli_store import open_store
     from gates.loosening import loosenings
-    from lineage.records.loosening_approval import sign_loosening
+    from gates.thresholds import load_thresholds
+    from lineage.records.loosening_approval import sign_loosening, unnamed
     from lineage.records.registration import latest_registration
+    from lineage.records.roster import beyond_roster
     from lineage.signing import keys
     from lineage.signing.sources import StoreSource
 
@@ -77,20 +79,22 @@ def approve_loosening(thresholds: Annotated[Path, typer.Option(help="thresholds 
     signer = keys.load_signer(key)
     keyid = signer.public_key.keyid
     named = {a.keyid: a.name for a in frozen.approval.approvers}
-    if keyid not in named:
-        raise typer.BadParameter(
-            f"key {keyid[:12]} is not an approver of registration "
-            f"{previous.predicate['registration_id']} (it names "
-            f"{sorted(named.values()) or 'no approver'}): a rollout would refuse this approval",
-            param_hint="--key")
-    if keyid in trust.revoked or keyid in trust.revoked_at:
-        raise typer.BadParameter(f"key {keyid[:12]} is revoked in {folder}", param_hint="--key")
-    from gates.thresholds import load_thresholds
-
     try:
-        loosened = loosenings(frozen, load_thresholds(thresholds))
+        asked = load_thresholds(thresholds)
     except ValueError as err:
         raise typer.BadParameter(str(err), param_hint="--thresholds") from None
+    loosened = loosenings(frozen, asked)
+    if not named and loosened and not beyond_roster(frozen, asked, loosened) and not binding:
+        raise typer.BadParameter(
+            f"{thresholds} only names the family's first approvers: that needs no approval "
+            "(trust on first use, each entry signed by its own key: kernelgate keys entry); "
+            "roll it out as it is", param_hint="--thresholds")
+    why = unnamed(previous, frozen, {keyid}, family)  # the rollout's own words
+    if why is not None:
+        raise typer.BadParameter(f"{why}: a rollout would refuse this approval",
+                                 param_hint="--key")
+    if keyid in trust.revoked or keyid in trust.revoked_at:
+        raise typer.BadParameter(f"key {keyid[:12]} is revoked in {folder}", param_hint="--key")
     bindings = dict(previous.predicate.get("bindings") or {})
     for item in binding or []:
         name, _, value = item.partition("=")

@@ -90,10 +90,39 @@ def _record(tracking, change, folder: Path) -> None:
         typer.echo(f"logged in {family}'s signed log: {change.describe()}")
 
 
+Family = Annotated[str | None, typer.Option(
+    help="the family whose approvers the entry names: the entry then carries your signature "
+         "over it, which a family's first approvers need (trust on first use)")]
+
+
+def _print_entry(signer, name: str, family: str | None) -> None:
+    """The approvers entry of ``signer``'s key for a thresholds file, with the person's
+    proof of holding it for ``family`` where one is given (``lineage.records.roster``)."""
+    from lineage.records.roster import approver_entry
+
+    entry = (approver_entry(signer, check_name(family), name) if family else
+             {"name": name, "keyid": signer.public_key.keyid,
+              "public_key": signer.public_key.to_dict()})
+    typer.echo("Approvers entry for a thresholds file's approval policy"
+               + (f" (family {family}, with your signature: it can name the family's first "
+                  "approver)" if family else "") + f":\n  - {json.dumps(entry)}")
+
+
+@keys_app.command("entry")
+def keys_entry(key: Annotated[Path, typer.Option(exists=True, dir_okay=False, help="your private key (PEM)")],
+               family: Annotated[str, typer.Option(help="the family whose approvers the entry names")],
+               name: Annotated[str | None, typer.Option(help="your name (default: the key file's)")] = None) -> None:
+    """Print your approvers entry for a family's thresholds file, signed with your key: the proof a family's first approvers need (added alone, with no approval: trust on first use, said by every audit)."""
+    from lineage.signing import keys
+
+    _print_entry(keys.load_signer(key), check_name(name or key.stem), family)
+
+
 @keys_app.command("create")
 def keys_create(name: Annotated[str, typer.Option(help="key name; 'pipeline' is the pipeline's")] = "pipeline",
-                key_dir: KeyDir = None, store_dir: StoreDir = Path(".kernelgate")) -> None:
-    """Create an Ed25519 key (PEM, mode 0600) and its public key: the pipeline's in the key folder, a person's (any other name) in its approvers/ folder, with the approvers entry for a thresholds file."""
+                key_dir: KeyDir = None, store_dir: StoreDir = Path(".kernelgate"),
+                family: Family = None) -> None:
+    """Create an Ed25519 key (PEM, mode 0600) and its public key: the pipeline's in the key folder, a person's (any other name) in its approvers/ folder, with the approvers entry for a thresholds file (signed for --family)."""
     from lineage.signing import keys
 
     folder = key_dir or keys.default_key_dir()
@@ -105,10 +134,9 @@ def keys_create(name: Annotated[str, typer.Option(help="key name; 'pipeline' is 
         raise typer.BadParameter(str(err)) from None
     typer.echo(f"wrote {path} and {keys.public_path(path)} (key id {public.keyid})")
     if name != keys.PIPELINE_KEY:
-        entry = {"name": name, "keyid": public.keyid, "public_key": public.to_dict()}
         typer.echo("an approver's key, never a pipeline key: it counts only where a "
-                   "registration's approval policy lists it. Approvers entry for a thresholds "
-                   f"file's approval policy:\n  - {json.dumps(entry)}")
+                   "registration's approval policy lists it.")
+        _print_entry(keys.load_signer(path), name, family)
         tracking = _store(store_dir)
         if tracking is not None and (folder / f"{keys.PIPELINE_KEY}.pem").exists():
             from lineage.aliases.key_changes import KeyChange

@@ -25,6 +25,12 @@ class Approver(_Strict):
     keyid: str = limit(_N, why=_KEY, pattern=r"^[0-9a-f]{64}$")
     public_key: dict = limit(L.ANY_CHANGE,
                              description="securesystemslib key dict: keytype, scheme, keyval")
+    proof: dict | None = limit(
+        _N, why="evidence that the person holds the key, checked where a family's first "
+        "approvers are named (lineage.records.roster); it changes what no candidate needs to pass",
+        default=None, description="The DSSE envelope `kernelgate keys entry --family F` "
+        "prints: the person's own signature over the family, their name and key id. "
+        "Needed where it names a family's first approvers after a rejection.")
 
 
 class ApprovalPolicy(_Strict):

@@ -30,10 +30,14 @@ def criterion_cells(c: CriterionResult) -> tuple[str, str]:
     """``(observed, required)`` of one criterion, in the criterion's own unit: a change
     criterion is shown as its improvement ratio (reference ÷ candidate for lower-is-better
     metrics, so ≥ 1 means better) against the required ratio, never a raw value against
-    a ratio."""
+    a ratio. A tested criterion (``test``) is judged by its test, not by that ratio: it
+    shows the improvement with its p-value against the test's rule."""
     if c.comparison == "value":
         return _num(c.observed), f"{c.op} {c.threshold:g}"
     observed = "—" if c.improvement is None else f"{c.improvement:.3g}×"
+    if c.test is not None and c.p_value is not None:
+        return (f"{observed} (p = {c.p_value:.3g})",
+                f"not shown < {c.threshold:.3g}× at α {c.alpha:g} ({c.test})")
     return observed, f"≥ {c.threshold:.3g}×"
 
 

@@ -36,6 +36,7 @@ from gates.directions import Looser as L
 from gates.directions import limit
 from gates.schema_base import _KEY, _N, Finite, Name, _Strict
 from gates.serving_contract import ServingContract
+from gates.speed_test import PAIRED_PERMUTATION, QUANTILE_OF, SPEED_FAMILY_ALPHA
 from gates.thresholds_file import SCHEMA_VERSION, read_mapping
 from gates.thresholds_file import upgrade_v1 as upgrade_v1  # re-exported
 
@@ -119,6 +120,21 @@ class ChangeCriterion(_Criterion):
     min_improvement: Finite | None = limit(L.LOWER, default=None, gt=0, le=1000)
     max_regression: Finite | None = limit(L.HIGHER, default=None, ge=1, le=1000)
     floor: Finite = limit(L.HIGHER, default=0.0, ge=0)
+    test: Literal["point_estimate", "paired_permutation"] | None = limit(
+        L.ANY_CHANGE, default=None, compare="judged_by",
+        description="How the bound is judged. Unset or 'point_estimate': the candidate's "
+        "metric over the reference's, compared with the bound (the meaning of every "
+        "registration made before this field existed). 'paired_permutation' (a "
+        "max_regression bound on latency.p50_s/p95_s/p99_s): a one-sided paired "
+        "permutation test on the interleaved per-repeat latencies (gates.speed_test) "
+        "that fails only when a slowdown beyond max_regression is shown at `alpha`.")
+    alpha: Finite | None = limit(
+        L.LOWER, default=None, gt=0, lt=1,
+        description="The paired test's one-sided level: an implementation exactly "
+        "max_regression times the reference fails with probability <= alpha, an identical "
+        "one far less. The alphas of a platform's tested criteria add up to at most "
+        f"{SPEED_FAMILY_ALPHA} (Bonferroni), so an identical kernel passes all of them "
+        f"with probability >= {1 - SPEED_FAMILY_ALPHA:g}.")
 
     @model_validator(mode="after")
     def _exactly_one_bound(self) -> ChangeCriterion:
@@ -126,6 +142,29 @@ class ChangeCriterion(_Criterion):
             raise ValueError(f"change criterion {self.name!r}: set exactly one of "
                              "min_improvement, max_regression")
         return self
+
+    @model_validator(mode="after")
+    def _a_test_needs_its_level(self) -> ChangeCriterion:
+        if self.test != PAIRED_PERMUTATION:
+            if self.alpha is not None:
+                raise ValueError(f"change criterion {self.name!r}: alpha is the level of "
+                                 f"test: {PAIRED_PERMUTATION}; the point estimate has none")
+            return self
+        problems = [why for bad, why in (
+            (self.alpha is None, "an alpha"),
+            (self.metric not in QUANTILE_OF, f"a latency quantile metric {sorted(QUANTILE_OF)}"),
+            (self.max_regression is None, "a max_regression bound (min_improvement is a "
+             "claim the candidate must show; this test only shows a regression)"),
+            (self.floor != 0.0, "no floor")) if bad]
+        if problems:
+            raise ValueError(f"change criterion {self.name!r}: test: {PAIRED_PERMUTATION} "
+                             f"needs {', '.join(problems)}")
+        return self
+
+    @property
+    def judged_by(self) -> str:
+        """The test that judges the bound (``point_estimate`` when ``test`` is unset)."""
+        return self.test or "point_estimate"
 
     @property
     def required_improvement(self) -> float:
@@ -153,6 +192,11 @@ class PlatformCriteria(_Strict):
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"criterion names must be unique per platform: {dupes}")
+        spent = sum(c.alpha or 0.0 for c in self.change)
+        if spent > SPEED_FAMILY_ALPHA + 1e-12:
+            raise ValueError(f"the tested criteria's alphas add up to {spent:g} > "
+                             f"{SPEED_FAMILY_ALPHA}: an identical kernel would fail one of "
+                             "them more often than 1 in 20 (split the alpha between them)")
         return self
 
 

@@ -27,6 +27,7 @@ from pydantic import BaseModel, Field, field_validator
 from kernels import selection
 from kernels.config import AnyConfig, KernelConfig
 from kernels.contract import AttentionSpec, validate
+from kernels.dispatch_serving import configured_policy, route
 from kernels.registry import IMPLEMENTATIONS, stored_config
 
 logger = logging.getLogger(__name__)
@@ -188,8 +189,10 @@ def resolve(implementation: str = "auto", spec: AttentionSpec | None = None,
     """Pick the implementation for ``spec`` on ``backend`` and resolve its config.
 
     Args:
-        implementation: a registry name or ``"auto"`` (the native kernel of the
-            backend, falling back in :func:`auto_order`).
+        implementation: a registry name or ``"auto"``: the kernel a configured dispatch
+            policy measured on this backend serves the call's bucket by
+            (``kernels.dispatch_serving``); with none configured, or none serving the
+            call, the native kernel of the backend, falling back in :func:`auto_order`.
         spec: the validated call; ``None`` checks nothing shape-specific.
         backend: "cpu", "gpu" or "tpu"; default ``jax.default_backend()``.
         config: the config asked for (:data:`ConfigLike`; unset fields: the table's or
@@ -206,6 +209,8 @@ def resolve(implementation: str = "auto", spec: AttentionSpec | None = None,
         ValueError: unknown implementation name, or ``config`` illegal for it.
         NotImplementedError: the named implementation cannot run this call (the
             reason says why), or ``auto`` found none.
+        kernels.dispatch_audit.PolicyError: ``auto`` with a configured dispatch policy
+            that is not the one pinned or not what its evidence derives.
     """
     backend = backend or default_backend()
     check_implementation_name(implementation)
@@ -225,6 +230,18 @@ def resolve(implementation: str = "auto", spec: AttentionSpec | None = None,
             resolved = impl.resolve_config(spec, wanted)
         return Resolution(requested=implementation, name=implementation, backend=backend,
                           native=impl.is_native(backend), reason=reason, config=resolved)
+    policy = configured_policy() if spec is not None else None
+    note = ""
+    if policy is not None and policy.backend != backend:
+        note = f"the dispatch policy was measured on {policy.backend}, not {backend}; "
+    elif policy is not None:
+        routed = route(policy, spec, backend, config, exclude)
+        if routed.kernel is not None:
+            served = resolve(routed.kernel, spec, backend, config, table=table)
+            logger.info("attention auto -> %s (%s)", routed.kernel, routed.why)
+            return served.model_copy(update={"requested": "auto", "reason": routed.why,
+                                             "skipped": routed.skipped})
+        note = f"{routed.why}; "
     order, table_configs, why = (_gpu_order(spec, table) if backend == "gpu"
                                  else (auto_order(backend), {}, ""))
     skipped: dict[str, str] = {}
@@ -244,7 +261,7 @@ def resolve(implementation: str = "auto", spec: AttentionSpec | None = None,
         except (NotImplementedError, ImportError, ValueError) as err:
             skipped[name] = str(err)
             continue
-        reason = f"first supported implementation for {backend} in order {list(order)}"
+        reason = f"{note}first supported implementation for {backend} in order {list(order)}"
         if why:
             reason += f"; {why}"
         if spec is not None:

@@ -39,7 +39,8 @@ def audit_policy(policy: DispatchPolicy, sha256: str | None = None) -> None:
         raise PolicyError(f"the dispatch policy's fingerprint is {policy.fingerprint()}, "
                           f"not the {sha256} signed: it changed after signing")
     try:
-        derived = derive_policy(policy.evidence(), policy.candidates, policy.rule)
+        derived = derive_policy(policy.evidence(), policy.candidates, policy.rule,
+                                policy.capability_map())
     except ValueError as err:
         raise PolicyError(f"the dispatch policy's evidence derives no policy: {err}") from None
     for recorded, fresh in zip(policy.buckets, derived.buckets, strict=True):

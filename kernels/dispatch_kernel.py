@@ -1,12 +1,16 @@
 """``DispatchKernel``: a kernel that serves each call by the kernel a dispatch policy chose
-for the call's bucket (``kernels.dispatch_policy``), behind the same contract as any kernel.
+for the call's bucket (``kernels.dispatch_policy``), behind the same contract as any kernel;
+a call that kernel refuses (the bucket reaches past its capability: ``fa3`` runs head_dim
+128 of the bucket's 65-128) goes to the next kernel of the bucket's recorded ranking that
+accepts it.
 
 It runs only where a policy is given explicitly: an instance is made from an audited
 policy (:class:`DispatchKernel`, or :meth:`DispatchKernel.from_file` with the policy's
 signed fingerprint) and registered by whoever serves it (``kernels.registry.registered``).
-It is not in the registry's ``BUILTIN`` and declares no ``auto_priority``, so ``auto``
-resolves exactly as before; ``auto`` serving a promoted policy, and a ``dispatch`` that a
-rollout builds, evaluates and promotes, are later steps.
+It is not in the registry's ``BUILTIN`` and declares no ``auto_priority``: ``auto``
+serves a promoted policy only when one is configured (``kernels.dispatch_serving``, the
+same routing); a ``dispatch`` that a rollout builds, evaluates and promotes is a later
+step (``lineage.records.dispatch_record`` audits the signed policy of a dispatch build).
 
 Its config (:class:`DispatchConfig`) is the policy's fingerprint: the config a call
 resolves to names the policy, so a build's record changes whenever the policy does, and a
@@ -27,7 +31,8 @@ from kernels.api import default_backend, resolve
 from kernels.config import KernelConfig
 from kernels.contract import AttentionSpec
 from kernels.dispatch_audit import audit_policy, load_policy
-from kernels.dispatch_policy import BucketChoice, DispatchPolicy
+from kernels.dispatch_policy import DispatchPolicy
+from kernels.dispatch_serving import Route, route
 from kernels.kernel import Kernel
 from kernels.registry import IMPLEMENTATIONS
 
@@ -40,9 +45,10 @@ class DispatchConfig(KernelConfig):
 
 
 class DispatchKernel(Kernel[DispatchConfig]):
-    """Each call served by its policy's kernel for the call's bucket. Its support is its
-    buckets' kernels' support: a call is refused outside the policy's space, where its
-    bucket has no kernel (the policy says why) or where the bucket's kernel refuses it.
+    """Each call served by the first kernel of its bucket's ranking that accepts it (the
+    bucket's choice, else the next). A call is refused outside the policy's space, where
+    its bucket has no kernel (the policy says why) or where every kernel of the bucket's
+    ranking refuses it.
     Exported only for the local platform: a bucket's kernel may query the device or
     choose its lowering when traced (cuDNN, the Pallas kernels).
 
@@ -74,7 +80,7 @@ class DispatchKernel(Kernel[DispatchConfig]):
         return cls(load_policy(path, sha256))
 
     def is_native(self, backend: str) -> bool:
-        """Whether every kernel its buckets chose compiles natively on ``backend``."""
+        """Whether every kernel its buckets may serve by compiles natively on ``backend``."""
         return all(IMPLEMENTATIONS[k].is_native(backend) for k in self.policy.kernels())
 
     def default_config(self, head_dim: int) -> DispatchConfig:
@@ -95,34 +101,30 @@ class DispatchKernel(Kernel[DispatchConfig]):
                              f"names {wanted.policy_sha256}")
         return self.default_config(spec.head_dim)
 
-    def route(self, spec: AttentionSpec) -> BucketChoice:
-        """The bucket ``spec`` falls in, with its kernel.
+    def route(self, spec: AttentionSpec, backend: str) -> Route:
+        """Where ``spec`` goes on ``backend``: its bucket and the first kernel of the
+        bucket's ranking whose own support check accepts the call
+        (``kernels.dispatch_serving.route``).
 
         Raises:
-            NotImplementedError: the call is outside the policy's space, or its bucket has
-                no kernel (the policy's reasons given).
+            NotImplementedError: the call is outside the policy's space, its bucket has
+                no kernel (the policy's reasons given), or every kernel of the ranking
+                refuses it (each one's reason, with the bucket).
         """
-        choice = self.policy.choice_for(spec.shape)
-        if choice.kernel is None:
-            raise NotImplementedError(f"dispatch: bucket {choice.bucket.name!r} has no kernel: "
-                                      f"{choice.why}")
-        return choice
+        found = route(self.policy, spec, backend)
+        if found.kernel is None:
+            raise NotImplementedError(f"dispatch: {found.why}")
+        return found
 
     def check_supported(self, spec: AttentionSpec, backend: str, config=None) -> None:
-        """Raise unless the bucket's kernel runs ``spec`` on ``backend``.
+        """Raise unless some kernel of the bucket's ranking runs ``spec`` on ``backend``.
 
         Raises:
-            NotImplementedError: outside the policy's space, a bucket without a kernel, or
-                the bucket's kernel refuses the call (its reason, prefixed by the bucket).
+            NotImplementedError: as :meth:`route`.
             ValueError: an illegal config (:meth:`resolve_config`).
         """
         self.resolve_config(spec, config)
-        choice = self.route(spec)
-        try:
-            IMPLEMENTATIONS[choice.kernel].check_supported(spec, backend)
-        except NotImplementedError as err:
-            raise NotImplementedError(f"dispatch: bucket {choice.bucket.name!r} -> "
-                                      f"{choice.kernel}: {err}") from None
+        self.route(spec, backend)
 
     def __call__(self, q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool,
                  scale: float, q_lengths: jax.Array | None, kv_lengths: jax.Array | None,
@@ -139,8 +141,8 @@ class DispatchKernel(Kernel[DispatchConfig]):
                              head_dim=q.shape[3], dtype=q.dtype, causal=causal, scale=scale,
                              has_lengths=q_lengths is not None or kv_lengths is not None)
         self.resolve_config(spec, config)
-        choice = self.route(spec)
-        resolution = resolve(choice.kernel, spec, default_backend())
+        backend = default_backend()
+        resolution = resolve(self.route(spec, backend).kernel, spec, backend)
         return IMPLEMENTATIONS[resolution.name].kernel()(
             q, k, v, causal=causal, scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths,
             config=resolution.config)

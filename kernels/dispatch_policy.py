@@ -5,15 +5,21 @@ No single kernel wins everywhere (on an H200, ``xla`` beats the flash kernels at
 batch-1 shapes, ``pallas_mosaic_gpu`` beats cuDNN at 4k-16k tokens: BENCHMARKS.md). A
 policy makes the per-shape choice a reviewable artifact instead of a lookup in code:
 
-* :class:`Evidence`: per bucket (a box of calls, ``kernels.dispatch_space``), the shapes
+* :class:`Evidence` (``kernels.dispatch_measurements``, re-exported here): per bucket (a
+  box of calls, ``kernels.dispatch_space``), the shapes
   measured and, per candidate kernel, either its timing at every one of them (median and
   an order-statistic interval, seconds: ``kernels.timing.median_interval``) or the reason
   its own support check refused one (``Kernel.check_supported``);
-* :func:`derive_policy`: a pure function of the evidence, the candidates and a
-  :class:`Rule`; per bucket, among the kernels no other beats outright (geometric means
-  over the bucket's shapes; "outright": another's interval lies wholly below), the first
-  in the rule's priority, else the fastest; a bucket no candidate serves is kept, with no
-  kernel and the reasons;
+* :func:`derive_policy`: a pure function of the evidence, the candidates, their declared
+  capabilities and a :class:`Rule`; per bucket, among the kernels no other beats outright
+  (geometric means over the bucket's shapes; "outright": another's interval lies wholly
+  below), the first in the rule's priority, else the fastest; a bucket no candidate
+  serves is kept, with no kernel and the reasons;
+* the ranking of each bucket: the rule applied again to the kernels left, so a call the
+  chosen kernel refuses (its declared capability does not reach every call of the
+  bucket: ``kernels.dispatch_coverage``, recorded per candidate) goes to the next kernel
+  of the ranking that accepts it. A winner at the measured shapes is kept rather than
+  dropped for a narrower capability (``fa3`` serves head_dim 128 of the 65-128 bucket);
 * :class:`DispatchPolicy`: the buckets (which partition the policy's space: validated),
   each with its choice, its regret against the bucket's fastest, every candidate's
   summary and the evidence it was derived from; its fingerprint is the sha256 of its
@@ -29,108 +35,34 @@ medians; so its coverage is at least ``1 - sum(1 - coverage_i)`` (Bonferroni).
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
+from pydantic import Field, model_validator
 
+from kernels.dispatch_coverage import capability_gap
+from kernels.dispatch_measurements import (
+    BucketEvidence,
+    Evidence,
+    FrozenModel,
+    KernelEvidence,
+    ShapeTiming,
+)
 from kernels.dispatch_space import Bucket, Region, check_partition
+from kernels.kernel import Capability
+from kernels.registry import IMPLEMENTATIONS
 from kernels.shapes import AttentionShape
 
-SCHEMA_VERSION = 1
+__all__ = ["SCHEMA_VERSION", "BucketChoice", "BucketEvidence", "DeclaredCapability",
+           "DispatchPolicy", "Evidence", "KernelEvidence", "KernelSummary", "Rule",
+           "ShapeTiming", "derive_policy"]
+
+SCHEMA_VERSION = 2
+"""2: candidates' declared capabilities, each bucket's ranking and each summary's gap."""
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    def canonical_json(self) -> bytes:
-        """The model as canonical JSON (sorted keys, no whitespace, UTF-8)."""
-        return json.dumps(self.model_dump(mode="json"), sort_keys=True,
-                          separators=(",", ":"), ensure_ascii=False).encode()
-
-    def fingerprint(self) -> str:
-        """sha256 (hex) of :meth:`canonical_json`: a file's layout or key order does not
-        move it; any value does."""
-        return hashlib.sha256(self.canonical_json()).hexdigest()
-
-
-class ShapeTiming(_Frozen):
-    """One kernel at one shape: seconds per call, the median of ``repeats`` repeats and an
-    interval for it holding the true median with probability ``coverage``."""
-
-    shape: AttentionShape
-    median_s: PositiveFloat
-    low_s: PositiveFloat
-    high_s: PositiveFloat
-    coverage: float = Field(gt=0, le=1)
-    repeats: PositiveInt
-
-    @model_validator(mode="after")
-    def _ordered(self) -> Self:
-        if not self.low_s <= self.median_s <= self.high_s:
-            raise ValueError(f"a timing needs low_s <= median_s <= high_s, got {self.low_s}, "
-                             f"{self.median_s}, {self.high_s} at {self.shape.label}")
-        return self
-
-
-class KernelEvidence(_Frozen):
-    """One candidate in one bucket: its timing at every shape measured there, or why its
-    own support check refused the bucket (the first refusal met)."""
-
-    kernel: str
-    timings: tuple[ShapeTiming, ...] = ()
-    refused: str | None = None
-
-    @model_validator(mode="after")
-    def _one_of(self) -> Self:
-        if bool(self.timings) == (self.refused is not None):
-            raise ValueError(f"{self.kernel}: evidence holds timings or a refusal, exactly one")
-        return self
-
-
-class BucketEvidence(_Frozen):
-    """What was measured in one bucket: its shapes (each inside it) and each candidate's
-    evidence (a kernel's timings cover exactly these shapes)."""
-
-    bucket: Bucket
-    shapes: tuple[AttentionShape, ...] = Field(min_length=1)
-    kernels: tuple[KernelEvidence, ...]
-
-    @model_validator(mode="after")
-    def _consistent(self) -> Self:
-        outside = [s.label for s in self.shapes if not self.bucket.contains_shape(s)]
-        if outside:
-            raise ValueError(f"bucket {self.bucket.name!r} holds shapes outside it: {outside}")
-        names = [k.kernel for k in self.kernels]
-        if len(set(names)) != len(names):
-            raise ValueError(f"bucket {self.bucket.name!r} lists a kernel twice: {names}")
-        for k in self.kernels:
-            if k.timings and [t.shape for t in k.timings] != list(self.shapes):
-                raise ValueError(f"bucket {self.bucket.name!r}: {k.kernel}'s timings are not "
-                                 "at the bucket's shapes, in order")
-        return self
-
-
-class Evidence(_Frozen):
-    """Measurements for a policy: per bucket (the buckets partition ``space``), on one
-    device, by one method (both in words, e.g. ``NVIDIA H200`` and the timing method)."""
-
-    space: Region = Region()
-    device: str
-    backend: str
-    method: str
-    buckets: tuple[BucketEvidence, ...] = Field(min_length=1)
-
-    @model_validator(mode="after")
-    def _partition(self) -> Self:
-        check_partition(self.space, [b.bucket for b in self.buckets])
-        return self
-
-
-class Rule(_Frozen):
+class Rule(FrozenModel):
     """How a bucket's kernel is chosen from its candidates' summaries (geometric means
     over the bucket's shapes): among the kernels no other beats outright (no other's
     interval lies wholly below its own; the fastest median is always among them), the
@@ -142,9 +74,11 @@ class Rule(_Frozen):
     priority: tuple[str, ...] = ()
 
 
-class KernelSummary(_Frozen):
+class KernelSummary(FrozenModel):
     """One candidate in one bucket, summarised: geometric means over the bucket's shapes
-    (seconds) and its ratio to the bucket's fastest median, or why it cannot serve."""
+    (seconds) and its ratio to the bucket's fastest median, or why it cannot serve; and
+    why its declared capability does not reach every call of the bucket (``uncovered``;
+    ``None``: it does)."""
 
     kernel: str
     median_s: float | None = None
@@ -152,21 +86,39 @@ class KernelSummary(_Frozen):
     high_s: float | None = None
     ratio_to_best: float | None = None
     refused: str | None = None
+    uncovered: str | None = None
 
 
-class BucketChoice(_Frozen):
+class DeclaredCapability(FrozenModel):
+    """A candidate's declared capability (``Kernel.capability``) as the policy used it."""
+
+    kernel: str
+    capability: Capability
+
+
+class BucketChoice(FrozenModel):
     """One bucket's choice: ``kernel`` (``None``: no candidate serves it, ``why`` says
     why), the bucket's fastest kernel (``best``), the regret of the choice against it
     (``regret``: median ratio minus one; ``regret_s``: seconds per call, geometric means),
-    every candidate's summary and the evidence the choice was derived from."""
+    every candidate's summary and the evidence the choice was derived from. ``ranking``:
+    the kernels serving the bucket in the rule's order (``kernel`` first); a call a kernel
+    refuses goes to the next one that accepts it."""
 
     kernel: str | None
     why: str
+    ranking: tuple[str, ...] = ()
     best: str | None = None
     regret: float | None = None
     regret_s: float | None = None
     summaries: tuple[KernelSummary, ...]
     evidence: BucketEvidence
+
+    @model_validator(mode="after")
+    def _ranked(self) -> Self:
+        if (self.ranking[:1] or (None,))[0] != self.kernel:
+            raise ValueError(f"a bucket's ranking starts with its kernel ({self.kernel}), got "
+                             f"{list(self.ranking)}")
+        return self
 
     @property
     def bucket(self) -> Bucket:
@@ -174,29 +126,39 @@ class BucketChoice(_Frozen):
         return self.evidence.bucket
 
 
-class DispatchPolicy(_Frozen):
+class DispatchPolicy(FrozenModel):
     """Bucket -> kernel over ``space`` (validated: the buckets partition it), derived by
     ``rule`` from evidence measured on ``device``; see the module docstring."""
 
-    schema_version: Literal[1] = SCHEMA_VERSION
+    schema_version: Literal[2] = SCHEMA_VERSION
     space: Region
     device: str
     backend: str
     method: str
+    software: dict[str, str] = Field(default_factory=dict)
     evidence_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     candidates: tuple[str, ...] = Field(min_length=1)
+    capabilities: tuple[DeclaredCapability, ...]
     rule: Rule
     buckets: tuple[BucketChoice, ...] = Field(min_length=1)
 
     @model_validator(mode="after")
     def _partition(self) -> Self:
         check_partition(self.space, [b.bucket for b in self.buckets])
+        if tuple(c.kernel for c in self.capabilities) != self.candidates:
+            raise ValueError("a policy records one declared capability per candidate, in "
+                             "the candidates' order")
         return self
+
+    def capability_map(self) -> dict[str, Capability]:
+        """Candidate -> the declared capability the policy was derived with."""
+        return {c.kernel: c.capability for c in self.capabilities}
 
     def evidence(self) -> Evidence:
         """The evidence the policy says it was derived from (its buckets' evidence)."""
         return Evidence(space=self.space, device=self.device, backend=self.backend,
-                        method=self.method, buckets=tuple(b.evidence for b in self.buckets))
+                        method=self.method, software=self.software,
+                        buckets=tuple(b.evidence for b in self.buckets))
 
     def choice_for(self, shape: AttentionShape) -> BucketChoice:
         """The bucket ``shape`` lies in.
@@ -211,8 +173,9 @@ class DispatchPolicy(_Frozen):
                                   f"not hold {shape.label}")
 
     def kernels(self) -> tuple[str, ...]:
-        """The kernels some bucket chose, in first-use order."""
-        return tuple(dict.fromkeys(b.kernel for b in self.buckets if b.kernel is not None))
+        """The kernels some bucket may serve a call by (its choice, then the rest of its
+        ranking), in first-use order."""
+        return tuple(dict.fromkeys(k for b in self.buckets for k in b.ranking))
 
 
 def _geomean(values: Sequence[float]) -> float:
@@ -230,9 +193,42 @@ def _summary(evidence: KernelEvidence | None, name: str) -> KernelSummary:
                          high_s=_geomean([x.high_s for x in t]))
 
 
-def _choose(bucket: BucketEvidence, candidates: Sequence[str], rule: Rule) -> BucketChoice:
+def _pick(serving: Sequence[KernelSummary], rule: Rule
+          ) -> tuple[KernelSummary, list[KernelSummary]]:
+    """The rule's choice among ``serving`` and the kernels tied with the fastest."""
+    tied = [s for s in serving if not any(o.high_s < s.low_s for o in serving)]
+    rank = {name: i for i, name in enumerate(rule.priority)}
+    return min(tied, key=lambda s: (rank.get(s.kernel, len(rank)), s.median_s, s.kernel)), tied
+
+
+def _ranking(serving: Sequence[KernelSummary], rule: Rule) -> tuple[str, ...]:
+    """``serving`` in the rule's order: its choice, then its choice among the rest..."""
+    left, out = list(serving), []
+    while left:
+        chosen, _ = _pick(left, rule)
+        out.append(chosen.kernel)
+        left.remove(chosen)
+    return tuple(out)
+
+
+def _fallback_note(chosen: KernelSummary, ranking: Sequence[str],
+                   summaries: Sequence[KernelSummary]) -> str:
+    if chosen.uncovered is None:
+        return ""
+    gaps = {s.kernel: s.uncovered for s in summaries}
+    reach = next((k for k in ranking if gaps[k] is None), None)
+    return (f"; {chosen.kernel} {chosen.uncovered}: a call it refuses goes to the next of "
+            f"{list(ranking[1:])} that accepts it" + (
+                f" ({reach} reaches every call)" if reach is not None else
+                " (none reaches every call: a call all of them refuse has no kernel)"))
+
+
+def _choose(bucket: BucketEvidence, candidates: Sequence[str], rule: Rule,
+            capabilities: dict[str, Capability]) -> BucketChoice:
     measured = {k.kernel: k for k in bucket.kernels}
-    summaries = [_summary(measured.get(name), name) for name in candidates]
+    summaries = [_summary(measured.get(name), name).model_copy(
+        update={"uncovered": capability_gap(capabilities[name], bucket.bucket)})
+        for name in candidates]
     serving = [s for s in summaries if s.refused is None]
     if not serving:
         why = "no candidate serves it: " + "; ".join(f"{s.kernel}: {s.refused}"
@@ -242,9 +238,7 @@ def _choose(bucket: BucketEvidence, candidates: Sequence[str], rule: Rule) -> Bu
     summaries = [s.model_copy(update={"ratio_to_best": s.median_s / best.median_s})
                  if s.refused is None else s for s in summaries]
     serving = [s for s in summaries if s.refused is None]
-    tied = [s for s in serving if not any(o.high_s < s.low_s for o in serving)]
-    rank = {name: i for i, name in enumerate(rule.priority)}
-    chosen = min(tied, key=lambda s: (rank.get(s.kernel, len(rank)), s.median_s, s.kernel))
+    chosen, tied = _pick(serving, rule)
     if chosen.kernel == best.kernel:
         why = f"{chosen.kernel}: the fastest ({chosen.median_s:.3g} s per call, geometric mean)"
         if len(tied) > 1:
@@ -255,21 +249,27 @@ def _choose(bucket: BucketEvidence, candidates: Sequence[str], rule: Rule) -> Bu
         why = (f"{chosen.kernel}: its interval overlaps the fastest's ({best.kernel}, "
                f"{chosen.median_s / best.median_s:.3f}x its median) and it comes first in the "
                f"priority {list(rule.priority)} among the tied {[s.kernel for s in tied]}")
-    return BucketChoice(kernel=chosen.kernel, why=why, best=best.kernel,
+    ranking = _ranking(serving, rule)
+    return BucketChoice(kernel=chosen.kernel, why=why + _fallback_note(chosen, ranking, summaries),
+                        ranking=ranking, best=best.kernel,
                         regret=chosen.median_s / best.median_s - 1,
                         regret_s=chosen.median_s - best.median_s,
                         summaries=tuple(summaries), evidence=bucket)
 
 
-def derive_policy(evidence: Evidence, candidates: Sequence[str], rule: Rule) -> DispatchPolicy:
+def derive_policy(evidence: Evidence, candidates: Sequence[str], rule: Rule,
+                  capabilities: Mapping[str, Capability] | None = None) -> DispatchPolicy:
     """The policy ``rule`` derives from ``evidence`` for ``candidates`` (registry names;
     a candidate without evidence in a bucket cannot serve it: "not measured"; evidence of
-    a kernel that is no candidate is kept in the record and never chosen). Pure: the same
-    arguments give the same policy, fingerprint included.
+    a kernel that is no candidate is kept in the record and never chosen), with each
+    candidate's declared capability (``capabilities``; ``None``: the registry's
+    ``Kernel.capability`` of each), recorded in the policy. Pure given ``capabilities``:
+    the same arguments give the same policy, fingerprint included.
 
     Raises:
-        ValueError: no candidates, a candidate named twice, or a priority naming a kernel
-            that is no candidate.
+        ValueError: no candidates, a candidate named twice, a priority naming a kernel
+            that is no candidate, or a candidate without a declared capability (not
+            given, and not registered).
     """
     candidates = tuple(candidates)
     if not candidates or len(set(candidates)) != len(candidates):
@@ -278,8 +278,19 @@ def derive_policy(evidence: Evidence, candidates: Sequence[str], rule: Rule) -> 
     if strangers:
         raise ValueError(f"the rule's priority names {strangers}, which are not among the "
                          f"candidates {list(candidates)}")
+    if capabilities is None:
+        capabilities = {n: IMPLEMENTATIONS[n].capability for n in candidates
+                        if n in IMPLEMENTATIONS}
+    unknown = [n for n in candidates if n not in capabilities]
+    if unknown:
+        raise ValueError(f"candidates {unknown} have no declared capability (not registered "
+                         "and not given)")
+    declared = {n: capabilities[n] for n in candidates}
     return DispatchPolicy(space=evidence.space, device=evidence.device,
                           backend=evidence.backend, method=evidence.method,
+                          software=evidence.software,
                           evidence_sha256=evidence.fingerprint(), candidates=candidates,
-                          rule=rule,
-                          buckets=tuple(_choose(b, candidates, rule) for b in evidence.buckets))
+                          capabilities=tuple(DeclaredCapability(kernel=n, capability=c)
+                                             for n, c in declared.items()),
+                          rule=rule, buckets=tuple(_choose(b, candidates, rule, declared)
+                                                   for b in evidence.buckets))

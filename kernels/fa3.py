@@ -110,7 +110,8 @@ class Fa3Kernel(Kernel):
     description = "FlashAttention-3 (flash-attn3-jax wheel, sm90, head_dim 128)"
     native_platforms = ("gpu",)
     capability = Capability(dtypes=("bfloat16", "float16"), max_head_dim=HEAD_DIM,
-                            head_dim_multiple=HEAD_DIM)
+                            head_dim_multiple=HEAD_DIM, causal_needs_square=True,
+                            causal_with_lengths=False)
     forward = staticmethod(fa3_attention)
     trace_name = "kernelgate_fa3_attention"
     export_needs_local_device = True
@@ -132,12 +133,12 @@ class Fa3Kernel(Kernel):
         if why is not None:
             raise NotImplementedError(f"fa3 {why} (the flash-attn3-jax wheel is compiled "
                                       f"for bf16/f16 at head_dim {HEAD_DIM} only)")
-        if spec.causal and spec.q_len != spec.kv_len:
+        if spec.causal and self.capability.causal_needs_square and spec.q_len != spec.kv_len:
             raise NotImplementedError(
                 f"fa3 refuses causal with q_len != kv_len (got {spec.q_len} and "
                 f"{spec.kv_len}): FlashAttention aligns the causal mask bottom-right, "
                 "the contract top-left")
-        if spec.causal and spec.has_lengths:
+        if spec.causal and not self.capability.causal_with_lengths and spec.has_lengths:
             raise NotImplementedError(
                 "fa3 refuses causal with q_lengths/kv_lengths: per-example lengths move "
                 "FlashAttention's bottom-right causal alignment away from the contract's "

@@ -12,7 +12,8 @@ instance, which is callable as the kernel itself.
 Importing this module imports neither JAX nor a kernel (the CLI reads the registry before
 JAX is loaded); a method that needs JAX imports it when it runs. A kernel module may
 import heavy, platform-only libraries inside its call (as ``pallas_mosaic_gpu`` does):
-declaring the class costs a CPU host nothing.
+declaring the class costs a CPU host nothing. Kept whole (over 350 lines): a kernel's
+declarations (:class:`Capability` and :class:`Kernel`) are read in one place.
 """
 
 from __future__ import annotations
@@ -59,11 +60,15 @@ class Capability:
         dtypes: input dtype names it runs ("float32", "bfloat16", "float16").
         max_head_dim: largest head_dim (``None``: no limit).
         head_dim_multiple: head_dim must be a multiple of this (1: any).
+        causal_needs_square: causal calls only with ``q_len == kv_len``.
+        causal_with_lengths: causal calls with ``q_lengths``/``kv_lengths`` too.
     """
 
     dtypes: tuple[str, ...] = ("float32", "bfloat16", "float16")
     max_head_dim: int | None = None
     head_dim_multiple: int = 1
+    causal_needs_square: bool = False
+    causal_with_lengths: bool = True
 
     def refusal(self, dtype: Any, head_dim: int) -> str | None:
         """Why a call of ``dtype`` and ``head_dim`` is outside this capability, or None."""

@@ -12,9 +12,9 @@ caught by kind; ``make attacks`` sets it and replays every variant (RELIABILITY.
 records it).
 
 Which run where (the suite's time): ``make test`` replays the first attack
-registered of each kind (22 of the 52 variants, one per kind, so every kind is still
-tried on every run); the other 30 variants of those kinds are marked ``slow`` and run
-in ``make attacks`` (all 52, the report RELIABILITY.md quotes) and ``make test-slow``.
+registered of each kind (23 of the 54 variants, one per kind, so every kind is still
+tried on every run); the other 31 variants of those kinds are marked ``slow`` and run
+in ``make attacks`` (all 54, the report RELIABILITY.md quotes) and ``make test-slow``.
 None is deleted. Why: every variant replays on a copy of the pristine store and most
 end in a full audit, and the variants of one kind exercise the same check.
 """
@@ -73,6 +73,7 @@ KINDS = {
     20: "the audit's scope follows MLflow's editable parent link",
     21: "a family's log starts again under its old name (experiment and model renamed)",
     22: "another store signed by the same key folder is put in the store's place",
+    23: "a family's first approvers, named on first use, are swapped after signing",
 }
 
 
@@ -1317,3 +1318,92 @@ def another_store_of_the_same_key_folder_copied_over_this_one(lab: Lab) -> str:
     found = _detected(lab.audit())
     assert "your kernelgate home knows" in found and "key folder knows" in found, found
     return f"{refused.value}\n{found}"
+
+
+# --- kind 23: a family's first approvers, named on first use, swapped after signing ------
+
+
+def _roster_founded(lab: Lab) -> tuple[str, Path]:
+    """The family's first approver (alice, no approval: the registration it loosens names
+    none and a candidate was rejected) registered by the pipeline; returns the founding
+    registration's id and the attacker's key (mallory's: the attacker holds it)."""
+    from lineage.records.registration import preregister
+    from lineage.records.roster import approver_entry
+    from lineage.signing import keys
+
+    alice = keys.load_signer(_key(lab, "alice"))
+    founding = _thresholds_with(lab, lambda d: d["approval"].update(
+        approvers=[approver_entry(alice, FAMILY, "alice")]))
+    registration = preregister(founding, tracking=lab.tracking, family=FAMILY,
+                               signing=lab.signing)
+    report = lab.audit()
+    assert report.exit_code == 0 and len(report.notices) == 1, report.render()
+    return registration.registration_id, _key(lab, "mallory")
+
+
+def _key(lab: Lab, name: str) -> Path:
+    from lineage.signing import keys
+
+    path = lab.root / "people" / f"{name}.pem"
+    if not path.exists():
+        keys.create_key(path)
+    return path
+
+
+@attack(23, "the roster founded at registration")
+def first_approver_swapped_for_the_attackers_key_in_the_frozen_thresholds(lab: Lab) -> str:
+    """The founding's frozen thresholds rewritten to name the attacker's key (with a valid
+    proof by that key): the approval the attacker then signs is refused by the writer,
+    and the audit names the founding whose thresholds were altered."""
+    from lineage.records.loosening_approval import sign_loosening
+    from lineage.records.registration import latest_registration, preregister
+    from lineage.records.roster import approver_entry
+    from lineage.signing import keys
+
+    registration_id, mallory = _roster_founded(lab)
+    entry = approver_entry(keys.load_signer(mallory), FAMILY, "alice")
+    swapped = _thresholds_with(lab, lambda d: d["approval"].update(approvers=[entry]))
+    frozen = _artifact_file(lab, registration_id, "thresholds/thresholds.yaml")
+    frozen.write_bytes(swapped.read_bytes())
+
+    def loosen(d):
+        d["approval"]["approvers"] = [entry]
+        d["canary"]["max_nan_count"] = 5
+    loose = _thresholds_with(lab, loosen)
+    with pytest.raises(Exception, match="altered") as refused:
+        newest = latest_registration(lab.source())[0]
+        approval = sign_loosening(keys.load_signer(mallory), FAMILY, loose, "trust me",
+                                  previous=newest, bindings=None)
+        preregister(loose, tracking=lab.tracking, family=FAMILY, signing=lab.signing,
+                    loosening_approval=approval)
+    return f"{refused.value}\n{_detected(lab.audit())}"
+
+
+@attack(23, "does not verify")
+def first_approver_swapped_in_the_signed_founding_record(lab: Lab) -> str:
+    """The signed record edited to name the attacker's key as the founded approver (and
+    the frozen thresholds with it): the attacker cannot sign it again."""
+    import base64
+    import hashlib
+
+    from lineage.records.roster import approver_entry
+    from lineage.signing import keys
+
+    registration_id, mallory = _roster_founded(lab)
+    entry = approver_entry(keys.load_signer(mallory), FAMILY, "alice")
+    swapped = _thresholds_with(lab, lambda d: d["approval"].update(approvers=[entry]))
+    _artifact_file(lab, registration_id, "thresholds/thresholds.yaml").write_bytes(
+        swapped.read_bytes())
+    envelope = _artifact_file(lab, registration_id, "attestations/registration.dsse.json")
+    data = json.loads(envelope.read_text())
+    statement = json.loads(base64.b64decode(data["payload"]))
+    statement["predicate"]["roster_founded"]["approvers"] = [
+        {"name": "alice", "keyid": entry["keyid"]}]
+    digest = hashlib.sha256(swapped.read_bytes()).hexdigest()
+    statement["predicate"]["thresholds_sha256"] = digest
+    for subject in statement["subject"]:
+        if subject["name"].endswith("thresholds/thresholds.yaml"):
+            subject["digest"]["sha256"] = digest
+    data["payload"] = base64.b64encode(json.dumps(statement, sort_keys=True).encode()).decode()
+    envelope.write_text(json.dumps(data, sort_keys=True))
+    return _detected(lab.audit())

@@ -338,9 +338,12 @@ def test_a_policy_file_that_is_missing_or_not_a_policy_is_refused_by_name(tmp_pa
     with pytest.raises(PolicyError, match=r"nowhere\.json"):
         load_policy(tmp_path / "nowhere.json")
     path = tmp_path / "bad.json"
-    path.write_text('{"schema_version": 1}')
+    path.write_text('{"schema_version": 2}')
     with pytest.raises(PolicyError,
                        match=r"bad\.json is not a valid policy: space: Field required; device"):
+        load_policy(path)
+    path.write_text('{"schema_version": 1}')  # before capabilities and rankings were recorded
+    with pytest.raises(PolicyError, match=r"schema_version: Input should be 2"):
         load_policy(path)
 
 

@@ -67,3 +67,27 @@ def test_an_old_record_without_the_field_still_loads():
     old.pop("signed_answer")
     assert type(_record(None)).model_validate(old).signed_answer is None
     assert datetime.now(UTC) >= type(_record(None)).model_validate(old).at
+
+
+def test_an_entry_whose_key_id_is_not_its_keys_trusts_nobody(alice, tmp_path):
+    """An approver entry pairing alice's key id with mallory's public key: mallory's
+    signature, relabelled with alice's key id (a DSSE signature does not sign its key id),
+    would verify as alice's if the entry's key id were taken on trust. It is refused,
+    naming the entry; alice's own entry still verifies."""
+    import json
+
+    signer, policy = alice
+    mallory_public = keys.create_key(tmp_path / "mallory.pem")
+    mallory = keys.load_signer(tmp_path / "mallory.pem")
+    alice_id = policy.approvers[0].keyid
+    mixed = policy.model_copy(update={"approvers": [policy.approvers[0].model_copy(
+        update={"public_key": mallory_public.to_dict()})]})
+    envelope = json.loads(_answer(mallory))
+    envelope["signatures"][0]["keyid"] = alice_id
+    relabelled = json.dumps(envelope).encode()
+    with pytest.raises(AttestationError, match="not its public key's"):
+        verify_approval(relabelled, mixed, flow_run_id="0f3c-run",
+                        transition="canary->production", approve=True)
+    got = verify_approval(_answer(signer), policy, flow_run_id="0f3c-run",
+                          transition="canary->production", approve=True)
+    assert got.approver == "alice"

@@ -16,11 +16,23 @@ What is measured is data (:class:`Plan`): :data:`DEFAULT_PLAN` is the policy's d
 grid (``DEFAULT_GRID``) with a shape per bucket for an accelerator; :data:`QUICK_PLAN`
 (``--quick``, and always without an accelerator) is a tiny grid for a CPU host: the
 mechanism, not performance. Flags override single fields.
+
+In pieces: the whole default grid takes about half an hour on an H200, more than one
+device call may run. ``--slice-dtypes``, ``--slice-causal`` and ``--slice-buckets
+START:STOP`` (indices in the grid's order, ``--list`` prints them) measure only those
+buckets of the whole grid and write ``piece.json`` (``kernels.dispatch_pieces``) and no
+policy; ``python -m kernels.tools.dispatch_merge`` joins the pieces into one evidence and
+its policy, refusing pieces of another device, method, software stack or space, or that
+overlap or leave a gap. Each bucket's inputs are seeded by the seed and its name, so a
+bucket measured in a piece sees the inputs it would in a whole run.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import importlib.metadata
+import platform
 import statistics
 import sys
 from collections.abc import Sequence
@@ -30,22 +42,27 @@ import jax
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt
 
 from kernels.api import default_backend
+from kernels.build import combined_digest, source_digests
+from kernels.dispatch_pieces import EvidencePiece
 from kernels.dispatch_policy import (
     BucketEvidence,
     DispatchPolicy,
     Evidence,
     KernelEvidence,
-    Rule,
     ShapeTiming,
-    derive_policy,
 )
 from kernels.dispatch_space import DEFAULT_GRID, Bucket, BucketGrid, Region
+from kernels.registry import IMPLEMENTATIONS
 from kernels.shapes import AttentionShape, random_inputs
 from kernels.timing import DEFAULT_WARMUP_S, median_interval, time_samples
 from kernels.tools.bench import attention_fn
+from kernels.tools.dispatch_merge import report, write_policy
 
 CONFIDENCE = 0.95
 """Of each median's interval (``median_interval``)."""
+RUNTIME_DISTRIBUTIONS = ("jax", "jaxlib", "jax-cuda12-plugin", "jax-cuda12-pjrt",
+                         "nvidia-cudnn-cu12")
+"""The installed distributions whose versions a piece records (absent ones are skipped)."""
 
 
 class Plan(BaseModel):
@@ -107,6 +124,31 @@ def _short(err: BaseException) -> str:
     return f"{type(err).__name__}: {first}"[:300]
 
 
+def bucket_seed(seed: int, bucket: Bucket) -> int:
+    """The inputs' seed in ``bucket``: ``seed`` plus the first 3 bytes of the sha256 of
+    its name (the same in a piece as in a whole run)."""
+    return seed + int.from_bytes(hashlib.sha256(bucket.name.encode()).digest()[:3], "big")
+
+
+def software_record(plan: Plan) -> dict[str, str]:
+    """The software a measurement ran: Python, the installed runtime distributions'
+    versions, the kernels' source digest (``kernels.build``) and each candidate's
+    third-party distributions (version and sha256, or ``not installed``)."""
+    record = {"python": platform.python_version(),
+              "kernels_source_sha256": combined_digest(source_digests())}
+    for name in RUNTIME_DISTRIBUTIONS:
+        try:
+            record[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    for kernel in plan.kernels:
+        if kernel in IMPLEMENTATIONS:
+            for dist, found in IMPLEMENTATIONS[kernel].third_party_code().items():
+                record[dist] = ("not installed" if found is None
+                                else f"{found['version']} sha256 {found['sha256']}")
+    return record
+
+
 def _measure_bucket(plan: Plan, bucket: Bucket, seed: int) -> BucketEvidence:
     """Every candidate timed at each of the bucket's shapes (the same inputs for all), or
     the first refusal or failure it met there."""
@@ -137,6 +179,28 @@ def _measure_bucket(plan: Plan, bucket: Bucket, seed: int) -> BucketEvidence:
     return BucketEvidence(bucket=bucket, shapes=tuple(shapes), kernels=tuple(kernels))
 
 
+def _measure_all(plan: Plan, buckets: Sequence[Bucket]) -> tuple[BucketEvidence, ...]:
+    for bucket in buckets:
+        plan.shapes(bucket)
+    measured = []
+    for i, bucket in enumerate(buckets):
+        measured.append(_measure_bucket(plan, bucket, bucket_seed(plan.seed, bucket)))
+        print(f"[dispatch_evidence] {i + 1}/{len(buckets)} {bucket.name}", file=sys.stderr,
+              flush=True)
+    return tuple(measured)
+
+
+def provenance(plan: Plan) -> dict[str, object]:
+    """Where and how ``plan`` is measured here: device, backend, method and software."""
+    method = (f"kernels.timing.time_samples: {plan.repeats} repeats of back-to-back calls of "
+              f"~{plan.target_repeat_s} s after {plan.warmup_s} s of warm-up; the median and "
+              f"its order-statistic interval ({CONFIDENCE}); one process, the same random "
+              f"inputs (seed {plan.seed} plus a hash of the bucket's name) for every kernel "
+              f"at a shape")
+    return {"device": jax.devices()[0].device_kind, "backend": default_backend(),
+            "method": method, "software": software_record(plan)}
+
+
 def measure(plan: Plan) -> Evidence:
     """The evidence of every bucket of ``plan``'s grid, on this process's device.
 
@@ -144,40 +208,21 @@ def measure(plan: Plan) -> Evidence:
         ValueError: a bucket without a measured size on some axis (:meth:`Plan.shapes`),
             checked for every bucket before anything is timed.
     """
-    buckets = plan.grid.buckets()
-    for bucket in buckets:
-        plan.shapes(bucket)
-    measured = []
-    for i, bucket in enumerate(buckets):
-        measured.append(_measure_bucket(plan, bucket, plan.seed + 1000 * i))
-        print(f"[dispatch_evidence] {i + 1}/{len(buckets)} {bucket.name}", file=sys.stderr,
-              flush=True)
-    method = (f"kernels.timing.time_samples: {plan.repeats} repeats of back-to-back calls of "
-              f"~{plan.target_repeat_s} s after {plan.warmup_s} s of warm-up; the median and "
-              f"its order-statistic interval ({CONFIDENCE}); one process, the same random "
-              f"inputs (seed {plan.seed}) for every kernel at a shape")
-    return Evidence(space=plan.grid.space, device=jax.devices()[0].device_kind,
-                    backend=default_backend(), method=method, buckets=tuple(measured))
+    measured = _measure_all(plan, plan.grid.buckets())
+    return Evidence(space=plan.grid.space, buckets=measured, **provenance(plan))
 
 
-def format_table(policy: DispatchPolicy) -> str:
-    """Per bucket: each candidate's median and interval (microseconds, geometric means
-    over the bucket's shapes) and its ratio to the bucket's fastest; ``*`` marks the
-    choice."""
-    lines = [f"dispatch policy {policy.fingerprint()[:16]} on {policy.device} "
-             f"({policy.backend}); rule {policy.rule.name}, priority {list(policy.rule.priority)}"]
-    for choice in policy.buckets:
-        lines.append(f"{choice.bucket.name}  ({len(choice.evidence.shapes)} shapes) -> "
-                     f"{choice.kernel or 'NONE'}")
-        for s in choice.summaries:
-            mark = "*" if s.kernel == choice.kernel else " "
-            if s.refused is not None:
-                lines.append(f"   {mark} {s.kernel:18s} cannot serve: {s.refused[:110]}")
-            else:
-                lines.append(f"   {mark} {s.kernel:18s} {s.median_s * 1e6:10.1f} us "
-                             f"[{s.low_s * 1e6:.1f}, {s.high_s * 1e6:.1f}]  "
-                             f"x{s.ratio_to_best:.3f} of best")
-    return "\n".join(lines)
+def measure_piece(plan: Plan, buckets: Sequence[Bucket], label: str) -> EvidencePiece:
+    """The evidence of ``buckets`` (some of ``plan``'s grid) as a piece of its space.
+
+    Raises:
+        ValueError: as :func:`measure`, for these buckets; no bucket selected.
+    """
+    if not buckets:
+        raise ValueError(f"slice {label!r} selects no bucket of the grid")
+    measured = _measure_all(plan, buckets)
+    return EvidencePiece(label=label, space=plan.grid.space, buckets=measured,
+                         **provenance(plan))
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -205,7 +250,38 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seqs", type=_ints, help="measured q_len and kv_len")
     parser.add_argument("--repeats", type=int)
     parser.add_argument("--seed", type=int)
+    parser.add_argument("--slice-dtypes", type=_names,
+                        help="a piece: only these dtypes' buckets (writes piece.json)")
+    parser.add_argument("--slice-causal", choices=["full", "causal"],
+                        help="a piece: only this causal flag's buckets")
+    parser.add_argument("--slice-buckets", type=_span, metavar="START:STOP",
+                        help="a piece: only these buckets, by index in the grid's order")
+    parser.add_argument("--list", action="store_true",
+                        help="print the grid's buckets with their indices and exit (the "
+                             "accelerator's grid on any host, the tiny one with --quick)")
     return parser
+
+
+def _span(text: str) -> tuple[int, int]:
+    start, sep, stop = text.partition(":")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"expected START:STOP, got {text!r}")
+    return int(start or 0), int(stop) if stop else 10**9
+
+
+def select(plan: Plan, args: argparse.Namespace) -> tuple[list[Bucket], str] | None:
+    """The buckets of ``plan``'s grid the ``--slice-*`` flags select and the piece's
+    label, or ``None`` without a slice flag (the whole grid)."""
+    if not (args.slice_dtypes or args.slice_causal or args.slice_buckets):
+        return None
+    start, stop = args.slice_buckets or (0, 10**9)
+    chosen = [b for i, b in enumerate(plan.grid.buckets()) if start <= i < stop
+              and (not args.slice_dtypes or set(b.dtypes) <= set(args.slice_dtypes))
+              and (not args.slice_causal or b.causal == (args.slice_causal == "causal",))]
+    label = " ".join([",".join(args.slice_dtypes or ()), args.slice_causal or "",
+                      f"buckets {start}:{'' if stop >= 10**9 else stop}"
+                      if args.slice_buckets else ""]).split()
+    return chosen, " ".join(label)
 
 
 def plan_from(args: argparse.Namespace, backend: str) -> Plan:
@@ -226,25 +302,38 @@ def plan_from(args: argparse.Namespace, backend: str) -> Plan:
                                 **{k: v for k, v in fields.items() if v is not None}})
 
 
-def run(args: argparse.Namespace) -> tuple[Evidence, DispatchPolicy]:
-    """Measure the plan ``args`` give, derive its policy and write both JSON files."""
+def run(args: argparse.Namespace) -> tuple[Evidence, DispatchPolicy] | EvidencePiece:
+    """Measure the plan ``args`` give: a slice (``--slice-*``) as ``piece.json``; else
+    the whole grid, its policy derived, as ``evidence.json`` and ``policy.json``.
+
+    Raises:
+        ValueError: as :func:`plan_from`, :func:`measure`, :func:`measure_piece`.
+    """
     plan = plan_from(args, default_backend())
+    sliced = select(plan, args)
+    if sliced is not None:
+        piece = measure_piece(plan, *sliced)
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "piece.json").write_text(piece.model_dump_json(indent=1))
+        return piece
     evidence = measure(plan)
-    policy = derive_policy(evidence, plan.kernels, Rule(priority=args.priority or plan.kernels))
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "evidence.json").write_text(evidence.model_dump_json(indent=1))
-    (args.out / "policy.json").write_text(policy.model_dump_json(indent=1))
-    return evidence, policy
+    return evidence, write_policy(evidence, plan.kernels, args.priority, args.out)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point: 0, or 2 when some bucket has no kernel (the table says why)."""
     args = build_parser().parse_args(argv)
-    _, policy = run(args)
-    print(format_table(policy))
-    print(f"wrote {args.out / 'evidence.json'} and {args.out / 'policy.json'} "
-          f"(fingerprint {policy.fingerprint()})")
-    return 0 if all(b.kernel is not None for b in policy.buckets) else 2
+    if args.list:  # the accelerator's grid unless --quick, so slices are planned anywhere
+        plan = plan_from(args, "cpu" if args.quick else "gpu")
+        print("\n".join(f"{i:4d} {b.name}" for i, b in enumerate(plan.grid.buckets())))
+        return 0
+    result = run(args)
+    if isinstance(result, EvidencePiece):
+        print(f"wrote {args.out / 'piece.json'}: piece {result.label!r}, "
+              f"{len(result.buckets)} buckets; merge the pieces with python -m "
+              "kernels.tools.dispatch_merge")
+        return 0
+    return report(result[1], args.out)
 
 
 if __name__ == "__main__":

@@ -28,12 +28,13 @@ from __future__ import annotations
 import hashlib
 import json
 
-from securesystemslib.signer import Signer, SSlibKey
+from securesystemslib.signer import Signer
 
 from kernels.errors import KernelgateError
 from lineage.aliases import key_rotation, registered_model
 from lineage.log import family_log, log_writer
 from lineage.records.registration import latest_registration
+from lineage.signing.approvals import approvers_trust
 from lineage.signing.attestations import (
     Attestation,
     AttestationError,
@@ -92,7 +93,7 @@ def reanchor(tracking: Tracking, family: str, approver: Signer, reason: str,
     digest = hashlib.sha256(json.dumps(damage).encode()).hexdigest()
     approval = make_envelope("reanchor-approval", {f"log/{family}/damage": digest}, predicate,
                              approver)
-    check_approval(approval, approvers_trust(approvers), predicate)
+    check_approval(approval, approvers_trust(approvers.values())[0], predicate)
     with tr.stage_run(tracking, family, "reanchor", run_name="reanchor-log") as run_id:
         tr.log_bytes(tracking, run_id, approval, APPROVAL_ARTIFACT)
         entry = log_writer.append(tracking, run_id, "reanchor", {
@@ -124,10 +125,6 @@ def earlier_registration(tracking: Tracking, family: str, trust: TrustPolicy,
     return None
 
 
-def approvers_trust(approvers: dict) -> TrustPolicy:
-    """The approvers' public keys as a trust policy."""
-    return TrustPolicy(public_keys={k: SSlibKey.from_dict(k, dict(a.public_key))
-                                    for k, a in approvers.items()})
 
 
 def check_approval(envelope: bytes, trust: TrustPolicy, predicate: dict) -> None:

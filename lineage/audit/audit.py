@@ -7,7 +7,7 @@ trusts (never a key found in the store) it:
    every one that does not verify — tampered, unsigned, or signed by a revoked or unknown key;
 2. replays the signed alias history (numbered, hash-chained moves) and compares it with
    the aliases MLflow shows: an alias moved by hand, or a signed move deleted, is named;
-3. follows the version behind the target through the chain ``lineage.chain`` defines —
+3. follows the version behind the target through the chain ``lineage.records.chain`` defines —
    the same rules the registry enforces before a move — reading only signed records:
    build, evaluation, gate decision, registration, shadow, approvals the *signed*
    policy requires, every canary step (re-derived, with any adoption decision), the
@@ -18,12 +18,12 @@ trusts (never a key found in the store) it:
    the signed values, and re-hashes every artifact against its signed digest;
 6. hashes the files at the version's storage location (what ``models:/…`` loads)
    against the signed build's file manifest, computing the code digest itself
-   (``lineage.model_files``), and loads that checked copy in a process of its own.
+   (``lineage.serving.model_files``), and loads that checked copy in a process of its own.
 
 It names every problem; ``exit_code`` is 0 only when there is none. It works on the
-MLflow store or on an exported bundle (``lineage.bundle``, which also writes it; the
+MLflow store or on an exported bundle (``lineage.audit.bundle``, which also writes it; the
 checks that need MLflow itself — 5 and 6 — then cover what the bundle recorded). Step 5 is
-``lineage.store_check``; the report is ``lineage.audit_report``.
+``lineage.audit.store_check``; the report is ``lineage.audit.audit_report``.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from lineage.audit import canary_audit, reference_audit, store_check
 from lineage.audit.audit_report import AuditReport, Walk
 from lineage.audit.bundle import verify_artifacts
 from lineage.log import checkpoints, family_log
-from lineage.records import chain
+from lineage.records import chain, dispatch_record, roster
 from lineage.records.records import DecisionRecord
 from lineage.serving import model_files
 from lineage.signing.approvals import recheck_answer
@@ -238,20 +238,6 @@ def _loaded_model(tracking: Tracking, source: StoreSource, version: str, walk: W
         worker.close()
 
 
-def _registrations(source: EvidenceSource) -> list[str]:
-    out = []
-    for a in sorted((a for a in source.attestations() if a.kind == "registration"),
-                    key=lambda a: a.predicate.get("registered_at", "")):
-        p = a.predicate
-        line = f"{p.get('registered_at')} {a.run_id} profile {p.get('profile')} sha256 {str(p.get('thresholds_sha256'))[:12]}"
-        if p.get("loosened"):
-            approval = p.get("loosening_approval") or {}
-            line += (f"; LOOSENED {p['loosened']} approved by {approval.get('approver')}: "
-                     f"{approval.get('reason')}" if approval else f"; loosened {p['loosened']}")
-        out.append(line)
-    return out
-
-
 def audit(tracking: Tracking | None, family: str, target: str, *, trust=None,
           source: EvidenceSource | None = None, load_model: bool = True,
           recheck_reference: int = 0,
@@ -267,7 +253,7 @@ def audit(tracking: Tracking | None, family: str, target: str, *, trust=None,
             float64 references with NumPy on this host (``evaluation.reference_cache``;
             needs the test set where the evaluation read it); 0: do not.
         witnessing: check the family's signed log against checkpoints and the head the
-            auditor remembers (``lineage.checkpoints``), and remember it when intact.
+            auditor remembers (``lineage.log.checkpoints``), and remember it when intact.
 
     Returns:
         :class:`AuditReport`; never raises on bad lineage (every problem is named).
@@ -279,7 +265,8 @@ def audit(tracking: Tracking | None, family: str, target: str, *, trust=None,
     seen = witnessing or checkpoints.Witnessing()
     where = seen.location or (tracking.tracking_uri if tracking is not None else None)
     found, warnings = checkpoints.witness(log, source.trust, **seen.model_dump() | {"location": where})
-    walk.problems += log.problems + found
+    notices, wrong = roster.audit_roster(source)
+    walk.problems += log.problems + found + wrong
     if seen.home is not None and not log.problems and not found:
         checkpoints.remember(log, seen.home, where)
     online = isinstance(source, StoreSource)
@@ -291,7 +278,7 @@ def audit(tracking: Tracking | None, family: str, target: str, *, trust=None,
     def report(verified: int = 0, checked: int = 0) -> AuditReport:
         return AuditReport(family=family, target=target, model_name=name, version=version,
                            aliases=actual, signed_aliases=signed, chain=walk.links,
-                           registrations=_registrations(source),
+                           registrations=roster.registration_lines(source), notices=notices,
                            attestations_verified=len(source.attestations()),
                            artifacts_verified=verified, artifacts_checked=checked,
                            problems=walk.problems, warnings=log.warnings + warnings,
@@ -312,7 +299,8 @@ def audit(tracking: Tracking | None, family: str, target: str, *, trust=None,
               f"build run {source.version_run(version)}")
     missing = chain.problems(evidence, transition) if transition else evidence.read_problems
     _display(walk, evidence, missing, source, version, transition == "canary->production")
-    walk.problems += missing
+    walk.problems += missing + dispatch_record.version_problems(
+        source, evidence.build_run_id, evidence.build.predicate if evidence.build else None)
     if transition == "canary->production":
         if promotion is None:
             walk.link("promotion", None, False,

@@ -32,6 +32,7 @@ class AuditReport(BaseModel):
     problems: list[str]
     warnings: list[str] = []  # said, not failing: a legacy prefix, a re-anchored gap
     key_changes: list[str] = []  # the family log's key changes, in log order
+    notices: list[str] = []  # said on every audit, not failing: the roster named on first use
 
     @property
     def ok(self) -> bool:
@@ -63,6 +64,7 @@ class AuditReport(BaseModel):
         if self.key_changes:
             lines.append("  key changes (signed log order):")
             lines += [f"    {k}" for k in self.key_changes]
+        lines += [f"  NOTICE: {n}" for n in self.notices]
         lines += [f"  WARNING: {w}" for w in self.warnings]
         lines += [f"  PROBLEM: {p}" for p in self.problems]
         lines.append(self.summary())

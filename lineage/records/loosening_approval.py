@@ -5,7 +5,7 @@ named in that registration's approval policy to sign exactly that loosening
 (``kernelgate approve-loosening``). The approval is bound to what it approves, so it is no
 bearer token: the registration it loosens (id and envelope digest: an old approval cannot
 re-loosen the family after a later registration), the thresholds file's sha256, the rollout
-settings it binds (``lineage.bindings``: another test-set profile cannot ride along), an
+settings it binds (``lineage.records.bindings``: another test-set profile cannot ride along), an
 expiry, and a nonce spent by the one registration that carries it; an approver key revoked
 in the pipeline's key folder signs nothing any more.
 """
@@ -17,15 +17,13 @@ import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from securesystemslib.signer import SSlibKey
-
 from gates.preregistration import PreregistrationError
 from gates.thresholds import Thresholds, parse_thresholds
 from lineage.records.bindings import RolloutBindings, whole_numbers
+from lineage.signing.approvals import approvers_trust
 from lineage.signing.attestations import (
     Attestation,
     AttestationError,
-    TrustPolicy,
     make_envelope,
     verify_envelope,
 )
@@ -38,6 +36,34 @@ class LooseningRefused(PreregistrationError):
 
 LOOSENING_VALID_S = 7 * 24 * 3600
 """How long a signed loosening approval stays usable by default (seconds)."""
+
+
+def no_roster_yet(registration_id: str, family: str) -> str:
+    """Why no loosening approval of ``registration_id`` can exist (it names no approver),
+    and the two steps that lead past it (``lineage.records.roster``)."""
+    return (f"registration {registration_id} names no approver, so no loosening approval "
+            "can exist yet. Two steps: first roll out a thresholds file that only adds "
+            "approvers to approval.approvers, each entry as `kernelgate keys entry --key "
+            f"KEY.pem --family {family}` prints it (the person's signature shows they hold "
+            "the key): a family's first approvers are accepted on first use, and every audit "
+            "says so; then one of them signs the loosening (kernelgate approve-loosening) "
+            "and the rollout passes it with --loosening-approval")
+
+
+def unnamed(previous: Attestation, thresholds: Thresholds, keyids: set[str],
+            family: str) -> str | None:
+    """Why keys ``keyids`` cannot approve a loosening of the registration ``previous``
+    (whose thresholds are ``thresholds``), or None: one of them is named there. The same
+    words for ``kernelgate approve-loosening`` (before it signs) and the rollout."""
+    registration_id = previous.predicate["registration_id"]
+    named = {a.keyid: a.name for a in thresholds.approval.approvers}
+    if not named:
+        return no_roster_yet(registration_id, family)
+    if keyids & set(named):
+        return None
+    shown = ", ".join(sorted(k[:12] for k in keyids)) or "(none)"
+    return (f"key {shown} is not an approver of registration {registration_id} (it names "
+            f"{sorted(named.values())})")
 
 
 def check_loosening_approval(envelope: bytes, previous: tuple[Attestation, Thresholds],
@@ -55,13 +81,20 @@ def check_loosening_approval(envelope: bytes, previous: tuple[Attestation, Thres
     """
     approvers = {a.keyid: a for a in previous[1].approval.approvers}
     names = sorted(a.name for a in approvers.values())
-    trust = TrustPolicy(public_keys={k: SSlibKey.from_dict(k, dict(a.public_key))
-                                     for k, a in approvers.items()}, revoked=set(revoked))
+    try:
+        claimed = {str(k) for k in (s.get("keyid") for s in json.loads(envelope)["signatures"])}
+    except (ValueError, KeyError, TypeError, AttributeError):
+        claimed = set()
+    if (claimed or not approvers) and (why := unnamed(previous[0], previous[1], claimed,
+                                                         family)) is not None:
+        raise LooseningRefused(f"loosening approval not accepted: {why}")
+    trust, left_out = approvers_trust(previous[1].approval.approvers, revoked)
     try:
         approval = verify_envelope(envelope, trust, path="loosening approval")
     except AttestationError as err:
         raise LooseningRefused(f"loosening approval not accepted: {err} (the previous "
-                               f"registration trusts {names or 'no approver keys'})") from err
+                               f"registration trusts {names or 'no approver keys'}"
+                               + "".join(f"; {why}" for why in left_out) + ")") from err
     p = approval.predicate
     if (approval.kind != "loosening" or p.get("family") != family
             or p.get("thresholds_sha256") != thresholds_sha256 or not str(p.get("reason", "")).strip()):
@@ -106,7 +139,7 @@ def loosening_predicate(family: str, thresholds_path: Path, reason: str, *,
                         valid_for_s: float = LOOSENING_VALID_S, nonce: str | None = None) -> dict:
     """What a person signs to approve a loosening (``kernelgate approve-loosening``): this
     thresholds file for ``family``, as a loosening of exactly the registration ``previous``
-    (its id and envelope digest), with these rollout ``bindings`` (``lineage.bindings``, as
+    (its id and envelope digest), with these rollout ``bindings`` (``lineage.records.bindings``, as
     JSON), good until ``valid_for_s`` seconds from now and for one registration (``nonce``,
     random when None)."""
     import secrets

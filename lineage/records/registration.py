@@ -8,7 +8,9 @@ previous registration (so the chain shows every registration in order). A
 registration that loosens any criterion of the previous one (``gates.loosening``) after
 a candidate of the family was rejected or rolled back is refused unless a person named
 in the previous registration's approval policy signed an approval of exactly that
-loosening (``kernelgate approve-loosening``); the audit shows the chain. The run id is
+loosening (``kernelgate approve-loosening``), or it only names the family's first
+approvers, each proving their key (``lineage.records.roster``: trust on first use, signed as
+``roster_founded`` and shown by every audit after); the audit shows the chain. The run id is
 the registration id. The rules of a valid registration are ``gates.preregistration``'s.
 """
 
@@ -28,6 +30,7 @@ from lineage.log.log_writer import append, current_damage, intact_log
 from lineage.records.bindings import RolloutBindings, refuse_rebinding, whole_numbers
 from lineage.records.bindings import changes as binding_changes
 from lineage.records.loosening_approval import LooseningRefused, check_loosening_approval
+from lineage.records.roster import founding
 from lineage.signing.attestations import (
     Attestation,
     AttestationError,
@@ -90,7 +93,7 @@ def rejection_in_log(source: EvidenceSource, damage: list[str] | None = None) ->
     from "what is still in the store"), or None: a rejection or rollback in the log; a
     missing entry (a deleted envelope may have been one), re-anchored or not; or a record
     signed before the log existed that rejects; ``damage``: what a writer found wrong with
-    the log (``lineage.log_writer.damage``: it also sees a cut at the end)."""
+    the log (``lineage.log.log_writer.damage``: it also sees a cut at the end)."""
     log = read_log(source)
     missing = sorted(set(log.gaps()) | set(log.acknowledged))
     if missing or log.problems or damage:
@@ -140,7 +143,7 @@ def preregister_bytes(data: bytes, name: str, *, tracking: Tracking, family: str
         LooseningRefused: they loosen the family's previous registration after a
             rejection, and no valid approval of that loosening was given (a changed
             binding counts as a loosening then).
-        lineage.bindings.BindingsRefused: the same thresholds file as the family's newest
+        lineage.records.bindings.BindingsRefused: the same thresholds file as the family's newest
             registration, with other ``bindings`` (the rollout settings it signs).
     """
     path = Path(source or name)
@@ -154,16 +157,18 @@ def preregister_bytes(data: bytes, name: str, *, tracking: Tracking, family: str
         if previous[0].predicate.get("thresholds_sha256") == digest:
             refuse_rebinding(previous[0].predicate["registration_id"], bound, bindings)
         loosened += [f"binding {change}" for change in binding_changes(bound, bindings)]
-    approved = None
+    approved = founded = None
     why = rejection_in_log(source, current_damage(source, signing)) if loosened else None
-    if why is not None:
-        if loosening_approval is None:
+    if why is not None and loosening_approval is None:
+        founded = founding(source, previous, thresholds, loosened, why=why, shown=str(path))
+        if founded is None:
             raise LooseningRefused(
                 f"{path} loosens the family's previous registration "
                 f"{previous[0].predicate['registration_id']} after a rejection ({why}): "
                 + "; ".join(loosened)
                 + ". A person named in that registration's approval policy must approve it "
                 "(kernelgate approve-loosening), or keep the thresholds")
+    elif why is not None:
         approved = check_loosening_approval(loosening_approval, previous, family, digest,
                                              loosened, bindings, source,
                                              signing.trust.revoked | set(signing.trust.revoked_at))
@@ -185,7 +190,8 @@ def preregister_bytes(data: bytes, name: str, *, tracking: Tracking, family: str
             "previous_registration_id": previous[0].predicate["registration_id"] if previous else None,
             "previous_envelope": previous[0].envelope_sha256 if previous else None,
             "loosened": loosened, "loosening_approval": approved, "tags": run_tags,
-            "bindings": None if bindings is None else bindings.model_dump(mode="json")},
+            "bindings": None if bindings is None else bindings.model_dump(mode="json"),
+            **({"roster_founded": founded} if founded else {})},
             signing)
     return Registration(registration_id=run_id, family=family, profile=thresholds.profile,
                         thresholds_sha256=digest, thresholds_artifact=artifact,

@@ -12,17 +12,56 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable
 from typing import NamedTuple
 
+from securesystemslib.formats import encode_canonical
 from securesystemslib.signer import Signer, SSlibKey
 
-from gates.approval_policy import ApprovalPolicy
+from gates.approval_policy import ApprovalPolicy, Approver
 from lineage.signing.attestations import (
     AttestationError,
     TrustPolicy,
     make_envelope,
     verify_envelope,
 )
+
+
+def key_id_of(public_key: dict) -> str:
+    """The key id a securesystemslib key dict (keytype, scheme, keyval) has by default:
+    the sha256 of its canonical JSON (securesystemslib's ``compute_default_keyid``, which
+    ``SSlibKey.from_crypto`` and ``kernelgate keys create`` use).
+
+    Raises:
+        KeyError, TypeError, ValueError: not a key dict.
+    """
+    fields = {k: public_key[k] for k in ("keytype", "scheme", "keyval")}
+    return hashlib.sha256(encode_canonical(fields).encode()).hexdigest()
+
+
+def approvers_trust(approvers: Iterable[Approver],
+                    revoked: Iterable[str] = ()) -> tuple[TrustPolicy, list[str]]:
+    """The approvers' public keys as a trust policy, and why any entry was left out.
+
+    An entry is trusted only where its ``keyid`` is its own public key's
+    (:func:`key_id_of`): an entry pairing alice's key id with another key would let that
+    other key sign as alice (a DSSE signature names the key id it claims), so it is left
+    out and named in the returned reasons. ``revoked``: key ids that sign nothing any more.
+    """
+    keys, left_out = {}, []
+    for approver in approvers:
+        try:
+            computed = key_id_of(dict(approver.public_key))
+            key = SSlibKey.from_dict(approver.keyid, dict(approver.public_key))
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
+            left_out.append(f"{approver.name}'s entry: its public key is unusable ({err})")
+            continue
+        if computed != approver.keyid:
+            left_out.append(f"{approver.name}'s entry names key id {approver.keyid[:12]}, "
+                            f"which is not its public key's ({computed[:12]}): not trusted")
+            continue
+        keys[approver.keyid] = key
+    return TrustPolicy(public_keys=keys, revoked=set(revoked)), left_out
 
 
 def sign_approval(signer: Signer, *, flow_run_id: str, transition: str, approve: bool,
@@ -57,11 +96,13 @@ def verify_approval(envelope: bytes, policy: ApprovalPolicy, *, flow_run_id: str
             another flow run, transition or question.
     """
     approvers = {a.keyid: a for a in policy.approvers}
-    trust = TrustPolicy(public_keys={k: SSlibKey.from_dict(k, dict(a.public_key))
-                              for k, a in approvers.items()})
+    trust, left_out = approvers_trust(policy.approvers)
     if not approvers:
         raise AttestationError("the registered approval policy names no approver keys")
-    signed = verify_envelope(envelope, trust, path="signed approval")
+    try:
+        signed = verify_envelope(envelope, trust, path="signed approval")
+    except AttestationError as err:
+        raise AttestationError("; ".join([str(err), *left_out])) from err
     p = signed.predicate
     expected = (flow_run_id or p.get("flow_run_id"), transition, approve)
     if (p.get("flow_run_id"), p.get("transition"), p.get("approve")) != expected:

@@ -42,7 +42,7 @@ ATTESTATION_DIR = "attestations"
 
 KINDS = ("registration", "build", "evaluation", "decision", "approval", "shadow", "canary",
          "alias", "outcome", "loosening", "checkpoint", "reanchor", "reanchor-approval",
-         "calibration", "key_change", "reference")
+         "calibration", "key_change", "reference", "approver-key")
 """What is attested: a preregistration, a build, an evaluation, a gate decision (held-out
 or confirmation), an approval, a shadow stage, a canary step, an alias move (assign,
 promote, rollback, clear; numbered per family), a rollout's outcome, an approval to
@@ -50,7 +50,8 @@ loosen thresholds, a checkpoint of the family's log (``lineage.log.checkpoints``
 of a damaged log and a person's approval of it (``lineage.aliases.reanchor``), an A/A calibration
 of the canary judge, a key change (rotation, revocation, approver key:
 ``lineage.aliases.key_changes``), a cached float64 reference's seal (``lineage.signing.reference_seal``;
-beside the array, in no run)."""
+beside the array, in no run), and a person's proof that they hold their approver key
+(``lineage.records.roster``; inside a thresholds file's approvers entry, in no run)."""
 
 
 class AttestationError(KernelgateError, RuntimeError):

@@ -1,0 +1,99 @@
+"""Merge dispatch evidence measured in pieces into one evidence and derive its policy.
+
+``python -m kernels.tools.dispatch_merge --out DIR PIECE.json...`` reads the pieces
+``kernels.tools.dispatch_evidence --slice-*`` wrote, joins them
+(``kernels.dispatch_pieces.merge_pieces``: one device, backend, method, software stack and
+space; no bucket twice; no gap), writes ``evidence.json`` and ``policy.json`` (derived
+for ``--kernels``, default every kernel the pieces measured, in their order; ties broken by
+``--priority``, default that order) and prints the per-bucket table, as a whole run does.
+Exit status: 0; 2 when some bucket has no kernel; 3 when the pieces do not merge (the
+reason printed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from kernels.dispatch_pieces import EvidencePiece, PieceError, merge_pieces
+from kernels.dispatch_policy import DispatchPolicy, Evidence, Rule, derive_policy
+
+
+def format_table(policy: DispatchPolicy) -> str:
+    """Per bucket: each candidate's median and interval (microseconds, geometric means
+    over the bucket's shapes) and its ratio to the bucket's fastest; ``*`` marks the
+    choice."""
+    lines = [f"dispatch policy {policy.fingerprint()[:16]} on {policy.device} "
+             f"({policy.backend}); rule {policy.rule.name}, priority {list(policy.rule.priority)}"]
+    for choice in policy.buckets:
+        then = f" (then {', '.join(choice.ranking[1:])})" if choice.ranking[1:] else ""
+        lines.append(f"{choice.bucket.name}  ({len(choice.evidence.shapes)} shapes) -> "
+                     f"{choice.kernel or 'NONE'}{then}")
+        for s in choice.summaries:
+            mark = "*" if s.kernel == choice.kernel else " "
+            if s.refused is not None:
+                lines.append(f"   {mark} {s.kernel:18s} cannot serve: {s.refused[:110]}")
+            else:
+                lines.append(f"   {mark} {s.kernel:18s} {s.median_s * 1e6:10.1f} us "
+                             f"[{s.low_s * 1e6:.1f}, {s.high_s * 1e6:.1f}]  "
+                             f"x{s.ratio_to_best:.3f} of best")
+    return "\n".join(lines)
+
+
+def write_policy(evidence: Evidence, candidates: Sequence[str], priority: Sequence[str],
+                 out: Path) -> DispatchPolicy:
+    """The policy derived from ``evidence`` for ``candidates`` (ties broken by
+    ``priority``, default the candidates' order), written with the evidence as
+    ``out/evidence.json`` and ``out/policy.json``.
+
+    Raises:
+        ValueError: as ``derive_policy``.
+    """
+    policy = derive_policy(evidence, candidates, Rule(priority=tuple(priority) or
+                                                      tuple(candidates)))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "evidence.json").write_text(evidence.model_dump_json(indent=1))
+    (out / "policy.json").write_text(policy.model_dump_json(indent=1))
+    return policy
+
+
+def report(policy: DispatchPolicy, out: Path) -> int:
+    """Print the policy's table and where it was written; 0, or 2 when some bucket has
+    no kernel."""
+    print(format_table(policy))
+    print(f"wrote {out / 'evidence.json'} and {out / 'policy.json'} "
+          f"(fingerprint {policy.fingerprint()})")
+    return 0 if all(b.kernel is not None for b in policy.buckets) else 2
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI entry point (see the module docstring for the exit status)."""
+    parser = argparse.ArgumentParser(prog="python -m kernels.tools.dispatch_merge",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("pieces", nargs="+", type=Path, help="piece.json files")
+    parser.add_argument("--out", type=Path, required=True,
+                        help="folder for evidence.json and policy.json")
+    parser.add_argument("--kernels", type=_names, help="candidates, comma-separated")
+    parser.add_argument("--priority", type=_names, default=(), help="tie-break order")
+    args = parser.parse_args(argv)
+    try:
+        pieces = [EvidencePiece.model_validate_json(p.read_bytes()) for p in args.pieces]
+        evidence = merge_pieces(pieces)
+    except (OSError, ValidationError, PieceError) as err:
+        print(f"dispatch_merge: the pieces do not merge: {err}", file=sys.stderr)
+        return 3
+    measured = tuple(dict.fromkeys(k.kernel for b in evidence.buckets for k in b.kernels))
+    policy = write_policy(evidence, args.kernels or measured, args.priority, args.out)
+    return report(policy, args.out)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,233 @@
+"""The approver roster: who may approve a family's loosenings, and how its first
+approvers are named.
+
+A loosening after a rejection needs the signed approval of an approver the previous
+registration names (``lineage.records.loosening_approval``), and naming an approver is itself a
+loosening (``approval.approvers``: a member added). A family whose registration names no
+approver (every shipped profile) and whose log holds a rejection would be locked for good.
+One registration is let through without an approval, the one that founds the roster:
+
+- it follows a registration that names no approver, in a family none of whose
+  registrations ever named one, its signed log without gaps (a deleted registration
+  could have named one): a roster is founded on first use once;
+- it loosens nothing but approvers added (anything else waits for the second step: an
+  approval signed by one of them);
+- each entry it adds carries the person's own signature (``proof``) over the family, their
+  name and key id, by the key the entry names (``kernelgate keys entry --family F``).
+
+The registration signs ``roster_founded`` (who, which keys, after what); every audit of
+the family after says so as a notice (first named by the pipeline's key, trust on first
+use) and re-checks it from the frozen thresholds: an entry swapped after signing is a
+problem. Once an approver is named, adding another is an ordinary loosening.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from securesystemslib.signer import Signer, SSlibKey
+
+from gates.approval_policy import Approver
+from gates.loosening import loosenings
+from gates.preregistration import PreregistrationError
+from gates.thresholds import Thresholds, parse_thresholds
+from lineage.log.family_log import read as read_log
+from lineage.records.loosening_approval import LooseningRefused, no_roster_yet
+from lineage.signing.approvals import key_id_of
+from lineage.signing.attestations import (
+    Attestation,
+    AttestationError,
+    TrustPolicy,
+    make_envelope,
+    verify_envelope,
+)
+from lineage.signing.sources import EvidenceSource, signed_artifact
+
+POSSESSION = "approver-key"
+"""The attestation kind of an approver's proof that they hold their key."""
+
+
+def approver_entry(signer: Signer, family: str, name: str) -> dict:
+    """The ``approval.approvers`` entry for the person whose key ``signer`` holds: name,
+    key id, public key, and their signature over ``family``, ``name`` and the key id (the
+    proof a family's first approvers carry)."""
+    public = signer.public_key
+    predicate = {"family": family, "name": name, "keyid": public.keyid,
+                 "statement": f"{name} holds this key and may approve loosenings of {family}"}
+    digest = hashlib.sha256(json.dumps(public.to_dict(), sort_keys=True).encode()).hexdigest()
+    envelope = make_envelope(POSSESSION, {f"approver/{public.keyid}": digest}, predicate, signer)
+    return {"name": name, "keyid": public.keyid, "public_key": public.to_dict(),
+            "proof": json.loads(envelope)}
+
+
+def possession_problem(approver: Approver, family: str) -> str | None:
+    """Why ``approver``'s entry does not prove that its person holds its key for
+    ``family`` (a key id that is not its public key's, no proof, a proof by another key
+    or for another family, name or key), or None."""
+    who = f"{approver.name} (key id {approver.keyid[:12]})"
+    key = dict(approver.public_key)
+    try:
+        computed = key_id_of(key)
+        trust = TrustPolicy(public_keys={approver.keyid: SSlibKey.from_dict(approver.keyid, key)})
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        return f"{who}: its public key is unusable ({err})"
+    if computed != approver.keyid:
+        return f"{who}: the key id is not its public key's (that is {computed[:12]})"
+    if not approver.proof:
+        return (f"{who}: no proof that the person holds the key (the entry `kernelgate keys "
+                f"entry --family {family}` prints carries one)")
+    try:
+        proof = verify_envelope(json.dumps(approver.proof).encode(), trust,
+                                path=f"proof of {approver.name}")
+    except AttestationError as err:
+        return f"{who}: its proof is not signed by the key it names ({err})"
+    p = proof.predicate
+    if proof.kind != POSSESSION or (p.get("family"), p.get("name"), p.get("keyid")) != (
+            family, approver.name, approver.keyid):
+        return (f"{who}: its proof is {p.get('name')!r}'s for family {p.get('family')!r}, "
+                f"not this entry's for {family}")
+    return None
+
+
+def _frozen(source: EvidenceSource, registration: Attestation) -> Thresholds:
+    """A registration's thresholds as frozen (the signed digest checked)."""
+    p = registration.predicate
+    try:
+        _, data = signed_artifact(source, registration.run_id, "registration",
+                                  p["thresholds_artifact"])
+    except AttestationError as err:
+        raise PreregistrationError(str(err)) from err
+    if hashlib.sha256(data).hexdigest() != p["thresholds_sha256"]:
+        raise PreregistrationError(f"registration {registration.run_id}: stored thresholds "
+                                   "were altered after signing")
+    return parse_thresholds(data, source=f"registration {registration.run_id}")
+
+
+def _past_first_use(source: EvidenceSource) -> str | None:
+    """Why the family's roster can no longer be founded on first use, or None."""
+    log = read_log(source)
+    if log.gaps() or log.acknowledged or log.problems:
+        return "the family's signed log is missing entries: a deleted registration may have named one"
+    for a in sorted((a for a in source.attestations() if a.kind == "registration"),
+                    key=lambda a: a.predicate.get("registered_at", "")):
+        if a.predicate.get("roster_founded"):
+            return f"registration {a.run_id} founded it"
+        try:
+            named = sorted(x.name for x in _frozen(source, a).approval.approvers)
+        except (PreregistrationError, ValueError) as err:
+            return f"registration {a.run_id} cannot say whom it named ({err})"
+        if named:
+            return f"registration {a.run_id} named {named}"
+    return None
+
+
+def beyond_roster(old: Thresholds, new: Thresholds, loosened: list[str]) -> list[str]:
+    """The loosenings of ``loosened`` (``old`` -> ``new``, bindings included) other than
+    the approvers ``new`` adds to ``old``'s: what founding a roster cannot carry."""
+    alone = old.model_copy(update={"approval": old.approval.model_copy(
+        update={"approvers": [*old.approval.approvers, *new.approval.approvers]})})
+    founds = set(loosenings(old, alone))
+    keyids = [a.keyid for a in new.approval.approvers]
+    repeated = ["approval.approvers: a keyid repeated"] if len(set(keyids)) != len(keyids) else []
+    return [item for item in loosened if item not in founds] + repeated
+
+
+def founding(source: EvidenceSource, previous: tuple[Attestation, Thresholds],
+             thresholds: Thresholds, loosened: list[str], *, why: str, shown: str) -> dict | None:
+    """What a registration of ``thresholds`` (``shown`` in messages), loosening
+    ``previous`` by ``loosened`` after a rejection (``why``) and carrying no approval,
+    signs as the roster it founds; None where ``previous`` names approvers (the ordinary
+    rule applies).
+
+    Raises:
+        LooseningRefused: ``previous`` names no approver, and this is no founding: it
+            adds none, loosens more than approvers, comes after the first use, or an
+            added entry does not prove its key.
+    """
+    attestation, old = previous
+    if old.approval.approvers:
+        return None
+    family = source.family
+    registration_id = attestation.predicate["registration_id"]
+    added = list(thresholds.approval.approvers)
+    names = [a.name for a in added]
+    others = beyond_roster(old, thresholds, loosened)
+    head = f"{shown} loosens the family's previous registration {registration_id} after a rejection ({why})"
+    if not added or others:
+        also = (f"; it also adds approvers {names}, and a registration that founds the "
+                "roster only adds approvers" if added else "")
+        raise LooseningRefused(f"{head}: {'; '.join(others)}{also}. "
+                               + no_roster_yet(registration_id, family))
+    if (past := _past_first_use(source)) is not None:
+        raise LooseningRefused(
+            f"{head}: it adds approvers {names}, and a family's roster is founded on first use "
+            f"once ({past}): adding approvers now needs an approval by one named in registration "
+            f"{registration_id}, which names none")
+    problems = [p for a in added if (p := possession_problem(a, family)) is not None]
+    if problems:
+        raise LooseningRefused(f"{shown} names the family's first approvers, and each entry "
+                               "must prove its person holds its key: " + "; ".join(problems))
+    return {"approvers": [{"name": a.name, "keyid": a.keyid} for a in added],
+            "previous_registration_id": registration_id, "after": why,
+            "trust": "on first use: no approver existed to sign it"}
+
+
+def _recheck(source: EvidenceSource, registration: Attestation,
+             registrations: dict[str, Attestation]) -> list[str]:
+    """Problems with a signed founding, re-derived from the frozen thresholds."""
+    founded = registration.predicate["roster_founded"]
+    where = f"the roster founded at registration {registration.run_id}"
+    before = registrations.get(str(founded.get("previous_registration_id")))
+    try:
+        named = _frozen(source, registration).approval.approvers
+        old = _frozen(source, before).approval.approvers if before else None
+    except (PreregistrationError, ValueError) as err:
+        return [f"{where}: {err}"]
+    if old is None or old:
+        return [f"{where}: the registration it follows ({founded.get('previous_registration_id')}) "
+                + ("has no verified record" if old is None else "named approvers")]
+    signed = [(a.get("name"), a.get("keyid")) for a in founded.get("approvers", [])]
+    if signed != [(a.name, a.keyid) for a in named]:
+        return [f"{where}: it signs approvers {signed}, its thresholds name "
+                f"{[(a.name, a.keyid) for a in named]}"]
+    return [f"{where}: {p}" for a in named if (p := possession_problem(a, source.family))]
+
+
+def audit_roster(source: EvidenceSource) -> tuple[list[str], list[str]]:
+    """``(notices, problems)`` of the family's roster as the audit shows them: each signed
+    founding (who, which keys, by which pipeline key) as a notice on every audit, and
+    what re-checking it from its frozen thresholds finds."""
+    registrations = {a.run_id: a for a in source.attestations() if a.kind == "registration"}
+    notices: list[str] = []
+    problems: list[str] = []
+    for a in sorted(registrations.values(), key=lambda a: a.predicate.get("registered_at", "")):
+        founded = a.predicate.get("roster_founded")
+        if not founded:
+            continue
+        who = ", ".join(f"{x.get('name')} (key {str(x.get('keyid'))[:12]})"
+                        for x in founded.get("approvers", []))
+        notices.append(f"approvers {who} first named at registration {a.run_id} by the pipeline "
+                       f"key {a.keyid[:12]}, trust on first use: no approver existed to sign it "
+                       f"(after: {founded.get('after')})")
+        problems += _recheck(source, a, registrations)
+    return notices, problems
+
+
+def registration_lines(source: EvidenceSource) -> list[str]:
+    """The family's registrations as the audit lists them, oldest first: profile,
+    digest, and what each loosened, by whose approval or as the roster's founding."""
+    out = []
+    for a in sorted((a for a in source.attestations() if a.kind == "registration"),
+                    key=lambda a: a.predicate.get("registered_at", "")):
+        p = a.predicate
+        line = (f"{p.get('registered_at')} {a.run_id} profile {p.get('profile')} sha256 "
+                f"{str(p.get('thresholds_sha256'))[:12]}")
+        approval = p.get("loosening_approval") or {}
+        if p.get("roster_founded"):
+            line += f"; ROSTER FOUNDED on first use {p.get('loosened')}"
+        elif p.get("loosened"):
+            line += (f"; LOOSENED {p['loosened']} approved by {approval.get('approver')}: "
+                     f"{approval.get('reason')}" if approval else f"; loosened {p['loosened']}")
+        out.append(line)
+    return out

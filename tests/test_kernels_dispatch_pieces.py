@@ -1,0 +1,129 @@
+"""Dispatch evidence in pieces: a slice of the grid measured as a piece, the pieces merged
+into the evidence of the whole space (the same in any order, and the same as the whole
+evidence they were cut from), and pieces that are not one measurement refused by name
+(another device, backend, method, software or space; overlapping buckets; a gap). The
+tool end to end on a CPU with the tiny plan.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from kernels.dispatch_audit import load_policy
+from kernels.dispatch_pieces import EvidencePiece, PieceError, merge_pieces
+from kernels.dispatch_policy import Evidence, Rule, derive_policy
+from kernels.dispatch_space import BucketGrid, Region
+from kernels.tools import dispatch_evidence, dispatch_merge
+from tests.test_kernels_dispatch_policy import MEASURED, make_evidence
+
+WHOLE = make_evidence(MEASURED)
+"""Stand-in evidence of four buckets (``tests.test_kernels_dispatch_policy``)."""
+
+
+def _piece(label: str, indices: tuple[int, ...], **fields) -> EvidencePiece:
+    """The buckets ``indices`` of :data:`WHOLE` as a piece, ``fields`` changed."""
+    data = {"label": label, "space": WHOLE.space, "device": WHOLE.device,
+            "backend": WHOLE.backend, "method": WHOLE.method,
+            "software": {"jax": "0.0-stand-in"},
+            "buckets": tuple(WHOLE.buckets[i] for i in indices)}
+    return EvidencePiece(**{**data, **fields})
+
+
+def test_pieces_merge_into_the_whole_evidence_in_any_order():
+    pieces = [_piece("a", (3, 0)), _piece("b", (2,)), _piece("c", (1,))]
+    merged = merge_pieces(pieces)
+    assert merged == Evidence(**{**WHOLE.__dict__, "software": {"jax": "0.0-stand-in"}})
+    assert merge_pieces(pieces[::-1]).fingerprint() == merged.fingerprint()
+    assert merge_pieces([_piece("all", (0, 1, 2, 3))]) == merged
+
+
+@pytest.mark.parametrize("field, value", [
+    ("device", "another GPU"), ("backend", "tpu"), ("method", "other timings"),
+    ("software", {"jax": "0.0-other"}), ("space", Region(dtypes=("float32",)))])
+def test_pieces_from_another_device_method_software_or_space_are_refused(field, value):
+    other = _piece("b", (2, 3), **{field: value}) if field != "space" else _piece(
+        "b", (2, 3), space=value)
+    with pytest.raises(PieceError, match=f"pieces 'a' and 'b' differ in {field}: "):
+        merge_pieces([_piece("a", (0, 1)), other])
+
+
+def test_pieces_that_overlap_or_leave_a_gap_are_refused():
+    with pytest.raises(PieceError, match=r"pieces 'a' and 'b' both measure 'float32 full "
+                                         r"d\[1, 48\) q\[1, 32\)"):
+        merge_pieces([_piece("a", (0, 1)), _piece("b", (0, 2, 3))])
+    with pytest.raises(PieceError, match=r"do not make the whole space: no bucket covers "
+                                         r"float32 full head_dim \[48, inf\) q_len \[32, inf\)"):
+        merge_pieces([_piece("a", (0, 1)), _piece("b", (2,))])
+    with pytest.raises(PieceError, match="no pieces"):
+        merge_pieces([])
+    with pytest.raises(ValueError, match="overlap"):
+        _piece("a", (0, 0))
+
+
+def _slice(tmp_path, name: str, *flags: str) -> EvidencePiece:
+    out = tmp_path / name
+    assert dispatch_evidence.main(["--out", str(out), "--quick", "--dtypes", "float32",
+                                   "--causal", "full", "--kernels", "xla,naive",
+                                   "--repeats", "3", *flags]) == 0
+    assert not (out / "policy.json").exists()
+    return EvidencePiece.model_validate_json((out / "piece.json").read_text())
+
+
+def test_the_tool_measures_slices_and_the_merge_derives_the_policy_of_the_whole(
+        tmp_path, capsys):
+    first = _slice(tmp_path, "first", "--slice-buckets", "0:3")
+    rest = _slice(tmp_path, "rest", "--slice-buckets", "3:")
+    grid = BucketGrid(space=Region(dtypes=("float32",), causal=(False,)),
+                      head_dim_cuts=(48,), seq_cuts=(32,))
+    assert [b.bucket for b in first.buckets + rest.buckets] == list(grid.buckets())
+    assert first.space == rest.space == grid.space
+    assert first.label == "buckets 0:3" and first.software["kernels_source_sha256"]
+    assert "jax" in first.software and "hash of the bucket's name" in first.method
+    out = tmp_path / "merged"
+    code = dispatch_merge.main([str(tmp_path / "rest" / "piece.json"),
+                                str(tmp_path / "first" / "piece.json"), "--out", str(out)])
+    assert code == 0
+    evidence = Evidence.model_validate_json((out / "evidence.json").read_text())
+    assert evidence == merge_pieces([first, rest])
+    policy = load_policy(out / "policy.json")  # audited
+    assert policy == derive_policy(evidence, ("xla", "naive"), Rule(priority=("xla", "naive")))
+    assert policy.software == first.software
+    assert capsys.readouterr().out.count("-> ") == 8
+
+
+def test_a_slice_by_dtype_and_causal_flag_selects_those_buckets_of_the_whole_grid():
+    parser = dispatch_evidence.build_parser()
+    args = parser.parse_args(["--out", "x", "--quick", "--slice-dtypes", "bfloat16",
+                              "--slice-causal", "causal"])
+    plan = dispatch_evidence.plan_from(args, "cpu")
+    buckets, label = dispatch_evidence.select(plan, args)
+    assert label == "bfloat16 causal" and len(buckets) == 8
+    assert all(b.dtypes == ("bfloat16",) and b.causal == (True,) for b in buckets)
+    assert plan.grid.space == Region()  # a piece of the whole space
+    assert dispatch_evidence.select(plan, parser.parse_args(["--out", "x"])) is None
+
+
+def test_the_merge_refuses_overlapping_slices_and_says_why(tmp_path, capsys):
+    _slice(tmp_path, "first", "--slice-buckets", "0:2")
+    _slice(tmp_path, "second", "--slice-buckets", "1:3")
+    code = dispatch_merge.main([str(tmp_path / "first" / "piece.json"),
+                                str(tmp_path / "second" / "piece.json"),
+                                "--out", str(tmp_path / "merged")])
+    assert code == 3
+    err = capsys.readouterr().err
+    assert "pieces 'buckets 0:2' and 'buckets 1:3' both measure 'float32 full" in err
+    assert not (tmp_path / "merged").exists()
+
+
+def test_the_tool_lists_the_grids_buckets_and_refuses_an_empty_slice(tmp_path, capsys):
+    assert dispatch_evidence.main(["--out", str(tmp_path), "--quick", "--list"]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert len(listed) == 3 * 2 * 8 and listed[0].startswith("   0 float32 full")
+    assert dispatch_evidence.main(["--out", str(tmp_path), "--list", "--dtypes",
+                                   "bfloat16"]) == 0  # the accelerator's grid, on a CPU
+    listed = capsys.readouterr().out.splitlines()
+    assert len(listed) == 54 and listed[27].startswith(
+        "  27 bfloat16 causal d[1, 65) q[1, 1024) kv[1, 1024)")
+    with pytest.raises(ValueError, match="selects no bucket"):
+        dispatch_evidence.main(["--out", str(tmp_path), "--quick", "--dtypes", "float32",
+                                "--slice-dtypes", "bfloat16"])

@@ -1,0 +1,229 @@
+"""The approver roster: how a family's first approvers are named when the registration
+they would loosen names none (trust on first use, said by every audit after), and why
+that is the only loosening that needs no approval.
+
+The locked case: a candidate rejected under a registration that names no approver (every
+shipped profile) makes every later loosening need an approval that nobody can sign, and
+adding an approver is itself a loosening."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+import pytest
+
+from lineage.audit.audit import audit
+from lineage.records.loosening_approval import sign_loosening
+from lineage.records.registration import LooseningRefused, latest_registration, preregister
+from lineage.records.roster import approver_entry
+from lineage.signing import keys
+from lineage.signing.sources import StoreSource
+from lineage.store import tracking as tr
+from tests.conftest_lineage import (
+    build_chain,
+    passing_metrics,
+    promotable_chain,
+    promote,
+    thresholds_yaml,
+)
+
+FAMILY = "rostered"
+LOOSER = ('op: "<=", value: 2.0', 'op: "<=", value: 4.0')
+REJECTED = passing_metrics() | {"accuracy.hard.max_error_ratio_to_baseline": 3.0}
+
+
+class Lab:
+    """A store whose family promoted a version and then had a candidate rejected, all
+    under a registration naming no approver (``plain``): the locked case."""
+
+    def __init__(self, root: Path, signing, *, locked: bool = True):
+        self.root, self.signing = root, signing
+        root.mkdir(exist_ok=True)
+        self.tracking = tr.local_tracking(root / "store")
+        self.plain = self.write("plain.yaml", thresholds_yaml())
+        if not locked:
+            return
+        promote(self.tracking, FAMILY, promotable_chain(self.tracking, FAMILY, self.plain,
+                                                        signing=signing), signing)
+        chain = build_chain(self.tracking, FAMILY, self.plain, REJECTED, signing=signing)
+        assert chain.decision.verdict == "reject"
+
+    def write(self, name: str, text: str) -> Path:
+        path = self.root / name
+        path.write_text(text)
+        return path
+
+    def key(self, name: str) -> Path:
+        path = self.root / f"{name}.pem"
+        if not path.exists():
+            keys.create_key(path)
+        return path
+
+    def entry(self, name: str, family: str = FAMILY) -> dict:
+        return approver_entry(keys.load_signer(self.key(name)), family, name)
+
+    def with_approvers(self, name: str, *entries: dict, text: str | None = None) -> Path:
+        lines = f"  approvers: [{', '.join(json.dumps(e) for e in entries)}]\n"
+        return self.write(name, (text or thresholds_yaml()) + lines)
+
+    def register(self, path: Path, **kw):
+        return preregister(path, tracking=self.tracking, family=FAMILY, signing=self.signing, **kw)
+
+    def source(self) -> StoreSource:
+        return StoreSource(self.tracking, FAMILY, self.signing.trust)
+
+    def registrations(self) -> list:
+        return [a for a in self.source().attestations() if a.kind == "registration"]
+
+    def signed(self, registration_id: str):
+        (found,) = [a for a in self.registrations() if a.run_id == registration_id]
+        return found
+
+    def approval(self, name: str, path: Path) -> bytes:
+        newest = latest_registration(self.source())[0]
+        return sign_loosening(keys.load_signer(self.key(name)), FAMILY, path, "measured again",
+                              previous=newest, bindings=None)
+
+    def audit(self):
+        return audit(self.tracking, FAMILY, "production", trust=self.signing.trust,
+                     load_model=False)
+
+    def artifact(self, run_id: str, path: str) -> Path:
+        uri = self.tracking.client().get_run(run_id).info.artifact_uri
+        return Path(uri.removeprefix("file://")) / path
+
+
+@pytest.fixture
+def lab(tmp_path, signing, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    return Lab(tmp_path, signing)
+
+
+def _refused(lab: Lab, path: Path, **kw) -> str:
+    before = len(lab.registrations())
+    with pytest.raises(LooseningRefused) as refused:
+        lab.register(path, **kw)
+    assert len(lab.registrations()) == before, "a refused registration was signed"
+    return " ".join(str(refused.value).split())
+
+
+def test_the_locked_family_names_its_first_approver_on_first_use_and_every_audit_says_so(lab):
+    """The lock reproduced, then lifted in the two documented steps: the roster alone (no
+    approval: nobody could sign one), then the loosening with the new approver's approval."""
+    loose = lab.write("loose.yaml", thresholds_yaml().replace(*LOOSER))
+    message = _refused(lab, loose)
+    assert "names no approver" in message and "kernelgate keys entry" in message, message
+    assert "approve-loosening" in message, message
+
+    founding = lab.with_approvers("founded.yaml", lab.entry("alice"))
+    registration = lab.register(founding)
+    signed = lab.signed(registration.registration_id)
+    alice = keys.load_signer(lab.key("alice")).public_key.keyid
+    assert signed.predicate["roster_founded"]["approvers"] == [{"name": "alice", "keyid": alice}]
+    assert signed.predicate["loosening_approval"] is None
+    assert signed.predicate["loosened"] == [f"approval.approvers[{alice}]: added"]
+
+    report = lab.audit()
+    assert report.exit_code == 0, report.render()
+    (notice,) = report.notices
+    assert (f"first named at registration {registration.registration_id}" in notice
+            and "trust on first use" in notice and "alice" in notice and alice[:12] in notice
+            and lab.signing.signer.public_key.keyid[:12] in notice), notice
+    assert f"NOTICE: {notice}" in report.render()
+    assert any("ROSTER FOUNDED" in r for r in report.registrations), report.registrations
+
+    # step two: the loosening, approved by the approver the roster now names
+    loose = lab.with_approvers("loose-approved.yaml", lab.entry("alice"),
+                               text=thresholds_yaml().replace(*LOOSER))
+    approved = lab.register(loose, loosening_approval=lab.approval("alice", loose))
+    assert lab.signed(approved.registration_id).predicate["loosening_approval"]["approver"] == "alice"
+    later = lab.audit()
+    assert later.exit_code == 0 and later.notices == report.notices, later.render()
+
+
+def test_founding_the_roster_and_loosening_anything_else_at_once_is_refused(lab):
+    both = lab.with_approvers("both.yaml", lab.entry("alice"),
+                              text=thresholds_yaml().replace(*LOOSER))
+    message = _refused(lab, both)
+    assert "error-ratio" in message and "names no approver" in message, message
+    assert "only adds approvers" in message and "approve-loosening" in message, message
+
+
+def test_after_the_founding_a_further_approver_needs_an_existing_approvers_approval(lab):
+    founded = lab.register(lab.with_approvers("founded.yaml", lab.entry("alice")))
+    chain = build_chain(lab.tracking, FAMILY, lab.root / "founded.yaml", REJECTED,
+                        signing=lab.signing, registration=founded)
+    assert chain.decision.verdict == "reject"
+    more = lab.with_approvers("more.yaml", lab.entry("alice"), lab.entry("bob"))
+    bob = keys.load_signer(lab.key("bob")).public_key.keyid
+    message = _refused(lab, more)
+    assert f"approval.approvers[{bob}]: added" in message, message
+    assert "must approve it" in message and "first use" not in message, message
+    # bob's own approval of his addition is no approval: he is not named yet
+    message = _refused(lab, more, loosening_approval=lab.approval("bob", more))
+    assert "is not an approver of registration" in message and "['alice']" in message, message
+    registration = lab.register(more, loosening_approval=lab.approval("alice", more))
+    assert "roster_founded" not in lab.signed(registration.registration_id).predicate
+
+
+def test_an_approver_entry_must_prove_its_own_key_for_this_family(lab):
+    alice, mallory = lab.entry("alice"), lab.entry("mallory")
+    cases = {
+        "by another key": {**alice, "proof": mallory["proof"]},
+        "for another family": lab.entry("alice", family="elsewhere"),
+        "without a proof": {k: v for k, v in alice.items() if k != "proof"},
+        "a key id that is not its key's": {**mallory, "keyid": alice["keyid"]},
+    }
+    for case, entry in cases.items():
+        message = _refused(lab, lab.with_approvers("unproved.yaml", entry))
+        assert "proof" in message or "key id" in message, (case, message)
+        assert "alice" in message or "mallory" in message, (case, message)
+
+
+def test_the_roster_is_founded_on_first_use_once(lab, tmp_path, signing):
+    """A family whose registrations once named an approver is past first use: removing
+    every approver (a tightening) and naming a new one after a rejection is refused."""
+    other = Lab(tmp_path / "other", signing, locked=False)
+    first = other.register(other.with_approvers("named.yaml", other.entry("alice")))
+    unnamed = other.register(other.plain)
+    build_chain(other.tracking, FAMILY, other.plain, REJECTED, signing=signing,
+                registration=unnamed)
+    message = _refused(other, other.with_approvers("again.yaml", other.entry("mallory")))
+    assert f"registration {first.registration_id} named ['alice']" in message and "once" in message, message
+
+
+def _payload_edited(envelope: Path, edit) -> None:
+    data = json.loads(envelope.read_text())
+    statement = json.loads(base64.b64decode(data["payload"]))
+    edit(statement["predicate"])
+    data["payload"] = base64.b64encode(json.dumps(statement, sort_keys=True).encode()).decode()
+    envelope.write_text(json.dumps(data, sort_keys=True))
+
+
+def test_an_edit_of_the_founding_record_after_signing_is_caught_by_the_audit(lab):
+    founding = lab.register(lab.with_approvers("founded.yaml", lab.entry("alice")))
+    assert lab.audit().exit_code == 0  # the untouched store: the notice, no problem
+    # the founding's frozen thresholds swapped for a copy naming the attacker's own key,
+    # with a valid proof by it: the audit names it, and no approval by that key is taken
+    frozen = lab.artifact(founding.registration_id, "thresholds/founded.yaml")
+    kept = frozen.read_bytes()
+    swapped = lab.with_approvers("swapped.yaml", lab.entry("mallory"))
+    frozen.write_bytes(swapped.read_bytes())
+    report = lab.audit()
+    assert report.exit_code == 1, report.render()
+    assert any("roster" in p and founding.registration_id in p and "altered" in p
+               for p in report.problems), report.render()
+    loose = lab.with_approvers("loose.yaml", lab.entry("mallory"),
+                               text=thresholds_yaml().replace(*LOOSER))
+    with pytest.raises(Exception, match="altered"):
+        lab.register(loose, loosening_approval=lab.approval("mallory", loose))
+    frozen.write_bytes(kept)
+    assert lab.audit().exit_code == 0
+    # the signed record itself edited (the founding hidden): it no longer verifies
+    envelope = lab.artifact(founding.registration_id, "attestations/registration.dsse.json")
+    _payload_edited(envelope, lambda p: p.pop("roster_founded"))
+    report = lab.audit()
+    assert report.exit_code == 1 and any("does not verify" in p for p in report.problems), \
+        report.render()
