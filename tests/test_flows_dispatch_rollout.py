@@ -100,3 +100,32 @@ def test_the_audit_re_derives_the_policy_and_names_an_edited_bucket(promoted, tm
     assert "altered after signing" in out and f"bucket {bucket!r}" in out, out
     code, out = _audit(store)  # the untouched store still passes: the edit failed it
     assert code == 0, out
+
+
+@pytest.mark.parametrize("args, match", [
+    (["--implementation", "dispatch"], "pass --dispatch-policy POLICY.json"),
+    (["--implementation", "xla", "--dispatch-policy", "{good}"],
+     "--dispatch-policy is for --implementation dispatch, not 'xla'"),
+    (["--implementation", "dispatch", "--dispatch-policy", "{bad}"],
+     "is not a valid policy: buckets: Tuple should have at least 1 item"),
+    (["--implementation", "dispatch", "--dispatch-policy", "{forged}"],
+     "records naive, but its evidence derives xla"),
+])
+def test_a_bad_policy_argument_is_refused_naming_the_constraint_with_nothing_written(
+        tmp_path, args, match):
+    good = write_standin_policy(tmp_path / "good.json")
+    data = json.loads(good.read_text())
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({**data, "buckets": []}))
+    index = next(i for i, b in enumerate(data["buckets"]) if b["kernel"] == "naive")
+    (entry,) = [k for k in data["buckets"][index]["evidence"]["kernels"] if k["kernel"] == "xla"]
+    entry["timings"][0].update(median_s=1e-7, low_s=0.99e-7, high_s=1.01e-7)
+    forged = tmp_path / "forged.json"  # one bucket's evidence edited, its choice not
+    forged.write_text(json.dumps(data))
+    files = {"good": good, "bad": bad, "forged": forged}
+    store = tmp_path / "store"
+    result = CliRunner().invoke(app, ["rollout", *[a.format(**files) for a in args],
+                                      "--store-dir", str(store)], catch_exceptions=False)
+    assert result.exit_code == 2, result.output
+    assert match in " ".join(result.output.split()), result.output
+    assert not store.exists()  # refused before anything was written
