@@ -64,6 +64,9 @@ Thresholds = Annotated[Path | None, typer.Option(
     exists=True, dir_okay=False)]
 Family = Annotated[str | None, typer.Option(
     help="kernel family (MLflow experiment and registered model); default: the kernel's name")]
+DispatchPolicyFile = Annotated[Path | None, typer.Option(
+    dir_okay=False, help="with --implementation dispatch: the dispatch policy (JSON, from "
+    "kernels.tools.dispatch_evidence or dispatch_merge) the version serves; audited first")]
 BlockQ = Annotated[int | None, typer.Option(min=1, help="query block size (tokens)")]
 BlockKV = Annotated[int | None, typer.Option(min=1, help="key/value block size (tokens)")]
 
@@ -83,13 +86,21 @@ app.command()(timeline)
 
 def _plan(implementation: str, thresholds: Path | None, store_dir: Path, block_q: int | None,
           block_kv: int | None, family: str | None, new_family: bool,
-          key_dir: Path | None, **extra):
+          key_dir: Path | None, dispatch_policy: Path | None = None, **extra):
     """The rollout's settings and its plan (``flows.plan``: kernel, thresholds, family),
     resolved once here and handed to the flow; bad arguments refused before anything is
     logged, built or evaluated."""
     # What needs neither JAX nor the store first: a bad argument is refused in < 1 s.
-    check_store_dir(store_dir, writes=True)
     check_implementation(implementation)
+    policy = None
+    if implementation == "dispatch" or dispatch_policy is not None:
+        from flows.dispatch_candidate import audited_policy
+
+        try:  # a dispatch policy is audited before anything is written
+            policy = audited_policy(implementation, dispatch_policy)
+        except ValueError as err:
+            raise typer.BadParameter(str(err), param_hint="--dispatch-policy") from None
+    check_store_dir(store_dir, writes=True)
     check_family(family, implementation, store_dir, new_family=new_family,
                  remote=bool(os.environ.get("MLFLOW_TRACKING_URI")))
     check_thresholds(thresholds)
@@ -97,30 +108,33 @@ def _plan(implementation: str, thresholds: Path | None, store_dir: Path, block_q
     prefect_server.start_early()  # comes up on the other core while JAX etc. import
     compilation_cache(store_dir)
     import kernels
+    from flows.dispatch_candidate import serving
     from flows.judge import BUILD_SHAPE
     from flows.plan import resolve_plan
     from flows.settings import RolloutSettings
 
     backend = kernels.default_backend()
-    try:
-        if thresholds is None:
-            from flows.kernel_choice import default_thresholds
+    with serving(policy):  # the policy's kernel, for the plan's checks
+        try:
+            if thresholds is None:
+                from flows.kernel_choice import default_thresholds
 
-            thresholds, why = default_thresholds(implementation, backend)
-            typer.echo(f"thresholds: {why}", err=True)
-        config = {k: v for k, v in {"block_q": block_q, "block_kv": block_kv}.items()
-                  if v is not None} or None
-        settings = RolloutSettings(implementation=implementation,
-                                   thresholds=thresholds.resolve(), store_dir=store_dir,
-                                   config=config, family=family, key_dir=key_dir, **extra)
-        plan = resolve_plan(settings, backend)
-        typer.echo(f"kernel: {plan.why}", err=True)
-        impl = kernels.IMPLEMENTATIONS[plan.implementation]
-        impl.config_from(config)  # the candidate's own config type reads the block sizes
-        spec, _, _ = kernels.validate(*BUILD_SHAPE.structs(), causal=BUILD_SHAPE.causal)
-        impl.check_supported(spec, backend, config)
-    except (ValueError, NotImplementedError) as err:
-        raise typer.BadParameter(f"{err}") from None
+                thresholds, why = default_thresholds(implementation, backend)
+                typer.echo(f"thresholds: {why}", err=True)
+            config = {k: v for k, v in {"block_q": block_q, "block_kv": block_kv}.items()
+                      if v is not None} or None
+            settings = RolloutSettings(implementation=implementation,
+                                       thresholds=thresholds.resolve(), store_dir=store_dir,
+                                       config=config, family=family, key_dir=key_dir,
+                                       dispatch_policy=dispatch_policy, **extra)
+            plan = resolve_plan(settings, backend)
+            typer.echo(f"kernel: {plan.why}", err=True)
+            impl = kernels.IMPLEMENTATIONS[plan.implementation]
+            impl.config_from(config)  # the candidate's own config type reads the block sizes
+            spec, _, _ = kernels.validate(*BUILD_SHAPE.structs(), causal=BUILD_SHAPE.causal)
+            impl.check_supported(spec, backend, config)
+        except (ValueError, NotImplementedError) as err:
+            raise typer.BadParameter(f"{err}") from None
     if family is not None:
         check_name(family)
         tracking = open_store(store_dir, must_exist=False)
@@ -150,12 +164,13 @@ def rollout(implementation: Implementation = "auto",
             documents_dir: Annotated[Path | None, typer.Option(
                 help="folder of real documents (*.txt, *.md); default: installed packages' descriptions")] = None,
             block_q: BlockQ = None, block_kv: BlockKV = None, key_dir: KeyDir = None,
+            dispatch_policy: DispatchPolicyFile = None,
             loosening_approval: Annotated[Path | None, typer.Option(
                 exists=True, dir_okay=False,
                 help="a signed approval of looser thresholds (kernelgate approve-loosening)")] = None) -> None:
     """Run a full governed rollout (preregister, build, evaluate, gate, shadow, approval, canary, confirm, then promote or roll back)."""
     settings, plan = _plan(implementation, thresholds, store_dir, block_q, block_kv, family,
-                           new_family, key_dir, testset_profile=testset_profile,
+                           new_family, key_dir, dispatch_policy, testset_profile=testset_profile,
                            documents_dir=documents_dir, loosening_approval=loosening_approval)
     debug_log = route_to_debug_log(store_dir / "logs" / "third-party.log")
     typer.echo(f"third-party log lines (MLflow, Great Expectations, warnings): {debug_log}",
@@ -183,10 +198,11 @@ def evaluate(implementation: Implementation = "auto",
              family: Family = None,
              new_family: Annotated[bool, typer.Option(help="allow --family to name a new family")] = False,
              report: Annotated[Path | None, typer.Option(help="also write the report JSON here")] = None,
-             block_q: BlockQ = None, block_kv: BlockKV = None, key_dir: KeyDir = None) -> None:
+             block_q: BlockQ = None, block_kv: BlockKV = None, key_dir: KeyDir = None,
+             dispatch_policy: DispatchPolicyFile = None) -> None:
     """Preregister, build and evaluate a candidate and log the gate decision. It registers the build as a model version (the record of what was judged) and moves no alias."""
     settings, plan = _plan(implementation, thresholds, store_dir, block_q, block_kv, family,
-                           new_family, key_dir)
+                           new_family, key_dir, dispatch_policy)
     from flows.rollout import evaluate_candidate
 
     prefect_server.wait()

@@ -39,16 +39,17 @@ def kernel_names() -> list[str]:
 
 
 def check_implementation(implementation: str) -> str:
-    """``implementation`` if it is ``auto``, ``native`` or a registry name.
+    """``implementation`` if it is ``auto``, ``native``, ``dispatch`` (a dispatch policy,
+    ``--dispatch-policy``: ``flows.dispatch_candidate``) or a registry name.
 
     Raises:
         typer.BadParameter: naming the choices (as ``kernels.api`` does), or a bad
             ``KERNELGATE_KERNELS`` (the registry's message; :func:`kernel_names`).
     """
     names = kernel_names()
-    if implementation not in ("auto", "native") and implementation not in names:
+    if implementation not in ("auto", "native", "dispatch") and implementation not in names:
         raise typer.BadParameter(f"unknown implementation {implementation!r}; choose one of "
-                                 f"{names}, 'auto' or 'native'", param_hint="--implementation")
+                                 f"{names}, 'auto', 'native' or 'dispatch'", param_hint="--implementation")
     return implementation
 
 

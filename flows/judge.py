@@ -5,6 +5,7 @@ from __future__ import annotations
 from evaluation.evaluate import evaluate_candidate
 from evaluation.performance import default_shapes
 from evaluation.testset.draws import unspent_draw
+from flows.dispatch_candidate import build_inputs
 from flows.results import (
     Built,
     Confirmed,
@@ -43,10 +44,13 @@ def build(context: RolloutContext, preregistered: Preregistered | None = None) -
     registration, the settings')."""
     record, settings = context.record, context.settings
     out = record.work_dir / "build"
-    build = build_kernel(record.implementation, settings.config, BUILD_SHAPE, output_dir=out)
+    config, before_signing = build_inputs(record.implementation, settings.config,
+                                          record.tracking)  # a dispatch build: its policy
+    build = build_kernel(record.implementation, config, BUILD_SHAPE, output_dir=out)
     shapes = preregistered.perf_shapes(settings) if preregistered else settings.perf_shapes
     bench = shapes or default_shapes(record.backend)
-    build_run_id, version, logged = evidence.log_build(record, build, out, context.model, bench)
+    build_run_id, version, logged = evidence.log_build(record, build, out, context.model, bench,
+                                                       before_signing)
     run_logger().info("built %s: build run %s, logged as an MLflow model (%d files, %.1f MB, "
                       "code sha256 %s) and registered as v%s", build.implementation,
                       build_run_id, logged.files, logged.size_bytes / 1e6,

@@ -17,7 +17,10 @@ class RolloutSettings(BaseModel):
 
     Attributes:
         implementation: candidate kernel (registry name) or ``auto`` (the native flash
-            kernel of this backend, ``kernels.native_flash``).
+            kernel of this backend, ``kernels.native_flash``), or ``dispatch`` (a
+            dispatch policy: ``dispatch_policy``; ``flows.dispatch_candidate``).
+        dispatch_policy: with ``dispatch``, the policy file the rollout serves (audited
+            before anything is registered).
         family: kernel family = MLflow experiment and registered model (default: the
             implementation's name).
         thresholds: the thresholds file to preregister (profile inside).
@@ -49,6 +52,7 @@ class RolloutSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     implementation: str = "auto"
+    dispatch_policy: Path | None = None
     family: str | None = None
     thresholds: Path = DEFAULT_THRESHOLDS
     config: dict[str, int] | None = None

@@ -9,8 +9,10 @@ policy (:class:`DispatchKernel`, or :meth:`DispatchKernel.from_file` with the po
 signed fingerprint) and registered by whoever serves it (``kernels.registry.registered``).
 It is not in the registry's ``BUILTIN`` and declares no ``auto_priority``: ``auto``
 serves a promoted policy only when one is configured (``kernels.dispatch_serving``, the
-same routing); a ``dispatch`` that a rollout builds, evaluates and promotes is a later
-step (``lineage.records.dispatch_record`` audits the signed policy of a dispatch build).
+same routing). A rollout of ``--implementation dispatch`` registers the kernel of its
+audited policy file for its session (``flows.dispatch_candidate``); a process serving a
+``dispatch`` version registers it from the environment's signed policy
+(:func:`register_configured`, pinned to the version's signed fingerprint).
 
 Its config (:class:`DispatchConfig`) is the policy's fingerprint: the config a call
 resolves to names the policy, so a build's record changes whenever the policy does, and a
@@ -30,11 +32,11 @@ from pydantic import Field
 from kernels.api import default_backend, resolve
 from kernels.config import KernelConfig
 from kernels.contract import AttentionSpec
-from kernels.dispatch_audit import audit_policy, load_policy
+from kernels.dispatch_audit import PolicyError, audit_policy, load_policy
 from kernels.dispatch_policy import DispatchPolicy
-from kernels.dispatch_serving import Route, route
+from kernels.dispatch_serving import POLICY_ENV, SHA256_ENV, Route, configured_policy, route
 from kernels.kernel import Kernel
-from kernels.registry import IMPLEMENTATIONS
+from kernels.registry import IMPLEMENTATIONS, register
 
 
 class DispatchConfig(KernelConfig):
@@ -146,3 +148,24 @@ class DispatchKernel(Kernel[DispatchConfig]):
         return IMPLEMENTATIONS[resolution.name].kernel()(
             q, k, v, causal=causal, scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths,
             config=resolution.config)
+
+
+def register_configured(policy_sha256: str | None) -> DispatchKernel:
+    """Register (replacing any) the ``dispatch`` kernel of the policy this process is
+    configured with (``kernels.dispatch_serving.configured_policy``: the file and signed
+    fingerprint in the environment, audited), for a version whose signed config names
+    ``policy_sha256``; returns it.
+
+    Raises:
+        kernels.dispatch_audit.PolicyError: no policy configured, the configured one is
+            not what its evidence derives, or its fingerprint is not ``policy_sha256``.
+    """
+    policy = configured_policy()
+    if policy is None:
+        raise PolicyError(f"a dispatch version is served only with its signed policy: "
+                          f"{POLICY_ENV} and {SHA256_ENV} are not set "
+                          "(lineage.records.dispatch_record.serving_environment gives them)")
+    if policy.fingerprint() != policy_sha256:
+        raise PolicyError(f"the configured dispatch policy is {policy.fingerprint()}; this "
+                          f"version's signed config names {policy_sha256}")
+    return register(DispatchKernel(policy), replace=True)

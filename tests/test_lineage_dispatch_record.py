@@ -71,8 +71,10 @@ def test_a_buckets_evidence_edited_after_signing_fails_the_audit(tracking, signi
     source = StoreSource(tracking, "dispatch-edited", signing.trust)
     audit, policy = audit_dispatch_build(source, run_id)
     assert policy is None
-    assert audit.problems == [f"run {run_id}: {dispatch_record.POLICY_ARTIFACT} differs from "
-                              "its signed digest (altered after signing)"]
+    (problem,) = audit.problems
+    assert problem.startswith(f"run {run_id}: {dispatch_record.POLICY_ARTIFACT} differs from "
+                              "its signed digest (altered after signing); read as stored, ")
+    assert f"bucket {data['buckets'][0]['evidence']['bucket']['name']!r}" in problem  # edited
     with pytest.raises(DispatchRecordError, match="altered after signing"):
         dispatch_record.serving_environment(source, run_id, tmp_path)
     dispatch = {"implementation": "dispatch"}

@@ -10,7 +10,9 @@ config. :func:`audit_dispatch_build` reads it back only through the signed recor
 (``lineage.signing.sources.signed_artifact``: bytes equal to the signed digest) and then holds it
 to the signed fingerprint and derives every bucket's choice again from the evidence the
 policy carries (``kernels.dispatch_audit.audit_policy``): a bucket's evidence edited after
-signing fails the digest; one edited before signing without its choice derived again
+signing fails the digest (and the stored file, read as it is, is re-derived too, so
+the problem names the bucket whose evidence no longer derives its choice or summary);
+one edited before signing without its choice derived again
 fails the re-derivation, naming the bucket. :func:`serving_environment` gives ``auto`` an
 audited policy (``kernels.dispatch_serving``: the file and its fingerprint), e.g. that
 of a ``dispatch`` family's production version.
@@ -63,6 +65,22 @@ def _signed_fingerprint(predicate: dict) -> str | None:
     return config.get("policy_sha256") if isinstance(config, dict) else None
 
 
+def _as_stored(source: EvidenceSource, run_id: str) -> str:
+    """What the stored policy file says of itself when it is not the signed one: the
+    bucket whose recorded choice or summary its evidence no longer derives (a hand edit
+    of one bucket's evidence), so the audit names it. Only a diagnosis: the file is
+    refused by its digest either way. ``""`` when it cannot be read or parsed."""
+    try:
+        policy = DispatchPolicy.model_validate_json(source.artifact(run_id, POLICY_ARTIFACT))
+    except Exception:  # noqa: BLE001 - missing or unparsable: the digest's problem says so
+        return ""
+    try:
+        audit_policy(policy)
+    except PolicyError as err:
+        return f"; read as stored, {err}"
+    return "; read as stored, every bucket still derives from its evidence"
+
+
 def audit_dispatch_build(source: EvidenceSource, run_id: str
                          ) -> tuple[DispatchAudit, DispatchPolicy | None]:
     """The audit of the dispatch build run ``run_id`` and its policy (``None`` when it
@@ -74,7 +92,7 @@ def audit_dispatch_build(source: EvidenceSource, run_id: str
     try:
         attestation, data = signed_artifact(source, run_id, "build", POLICY_ARTIFACT)
     except AttestationError as err:
-        return audit.model_copy(update={"problems": [str(err)]}), None
+        return audit.model_copy(update={"problems": [f"{err}{_as_stored(source, run_id)}"]}), None
     try:
         policy = DispatchPolicy.model_validate_json(data)
     except ValidationError as err:

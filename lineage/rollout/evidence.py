@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from evaluation.model import MiniLM
@@ -46,12 +46,15 @@ def serving_shapes(encoder: MiniLM) -> list[AttentionShape]:
 
 
 def log_build(record: RolloutRecord, build: KernelBuild, build_dir: Path,
-              encoder: MiniLM, bench_shapes: Sequence[AttentionShape] = ()
+              encoder: MiniLM, bench_shapes: Sequence[AttentionShape] = (),
+              before_signing: Callable[[str], object] | None = None
               ) -> tuple[str, str, LoggedModel]:
     """Log a finished build as a ``build`` run of the rollout, with the build as an
     MLflow model of what serves (``lineage.serving.versions.log_version_model``), register it
     as a model version, and sign a ``build`` attestation (subjects: every file of the
     run, the model's code included; predicate: what serves and its version number).
+    ``before_signing(run_id)`` logs what else the build vouches for (a dispatch
+    build's policy: ``lineage.records.dispatch_record.log_policy``) before it is signed.
     Returns ``(run id, version, what was logged)``."""
     with tr.stage_run(record.tracking, record.family, "build",
                       parent_run_id=record.rollout_run_id,
@@ -70,6 +73,8 @@ def log_build(record: RolloutRecord, build: KernelBuild, build_dir: Path,
             if build.local.memory.temp_bytes is not None:
                 client.log_metric(run_id, "build.temp_bytes", build.local.memory.temp_bytes)
         tr.log_directory(record.tracking, run_id, build_dir, "build")
+        if before_signing is not None:
+            before_signing(run_id)
         logged = log_version_model(record.tracking, run_id, build, build_dir, encoder)
         client.log_metric(run_id, "model.log_seconds", logged.seconds)
         client.log_metric(run_id, "model.size_bytes", logged.size_bytes)

@@ -33,6 +33,7 @@ from kernels.registry import stored_config
 from kernels.shapes import AttentionShape
 from lineage.aliases import registered_model
 from lineage.serving import model_files
+from lineage.serving.dispatch_version import is_dispatch, worker_environment
 from lineage.serving.versions import recorded_kernel, this_process_code
 from lineage.signing.attestations import TrustPolicy
 from lineage.signing.sources import StoreSource
@@ -52,8 +53,9 @@ class VersionWorker:
     copy, nothing else. What the loaded model says of itself is never the evidence.
 
     Raises (at construction):
-        RuntimeError: the files are not the signed ones (naming each), or the process
-            could not load the version (the message carries its error).
+        RuntimeError: the files are not the signed ones (naming each), the process
+            could not load the version (the message carries its error), or a dispatch
+            version's signed policy fails its audit (``lineage.serving.dispatch_version``).
         lineage.signing.attestations.AttestationError: the version has no signed build.
     """
 
@@ -76,6 +78,12 @@ class VersionWorker:
         if self.files.problems:
             shutil.rmtree(self._cwd, ignore_errors=True)
             raise RuntimeError(f"v{version} of {family} refused: {self.files.summary()}")
+        try:  # a dispatch version: its signed policy, audited (lineage.serving.dispatch_version)
+            env.update(worker_environment(StoreSource(tracking, family, trust, stages=("build",)),
+                                          version, Path(self._cwd) / "dispatch"))
+        except BaseException:
+            shutil.rmtree(self._cwd, ignore_errors=True)
+            raise
         # Kept open for the process's lifetime (its errors are read on failure); closed in close().
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115
         # MiniLM's attention dtype is the registration's serving contract (model_dtype), not
@@ -181,7 +189,8 @@ class VersionPool:
             files = model_files.check(self.tracking, source, version)
             if files.problems:
                 raise RuntimeError(f"v{version} of {self.family} refused: {files.summary()}")
-            if files.manifest_signed and files.code_sha256 == self._here:
+            # a dispatch version serves its signed policy from a process of its own
+            if files.manifest_signed and files.code_sha256 == self._here and not is_dispatch(kernel):
                 config = kernel["config"]
                 local = LocalRunner.for_implementation(
                     kernel["implementation"], stored_config(kernel["implementation"], config),

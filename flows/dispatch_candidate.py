@@ -1,0 +1,92 @@
+"""A rollout of a dispatch policy: ``--implementation dispatch --dispatch-policy FILE``.
+
+The policy file is audited before anything is registered (``kernels.dispatch_audit.
+load_policy``: a valid policy whose every bucket is what its evidence derives); a bad
+file is refused naming the constraint. For the rollout's session the ``dispatch`` kernel
+of that audited policy is registered in this process (:func:`candidate_kernel`), so the
+plan, the build and its record see one policy. It is not one of the registry's
+``BUILTIN`` entries: a built-in entry is loaded by every test and tool that walks the
+registry (poisoned padding, precision, the registry's own), and a ``dispatch`` kernel
+exists only with a policy. The build compiles it with its config the policy's
+fingerprint and logs the policy in the build run before the build is signed
+(:func:`build_inputs`, ``lineage.records.dispatch_record.log_policy``); the version's runners
+serve the signed policy (``lineage.serving.dispatch_version``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from flows.settings import RolloutSettings
+from kernels.dispatch_audit import load_policy
+from kernels.dispatch_kernel import DispatchKernel
+from kernels.dispatch_policy import DispatchPolicy
+from kernels.registry import IMPLEMENTATIONS, registered
+from lineage.records.dispatch_record import log_policy
+from lineage.serving.dispatch_version import DISPATCH
+from lineage.store.tracking import Tracking
+
+
+def audited_policy(implementation: str, path: Path | None) -> DispatchPolicy | None:
+    """The audited policy of a rollout of ``implementation`` (``None`` for any other
+    kernel than ``dispatch``).
+
+    Raises:
+        ValueError: ``dispatch`` without a policy file, a policy file for another
+            kernel, or a file the audit refuses (``kernels.dispatch_audit.PolicyError``:
+            missing, invalid, or a bucket its evidence does not derive, named).
+    """
+    if implementation != DISPATCH:
+        if path is not None:
+            raise ValueError(f"--dispatch-policy is for --implementation dispatch, not "
+                             f"{implementation!r}")
+        return None
+    if path is None:
+        raise ValueError("--implementation dispatch serves a dispatch policy: pass "
+                         "--dispatch-policy POLICY.json (kernels.tools.dispatch_evidence or "
+                         "dispatch_merge write one)")
+    return load_policy(path)
+
+
+@contextlib.contextmanager
+def serving(policy: DispatchPolicy | None) -> Iterator[None]:
+    """The ``dispatch`` kernel of ``policy`` registered for the block (replacing any, and
+    restored after); nothing for ``None``."""
+    if policy is None:
+        yield
+        return
+    with registered(DispatchKernel(policy), replace=True):
+        yield
+
+
+@contextlib.contextmanager
+def candidate_kernel(settings: RolloutSettings | None) -> Iterator[RolloutSettings]:
+    """``settings`` (``None``: the defaults), with the audited policy they name served
+    (:func:`serving`) for the block.
+
+    Raises:
+        ValueError: as :func:`audited_policy`.
+    """
+    settings = settings or RolloutSettings()
+    with serving(audited_policy(settings.implementation, settings.dispatch_policy)):
+        yield settings
+
+
+def build_inputs(implementation: str, config: dict | None, tracking: Tracking
+                 ) -> tuple[dict | None, Callable[[str], object] | None]:
+    """``(config, before_signing)`` of a build of ``implementation``: for ``dispatch``
+    the registered policy's fingerprint as its config and the call logging the policy in
+    the build run (before the build is signed); for another kernel ``config`` and None.
+
+    Raises:
+        ValueError: block sizes asked of a ``dispatch`` build (it has none).
+    """
+    if implementation != DISPATCH:
+        return config, None
+    if config:
+        raise ValueError(f"a dispatch build takes no block sizes (asked: {config})")
+    policy = IMPLEMENTATIONS[DISPATCH].policy
+    return ({"policy_sha256": policy.fingerprint()},
+            lambda run_id: log_policy(tracking, run_id, policy))
