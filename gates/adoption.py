@@ -74,7 +74,6 @@ from typing import Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
-from scipy.special import log_ndtr
 
 from kernels.errors import KernelgateError
 
@@ -161,6 +160,10 @@ class AdoptionResult(BaseModel):
 
 def _log_e(s: np.ndarray, v: np.ndarray, rho: float) -> np.ndarray:
     """log of the one-sided normal-mixture e-process at centred count ``s``, variance ``v``."""
+    # here, not at the top: the thresholds schema imports this module (the decision:
+    # section), and the CLI's argument checks must not pay for scipy
+    from scipy.special import log_ndtr
+
     w = v + rho
     return math.log(2.0) + 0.5 * np.log(rho / w) + s * s / (2.0 * w) + log_ndtr(s / np.sqrt(w))
 

@@ -40,7 +40,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import scipy.stats
 
 PAIRED_PERMUTATION = "paired_permutation"
 RESAMPLES = 9999
@@ -111,6 +110,10 @@ def _statistic_for(sizes: list[int], q: float):
 
 def _p_value(cand: np.ndarray, ref: np.ndarray, ratio: float, statistic,
              resamples: int) -> float:
+    # here, not at the top: the thresholds schema imports this module's names, and
+    # scipy.stats takes seconds to import, which the CLI's argument checks must not pay
+    import scipy.stats
+
     result = scipy.stats.permutation_test(
         (cand / ratio, ref), statistic, permutation_type="samples", alternative="greater",
         n_resamples=resamples, vectorized=True, rng=np.random.default_rng(SEED))
