@@ -179,8 +179,14 @@ def _judge_tested(c: ChangeCriterion, report: ReportView, known: dict) -> Criter
     if isinstance(pairs, str):
         return CriterionResult(**known, status="fail", reason=f"{c.metric}: {pairs}")
     assert c.alpha is not None and c.max_regression is not None  # the schema's rule
-    t = paired_quantile_test(*pairs, quantile=QUANTILE_OF[c.metric],
-                             max_ratio=c.max_regression, alpha=c.alpha)
+    try:
+        t = paired_quantile_test(*pairs, quantile=QUANTILE_OF[c.metric],
+                                 max_ratio=c.max_regression, alpha=c.alpha)
+    except ValueError as err:  # latencies that cannot be tested: a failure, said why
+        return CriterionResult(**known, status="fail", reason=f"{c.metric}: {err}")
+    if not t.can_reject:  # a test that cannot fail must not pass: it blocks, said why
+        return CriterionResult(**known, status="inconclusive", reason=t.words(c.metric,
+                                                                            c.against))
     return CriterionResult(**known, status="fail" if t.rejected else "pass",
                            p_value=t.p_value, confidence_bound=t.lower_bound,
                            reason=t.words(c.metric, c.against))

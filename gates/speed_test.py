@@ -43,6 +43,9 @@ import numpy as np
 
 PAIRED_PERMUTATION = "paired_permutation"
 RESAMPLES = 9999
+MIN_ALPHA = 1.0 / (RESAMPLES + 1)
+"""The smallest level a registered paired test may have: below it no data could reject
+(the Monte Carlo p-value is at least ``1 / (RESAMPLES + 1)``)."""
 BOUND_STEPS = 14
 """Bisection steps of the confidence bound (0: no bound; simulations of many gates)."""
 SEED = 20261205
@@ -65,6 +68,10 @@ class SpeedTest:
     pairs: int
     shapes: int
     quantile: float
+    can_reject: bool = True
+    """False when even the most extreme data could not reach ``alpha`` with these pairs
+    (:func:`smallest_p_value`): the test then judges nothing."""
+    smallest_p: float = 0.0
 
     @property
     def rejected(self) -> bool:
@@ -72,6 +79,13 @@ class SpeedTest:
         return self.p_value < self.alpha
 
     def words(self, metric: str, against: str) -> str:
+        if not self.can_reject:
+            return (f"{metric}: the paired permutation test cannot show a slowdown at alpha "
+                    f"{self.alpha:g} with {self.pairs} pair{'s' if self.pairs != 1 else ''} "
+                    f"over {self.shapes} shape{'s' if self.shapes != 1 else ''} (the "
+                    f"smallest p-value it can reach is {self.smallest_p:.3g}): not judged "
+                    f"(candidate/{against} ratio {self.estimate:.3g}x); more repeats or "
+                    "shapes are needed")
         """The reason a decision shows: the test, the estimate, its bound, p and alpha."""
         bound = ("" if self.lower_bound is None else
                  f", one-sided {100 * (1 - self.alpha):.4g}% lower confidence bound "
@@ -120,6 +134,19 @@ def _p_value(cand: np.ndarray, ref: np.ndarray, ratio: float, statistic,
     return float(result.pvalue)
 
 
+def smallest_p_value(pairs: int, resamples: int | None = None) -> float:
+    """The smallest p-value the paired test can report with ``pairs`` pairs: every
+    within-pair swap enumerated when there are at most ``resamples`` of them (``2**pairs``:
+    the observed assignment is one, so p >= ``2**-pairs``), else ``1 / (resamples + 1)``
+    (the Monte Carlo p-value of ``scipy.stats.permutation_test``). A criterion whose
+    ``alpha`` is at or below it can never fail: :func:`paired_quantile_test` then says so
+    instead of testing."""
+    resamples = RESAMPLES if resamples is None else resamples
+    if pairs < 1:
+        return 1.0
+    return 2.0 ** -pairs if pairs < 64 and 2 ** pairs <= resamples else 1.0 / (resamples + 1)
+
+
 def paired_quantile_test(candidate: Sequence[Sequence[float]],
                          reference: Sequence[Sequence[float]], *, quantile: float,
                          max_ratio: float, alpha: float, resamples: int | None = None,
@@ -152,12 +179,17 @@ def paired_quantile_test(candidate: Sequence[Sequence[float]],
     statistic = _statistic_for([a.size for a in cands], quantile)
     cand, ref = np.concatenate(cands), np.concatenate(refs)
     estimate = float(np.exp(statistic(cand, ref)))
+    floor = smallest_p_value(int(cand.size), resamples)
+    if floor >= alpha:  # no data could reject: not a pass, and no bound to report
+        return SpeedTest(estimate=estimate, lower_bound=None, p_value=1.0, alpha=alpha,
+                         max_ratio=max_ratio, pairs=int(cand.size), shapes=len(cands),
+                         quantile=quantile, can_reject=False, smallest_p=floor)
     p_value = _p_value(cand, ref, max_ratio, statistic, resamples)
     bound = _lower_bound(cand, ref, estimate, alpha, statistic, resamples, steps) if (
         steps > 0) else None
     return SpeedTest(estimate=estimate, lower_bound=bound, p_value=p_value, alpha=alpha,
                      max_ratio=max_ratio, pairs=int(cand.size), shapes=len(cands),
-                     quantile=quantile)
+                     quantile=quantile, smallest_p=floor)
 
 
 def _lower_bound(cand: np.ndarray, ref: np.ndarray, estimate: float, alpha: float,

@@ -36,7 +36,7 @@ from gates.directions import Looser as L
 from gates.directions import limit
 from gates.schema_base import _KEY, _N, Finite, Name, _Strict
 from gates.serving_contract import ServingContract
-from gates.speed_test import PAIRED_PERMUTATION, QUANTILE_OF, SPEED_FAMILY_ALPHA
+from gates.speed_test import MIN_ALPHA, PAIRED_PERMUTATION, QUANTILE_OF, SPEED_FAMILY_ALPHA
 from gates.thresholds_file import SCHEMA_VERSION, read_mapping
 from gates.thresholds_file import upgrade_v1 as upgrade_v1  # re-exported
 
@@ -129,8 +129,9 @@ class ChangeCriterion(_Criterion):
         "permutation test on the interleaved per-repeat latencies (gates.speed_test) "
         "that fails only when a slowdown beyond max_regression is shown at `alpha`.")
     alpha: Finite | None = limit(
-        L.LOWER, default=None, gt=0, lt=1,
-        description="The paired test's one-sided level: an implementation exactly "
+        L.LOWER, default=None, ge=MIN_ALPHA, lt=1,
+        description=f"The paired test's one-sided level (at least {MIN_ALPHA:g}: below it "
+        "no data could reject): an implementation exactly "
         "max_regression times the reference fails with probability <= alpha, an identical "
         "one far less. The alphas of a platform's tested criteria add up to at most "
         f"{SPEED_FAMILY_ALPHA} (Bonferroni), so an identical kernel passes all of them "

@@ -189,3 +189,37 @@ def test_unpaired_or_missing_latencies_are_named_not_compared():
     with pytest.raises(ValueError, match="finite and positive"):
         paired_quantile_test([[1.0, 0.0]], [[1.0, 1.0]], quantile=50, max_ratio=1.1,
                              alpha=0.05)
+
+
+@pytest.mark.parametrize(("shapes", "repeats"), [(4, 1), (1, 5), (2, 2), (1, 1)])
+def test_a_test_too_small_to_fail_is_inconclusive_never_a_pass(shapes, repeats):
+    # A 3x slower candidate at sizes where no data could reach alpha 0.016 (2**-pairs >=
+    # alpha): a paired test that cannot fail must block promotion and say why, not pass.
+    thresholds, registration = frozen((ROOT / "thresholds" / "staging.yaml").read_bytes())
+    report = as_report(draw(np.random.default_rng(8), slowdown=3.0, shapes=shapes,
+                            repeats=repeats))
+    decision = decide(report, thresholds, registration, kinds={"speed"})
+    tested = [c for c in decision.criteria if c.test == "paired_permutation"]
+    assert tested and decision.verdict == "reject"
+    for c in tested:
+        assert c.status == "inconclusive", (c.name, c.status, c.reason)
+        assert "cannot show a slowdown at alpha 0.016" in c.reason
+        assert c.confidence_bound is None
+    assert speed_test.smallest_p_value(shapes * repeats) >= 0.016
+
+
+def test_the_smallest_p_value_is_the_exact_tests_below_the_resamples_and_monte_carlos_above():
+    assert speed_test.smallest_p_value(5, 9999) == 2 ** -5  # 32 swaps, all enumerated
+    assert speed_test.smallest_p_value(40, 9999) == 1 / 10000
+    with pytest.raises(ValueError, match="greater than or equal to 0.0001"):
+        parse_thresholds(_with_cpu_criterion(_criterion(
+            better="lower", max_regression=1.2, test="paired_permutation", alpha=1e-6)))
+
+
+def test_latencies_that_cannot_be_tested_fail_the_criterion_with_the_reason():
+    thresholds, registration = frozen((ROOT / "thresholds" / "staging.yaml").read_bytes())
+    samples = draw(np.random.default_rng(9))
+    samples["candidate"][0][3] = 0.0
+    decision = decide(as_report(samples), thresholds, registration, kinds={"speed"})
+    p50 = next(c for c in decision.criteria if c.name == "p50-vs-production")
+    assert p50.status == "fail" and "finite and positive" in p50.reason
