@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from kernels.dispatch_policy import DispatchPolicy, derive_policy
 from kernels.errors import KernelgateError
+from kernels.registry import IMPLEMENTATIONS
 
 
 class PolicyError(KernelgateError, ValueError):
@@ -66,8 +67,9 @@ def load_policy(path: str | Path, sha256: str | None = None) -> DispatchPolicy:
     ``sha256``, only if its fingerprint is that digest).
 
     Raises:
-        PolicyError: the file is missing or not a valid policy (the reason given), or the
-            audit refuses it (the bucket or digests named).
+        PolicyError: the file is missing or not a valid policy (the reason given), the
+            audit refuses it (the bucket or digests named), or it names a kernel that is not
+            registered here.
     """
     try:
         policy = DispatchPolicy.model_validate_json(Path(path).read_bytes())
@@ -81,4 +83,8 @@ def load_policy(path: str | Path, sha256: str | None = None) -> DispatchPolicy:
         audit_policy(policy, sha256)
     except PolicyError as err:
         raise PolicyError(f"dispatch policy {path}: {err}") from None
+    unknown = [k for k in policy.candidates if k not in IMPLEMENTATIONS]
+    if unknown:  # served here, a bucket naming one would fail at its first call
+        raise PolicyError(f"dispatch policy {path} names kernels this installation does not "
+                          f"have: {unknown} (registered: {sorted(IMPLEMENTATIONS)})")
     return policy

@@ -58,6 +58,9 @@ __all__ = ["SCHEMA_VERSION", "BucketChoice", "BucketEvidence", "DeclaredCapabili
            "DispatchPolicy", "Evidence", "KernelEvidence", "KernelSummary", "Rule",
            "ShapeTiming", "derive_policy"]
 
+ROUTING_NAMES = frozenset({"dispatch", "auto", "native"})
+"""Names that are not one kernel (a policy, ``auto``'s order, the native choice): never a
+policy's candidate."""
 SCHEMA_VERSION = 2
 """2: candidates' declared capabilities, each bucket's ranking and each summary's gap."""
 
@@ -145,6 +148,10 @@ class DispatchPolicy(FrozenModel):
     @model_validator(mode="after")
     def _partition(self) -> Self:
         check_partition(self.space, [b.bucket for b in self.buckets])
+        routing_back = sorted(set(self.candidates) & ROUTING_NAMES)
+        if routing_back:  # they resolve through a policy themselves: a call would loop
+            raise ValueError(f"a policy's candidates are kernels, not {routing_back} "
+                             f"(names that route through a policy or an order)")
         if tuple(c.kernel for c in self.capabilities) != self.candidates:
             raise ValueError("a policy records one declared capability per candidate, in "
                              "the candidates' order")

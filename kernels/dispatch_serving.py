@@ -92,7 +92,7 @@ def route(policy: DispatchPolicy, spec: AttentionSpec, backend: str, config=None
             continue
         try:
             IMPLEMENTATIONS[name].check_supported(spec, backend, config)
-        except (NotImplementedError, ValueError, ImportError) as err:
+        except (NotImplementedError, ValueError, ImportError, KeyError) as err:
             skipped[name] = str(err)
             continue
         place = "its choice" if name == choice.kernel else f"next after {list(skipped)}"

@@ -474,3 +474,22 @@ def test_the_evidence_tool_refuses_a_bucket_it_would_not_measure_before_timing(t
         dispatch_evidence.main(["--out", str(tmp_path), "--quick", "--dtypes", "float32",
                                 "--causal", "full", "--seqs", "16"])
     assert not list(tmp_path.iterdir())
+
+
+def test_a_policy_naming_a_kernel_this_installation_lacks_or_a_routing_name_is_refused(tmp_path):
+    # Audited against its own evidence such a policy is consistent; served, its bucket would
+    # fail at the first call (an unknown name) or loop (a name that routes through a policy).
+    ghost = make_evidence({key: {"ghost": v["xla"]} if isinstance(v.get("xla"), float) else v
+                           for key, v in MEASURED.items()})
+    declared = {"ghost": XlaKernel().capability, "naive": NaiveKernel().capability}
+    policy = derive_policy(ghost, ("ghost", "naive"), Rule(priority=("ghost",)), declared)
+    path = tmp_path / "policy.json"
+    path.write_text(policy.model_dump_json(indent=1))
+    audit_policy(policy, policy.fingerprint())  # consistent with itself
+    with pytest.raises(PolicyError, match=r"does not have: \['ghost'\]"):
+        load_policy(path, policy.fingerprint())
+    routed = make_evidence({key: {"dispatch": v["xla"]} if isinstance(v.get("xla"), float)
+                            else v for key, v in MEASURED.items()})
+    with pytest.raises(ValueError, match="not \\['dispatch'\\]"):
+        derive_policy(routed, ("dispatch", "naive"), Rule(priority=("dispatch",)),
+                      {"dispatch": XlaKernel().capability, "naive": NaiveKernel().capability})
