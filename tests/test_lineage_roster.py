@@ -227,3 +227,25 @@ def test_an_edit_of_the_founding_record_after_signing_is_caught_by_the_audit(lab
     report = lab.audit()
     assert report.exit_code == 1 and any("does not verify" in p for p in report.problems), \
         report.render()
+
+
+def test_approvers_named_before_any_rejection_are_a_notice_on_every_audit(tmp_path, signing,
+                                                                           monkeypatch):
+    """Before any rejection the file's writer may name anyone, with no approver's
+    signature: every audit says so, and whether each named person proved the key (a key
+    labelled "alice" that is mallory's, with no proof, is said to be unproved)."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    lab = Lab(tmp_path, signing, locked=False)
+    lab.register(lab.plain)
+    mallory = keys.load_signer(lab.key("mallory")).public_key
+    unproved = {"name": "alice", "keyid": mallory.keyid, "public_key": mallory.to_dict()}
+    named = lab.register(lab.with_approvers("named.yaml", unproved, lab.entry("bob")))
+    promote(lab.tracking, FAMILY, promotable_chain(lab.tracking, FAMILY,
+                                                   lab.root / "named.yaml", signing=signing),
+            signing)
+    report = lab.audit()
+    assert report.exit_code == 0, report.render()
+    (notice,) = report.notices
+    assert f"approvers named at registration {named.registration_id}" in notice
+    assert f"alice (key {mallory.keyid[:12]}: no valid proof" in notice
+    assert "bob (key" in notice and "proof of holding it checked" in notice

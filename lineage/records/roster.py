@@ -201,8 +201,12 @@ def audit_roster(source: EvidenceSource) -> tuple[list[str], list[str]]:
     registrations = {a.run_id: a for a in source.attestations() if a.kind == "registration"}
     notices: list[str] = []
     problems: list[str] = []
+    known: set[str] | None = set()
     for a in sorted(registrations.values(), key=lambda a: a.predicate.get("registered_at", "")):
         founded = a.predicate.get("roster_founded")
+        known, named = _named_here(source, a, known)
+        if named and not founded and not a.predicate.get("loosening_approval"):
+            notices.append(_unapproved_naming(a, named, source.family))
         if not founded:
             continue
         who = ", ".join(f"{x.get('name')} (key {str(x.get('keyid'))[:12]})"
@@ -212,6 +216,32 @@ def audit_roster(source: EvidenceSource) -> tuple[list[str], list[str]]:
                        f"(after: {founded.get('after')})")
         problems += _recheck(source, a, registrations)
     return notices, problems
+
+
+def _named_here(source: EvidenceSource, registration: Attestation,
+                known: set[str] | None) -> tuple[set[str] | None, list[Approver]]:
+    """The approver key ids known after ``registration``, and the approvers it names that
+    none before it did (``known`` None: an earlier registration could not be read, so
+    nothing is said to be new)."""
+    try:
+        approvers = _frozen(source, registration).approval.approvers
+    except (PreregistrationError, ValueError, KeyError):
+        return None, []  # the registration audit names an unreadable registration
+    new = [] if known is None else [x for x in approvers if x.keyid not in known]
+    return {x.keyid for x in approvers} | (known or set()), new
+
+
+def _unapproved_naming(registration: Attestation, named: list[Approver], family: str) -> str:
+    """The notice for approvers named by a registration no approver signed (before any
+    rejection the file's writer may name anyone): who, and whether each proved the key."""
+    who = "; ".join(f"{x.name} (key {x.keyid[:12]}: "
+                    + ("proof of holding it checked"
+                       if not possession_problem(x, family) else
+                       "no valid proof that this person holds the key")
+                    + ")" for x in named)
+    return (f"approvers named at registration {registration.run_id} by the pipeline key "
+            f"{registration.keyid[:12]} with no approver's signature (before any rejection, "
+            f"as the thresholds file's writer chose): {who}")
 
 
 def registration_lines(source: EvidenceSource) -> list[str]:
