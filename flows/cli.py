@@ -309,11 +309,19 @@ def rollback_cmd(reason: Annotated[str, typer.Option(help="why; recorded, signed
                f"{'v' + change.version if change.version else 'none (native baseline)'}")
 
 
+TESTSET_PROFILES = ("ci", "gpu", "minimal")
+"""The test set's generation profiles (``evaluation.testset``'s, named here so the
+command refuses another before importing it)."""
+
+
 @app.command()
 def testset(out: Annotated[Path, typer.Option(help="output folder")] = Path(".kernelgate/testsets/ci"),
             profile: Annotated[str, typer.Option(help="ci (short sequences), gpu (up to 16384) or minimal (the flow tests' 17 cases a split)")] = "ci",
             documents_dir: Annotated[Path | None, typer.Option(help="folder of documents")] = None) -> None:
     """Build (or rebuild) the content-addressed held-out test set and validate it with GX."""
+    if profile not in TESTSET_PROFILES:  # before the imports: a typo answers in a second
+        raise typer.BadParameter(f"{profile!r}: one of {list(TESTSET_PROFILES)}",
+                                 param_hint="--profile")
     from evaluation.testset import build_testset, describe
     from evaluation.validation import validate_testset
 

@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from flows.cli_keys import KeyDir, check_name
+from flows.cli_keys import KeyDir, check_name, person_signer
 
 
 def approve(flow_run_id: Annotated[str, typer.Argument(help="the paused rollout's flow run id")],
@@ -19,21 +19,34 @@ def approve(flow_run_id: Annotated[str, typer.Argument(help="the paused rollout'
             reject: Annotated[bool, typer.Option(help="answer no")] = False,
             name: Annotated[str | None, typer.Option(help="your name (default: from the policy)")] = None) -> None:
     """Answer a paused approval with your own key: signs the answer and resumes the flow run (needs PREFECT_API_URL)."""
+    import httpx
     from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
     from prefect.flow_runs import resume_flow_run
+    from prefect.settings import PREFECT_API_URL
 
-    from lineage.signing import keys
     from lineage.signing.approvals import sign_approval
 
-    with get_client(sync_client=True) as client:
-        run = client.read_flow_run(flow_run_id)
+    signer = person_signer(key)
+    if not PREFECT_API_URL.value():
+        raise typer.BadParameter("PREFECT_API_URL is not set: an approval answers a flow run "
+                                 "paused on a Prefect server (export the URL the rollout used, "
+                                 "e.g. http://127.0.0.1:4200/api)", param_hint="FLOW_RUN_ID")
+    try:
+        with get_client(sync_client=True) as client:
+            run = client.read_flow_run(flow_run_id)
+    except ObjectNotFound:
+        raise typer.BadParameter(f"no flow run {flow_run_id} on the Prefect server at "
+                                 f"{PREFECT_API_URL.value()}", param_hint="FLOW_RUN_ID") from None
+    except httpx.HTTPError as err:
+        raise typer.BadParameter(f"the Prefect server at {PREFECT_API_URL.value()} cannot be "
+                                 f"reached ({err})", param_hint="FLOW_RUN_ID") from None
     details = run.state.state_details if run.state else None
     pause_key = getattr(details, "pause_key", None) or ""
     if not run.state or not run.state.is_paused() or not pause_key.startswith("approval-"):
         raise typer.BadParameter(f"flow run {flow_run_id} is not waiting for an approval "
                                  f"(state {run.state.name if run.state else None})")
     transition = re.sub(r"-retry\d+$", "", pause_key).removeprefix("approval-").replace("-to-", "->")
-    signer = keys.load_signer(key)
     envelope = sign_approval(signer, flow_run_id=flow_run_id, transition=transition,
                              approve=not reject, comment=comment)
     resume_flow_run(flow_run_id, run_input={"decision": "reject" if reject else "approve",
@@ -76,7 +89,7 @@ def approve_loosening(thresholds: Annotated[Path, typer.Option(help="thresholds 
         raise typer.BadParameter(f"family {family!r} has no registration: its first one needs "
                                  "no approval", param_hint="--family")
     previous, frozen = newest
-    signer = keys.load_signer(key)
+    signer = person_signer(key)
     keyid = signer.public_key.keyid
     named = {a.keyid: a.name for a in frozen.approval.approvers}
     try:

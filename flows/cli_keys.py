@@ -95,6 +95,32 @@ Family = Annotated[str | None, typer.Option(
          "over it, which a family's first approvers need (trust on first use)")]
 
 
+def person_signer(key: Path, option: str = "--key"):
+    """A person's signing key from ``key`` (a private PEM), for an approval, a loosening
+    approval, an approvers entry or a re-anchoring.
+
+    Raises:
+        typer.BadParameter: not an Ed25519 private key (a ``.pub.json`` given by mistake
+            included), or the pipeline's key (it signs records, never as a person).
+    """
+    from lineage.signing import keys
+
+    try:
+        signer = keys.load_signer(key)
+    except keys.KeyFileError as err:
+        raise typer.BadParameter(f"{err} (give your private key, the .pem that "
+                                 "`kernelgate keys create --name NAME` wrote)",
+                                 param_hint=option) from None
+    folder = keys.default_key_dir()
+    pipeline = {keys.load_public_key(p).keyid for p in keys.pipeline_public_files(folder)}
+    if signer.public_key.keyid in pipeline:
+        raise typer.BadParameter(
+            f"{key} is a pipeline key: it signs the pipeline's records and is never trusted "
+            "as a person's (create yours with `kernelgate keys create --name NAME`)",
+            param_hint=option)
+    return signer
+
+
 def _print_entry(signer, name: str, family: str | None) -> None:
     """The approvers entry of ``signer``'s key for a thresholds file, with the person's
     proof of holding it for ``family`` where one is given (``lineage.records.roster``)."""
@@ -113,9 +139,7 @@ def keys_entry(key: Annotated[Path, typer.Option(exists=True, dir_okay=False, he
                family: Annotated[str, typer.Option(help="the family whose approvers the entry names")],
                name: Annotated[str | None, typer.Option(help="your name (default: the key file's)")] = None) -> None:
     """Print your approvers entry for a family's thresholds file, signed with your key: the proof a family's first approvers need (added alone, with no approval: trust on first use, said by every audit)."""
-    from lineage.signing import keys
-
-    _print_entry(keys.load_signer(key), check_name(name or key.stem), family)
+    _print_entry(person_signer(key), check_name(name or key.stem), family)
 
 
 @keys_app.command("create")
@@ -195,6 +219,10 @@ def keys_revoke(keyid: Annotated[str, typer.Argument(help="the key id to revoke"
     from lineage.aliases.key_changes import KeyChange
     from lineage.signing import keys
 
+    if not re.fullmatch(r"[0-9a-f]{64}", keyid):  # a typo must not look like a revocation
+        raise typer.BadParameter(f"{keyid!r} is not a key id: 64 hex digits, as `kernelgate "
+                                 "keys list` and an approvers entry show them",
+                                 param_hint="KEYID")
     folder = key_dir or keys.default_key_dir()
     current = folder / f"{keys.PIPELINE_KEY}.pem"
     if current.exists() and keys.load_signer(current).public_key.keyid == keyid:

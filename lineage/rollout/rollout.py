@@ -25,6 +25,7 @@ from lineage.aliases import registered_model
 from lineage.log.log_writer import append
 from lineage.records.environment import collect_environment
 from lineage.signing.attestations import Signing
+from lineage.signing.keys import default_key_dir
 from lineage.store import tags
 from lineage.store import tracking as tr
 from lineage.store.tracking import Tracking
@@ -264,18 +265,22 @@ STOPPED = ("rejected", "timed_out", "rolled_back", "errored", "interrupted", "fa
 """Results that stopped the candidate (a verdict line names the stage)."""
 
 
-def _commands(tracking: Tracking, family: str, version: str | None) -> tuple[str, str]:
+def _commands(tracking: Tracking, family: str, version: str | None,
+              key_dir: Path | None = None) -> tuple[str, str]:
     """The commands that open the MLflow UI on this store and audit ``version`` (or
     production), as a person would type them (``kernelgate ...``, with ``--store-dir``
-    for an embedded store)."""
+    for an embedded store, and ``--key-dir`` for a key folder other than the default:
+    audited with another folder's keys, every signature would read as untrusted)."""
     exe = Path(sys.prefix) / "bin" / "kernelgate"
     cli = str(exe) if exe.exists() else "kernelgate"
     target = version or "production"
+    keys = (f" --key-dir {key_dir}" if key_dir is not None
+            and Path(key_dir).resolve() != default_key_dir().resolve() else "")
     if tracking.tracking_uri.startswith("sqlite:///"):
         store = Path(tracking.tracking_uri.removeprefix("sqlite:///")).parent
         return (f"{cli} ui --store-dir {store}",
-                f"{cli} audit {target} --family {family} --store-dir {store}")
-    return (f"open {tracking.tracking_uri}", f"{cli} audit {target} --family {family}")
+                f"{cli} audit {target} --family {family} --store-dir {store}{keys}")
+    return (f"open {tracking.tracking_uri}", f"{cli} audit {target} --family {family}{keys}")
 
 
 def _run_link(record: RolloutRecord) -> str:
@@ -296,7 +301,8 @@ def close_rollout(record: RolloutRecord, *, result: Result, stage: str, reason: 
     it) and who decided. ``inconclusive``: the rollout stopped for want of evidence (noise
     the plan could not power through, no fresh calibration), not for a finding about the
     kernel; signed, so the family's loosening rule does not count it as a rejection."""
-    ui_command, audit_command = _commands(record.tracking, record.family, version)
+    ui_command, audit_command = _commands(record.tracking, record.family, version,
+                                            record.signing.key_dir)
     outcome = RolloutOutcome(
         family=record.family, version=version, result=result, stage=stage, reason=reason,
         decided_by=decided_by, not_assessed=not_assessed, inconclusive=inconclusive,

@@ -1,0 +1,68 @@
+"""The commands a person runs with a key answer a wrong key, a mistyped key id or profile,
+and a missing Prefect server with one line naming the constraint (exit 2), and write
+nothing; the audit command a rollout prints names the key folder it was signed with."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from flows.cli import app
+from lineage.rollout.rollout import _commands
+from lineage.signing import keys
+from lineage.store.tracking import local_tracking
+
+
+@pytest.fixture
+def run(monkeypatch, tmp_path):
+    monkeypatch.setenv("KERNELGATE_KEY_DIR", str(tmp_path / "keys"))
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+
+    def invoke(*args: str):
+        result = CliRunner().invoke(app, list(args))
+        return result.exit_code, " ".join(result.output.split())
+    return invoke
+
+
+def test_a_public_key_given_for_a_private_one_is_named(run, tmp_path):
+    keys.create_key(tmp_path / "alice.pem")
+    code, out = run("keys", "entry", "--key", str(tmp_path / "alice.pub.json"), "--family", "xla")
+    assert code == 2 and "give your private key" in out and "Traceback" not in out, out
+
+
+def test_the_pipeline_key_is_refused_as_a_persons(run, tmp_path):
+    pipeline = keys.ensure_pipeline_key(tmp_path / "keys")
+    code, out = run("keys", "entry", "--key", str(pipeline), "--family", "xla")
+    assert code == 2 and "is a pipeline key" in out, out
+    keys.create_key(tmp_path / "alice.pem")
+    code, out = run("keys", "entry", "--key", str(tmp_path / "alice.pem"), "--family", "xla")
+    assert code == 0 and '"name": "alice"' in out, out
+
+
+def test_a_mistyped_key_id_is_no_revocation(run, tmp_path):
+    code, out = run("keys", "revoke", "deadbeef", "--key-dir", str(tmp_path / "keys"))
+    assert code == 2 and "is not a key id: 64 hex digits" in out, out
+    assert not (tmp_path / "keys" / keys.REVOKED_FILE).exists()
+
+
+def test_an_unknown_test_set_profile_is_refused_before_anything_is_built(run, tmp_path):
+    code, out = run("testset", "--profile", "bogus", "--out", str(tmp_path / "ts"))
+    assert code == 2 and "'bogus': one of ['ci', 'gpu', 'minimal']" in out, out
+    assert not (tmp_path / "ts").exists()
+
+
+def test_an_approval_without_a_prefect_server_says_which_setting_is_missing(run, tmp_path):
+    keys.create_key(tmp_path / "alice.pem")
+    code, out = run("approve", "0f3c-run", "--key", str(tmp_path / "alice.pem"),
+                    "--comment", "ship")
+    assert code == 2 and "PREFECT_API_URL is not set" in out, out
+
+
+def test_the_printed_audit_command_names_a_key_folder_other_than_the_default(tmp_path,
+                                                                              monkeypatch):
+    monkeypatch.delenv("KERNELGATE_KEY_DIR", raising=False)
+    tracking = local_tracking(tmp_path / "store")
+    _, own = _commands(tracking, "xla", "1", tmp_path / "my-keys")
+    assert own.endswith(f"--store-dir {tmp_path / 'store'} --key-dir {tmp_path / 'my-keys'}")
+    _, default = _commands(tracking, "xla", "1", keys.default_key_dir())
+    assert "--key-dir" not in default
