@@ -237,7 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The command line (``--help``); unset flags keep the plan's values."""
     parser = argparse.ArgumentParser(prog="python -m kernels.tools.dispatch_evidence",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, required=True,
+    parser.add_argument("--out", type=Path, default=None,
                         help="folder for evidence.json and policy.json")
     parser.add_argument("--quick", action="store_true",
                         help="the tiny CPU plan (always the case without an accelerator)")
@@ -327,6 +327,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         plan = plan_from(args, "cpu" if args.quick else "gpu")
         print("\n".join(f"{i:4d} {b.name}" for i, b in enumerate(plan.grid.buckets())))
         return 0
+    if args.out is None:  # only --list writes nothing
+        build_parser().error("the following arguments are required: --out (or --list)")
     result = run(args)
     if isinstance(result, EvidencePiece):
         print(f"wrote {args.out / 'piece.json'}: piece {result.label!r}, "
