@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 
 from securesystemslib.signer import Signer, SSlibKey
 
@@ -174,14 +175,16 @@ def founding(source: EvidenceSource, previous: tuple[Attestation, Thresholds],
 
 
 def _recheck(source: EvidenceSource, registration: Attestation,
-             registrations: dict[str, Attestation]) -> list[str]:
-    """Problems with a signed founding, re-derived from the frozen thresholds."""
+             registrations: dict[str, Attestation],
+             frozen: Callable[[Attestation], Thresholds]) -> list[str]:
+    """Problems with a signed founding, re-derived from the frozen thresholds (read
+    through ``frozen``: the audit reads each registration's once)."""
     founded = registration.predicate["roster_founded"]
     where = f"the roster founded at registration {registration.run_id}"
     before = registrations.get(str(founded.get("previous_registration_id")))
     try:
-        named = _frozen(source, registration).approval.approvers
-        old = _frozen(source, before).approval.approvers if before else None
+        named = frozen(registration).approval.approvers
+        old = frozen(before).approval.approvers if before else None
     except (PreregistrationError, ValueError) as err:
         return [f"{where}: {err}"]
     if old is None or old:
@@ -199,12 +202,19 @@ def audit_roster(source: EvidenceSource) -> tuple[list[str], list[str]]:
     founding (who, which keys, by which pipeline key) as a notice on every audit, and
     what re-checking it from its frozen thresholds finds."""
     registrations = {a.run_id: a for a in source.attestations() if a.kind == "registration"}
+    read: dict[str, Thresholds] = {}
+
+    def frozen(registration: Attestation) -> Thresholds:
+        if registration.run_id not in read:
+            read[registration.run_id] = _frozen(source, registration)
+        return read[registration.run_id]
+
     notices: list[str] = []
     problems: list[str] = []
     known: set[str] | None = set()
     for a in sorted(registrations.values(), key=lambda a: a.predicate.get("registered_at", "")):
         founded = a.predicate.get("roster_founded")
-        known, named = _named_here(source, a, known)
+        known, named = _named_here(frozen, a, known)
         if named and not founded and not a.predicate.get("loosening_approval"):
             notices.append(_unapproved_naming(a, named, source.family))
         if not founded:
@@ -214,17 +224,17 @@ def audit_roster(source: EvidenceSource) -> tuple[list[str], list[str]]:
         notices.append(f"approvers {who} first named at registration {a.run_id} by the pipeline "
                        f"key {a.keyid[:12]}, trust on first use: no approver existed to sign it "
                        f"(after: {founded.get('after')})")
-        problems += _recheck(source, a, registrations)
+        problems += _recheck(source, a, registrations, frozen)
     return notices, problems
 
 
-def _named_here(source: EvidenceSource, registration: Attestation,
+def _named_here(frozen: Callable[[Attestation], Thresholds], registration: Attestation,
                 known: set[str] | None) -> tuple[set[str] | None, list[Approver]]:
     """The approver key ids known after ``registration``, and the approvers it names that
     none before it did (``known`` None: an earlier registration could not be read, so
     nothing is said to be new)."""
     try:
-        approvers = _frozen(source, registration).approval.approvers
+        approvers = frozen(registration).approval.approvers
     except (PreregistrationError, ValueError, KeyError):
         return None, []  # the registration audit names an unreadable registration
     new = [] if known is None else [x for x in approvers if x.keyid not in known]
