@@ -68,10 +68,9 @@ class VersionWorker:
         env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
         self._cwd = tempfile.mkdtemp(prefix="kernelgate-worker-")
         self._proc = None
+        source = StoreSource(tracking, family, trust, stages=("build",))  # read once, used twice
         try:
-            self.files = model_files.fetch(tracking, StoreSource(tracking, family, trust,
-                                                                 stages=("build",)),
-                                           version, Path(self._cwd) / "model")
+            self.files = model_files.fetch(tracking, source, version, Path(self._cwd) / "model")
         except BaseException:
             shutil.rmtree(self._cwd, ignore_errors=True)
             raise
@@ -79,8 +78,7 @@ class VersionWorker:
             shutil.rmtree(self._cwd, ignore_errors=True)
             raise RuntimeError(f"v{version} of {family} refused: {self.files.summary()}")
         try:  # a dispatch version: its signed policy, audited (lineage.serving.dispatch_version)
-            env.update(worker_environment(StoreSource(tracking, family, trust, stages=("build",)),
-                                          version, Path(self._cwd) / "dispatch"))
+            env.update(worker_environment(source, version, Path(self._cwd) / "dispatch"))
         except BaseException:
             shutil.rmtree(self._cwd, ignore_errors=True)
             raise
