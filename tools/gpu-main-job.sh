@@ -10,6 +10,12 @@
 #   tools/gpu-main-job.sh rollouts  two `kernelgate rollout`s, default arguments
 #   tools/gpu-main-job.sh after     revalidate, audit, timeline JSON, serving benchmark
 #   tools/gpu-main-job.sh one       one rollout, its audit and timeline (a short lease)
+#   tools/gpu-main-job.sh staging   README's release-manager walkthrough from an empty
+#                                   store ($KG_STAGING_STORE, default /tmp/kg-staging):
+#                                   a Prefect server, `calibrate` under staging.yaml, one
+#                                   `rollout --implementation native` under it, both
+#                                   approvals answered through the API (tools/answer_paused.py)
+#   tools/gpu-main-job.sh staging-audit   that store's audit and timeline
 #
 # The store is $KG_STORE (default /tmp/kg-store): outside the work tree, so it survives
 # from one call to the next while the machine is held.
@@ -43,6 +49,31 @@ case ${1:-} in
     step timeline 30 python3 -m flows.cli timeline --store-dir "$store" --json "$out/timeline.json"
     find "$store" -path '*evaluation-heldout*' \( -name evaluation_report.json -o -name reference_cache.json \
       -o -name '*.xplane.pb' \) -exec cp --parents {} "$out/" \; 2>/dev/null
+    ;;
+  staging)
+    sstore=${KG_STAGING_STORE:-/tmp/kg-staging}
+    rm -rf "$sstore"
+    export PREFECT_HOME=/tmp/prefect-home PREFECT_API_URL=http://127.0.0.1:4200/api
+    # its own process session, so it outlives this call while the machine is held
+    setsid python3 -m prefect server start --host 127.0.0.1 --port 4200 > /tmp/prefect-server.log 2>&1 < /dev/null &
+    for _ in $(seq 90); do
+      python3 -c "import urllib.request; urllib.request.urlopen('$PREFECT_API_URL/health', timeout=2)" 2>/dev/null && break
+      sleep 1
+    done
+    step calibrate 240 python3 -m flows.cli calibrate --thresholds thresholds/staging.yaml --store-dir "$sstore"
+    python3 tools/answer_paused.py --answers 2 --approver "release manager (API)" \
+      --comment "H200 walkthrough: evidence read in the logs; go" --timeout-s 420 > "$out/answers.log" 2>&1 &
+    answerer=$!
+    step staging-rollout 420 python3 -m flows.cli rollout --implementation native \
+      --thresholds thresholds/staging.yaml --store-dir "$sstore"
+    wait "$answerer"  # not the server: it stays up for staging-audit's call
+    echo "--- answers"; cat "$out/answers.log"
+    cp /tmp/prefect-server.log "$out/" 2>/dev/null
+    ;;
+  staging-audit)
+    sstore=${KG_STAGING_STORE:-/tmp/kg-staging}
+    step staging-audit 120 python3 -m flows.cli audit production --store-dir "$sstore"
+    step staging-timeline 30 python3 -m flows.cli timeline --store-dir "$sstore" --json "$out/staging-timeline.json"
     ;;
   after)
     [ -f /tmp/gpu_table.json ] && cp /tmp/gpu_table.json kernels/gpu_table.json
