@@ -154,7 +154,14 @@ def _plan(implementation: str, thresholds: Path | None, store_dir: Path, block_q
     return settings, plan
 
 
-@app.command()
+ROLLOUT_EXIT_CODES = ("Exit codes: 0 a signed verdict (promoted, rejected, timed out or rolled "
+                      "back: the last lines say which); 3 errored (a stage crashed); 4 not "
+                      "adopted (safe, not worth adopting); 130 interrupted (Ctrl-C, signed); "
+                      "1 a failure before the record opened; 2 bad arguments.")
+"""``kernelgate rollout --help``'s last paragraph (README, "End states and exit codes")."""
+
+
+@app.command(epilog=ROLLOUT_EXIT_CODES)
 def rollout(implementation: Implementation = "auto",
             thresholds: Thresholds = None,
             store_dir: StoreDir = Path(".kernelgate"),

@@ -180,8 +180,13 @@ def keys_list(key_dir: KeyDir = None) -> None:
         state = ("  REVOKED" if keyid in trust.revoked
                  else f"  REVOKED from {where.isoformat()}" if where else "")
         typer.echo(f"pipeline {keyid}{state}")
-    for path in sorted(keys.approver_key_dir(key_dir).glob("*.pub.json")):
+    approvers = sorted(keys.approver_key_dir(key_dir).glob("*.pub.json"))
+    for path in approvers:
         typer.echo(f"approver {keys.load_public_key(path).keyid} ({path.name})")
+    if not trust.public_keys and not approvers:
+        where = key_dir if key_dir is not None else keys.default_key_dir()
+        typer.echo(f"no keys in {where}: the first rollout creates the pipeline key there; "
+                   "`kernelgate keys create --name NAME --family F` makes an approver's")
 
 
 @keys_app.command("rotate")

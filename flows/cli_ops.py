@@ -23,8 +23,16 @@ def notifications_create(
         allow_private_urls: Annotated[bool, typer.Option(
             help="allow a webhook on localhost or a private network")] = False) -> None:
     """Create the automations (needs PREFECT_API_URL): a rollout paused for approval, a rollout or production rolled back, a nightly run crashed or failed."""
+    from prefect.settings import PREFECT_API_URL
+
     from flows.notifications import create_notifications
 
+    if not PREFECT_API_URL.value():
+        # without it Prefect would write them to a throwaway local database and succeed
+        raise typer.BadParameter("PREFECT_API_URL is not set: automations live on the Prefect "
+                                 "server your rollouts report to (start one with `prefect "
+                                 "server start`, then export PREFECT_API_URL="
+                                 "http://127.0.0.1:4200/api)", param_hint="PREFECT_API_URL")
     try:
         automations = create_notifications(webhook, allow_private_urls=allow_private_urls)
     except ValueError as err:

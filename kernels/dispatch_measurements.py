@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Self
+from typing import Annotated, Self
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
 from kernels.dispatch_space import Bucket, Region, check_partition
 from kernels.shapes import AttentionShape
@@ -37,14 +37,18 @@ class FrozenModel(BaseModel):
         return hashlib.sha256(self.canonical_json()).hexdigest()
 
 
+Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+"""A measured duration: positive and finite (a timing of inf or nan would rank a kernel)."""
+
+
 class ShapeTiming(FrozenModel):
     """One kernel at one shape: seconds per call, the median of ``repeats`` repeats and an
     interval for it holding the true median with probability ``coverage``."""
 
     shape: AttentionShape
-    median_s: PositiveFloat
-    low_s: PositiveFloat
-    high_s: PositiveFloat
+    median_s: Seconds
+    low_s: Seconds
+    high_s: Seconds
     coverage: float = Field(gt=0, le=1)
     repeats: PositiveInt
 

@@ -66,3 +66,14 @@ def test_the_printed_audit_command_names_a_key_folder_other_than_the_default(tmp
     assert own.endswith(f"--store-dir {tmp_path / 'store'} --key-dir {tmp_path / 'my-keys'}")
     _, default = _commands(tracking, "xla", "1", keys.default_key_dir())
     assert "--key-dir" not in default
+
+
+def test_listing_an_empty_key_folder_says_so(tmp_path):
+    """An empty (or missing) key folder is named, with how keys come to be there."""
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    result = CliRunner().invoke(app, ["keys", "list", "--key-dir", str(tmp_path / "none")])
+    assert result.exit_code == 0, result.output
+    assert f"no keys in {tmp_path / 'none'}" in result.output

@@ -213,3 +213,21 @@ def test_a_store_that_cannot_be_written_is_refused_before_anything_runs():
     assert result.returncode == 2, (result.stdout, result.stderr)
     assert "--store-dir: cannot write to /sys/kernel, where it would be created" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_rollout_help_lists_every_exit_code_the_command_returns():
+    """Each signed result's exit code (flows.errored.EXIT_CODES) is in ``rollout --help``,
+    next to the result's name, as are 1 and 2 (before the record; bad arguments)."""
+    import re
+
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+    from flows.errored import EXIT_CODES
+
+    text = " ".join(CliRunner().invoke(app, ["rollout", "--help"], terminal_width=400).output.split())
+    epilog = text[text.index("Exit codes:"):]
+    for result, code in EXIT_CODES.items():
+        clause = re.search(rf"\b{code} ([^;]*)", epilog)
+        assert clause and result.replace("_", " ") in clause.group(1), (result, code, epilog)
+    assert "1 a failure before the record opened" in epilog and "2 bad arguments" in epilog

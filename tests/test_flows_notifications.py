@@ -105,3 +105,17 @@ def test_pause_rollback_and_nightly_failure_are_notified(webhook):
         assert "nightly" in message["subject"] and "Failed" in message["body"]
         assert not [m for m in received if "o1" in m.get("body", "")]
         assert sum("r1" in m.get("body", "") for m in received) == 1  # one automation, once
+
+
+def test_creating_them_without_a_server_is_refused_before_anything_is_written(monkeypatch):
+    """Without PREFECT_API_URL Prefect would create the automations in a throwaway local
+    database and report success: the command refuses instead, naming the variable."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    with temporary_settings(restore_defaults={PREFECT_API_URL}):
+        result = CliRunner().invoke(app, ["notifications", "create", "--webhook",
+                                          "https://hooks.example.com/kernelgate"])
+    assert result.exit_code == 2, result.output
+    assert "PREFECT_API_URL is not set" in result.output
+    assert "automation " not in result.output

@@ -232,6 +232,11 @@ def test_evidence_that_contradicts_itself_is_refused():
     shape = SHAPES[32, 16]
     with pytest.raises(ValueError, match="low_s <= median_s <= high_s"):
         ShapeTiming(shape=shape, median_s=1.0, low_s=1.1, high_s=2.0, coverage=0.9, repeats=7)
+    for infinite in ({"high_s": float("inf")}, {"median_s": float("inf"), "high_s": float("inf")},
+                     {"median_s": float("nan")}):  # inf/nan would rank a kernel
+        with pytest.raises(ValueError, match="finite number"):
+            ShapeTiming(**{"shape": shape, "median_s": 1.0, "low_s": 0.5, "high_s": 2.0,
+                           "coverage": 0.9, "repeats": 7, **infinite})
     with pytest.raises(ValueError, match="timings or a refusal, exactly one"):
         KernelEvidence(kernel="xla", timings=(_timing(shape, 1e-5),), refused="no")
     with pytest.raises(ValueError, match="holds shapes outside it"):

@@ -195,6 +195,15 @@ def test_unknown_alias(tracking, promoted, signing):
     assert report.exit_code == 1 and "no such alias is set" in report.problems[0]
 
 
+def test_a_version_number_the_family_never_had_is_one_problem_naming_its_versions(
+        tracking, promoted, signing):
+    family, chain = promoted
+    report = _audit(tracking, family, signing, target="99")
+    assert report.exit_code == 1
+    assert report.problems == [f"version 99: not a version of kernelgate-{family}: its log "
+                               f"signs no build of it (signed builds: v{chain.version})"], report.problems
+
+
 def test_registration_after_evaluation_run_is_flagged(tracking, request, tmp_path, signing):
     """An evaluation run opened before the thresholds were frozen passes decide() (its
     reported start is later) but not the audit, which trusts the store's run start time."""

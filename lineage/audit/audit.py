@@ -288,6 +288,13 @@ def audit(tracking: Tracking | None, family: str, target: str, *, trust=None,
         walk.link("version", None, False, f"{target!r} is not a version number and no such alias "
                   f"is set; aliases now: {actual or 'none'}")
         return report()
+    if source.version_run(version) is None and not _signed_build_of(source, version):
+        built = sorted({str(a.predicate.get("version")) for a in source.attestations()
+                        if a.kind == "build"}, key=lambda v: (len(v), v))
+        walk.link("version", version, False,
+                  f"not a version of {name}: its log signs no build of it "
+                  f"(signed builds: {', '.join('v' + v for v in built) or 'none'})")
+        return report()
     promotion = _promotion_of(source, version, walk)
     held = [a for a, v in actual.items() if v == version]
     transition = ("canary->production" if "production" in held or promotion is not None
@@ -330,3 +337,10 @@ def audit(tracking: Tracking | None, family: str, target: str, *, trust=None,
         verified, checked, found = verify_artifacts(source, _linked_runs(evidence, promotion))
         walk.problems += found
     return report(verified, checked)
+
+
+def _signed_build_of(source: EvidenceSource, version: str) -> bool:
+    """Whether the log signs a build of ``version``: a version it signs but the registry
+    lacks was deleted (a finding), one it never signed is a typo (said as such)."""
+    return any(a.kind == "build" and str(a.predicate.get("version")) == version
+               for a in source.attestations())
