@@ -78,6 +78,26 @@ def merge_pieces(pieces: Sequence[EvidencePiece]) -> Evidence:
             software (the field and both values named); two buckets of different pieces
             overlap; the pieces leave a cell of the space without a bucket.
     """
+    buckets = measured_buckets(pieces)
+    first = pieces[0]
+    try:
+        check_partition(first.space, [b.bucket for b in buckets])
+    except CoverageError as err:
+        raise PieceError(f"the pieces {[p.label for p in pieces]} do not make the whole "
+                         f"space: {err}") from None
+    return Evidence(space=first.space, device=first.device, backend=first.backend,
+                    method=first.method, software=first.software, buckets=tuple(buckets))
+
+
+def measured_buckets(pieces: Sequence[EvidencePiece]) -> tuple[BucketEvidence, ...]:
+    """The buckets the pieces measured, in the grid's order, when the pieces are one
+    measurement; unlike :func:`merge_pieces` they may leave part of the space unmeasured
+    (what a partial table shows, never a policy).
+
+    Raises:
+        PieceError: no piece; two pieces differ in space, device, backend, method or
+            software; two buckets of different pieces overlap.
+    """
     if not pieces:
         raise PieceError("no pieces to merge")
     first = pieces[0]
@@ -95,11 +115,5 @@ def merge_pieces(pieces: Sequence[EvidencePiece]) -> Evidence:
                 raise PieceError(f"pieces {p.label!r} and {q.label!r} both measure "
                                  f"{a.bucket.name!r}" + ("" if a.bucket == b.bucket else
                                                          f" / {b.bucket.name!r} (overlapping)"))
-    buckets = sorted((b for p in pieces for b in p.buckets), key=lambda b: _order(first.space, b))
-    try:
-        check_partition(first.space, [b.bucket for b in buckets])
-    except CoverageError as err:
-        raise PieceError(f"the pieces {[p.label for p in pieces]} do not make the whole "
-                         f"space: {err}") from None
-    return Evidence(space=first.space, device=first.device, backend=first.backend,
-                    method=first.method, software=first.software, buckets=tuple(buckets))
+    return tuple(sorted((b for p in pieces for b in p.buckets),
+                        key=lambda b: _order(first.space, b)))

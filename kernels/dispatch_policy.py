@@ -279,6 +279,34 @@ def derive_policy(evidence: Evidence, candidates: Sequence[str], rule: Rule,
             given, and not registered).
     """
     candidates = tuple(candidates)
+    declared = _declared(candidates, rule, capabilities)
+    return DispatchPolicy(space=evidence.space, device=evidence.device,
+                          backend=evidence.backend, method=evidence.method,
+                          software=evidence.software,
+                          evidence_sha256=evidence.fingerprint(), candidates=candidates,
+                          capabilities=tuple(DeclaredCapability(kernel=n, capability=c)
+                                             for n, c in declared.items()),
+                          rule=rule, buckets=tuple(_choose(b, candidates, rule, declared)
+                                                   for b in evidence.buckets))
+
+
+def choose_buckets(buckets: Sequence[BucketEvidence], candidates: Sequence[str], rule: Rule,
+                   capabilities: Mapping[str, Capability] | None = None
+                   ) -> tuple[BucketChoice, ...]:
+    """Each bucket's choice as :func:`derive_policy` makes it, for buckets that need not
+    make a whole space (a partial measurement's table); no policy, so nothing to serve.
+
+    Raises:
+        ValueError: as :func:`derive_policy`.
+    """
+    candidates = tuple(candidates)
+    declared = _declared(candidates, rule, capabilities)
+    return tuple(_choose(b, candidates, rule, declared) for b in buckets)
+
+
+def _declared(candidates: tuple[str, ...], rule: Rule,
+              capabilities: Mapping[str, Capability] | None) -> dict[str, Capability]:
+    """Each candidate's declared capability, after checking the candidates and the rule."""
     if not candidates or len(set(candidates)) != len(candidates):
         raise ValueError(f"candidates must be distinct registry names, got {candidates}")
     strangers = [k for k in rule.priority if k not in candidates]
@@ -292,12 +320,4 @@ def derive_policy(evidence: Evidence, candidates: Sequence[str], rule: Rule,
     if unknown:
         raise ValueError(f"candidates {unknown} have no declared capability (not registered "
                          "and not given)")
-    declared = {n: capabilities[n] for n in candidates}
-    return DispatchPolicy(space=evidence.space, device=evidence.device,
-                          backend=evidence.backend, method=evidence.method,
-                          software=evidence.software,
-                          evidence_sha256=evidence.fingerprint(), candidates=candidates,
-                          capabilities=tuple(DeclaredCapability(kernel=n, capability=c)
-                                             for n, c in declared.items()),
-                          rule=rule, buckets=tuple(_choose(b, candidates, rule, declared)
-                                                   for b in evidence.buckets))
+    return {n: capabilities[n] for n in candidates}

@@ -11,7 +11,7 @@ import pytest
 
 from kernels.dispatch_audit import load_policy
 from kernels.dispatch_pieces import EvidencePiece, PieceError, merge_pieces
-from kernels.dispatch_policy import Evidence, Rule, derive_policy
+from kernels.dispatch_policy import Evidence, Rule, choose_buckets, derive_policy
 from kernels.dispatch_space import BucketGrid, Region
 from kernels.tools import dispatch_evidence, dispatch_merge
 from tests.test_kernels_dispatch_policy import MEASURED, make_evidence
@@ -127,3 +127,29 @@ def test_the_tool_lists_the_grids_buckets_and_refuses_an_empty_slice(tmp_path, c
     with pytest.raises(ValueError, match="selects no bucket"):
         dispatch_evidence.main(["--out", str(tmp_path), "--quick", "--dtypes", "float32",
                                 "--slice-dtypes", "bfloat16"])
+
+
+def test_a_partial_merge_shows_the_measured_buckets_names_the_gap_and_writes_nothing(
+        tmp_path, capsys, monkeypatch):
+    first = _slice(tmp_path, "first", "--slice-buckets", "0:3")
+    capsys.readouterr()
+    monkeypatch.chdir(tmp_path)
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    assert dispatch_merge.main([str(tmp_path / "first" / "piece.json"), "--partial"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("PARTIAL: 3 buckets measured by pieces ['buckets 0:3']")
+    assert "no policy is derived or written: no bucket covers float32 full" in out
+    assert out.count("-> ") == 3  # the three measured buckets' choices, as --out prints them
+    chosen = choose_buckets(first.buckets, ("xla", "naive"), Rule(priority=("xla", "naive")))
+    assert [line.split(" -> ")[1].split()[0] for line in out.splitlines() if " -> " in line] \
+        == [c.kernel for c in chosen]
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+    # the partial table's choices are the policy's: on a whole space they agree bucket by bucket
+    rest = _slice(tmp_path, "rest", "--slice-buckets", "3:")
+    evidence = merge_pieces([first, rest])
+    rule = Rule(priority=("xla", "naive"))
+    assert choose_buckets(evidence.buckets, ("xla", "naive"), rule) == \
+        derive_policy(evidence, ("xla", "naive"), rule).buckets
+    with pytest.raises(SystemExit):  # a partial table and a policy folder are exclusive
+        dispatch_merge.main([str(tmp_path / "first" / "piece.json"), "--partial",
+                             "--out", str(tmp_path / "x")])

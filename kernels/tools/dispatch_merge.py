@@ -8,6 +8,12 @@ for ``--kernels``, default every kernel the pieces measured, in their order; tie
 ``--priority``, default that order) and prints the per-bucket table, as a whole run does.
 Exit status: 0; 2 when some bucket has no kernel; 3 when the pieces do not merge (the
 reason printed).
+
+``--partial`` (no ``--out``) prints the same table for the buckets the pieces measured
+when they do not yet make the whole space (one measurement still: the same device,
+software and method, no bucket twice), headed by how many of the space's buckets are
+missing; it derives and writes no policy, since part of the space would have no kernel.
+Exit status 0, or 3 as above.
 """
 
 from __future__ import annotations
@@ -19,17 +25,31 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from kernels.dispatch_pieces import EvidencePiece, PieceError, merge_pieces
-from kernels.dispatch_policy import DispatchPolicy, Evidence, Rule, derive_policy
+from kernels.dispatch_pieces import EvidencePiece, PieceError, measured_buckets, merge_pieces
+from kernels.dispatch_policy import (
+    BucketChoice,
+    DispatchPolicy,
+    Evidence,
+    Rule,
+    choose_buckets,
+    derive_policy,
+)
+from kernels.dispatch_space import CoverageError, check_partition
 
 
 def format_table(policy: DispatchPolicy) -> str:
     """Per bucket: each candidate's median and interval (microseconds, geometric means
     over the bucket's shapes) and its ratio to the bucket's fastest; ``*`` marks the
     choice."""
-    lines = [f"dispatch policy {policy.fingerprint()[:16]} on {policy.device} "
-             f"({policy.backend}); rule {policy.rule.name}, priority {list(policy.rule.priority)}"]
-    for choice in policy.buckets:
+    return "\n".join([f"dispatch policy {policy.fingerprint()[:16]} on {policy.device} "
+                      f"({policy.backend}); rule {policy.rule.name}, priority "
+                      f"{list(policy.rule.priority)}", format_choices(policy.buckets)])
+
+
+def format_choices(choices: Sequence[BucketChoice]) -> str:
+    """:func:`format_table`'s lines for ``choices``, one block per bucket."""
+    lines = []
+    for choice in choices:
         then = f" (then {', '.join(choice.ranking[1:])})" if choice.ranking[1:] else ""
         lines.append(f"{choice.bucket.name}  ({len(choice.evidence.shapes)} shapes) -> "
                      f"{choice.kernel or 'NONE'}{then}")
@@ -79,13 +99,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kernels.tools.dispatch_merge",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("pieces", nargs="+", type=Path, help="piece.json files")
-    parser.add_argument("--out", type=Path, required=True,
-                        help="folder for evidence.json and policy.json")
+    parser.add_argument("--out", type=Path,
+                        help="folder for evidence.json and policy.json (required unless --partial)")
+    parser.add_argument("--partial", action="store_true",
+                        help="print the measured buckets' table when the pieces do not yet "
+                             "make the whole space; no policy")
     parser.add_argument("--kernels", type=_names, help="candidates, comma-separated")
     parser.add_argument("--priority", type=_names, default=(), help="tie-break order")
     args = parser.parse_args(argv)
+    if args.partial == (args.out is not None):
+        parser.error("give --out (a whole space: evidence and policy written) or --partial "
+                     "(a table of the measured buckets, nothing written), not both or neither")
     try:
         pieces = [EvidencePiece.model_validate_json(p.read_bytes()) for p in args.pieces]
+        if args.partial:
+            return _partial(pieces, args.kernels, args.priority)
         evidence = merge_pieces(pieces)
     except (OSError, ValidationError, PieceError) as err:
         print(f"dispatch_merge: the pieces do not merge: {err}", file=sys.stderr)
@@ -93,6 +121,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     measured = tuple(dict.fromkeys(k.kernel for b in evidence.buckets for k in b.kernels))
     policy = write_policy(evidence, args.kernels or measured, args.priority, args.out)
     return report(policy, args.out)
+
+
+def _partial(pieces: Sequence[EvidencePiece], kernels: Sequence[str] | None,
+             priority: Sequence[str]) -> int:
+    buckets = measured_buckets(pieces)
+    space = pieces[0].space
+    try:
+        check_partition(space, [b.bucket for b in buckets])
+        gap = "they cover the whole space: merge them with --out for a policy"
+    except CoverageError as err:
+        gap = f"not the whole space, so no policy is derived or written: {err}"
+    measured = tuple(dict.fromkeys(k.kernel for b in buckets for k in b.kernels))
+    candidates = tuple(kernels or measured)
+    choices = choose_buckets(buckets, candidates, Rule(priority=tuple(priority) or candidates))
+    first = pieces[0]
+    print(f"PARTIAL: {len(buckets)} buckets measured by pieces {[p.label for p in pieces]} on "
+          f"{first.device} ({first.backend}); {gap}")
+    print(format_choices(choices))
+    return 0
 
 
 if __name__ == "__main__":
