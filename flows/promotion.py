@@ -15,7 +15,7 @@ from pydantic import Field, ValidationError
 
 from flows.results import Confirmed, Evaluated, Gated, Promoted, RolloutContext
 from flows.tasks import finish, run_logger, stage_clock, stage_task
-from gates.adoption_decision import AdoptionVerdict
+from gates.adoption_decision import AdoptionVerdict, adoption_markdown
 from gates.approval import (
     ApprovalInput,
     ApprovalRecord,
@@ -51,7 +51,8 @@ def pause_key(transition: str, attempt: int) -> str:
 
 
 def _ask(context: RolloutContext, transition: Transition, gated: Gated,
-         traffic: Sequence[CanaryStepResult], confirmed: Confirmed | None) -> ApprovalRecord:
+         traffic: Sequence[CanaryStepResult], confirmed: Confirmed | None,
+         adoption: AdoptionVerdict | None) -> ApprovalRecord:
     """Pause until a valid answer or the timeout; a bad answer is re-asked, never recorded
     as an approval."""
     policy = gated.thresholds.approval
@@ -66,6 +67,7 @@ def _ask(context: RolloutContext, transition: Transition, gated: Gated,
             description=notice + approval_markdown(
                 transition, gated.version, gated.decision, traffic=list(traffic),
                 confirmation=confirmed and confirmed.decision,
+                adoption=adoption_evidence(gated, adoption),
                 signed_only=signed_only_note(str(flow_run.get_id()),
                                              [a.name for a in policy.approvers])
                 if policy.require_signed else None))
@@ -142,11 +144,13 @@ def _errors(err: ValidationError) -> str:
 
 def ask_approval(context: RolloutContext, transition: Transition, gated: Gated,
                  traffic: Sequence[CanaryStepResult] = (),
-                 confirmed: Confirmed | None = None) -> ApprovalRecord | None:
+                 confirmed: Confirmed | None = None,
+                 adoption: AdoptionVerdict | None = None) -> ApprovalRecord | None:
     """Ask a person (pause with a typed form showing the gate decision, the ``traffic``
-    steps judged so far and the confirmation) where the preregistered policy requires
-    it; a timeout rejects. Whatever happens is logged as a signed approval run (its
-    description says who, when, and whether signed) and linked from the version.
+    steps judged so far, the confirmation and, where the registration has ``decision:``,
+    the ``adoption`` verdict) where the preregistered policy requires it; a timeout
+    rejects. Whatever happens is logged as a signed approval run (its description says
+    who, when, and whether signed) and linked from the version.
     Returns the answer, or None when the policy asks nobody for ``transition``.
 
     A flow-level step, not a task: Prefect pauses flow runs, not task runs.
@@ -165,7 +169,7 @@ def ask_approval(context: RolloutContext, transition: Transition, gated: Gated,
                     policy.timeout_s, transition)
     with stage_clock(context, "approval"):  # the wait for a person included
         if not policy.auto_approve:
-            answer = _ask(context, transition, gated, traffic, confirmed)
+            answer = _ask(context, transition, gated, traffic, confirmed, adoption)
         run_id = context.store.log_approval(
             answer, decision_run_id=gated.run_id, parent_run_id=record.rollout_run_id,
             person_envelope=answer.signed_answer and answer.signed_answer.encode())
@@ -178,12 +182,14 @@ def ask_approval(context: RolloutContext, transition: Transition, gated: Gated,
 
 def approve(context: RolloutContext, transition: Transition, gated: Gated,
             traffic: Sequence[CanaryStepResult] = (),
-            confirmed: Confirmed | None = None) -> RolloutOutcome | None:
+            confirmed: Confirmed | None = None,
+            adoption: AdoptionVerdict | None = None) -> RolloutOutcome | None:
     """The approval stage: None when ``transition`` may go ahead (approved, or nobody is
     asked); otherwise the candidate is rejected and the rollout closed — *Rejected* when
     a person said no (naming them, how they were identified, and their comment),
-    *TimedOut* when nobody answered within the preregistered timeout."""
-    answer = ask_approval(context, transition, gated, traffic, confirmed)
+    *TimedOut* when nobody answered within the preregistered timeout. ``adoption``: the
+    adoption verdict, shown in the form (a registration with ``decision:``)."""
+    answer = ask_approval(context, transition, gated, traffic, confirmed, adoption)
     if answer is None or answer.approved:
         return None
     if answer.timed_out:
@@ -241,6 +247,16 @@ def approvers(context: RolloutContext, gated: Gated) -> str:
             + (f"; approvals: {people}" if people else ""))
 
 
+def adoption_evidence(gated: Gated, verdict: AdoptionVerdict | None) -> str | None:
+    """The adoption evidence shown in the ``canary->production`` form and on the
+    version's page (``gates.adoption_decision.adoption_markdown``); None where the
+    registration has no ``decision:`` section (nothing is shown)."""
+    plan = gated.thresholds.decision
+    if verdict is None or plan is None:
+        return None
+    return adoption_markdown(plan, verdict)
+
+
 ADOPTION_DECIDER = "the adoption test (preregistered decision)"
 
 DECIDERS = {"shadow": "the shadow analysis (preregistered plan)",
@@ -251,17 +267,18 @@ DECIDERS = {"shadow": "the shadow analysis (preregistered plan)",
 
 def roll_back(context: RolloutContext, gated: Gated, stage: str, reason: str,
               traffic: Sequence[CanaryStepResult] = (), *,
-              inconclusive: bool = False) -> RolloutOutcome:
+              inconclusive: bool = False, evidence: str | None = None) -> RolloutOutcome:
     """Reject the candidate and close the rollout as rolled back at ``stage`` (a shadow,
     canary or confirmation breach; ``inconclusive``: the evidence could not decide —
     noise the plan could not power through, or no fresh calibration — which the signed
     outcome says, so it never counts against the family as a rejection), naming what
-    decided it."""
+    decided it. ``evidence``: markdown for the version's page (the adoption test's)."""
     reject(context, gated, reason)
     decider = DECIDERS.get(stage, "the canary analysis (preregistered plan)")
     return finish(context, "rolled_back", stage, reason, version=gated.version,
                   decision=gated.decision, traffic=traffic, inconclusive=inconclusive,
-                  decided_by=decider + (": inconclusive" if inconclusive else ""))
+                  decided_by=decider + (": inconclusive" if inconclusive else ""),
+                  evidence=evidence)
 
 
 def unless_adopted(context: RolloutContext, gated: Gated, verdict: AdoptionVerdict | None,
@@ -271,7 +288,8 @@ def unless_adopted(context: RolloutContext, gated: Gated, verdict: AdoptionVerdi
     (``not_adopted``): the candidate's aliases taken back, production unchanged, the
     version tagged as not adopted with the figures; no rejection of the kernel.
     *Inconclusive*: rolled back as an inconclusive canary is (not a verdict on the
-    kernel, never promoted). *Unsafe*: rolled back (the canary's verdict failed)."""
+    kernel, never promoted). *Unsafe*: rolled back (the canary's verdict failed). The
+    version's page shows the adoption evidence (:func:`adoption_evidence`)."""
     if verdict is None or verdict.outcome == "adopted":
         return None
     if verdict.outcome == "not_worth_it":
@@ -279,6 +297,8 @@ def unless_adopted(context: RolloutContext, gated: Gated, verdict: AdoptionVerdi
                               parent_run_id=context.record.rollout_run_id)
         run_logger().warning("v%s not adopted: %s", gated.version, verdict.reason)
         return finish(context, "not_adopted", "adoption", verdict.reason, version=gated.version,
-                      decision=gated.decision, traffic=traffic, decided_by=ADOPTION_DECIDER)
+                      decision=gated.decision, traffic=traffic, decided_by=ADOPTION_DECIDER,
+                      evidence=adoption_evidence(gated, verdict))
     return roll_back(context, gated, "adoption", verdict.reason, traffic,
-                     inconclusive=verdict.outcome == "inconclusive")
+                     inconclusive=verdict.outcome == "inconclusive",
+                     evidence=adoption_evidence(gated, verdict))

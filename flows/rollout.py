@@ -25,6 +25,7 @@ from flows.errored import errored_outcome, errored_state
 from flows.judge import build, confirm, evaluate, gate
 from flows.plan import RolloutPlan
 from flows.promotion import (
+    adoption_evidence,
     approve,
     approvers,
     enter_canary,
@@ -110,18 +111,18 @@ def _stages(ctx: RolloutContext) -> RolloutOutcome:
     if stop := settle(gated, verdict := canary_verdict(ctx, gated, judged[1:], calibration)):
         return roll_back(ctx, gated, "canary", f"canary: {stop.reason}", judged,
                          inconclusive=stop.inconclusive)
-    if ended := unless_adopted(ctx, gated, adoption_verdict(ctx, gated, judged[1:], verdict), judged):
+    adoption = adoption_verdict(ctx, gated, judged[1:], verdict)  # None without decision:
+    if ended := unless_adopted(ctx, gated, adoption, judged):
         return ended  # not worth it (NotAdopted) or inconclusive; adopted goes on
-    confirmed = confirm(ctx, preregistered, built, testset)
-    if not confirmed.passed:
+    if not (confirmed := confirm(ctx, preregistered, built, testset)).passed:
         return roll_back(ctx, gated, "confirmation",
                          f"confirmation split: {gate_reason(confirmed.decision)}", judged)
-    if (stopped := approve(ctx, "canary->production", gated, judged, confirmed)) is not None:
-        return stopped
+    if stopped := approve(ctx, "canary->production", gated, judged, confirmed, adoption):
+        return stopped  # the form shows the adoption evidence, where there is a decision:
     promote(ctx, gated, evaluated)
     return finish(ctx, "promoted", "promotion", promotion_reason(gated.decision, judged),
                   version=built.version, decision=gated.decision, traffic=judged,
-                  decided_by=approvers(ctx, gated))
+                  decided_by=approvers(ctx, gated), evidence=adoption_evidence(gated, adoption))
 
 
 @flow(name="kernelgate-build-kernel")

@@ -284,18 +284,21 @@ def prepare_testset(context: RolloutContext) -> Prepared:
 def finish(context: RolloutContext, result: Result, stage: str, reason: str, *,
            version: str | None, decision: GateDecision | None = None,
            decided_by: str | None = None, traffic: Sequence[CanaryStepResult] = (),
-           inconclusive: bool = False) -> RolloutOutcome:
+           inconclusive: bool = False, evidence: str | None = None) -> RolloutOutcome:
     """Close the rollout's record with its outcome (``version``: the candidate;
     ``decision``: its gate decision, summarised; ``traffic``: the shadow and canary steps
     judged; ``decided_by``: who or what decided; ``inconclusive``: stopped for want of
-    evidence, not for a finding about the kernel), and show it in the Prefect UI. Every
-    verdict line says, in the same line, what was not assessed (``gates.headline``)."""
+    evidence, not for a finding about the kernel; ``evidence``: markdown the version's
+    page shows under its verdict line, e.g. the adoption test's), and show it in the
+    Prefect UI. Every verdict line says, in the same line, what was not assessed
+    (``gates.headline``)."""
     context.serving.close()
     outcome = rollout.close_rollout(
         context.record, result=result, stage=stage, reason=reason, version=version,
         decision_summary=decision.summary if decision else None,
         not_assessed_note=decision.not_assessed_note if decision else None,
-        decided_by=decided_by, not_assessed=caveat(decision, traffic), inconclusive=inconclusive)
+        decided_by=decided_by, not_assessed=caveat(decision, traffic), inconclusive=inconclusive,
+        evidence=evidence)
     logger = run_logger()
     try:
         create_markdown_artifact(outcome.markdown(),

@@ -182,3 +182,32 @@ def conclude_adoption(plan: DecisionPlan, safety: str,
                            median_ratio=last.median_ratio, ratio_lower=last.ratio_lower,
                            ratio_upper=last.ratio_upper, p_value=last.p_value,
                            decided_at=result.decided_at, result=result, **about)
+
+
+_SAID = {"adopted": "adopted", "not_worth_it": "not worth adopting",
+         "inconclusive": "inconclusive", "unsafe": "unsafe"}
+
+
+def adoption_markdown(plan: DecisionPlan, verdict: AdoptionVerdict, *,
+                      heading: str = "### ") -> str:
+    """The adoption evidence for people (the ``canary->production`` approval form, the
+    version's page): a heading with the outcome, then the claim as preregistered
+    (metric, minimum worthwhile effect, alpha, power) and the measured effect (median
+    ratio, its confidence sequence at ``1 - alpha``, the always-valid p), or why it was
+    not judged. ``heading``: the markdown put before the heading's text."""
+    m = plan.minimum_worthwhile_ratio
+    null = "" if plan.null_ratio == 1 else f"; H0 ratio ≥ {plan.null_ratio:g}"
+    claim = (f"- claim: median paired request latency ratio (candidate / {plan.against}) "
+             f"≤ {m:g}, i.e. ≥ {100 * (1 - m):g} % faster; α {plan.alpha:g}, "
+             f"power {plan.power:g}{null}")
+    result = verdict.result
+    if result is None or verdict.median_ratio is None:
+        measured = f"- measured: not judged ({verdict.reason})"
+    else:
+        n = verdict.decided_at if verdict.decided_at is not None else result.looks[-1].n
+        upper = "inf" if math.isinf(verdict.ratio_upper) else f"{verdict.ratio_upper:.3f}"
+        measured = (f"- measured: median ratio {verdict.median_ratio:.3f} over {n} pairs, "
+                    f"{100 * (1 - plan.alpha):g} % confidence sequence "
+                    f"[{verdict.ratio_lower:.3f}, {upper}], always-valid p {verdict.p_value:.2g}")
+    title = f"{heading}Adoption (preregistered `decision:`): **{_SAID[verdict.outcome]}**"
+    return "\n".join([title, "", claim, measured])

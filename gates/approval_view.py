@@ -4,7 +4,8 @@ the Prefect UI's dialog (few columns, units in the header, ratios shown as ratio
 * ``candidate->shadow``: the held-out gate.
 * ``shadow->canary``: the held-out gate and the shadow stage.
 * ``canary->production``: the canary steps (requests, latency ratio, p-value, drift)
-  and the confirmation split's result.
+  and the confirmation split's result; under a ``decision:`` section, the adoption
+  evidence too (``gates.adoption_decision.adoption_markdown``).
 
 Pure functions over the gates' records; ``flows.promotion`` puts the text above the form.
 """
@@ -150,11 +151,13 @@ def signed_only_note(flow_run_id: str, approvers: Sequence[str]) -> str:
 def approval_markdown(transition: str, version: str, decision: GateDecision, *,
                       traffic: Sequence[CanaryStepResult] = (),
                       confirmation: GateDecision | None = None,
-                      signed_only: str | None = None) -> str:
+                      signed_only: str | None = None, adoption: str | None = None) -> str:
     """The evidence the release manager is asked to approve for ``transition``. One
     table, last: the Prefect UI's markdown renders nothing after a table.
     ``signed_only``: :func:`signed_only_note`, shown first (a policy with
-    ``require_signed``)."""
+    ``require_signed``). ``adoption``: the adoption test's evidence
+    (``gates.adoption_decision.adoption_markdown``; a registration with ``decision:``),
+    shown at ``canary->production`` after the confirmation, before the canary steps."""
     parts = [f"## Approve `{transition}` for v{version}?"]
     if signed_only:
         parts.append(signed_only)
@@ -163,6 +166,8 @@ def approval_markdown(transition: str, version: str, decision: GateDecision, *,
         parts.append(_decision_block("Confirmation split (accuracy only)", confirmation,
                                      table=False)
                      if confirmation is not None else "### Confirmation split: not run")
+        if adoption:
+            parts.append(adoption)
         canary = [r for r in traffic if r.step != "shadow"]
         parts.append("### Canary steps\n\n" + (traffic_table(canary) if canary
                                                else "No canary step ran."))

@@ -858,6 +858,14 @@ def test_a_safe_candidate_that_is_not_faster_ends_not_adopted(prefect_server, ma
     run_id, verdict = signed_adoption(source, outcome.version)
     assert (run_id, verdict.outcome, verdict.n_pairs) == (outcome.rollout_run_id,
                                                           "not_worth_it", 18)
+    # the version's page: the claim as preregistered and the measured effect, under its
+    # verdict line
+    page = version.description.splitlines()
+    assert page[2] == "### Adoption (preregistered `decision:`): **not worth adopting**", page
+    assert page[4] == ("- claim: median paired request latency ratio (candidate / production) "
+                       "≤ 0.5, i.e. ≥ 50 % faster; α 0.05, power 0.8")
+    assert page[5].startswith(f"- measured: median ratio {verdict.median_ratio:.3f} over "
+                              f"{verdict.decided_at or 18} pairs, 95 % confidence sequence [")
     report = audit(tracking, ADOPTION_FAMILY, outcome.version, trust=signing.trust,
                    load_model=False)
     [link] = [link for link in report.chain if link.name == "adoption decision"]

@@ -12,7 +12,12 @@ import numpy as np
 import pytest
 import yaml
 
-from gates.adoption_decision import AdoptionVerdict, DecisionPlan, conclude_adoption
+from gates.adoption_decision import (
+    AdoptionVerdict,
+    DecisionPlan,
+    adoption_markdown,
+    conclude_adoption,
+)
 from gates.canary import CanaryStepResult
 from gates.loosening import loosenings
 from gates.thresholds import load_thresholds, parse_thresholds
@@ -178,3 +183,43 @@ def test_the_audit_re_derives_the_decision_and_names_a_doctored_one(monkeypatch)
     [(_, _, ok, _)] = canary_audit.adoption(None, copy.deepcopy(other), "pass",
                                             _results(steps), "3", promoted=False)
     assert not ok
+
+
+# --- what the approval form and the version page show ----------------------------------
+
+def _lines(markdown: str) -> dict[str, str]:
+    """The evidence block's list rows by their label (``claim``, ``measured``)."""
+    return dict(line[2:].split(": ", 1) for line in markdown.splitlines()
+                if line.startswith("- "))
+
+
+def test_the_evidence_says_the_claim_as_preregistered_and_the_measured_effect():
+    verdict = conclude_adoption(PLAN, "pass", _steps(math.log(0.8)))
+    text = adoption_markdown(PLAN, verdict)
+    heading, *_ = text.splitlines()
+    assert heading == "### Adoption (preregistered `decision:`): **adopted**"
+    rows = _lines(text)
+    assert rows["claim"] == ("median paired request latency ratio (candidate / production) "
+                             "≤ 0.9, i.e. ≥ 10 % faster; α 0.05, power 0.8")
+    n = verdict.decided_at
+    assert rows["measured"] == (f"median ratio {verdict.median_ratio:.3f} over {n} pairs, "
+                                f"95 % confidence sequence [{verdict.ratio_lower:.3f}, "
+                                f"{verdict.ratio_upper:.3f}], always-valid p {verdict.p_value:.2g}")
+
+
+def test_the_evidence_names_each_outcome_in_its_heading():
+    not_worth = conclude_adoption(PLAN, "pass", _steps(math.log(1.0)))
+    assert adoption_markdown(PLAN, not_worth).splitlines()[0].endswith("**not worth adopting**")
+    short = conclude_adoption(PLAN, "pass", [[0.01, -0.02, 0.0]])
+    text = adoption_markdown(PLAN, short, heading="")
+    assert text.splitlines()[0] == "Adoption (preregistered `decision:`): **inconclusive**"
+    assert ", inf]" in _lines(text)["measured"]  # an unbounded side, said so
+
+
+def test_a_decision_not_judged_says_why_in_place_of_the_effect():
+    unsafe = conclude_adoption(PLAN, "fail", _steps(math.log(0.7)))
+    rows = _lines(adoption_markdown(PLAN, unsafe))
+    assert rows["measured"] == f"not judged ({unsafe.reason})"
+    assert unsafe.reason.startswith("unsafe: the canary's safety verdict failed")
+    none = conclude_adoption(PLAN, "pass", [[]], not_assessed_reason="ran interpreted")
+    assert "ran interpreted" in _lines(adoption_markdown(PLAN, none))["measured"]

@@ -152,3 +152,29 @@ def test_a_signed_only_policy_says_how_to_sign_before_the_evidence():
     assert text.index("kernelgate approve") < text.index("### ")  # above the evidence
     assert "nobody can approve" in signed_only_note("r", [])
     assert "kernelgate approve" not in approval_markdown("canary->production", "4", _decision())
+
+
+def test_canary_to_production_shows_the_adoption_evidence_above_the_steps():
+    """A registration with ``decision:``: the claim as preregistered and the measured
+    effect, before the table (nothing renders after it); without one, no adoption text."""
+    from gates.adoption_decision import adoption_markdown, conclude_adoption
+    from tests.test_gates_adoption_decision import PLAN
+
+    shadow, ok, _ = _steps()
+    verdict = conclude_adoption(PLAN, "pass", _steps_of_ratio(0.8))
+    evidence = adoption_markdown(PLAN, verdict)
+    text = approval_markdown("canary->production", "3", _decision(), traffic=[shadow, ok],
+                             confirmation=_decision(), adoption=evidence)
+    assert evidence in text
+    assert text.index("### Confirmation split") < text.index("### Adoption") < text.index("| step")
+    assert "- claim: median paired request latency ratio" in text
+    assert f"- measured: median ratio {verdict.median_ratio:.3f}" in text
+    plain = approval_markdown("canary->production", "3", _decision(), traffic=[shadow, ok],
+                              confirmation=_decision())
+    assert "Adoption" not in plain and "claim" not in plain
+
+
+def _steps_of_ratio(ratio: float) -> list[list[float]]:
+    from tests.test_gates_adoption_decision import _steps as paired
+
+    return paired(math.log(ratio))

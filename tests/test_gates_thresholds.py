@@ -38,7 +38,7 @@ KNOWN_METRICS = {
 
 
 @pytest.mark.parametrize("name", ["local-dry-run.yaml", "local-interpreted.yaml", "staging.yaml",
-                                  "production.yaml", "bf16-long.yaml"])
+                                  "production.yaml", "bf16-long.yaml", "adoption.yaml"])
 def test_shipped_profiles_load_and_use_only_known_metrics(name):
     path = ROOT / "thresholds" / name
     thresholds = load_thresholds(path)

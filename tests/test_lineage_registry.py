@@ -617,3 +617,20 @@ def test_a_rewritten_version_page_keeps_its_production_story(tracking, family, t
     assert text.count("Production history") == 1
     assert text.splitlines()[1].startswith("**In production since ")
     assert "**promoted: every criterion passed**" in text
+
+
+def test_a_version_page_shows_the_evidence_under_its_verdict_line(tracking, family, signing):
+    """``describe_version`` with evidence (the adoption test's claim and effect) puts it
+    right under the verdict line; without evidence the page is what it was."""
+    from tests.conftest_lineage import signed_build
+
+    _, version = signed_build(tracking, family, signing)
+    verdict = "not adopted at adoption"
+    plain = registered_model.describe_version(tracking, family, version, verdict)
+    evidence = ("### Adoption (preregistered `decision:`): **not worth adopting**\n\n"
+                "- claim: c\n- measured: m")
+    text = registered_model.describe_version(tracking, family, version, verdict,
+                                             evidence=evidence)
+    assert text.splitlines()[:7] == [f"**{verdict}**", "", *evidence.splitlines(), ""]
+    assert text.replace(evidence + "\n\n", "") == plain
+    assert "Adoption" not in plain

@@ -236,9 +236,11 @@ def _tiling_lines(values: dict[str, str]) -> list[str]:
     return lines
 
 
-def describe_version(tracking: Tracking, family: str, version: str, decision: str) -> str:
-    """Write the version's MLflow description: ``decision`` in one line, then its chain
-    as markdown links to every run the version's link tags name (build, evaluation,
+def describe_version(tracking: Tracking, family: str, version: str, decision: str, *,
+                     evidence: str | None = None) -> str:
+    """Write the version's MLflow description: ``decision`` in one line, ``evidence``
+    (markdown, e.g. the adoption test's claim and measured effect) under it, then its
+    chain as markdown links to every run the version's link tags name (build, evaluation,
     gate, approvals, shadow, canary steps, confirmation, the rollout with its promotion
     or rollback runs). For people; the audit never reads it. Returns the markdown.
 
@@ -272,6 +274,7 @@ def describe_version(tracking: Tracking, family: str, version: str, decision: st
         client.get_model_version(registered_model_name(family), version).description)
     text = kept + "\n".join([
         f"**{decision}**", "",
+        *([evidence, ""] if evidence else []),
         *_tiling_lines(values), "",
         "Chain of evidence (each run holds its signed `attestations/*.dsse.json`; "
         "`kernelgate audit` re-verifies them):", "",

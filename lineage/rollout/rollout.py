@@ -295,12 +295,13 @@ def _run_link(record: RolloutRecord) -> str:
 def close_rollout(record: RolloutRecord, *, result: Result, stage: str, reason: str,
                   version: str | None, decision_summary: str | None = None,
                   not_assessed_note: str | None = None, decided_by: str | None = None,
-                  not_assessed: str | None = None, inconclusive: bool = False) -> RolloutOutcome:
-    """End the parent run with the outcome and write it as a JSON artifact; the run's
-    name and the version's description say the verdict line (what was not assessed in
-    it) and who decided. ``inconclusive``: the rollout stopped for want of evidence (noise
-    the plan could not power through, no fresh calibration), not for a finding about the
-    kernel; signed, so the family's loosening rule does not count it as a rejection."""
+                  not_assessed: str | None = None, inconclusive: bool = False,
+                  evidence: str | None = None) -> RolloutOutcome:
+    """End the parent run with the outcome and write it as a JSON artifact; the run's name
+    and the version's description say the verdict line (what was not assessed in it), who
+    decided and ``evidence`` (markdown, the description only). ``inconclusive``: stopped
+    for want of evidence (noise the plan could not power through, no fresh calibration),
+    not a finding about the kernel; signed, so the loosening rule never counts it a rejection."""
     ui_command, audit_command = _commands(record.tracking, record.family, version,
                                             record.signing.key_dir)
     outcome = RolloutOutcome(
@@ -330,7 +331,7 @@ def close_rollout(record: RolloutRecord, *, result: Result, stage: str, reason: 
         record.implementation, version, result, stage, not_assessed))
     if version is not None and registered_model.version_exists(record.tracking, record.family, version):
         registered_model.describe_version(record.tracking, record.family, version,
-                                          outcome.summary())
+                                          outcome.summary(), evidence=evidence)
     return outcome
 
 
