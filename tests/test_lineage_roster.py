@@ -456,6 +456,9 @@ def _revoked_in_log(lab: Lab, name: str) -> str:
 
 
 def test_a_key_revoked_in_the_log_founds_no_roster_at_a_registration_or_a_reanchor(lab):
+    """Revoked in the log only (the key folder knows nothing of it): alice's proved entry
+    founds no roster, at a registration or at the re-anchor, in the same words naming the
+    key and the revocation's entry; another key still may."""
     from lineage.aliases.reanchor import ReanchorRefused
 
     refusal = _revoked_in_log(lab, "alice")
