@@ -72,10 +72,12 @@ def approve_loosening(thresholds: Annotated[Path, typer.Option(help="thresholds 
     from flows.cli_store import open_store
     from gates.loosening import loosenings
     from gates.thresholds import load_thresholds
+    from lineage.log.family_log import read as read_log
     from lineage.records.loosening_approval import sign_loosening, unnamed
     from lineage.records.registration import latest_registration
-    from lineage.records.roster import beyond_roster
+    from lineage.records.roster import approvers_of, beyond_roster
     from lineage.signing import keys
+    from lineage.signing.approvals import revocations, revoked_refusal
     from lineage.signing.sources import StoreSource
 
     if not reason.strip():
@@ -84,14 +86,16 @@ def approve_loosening(thresholds: Annotated[Path, typer.Option(help="thresholds 
     tracking = open_store(store_dir, must_exist=True)
     folder = key_dir or keys.default_key_dir()
     trust = keys.folder_trust(folder)
-    newest = latest_registration(StoreSource(tracking, family, trust))
+    source = StoreSource(tracking, family, trust)
+    newest = latest_registration(source)
     if newest is None:
         raise typer.BadParameter(f"family {family!r} has no registration: its first one needs "
                                  "no approval", param_hint="--family")
     previous, frozen = newest
     signer = person_signer(key)
     keyid = signer.public_key.keyid
-    named = {a.keyid: a.name for a in frozen.approval.approvers}
+    approvers = approvers_of(source, newest)
+    named = {a.keyid: a.name for a in approvers}
     try:
         asked = load_thresholds(thresholds)
     except ValueError as err:
@@ -102,12 +106,13 @@ def approve_loosening(thresholds: Annotated[Path, typer.Option(help="thresholds 
             f"{thresholds} only names the family's first approvers: that needs no approval "
             "(trust on first use, each entry signed by its own key: kernelgate keys entry); "
             "roll it out as it is", param_hint="--thresholds")
-    why = unnamed(previous, frozen, {keyid}, family)  # the rollout's own words
+    why = unnamed(previous, frozen, {keyid}, family, approvers)  # the rollout's own words
     if why is not None:
         raise typer.BadParameter(f"{why}: a rollout would refuse this approval",
                                  param_hint="--key")
-    if keyid in trust.revoked or keyid in trust.revoked_at:
-        raise typer.BadParameter(f"key {keyid[:12]} is revoked in {folder}", param_hint="--key")
+    revoked = revocations(trust, read_log(source).entries.values())
+    if keyid in revoked:
+        raise typer.BadParameter(revoked_refusal(keyid, revoked[keyid]), param_hint="--key")
     bindings = dict(previous.predicate.get("bindings") or {})
     for item in binding or []:
         name, _, value = item.partition("=")

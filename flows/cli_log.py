@@ -35,8 +35,11 @@ def reanchor(family: Annotated[str, typer.Option(help="kernel family whose log i
                                                help="your private key (PEM): an approver's")],
              reason: Annotated[str, typer.Option(help="what was lost and how; shown by every audit after")],
              store_dir: Annotated[Path, typer.Option(help="local store")] = Path(".kernelgate"),
-             key_dir: KeyDir = None) -> None:
-    """Re-anchor a family's damaged signed log: a named approver signs what is missing; every later audit shows it."""
+             key_dir: KeyDir = None,
+             name: Annotated[str | None, typer.Option(
+                 help="your name, where the family names no approver yet and your key becomes "
+                      "its first (default: the key file's)")] = None) -> None:
+    """Re-anchor a family's damaged signed log: an approver signs what is missing; every later audit shows it. Where the family never named an approver, the key becomes its first (trust on first use, said by every audit)."""
     check_store_dir(store_dir, writes=True)
     from flows.log_sequencer import server_sequencer
     from lineage.aliases.reanchor import ReanchorRefused
@@ -51,10 +54,14 @@ def reanchor(family: Annotated[str, typer.Option(help="kernel family whose log i
                       sequencer=server_sequencer())
     try:
         entry = do_reanchor(tr.tracking_for(store_dir), check_name(family), keys.load_signer(key),
-                            reason, signing)
+                            reason, signing,
+                            name=key.stem if name is None else check_name(name))
     except ReanchorRefused as err:
         typer.echo(f"refused: {err}", err=True)
         raise typer.Exit(2) from None
     p = entry.predicate
     typer.echo(f"re-anchored {family}'s log at entry {int(p['log']['seq'])}: entries "
                f"{p['missing']} given up, approved by {p['approver']}")
+    if p.get("roster_founded"):
+        typer.echo(f"{p['approver']} (key {p['approver_keyid'][:12]}) is {family}'s first "
+                   "approver, named on first use: every audit says so")

@@ -30,11 +30,18 @@ import json
 
 from securesystemslib.signer import Signer
 
+from gates.approval_policy import Approver
 from kernels.errors import KernelgateError
 from lineage.aliases import key_rotation, registered_model
 from lineage.log import family_log, log_writer
 from lineage.records.registration import latest_registration
-from lineage.signing.approvals import approvers_trust
+from lineage.records.roster import (
+    approver_entry,
+    approvers_of,
+    earlier_naming,
+    possession_problem,
+)
+from lineage.signing.approvals import approvers_trust, revocations, revoked_refusal
 from lineage.signing.attestations import (
     Attestation,
     AttestationError,
@@ -52,18 +59,28 @@ APPROVAL_ARTIFACT = "log/reanchor-approval.dsse.json"
 
 
 class ReanchorRefused(KernelgateError, RuntimeError):
-    """The log is intact, the reason is empty, or the key is not a named approver's."""
+    """The log is intact, the reason is empty, the key is revoked or not an approver's,
+    or it cannot found the family's roster."""
 
 
 def reanchor(tracking: Tracking, family: str, approver: Signer, reason: str,
-             signing: Signing) -> Attestation:
-    """Re-anchor ``family``'s damaged log with a named approver's signed approval.
+             signing: Signing, *, name: str | None = None) -> Attestation:
+    """Re-anchor ``family``'s damaged log with an approver's signed approval.
+
+    The approver is one of the family's latest verified registration (named there, or
+    founded at an earlier re-anchor: ``lineage.records.roster.approvers_of``). Where it
+    has none and none was ever named, ``approver`` becomes the family's first approver
+    here, named ``name``: the entry carries their roster entry (public key and their
+    signature over it, as ``kernelgate keys entry`` makes it) as ``roster_founded``, and
+    every audit after says so (trust on first use).
 
     Returns the ``reanchor`` entry appended.
 
     Raises:
-        ReanchorRefused: nothing is damaged, no reason, or ``approver`` is not named in
-            the approval policy of the family's latest verified registration.
+        ReanchorRefused: nothing is damaged, no reason, ``approver``'s key is revoked (in
+            the pipeline's key folder or the family's log), it is not an approver where
+            approvers exist, or, where none exists, the family is past its roster's first
+            use, the log was restarted from another experiment, or no ``name`` is given.
     """
     if not reason.strip():
         raise ReanchorRefused("a re-anchor needs a reason (what was lost, and how)")
@@ -73,10 +90,18 @@ def reanchor(tracking: Tracking, family: str, approver: Signer, reason: str,
                                            location=store_identity.location(tracking))
     if not damage:
         raise ReanchorRefused(f"the signed log of {family} is intact: nothing to re-anchor")
-    latest = latest_registration(source) or earlier_registration(tracking, family,
-                                                                 signing.trust, checkpoint)
-    approvers = {a.keyid: a for a in latest[1].approval.approvers} if latest else {}
+    own = latest_registration(source)
+    latest = own or earlier_registration(tracking, family, signing.trust, checkpoint)
     keyid = approver.public_key.keyid
+    revoked = revocations(signing.trust, log.entries.values())
+    if keyid in revoked:
+        raise ReanchorRefused(revoked_refusal(keyid, revoked[keyid]))
+    approvers = {a.keyid: a for a in approvers_of(source, latest)} if own else {
+        a.keyid: a for a in (latest[1].approval.approvers if latest else [])}
+    founded = None
+    if not approvers:
+        founded = _founding(source, own or latest, approver, family, name)
+        approvers = {keyid: Approver.model_validate(founded["approvers"][0])}
     if keyid not in approvers:
         raise ReanchorRefused(
             f"key {keyid[:12]} is not an approver named in {family}'s latest registration "
@@ -98,11 +123,53 @@ def reanchor(tracking: Tracking, family: str, approver: Signer, reason: str,
         tr.log_bytes(tracking, run_id, approval, APPROVAL_ARTIFACT)
         entry = log_writer.append(tracking, run_id, "reanchor", {
             **predicate, "approver": approvers[keyid].name, "approver_keyid": keyid,
-            "approval_artifact": APPROVAL_ARTIFACT}, signing, force=True)
+            "approval_artifact": APPROVAL_ARTIFACT,
+            **({"roster_founded": founded} if founded else {})}, signing, force=True)
     key_rotation.reattest(tracking, family, signing, to=shown,
                           reason=f"re-anchor {run_id}: the aliases as {approvers[keyid].name} "
                                  "approved them")
     return entry
+
+
+def _founding(source: StoreSource, latest, approver: Signer, family: str,
+              name: str | None) -> dict:
+    """The roster a re-anchor founds with ``approver`` as the family's first approver
+    (``roster_founded`` of the entry): their own signed entry, and the registration it
+    follows (``latest``, of this log; None: the family has none).
+
+    Raises:
+        ReanchorRefused: ``latest`` is another experiment's (a restarted log: the audit
+            could not re-check it), the family is past its roster's first use, no
+            ``name``, or the entry does not prove its key.
+    """
+    if latest is not None and latest[0].run_id not in {
+            a.run_id for a in source.attestations() if a.kind == "registration"}:
+        raise ReanchorRefused(
+            f"{family}'s log is restarted and the registration it continues "
+            f"({latest[0].predicate['registration_id']}) names no approver: a roster is not "
+            "founded at a restart, since no audit of this log could re-check that "
+            "registration; name an approver there, or start a new family")
+    if (past := earlier_naming(source)) is not None:
+        raise ReanchorRefused(
+            f"{family}'s latest registration names no approver, and a family's roster is "
+            f"founded on first use once ({past}): only an approver named before can "
+            "re-anchor it")
+    if not (name or "").strip():
+        raise ReanchorRefused(
+            f"{family}'s latest registration names no approver: the re-anchor's key becomes "
+            "the family's first approver, and needs a name (--name)")
+    entry = approver_entry(approver, family, name.strip())
+    try:
+        problem = possession_problem(Approver.model_validate(entry), family)
+    except ValueError as err:
+        problem = f"{name}: an unreadable approver entry ({' '.join(str(err).split())})"
+    if problem is not None:
+        raise ReanchorRefused(f"the re-anchor names the family's first approver, and the "
+                              f"entry must prove its person holds the key: {problem}")
+    return {"approvers": [entry],
+            "previous_registration_id": latest[0].predicate["registration_id"] if latest else None,
+            "after": "a damaged log, re-anchored before anyone was named",
+            "trust": "on first use: no approver existed to sign it"}
 
 
 def earlier_registration(tracking: Tracking, family: str, trust: TrustPolicy,

@@ -7,20 +7,22 @@ bearer token: the registration it loosens (id and envelope digest: an old approv
 re-loosen the family after a later registration), the thresholds file's sha256, the rollout
 settings it binds (``lineage.records.bindings``: another test-set profile cannot ride along), an
 expiry, and a nonce spent by the one registration that carries it; an approver key revoked
-in the pipeline's key folder signs nothing any more.
+in the pipeline's key folder or in the family's signed log signs nothing any more.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from gates.approval_policy import Approver
 from gates.preregistration import PreregistrationError
 from gates.thresholds import Thresholds, parse_thresholds
 from lineage.records.bindings import RolloutBindings, whole_numbers
-from lineage.signing.approvals import approvers_trust
+from lineage.signing.approvals import approvers_trust, revoked_refusal
 from lineage.signing.attestations import (
     Attestation,
     AttestationError,
@@ -51,12 +53,15 @@ def no_roster_yet(registration_id: str, family: str) -> str:
 
 
 def unnamed(previous: Attestation, thresholds: Thresholds, keyids: set[str],
-            family: str) -> str | None:
+            family: str, approvers: Sequence[Approver] | None = None) -> str | None:
     """Why keys ``keyids`` cannot approve a loosening of the registration ``previous``
     (whose thresholds are ``thresholds``), or None: one of them is named there. The same
-    words for ``kernelgate approve-loosening`` (before it signs) and the rollout."""
+    words for ``kernelgate approve-loosening`` (before it signs) and the rollout.
+    ``approvers``: the registration's approvers where a re-anchor founded them
+    (``lineage.records.roster.approvers_of``; default: those its thresholds name)."""
     registration_id = previous.predicate["registration_id"]
-    named = {a.keyid: a.name for a in thresholds.approval.approvers}
+    named = {a.keyid: a.name for a in (thresholds.approval.approvers if approvers is None
+                                       else approvers)}
     if not named:
         return no_roster_yet(registration_id, family)
     if keyids & set(named):
@@ -69,26 +74,33 @@ def unnamed(previous: Attestation, thresholds: Thresholds, keyids: set[str],
 def check_loosening_approval(envelope: bytes, previous: tuple[Attestation, Thresholds],
                               family: str, thresholds_sha256: str, loosened: list[str],
                               bindings: RolloutBindings | None, source: EvidenceSource,
-                              revoked: set[str]) -> dict:
+                              revoked: Mapping[str, str],
+                              approvers: Sequence[Approver] | None = None) -> dict:
     """A person's signed approval of exactly this loosening: by a key the previous
-    registration's policy names and that is not revoked (``revoked``), of this family's
-    newest registration (its id and envelope digest), of this file and these ``bindings``,
-    not expired and not used before (its nonce is spent by the registration that
-    carries it). Returns its predicate.
+    registration's policy names (or ``approvers``: those a re-anchor founded for it,
+    ``lineage.records.roster.approvers_of``) and that is not revoked (``revoked``: key id
+    -> how, ``lineage.signing.approvals.revocations``), of this family's newest
+    registration (its id and envelope digest), of this file and these ``bindings``, not
+    expired and not used before (its nonce is spent by the registration that carries
+    it). Returns its predicate.
 
     Raises:
         LooseningRefused: naming what does not match.
     """
-    approvers = {a.keyid: a for a in previous[1].approval.approvers}
-    names = sorted(a.name for a in approvers.values())
+    policy = list(previous[1].approval.approvers if approvers is None else approvers)
+    named = {a.keyid: a for a in policy}
+    names = sorted(a.name for a in named.values())
     try:
         claimed = {str(k) for k in (s.get("keyid") for s in json.loads(envelope)["signatures"])}
     except (ValueError, KeyError, TypeError, AttributeError):
         claimed = set()
-    if (claimed or not approvers) and (why := unnamed(previous[0], previous[1], claimed,
-                                                         family)) is not None:
+    if (claimed or not named) and (why := unnamed(previous[0], previous[1], claimed, family,
+                                                     policy)) is not None:
         raise LooseningRefused(f"loosening approval not accepted: {why}")
-    trust, left_out = approvers_trust(previous[1].approval.approvers, revoked)
+    if gone := sorted(claimed & set(named) & set(revoked)):
+        raise LooseningRefused(f"loosening approval not accepted: "
+                               f"{revoked_refusal(gone[0], revoked[gone[0]])}")
+    trust, left_out = approvers_trust(policy, revoked)
     try:
         approval = verify_envelope(envelope, trust, path="loosening approval")
     except AttestationError as err:
@@ -130,7 +142,7 @@ def check_loosening_approval(envelope: bytes, previous: tuple[Attestation, Thres
             "the loosening approval approves other rollout settings than this rollout binds: "
             + "; ".join(f"{k}: approved {(approved or {}).get(k)!r}, this rollout "
                         f"{(asked or {}).get(k)!r}" for k in differ))
-    return {**p, "approver": approvers[approval.keyid].name, "keyid": approval.keyid,
+    return {**p, "approver": named[approval.keyid].name, "keyid": approval.keyid,
             "loosened": loosened}
 
 

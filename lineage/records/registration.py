@@ -30,7 +30,8 @@ from lineage.log.log_writer import append, current_damage, intact_log
 from lineage.records.bindings import RolloutBindings, refuse_rebinding, whole_numbers
 from lineage.records.bindings import changes as binding_changes
 from lineage.records.loosening_approval import LooseningRefused, check_loosening_approval
-from lineage.records.roster import founding
+from lineage.records.roster import approvers_of, founding
+from lineage.signing.approvals import revocations
 from lineage.signing.attestations import (
     Attestation,
     AttestationError,
@@ -159,8 +160,10 @@ def preregister_bytes(data: bytes, name: str, *, tracking: Tracking, family: str
         loosened += [f"binding {change}" for change in binding_changes(bound, bindings)]
     approved = founded = None
     why = rejection_in_log(source, current_damage(source, signing)) if loosened else None
+    revoked = revocations(signing.trust, read_log(source).entries.values()) if why else {}
     if why is not None and loosening_approval is None:
-        founded = founding(source, previous, thresholds, loosened, why=why, shown=str(path))
+        founded = founding(source, previous, thresholds, loosened, why=why, shown=str(path),
+                           revoked=revoked)
         if founded is None:
             raise LooseningRefused(
                 f"{path} loosens the family's previous registration "
@@ -170,8 +173,8 @@ def preregister_bytes(data: bytes, name: str, *, tracking: Tracking, family: str
                 "(kernelgate approve-loosening), or keep the thresholds")
     elif why is not None:
         approved = check_loosening_approval(loosening_approval, previous, family, digest,
-                                             loosened, bindings, source,
-                                             signing.trust.revoked | set(signing.trust.revoked_at))
+                                             loosened, bindings, source, revoked,
+                                             approvers_of(source, previous))
     intact_log(source, signing)  # a damaged log takes no new registration (LogDamaged)
     artifact = f"thresholds/{Path(name).name}"
     with tr.stage_run(tracking, family, "preregistration", parent_run_id=parent_run_id,

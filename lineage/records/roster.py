@@ -19,13 +19,21 @@ The registration signs ``roster_founded`` (who, which keys, after what); every a
 the family after says so as a notice (first named by the pipeline's key, trust on first
 use) and re-checks it from the frozen thresholds: an entry swapped after signing is a
 problem. Once an approver is named, adding another is an ordinary loosening.
+
+A family whose log is damaged before anyone was named founds its roster at the re-anchor
+instead (``lineage.aliases.reanchor``): the ``reanchor`` entry carries the re-anchoring
+person's own proved entry as ``roster_founded``, on first use once like a registration's
+founding. :func:`approvers_of` counts them as the approvers of the registration it follows
+and of later ones while none names approvers of its own; every audit says so as a notice
+and re-checks it (:func:`recheck_reanchor`). A key revoked in the pipeline's key folder or
+the family's log founds nothing.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from securesystemslib.signer import Signer, SSlibKey
 
@@ -35,7 +43,7 @@ from gates.preregistration import PreregistrationError
 from gates.thresholds import Thresholds, parse_thresholds
 from lineage.log.family_log import read as read_log
 from lineage.records.loosening_approval import LooseningRefused, no_roster_yet
-from lineage.signing.approvals import key_id_of
+from lineage.signing.approvals import key_id_of, revoked_refusal
 from lineage.signing.attestations import (
     Attestation,
     AttestationError,
@@ -110,17 +118,113 @@ def _past_first_use(source: EvidenceSource) -> str | None:
     log = read_log(source)
     if log.gaps() or log.acknowledged or log.problems:
         return "the family's signed log is missing entries: a deleted registration may have named one"
-    for a in sorted((a for a in source.attestations() if a.kind == "registration"),
-                    key=lambda a: a.predicate.get("registered_at", "")):
+    return earlier_naming(source)
+
+
+def _seq(attestation: Attestation) -> int:
+    """An entry's signed position in the family's log (0: signed before the log)."""
+    pos = attestation.predicate.get("log")
+    seq = pos.get("seq") if isinstance(pos, dict) else None
+    return int(seq) if isinstance(seq, (int, float)) else 0
+
+
+def earlier_naming(source: EvidenceSource, before: int | None = None,
+                   frozen: Callable[[Attestation], Thresholds] | None = None) -> str | None:
+    """Why the family is past its roster's first use, or None: a registration that named
+    approvers or founded them, or a re-anchor (approved by a named approver, or founding
+    the roster itself), among the entries before log position ``before`` (None: all)."""
+    read = frozen or (lambda a: _frozen(source, a))
+    entries = sorted((a for a in source.attestations() if a.kind in ("registration", "reanchor")
+                      and (before is None or _seq(a) < before)),
+                     key=lambda a: (_seq(a), a.predicate.get("registered_at", "")))
+    for a in entries:
+        if a.kind == "reanchor":
+            return (f"the re-anchor at entry {_seq(a)} was approved by "
+                    f"{a.predicate.get('approver')}"
+                    + (", who founded it" if a.predicate.get("roster_founded") else ""))
         if a.predicate.get("roster_founded"):
             return f"registration {a.run_id} founded it"
         try:
-            named = sorted(x.name for x in _frozen(source, a).approval.approvers)
+            named = sorted(x.name for x in read(a).approval.approvers)
         except (PreregistrationError, ValueError) as err:
             return f"registration {a.run_id} cannot say whom it named ({err})"
         if named:
             return f"registration {a.run_id} named {named}"
     return None
+
+
+def approvers_of(source: EvidenceSource,
+                 previous: tuple[Attestation, Thresholds]) -> list[Approver]:
+    """Who may approve a loosening of the registration ``previous``: the approvers its
+    thresholds name; where they name none, those a re-anchor founded (on first use, the
+    family's log damaged before anyone was named) when that re-anchor followed this
+    registration, or this registration came after it with no registration between naming
+    approvers of its own. A founding the audit finds wrong names nobody."""
+    attestation, thresholds = previous
+    if thresholds.approval.approvers:
+        return list(thresholds.approval.approvers)
+    for r in (a for a in source.attestations() if a.kind == "reanchor"
+              and a.predicate.get("roster_founded")):
+        founded = r.predicate["roster_founded"]
+        follows = founded.get("previous_registration_id") == attestation.predicate.get(
+            "registration_id")
+        after = _seq(attestation) > _seq(r) and not any(
+            _seq(r) < _seq(a) < _seq(attestation) and _names_any(source, a)
+            for a in source.attestations() if a.kind == "registration")
+        if (follows or after) and not recheck_reanchor(source, r):
+            return [Approver.model_validate(x) for x in founded.get("approvers", [])]
+    return []
+
+
+def _names_any(source: EvidenceSource, registration: Attestation) -> bool:
+    """Whether ``registration`` names approvers (one that cannot be read: as if it did)."""
+    try:
+        return bool(_frozen(source, registration).approval.approvers)
+    except (PreregistrationError, ValueError):
+        return True
+
+
+def recheck_reanchor(source: EvidenceSource, reanchor: Attestation,
+                     frozen: Callable[[Attestation], Thresholds] | None = None) -> list[str]:
+    """Problems with the roster a signed ``reanchor`` entry founds: it must follow the
+    family's registration it names (one naming no approver) or none where none came
+    before it, come first (no registration or re-anchor before it named or founded
+    approvers), be approved by the key it founds, and each entry must prove its key."""
+    read = frozen or (lambda a: _frozen(source, a))
+    founded = reanchor.predicate["roster_founded"]
+    seq = _seq(reanchor)
+    where = f"the roster founded at the re-anchor at entry {seq} (run {reanchor.run_id})"
+    before = [a for a in source.attestations() if a.kind == "registration" and _seq(a) < seq]
+    previous_id = founded.get("previous_registration_id")
+    previous = next((a for a in before if a.run_id == previous_id), None)
+    problems = []
+    if previous_id is None and before:
+        problems.append(f"{where}: it follows no registration, yet registrations "
+                        f"{sorted(a.run_id for a in before)} came before it")
+    elif previous_id is not None and previous is None:
+        problems.append(f"{where}: the registration it follows ({previous_id}) has no verified "
+                        "record before it in the family's log")
+    elif previous is not None and _names_any(source, previous):
+        problems.append(f"{where}: the registration it follows ({previous_id}) named approvers")
+    if (past := earlier_naming(source, seq, read)) is not None and not problems:
+        problems.append(f"{where}: the family was past its roster's first use ({past})")
+    entries = founded.get("approvers")
+    if not isinstance(entries, list) or not entries:
+        return [*problems, f"{where}: it names no approver"]
+    keyids = [x.get("keyid") if isinstance(x, dict) else None for x in entries]
+    approved_by = reanchor.predicate.get("approver_keyid")
+    if keyids != [approved_by]:
+        problems.append(f"{where}: it founds keys {keyids}, the re-anchor was approved by "
+                        f"key {approved_by}")
+    for x in entries:
+        try:
+            approver = Approver.model_validate(x)
+        except ValueError as err:
+            problems.append(f"{where}: an unreadable approver entry ({' '.join(str(err).split())})")
+            continue
+        if (p := possession_problem(approver, source.family)) is not None:
+            problems.append(f"{where}: {p}")
+    return problems
 
 
 def beyond_roster(old: Thresholds, new: Thresholds, loosened: list[str]) -> list[str]:
@@ -135,19 +239,21 @@ def beyond_roster(old: Thresholds, new: Thresholds, loosened: list[str]) -> list
 
 
 def founding(source: EvidenceSource, previous: tuple[Attestation, Thresholds],
-             thresholds: Thresholds, loosened: list[str], *, why: str, shown: str) -> dict | None:
+             thresholds: Thresholds, loosened: list[str], *, why: str, shown: str,
+             revoked: Mapping[str, str]) -> dict | None:
     """What a registration of ``thresholds`` (``shown`` in messages), loosening
     ``previous`` by ``loosened`` after a rejection (``why``) and carrying no approval,
-    signs as the roster it founds; None where ``previous`` names approvers (the ordinary
-    rule applies).
+    signs as the roster it founds; None where ``previous`` has approvers (named, or
+    founded at a re-anchor: :func:`approvers_of`; the ordinary rule applies).
+    ``revoked``: key id -> how it was revoked (``lineage.signing.approvals.revocations``).
 
     Raises:
-        LooseningRefused: ``previous`` names no approver, and this is no founding: it
-            adds none, loosens more than approvers, comes after the first use, or an
-            added entry does not prove its key.
+        LooseningRefused: ``previous`` has no approver, and this is no founding: it
+            adds none, loosens more than approvers, comes after the first use, an added
+            entry does not prove its key, or names a revoked key.
     """
     attestation, old = previous
-    if old.approval.approvers:
+    if approvers_of(source, previous):
         return None
     family = source.family
     registration_id = attestation.predicate["registration_id"]
@@ -165,6 +271,9 @@ def founding(source: EvidenceSource, previous: tuple[Attestation, Thresholds],
             f"{head}: it adds approvers {names}, and a family's roster is founded on first use "
             f"once ({past}): adding approvers now needs an approval by one named in registration "
             f"{registration_id}, which names none")
+    if gone := [a.keyid for a in added if a.keyid in revoked]:
+        raise LooseningRefused(f"{shown} names the family's first approvers: "
+                               f"{revoked_refusal(gone[0], revoked[gone[0]])}")
     problems = [p for a in added if (p := possession_problem(a, family)) is not None]
     if problems:
         raise LooseningRefused(f"{shown} names the family's first approvers, and each entry "
@@ -225,6 +334,16 @@ def audit_roster(source: EvidenceSource) -> tuple[list[str], list[str]]:
                        f"key {a.keyid[:12]}, trust on first use: no approver existed to sign it "
                        f"(after: {founded.get('after')})")
         problems += _recheck(source, a, registrations, frozen)
+    for r in sorted((a for a in source.attestations() if a.kind == "reanchor"
+                     and a.predicate.get("roster_founded")), key=_seq):
+        entries = r.predicate["roster_founded"].get("approvers") or []
+        who = ", ".join(f"{x.get('name')} (key {str(x.get('keyid'))[:12]})"
+                        for x in entries if isinstance(x, dict))
+        notices.append(f"approvers {who} first named at the re-anchor at entry {_seq(r)} (run "
+                       f"{r.run_id}) by the pipeline key {r.keyid[:12]}, trust on first use: no "
+                       f"earlier approver's signature (the log was damaged before anyone was "
+                       f"named: {r.predicate.get('reason')})")
+        problems += recheck_reanchor(source, r, frozen)
     return notices, problems
 
 

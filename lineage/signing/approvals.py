@@ -20,6 +20,7 @@ from securesystemslib.signer import Signer, SSlibKey
 
 from gates.approval_policy import ApprovalPolicy, Approver
 from lineage.signing.attestations import (
+    Attestation,
     AttestationError,
     TrustPolicy,
     make_envelope,
@@ -62,6 +63,41 @@ def approvers_trust(approvers: Iterable[Approver],
             continue
         keys[approver.keyid] = key
     return TrustPolicy(public_keys=keys, revoked=set(revoked)), left_out
+
+
+def revocations(trust: TrustPolicy, entries: Iterable[Attestation] = ()) -> dict[str, str]:
+    """Every key id that signs no approval any more, and how it was revoked: a ``revoke``
+    key change among ``entries`` (a family's log entries: ``entry <seq>: key .. revoked
+    from ..``, the first such entry), else ``trust``'s own revocation (the pipeline's key
+    folder, from the start or from a position). A key revoked from a position approves
+    nothing new either: an approval is signed now, after any position."""
+    found: dict[str, str] = {}
+    for entry in sorted(entries, key=lambda e: _seq(e.predicate)):
+        p = entry.predicate
+        if entry.kind == "key_change" and p.get("action") == "revoke" and p.get("keyid"):
+            keyid = str(p["keyid"])
+            found.setdefault(keyid, f"entry {_seq(p)}: key {keyid[:12]} revoked "
+                             + (f"from {p['revoked_from']}" if p.get("revoked_from")
+                                else "from the start"))
+    for keyid in sorted(trust.revoked):
+        found.setdefault(keyid, "revoked from the start in the pipeline's key folder")
+    for keyid, at in sorted(trust.revoked_at.items()):
+        found.setdefault(keyid, f"revoked from {at.isoformat()} in the pipeline's key folder")
+    return found
+
+
+def _seq(predicate: dict) -> int:
+    """A log entry's signed sequence number (0: none)."""
+    pos = predicate.get("log")
+    seq = pos.get("seq") if isinstance(pos, dict) else None
+    return int(seq) if isinstance(seq, (int, float)) else 0
+
+
+def revoked_refusal(keyid: str, how: str) -> str:
+    """Why the key ``keyid``, revoked as ``how`` says (:func:`revocations`), approves
+    nothing: the one wording of the rollout's loosening check, ``kernelgate
+    approve-loosening``, a roster's founding and ``kernelgate reanchor``."""
+    return f"key {keyid[:12]} is revoked ({how}): a revoked key approves nothing"
 
 
 def sign_approval(signer: Signer, *, flow_run_id: str, transition: str, approve: bool,
