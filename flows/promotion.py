@@ -27,7 +27,7 @@ from gates.approval_policy import Transition
 from gates.approval_view import approval_markdown, signed_only_note
 from gates.canary import CanaryStepResult
 from lineage.rollout.rollout import RolloutOutcome
-from lineage.signing.approvals import verify_approval
+from lineage.signing.approvals import revocations, verify_approval
 from lineage.signing.attestations import AttestationError
 from lineage.store import tags
 
@@ -91,7 +91,9 @@ def _ask(context: RolloutContext, transition: Transition, gated: Gated,
             try:
                 signed = verify_approval(given.signed_approval.encode(), policy,
                                          flow_run_id=str(flow_run.get_id()),
-                                         transition=transition, approve=typed.approve)
+                                         transition=transition, approve=typed.approve,
+                                         revoked=revocations(context.store.trust,
+                                                             context.store.log().entries.values()))
             except AttestationError as err:
                 notice = _refused(transition, f"the signed approval: {err}")
                 continue

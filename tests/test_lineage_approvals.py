@@ -91,3 +91,23 @@ def test_an_entry_whose_key_id_is_not_its_keys_trusts_nobody(alice, tmp_path):
     got = verify_approval(_answer(signer), policy, flow_run_id="0f3c-run",
                           transition="canary->production", approve=True)
     assert got.approver == "alice"
+
+
+def test_a_revoked_approver_key_signs_no_stage_approval(alice, tmp_path):
+    """A stage approval is signed now, so a key revoked in the family's log or the key
+    folder (from the start or from a position) approves nothing; another key's revocation
+    changes nothing."""
+    from lineage.signing.approvals import revoked_refusal
+
+    signer, policy = alice
+    keyid = signer.public_key.keyid
+    how = f"entry 12: key {keyid[:12]} revoked from the start"
+    with pytest.raises(AttestationError) as refused:
+        verify_approval(_answer(signer), policy, flow_run_id="0f3c-run",
+                        transition="canary->production", approve=True, revoked={keyid: how})
+    assert str(refused.value) == revoked_refusal(keyid, how)
+    assert "a revoked key approves nothing" in str(refused.value)
+    got = verify_approval(_answer(signer), policy, flow_run_id="0f3c-run",
+                          transition="canary->production", approve=True,
+                          revoked={"0" * 64: "revoked from the start in the pipeline's key folder"})
+    assert got.approver == "alice"

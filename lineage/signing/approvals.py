@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
 from securesystemslib.formats import encode_canonical
@@ -119,17 +119,19 @@ class SignedAnswer(NamedTuple):
 
 
 def verify_approval(envelope: bytes, policy: ApprovalPolicy, *, flow_run_id: str | None,
-                    transition: str, approve: bool) -> SignedAnswer:
+                    transition: str, approve: bool,
+                    revoked: Mapping[str, str] | None = None) -> SignedAnswer:
     """Check a signed answer against the registered policy and this pause
-    (``flow_run_id`` None: any flow run, as an auditor re-checking a kept answer).
+    (``flow_run_id`` None: any flow run, as an auditor re-checking a kept answer), by a
+    key not in ``revoked`` (:func:`revocations`: key id -> how it was revoked).
 
     Returns:
         :class:`SignedAnswer`: the approver's name from the policy, how they were
         authenticated, and the comment they signed (the one to record).
 
     Raises:
-        AttestationError: no approver key in the policy verifies it, or it answers
-            another flow run, transition or question.
+        AttestationError: no approver key in the policy verifies it, the key that does
+            is revoked, or it answers another flow run, transition or question.
     """
     approvers = {a.keyid: a for a in policy.approvers}
     trust, left_out = approvers_trust(policy.approvers)
@@ -139,6 +141,8 @@ def verify_approval(envelope: bytes, policy: ApprovalPolicy, *, flow_run_id: str
         signed = verify_envelope(envelope, trust, path="signed approval")
     except AttestationError as err:
         raise AttestationError("; ".join([str(err), *left_out])) from err
+    if revoked and signed.keyid in revoked:
+        raise AttestationError(revoked_refusal(signed.keyid, revoked[signed.keyid]))
     p = signed.predicate
     expected = (flow_run_id or p.get("flow_run_id"), transition, approve)
     if (p.get("flow_run_id"), p.get("transition"), p.get("approve")) != expected:
