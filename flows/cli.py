@@ -22,24 +22,17 @@ import typer
 # (importing flows set what Prefect, MLflow and tqdm read at import: flows/__init__.py)
 from flows import prefect_server
 from flows.cli_approvals import approve, approve_loosening
-from flows.cli_args import (
-    StoreDir,
-    check_family,
-    check_implementation,
-    check_known_family,
-    check_store_dir,
-    check_thresholds,
-)
+from flows.cli_args import StoreDir, check_known_family
 from flows.cli_calibrate import calibrate
 from flows.cli_history import timeline
 from flows.cli_keys import KeyDir, check_name, keys_app
 from flows.cli_log import CheckpointFiles, reanchor, witnessing
 from flows.cli_ops import notifications_app, ui
+from flows.cli_plan import plan_arguments
 from flows.cli_revalidate import revalidate
 from flows.cli_stack import stack_app
-from flows.cli_store import existing_family, fail_fast_if_down, families, open_store
+from flows.cli_store import existing_family, open_store
 from flows.log_noise import route_to_debug_log
-from flows.paths import compilation_cache
 
 # Prefect attaches its handlers to the extra loggers but leaves their level at the
 # root's WARNING; the stage summaries are INFO.
@@ -54,8 +47,10 @@ app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False,
                   rich_markup_mode=None, pretty_exceptions_enable=False)
 
 Implementation = Annotated[str, typer.Option(
-    help="candidate kernel: auto (the flash kernel of this device; on a CPU host the TPU kernel, "
-         "interpreted), native (the head of this host's fallback order: xla on a CPU host), or "
+    help="candidate kernel: auto (the store's production dispatch policy when its signed record "
+         "audits and it was measured on this backend; else the flash kernel of this device, on "
+         "a CPU host the TPU kernel, interpreted; it says which and why), native (the head of "
+         "this host's fallback order: xla on a CPU host), or "
          "any name of the kernel registry (kernels.registry: pallas_tpu, pallas_gpu, "
          "pallas_mosaic_gpu, xla, cudnn, naive, ...; an unknown name is refused with the list)")]
 Thresholds = Annotated[Path | None, typer.Option(
@@ -84,76 +79,6 @@ app.command()(revalidate)
 app.command()(timeline)
 
 
-def _plan(implementation: str, thresholds: Path | None, store_dir: Path, block_q: int | None,
-          block_kv: int | None, family: str | None, new_family: bool,
-          key_dir: Path | None, dispatch_policy: Path | None = None, **extra):
-    """The rollout's settings and its plan (``flows.plan``: kernel, thresholds, family),
-    resolved once here and handed to the flow; bad arguments refused before anything is
-    logged, built or evaluated."""
-    # What needs neither JAX nor the store first: a bad argument is refused in < 1 s.
-    check_implementation(implementation)
-    policy = None
-    if implementation == "dispatch" or dispatch_policy is not None:
-        from flows.dispatch_candidate import audited_policy
-
-        try:  # a dispatch policy is audited before anything is written
-            policy = audited_policy(implementation, dispatch_policy)
-        except ValueError as err:
-            raise typer.BadParameter(str(err), param_hint="--dispatch-policy") from None
-    check_store_dir(store_dir, writes=True)
-    check_family(family, implementation, store_dir, new_family=new_family,
-                 remote=bool(os.environ.get("MLFLOW_TRACKING_URI")))
-    check_thresholds(thresholds)
-    fail_fast_if_down()
-    prefect_server.start_early()  # comes up on the other core while JAX etc. import
-    compilation_cache(store_dir)
-    import kernels
-    from flows.dispatch_candidate import serving
-    from flows.judge import BUILD_SHAPE
-    from flows.plan import resolve_plan
-    from flows.settings import RolloutSettings
-
-    backend = kernels.default_backend()
-    with serving(policy):  # the policy's kernel, for the plan's checks
-        try:
-            if thresholds is None:
-                from flows.kernel_choice import default_thresholds
-
-                thresholds, why = default_thresholds(implementation, backend)
-                typer.echo(f"thresholds: {why}", err=True)
-            config = {k: v for k, v in {"block_q": block_q, "block_kv": block_kv}.items()
-                      if v is not None} or None
-            settings = RolloutSettings(implementation=implementation,
-                                       thresholds=thresholds.resolve(), store_dir=store_dir,
-                                       config=config, family=family, key_dir=key_dir,
-                                       dispatch_policy=dispatch_policy, **extra)
-            plan = resolve_plan(settings, backend)
-            typer.echo(f"kernel: {plan.why}", err=True)
-            impl = kernels.IMPLEMENTATIONS[plan.implementation]
-            impl.config_from(config)  # the candidate's own config type reads the block sizes
-            spec, _, _ = kernels.validate(*BUILD_SHAPE.structs(), causal=BUILD_SHAPE.causal)
-            impl.check_supported(spec, backend, config)
-        except (ValueError, NotImplementedError) as err:
-            raise typer.BadParameter(f"{err}") from None
-    if family is not None:
-        check_name(family)
-        tracking = open_store(store_dir, must_exist=False)
-        if family not in families(tracking) and family != plan.implementation and not new_family:
-            raise typer.BadParameter(
-                f"no family {family!r} in this store yet (families: {families(tracking) or 'none'}); "
-                "pass --new-family to start one", param_hint="--family")
-        if family not in families(tracking):
-            from lineage.log.log_writer import earlier_log
-            from lineage.signing.keys import default_key_dir
-
-            why = earlier_log(tracking, family, key_dir or default_key_dir())
-            if why is not None:
-                raise typer.BadParameter(why, param_hint="--family")
-    else:
-        open_store(store_dir, must_exist=False)
-    return settings, plan
-
-
 ROLLOUT_EXIT_CODES = ("Exit codes: 0 a signed verdict (promoted, rejected, timed out or rolled "
                       "back: the last lines say which); 3 errored (a stage crashed); 4 not "
                       "adopted (safe, not worth adopting); 130 interrupted (Ctrl-C, signed); "
@@ -176,7 +101,7 @@ def rollout(implementation: Implementation = "auto",
                 exists=True, dir_okay=False,
                 help="a signed approval of looser thresholds (kernelgate approve-loosening)")] = None) -> None:
     """Run a full governed rollout (preregister, build, evaluate, gate, shadow, approval, canary, confirm, then promote or roll back)."""
-    settings, plan = _plan(implementation, thresholds, store_dir, block_q, block_kv, family,
+    settings, plan = plan_arguments(implementation, thresholds, store_dir, block_q, block_kv, family,
                            new_family, key_dir, dispatch_policy, testset_profile=testset_profile,
                            documents_dir=documents_dir, loosening_approval=loosening_approval)
     debug_log = route_to_debug_log(store_dir / "logs" / "third-party.log")
@@ -208,7 +133,7 @@ def evaluate(implementation: Implementation = "auto",
              block_q: BlockQ = None, block_kv: BlockKV = None, key_dir: KeyDir = None,
              dispatch_policy: DispatchPolicyFile = None) -> None:
     """Preregister, build and evaluate a candidate and log the gate decision. It registers the build as a model version (the record of what was judged) and moves no alias."""
-    settings, plan = _plan(implementation, thresholds, store_dir, block_q, block_kv, family,
+    settings, plan = plan_arguments(implementation, thresholds, store_dir, block_q, block_kv, family,
                            new_family, key_dir, dispatch_policy)
     from flows.rollout import evaluate_candidate
 

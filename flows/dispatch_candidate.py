@@ -2,9 +2,11 @@
 
 The policy file is audited before anything is registered (``kernels.dispatch_audit.
 load_policy``: a valid policy whose every bucket is what its evidence derives); a bad
-file is refused naming the constraint. For the rollout's session the ``dispatch`` kernel
-of that audited policy is registered in this process (:func:`candidate_kernel`), so the
-plan, the build and its record see one policy. It is not one of the registry's
+file is refused naming the constraint. The rollout's plan carries the audited policy
+(``flows.plan``: this file's, or the store's production policy ``auto`` resolved to) and
+for the rollout's session the ``dispatch`` kernel of that policy is registered in this
+process (:func:`serving`, ``flows.tasks.rollout_session``), so the plan, the build and its
+record see one policy. It is not one of the registry's
 ``BUILTIN`` entries: a built-in entry is loaded by every test and tool that walks the
 registry (poisoned padding, precision, the registry's own), and a ``dispatch`` kernel
 exists only with a policy. The build compiles it with its config the policy's
@@ -19,7 +21,6 @@ import contextlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from flows.settings import RolloutSettings
 from kernels.dispatch_audit import load_policy
 from kernels.dispatch_kernel import DispatchKernel
 from kernels.dispatch_policy import DispatchPolicy
@@ -59,19 +60,6 @@ def serving(policy: DispatchPolicy | None) -> Iterator[None]:
         return
     with registered(DispatchKernel(policy), replace=True):
         yield
-
-
-@contextlib.contextmanager
-def candidate_kernel(settings: RolloutSettings | None) -> Iterator[RolloutSettings]:
-    """``settings`` (``None``: the defaults), with the audited policy they name served
-    (:func:`serving`) for the block.
-
-    Raises:
-        ValueError: as :func:`audited_policy`.
-    """
-    settings = settings or RolloutSettings()
-    with serving(audited_policy(settings.implementation, settings.dispatch_policy)):
-        yield settings
 
 
 def build_inputs(implementation: str, config: dict | None, tracking: Tracking

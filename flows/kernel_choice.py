@@ -1,6 +1,12 @@
 """Which kernel a rollout builds, and why (printed by the CLI, used by the flows).
 
-``--implementation auto`` on a GPU builds what the measured selection table
+``--implementation auto`` serves the store's production dispatch policy when there is
+one to serve (:func:`auto_policy`): the ``dispatch`` family's production version, its
+policy read back only through its signed build record and audited
+(``lineage.serving.dispatch_version.version_policy``), measured on this host's backend.
+The environment's policy (``KERNELGATE_DISPATCH_POLICY`` and its ``_SHA256``,
+``kernels.dispatch_serving``), when set, overrides the store's. Without a policy to
+serve, ``auto`` on a GPU builds what the measured selection table
 (``kernels/gpu_table.json``, this device kind's entries) found fastest over the shapes
 the registration's serving contract covers; elsewhere, and without a table entry inside
 the contract, the host's flash kernel (``kernels.native_flash_kernel``).
@@ -8,24 +14,103 @@ the contract, the host's flash kernel (``kernels.native_flash_kernel``).
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from flows.paths import DEFAULT_THRESHOLDS, INTERPRETED_THRESHOLDS
+from kernels.dispatch_policy import DispatchPolicy
+from kernels.dispatch_serving import POLICY_ENV, configured_policy
+from lineage.aliases import registered_model
+from lineage.serving.dispatch_version import DISPATCH, version_policy
+from lineage.signing.sources import StoreSource
 
 if TYPE_CHECKING:
     from gates.serving_contract import ServingContract
+    from lineage.signing.attestations import TrustPolicy
+    from lineage.store.tracking import Tracking
+
+logger = logging.getLogger(__name__)
 
 
-def rollout_kernel(implementation: str, backend: str,
-                   contract: ServingContract | None) -> tuple[str, str]:
+@dataclass(frozen=True)
+class AutoPolicy:
+    """The dispatch policy ``auto`` serves (audited, pinned to its signed fingerprint;
+    ``None``: none, ``auto`` is the kernel it was without one) and one sentence saying
+    which policy, or why none."""
+
+    policy: DispatchPolicy | None
+    why: str
+
+
+def auto_policy(tracking: Tracking | None, trust: TrustPolicy, backend: str, *,
+                family: str = DISPATCH, environ: Mapping[str, str] | None = None
+                ) -> AutoPolicy:
+    """The dispatch policy ``auto`` serves on ``backend``: the environment's
+    (``kernels.dispatch_serving.configured_policy`` of ``environ``, default
+    ``os.environ``) when set, else the production version of ``family`` in ``tracking``
+    (``None``: no store yet) whose signed build record audits under ``trust``; either
+    only when measured on ``backend``. A production policy failing its audit is never
+    served and is logged as a warning naming the version and the finding.
+
+    Raises:
+        kernels.dispatch_audit.PolicyError: the environment sets one of its two
+            variables without the other, or names a policy that fails its audit.
+    """
+    configured = configured_policy(environ)
+    if configured is not None:
+        if configured.backend != backend:
+            return AutoPolicy(None, f"the policy {POLICY_ENV} names was measured on "
+                                    f"{configured.backend}, not {backend}")
+        return AutoPolicy(configured, (
+            f"auto -> dispatch (the policy {POLICY_ENV} names, sha256 "
+            f"{configured.fingerprint()[:12]}…; the environment overrides the store's "
+            "production dispatch policy)"))
+    if tracking is None:
+        return AutoPolicy(None, "there is no store yet")
+    version = registered_model.alias_version(tracking, family, "production")
+    if version is None:
+        return AutoPolicy(None, f"the store's {family} family has no production version")
+    audited = version_policy(StoreSource(tracking, family, trust), version)
+    if audited is None:
+        return AutoPolicy(None, f"{family} v{version} in production has no signed "
+                                "dispatch build")
+    audit, policy = audited
+    if audit.problems or policy is None:
+        finding = (f"{family} v{version}, the store's production dispatch policy, fails "
+                   f"its audit and is not served: {'; '.join(audit.problems)}")
+        logger.warning("%s", finding)
+        return AutoPolicy(None, f"WARNING: {finding}")
+    if policy.backend != backend:
+        return AutoPolicy(None, f"the store's production dispatch policy ({family} "
+                                f"v{version}) was measured on {policy.backend}, not {backend}")
+    return AutoPolicy(policy, f"auto -> dispatch v{version} (the store's production dispatch "
+                              f"policy, sha256 {audit.policy_sha256[:12]}…)")
+
+
+def rollout_kernel(implementation: str, backend: str, contract: ServingContract | None,
+                   auto: AutoPolicy | None = None) -> tuple[str, str]:
     """``(registry name, one sentence why)`` for a rollout of ``implementation`` on
     ``backend`` under the serving ``contract`` of its thresholds (``None``: auto without a
-    contract takes the host's flash kernel).
+    contract takes the host's flash kernel). ``auto`` with a policy to serve
+    (:func:`auto_policy`) resolves to ``dispatch``; without one, to the kernel below, the
+    sentence saying why no policy.
 
     Raises:
         ValueError: unknown implementation, or an unreadable selection table.
     """
+    if implementation != "auto" or auto is None:
+        return _without_policy(implementation, backend, contract)
+    if auto.policy is not None:
+        return DISPATCH, auto.why
+    name, why = _without_policy(implementation, backend, contract)
+    return name, f"{why} (no dispatch policy served: {auto.why})"
+
+
+def _without_policy(implementation: str, backend: str, contract: ServingContract | None
+                    ) -> tuple[str, str]:
     import kernels
     from kernels import selection
 
@@ -53,8 +138,11 @@ def rollout_kernel(implementation: str, backend: str,
     return pick[0], f"auto -> {pick[0]}: {pick[1]}"
 
 
-def default_thresholds(implementation: str, backend: str) -> tuple[Path, str]:
-    """``(thresholds file, one sentence why)`` for a rollout given no ``--thresholds``:
+def default_thresholds(implementation: str, backend: str, auto: AutoPolicy | None = None
+                       ) -> tuple[Path, str]:
+    """``(thresholds file, one sentence why)`` for a rollout given no ``--thresholds``
+    (``auto``: as :func:`rollout_kernel`; a ``dispatch`` kernel it resolves to is the
+    registered one):
     ``thresholds/local-interpreted.yaml`` when the kernel ``implementation`` resolves to
     runs interpreted on ``backend`` (not among its native platforms), else
     ``thresholds/local-dry-run.yaml``. Both profiles have the same criteria and serving
@@ -66,7 +154,8 @@ def default_thresholds(implementation: str, backend: str) -> tuple[Path, str]:
     import kernels
     from gates.thresholds import load_thresholds
 
-    name, _ = rollout_kernel(implementation, backend, load_thresholds(DEFAULT_THRESHOLDS).serving)
+    name, _ = rollout_kernel(implementation, backend,
+                             load_thresholds(DEFAULT_THRESHOLDS).serving, auto)
     if kernels.IMPLEMENTATIONS[name].is_native(backend):
         return DEFAULT_THRESHOLDS, f"{name} is native on {backend}: the local-dry-run profile"
     return INTERPRETED_THRESHOLDS, (

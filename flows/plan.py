@@ -16,18 +16,23 @@ file, perf shapes, test-set profile) change nothing about the verdict.
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from flows.kernel_choice import rollout_kernel
+from flows.dispatch_candidate import audited_policy, serving
+from flows.kernel_choice import AutoPolicy, auto_policy, rollout_kernel
 from flows.settings import RolloutSettings
 from gates.preregistration import PreregistrationError
 from gates.serving_contract import ServingContract
 from gates.thresholds import Thresholds, parse_thresholds
+from kernels.dispatch_policy import DispatchPolicy
 from lineage.records.bindings import RolloutBindings
 from lineage.records.registration import Registration
+from lineage.signing import keys
+from lineage.store import tracking as tr
 
 
 class RolloutPlan(BaseModel):
@@ -49,6 +54,9 @@ class RolloutPlan(BaseModel):
             made before bindings existed).
         version: with ``registration``, the version the plan judges.
         build_run_id: with ``registration``, that version's signed build run.
+        dispatch_policy: the audited dispatch policy a ``dispatch`` plan serves (the
+            ``--dispatch-policy`` file's, or the one ``auto`` resolved to); None for any
+            other kernel, and for a re-validation (its version serves its signed policy).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -64,6 +72,7 @@ class RolloutPlan(BaseModel):
     bindings: RolloutBindings | None = None
     version: str | None = None
     build_run_id: str | None = None
+    dispatch_policy: DispatchPolicy | None = Field(None, repr=False)
 
     @property
     def thresholds_bytes(self) -> bytes:
@@ -88,24 +97,50 @@ def _text(data: bytes, source: str) -> str:
         raise ValueError(f"{source}: a thresholds file is UTF-8 text ({err})") from None
 
 
-def resolve_plan(settings: RolloutSettings, backend: str) -> RolloutPlan:
+def store_auto_policy(settings: RolloutSettings, backend: str) -> AutoPolicy:
+    """What ``auto`` serves on ``backend`` from the store of ``settings``
+    (``flows.kernel_choice.auto_policy``: the tracking server, else the embedded store in
+    ``store_dir``, never created by this read), under the trust of its key folder.
+
+    Raises:
+        kernels.dispatch_audit.PolicyError: as ``auto_policy`` (the environment's policy).
+    """
+    exists = os.environ.get("MLFLOW_TRACKING_URI") or (
+        Path(settings.store_dir) / "mlflow.db").exists()
+    tracking = tr.tracking_for(settings.store_dir) if exists else None
+    return auto_policy(tracking, keys.folder_trust(settings.key_dir or keys.default_key_dir()),
+                       backend)
+
+
+def resolve_plan(settings: RolloutSettings, backend: str,
+                 auto: AutoPolicy | None = None) -> RolloutPlan:
     """The plan of a rollout of ``settings`` on ``backend`` ("cpu", "gpu", "tpu"): the
-    thresholds file read and parsed once, the kernel resolved against its serving contract.
+    thresholds file read and parsed once, the kernel resolved against its serving
+    contract; for ``auto``, the policy ``auto`` serves (``auto``, else
+    :func:`store_auto_policy`), for ``dispatch`` the ``--dispatch-policy`` file audited.
 
     Raises:
         FileNotFoundError: the thresholds file does not exist.
         ValueError: the thresholds file is not a valid thresholds file (names the file and
-            the constraint), or the implementation is unknown.
+            the constraint), the implementation is unknown, or a dispatch policy is
+            refused (``flows.dispatch_candidate.audited_policy``, ``store_auto_policy``).
     """
     path = Path(settings.thresholds)
     data = path.read_bytes()
     text = _text(data, str(path))
     thresholds = parse_thresholds(data, source=str(path))
-    name, why = rollout_kernel(settings.implementation, backend, thresholds.serving)
+    if settings.implementation == "auto":
+        auto = auto or store_auto_policy(settings, backend)
+        policy = auto.policy
+    else:
+        policy = audited_policy(settings.implementation, settings.dispatch_policy)
+    with serving(policy):  # a dispatch kernel is named only while registered
+        name, why = rollout_kernel(settings.implementation, backend, thresholds.serving, auto)
     return RolloutPlan(family=settings.family or name, implementation=name, why=why,
                        thresholds_file=path.name, thresholds_text=text,
                        thresholds=thresholds,
-                       testset_profile=settings.testset_profile_for(backend))
+                       testset_profile=settings.testset_profile_for(backend),
+                       dispatch_policy=policy)
 
 
 def registered_plan(family: str, version: str, *, build_run_id: str, implementation: str,

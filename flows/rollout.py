@@ -19,7 +19,6 @@ from pathlib import Path
 from prefect import flow
 
 from evaluation.report import EvaluationReport
-from flows.dispatch_candidate import candidate_kernel
 from flows.end_states import outcome_of, rollout_end_state
 from flows.errored import errored_outcome, errored_state
 from flows.judge import build, confirm, evaluate, gate
@@ -68,7 +67,7 @@ def rollout(settings: RolloutSettings | None = None,
     *Errored* (``flows.errored``). A call returns a promotion's outcome, raises any other's
     (``RolloutNotPromoted``, ``RolloutErrored``); :func:`run_rollout` returns them all."""
     try:
-        with candidate_kernel(settings) as settings, rollout_session(settings, plan) as context:
+        with rollout_session(settings or RolloutSettings(), plan) as context:
             outcome = _stages(context)
     except Exception as err:
         if (errored := errored_outcome(err)) is None:
@@ -129,8 +128,8 @@ def _stages(ctx: RolloutContext) -> RolloutOutcome:
 def build_kernel(settings: RolloutSettings | None = None,
                  plan: RolloutPlan | None = None) -> str:
     """Build, export and register the candidate (no evaluation); returns the model version."""
-    with candidate_kernel(settings) as settings, rollout_session(
-            settings, plan, stage="build", clear_stale_aliases=False) as ctx:
+    with rollout_session(settings or RolloutSettings(), plan, stage="build",
+                         clear_stale_aliases=False) as ctx:
         built = build(ctx)
         outcome = finish(ctx, "built", "build",
                          "built and registered only; not evaluated, no alias moved",
@@ -145,8 +144,7 @@ def evaluate_candidate(settings: RolloutSettings | None = None,
     """Preregister, build and evaluate a candidate and log the gate decision, without
     moving any alias. The version is registered (it is the record of what was built),
     and tagged as rejected when the gate says so."""
-    with candidate_kernel(settings) as settings, rollout_session(
-            settings, plan, clear_stale_aliases=False) as ctx:
+    with rollout_session(settings or RolloutSettings(), plan, clear_stale_aliases=False) as ctx:
         preregistered = preregister(ctx)
         built = build(ctx, preregistered)
         testset = prepare_testset(ctx)

@@ -23,6 +23,7 @@ from prefect.states import Completed, State
 import kernels
 from evaluation.documents import load_documents
 from evaluation.testset import ensure_testset
+from flows.dispatch_candidate import serving
 from flows.errored import OUTCOME_ATTRIBUTE, stage_of
 from flows.log_sequencer import server_sequencer
 from flows.plan import RolloutPlan, resolve_plan
@@ -151,7 +152,9 @@ def rollout_session(settings: RolloutSettings, plan: RolloutPlan | None = None, 
                     stage: str = "rollout", clear_stale_aliases: bool = True,
                     run_name: str | None = None) -> Iterator[RolloutContext]:
     """A rollout's whole life under one plan (``plan``, or the one ``settings`` resolve
-    to, resolved here once): the family's lock held (on an embedded store) or its slot
+    to, resolved here once): the dispatch policy the plan serves registered as the
+    ``dispatch`` kernel (``flows.dispatch_candidate.serving``; nothing for another
+    kernel), the family's lock held (on an embedded store) or its slot
     in the family's Prefect concurrency limit (on a tracking server), the record
     opened, and on any exception the record closed before the exception propagates
     (production untouched, no alias left on the unfinished version, the parent run
@@ -164,7 +167,7 @@ def rollout_session(settings: RolloutSettings, plan: RolloutPlan | None = None, 
     """
     plan = plan or resolve_plan(settings, kernels.default_backend())
     family = plan.family
-    with (rollout.family_lock(settings.store_dir, family) as locked,
+    with (serving(plan.dispatch_policy), rollout.family_lock(settings.store_dir, family) as locked,
           family_slot(family) as slotted):
         context = open_rollout(settings, plan, stage=stage,
                                owner_is_dead=locked or slotted,

@@ -8,7 +8,10 @@ to the fingerprint that was signed (``lineage.records.dispatch_record`` audits a
 signed policy and gives these two values). The file is read and audited once per path and
 fingerprint (``kernels.dispatch_audit.load_policy``: every bucket re-derived from its
 evidence). With neither set, :func:`configured_policy` is ``None`` and ``auto`` is
-exactly what it was: the auto order, on a GPU the measured table's pick first.
+exactly what it was: the auto order, on a GPU the measured table's pick first. (A
+rollout of ``--implementation auto`` needs neither: it reads the store's production
+dispatch policy through its signed record, ``flows.kernel_choice.auto_policy``, and these
+variables, when set, override that.)
 
 :func:`route` is the one rule both ``auto`` and ``kernels.dispatch_kernel.DispatchKernel``
 follow: the call's bucket, then the first kernel of the bucket's ranking (its choice,

@@ -5,54 +5,100 @@ version served from a process of its own with its signed policy) to production; 
 ``kernelgate audit`` of that version passes, and a copy of the store with one bucket's
 evidence edited in the stored policy fails it, naming the bucket (the untouched store,
 audited again, still passes: the failure is the edit's, not a false alarm).
+
+With that version in production, ``--implementation auto`` resolves to its policy, read
+back through the signed build record and pinned to its fingerprint; a store without one,
+a policy measured on another backend, or a build record whose policy was edited after
+signing leaves ``auto`` what it was, saying why (the edit as a warning). The
+environment's policy, when set, overrides the store's.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 from prefect.testing.utilities import prefect_test_harness
 from typer.testing import CliRunner
 
+import kernels
 from flows.cli import app
+from flows.kernel_choice import auto_policy, rollout_kernel
+from flows.plan import resolve_plan
 from flows.rollout import run_rollout
 from flows.settings import RolloutSettings
-from kernels.dispatch_serving import SHA256_ENV
+from kernels.dispatch_serving import POLICY_ENV, SHA256_ENV
 from kernels.registry import IMPLEMENTATIONS
 from kernels.shapes import AttentionShape
 from lineage.aliases import registered_model
+from lineage.log.checkpoints import CHECKPOINTS
 from lineage.records import dispatch_record
-from lineage.serving.dispatch_version import worker_environment
+from lineage.serving.dispatch_version import DISPATCH, worker_environment
+from lineage.signing.keys import default_key_dir
 from lineage.signing.sources import StoreSource
 from lineage.store import tags
+from lineage.store.tracking import local_tracking
 from tests.dispatch_standin import standin_policy, write_standin_policy
 from tests.flow_thresholds import FLOW_TEST, untimed
 from tests.shared_builds import HARNESS_STARTUP_S, copy_of, flow_testset
 from tests.store_copies import copy_store
 
-FAMILY = "dispatch-test"
+FAMILY = DISPATCH  # the family auto reads its production policy from
 SMALL_SHAPE = [AttentionShape(batch=1, q_len=128, kv_len=128, num_heads=4, num_kv_heads=4,
                               head_dim=32, dtype="float32", causal=False)]
 
 
 @pytest.fixture(scope="module")
-def promoted(tmp_path_factory):
+def harness():
+    """One Prefect test server for the module's flow runs, with no tracking server."""
+    with (pytest.MonkeyPatch.context() as mp,
+          prefect_test_harness(server_startup_timeout=HARNESS_STARTUP_S)):
+        mp.delenv("MLFLOW_TRACKING_URI", raising=False)
+        mp.delenv(POLICY_ENV, raising=False)
+        mp.delenv(SHA256_ENV, raising=False)
+        yield
+
+
+def _settings(root: Path, store: Path, **kwargs) -> RolloutSettings:
+    """The module's rollout settings (its test set under ``root``) against ``store``."""
+    return RolloutSettings(
+        thresholds=untimed(FLOW_TEST, root / "flow.yaml"), testset_dir=root / "testset",
+        store_dir=store, shadow_requests=8, perf_repeats=3, perf_shapes=SMALL_SHAPE,
+        model_check=False, testset_profile="minimal", **kwargs)
+
+
+@pytest.fixture(scope="module")
+def promoted(tmp_path_factory, harness):
     """The stand-in policy rolled out to production: (store folder, outcome)."""
     root = tmp_path_factory.mktemp("dispatch-flow")
     copy_of(flow_testset(tmp_path_factory), root / "testset")
     policy_file = write_standin_policy(root / "policy.json")
-    settings = RolloutSettings(
-        implementation="dispatch", dispatch_policy=policy_file, family=FAMILY,
-        thresholds=untimed(FLOW_TEST, root / "flow.yaml"), testset_dir=root / "testset",
-        store_dir=root / "store", shadow_requests=8, perf_repeats=3, perf_shapes=SMALL_SHAPE,
-        model_check=False, testset_profile="minimal")
-    with (pytest.MonkeyPatch.context() as mp,
-          prefect_test_harness(server_startup_timeout=HARNESS_STARTUP_S)):
-        mp.delenv("MLFLOW_TRACKING_URI", raising=False)
-        outcome = run_rollout(settings)
+    outcome = run_rollout(_settings(root, root / "store", implementation="dispatch",
+                                    dispatch_policy=policy_file, family=FAMILY))
     return root / "store", outcome
+
+
+def _own_keys(folder: Path) -> Path:
+    """A snapshot of the pipeline's key folder at ``folder`` (its keys, not its
+    checkpoints) for a copy of a store whose log goes on its own way from the
+    original's: each keeps its own checkpoint of its log."""
+    shutil.copytree(default_key_dir(), folder, ignore=shutil.ignore_patterns(CHECKPOINTS))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def promoted_again(promoted, tmp_path_factory):
+    """A copy of that store in which ``--implementation auto`` was rolled out: the
+    store's production policy built as a new version of the family and promoted:
+    (store folder, its key folder, outcome)."""
+    store, _ = promoted
+    folder = tmp_path_factory.mktemp("dispatch-auto")
+    again, keys = copy_store(store, folder / "store"), _own_keys(folder / "keys")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("KERNELGATE_KEY_DIR", str(keys))
+        return again, keys, run_rollout(_settings(store.parent, again))
 
 
 def _audit(store: Path, *extra: str) -> tuple[int, str]:
@@ -64,8 +110,6 @@ def _audit(store: Path, *extra: str) -> tuple[int, str]:
 
 def test_a_dispatch_policy_is_rolled_out_to_production_and_its_version_serves_it(
         promoted, signing, tmp_path):
-    from lineage.store.tracking import local_tracking
-
     store, outcome = promoted
     assert outcome.result == "promoted", outcome.reason
     assert "dispatch" not in IMPLEMENTATIONS  # registered for the rollout's session only
@@ -83,20 +127,27 @@ def test_a_dispatch_policy_is_rolled_out_to_production_and_its_version_serves_it
     assert worker_environment(source, version, tmp_path)[SHA256_ENV] == fingerprint
 
 
-def test_the_audit_re_derives_the_policy_and_names_an_edited_bucket(promoted, tmp_path):
-    store, _ = promoted
-    code, out = _audit(store)
-    assert code == 0, out
-    assert "loaded model" in out
-    edited = copy_store(store, tmp_path / "edited")
+def _edited_copy(store: Path, folder: Path) -> tuple[Path, str]:
+    """A copy of ``store`` whose signed policy artifact has one bucket's evidence edited
+    (in the bucket the build's shape fell in, naive chosen: xla made the fastest there);
+    returns the copy and that bucket's name."""
+    edited = copy_store(store, folder)
     (policy_file,) = edited.rglob(dispatch_record.POLICY_ARTIFACT)
     data = json.loads(policy_file.read_text())
-    # the bucket the build's shape fell in (naive chosen): xla made the fastest there
     index = next(i for i, b in enumerate(data["buckets"]) if b["kernel"] == "naive")
     bucket = data["buckets"][index]["evidence"]["bucket"]["name"]
     (entry,) = [k for k in data["buckets"][index]["evidence"]["kernels"] if k["kernel"] == "xla"]
     entry["timings"][0].update(median_s=1e-7, low_s=0.99e-7, high_s=1.01e-7)
     policy_file.write_text(json.dumps(data, indent=1))
+    return edited, bucket
+
+
+def test_the_audit_re_derives_the_policy_and_names_an_edited_bucket(promoted, tmp_path):
+    store, _ = promoted
+    code, out = _audit(store)
+    assert code == 0, out
+    assert "loaded model" in out
+    edited, bucket = _edited_copy(store, tmp_path / "edited")
     code, out = _audit(edited, "--no-load-model")
     assert code == 1, out
     assert "altered after signing" in out and f"bucket {bucket!r}" in out, out
@@ -131,3 +182,129 @@ def test_a_bad_policy_argument_is_refused_naming_the_constraint_with_nothing_wri
     assert result.exit_code == 2, result.output
     assert match in " ".join(result.output.split()), result.output
     assert not store.exists()  # refused before anything was written
+
+
+def _auto_plan(store: Path):
+    """The plan of ``--implementation auto`` against ``store`` on this CPU host."""
+    return resolve_plan(RolloutSettings(store_dir=store), "cpu")
+
+
+def test_auto_serves_the_stores_production_dispatch_policy_pinned(promoted, monkeypatch):
+    store, outcome = promoted
+    monkeypatch.delenv(POLICY_ENV, raising=False)
+    monkeypatch.delenv(SHA256_ENV, raising=False)
+    plan = _auto_plan(store)
+    fingerprint = standin_policy().fingerprint()
+    assert (plan.implementation, plan.family) == ("dispatch", FAMILY)
+    assert plan.dispatch_policy.fingerprint() == fingerprint
+    assert plan.why == (f"auto -> dispatch v{outcome.version} (the store's production "
+                        f"dispatch policy, sha256 {fingerprint[:12]}…)")
+    assert "dispatch" not in IMPLEMENTATIONS  # registered only while the plan is resolved
+
+
+def test_auto_without_a_production_dispatch_policy_is_what_it_was(tmp_path, signing,
+                                                                  monkeypatch):
+    monkeypatch.delenv(POLICY_ENV, raising=False)
+    monkeypatch.delenv(SHA256_ENV, raising=False)
+    today = rollout_kernel("auto", "cpu", None)
+    plan = _auto_plan(tmp_path / "no-store")
+    assert plan.implementation == today[0] == kernels.native_flash_kernel("auto", "cpu")
+    assert plan.dispatch_policy is None
+    assert plan.why == f"{today[1]} (no dispatch policy served: there is no store yet)"
+    assert not (tmp_path / "no-store").exists()  # a read never creates a store
+    found = auto_policy(local_tracking(tmp_path / "empty"), signing.trust, "cpu")
+    assert (found.policy, found.why) == (
+        None, f"the store's {FAMILY} family has no production version")
+
+
+def test_auto_passes_over_a_policy_measured_on_another_backend(promoted, signing,
+                                                               monkeypatch):
+    store, outcome = promoted
+    monkeypatch.delenv(POLICY_ENV, raising=False)
+    monkeypatch.delenv(SHA256_ENV, raising=False)
+    found = auto_policy(local_tracking(store), signing.trust, "tpu")
+    assert found.policy is None
+    assert found.why == (f"the store's production dispatch policy ({FAMILY} "
+                         f"v{outcome.version}) was measured on cpu, not tpu")
+    name, why = rollout_kernel("auto", "tpu", None, found)
+    assert name == kernels.native_flash_kernel("auto", "tpu")
+    assert why == f"{kernels.why_picked('auto', 'tpu')} (no dispatch policy served: {found.why})"
+
+
+def test_auto_never_serves_a_policy_edited_after_signing_and_warns(promoted, tmp_path,
+                                                                   monkeypatch, caplog):
+    store, outcome = promoted
+    monkeypatch.delenv(POLICY_ENV, raising=False)
+    monkeypatch.delenv(SHA256_ENV, raising=False)
+    edited, bucket = _edited_copy(store, tmp_path / "edited")
+    with caplog.at_level("WARNING", logger="flows.kernel_choice"):
+        plan = _auto_plan(edited)
+    assert plan.implementation == kernels.native_flash_kernel("auto", "cpu")
+    assert plan.dispatch_policy is None
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warning.startswith(f"{FAMILY} v{outcome.version}, the store's production "
+                              "dispatch policy, fails its audit and is not served:"), warning
+    assert "altered after signing" in warning and f"bucket {bucket!r}" in warning, warning
+    assert f"(no dispatch policy served: WARNING: {warning})" in plan.why
+
+
+def test_the_environments_policy_overrides_the_stores(promoted, tmp_path, monkeypatch):
+    store, _ = promoted
+    edited, _ = _edited_copy(store, tmp_path / "edited")  # the store's own is not served
+    policy = standin_policy()
+    monkeypatch.setenv(POLICY_ENV, str(write_standin_policy(tmp_path / "policy.json")))
+    monkeypatch.setenv(SHA256_ENV, policy.fingerprint())
+    plan = _auto_plan(edited)
+    assert plan.implementation == "dispatch"
+    assert plan.dispatch_policy.fingerprint() == policy.fingerprint()
+    assert plan.why == (f"auto -> dispatch (the policy {POLICY_ENV} names, sha256 "
+                        f"{policy.fingerprint()[:12]}…; the environment overrides the "
+                        "store's production dispatch policy)")
+
+
+def test_an_auto_rollout_builds_the_production_policy_and_a_rollback_restores_the_first(
+        promoted, promoted_again, signing, monkeypatch):
+    from flows.rollback import manual_rollback
+    from lineage.audit.audit import audit
+
+    _, first = promoted
+    store, keys, again = promoted_again
+    monkeypatch.setenv("KERNELGATE_KEY_DIR", str(keys))
+    assert again.result == "promoted", again.reason
+    tracking = local_tracking(store)
+    source = StoreSource(tracking, FAMILY, signing.trust)
+    configs = {a.predicate["version"]: a.predicate["config"] for a in source.attestations()
+               if a.kind == "build"}
+    pinned = {"policy_sha256": standin_policy().fingerprint()}
+    assert configs == {first.version: pinned, again.version: pinned}
+
+    state = manual_rollback(reason="policy drill", requested_by="rm@example.com",
+                            to_version=int(first.version), family=FAMILY,
+                            store_dir=str(store), return_state=True)
+    assert state.name == "RolledBack", state.message
+    assert registered_model.alias_version(tracking, FAMILY, "production") == first.version
+    report = audit(tracking, FAMILY, "production", trust=signing.trust, load_model=False)
+    assert report.exit_code == 0, report.render()
+    text = report.render()
+    assert f"restored to production by a rollback from v{again.version}" in text, text
+    assert "rm@example.com: policy drill" in text, text
+
+
+def test_revalidation_re_judges_a_production_dispatch_version_and_fails_an_edited_policy(
+        promoted, harness, tmp_path):
+    from flows.revalidate import revalidate_production
+
+    store, outcome = promoted
+    intact = copy_store(store, tmp_path / "intact")
+    judged = revalidate_production(FAMILY, _settings(store.parent, intact,
+                                                     key_dir=_own_keys(tmp_path / "keys")))
+    assert (judged.result, judged.version) == ("passed", outcome.version), judged.reason
+    assert judged.loaded.startswith("in its own process"), judged.loaded
+    edited, bucket = _edited_copy(store, tmp_path / "edited")
+    failed = revalidate_production(FAMILY, _settings(store.parent, edited, key_dir=_own_keys(
+        tmp_path / "edited-keys")), return_state=True)
+    result = failed.result(raise_on_failure=False)
+    assert getattr(result, "result", None) == "rolled_back", (failed.name, result)
+    assert "altered after signing" in result.reason and f"bucket {bucket!r}" in result.reason
+    assert registered_model.alias_version(local_tracking(edited), FAMILY, "production") != (
+        outcome.version)

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lineage.records.dispatch_record import serving_environment
+from kernels.dispatch_policy import DispatchPolicy
+from lineage.records.dispatch_record import DispatchAudit, audit_dispatch_build, serving_environment
+from lineage.signing.attestations import Attestation
 from lineage.signing.sources import EvidenceSource
 
 DISPATCH = "dispatch"
@@ -25,6 +27,25 @@ DISPATCH = "dispatch"
 def is_dispatch(kernel: dict) -> bool:
     """Whether a version's recorded kernel (its ``kernel.json``) serves a dispatch policy."""
     return kernel.get("implementation") == DISPATCH
+
+
+def signed_build(source: EvidenceSource, version: str) -> Attestation | None:
+    """The verified ``build`` attestation of ``version`` in ``source`` (``None``: none)."""
+    builds = [a for a in source.attestations()
+              if a.kind == "build" and str(a.predicate.get("version")) == str(version)]
+    return builds[0] if builds else None
+
+
+def version_policy(source: EvidenceSource, version: str
+                   ) -> tuple[DispatchAudit, DispatchPolicy | None] | None:
+    """The audit of ``version``'s signed dispatch build and its policy
+    (``lineage.records.dispatch_record.audit_dispatch_build``: the policy is ``None``
+    when it cannot be read from the signed record); ``None`` when ``version`` has no
+    signed build or one of another implementation."""
+    build = signed_build(source, version)
+    if build is None or build.predicate.get("implementation") != DISPATCH:
+        return None
+    return audit_dispatch_build(source, build.run_id)
 
 
 def worker_environment(source: EvidenceSource, version: str, folder: Path) -> dict[str, str]:
@@ -37,8 +58,7 @@ def worker_environment(source: EvidenceSource, version: str, folder: Path) -> di
         lineage.records.dispatch_record.DispatchRecordError: the policy fails its audit (each
             problem named); the version is not served.
     """
-    builds = [a for a in source.attestations()
-              if a.kind == "build" and str(a.predicate.get("version")) == str(version)]
-    if not builds or builds[0].predicate.get("implementation") != DISPATCH:
+    build = signed_build(source, version)
+    if build is None or build.predicate.get("implementation") != DISPATCH:
         return {}
-    return serving_environment(source, builds[0].run_id, Path(folder))
+    return serving_environment(source, build.run_id, Path(folder))
