@@ -1,7 +1,7 @@
-"""Tasks every flow uses: opening and closing a rollout's record, preregistration, the
-test set, the session that holds the family's lock and closes the record on failure (by
-what the record says the rollout did), and ``stage_task``, the decorator of every stage.
-Each task calls plain functions of the packages below; the flows order them."""
+"""Tasks every flow uses: opening and closing a rollout's record, preregistration, the test
+set, the session that holds the family's lock and closes the record on failure (by what the
+record says), and ``stage_task``, the decorator of every stage. Each task calls plain
+functions of the packages below; the flows order them."""
 
 from __future__ import annotations
 
@@ -151,15 +151,13 @@ def family_slot(family: str, *, timeout_s: float | None = None) -> Iterator[bool
 def rollout_session(settings: RolloutSettings, plan: RolloutPlan | None = None, *,
                     stage: str = "rollout", clear_stale_aliases: bool = True,
                     run_name: str | None = None) -> Iterator[RolloutContext]:
-    """A rollout's whole life under one plan (``plan``, or the one ``settings`` resolve
-    to, resolved here once): the dispatch policy the plan serves registered as the
-    ``dispatch`` kernel (``flows.dispatch_candidate.serving``; nothing for another
-    kernel), the family's lock held (on an embedded store) or its slot
-    in the family's Prefect concurrency limit (on a tracking server), the record
-    opened, and on any exception the record closed before the exception propagates
-    (production untouched, no alias left on the unfinished version, the parent run
-    FAILED — or, after a completed promotion, a note that only bookkeeping failed).
-    What the rollout had done when it failed is read back from its record.
+    """A rollout's whole life under one plan (``plan``, or the one ``settings`` resolve to,
+    resolved here once): the plan's dispatch policy served as the ``dispatch`` kernel (if any),
+    the family's lock held (on an embedded store) or its slot in the family's Prefect
+    concurrency limit (on a tracking server), the record opened, and on any exception the
+    record closed before the exception propagates (production untouched, no alias left on the
+    unfinished version, the parent run FAILED — or, after a completed promotion, a note that
+    only bookkeeping failed). What it had done when it failed is read from its record.
 
     Raises:
         ValueError, FileNotFoundError: the settings resolve to no plan (a bad thresholds
@@ -291,17 +289,16 @@ def finish(context: RolloutContext, result: Result, stage: str, reason: str, *,
     """Close the rollout's record with its outcome (``version``: the candidate;
     ``decision``: its gate decision, summarised; ``traffic``: the shadow and canary steps
     judged; ``decided_by``: who or what decided; ``inconclusive``: stopped for want of
-    evidence, not for a finding about the kernel; ``evidence``: markdown the version's
-    page shows under its verdict line, e.g. the adoption test's), and show it in the
-    Prefect UI. Every verdict line says, in the same line, what was not assessed
-    (``gates.headline``)."""
+    evidence, not for a finding about the kernel; ``evidence``: markdown shown under the
+    version page's verdict, e.g. the adoption test's), and show it in the Prefect UI.
+    Every verdict line says what was not assessed (``gates.headline``)."""
     context.serving.close()
     outcome = rollout.close_rollout(
         context.record, result=result, stage=stage, reason=reason, version=version,
         decision_summary=decision.summary if decision else None,
         not_assessed_note=decision.not_assessed_note if decision else None,
-        decided_by=decided_by, not_assessed=caveat(decision, traffic), inconclusive=inconclusive,
-        evidence=evidence)
+        decided_by=decided_by, not_assessed=caveat(decision, traffic),
+        inconclusive=inconclusive, evidence=evidence)
     logger = run_logger()
     try:
         create_markdown_artifact(outcome.markdown(),
