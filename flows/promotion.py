@@ -52,7 +52,7 @@ def pause_key(transition: str, attempt: int) -> str:
 
 def _ask(context: RolloutContext, transition: Transition, gated: Gated,
          traffic: Sequence[CanaryStepResult], confirmed: Confirmed | None,
-         adoption: AdoptionVerdict | None) -> ApprovalRecord:
+         adoption: AdoptionVerdict | None = None) -> ApprovalRecord:
     """Pause until a valid answer or the timeout; a bad answer is re-asked, never recorded
     as an approval."""
     policy = gated.thresholds.approval
@@ -253,10 +253,8 @@ def adoption_evidence(gated: Gated, verdict: AdoptionVerdict | None) -> str | No
     """The adoption evidence shown in the ``canary->production`` form and on the
     version's page (``gates.adoption_decision.adoption_markdown``); None where the
     registration has no ``decision:`` section (nothing is shown)."""
-    plan = gated.thresholds.decision
-    if verdict is None or plan is None:
-        return None
-    return adoption_markdown(plan, verdict)
+    plan = gated.thresholds.decision if verdict is not None else None
+    return adoption_markdown(plan, verdict) if plan is not None else None
 
 
 ADOPTION_DECIDER = "the adoption test (preregistered decision)"
