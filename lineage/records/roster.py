@@ -1,5 +1,6 @@
 """The approver roster: who may approve a family's loosenings, and how its first
-approvers are named.
+approvers are named (kept over 350 lines: the founding at a registration and at a
+re-anchor are one rule, written, signed and re-checked by the audit side by side).
 
 A loosening after a rejection needs the signed approval of an approver the previous
 registration names (``lineage.records.loosening_approval``), and naming an approver is itself a
