@@ -40,6 +40,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.answers < 1:
         parser.error("--answers must be at least 1")
 
+    import httpx
+    from prefect.settings import PREFECT_API_URL
+
+    if not PREFECT_API_URL.value():  # else Prefect would poll a throwaway local server
+        parser.error("PREFECT_API_URL is not set: name the Prefect server the rollout runs on")
+    try:
+        return _answer(args)
+    except httpx.HTTPError as err:
+        print(f"the Prefect server at {PREFECT_API_URL.value()} cannot be reached: {err}",
+              file=sys.stderr)
+        return 1
+
+
+def _answer(args: argparse.Namespace) -> int:
+    """Poll and answer as ``main`` says; 0 after ``args.answers`` answers, 1 on timeout."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import (
         FlowRunFilter,

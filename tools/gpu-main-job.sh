@@ -66,7 +66,9 @@ case ${1:-} in
     answerer=$!
     step staging-rollout 420 python3 -m flows.cli rollout --implementation native \
       --thresholds thresholds/staging.yaml --store-dir "$sstore"
-    wait "$answerer"  # not the server: it stays up for staging-audit's call
+    # a rollout that ends before its last approval (rolled back, rejected) leaves the
+    # answerer waiting: stop it rather than spend device time on its timeout
+    kill "$answerer" 2>/dev/null; wait "$answerer" 2>/dev/null
     echo "--- answers"; cat "$out/answers.log"
     cp /tmp/prefect-server.log "$out/" 2>/dev/null
     ;;
