@@ -51,7 +51,9 @@ def auto_policy(tracking: Tracking | None, trust: TrustPolicy, backend: str, *,
     """The dispatch policy ``auto`` serves on ``backend``: the environment's
     (``kernels.dispatch_serving.configured_policy`` of ``environ``, default
     ``os.environ``) when set, else the production version of ``family`` in ``tracking``
-    (``None``: no store yet) whose signed build record audits under ``trust``; either
+    (``None``: no store yet), as its signed alias history names it (an MLflow alias moved
+    by hand serves nothing, with a warning), whose signed build record audits under
+    ``trust``; either
     only when measured on ``backend``. A production policy failing its audit is never
     served and is logged as a warning naming the version and the finding.
 
@@ -73,7 +75,17 @@ def auto_policy(tracking: Tracking | None, trust: TrustPolicy, backend: str, *,
     version = registered_model.alias_version(tracking, family, "production")
     if version is None:
         return AutoPolicy(None, f"the store's {family} family has no production version")
-    audited = version_policy(StoreSource(tracking, family, trust), version)
+    source = StoreSource(tracking, family, trust)
+    # the MLflow alias is not signed: serve only what the signed alias history says
+    moves, history_problems = registered_model.alias_history(source)
+    signed = registered_model.signed_aliases(moves).get("production")
+    if history_problems or signed != version:
+        finding = (f"the store's {family} production alias names v{version}, its signed alias "
+                   f"history {f'v{signed}' if signed else 'no version'}"
+                   + "".join(f"; {p}" for p in history_problems) + ": no policy is served")
+        logger.warning("%s", finding)
+        return AutoPolicy(None, f"WARNING: {finding}")
+    audited = version_policy(source, version)
     if audited is None:
         return AutoPolicy(None, f"{family} v{version} in production has no signed "
                                 "dispatch build")

@@ -290,6 +290,30 @@ def test_an_auto_rollout_builds_the_production_policy_and_a_rollback_restores_th
     assert "rm@example.com: policy drill" in text, text
 
 
+def test_auto_never_serves_a_version_the_production_alias_was_moved_to_by_hand(
+        promoted_again, signing, tmp_path, monkeypatch, caplog):
+    """The MLflow alias is not signed: moved to another built, signed version by a store
+    editor, ``auto`` serves no policy and warns; the untouched copy serves the signed one."""
+    monkeypatch.delenv(POLICY_ENV, raising=False)
+    monkeypatch.delenv(SHA256_ENV, raising=False)
+    store, _, _ = promoted_again
+    moved = copy_store(store, tmp_path / "moved")
+    tracking = local_tracking(moved)
+    signed = registered_model.alias_version(tracking, FAMILY, "production")
+    assert auto_policy(tracking, signing.trust, "cpu").policy is not None  # untouched: served
+    (other,) = {a.predicate["version"] for a in StoreSource(tracking, FAMILY, signing.trust)
+                .attestations() if a.kind == "build"} - {signed}
+    tracking.client().set_registered_model_alias(
+        registered_model.registered_model_name(FAMILY), "production", str(other))
+    with caplog.at_level("WARNING", logger="flows.kernel_choice"):
+        found = auto_policy(tracking, signing.trust, "cpu")
+    assert found.policy is None
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warning == (f"the store's {FAMILY} production alias names v{other}, its signed "
+                       f"alias history v{signed}: no policy is served"), warning
+    assert found.why == f"WARNING: {warning}"
+
+
 def test_revalidation_re_judges_a_production_dispatch_version_and_fails_an_edited_policy(
         promoted, harness, tmp_path):
     from flows.revalidate import revalidate_production

@@ -153,3 +153,9 @@ def test_a_partial_merge_shows_the_measured_buckets_names_the_gap_and_writes_not
     with pytest.raises(SystemExit):  # a partial table and a policy folder are exclusive
         dispatch_merge.main([str(tmp_path / "first" / "piece.json"), "--partial",
                              "--out", str(tmp_path / "x")])
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as refused:  # a candidate with no capability: named
+        dispatch_merge.main([str(tmp_path / "first" / "piece.json"), "--partial",
+                             "--kernels", "xla,bogus"])
+    assert refused.value.code == 2 and "['bogus'] have no declared capability" in \
+        capsys.readouterr().err

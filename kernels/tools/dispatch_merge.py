@@ -28,6 +28,7 @@ from pydantic import ValidationError
 from kernels.dispatch_pieces import EvidencePiece, PieceError, measured_buckets, merge_pieces
 from kernels.dispatch_policy import (
     BucketChoice,
+    BucketEvidence,
     DispatchPolicy,
     Evidence,
     Rule,
@@ -112,30 +113,31 @@ def main(argv: Sequence[str] | None = None) -> int:
                      "(a table of the measured buckets, nothing written), not both or neither")
     try:
         pieces = [EvidencePiece.model_validate_json(p.read_bytes()) for p in args.pieces]
-        if args.partial:
-            return _partial(pieces, args.kernels, args.priority)
-        evidence = merge_pieces(pieces)
+        buckets = measured_buckets(pieces)  # one measurement, with or without gaps
+        evidence = None if args.partial else merge_pieces(pieces)
     except (OSError, ValidationError, PieceError) as err:
         print(f"dispatch_merge: the pieces do not merge: {err}", file=sys.stderr)
         return 3
-    measured = tuple(dict.fromkeys(k.kernel for b in evidence.buckets for k in b.kernels))
-    policy = write_policy(evidence, args.kernels or measured, args.priority, args.out)
+    candidates = tuple(args.kernels or dict.fromkeys(k.kernel for b in buckets for k in b.kernels))
+    try:
+        if evidence is None:
+            return _partial(pieces, buckets, candidates, args.priority)
+        policy = write_policy(evidence, candidates, args.priority, args.out)
+    except ValueError as err:  # --kernels or --priority naming what cannot be
+        parser.error(str(err))
     return report(policy, args.out)
 
 
-def _partial(pieces: Sequence[EvidencePiece], kernels: Sequence[str] | None,
-             priority: Sequence[str]) -> int:
-    buckets = measured_buckets(pieces)
-    space = pieces[0].space
+def _partial(pieces: Sequence[EvidencePiece], buckets: Sequence[BucketEvidence],
+             candidates: tuple[str, ...], priority: Sequence[str]) -> int:
+    """Print the measured buckets' table, headed by what of the space they leave."""
+    first = pieces[0]
     try:
-        check_partition(space, [b.bucket for b in buckets])
+        check_partition(first.space, [b.bucket for b in buckets])
         gap = "they cover the whole space: merge them with --out for a policy"
     except CoverageError as err:
         gap = f"not the whole space, so no policy is derived or written: {err}"
-    measured = tuple(dict.fromkeys(k.kernel for b in buckets for k in b.kernels))
-    candidates = tuple(kernels or measured)
     choices = choose_buckets(buckets, candidates, Rule(priority=tuple(priority) or candidates))
-    first = pieces[0]
     print(f"PARTIAL: {len(buckets)} buckets measured by pieces {[p.label for p in pieces]} on "
           f"{first.device} ({first.backend}); {gap}")
     print(format_choices(choices))
