@@ -288,7 +288,9 @@ def audit(tracking: Tracking | None, family: str, target: str, *, trust=None,
         walk.link("version", None, False, f"{target!r} is not a version number and no such alias "
                   f"is set; aliases now: {actual or 'none'}")
         return report()
-    if source.version_run(version) is None and not _signed_build_of(source, version):
+    # a version the log signs but the registry lacks was deleted (a finding below); one it
+    # never signed is not this family's: said once
+    if source.version_run(version) is None and model_files.find_build(source, version) is None:
         built = sorted({str(a.predicate.get("version")) for a in source.attestations()
                         if a.kind == "build"}, key=lambda v: (len(v), v))
         walk.link("version", version, False,
@@ -338,9 +340,3 @@ def audit(tracking: Tracking | None, family: str, target: str, *, trust=None,
         walk.problems += found
     return report(verified, checked)
 
-
-def _signed_build_of(source: EvidenceSource, version: str) -> bool:
-    """Whether the log signs a build of ``version``: a version it signs but the registry
-    lacks was deleted (a finding), one it never signed is a typo (said as such)."""
-    return any(a.kind == "build" and str(a.predicate.get("version")) == version
-               for a in source.attestations())

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from kernels.dispatch_policy import DispatchPolicy
 from lineage.records.dispatch_record import DispatchAudit, audit_dispatch_build, serving_environment
-from lineage.signing.attestations import Attestation
+from lineage.serving.model_files import find_build
 from lineage.signing.sources import EvidenceSource
 
 DISPATCH = "dispatch"
@@ -29,20 +29,13 @@ def is_dispatch(kernel: dict) -> bool:
     return kernel.get("implementation") == DISPATCH
 
 
-def signed_build(source: EvidenceSource, version: str) -> Attestation | None:
-    """The verified ``build`` attestation of ``version`` in ``source`` (``None``: none)."""
-    builds = [a for a in source.attestations()
-              if a.kind == "build" and str(a.predicate.get("version")) == str(version)]
-    return builds[0] if builds else None
-
-
 def version_policy(source: EvidenceSource, version: str
                    ) -> tuple[DispatchAudit, DispatchPolicy | None] | None:
     """The audit of ``version``'s signed dispatch build and its policy
     (``lineage.records.dispatch_record.audit_dispatch_build``: the policy is ``None``
     when it cannot be read from the signed record); ``None`` when ``version`` has no
     signed build or one of another implementation."""
-    build = signed_build(source, version)
+    build = find_build(source, version)
     if build is None or build.predicate.get("implementation") != DISPATCH:
         return None
     return audit_dispatch_build(source, build.run_id)
@@ -58,7 +51,7 @@ def worker_environment(source: EvidenceSource, version: str, folder: Path) -> di
         lineage.records.dispatch_record.DispatchRecordError: the policy fails its audit (each
             problem named); the version is not served.
     """
-    build = signed_build(source, version)
+    build = find_build(source, version)
     if build is None or build.predicate.get("implementation") != DISPATCH:
         return {}
     return serving_environment(source, build.run_id, Path(folder))

@@ -85,17 +85,22 @@ class ModelFiles(BaseModel):
                 f"sha256 {str(self.code_sha256)[:12]} computed from them")
 
 
+def find_build(source: EvidenceSource, version: str) -> Attestation | None:
+    """The version's verified ``build`` attestation in ``source`` (``None``: none)."""
+    return next((a for a in source.attestations()
+                 if a.kind == "build" and str(a.predicate.get("version")) == str(version)), None)
+
+
 def signed_build(source: EvidenceSource, version: str) -> Attestation:
     """The version's signed build attestation.
 
     Raises:
         AttestationError: none verifies.
     """
-    builds = [a for a in source.attestations()
-              if a.kind == "build" and str(a.predicate.get("version")) == str(version)]
-    if not builds:
+    build = find_build(source, version)
+    if build is None:
         raise AttestationError(f"v{version} of {source.family} has no signed build")
-    return builds[0]
+    return build
 
 
 def fetch(tracking: Tracking, source: EvidenceSource, version: str, dst: Path) -> ModelFiles:
