@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# A GPU dispatch policy from measurement to production, in parts that each fit one
+# 10-minute device call. Run from the repository root with kernelgate importable (on the
+# lent GPU: PYTHONPATH=/tmp/site:$PWD after the wheels' install; see BENCHMARKS.md for the
+# calls). Logs, JSON and a steps table go to $OUT (few files: a call returns at most 8).
+#
+#   tools/gpu-dispatch.sh evidence DTYPE   one dtype's buckets of the policy's space
+#                                          ($KG_DISPATCH_DTYPES, default bfloat16,float32)
+#                                          as a piece, kept in $KG_DISPATCH (default
+#                                          /tmp/kg-dispatch) for the merge
+#   tools/gpu-dispatch.sh merge            the pieces there joined into evidence.json and
+#                                          policy.json (kernels.tools.dispatch_merge)
+#   tools/gpu-dispatch.sh longdoc [K ...]  the long-document workload served by each
+#                                          single kernel K (default pallas_mosaic_gpu) and
+#                                          by `auto` serving that policy, same arrivals
+#                                          ($KG_LONGDOC_WORKLOAD, default longdoc-modernbert-base)
+#   tools/gpu-dispatch.sh rollout          `kernelgate rollout --implementation dispatch`
+#                                          of that policy into $KG_STORE, and its audit
+#   tools/gpu-dispatch.sh auto             `kernelgate rollout` with no kernel named (auto
+#                                          serves the store's production policy), its audit
+#                                          and the store's timeline
+#
+# $KG_DISPATCH and $KG_STORE lie outside the work tree, so they survive from one call to
+# the next while the machine is held.
+set -uo pipefail
+out=${OUT:-gpu-dispatch}
+work=${KG_DISPATCH:-/tmp/kg-dispatch}
+store=${KG_STORE:-/tmp/kg-store}
+space=${KG_DISPATCH_DTYPES:-bfloat16,float32}
+workload=${KG_LONGDOC_WORKLOAD:-longdoc-modernbert-base}
+mkdir -p "$out" "$work"
+export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
+
+. "$(dirname "$0")/device-steps.sh"
+
+policy_env() {  # the merged policy and its fingerprint, as `auto` reads them
+  export KERNELGATE_DISPATCH_POLICY="$work/policy.json"
+  KERNELGATE_DISPATCH_POLICY_SHA256=$(python3 -c "
+from kernels.dispatch_policy import DispatchPolicy
+print(DispatchPolicy.model_validate_json(open('$work/policy.json').read()).fingerprint())")
+  export KERNELGATE_DISPATCH_POLICY_SHA256
+}
+
+case ${1:-} in
+  evidence)
+    dtype=${2:?which dtype}
+    if [ ! -f "$work/device.txt" ]; then  # once per machine: a call returns few files
+      { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+        python3 -c "import jax; print('jax', jax.__version__, jax.devices())"
+        git rev-parse HEAD 2>/dev/null; } > "$work/device.txt" 2>&1
+      cp "$work/device.txt" "$out/"
+    fi
+    step "evidence-$dtype" 580 python3 -m kernels.tools.dispatch_evidence --dtypes "$space" \
+      --slice-dtypes "$dtype" --out "$out/$dtype"
+    mkdir -p "$work/$dtype" && cp "$out/$dtype/piece.json" "$work/$dtype/"
+    ;;
+  merge)
+    step merge 120 python3 -m kernels.tools.dispatch_merge --out "$work" "$work"/*/piece.json
+    # the table is merge.log; evidence.json is the pieces' union (the same merge re-makes it)
+    cp "$work/policy.json" "$out/"
+    ;;
+  longdoc)
+    shift; policy_env
+    for k in "${@:-pallas_mosaic_gpu}"; do
+      step "longdoc-$k" 400 python3 -m evaluation.longdoc.bench --workload "$workload" \
+        --kernels "$k,auto" --json "$out/longdoc-$k-vs-policy.json"
+    done
+    ;;
+  rollout)
+    step rollout-dispatch 560 python3 -m flows.cli rollout --implementation dispatch \
+      --dispatch-policy "$work/policy.json" --store-dir "$store"
+    step audit-dispatch 30 python3 -m flows.cli audit production --family dispatch --store-dir "$store"
+    ;;
+  auto)
+    step rollout-auto 500 python3 -m flows.cli rollout --store-dir "$store"
+    step audit 60 python3 -m flows.cli audit production --store-dir "$store"
+    step timeline 30 python3 -m flows.cli timeline --store-dir "$store" --json "$out/timeline.json"
+    ;;
+  *) sed -n 2,21p "$0"; exit 2 ;;
+esac
+echo "--- steps"; cat "$out/steps.txt"
