@@ -5,7 +5,7 @@
 # calls). Logs, JSON and a steps table go to $OUT (few files: a call returns at most 8).
 #
 #   tools/gpu-dispatch.sh evidence DTYPE   one dtype's buckets of the policy's space
-#                                          ($KG_DISPATCH_DTYPES, default bfloat16,float32)
+#                                          ($KG_DISPATCH_DTYPES, default all three)
 #                                          as a piece, kept in $KG_DISPATCH (default
 #                                          /tmp/kg-dispatch) for the merge
 #   tools/gpu-dispatch.sh merge            the pieces there joined into evidence.json and
@@ -26,7 +26,7 @@ set -uo pipefail
 out=${OUT:-gpu-dispatch}
 work=${KG_DISPATCH:-/tmp/kg-dispatch}
 store=${KG_STORE:-/tmp/kg-store}
-space=${KG_DISPATCH_DTYPES:-bfloat16,float32}
+space=${KG_DISPATCH_DTYPES:-bfloat16,float16,float32}
 workload=${KG_LONGDOC_WORKLOAD:-longdoc-modernbert-base}
 mkdir -p "$out" "$work"
 export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
@@ -69,12 +69,13 @@ case ${1:-} in
   rollout)
     step rollout-dispatch 560 python3 -m flows.cli rollout --implementation dispatch \
       --dispatch-policy "$work/policy.json" --store-dir "$store"
-    step audit-dispatch 30 python3 -m flows.cli audit production --family dispatch --store-dir "$store"
+    step audit-dispatch 120 python3 -m flows.cli audit production --family dispatch --store-dir "$store"
     ;;
   auto)
     step rollout-auto 500 python3 -m flows.cli rollout --store-dir "$store"
-    step audit 60 python3 -m flows.cli audit production --store-dir "$store"
-    step timeline 30 python3 -m flows.cli timeline --store-dir "$store" --json "$out/timeline.json"
+    step audit 120 python3 -m flows.cli audit production --store-dir "$store"
+    # the JSON only: a call returns at most 8 files
+    timeout 60 python3 -m flows.cli timeline --store-dir "$store" --json "$out/timeline.json" > /dev/null 2>&1
     ;;
   *) sed -n 2,21p "$0"; exit 2 ;;
 esac
