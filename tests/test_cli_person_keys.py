@@ -58,6 +58,25 @@ def test_an_approval_without_a_prefect_server_says_which_setting_is_missing(run,
     assert code == 2 and "PREFECT_API_URL is not set" in out, out
 
 
+def test_an_approval_with_a_revoked_key_is_refused_before_the_server_is_asked(run, tmp_path,
+                                                                              monkeypatch):
+    """A key revoked in the key folder approves nothing: ``approve`` says so with the
+    rollout's own wording (exit 2) before it looks for a Prefect server or resumes anything."""
+    from lineage.signing.approvals import revocations, revoked_refusal
+
+    folder = tmp_path / "keys"
+    keys.ensure_pipeline_key(folder)
+    alice = keys.create_key(tmp_path / "alice.pem")
+    keys.revoke(alice.keyid, folder, at=None)
+    resumed = []
+    monkeypatch.setattr("prefect.flow_runs.resume_flow_run", lambda *a, **k: resumed.append(a))
+    code, out = run("approve", "0f3c-run", "--key", str(tmp_path / "alice.pem"),
+                    "--comment", "ship")
+    wording = revoked_refusal(alice.keyid, revocations(keys.folder_trust(folder))[alice.keyid])
+    assert code == 2 and " ".join(wording.split()) in out, out
+    assert "PREFECT_API_URL" not in out and not resumed, out
+
+
 def test_the_printed_audit_command_names_a_key_folder_other_than_the_default(tmp_path,
                                                                               monkeypatch):
     monkeypatch.delenv("KERNELGATE_KEY_DIR", raising=False)
