@@ -95,9 +95,10 @@ Family = Annotated[str | None, typer.Option(
          "over it, which a family's first approvers need (trust on first use)")]
 
 
-def person_signer(key: Path, option: str = "--key"):
+def person_signer(key: Path, option: str = "--key", key_dir: Path | None = None):
     """A person's signing key from ``key`` (a private PEM), for an approval, a loosening
-    approval, an approvers entry or a re-anchoring.
+    approval, an approvers entry or a re-anchoring; ``key_dir``: the pipeline's key folder
+    whose keys are refused (None: ``~/.kernelgate/keys`` or ``KERNELGATE_KEY_DIR``).
 
     Raises:
         typer.BadParameter: not an Ed25519 private key (a ``.pub.json`` given by mistake
@@ -111,7 +112,7 @@ def person_signer(key: Path, option: str = "--key"):
         raise typer.BadParameter(f"{err} (give your private key, the .pem that "
                                  "`kernelgate keys create --name NAME` wrote)",
                                  param_hint=option) from None
-    folder = keys.default_key_dir()
+    folder = key_dir or keys.default_key_dir()
     pipeline = {keys.load_public_key(p).keyid for p in keys.pipeline_public_files(folder)}
     if signer.public_key.keyid in pipeline:
         raise typer.BadParameter(
@@ -137,9 +138,10 @@ def _print_entry(signer, name: str, family: str | None) -> None:
 @keys_app.command("entry")
 def keys_entry(key: Annotated[Path, typer.Option(exists=True, dir_okay=False, help="your private key (PEM)")],
                family: Annotated[str, typer.Option(help="the family whose approvers the entry names")],
-               name: Annotated[str | None, typer.Option(help="your name (default: the key file's)")] = None) -> None:
+               name: Annotated[str | None, typer.Option(help="your name (default: the key file's)")] = None,
+               key_dir: KeyDir = None) -> None:
     """Print your approvers entry for a family's thresholds file, signed with your key: the proof a family's first approvers need (added alone, with no approval: trust on first use, said by every audit)."""
-    _print_entry(person_signer(key), check_name(name or key.stem), family)
+    _print_entry(person_signer(key, key_dir=key_dir), check_name(name or key.stem), family)
 
 
 @keys_app.command("create")

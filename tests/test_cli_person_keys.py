@@ -96,3 +96,71 @@ def test_listing_an_empty_key_folder_says_so(tmp_path):
     result = CliRunner().invoke(app, ["keys", "list", "--key-dir", str(tmp_path / "none")])
     assert result.exit_code == 0, result.output
     assert f"no keys in {tmp_path / 'none'}" in result.output
+
+
+def _key_dir_help(*path: str) -> str | None:
+    """The ``--key-dir`` help of the command at ``path`` (None: it has no such option)."""
+    import typer.main
+
+    command = typer.main.get_command(app)
+    for name in path:
+        command = command.commands[name]
+    option = next((p for p in command.params if "--key-dir" in p.opts), None)
+    return None if option is None else option.help
+
+
+def test_every_command_that_reads_the_key_folder_takes_key_dir_with_one_help():
+    """rollback, approve and keys entry read the pipeline's key folder as rollout, audit,
+    timeline and the other keys commands do: the same option, the same words (default
+    ~/.kernelgate/keys or KERNELGATE_KEY_DIR)."""
+    reference = _key_dir_help("rollout")
+    assert reference and "KERNELGATE_KEY_DIR" in reference
+    commands = [("audit",), ("timeline",), ("approve-loosening",), ("reanchor",),
+                ("keys", "create"), ("keys", "list"), ("keys", "rotate"), ("keys", "revoke"),
+                ("rollback",), ("approve",), ("keys", "entry")]
+    assert {path: _key_dir_help(*path) for path in commands} == dict.fromkeys(commands,
+                                                                              reference)
+
+
+def test_keys_entry_and_approve_read_the_key_folder_given(run, tmp_path):
+    """--key-dir names the folder whose pipeline key is refused as a person's and whose
+    revocations are refused; the environment's folder (KERNELGATE_KEY_DIR) is another."""
+    other = tmp_path / "other-keys"
+    pipeline = keys.ensure_pipeline_key(other)
+    code, out = run("keys", "entry", "--key", str(pipeline), "--family", "xla",
+                    "--key-dir", str(other))
+    assert code == 2 and "is a pipeline key" in out, out
+    alice = keys.create_key(tmp_path / "alice.pem")
+    keys.revoke(alice.keyid, other, at=None)
+    code, out = run("approve", "0f3c-run", "--key", str(tmp_path / "alice.pem"),
+                    "--comment", "ship", "--key-dir", str(other))
+    assert code == 2 and "a revoked key approves nothing" in out, out
+    code, out = run("approve", "0f3c-run", "--key", str(tmp_path / "alice.pem"),
+                    "--comment", "ship")  # the environment's folder revokes nothing
+    assert code == 2 and "PREFECT_API_URL is not set" in out, out
+
+
+def test_rollback_signs_with_the_key_folder_given(run, tmp_path, monkeypatch):
+    """``rollback --key-dir`` hands the folder to the manual-rollback flow, which signs
+    the move with that folder's pipeline key (none given: the flow's default)."""
+    from types import SimpleNamespace
+
+    import flows.rollback
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    store = tmp_path / "store"
+    local_tracking(store).client().create_experiment("kernelgate-xla")
+    asked = []
+
+    def manual_rollback(**kwargs):
+        asked.append(kwargs)
+        return SimpleNamespace(previous_version="2", version="1")
+
+    monkeypatch.setattr(flows.rollback, "manual_rollback", manual_rollback)
+    base = ("rollback", "--reason", "paging storm", "--requested-by", "rm", "--family", "xla",
+            "--store-dir", str(store))
+    code, out = run(*base, "--key-dir", str(tmp_path / "other-keys"))
+    assert code == 0 and "v2 -> v1" in out, out
+    code, out = run(*base)
+    assert code == 0, out
+    assert [a["key_dir"] for a in asked] == [str(tmp_path / "other-keys"), None]
