@@ -164,3 +164,33 @@ def test_rollback_signs_with_the_key_folder_given(run, tmp_path, monkeypatch):
     code, out = run(*base)
     assert code == 0, out
     assert [a["key_dir"] for a in asked] == [str(tmp_path / "other-keys"), None]
+
+
+def test_keys_create_makes_the_role_asked_for_and_says_which(run, tmp_path):
+    """The role is an option (default: an approver's key), never read from the name;
+    the first line of the output names the role made."""
+    folder, no_store = tmp_path / "keys", ("--store-dir", str(tmp_path / "no-store"))
+    code, out = run("keys", "create", "--name", "alice", *no_store)
+    assert code == 0 and "an approver key" in out and "pipeline key" not in out.split(":")[0], out
+    assert (folder / keys.APPROVER_DIR / "alice.pem").exists()
+    assert not (folder / "pipeline.pem").exists()
+    code, out = run("keys", "create", "--role", "pipeline", *no_store)
+    assert code == 0 and "the pipeline key" in out, out
+    assert keys.pipeline_public_files(folder) == [folder / "pipeline.pub.json"]
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (["--name", "pipeline2"], "--role pipeline"),
+    (["--name", "Pipeline"], "--role pipeline"),
+    ([], "an approver's key needs --name"),
+    (["--role", "pipeline", "--name", "pipeline2"], "always named 'pipeline'"),
+    (["--role", "pipeline", "--family", "xla"], "--family names an approver's family"),
+    (["--role", "owner", "--name", "alice"], "'owner': one of ['approver', 'pipeline']"),
+], ids=lambda a: " ".join(a) if isinstance(a, list) else None)
+def test_keys_create_refuses_a_role_the_name_contradicts_and_writes_nothing(run, tmp_path,
+                                                                            args, said):
+    """A name that reads as the pipeline's for an approver's key, a pipeline key under
+    another name, or an unknown role: refused (exit 2) naming the rule; no key written."""
+    code, out = run("keys", "create", *args, "--store-dir", str(tmp_path / "no-store"))
+    assert code == 2 and said in out, out
+    assert not (tmp_path / "keys").exists() or not any((tmp_path / "keys").rglob("*.pem"))
