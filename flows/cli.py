@@ -216,7 +216,8 @@ def rollback_cmd(reason: Annotated[str, typer.Option(help="why; recorded, signed
                      "newest earlier usable one)")] = None,
                  requested_by: Annotated[str | None, typer.Option(
                      help="who asks (default: this process's user name)")] = None,
-                 family: Family = None, store_dir: StoreDir = Path(".kernelgate")) -> None:
+                 family: Family = None, store_dir: StoreDir = Path(".kernelgate"),
+                 key_dir: KeyDir = None) -> None:
     """Roll production back by hand (signed and recorded like any rollback; the Prefect UI's `manual-rollback` deployment does the same)."""
     if len(reason.strip()) < 3:
         raise typer.BadParameter("a rollback needs a reason", param_hint="--reason")
@@ -233,7 +234,8 @@ def rollback_cmd(reason: Annotated[str, typer.Option(help="why; recorded, signed
 
     try:
         change = manual_rollback(reason=reason, requested_by=requester, to_version=to,
-                                 family=fam, store_dir=str(store_dir))
+                                 family=fam, store_dir=str(store_dir),
+                                 key_dir=None if key_dir is None else str(key_dir))
     except (ValueError, PromotionRefused) as err:
         typer.echo(f"refused: {err}", err=True)
         raise typer.Exit(2) from None

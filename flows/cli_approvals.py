@@ -17,17 +17,25 @@ def approve(flow_run_id: Annotated[str, typer.Argument(help="the paused rollout'
             key: Annotated[Path, typer.Option(exists=True, dir_okay=False, help="your private key (PEM)")],
             comment: Annotated[str, typer.Option(help="why; shown to auditors")],
             reject: Annotated[bool, typer.Option(help="answer no")] = False,
-            name: Annotated[str | None, typer.Option(help="your name (default: from the policy)")] = None) -> None:
-    """Answer a paused approval with your own key: signs the answer and resumes the flow run (needs PREFECT_API_URL)."""
+            name: Annotated[str | None, typer.Option(help="your name (default: from the policy)")] = None,
+            key_dir: KeyDir = None) -> None:
+    """Answer a paused approval with your own key: signs the answer and resumes the flow run (needs PREFECT_API_URL). A key the key folder revokes is refused first, in the rollout's words."""
     import httpx
     from prefect.client.orchestration import get_client
     from prefect.exceptions import ObjectNotFound
     from prefect.flow_runs import resume_flow_run
     from prefect.settings import PREFECT_API_URL
 
-    from lineage.signing.approvals import sign_approval
+    from lineage.signing import keys
+    from lineage.signing.approvals import revocations, revoked_refusal, sign_approval
 
-    signer = person_signer(key)
+    signer = person_signer(key, key_dir=key_dir)
+    keyid = signer.public_key.keyid
+    # the key folder's revocations, refused before any server is asked (the rollout
+    # refuses them too, and those its family's log records)
+    revoked = revocations(keys.folder_trust(key_dir or keys.default_key_dir()))
+    if keyid in revoked:
+        raise typer.BadParameter(revoked_refusal(keyid, revoked[keyid]), param_hint="--key")
     if not PREFECT_API_URL.value():
         raise typer.BadParameter("PREFECT_API_URL is not set: an approval answers a flow run "
                                  "paused on a Prefect server (export the URL the rollout used, "
@@ -92,7 +100,7 @@ def approve_loosening(thresholds: Annotated[Path, typer.Option(help="thresholds 
         raise typer.BadParameter(f"family {family!r} has no registration: its first one needs "
                                  "no approval", param_hint="--family")
     previous, frozen = newest
-    signer = person_signer(key)
+    signer = person_signer(key, key_dir=folder)
     keyid = signer.public_key.keyid
     approvers = approvers_of(source, newest)
     named = {a.keyid: a.name for a in approvers}

@@ -95,9 +95,10 @@ Family = Annotated[str | None, typer.Option(
          "over it, which a family's first approvers need (trust on first use)")]
 
 
-def person_signer(key: Path, option: str = "--key"):
+def person_signer(key: Path, option: str = "--key", key_dir: Path | None = None):
     """A person's signing key from ``key`` (a private PEM), for an approval, a loosening
-    approval, an approvers entry or a re-anchoring.
+    approval, an approvers entry or a re-anchoring; ``key_dir``: the pipeline's key folder
+    whose keys are refused (None: ``~/.kernelgate/keys`` or ``KERNELGATE_KEY_DIR``).
 
     Raises:
         typer.BadParameter: not an Ed25519 private key (a ``.pub.json`` given by mistake
@@ -111,7 +112,7 @@ def person_signer(key: Path, option: str = "--key"):
         raise typer.BadParameter(f"{err} (give your private key, the .pem that "
                                  "`kernelgate keys create --name NAME` wrote)",
                                  param_hint=option) from None
-    folder = keys.default_key_dir()
+    folder = key_dir or keys.default_key_dir()
     pipeline = {keys.load_public_key(p).keyid for p in keys.pipeline_public_files(folder)}
     if signer.public_key.keyid in pipeline:
         raise typer.BadParameter(
@@ -137,27 +138,75 @@ def _print_entry(signer, name: str, family: str | None) -> None:
 @keys_app.command("entry")
 def keys_entry(key: Annotated[Path, typer.Option(exists=True, dir_okay=False, help="your private key (PEM)")],
                family: Annotated[str, typer.Option(help="the family whose approvers the entry names")],
-               name: Annotated[str | None, typer.Option(help="your name (default: the key file's)")] = None) -> None:
+               name: Annotated[str | None, typer.Option(help="your name (default: the key file's)")] = None,
+               key_dir: KeyDir = None) -> None:
     """Print your approvers entry for a family's thresholds file, signed with your key: the proof a family's first approvers need (added alone, with no approval: trust on first use, said by every audit)."""
-    _print_entry(person_signer(key), check_name(name or key.stem), family)
+    _print_entry(person_signer(key, key_dir=key_dir), check_name(name or key.stem), family)
+
+
+ROLES = ("approver", "pipeline")
+"""What ``keys create --role`` makes: a person's key (``<key dir>/approvers/NAME.pem``) or
+the pipeline's (``<key dir>/pipeline.pem``, the one name the pipeline role reads)."""
+
+
+def key_to_create(role: str, name: str | None, family: str | None) -> str:
+    """The key name ``keys create`` writes for ``role``, refused where the name reads as the
+    other role: the role is asked for, never inferred from the name.
+
+    Raises:
+        typer.BadParameter: an unknown role; an approver's key without a name or with a
+            name starting with 'pipeline' (the pipeline role's files); a pipeline key under
+            another name than 'pipeline', or with ``--family``.
+    """
+    from lineage.signing import keys
+
+    if role not in ROLES:
+        raise typer.BadParameter(f"{role!r}: one of {list(ROLES)}", param_hint="--role")
+    if role == "pipeline":
+        if name not in (None, keys.PIPELINE_KEY):
+            raise typer.BadParameter(
+                f"{name!r}: the pipeline's key is always named '{keys.PIPELINE_KEY}' "
+                f"({keys.PIPELINE_KEY}.pem; rotation keeps the retired ones): drop --name",
+                param_hint="--name")
+        if family is not None:
+            raise typer.BadParameter("--family names an approver's family; the pipeline's "
+                                     "key serves every family", param_hint="--family")
+        return keys.PIPELINE_KEY
+    if name is None:
+        raise typer.BadParameter("an approver's key needs --name NAME (yours); `--role "
+                                 "pipeline` creates the pipeline's key", param_hint="--name")
+    check_name(name)
+    if name.lower().startswith(keys.PIPELINE_KEY):
+        raise typer.BadParameter(
+            f"{name!r} reads as the pipeline's key, but an approver's key was asked for "
+            f"(--role approver, the default): names starting with '{keys.PIPELINE_KEY}' are "
+            "the pipeline role's; pass --role pipeline for the pipeline's key, or another "
+            "name for a person's", param_hint="--name")
+    return name
 
 
 @keys_app.command("create")
-def keys_create(name: Annotated[str, typer.Option(help="key name; 'pipeline' is the pipeline's")] = "pipeline",
+def keys_create(name: Annotated[str | None, typer.Option(
+                    help="your name, for an approver's key (not 'pipeline...')")] = None,
+                role: Annotated[str, typer.Option(
+                    help="approver (a person's key, in approvers/) or pipeline (the "
+                         "pipeline's signing key, pipeline.pem)")] = "approver",
                 key_dir: KeyDir = None, store_dir: StoreDir = Path(".kernelgate"),
                 family: Family = None) -> None:
-    """Create an Ed25519 key (PEM, mode 0600) and its public key: the pipeline's in the key folder, a person's (any other name) in its approvers/ folder, with the approvers entry for a thresholds file (signed for --family)."""
+    """Create an Ed25519 key (PEM, mode 0600) and its public key: a person's (--role approver, the default; --name required) in the key folder's approvers/, with the approvers entry for a thresholds file (signed for --family), or the pipeline's (--role pipeline) in the key folder."""
     from lineage.signing import keys
 
     folder = key_dir or keys.default_key_dir()
-    check_name(name)
-    path = (folder if name == keys.PIPELINE_KEY else keys.approver_key_dir(folder)) / f"{name}.pem"
+    name = key_to_create(role, name, family)
+    path = (folder if role == "pipeline" else keys.approver_key_dir(folder)) / f"{name}.pem"
     try:
         public = keys.create_key(path)
     except FileExistsError as err:
         raise typer.BadParameter(str(err)) from None
-    typer.echo(f"wrote {path} and {keys.public_path(path)} (key id {public.keyid})")
-    if name != keys.PIPELINE_KEY:
+    made = "the pipeline key" if role == "pipeline" else f"an approver key for {name}"
+    typer.echo(f"created {made}: wrote {path} and {keys.public_path(path)} "
+               f"(key id {public.keyid})")
+    if role != "pipeline":
         typer.echo("an approver's key, never a pipeline key: it counts only where a "
                    "registration's approval policy lists it.")
         _print_entry(keys.load_signer(path), name, family)

@@ -37,11 +37,13 @@ def manual_rollback(
         "the earlier production version to restore; empty: the newest earlier usable one"))] = None,
     family: Annotated[str, Field(description="kernel family; auto: this host's flash kernel")] = "auto",
     store_dir: Annotated[str, Field(description="the local store (when MLFLOW_TRACKING_URI is unset)")] = ".kernelgate",
+    key_dir: Annotated[str | None, Field(description=(
+        "the pipeline's key folder (default ~/.kernelgate/keys or KERNELGATE_KEY_DIR)"))] = None,
 ) -> AliasChange:
     """Roll ``production`` of ``family`` back to ``to_version`` (or the newest earlier
     usable version), after waiting for the family's lock or slot (a rollout of the family
-    in progress ends first); the run ends in the state *RolledBack* and returns the alias
-    change.
+    in progress ends first), signed with the pipeline's key in ``key_dir``; the run ends in
+    the state *RolledBack* and returns the alias change.
 
     Raises:
         ValueError: nothing in production, or ``to_version`` is what it serves.
@@ -49,7 +51,8 @@ def manual_rollback(
     """
     if family == "auto":
         family = kernels.native_flash_kernel("auto", kernels.default_backend())
-    settings = RolloutSettings(store_dir=Path(store_dir))
+    settings = RolloutSettings(store_dir=Path(store_dir),
+                               key_dir=None if key_dir is None else Path(key_dir))
     store = FamilyStore(tr.tracking_for(settings.store_dir), family, signing_for(settings))
     with rollout.family_lock(settings.store_dir, family), family_slot(family):
         store.reconcile()

@@ -58,6 +58,25 @@ def test_an_approval_without_a_prefect_server_says_which_setting_is_missing(run,
     assert code == 2 and "PREFECT_API_URL is not set" in out, out
 
 
+def test_an_approval_with_a_revoked_key_is_refused_before_the_server_is_asked(run, tmp_path,
+                                                                              monkeypatch):
+    """A key revoked in the key folder approves nothing: ``approve`` says so with the
+    rollout's own wording (exit 2) before it looks for a Prefect server or resumes anything."""
+    from lineage.signing.approvals import revocations, revoked_refusal
+
+    folder = tmp_path / "keys"
+    keys.ensure_pipeline_key(folder)
+    alice = keys.create_key(tmp_path / "alice.pem")
+    keys.revoke(alice.keyid, folder, at=None)
+    resumed = []
+    monkeypatch.setattr("prefect.flow_runs.resume_flow_run", lambda *a, **k: resumed.append(a))
+    code, out = run("approve", "0f3c-run", "--key", str(tmp_path / "alice.pem"),
+                    "--comment", "ship")
+    wording = revoked_refusal(alice.keyid, revocations(keys.folder_trust(folder))[alice.keyid])
+    assert code == 2 and " ".join(wording.split()) in out, out
+    assert "PREFECT_API_URL" not in out and not resumed, out
+
+
 def test_the_printed_audit_command_names_a_key_folder_other_than_the_default(tmp_path,
                                                                               monkeypatch):
     monkeypatch.delenv("KERNELGATE_KEY_DIR", raising=False)
@@ -77,3 +96,101 @@ def test_listing_an_empty_key_folder_says_so(tmp_path):
     result = CliRunner().invoke(app, ["keys", "list", "--key-dir", str(tmp_path / "none")])
     assert result.exit_code == 0, result.output
     assert f"no keys in {tmp_path / 'none'}" in result.output
+
+
+def _key_dir_help(*path: str) -> str | None:
+    """The ``--key-dir`` help of the command at ``path`` (None: it has no such option)."""
+    import typer.main
+
+    command = typer.main.get_command(app)
+    for name in path:
+        command = command.commands[name]
+    option = next((p for p in command.params if "--key-dir" in p.opts), None)
+    return None if option is None else option.help
+
+
+def test_every_command_that_reads_the_key_folder_takes_key_dir_with_one_help():
+    """rollback, approve and keys entry read the pipeline's key folder as rollout, audit,
+    timeline and the other keys commands do: the same option, the same words (default
+    ~/.kernelgate/keys or KERNELGATE_KEY_DIR)."""
+    reference = _key_dir_help("rollout")
+    assert reference and "KERNELGATE_KEY_DIR" in reference
+    commands = [("audit",), ("timeline",), ("approve-loosening",), ("reanchor",),
+                ("keys", "create"), ("keys", "list"), ("keys", "rotate"), ("keys", "revoke"),
+                ("rollback",), ("approve",), ("keys", "entry")]
+    assert {path: _key_dir_help(*path) for path in commands} == dict.fromkeys(commands,
+                                                                              reference)
+
+
+def test_keys_entry_and_approve_read_the_key_folder_given(run, tmp_path):
+    """--key-dir names the folder whose pipeline key is refused as a person's and whose
+    revocations are refused; the environment's folder (KERNELGATE_KEY_DIR) is another."""
+    other = tmp_path / "other-keys"
+    pipeline = keys.ensure_pipeline_key(other)
+    code, out = run("keys", "entry", "--key", str(pipeline), "--family", "xla",
+                    "--key-dir", str(other))
+    assert code == 2 and "is a pipeline key" in out, out
+    alice = keys.create_key(tmp_path / "alice.pem")
+    keys.revoke(alice.keyid, other, at=None)
+    code, out = run("approve", "0f3c-run", "--key", str(tmp_path / "alice.pem"),
+                    "--comment", "ship", "--key-dir", str(other))
+    assert code == 2 and "a revoked key approves nothing" in out, out
+    code, out = run("approve", "0f3c-run", "--key", str(tmp_path / "alice.pem"),
+                    "--comment", "ship")  # the environment's folder revokes nothing
+    assert code == 2 and "PREFECT_API_URL is not set" in out, out
+
+
+def test_rollback_signs_with_the_key_folder_given(run, tmp_path, monkeypatch):
+    """``rollback --key-dir`` hands the folder to the manual-rollback flow, which signs
+    the move with that folder's pipeline key (none given: the flow's default)."""
+    from types import SimpleNamespace
+
+    import flows.rollback
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    store = tmp_path / "store"
+    local_tracking(store).client().create_experiment("kernelgate-xla")
+    asked = []
+
+    def manual_rollback(**kwargs):
+        asked.append(kwargs)
+        return SimpleNamespace(previous_version="2", version="1")
+
+    monkeypatch.setattr(flows.rollback, "manual_rollback", manual_rollback)
+    base = ("rollback", "--reason", "paging storm", "--requested-by", "rm", "--family", "xla",
+            "--store-dir", str(store))
+    code, out = run(*base, "--key-dir", str(tmp_path / "other-keys"))
+    assert code == 0 and "v2 -> v1" in out, out
+    code, out = run(*base)
+    assert code == 0, out
+    assert [a["key_dir"] for a in asked] == [str(tmp_path / "other-keys"), None]
+
+
+def test_keys_create_makes_the_role_asked_for_and_says_which(run, tmp_path):
+    """The role is an option (default: an approver's key), never read from the name;
+    the first line of the output names the role made."""
+    folder, no_store = tmp_path / "keys", ("--store-dir", str(tmp_path / "no-store"))
+    code, out = run("keys", "create", "--name", "alice", *no_store)
+    assert code == 0 and "an approver key" in out and "pipeline key" not in out.split(":")[0], out
+    assert (folder / keys.APPROVER_DIR / "alice.pem").exists()
+    assert not (folder / "pipeline.pem").exists()
+    code, out = run("keys", "create", "--role", "pipeline", *no_store)
+    assert code == 0 and "the pipeline key" in out, out
+    assert keys.pipeline_public_files(folder) == [folder / "pipeline.pub.json"]
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (["--name", "pipeline2"], "--role pipeline"),
+    (["--name", "Pipeline"], "--role pipeline"),
+    ([], "an approver's key needs --name"),
+    (["--role", "pipeline", "--name", "pipeline2"], "always named 'pipeline'"),
+    (["--role", "pipeline", "--family", "xla"], "--family names an approver's family"),
+    (["--role", "owner", "--name", "alice"], "'owner': one of ['approver', 'pipeline']"),
+], ids=lambda a: " ".join(a) if isinstance(a, list) else None)
+def test_keys_create_refuses_a_role_the_name_contradicts_and_writes_nothing(run, tmp_path,
+                                                                            args, said):
+    """A name that reads as the pipeline's for an approver's key, a pipeline key under
+    another name, or an unknown role: refused (exit 2) naming the rule; no key written."""
+    code, out = run("keys", "create", *args, "--store-dir", str(tmp_path / "no-store"))
+    assert code == 2 and said in out, out
+    assert not (tmp_path / "keys").exists() or not any((tmp_path / "keys").rglob("*.pem"))

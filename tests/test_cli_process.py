@@ -231,3 +231,22 @@ def test_rollout_help_lists_every_exit_code_the_command_returns():
         clause = re.search(rf"\b{code} ([^;]*)", epilog)
         assert clause and result.replace("_", " ") in clause.group(1), (result, code, epilog)
     assert "1 a failure before the record opened" in epilog and "2 bad arguments" in epilog
+
+
+def test_the_aa_gate_tool_explains_every_option_without_importing_jax():
+    """``python -m tools.aa_gate --help`` exits 0 with a one-line help for each option,
+    and prints it without importing JAX (the measurement imports it when it runs)."""
+    code = ("import sys\nfrom tools.aa_gate import parser\n"
+            "print([a.option_strings[-1] for a in parser()._actions if not a.help])\n"
+            "print(sorted(m for m in ('jax', 'evaluation.performance') if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, text=True,
+                         capture_output=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                         timeout=120).stdout.splitlines()
+    assert out == ["[]", "[]"], out
+    shown = subprocess.run([sys.executable, "-m", "tools.aa_gate", "--help"], cwd=ROOT,
+                           check=True, text=True, capture_output=True, timeout=120,
+                           env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}).stdout
+    for option in ("--runs", "--kernel", "--profile", "--shapes", "--repeats", "--warmup",
+                   "--out"):
+        line = next(x for x in shown.splitlines() if x.strip().startswith(option))
+        assert len(line.split()) > 2, (option, shown)  # the option, its metavar, its help

@@ -56,3 +56,32 @@ def test_a_closed_rollout_names_its_verdict_caveat_version_and_next_commands(tmp
     assert f"runs/{record.rollout_run_id}?{tags.UI_VIEW_QUERY}" in outcome.run_link
     (timeline,) = rollout_timelines(tracking, "fam")
     assert timeline.version == "4" and timeline.result == "promoted"
+
+
+def test_the_stage_table_is_as_wide_as_its_content_and_cuts_a_long_value_visibly():
+    """A stage name longer than any before it widens its column for every row (the
+    columns after it stay aligned); a value longer than TIMELINE_COLUMN_MAX ends in an
+    ellipsis at that width instead of pushing the row out."""
+    from datetime import UTC, datetime
+
+    from lineage.records.timeline import TIMELINE_COLUMN_MAX, RolloutTimeline, StageTime
+
+    at = datetime(2026, 12, 5, 12, 0, tzinfo=UTC)
+    long_stage, long_run = "canary-step-after-warm-up-traffic", "r" * (TIMELINE_COLUMN_MAX + 20)
+    stages = [StageTime(run_name="gate x v7", stage="gate", status="FINISHED", started_at=at,
+                        seconds=1.5, measured=True),
+              StageTime(run_name=long_run, stage=long_stage, status="KILLED", started_at=at,
+                        seconds=12345.25, measured=True),
+              StageTime(run_name="-", stage="shadow", status="RUNNING", started_at=at,
+                        seconds=None)]
+    timeline = RolloutTimeline(run_id="r1", run_name="rollout x", family="fam", kind="rollout",
+                               result="promoted", decided_at_stage=None, version="7",
+                               started_at=at, seconds=12400.0, stages=stages)
+    rows = render([timeline]).splitlines()[1:]
+    assert len(rows) == 3
+    statuses = [row.index(s.status) for row, s in zip(rows, stages, strict=True)]
+    assert len(set(statuses)) == 1, "\n".join(rows)
+    assert long_stage in rows[1] and long_run not in rows[1]
+    shown = rows[1].split()[1]
+    assert shown.endswith("…") and len(shown) == TIMELINE_COLUMN_MAX, shown
+    assert "12345.2 s" in rows[1] and "1.5 s" in rows[0]

@@ -37,18 +37,15 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
 
-import jax
-
-from evaluation.performance import default_shapes, measure_performance
-from evaluation.runners import LocalRunner
-from gates.decision import decide
-from gates.preregistration import Registration
-from gates.thresholds import parse_thresholds
+# JAX and the evaluation are imported by run(): ``--help`` answers without them.
 
 _TESTED = re.compile(rb", test: paired_permutation, alpha: [0-9.]+")
 
 
 def _registration(data: bytes, at: datetime):
+    from gates.preregistration import Registration
+    from gates.thresholds import parse_thresholds
+
     thresholds = parse_thresholds(data)
     return thresholds, Registration(
         registration_id=f"aa-{hashlib.sha256(data).hexdigest()[:8]}", family="aa-gate",
@@ -66,6 +63,12 @@ def _judged(decision) -> dict:
 
 def run(args: argparse.Namespace) -> dict:
     """Measure and judge ``args.runs`` times; the JSON document of the module docstring."""
+    import jax
+
+    from evaluation.performance import default_shapes, measure_performance
+    from evaluation.runners import LocalRunner
+    from gates.decision import decide
+
     data = Path(args.profile).read_bytes()
     legacy = _TESTED.sub(b"", data)
     platform = jax.devices()[0].platform
@@ -107,18 +110,31 @@ def run(args: argparse.Namespace) -> dict:
             "rejected": rejected, "runs_total": args.runs}
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The tool's arguments, each with a one-line help (``python -m tools.aa_gate --help``)."""
     p = argparse.ArgumentParser(prog="python -m tools.aa_gate", description=__doc__.split(
         "\n\n")[0])
-    p.add_argument("--runs", type=int, default=20)
-    p.add_argument("--kernel", default="xla", help="registry name (default xla)")
-    p.add_argument("--profile", default="thresholds/staging.yaml")
+    p.add_argument("--runs", type=int, default=20,
+                   help="how many A/A measurements to judge (default 20)")
+    p.add_argument("--kernel", default="xla",
+                   help="kernel registry name timed as both candidate and production (default xla)")
+    p.add_argument("--profile", default="thresholds/staging.yaml",
+                   help="thresholds file whose speed criteria judge each run "
+                        "(default thresholds/staging.yaml)")
     p.add_argument("--shapes", type=int, default=None,
                    help="the first N default shapes of the platform (default: all)")
-    p.add_argument("--repeats", type=int, default=None, help="default: the platform's")
-    p.add_argument("--warmup", type=int, default=None, help="default: the platform's")
-    p.add_argument("--out", type=Path, required=True)
-    args = p.parse_args(argv)
+    p.add_argument("--repeats", type=int, default=None,
+                   help="timed calls per implementation and shape (default: the platform's)")
+    p.add_argument("--warmup", type=int, default=None,
+                   help="untimed warm-up calls before them (default: the platform's)")
+    p.add_argument("--out", type=Path, required=True,
+                   help="where to write the JSON result (its folder is created)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse ``argv``, run the A/A measurements, write ``--out`` and print the rejections."""
+    args = parser().parse_args(argv)
     result = run(args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")

@@ -148,14 +148,31 @@ def rollout_timelines(tracking: Tracking, family: str) -> list[RolloutTimeline]:
     return out
 
 
+TIMELINE_COLUMN_MAX = 40
+"""The widest a column of :func:`render`'s stage table grows (characters); a longer value
+is cut to this width, its last character an ellipsis."""
+
+
+def _cell(value: str) -> str:
+    """``value``, or its first ``TIMELINE_COLUMN_MAX - 1`` characters and an ellipsis."""
+    return value if len(value) <= TIMELINE_COLUMN_MAX else value[:TIMELINE_COLUMN_MAX - 1] + "…"
+
+
 def render(timelines: list[RolloutTimeline]) -> str:
-    """A plain-text table: one block per rollout, one line per stage (seconds)."""
-    lines = []
+    """A plain-text table: one block per rollout, one line per stage (seconds). Each
+    column is as wide as its widest value in the whole table, at most
+    ``TIMELINE_COLUMN_MAX`` (a longer value ends in an ellipsis), so the columns stay
+    aligned across every block whatever the names."""
+    rows = [(_cell(s.stage), _cell(s.run_name), _cell(s.status),
+             "-" if s.seconds is None else f"{s.seconds:.1f} s",
+             "" if s.measured else " (logging only)") for t in timelines for s in t.stages]
+    widths = [max((len(row[i]) for row in rows), default=0) for i in range(4)]
+    lines, stage_rows = [], iter(rows)
     for t in timelines:
         total = "running" if t.seconds is None else f"{t.seconds:.1f} s"
         lines.append(f"{t.started_at:%Y-%m-%d %H:%M:%S} {t.family} {t.run_name} [{t.kind}] v{t.version or '-'} "
                      f"{t.result or '-'}{f' at {t.decided_at_stage}' if t.decided_at_stage else ''}: {total}")
-        lines += [f"    {s.stage:<16} {s.run_name[:40]:<40} {s.status:<9} "
-                  f"{'-' if s.seconds is None else f'{s.seconds:8.1f} s'}"
-                  f"{'' if s.measured else ' (logging only)'}" for s in t.stages]
+        for stage, run_name, status, seconds, note in (next(stage_rows) for _ in t.stages):
+            lines.append(f"    {stage:<{widths[0]}} {run_name:<{widths[1]}} "
+                         f"{status:<{widths[2]}} {seconds:>{widths[3]}}{note}".rstrip())
     return "\n".join(lines)

@@ -3,8 +3,8 @@
 A key is an Ed25519 private key in a PEM file (mode 0600) with its public half beside
 it as ``<name>.pub.json`` (securesystemslib's key dict). The pipeline's key lives in a
 key folder (default ``~/.kernelgate/keys``; ``KERNELGATE_KEY_DIR`` overrides it), which
-is where ``kernelgate keys create`` writes and where ``make run`` creates one on first
-use. Only ``pipeline.pem`` and its retired public keys are the *pipeline role*
+is where ``kernelgate keys create --role pipeline`` writes and where ``make run`` creates
+one on first use. Only ``pipeline.pem`` and its retired public keys are the *pipeline role*
 (:func:`folder_trust`); a person's key (``keys create --name alice``) goes to
 ``<key folder>/approvers/`` and is trusted only as an approver, through a registration's
 approval policy. Rotation keeps the retired public keys
