@@ -55,8 +55,8 @@ They are Monte Carlo intervals *given the pooled pairs*: the pool's own sampling
 record's run-to-run spread of median log ratios is reported beside the spread an iid
 draw of the same length gives, to show whether that holds. Verdicts: the false adoption
 rate is "within alpha" when its interval's lower end is at most ``alpha`` (not shown
-above it; ``shown_at_most_alpha``: its upper end is, too); the power is "reached" when its interval's upper end is at least ``power``
-(not shown below it).
+above it; ``shown_at_most_alpha``: its upper end is, too); the power is "reached" when
+its interval's upper end is at least ``power`` (not shown below it).
 
 Writes JSON::
 
