@@ -167,7 +167,10 @@ def test_a_two_kernel_record_and_the_slowed_section_are_never_read_as_aa(tmp_pat
     ('{"log_ratios": [[0.1, -0.1]]}', "has no 'verdicts' field"),
     ('{"log_ratios": [[0.1, -0.1]], "verdicts": ["pass", "pass"]}', "one verdict per run"),
     ('{"log_ratios": [[0.1, NaN]], "verdicts": ["pass"]}', r"log_ratios\[0\] has 1 non-finite"),
-    ('{"log_ratios": [[]], "verdicts": ["pass"]}', r"log_ratios\[0\] is empty"),
+    ('{"log_ratios": [[], []], "verdicts": ["fail", "fail"]}',
+     "'log_ratios' holds no compared pair in its 2 runs"),
+    ('{"log_ratios": [[0.1], "x"], "verdicts": ["pass", "pass"]}',
+     r"log_ratios\[1\] is not numeric"),
     ('{"aa": {"candidate_s": [[0.1, 0.1]]}}', "'aa' has no 'production_s' field"),
     ('{"aa": {"candidate_s": [0.1], "production_s": [0.1]}}', r"must be \[n, 2\] seconds"),
     ('{"aa": {"candidate_s": [[0.1, 0]], "production_s": [[0.1, 0.1]]}}', "non-positive"),
@@ -210,12 +213,14 @@ def test_a_recorded_rolled_back_canary_counts_as_unsafe(tmp_path):
     rng = np.random.default_rng(12)
     runs = _aa_runs(rng, "normal", runs=20)
     runs[3] = runs[3][:30]  # stopped at the breach, as a calibration records it
+    runs[4] = []  # failed before comparing a request
     verdicts = ["pass"] * 20
-    verdicts[3] = "fail"
+    verdicts[3] = verdicts[4] = "fail"
     source = load_pairs(_calibration(tmp_path / "c.json", runs, verdicts))
     result = analyse(source, PROFILE, runs=100, seed=0)
-    assert result["recorded"]["outcomes"]["unsafe"] == 1
-    assert result["source"]["run_lengths"] == {"30": 1, "80": 19}
+    assert result["recorded"]["outcomes"]["unsafe"] == 2
+    assert result["source"]["run_lengths"] == {"0": 1, "30": 1, "80": 18}
+    assert result["source"]["pairs"] == 30 + 18 * 80
 
 
 def test_the_tool_is_seeded(tmp_path):

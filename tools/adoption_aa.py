@@ -8,7 +8,8 @@ canary's ABBA pair, ``gates.latency_judge``). Two formats are A/A by constructio
 * a calibration record (``kernelgate calibrate``, ``flows.calibrate.a_a_canary``: the
   production version on both sides of the canary's replay, ``"log_ratios"``: one list per
   A/A canary run, every compared request's log ratio in order; a run the latency judge
-  rolled back stops early, at the step that breached);
+  rolled back stops early, at the step that breached, and one that failed before
+  comparing a request has none);
 * latency samples (``python -m evaluation.latency_samples``): its ``"aa"`` section,
   ``candidate_s``/``production_s`` ``[n, 2]`` seconds, one kernel on both endpoints. Its
   ``"slowed"`` section is an A/B (a planted slowdown) and is never read.
@@ -135,12 +136,12 @@ def _field(data: dict, key: str, path: Path, what: str):
     return data[key]
 
 
-def _finite(values, path: Path, name: str) -> np.ndarray:
+def _finite(values, path: Path, name: str, *, may_be_empty: bool = False) -> np.ndarray:
     try:
         arr = np.asarray(values, dtype=np.float64)
     except (TypeError, ValueError) as err:
         raise AAInputError(f"{path}: {name} is not numeric ({err})") from None
-    if arr.size == 0:
+    if arr.size == 0 and not may_be_empty:
         raise AAInputError(f"{path}: {name} is empty")
     if not np.all(np.isfinite(arr)):
         raise AAInputError(f"{path}: {name} has {int(np.sum(~np.isfinite(arr)))} "
@@ -160,7 +161,8 @@ def load_pairs(path: Path | str) -> AASource:
     Raises:
         AAInputError: the file is missing, empty or not JSON; it is neither format
             (the long-document bench's two-kernel JSON is named as an A/B); a field is
-            missing or empty; a value is non-finite; a latency sample is not a positive
+            missing or empty (a calibration with no compared pair in any run); a value
+            is non-finite; a latency sample is not a positive
             ``[n, 2]`` array of seconds on both sides.
     """
     path = Path(path)
@@ -195,9 +197,14 @@ def _calibration(data: dict, path: Path, digest: str) -> AASource:
     runs_raw = data["log_ratios"]
     if not isinstance(runs_raw, list) or not runs_raw:
         raise AAInputError(f"{path}: 'log_ratios' is empty (no A/A canary run recorded)")
-    runs = [_finite(run, path, f"log_ratios[{i}]") for i, run in enumerate(runs_raw)]
+    # a run may have compared no request (it failed at its first step): unsafe, no pairs
+    runs = [_finite(run, path, f"log_ratios[{i}]", may_be_empty=True)
+            for i, run in enumerate(runs_raw)]
     if any(r.ndim != 1 for r in runs):
         raise AAInputError(f"{path}: 'log_ratios' must be a list of lists of numbers")
+    if not any(r.size for r in runs):
+        raise AAInputError(f"{path}: 'log_ratios' holds no compared pair in its {len(runs)} "
+                           "runs (every canary ended before comparing a request)")
     verdicts = _field(data, "verdicts", path, "the calibration record")
     if not isinstance(verdicts, list) or len(verdicts) != len(runs):
         raise AAInputError(f"{path}: 'verdicts' must list one verdict per run "
