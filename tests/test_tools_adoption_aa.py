@@ -198,6 +198,18 @@ def test_a_missing_file_and_too_few_runs_are_usage_errors(tmp_path, capsys):
     assert "--runs must be at least 100, got 99" in capsys.readouterr().err
 
 
+def test_a_thresholds_file_without_an_adoption_test_is_named(tmp_path, capsys):
+    rng = np.random.default_rng(14)
+    pairs = _calibration(tmp_path / "c.json", _aa_runs(rng, "normal", runs=10))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("x: [\n")
+    for thresholds, words in [(ROOT / "thresholds" / "bf16-long.yaml", "has no decision:"),
+                              (bad, "not valid YAML"), (tmp_path / "none.yaml", "cannot be read")]:
+        assert main(["--pairs", str(pairs), "--thresholds", str(thresholds)]) == 2
+        err = capsys.readouterr().err
+        assert words in err and thresholds.name in err, err
+
+
 def test_every_option_has_help(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["--help"])

@@ -362,14 +362,20 @@ def analyse(source: AASource, thresholds_path: Path | str, *, runs: int = 2000,
         the JSON document (without ``command``/``date_utc``).
 
     Raises:
-        AAInputError: the pairs do not look A/A; the thresholds have no ``decision:``.
+        AAInputError: the pairs do not look A/A; the thresholds file cannot be read,
+            is not a valid thresholds file, or has no ``decision:``.
     """
     from gates.adoption_power import simulate_decisions
     from gates.thresholds import load_thresholds
 
     if runs < 1:
         raise ValueError(f"runs must be >= 1, got {runs}")
-    thresholds = load_thresholds(Path(thresholds_path))
+    try:
+        thresholds = load_thresholds(Path(thresholds_path))
+    except OSError as err:
+        raise AAInputError(f"{thresholds_path}: cannot be read ({err.strerror})") from None
+    except ValueError as err:  # not YAML, or not a valid thresholds file (named inside)
+        raise AAInputError(f"thresholds: {err}") from None
     plan = thresholds.decision
     if plan is None:
         raise AAInputError(f"{thresholds_path}: has no decision: section (no adoption test)")
@@ -503,7 +509,7 @@ def main(argv: list[str] | None = None) -> int:
         source = load_pairs(args.pairs)
         result = analyse(source, args.thresholds, runs=args.runs, seed=args.seed,
                          aa_check_alpha=args.aa_check_alpha)
-    except (AAInputError, FileNotFoundError) as err:
+    except AAInputError as err:
         print(f"adoption_aa: error: {err}", file=sys.stderr)
         return 2
     doc = {"command": "python -m tools.adoption_aa " + shlex.join(
