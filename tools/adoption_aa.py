@@ -88,10 +88,12 @@ from pathlib import Path
 
 import numpy as np
 
+from kernels.errors import KernelgateError
+
 OUTCOMES = ("adopted", "not_worth_it", "inconclusive", "unsafe")
 
 
-class AAInputError(ValueError):
+class AAInputError(KernelgateError, ValueError):
     """Pairs this tool cannot use: not readable, not one of the A/A formats, a missing or
     empty field, a non-finite or non-positive value, or pairs that do not look A/A. The
     message names the file and the field."""
