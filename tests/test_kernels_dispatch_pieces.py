@@ -159,3 +159,26 @@ def test_a_partial_merge_shows_the_measured_buckets_names_the_gap_and_writes_not
                              "--kernels", "xla,bogus"])
     assert refused.value.code == 2 and "['bogus'] have no declared capability" in \
         capsys.readouterr().err
+
+
+def test_a_time_budget_cuts_a_slice_between_buckets_and_names_the_rest(tmp_path, capsys):
+    """A budget no second bucket fits keeps the first bucket only, says so in the label,
+    prints the --slice-buckets of the rest; that rest merges with it into the whole."""
+    cut = _slice(tmp_path, "cut", "--slice-buckets", "0:", "--budget-s", "0")
+    printed = capsys.readouterr().out
+    assert len(cut.buckets) == 1 and "cut at the time budget: 1 of 8 buckets" in cut.label
+    assert "--slice-buckets 1: measures it" in printed
+    rest = _slice(tmp_path, "rest", "--slice-buckets", "1:")
+    assert "not measured yet" not in capsys.readouterr().out
+    assert dispatch_merge.main([str(tmp_path / "cut" / "piece.json"),
+                                str(tmp_path / "rest" / "piece.json"),
+                                "--out", str(tmp_path / "merged")]) == 0
+    assert len(merge_pieces([cut, rest]).buckets) == 8
+
+
+def test_a_time_budget_without_a_slice_is_a_usage_error(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        dispatch_evidence.main(["--out", str(tmp_path), "--quick", "--budget-s", "10"])
+    assert exit_info.value.code == 2
+    assert "--budget-s measures a piece" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())

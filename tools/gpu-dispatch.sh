@@ -4,10 +4,13 @@
 # lent GPU: PYTHONPATH=/tmp/site:$PWD after the wheels' install; see BENCHMARKS.md for the
 # calls). Logs, JSON and a steps table go to $OUT (few files: a call returns at most 8).
 #
-#   tools/gpu-dispatch.sh evidence DTYPE   one dtype's buckets of the policy's space
+#   tools/gpu-dispatch.sh evidence DTYPE [START:]   one dtype's buckets of the policy's space
 #                                          ($KG_DISPATCH_DTYPES, default all three)
 #                                          as a piece, kept in $KG_DISPATCH (default
-#                                          /tmp/kg-dispatch) for the merge
+#                                          /tmp/kg-dispatch) for the merge; every piece of
+#                                          one policy with the same $KG_DISPATCH_REPEATS;
+#                                          cut at $KG_DISPATCH_BUDGET_S (default 480 s), the
+#                                          log then names the START: of the rest
 #   tools/gpu-dispatch.sh merge            the pieces there joined into evidence.json and
 #                                          policy.json (kernels.tools.dispatch_merge)
 #   tools/gpu-dispatch.sh longdoc [K ...]  the long-document workload served by each
@@ -44,15 +47,20 @@ print(DispatchPolicy.model_validate_json(open('$work/policy.json').read()).finge
 case ${1:-} in
   evidence)
     dtype=${2:?which dtype}
+    from=${3:-}   # START: the rest of a piece an earlier call cut at its time budget
+    name=$dtype${from:+-from-${from%%:*}}
     if [ ! -f "$work/device.txt" ]; then  # once per machine: a call returns few files
       { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
         python3 -c "import jax; print('jax', jax.__version__, jax.devices())"
         git rev-parse HEAD 2>/dev/null; } > "$work/device.txt" 2>&1
       cp "$work/device.txt" "$out/"
     fi
-    step "evidence-$dtype" 580 python3 -m kernels.tools.dispatch_evidence --dtypes "$space" \
-      --slice-dtypes "$dtype" --out "$out/$dtype"
-    mkdir -p "$work/$dtype" && cp "$out/$dtype/piece.json" "$work/$dtype/"
+    # cut between buckets before the call's 10 minutes would cut one (and lose the piece)
+    step "evidence-$name" 580 python3 -m kernels.tools.dispatch_evidence --dtypes "$space" \
+      --slice-dtypes "$dtype" ${from:+--slice-buckets "$from"} \
+      --budget-s "${KG_DISPATCH_BUDGET_S:-480}" \
+      ${KG_DISPATCH_REPEATS:+--repeats "$KG_DISPATCH_REPEATS"} --out "$out/$name"
+    mkdir -p "$work/$name" && cp "$out/$name/piece.json" "$work/$name/"
     ;;
   merge)
     step merge 120 python3 -m kernels.tools.dispatch_merge --out "$work" "$work"/*/piece.json

@@ -17,12 +17,15 @@ grid (``DEFAULT_GRID``) with a shape per bucket for an accelerator; :data:`QUICK
 (``--quick``, and always without an accelerator) is a tiny grid for a CPU host: the
 mechanism, not performance. Flags override single fields.
 
-In pieces: the whole default grid takes about half an hour on an H200, more than one
-device call may run. ``--slice-dtypes``, ``--slice-causal`` and ``--slice-buckets
-START:STOP`` (indices in the grid's order, ``--list`` prints them) measure only those
-buckets of the whole grid and write ``piece.json`` (``kernels.dispatch_pieces``) and no
-policy; ``python -m kernels.tools.dispatch_merge`` joins the pieces into one evidence and
-its policy, refusing pieces of another device, method, software stack or space, or that
+In pieces: the whole default grid takes longer than one device call may run (on an H100
+at 11 repeats: bf16 302 s, f16 270 s, float32 more than 580 s; BENCHMARKS.md).
+``--slice-dtypes``, ``--slice-causal`` and ``--slice-buckets START:STOP`` (indices in the
+grid's order, ``--list`` prints them) measure only those buckets of the whole grid and
+write ``piece.json`` (``kernels.dispatch_pieces``) and no policy; ``--budget-s`` cuts a
+slice between buckets before a call's limit would cut it inside one (the piece holds what
+was measured and the command prints the ``--slice-buckets`` of the rest).
+``python -m kernels.tools.dispatch_merge`` joins the pieces into one evidence and its
+policy, refusing pieces of another device, method, software stack or space, or that
 overlap or leave a gap. Each bucket's inputs are seeded by the seed and its name, so a
 bucket measured in a piece sees the inputs it would in a whole run.
 """
@@ -35,6 +38,7 @@ import importlib.metadata
 import platform
 import statistics
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -179,14 +183,28 @@ def _measure_bucket(plan: Plan, bucket: Bucket, seed: int) -> BucketEvidence:
     return BucketEvidence(bucket=bucket, shapes=tuple(shapes), kernels=tuple(kernels))
 
 
-def _measure_all(plan: Plan, buckets: Sequence[Bucket]) -> tuple[BucketEvidence, ...]:
+def _measure_all(plan: Plan, buckets: Sequence[Bucket],
+                 budget_s: float | None = None) -> tuple[BucketEvidence, ...]:
+    """Each bucket's evidence in order, with its wall time on the progress line; with
+    ``budget_s``, no bucket is started that the longest bucket so far would carry past
+    the budget (the first bucket always runs), so a device call's time limit cuts a piece
+    between buckets, never inside one."""
     for bucket in buckets:
         plan.shapes(bucket)
-    measured = []
+    measured, longest, start = [], 0.0, time.monotonic()
     for i, bucket in enumerate(buckets):
+        elapsed = time.monotonic() - start
+        if budget_s is not None and measured and elapsed + longest > budget_s:
+            print(f"[dispatch_evidence] stopping at the time budget ({budget_s:g} s): "
+                  f"{elapsed:.0f} s spent, the longest bucket took {longest:.0f} s",
+                  file=sys.stderr, flush=True)
+            break
+        t0 = time.monotonic()
         measured.append(_measure_bucket(plan, bucket, bucket_seed(plan.seed, bucket)))
-        print(f"[dispatch_evidence] {i + 1}/{len(buckets)} {bucket.name}", file=sys.stderr,
-              flush=True)
+        took = time.monotonic() - t0
+        longest = max(longest, took)
+        print(f"[dispatch_evidence] {i + 1}/{len(buckets)} {bucket.name} ({took:.1f} s)",
+              file=sys.stderr, flush=True)
     return tuple(measured)
 
 
@@ -212,15 +230,21 @@ def measure(plan: Plan) -> Evidence:
     return Evidence(space=plan.grid.space, buckets=measured, **provenance(plan))
 
 
-def measure_piece(plan: Plan, buckets: Sequence[Bucket], label: str) -> EvidencePiece:
-    """The evidence of ``buckets`` (some of ``plan``'s grid) as a piece of its space.
+def measure_piece(plan: Plan, buckets: Sequence[Bucket], label: str,
+                  budget_s: float | None = None) -> EvidencePiece:
+    """The evidence of ``buckets`` (some of ``plan``'s grid) as a piece of its space; with
+    ``budget_s``, of the leading buckets measured within that many seconds (the label then
+    says where it was cut: the piece is complete for the buckets it holds, and the merge
+    names the gap until the rest is measured).
 
     Raises:
         ValueError: as :func:`measure`, for these buckets; no bucket selected.
     """
     if not buckets:
         raise ValueError(f"slice {label!r} selects no bucket of the grid")
-    measured = _measure_all(plan, buckets)
+    measured = _measure_all(plan, buckets, budget_s)
+    if len(measured) < len(buckets):
+        label = f"{label} (cut at the time budget: {len(measured)} of {len(buckets)} buckets)"
     return EvidencePiece(label=label, space=plan.grid.space, buckets=measured,
                          **provenance(plan))
 
@@ -256,6 +280,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="a piece: only this causal flag's buckets")
     parser.add_argument("--slice-buckets", type=_span, metavar="START:STOP",
                         help="a piece: only these buckets, by index in the grid's order")
+    parser.add_argument("--budget-s", type=float, default=None, metavar="SECONDS",
+                        help="a piece: start no bucket the longest one so far would carry "
+                             "past this many seconds; the piece holds the buckets measured "
+                             "and the command prints the --slice-buckets of the rest")
     parser.add_argument("--list", action="store_true",
                         help="print the grid's buckets with their indices and exit (the "
                              "accelerator's grid on any host, the tiny one with --quick)")
@@ -282,6 +310,16 @@ def select(plan: Plan, args: argparse.Namespace) -> tuple[list[Bucket], str] | N
                       f"buckets {start}:{'' if stop >= 10**9 else stop}"
                       if args.slice_buckets else ""]).split()
     return chosen, " ".join(label)
+
+
+def remaining_start(plan: Plan, args: argparse.Namespace, piece: EvidencePiece) -> int | None:
+    """The grid index of the first bucket ``args``' slice selects that ``piece`` does not
+    hold (a piece cut at its time budget), or ``None`` when it holds the whole slice."""
+    chosen, _ = select(plan, args)
+    held = {b.bucket.name for b in piece.buckets}
+    index = {b.name: i for i, b in enumerate(plan.grid.buckets())}
+    missing = [index[b.name] for b in chosen if b.name not in held]
+    return min(missing) if missing else None
 
 
 def plan_from(args: argparse.Namespace, backend: str) -> Plan:
@@ -312,7 +350,7 @@ def run(args: argparse.Namespace) -> tuple[Evidence, DispatchPolicy] | EvidenceP
     plan = plan_from(args, default_backend())
     sliced = select(plan, args)
     if sliced is not None:
-        piece = measure_piece(plan, *sliced)
+        piece = measure_piece(plan, *sliced, budget_s=args.budget_s)
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "piece.json").write_text(piece.model_dump_json(indent=1))
         return piece
@@ -329,11 +367,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.out is None:  # only --list writes nothing
         build_parser().error("the following arguments are required: --out (or --list)")
+    if args.budget_s is not None and not (args.slice_dtypes or args.slice_causal
+                                          or args.slice_buckets):
+        build_parser().error("--budget-s measures a piece: give a --slice-* flag too "
+                             "(--slice-buckets 0: for the whole grid)")
     result = run(args)
     if isinstance(result, EvidencePiece):
         print(f"wrote {args.out / 'piece.json'}: piece {result.label!r}, "
               f"{len(result.buckets)} buckets; merge the pieces with python -m "
               "kernels.tools.dispatch_merge")
+        rest = remaining_start(plan_from(args, default_backend()), args, result)
+        if rest is not None:
+            stop = args.slice_buckets[1] if args.slice_buckets else 10**9
+            print(f"not measured yet: the rest of this slice; the same command with "
+                  f"--slice-buckets {rest}:{'' if stop >= 10**9 else stop} measures it")
         return 0
     return report(result[1], args.out)
 
