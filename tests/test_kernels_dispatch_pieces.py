@@ -96,11 +96,11 @@ def test_a_slice_by_dtype_and_causal_flag_selects_those_buckets_of_the_whole_gri
     args = parser.parse_args(["--out", "x", "--quick", "--slice-dtypes", "bfloat16",
                               "--slice-causal", "causal"])
     plan = dispatch_evidence.plan_from(args, "cpu")
-    buckets, label = dispatch_evidence.select(plan, args)
+    buckets, label = dispatch_evidence.select(plan.grid, args)
     assert label == "bfloat16 causal" and len(buckets) == 8
     assert all(b.dtypes == ("bfloat16",) and b.causal == (True,) for b in buckets)
     assert plan.grid.space == Region()  # a piece of the whole space
-    assert dispatch_evidence.select(plan, parser.parse_args(["--out", "x"])) is None
+    assert dispatch_evidence.select(plan.grid, parser.parse_args(["--out", "x"])) is None
 
 
 def test_the_merge_refuses_overlapping_slices_and_says_why(tmp_path, capsys):

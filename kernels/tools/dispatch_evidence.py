@@ -61,6 +61,7 @@ from kernels.shapes import AttentionShape, random_inputs
 from kernels.timing import DEFAULT_WARMUP_S, median_interval, time_samples
 from kernels.tools.bench import attention_fn
 from kernels.tools.dispatch_merge import report, write_policy
+from kernels.tools.dispatch_slices import ints, names, remaining_start, select, span
 
 CONFIDENCE = 0.95
 """Of each median's interval (``median_interval``)."""
@@ -249,14 +250,6 @@ def measure_piece(plan: Plan, buckets: Sequence[Bucket], label: str,
                          **provenance(plan))
 
 
-def _names(text: str) -> tuple[str, ...]:
-    return tuple(x.strip() for x in text.split(",") if x.strip())
-
-
-def _ints(text: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in _names(text))
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The command line (``--help``); unset flags keep the plan's values."""
     parser = argparse.ArgumentParser(prog="python -m kernels.tools.dispatch_evidence",
@@ -265,61 +258,28 @@ def build_parser() -> argparse.ArgumentParser:
                         help="folder for evidence.json and policy.json")
     parser.add_argument("--quick", action="store_true",
                         help="the tiny CPU plan (always the case without an accelerator)")
-    parser.add_argument("--kernels", type=_names, help="candidates, comma-separated")
-    parser.add_argument("--priority", type=_names, default=(),
+    parser.add_argument("--kernels", type=names, help="candidates, comma-separated")
+    parser.add_argument("--priority", type=names, default=(),
                         help="tie-break order (default: the candidates' order)")
-    parser.add_argument("--dtypes", type=_names, help="the space's dtypes")
+    parser.add_argument("--dtypes", type=names, help="the space's dtypes")
     parser.add_argument("--causal", choices=["full", "causal"], help="one causal flag only")
-    parser.add_argument("--head-dims", type=_ints, help="measured head_dims")
-    parser.add_argument("--seqs", type=_ints, help="measured q_len and kv_len")
+    parser.add_argument("--head-dims", type=ints, help="measured head_dims")
+    parser.add_argument("--seqs", type=ints, help="measured q_len and kv_len")
     parser.add_argument("--repeats", type=int)
     parser.add_argument("--seed", type=int)
-    parser.add_argument("--slice-dtypes", type=_names,
+    parser.add_argument("--slice-dtypes", type=names,
                         help="a piece: only these dtypes' buckets (writes piece.json)")
     parser.add_argument("--slice-causal", choices=["full", "causal"],
                         help="a piece: only this causal flag's buckets")
-    parser.add_argument("--slice-buckets", type=_span, metavar="START:STOP",
+    parser.add_argument("--slice-buckets", type=span, metavar="START:STOP",
                         help="a piece: only these buckets, by index in the grid's order")
     parser.add_argument("--budget-s", type=float, default=None, metavar="SECONDS",
-                        help="a piece: start no bucket the longest one so far would carry "
-                             "past this many seconds; the piece holds the buckets measured "
-                             "and the command prints the --slice-buckets of the rest")
+                        help="a piece: start no bucket the longest so far would carry past "
+                             "this; the --slice-buckets of the rest are printed")
     parser.add_argument("--list", action="store_true",
                         help="print the grid's buckets with their indices and exit (the "
                              "accelerator's grid on any host, the tiny one with --quick)")
     return parser
-
-
-def _span(text: str) -> tuple[int, int]:
-    start, sep, stop = text.partition(":")
-    if not sep:
-        raise argparse.ArgumentTypeError(f"expected START:STOP, got {text!r}")
-    return int(start or 0), int(stop) if stop else 10**9
-
-
-def select(plan: Plan, args: argparse.Namespace) -> tuple[list[Bucket], str] | None:
-    """The buckets of ``plan``'s grid the ``--slice-*`` flags select and the piece's
-    label, or ``None`` without a slice flag (the whole grid)."""
-    if not (args.slice_dtypes or args.slice_causal or args.slice_buckets):
-        return None
-    start, stop = args.slice_buckets or (0, 10**9)
-    chosen = [b for i, b in enumerate(plan.grid.buckets()) if start <= i < stop
-              and (not args.slice_dtypes or set(b.dtypes) <= set(args.slice_dtypes))
-              and (not args.slice_causal or b.causal == (args.slice_causal == "causal",))]
-    label = " ".join([",".join(args.slice_dtypes or ()), args.slice_causal or "",
-                      f"buckets {start}:{'' if stop >= 10**9 else stop}"
-                      if args.slice_buckets else ""]).split()
-    return chosen, " ".join(label)
-
-
-def remaining_start(plan: Plan, args: argparse.Namespace, piece: EvidencePiece) -> int | None:
-    """The grid index of the first bucket ``args``' slice selects that ``piece`` does not
-    hold (a piece cut at its time budget), or ``None`` when it holds the whole slice."""
-    chosen, _ = select(plan, args)
-    held = {b.bucket.name for b in piece.buckets}
-    index = {b.name: i for i, b in enumerate(plan.grid.buckets())}
-    missing = [index[b.name] for b in chosen if b.name not in held]
-    return min(missing) if missing else None
 
 
 def plan_from(args: argparse.Namespace, backend: str) -> Plan:
@@ -348,7 +308,7 @@ def run(args: argparse.Namespace) -> tuple[Evidence, DispatchPolicy] | EvidenceP
         ValueError: as :func:`plan_from`, :func:`measure`, :func:`measure_piece`.
     """
     plan = plan_from(args, default_backend())
-    sliced = select(plan, args)
+    sliced = select(plan.grid, args)
     if sliced is not None:
         piece = measure_piece(plan, *sliced, budget_s=args.budget_s)
         args.out.mkdir(parents=True, exist_ok=True)
@@ -376,7 +336,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"wrote {args.out / 'piece.json'}: piece {result.label!r}, "
               f"{len(result.buckets)} buckets; merge the pieces with python -m "
               "kernels.tools.dispatch_merge")
-        rest = remaining_start(plan_from(args, default_backend()), args, result)
+        rest = remaining_start(plan_from(args, default_backend()).grid, args, result)
         if rest is not None:
             stop = args.slice_buckets[1] if args.slice_buckets else 10**9
             print(f"not measured yet: the rest of this slice; the same command with "
