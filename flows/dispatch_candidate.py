@@ -21,6 +21,7 @@ import contextlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from kernels.api import default_backend
 from kernels.dispatch_audit import load_policy
 from kernels.dispatch_kernel import DispatchKernel
 from kernels.dispatch_policy import DispatchPolicy
@@ -37,7 +38,9 @@ def audited_policy(implementation: str, path: Path | None) -> DispatchPolicy | N
     Raises:
         ValueError: ``dispatch`` without a policy file, a policy file for another
             kernel, or a file the audit refuses (``kernels.dispatch_audit.PolicyError``:
-            missing, invalid, or a bucket its evidence does not derive, named).
+            missing, invalid, or a bucket its evidence does not derive, named); a
+            policy measured on another backend than this host's (its choices say
+            nothing here: ``auto`` never serves one either).
     """
     if implementation != DISPATCH:
         if path is not None:
@@ -48,7 +51,15 @@ def audited_policy(implementation: str, path: Path | None) -> DispatchPolicy | N
         raise ValueError("--implementation dispatch serves a dispatch policy: pass "
                          "--dispatch-policy POLICY.json (kernels.tools.dispatch_evidence or "
                          "dispatch_merge write one)")
-    return load_policy(path)
+    policy = load_policy(path)
+    here = default_backend()
+    if policy.backend != here:
+        raise ValueError(f"{path}: a dispatch policy measured on {policy.backend} "
+                         f"({policy.device}); this host's backend is {here}, where its "
+                         "choices were never measured: measure one here (python -m "
+                         "kernels.tools.dispatch_evidence) or roll it out on a "
+                         f"{policy.backend} host")
+    return policy
 
 
 @contextlib.contextmanager

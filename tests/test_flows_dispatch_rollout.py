@@ -29,6 +29,7 @@ from flows.kernel_choice import auto_policy, rollout_kernel
 from flows.plan import resolve_plan
 from flows.rollout import run_rollout
 from flows.settings import RolloutSettings
+from kernels.dispatch_policy import Rule, derive_policy
 from kernels.dispatch_serving import POLICY_ENV, SHA256_ENV
 from kernels.registry import IMPLEMENTATIONS
 from kernels.shapes import AttentionShape
@@ -40,7 +41,12 @@ from lineage.signing.keys import default_key_dir
 from lineage.signing.sources import StoreSource
 from lineage.store import tags
 from lineage.store.tracking import local_tracking
-from tests.dispatch_standin import standin_policy, write_standin_policy
+from tests.dispatch_standin import (
+    KERNELS,
+    standin_evidence,
+    standin_policy,
+    write_standin_policy,
+)
 from tests.flow_thresholds import FLOW_TEST, untimed
 from tests.shared_builds import HARNESS_STARTUP_S, copy_of, flow_testset
 from tests.store_copies import copy_store
@@ -163,6 +169,8 @@ def test_the_audit_re_derives_the_policy_and_names_an_edited_bucket(promoted, tm
      "is not a valid policy: buckets: Tuple should have at least 1 item"),
     (["--implementation", "dispatch", "--dispatch-policy", "{forged}"],
      "records naive, but its evidence derives xla"),
+    (["--implementation", "dispatch", "--dispatch-policy", "{other_backend}"],
+     "a dispatch policy measured on gpu (a GPU); this host's backend is cpu"),
 ])
 def test_a_bad_policy_argument_is_refused_naming_the_constraint_with_nothing_written(
         tmp_path, args, match):
@@ -175,7 +183,11 @@ def test_a_bad_policy_argument_is_refused_naming_the_constraint_with_nothing_wri
     entry["timings"][0].update(median_s=1e-7, low_s=0.99e-7, high_s=1.01e-7)
     forged = tmp_path / "forged.json"  # one bucket's evidence edited, its choice not
     forged.write_text(json.dumps(data))
-    files = {"good": good, "bad": bad, "forged": forged}
+    other_backend = tmp_path / "gpu.json"  # valid and audited, measured on another backend
+    elsewhere = standin_evidence().model_copy(update={"backend": "gpu", "device": "a GPU"})
+    other_backend.write_text(derive_policy(elsewhere, KERNELS, Rule(priority=("xla",)))
+                             .model_dump_json())
+    files = {"good": good, "bad": bad, "forged": forged, "other_backend": other_backend}
     store = tmp_path / "store"
     result = CliRunner().invoke(app, ["rollout", *[a.format(**files) for a in args],
                                       "--store-dir", str(store)], catch_exceptions=False)
