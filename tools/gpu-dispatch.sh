@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # A GPU dispatch policy from measurement to production, in parts that each fit one
 # 10-minute device call. Run from the repository root with kernelgate importable (on the
-# lent GPU: PYTHONPATH=/tmp/site:$PWD after the wheels' install; see BENCHMARKS.md for the
-# calls). Logs, JSON and a steps table go to $OUT (few files: a call returns at most 8).
+# lent GPU: PYTHONPATH=/tmp/site:$PWD after the wheels' install; tools/device-carries.sh
+# packs the wheels and prints the calls). Logs, JSON and a steps table go to $OUT (few files: a call returns at most 8).
 #
 #   tools/gpu-dispatch.sh evidence DTYPE [START:]   one dtype's buckets of the policy's space
 #                                          ($KG_DISPATCH_DTYPES, default all three)
