@@ -31,7 +31,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from kernels.dispatch_pieces import EvidencePiece, measured_buckets
 from kernels.dispatch_policy import BucketChoice, BucketEvidence, Rule, choose_buckets
@@ -169,11 +169,23 @@ def format_report(report: RepeatReport) -> str:
 
 
 def _read(paths: Sequence[Path]) -> list[EvidencePiece]:
-    return [EvidencePiece.model_validate_json(Path(p).read_bytes()) for p in paths]
+    pieces = []
+    for path in paths:
+        raw = Path(path).read_bytes()
+        try:
+            pieces.append(EvidencePiece.model_validate_json(raw))
+        except ValidationError as err:  # a policy.json, evidence.json, or no JSON at all
+            first = err.errors()[0]
+            where = ".".join(str(x) for x in first["loc"]) or "the file"
+            raise ValueError(f"{path}: not a dispatch evidence piece (the piece.json a "
+                             f"dispatch_evidence --slice-* run writes): {where}: "
+                             f"{first['msg']}") from None
+    return pieces
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """CLI entry point: 0, or 2 on input the comparison refuses (the reason printed)."""
+    """CLI entry point: 0, or 2 on input the comparison refuses or a ``--json`` path that
+    cannot be written (the reason printed)."""
     parser = argparse.ArgumentParser(prog="python -m kernels.tools.dispatch_repeat",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--first", nargs="+", type=Path, required=True,
@@ -199,7 +211,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     print(format_report(report))
     if args.json:
-        args.json.write_text(json.dumps(report.model_dump(), indent=1))
+        try:
+            args.json.write_text(json.dumps(report.model_dump(), indent=1))
+        except OSError as err:
+            print(f"dispatch_repeat: cannot write {args.json}: {err.strerror}", file=sys.stderr)
+            return 2
     return 0
 
 
