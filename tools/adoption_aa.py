@@ -487,7 +487,8 @@ def _level(text: str) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The command line (``--help``); exit 0 on success, 2 on bad input (named)."""
+    """The command line (``--help``); exit 0 on success, 2 on bad input or an ``--out``
+    that cannot be written (named)."""
     p = argparse.ArgumentParser(prog="python -m tools.adoption_aa",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--pairs", type=Path, required=True,
@@ -519,8 +520,13 @@ def main(argv: list[str] | None = None) -> int:
            "date_utc": datetime.now(UTC).isoformat(timespec="seconds"), **result}
     print(table(doc))
     if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(doc, indent=1) + "\n")
+        try:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps(doc, indent=1) + "\n")
+        except OSError as err:
+            print(f"adoption_aa: error: cannot write {args.out} ({err.strerror})",
+                  file=sys.stderr)
+            return 2
         print(f"wrote {args.out}")
     return 0
 
