@@ -124,9 +124,11 @@ def test_the_tool_lists_the_grids_buckets_and_refuses_an_empty_slice(tmp_path, c
     listed = capsys.readouterr().out.splitlines()
     assert len(listed) == 54 and listed[27].startswith(
         "  27 bfloat16 causal d[1, 65) q[1, 1024) kv[1, 1024)")
-    with pytest.raises(ValueError, match="selects no bucket"):
-        dispatch_evidence.main(["--out", str(tmp_path), "--quick", "--dtypes", "float32",
-                                "--slice-dtypes", "bfloat16"])
+    with pytest.raises(SystemExit) as exit_info:  # a usage error naming it, no traceback
+        dispatch_evidence.main(["--out", str(tmp_path / "none"), "--quick", "--dtypes",
+                                "float32", "--slice-dtypes", "bfloat16"])
+    assert exit_info.value.code == 2 and "selects no bucket" in capsys.readouterr().err
+    assert not (tmp_path / "none").exists()
 
 
 def test_a_partial_merge_shows_the_measured_buckets_names_the_gap_and_writes_nothing(
@@ -182,3 +184,21 @@ def test_a_time_budget_without_a_slice_is_a_usage_error(tmp_path, capsys):
     assert exit_info.value.code == 2
     assert "--budget-s measures a piece" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("budget", ["-5", "nan", "inf"])
+def test_a_negative_or_non_finite_budget_is_a_usage_error(tmp_path, capsys, budget):
+    with pytest.raises(SystemExit) as exit_info:
+        dispatch_evidence.main(["--out", str(tmp_path / "out"), "--quick",
+                                "--slice-buckets", "0:", "--budget-s", budget])
+    assert exit_info.value.code == 2
+    assert "--budget-s" in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
+def test_a_value_the_plan_refuses_is_a_usage_error_naming_it(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        dispatch_evidence.main(["--out", str(tmp_path / "out"), "--quick",
+                                "--slice-buckets", "0:1", "--repeats", "0"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "repeats" in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
