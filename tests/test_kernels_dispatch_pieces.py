@@ -202,3 +202,13 @@ def test_a_value_the_plan_refuses_is_a_usage_error_naming_it(tmp_path, capsys):
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and "repeats" in err and "Traceback" not in err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("content", ["not json", '{"version": 1}'])
+def test_the_merge_names_a_file_that_is_not_a_piece(tmp_path, capsys, content):
+    (tmp_path / "policy.json").write_text(content)
+    assert dispatch_merge.main([str(tmp_path / "policy.json"), "--out",
+                                str(tmp_path / "out")]) == 3
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'policy.json'}: not a dispatch evidence piece" in err, err
+    assert "errors.pydantic.dev" not in err and not (tmp_path / "out").exists()

@@ -31,9 +31,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
-from kernels.dispatch_pieces import EvidencePiece, measured_buckets
+from kernels.dispatch_pieces import EvidencePiece, measured_buckets, read_pieces
 from kernels.dispatch_policy import BucketChoice, BucketEvidence, Rule, choose_buckets
 
 SHARED_FIELDS = ("device", "backend", "method", "software")
@@ -168,21 +168,6 @@ def format_report(report: RepeatReport) -> str:
     return "\n".join(lines)
 
 
-def _read(paths: Sequence[Path]) -> list[EvidencePiece]:
-    pieces = []
-    for path in paths:
-        raw = Path(path).read_bytes()
-        try:
-            pieces.append(EvidencePiece.model_validate_json(raw))
-        except ValidationError as err:  # a policy.json, evidence.json, or no JSON at all
-            first = err.errors()[0]
-            where = ".".join(str(x) for x in first["loc"]) or "the file"
-            raise ValueError(f"{path}: not a dispatch evidence piece (the piece.json a "
-                             f"dispatch_evidence --slice-* run writes): {where}: "
-                             f"{first['msg']}") from None
-    return pieces
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point: 0, or 2 on input the comparison refuses or a ``--json`` path that
     cannot be written (the reason printed)."""
@@ -201,7 +186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None, help="also write the report here")
     args = parser.parse_args(argv)
     try:
-        first, second = _read(args.first), _read(args.second)
+        first, second = read_pieces(args.first), read_pieces(args.second)
         candidates = tuple(k.kernel for k in first[0].buckets[0].kernels)
         priority = tuple(x.strip() for x in args.priority.split(",") if x.strip())
         report = compare(first, second, candidates, Rule(priority=priority or candidates),
