@@ -212,3 +212,19 @@ def test_the_merge_names_a_file_that_is_not_a_piece(tmp_path, capsys, content):
     err = capsys.readouterr().err
     assert f"{tmp_path / 'policy.json'}: not a dispatch evidence piece" in err, err
     assert "errors.pydantic.dev" not in err and not (tmp_path / "out").exists()
+
+
+def test_an_out_folder_that_cannot_be_made_is_refused_before_measuring_or_merging(
+        tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(SystemExit) as exit_info:
+        dispatch_evidence.main(["--out", str(blocker), "--quick", "--slice-buckets", "0:1"])
+    printed = capsys.readouterr()
+    assert exit_info.value.code == 2 and f"cannot write {blocker}" in printed.err, printed
+    assert "[dispatch_evidence]" not in printed.out + printed.err  # before any measurement
+    _slice(tmp_path, "whole", "--slice-buckets", "0:")
+    with pytest.raises(SystemExit) as exit_info:
+        dispatch_merge.main([str(tmp_path / "whole" / "piece.json"), "--out", str(blocker)])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and f"cannot write {blocker}" in err, err

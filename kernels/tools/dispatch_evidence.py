@@ -336,7 +336,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "(--slice-buckets 0: for the whole grid)")
         if sliced is not None and not sliced[0]:
             raise ValueError(f"slice {sliced[1]!r} selects no bucket of the grid")
-    except ValueError as err:
+        args.out.mkdir(parents=True, exist_ok=True)  # before hours of measurement, not after
+    except (ValueError, OSError) as err:
         build_parser().error(reason(err))
     result = run(args)
     if isinstance(result, EvidencePiece):

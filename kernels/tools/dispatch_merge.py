@@ -129,6 +129,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         policy = write_policy(evidence, candidates, args.priority, args.out)
     except ValueError as err:  # --kernels or --priority naming what cannot be
         parser.error(str(err))
+    except OSError as err:  # --out: a folder that cannot be made or written
+        parser.error(f"--out: cannot write {err.filename}: {err.strerror}")
     return report(policy, args.out)
 
 

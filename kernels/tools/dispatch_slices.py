@@ -52,11 +52,14 @@ def seconds(text: str) -> float:
     return value
 
 
-def reason(err: ValueError) -> str:
+def reason(err: ValueError | OSError) -> str:
     """A refused value in one line: each field and what it must be (a pydantic
-    ``ValidationError``), else the error's own text."""
+    ``ValidationError``), the path that cannot be written (``OSError``), else the error's
+    own text."""
     if isinstance(err, ValidationError):
         return "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors())
+    if isinstance(err, OSError):  # --out: a folder that cannot be made
+        return f"cannot write {err.filename}: {err.strerror}"
     return str(err)
 
 
