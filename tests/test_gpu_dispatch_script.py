@@ -29,3 +29,12 @@ def test_no_mode_or_an_unknown_one_prints_every_mode_and_exits_2(tmp_path, args)
     for mode in _modes():
         assert f"tools/gpu-dispatch.sh {mode}" in done.stdout, (mode, done.stdout)
     assert not any(tmp_path.iterdir()), "usage created a folder"
+
+
+def test_evidence_without_a_dtype_is_a_usage_error_that_makes_no_folder(tmp_path):
+    env = {"PATH": "/usr/bin:/bin", "OUT": str(tmp_path / "out"),
+           "KG_DISPATCH": str(tmp_path / "work")}
+    done = subprocess.run(["bash", str(SCRIPT), "evidence"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "evidence DTYPE [START:]" in done.stderr, done.stderr
+    assert not any(tmp_path.iterdir())

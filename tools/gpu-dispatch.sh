@@ -28,7 +28,8 @@
 set -uo pipefail
 usage() { sed -n '2,/^set -uo pipefail/p' "$0" | sed '$d'; }  # this header, every mode
 case ${1:-} in  # before any folder is made: a usage error writes nothing
-  evidence|merge|longdoc|rollout|auto) ;;
+  evidence) [ -n "${2:-}" ] || { echo "usage: tools/gpu-dispatch.sh evidence DTYPE [START:]" >&2; exit 2; } ;;
+  merge|longdoc|rollout|auto) ;;
   *) usage; exit 2 ;;
 esac
 out=${OUT:-gpu-dispatch}
