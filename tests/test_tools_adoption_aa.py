@@ -280,3 +280,12 @@ def test_an_out_path_that_cannot_be_written_is_named_not_a_traceback(tmp_path, c
                      "--out", str(out)]) == 2
         err = capsys.readouterr().err
         assert err.startswith("adoption_aa: error: ") and f"cannot write {out}" in err, err
+
+
+def test_a_negative_seed_is_a_usage_error(tmp_path, capsys):
+    rng = np.random.default_rng(15)
+    pairs = _calibration(tmp_path / "c.json", _aa_runs(rng, "normal", runs=5))
+    with pytest.raises(SystemExit) as exit_:
+        main(["--pairs", str(pairs), "--runs", "100", "--seed", "-1"])
+    assert exit_.value.code == 2
+    assert "--seed must be a non-negative integer, got -1" in capsys.readouterr().err

@@ -479,6 +479,13 @@ def _at_least_100(text: str) -> int:
     return n
 
 
+def _seed(text: str) -> int:
+    n = int(text)
+    if n < 0:  # numpy's generators take no negative seed
+        raise argparse.ArgumentTypeError(f"--seed must be a non-negative integer, got {n}")
+    return n
+
+
 def _level(text: str) -> float:
     x = float(text)
     if not 0.0 < x < 1.0:
@@ -501,7 +508,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=_at_least_100, default=2000,
                    help="resampled runs per condition, A/A and planted (at least 100; "
                    "default 2000)")
-    p.add_argument("--seed", type=int, default=0, help="generator seed (default 0)")
+    p.add_argument("--seed", type=_seed, default=0,
+                   help="generator seed, >= 0 (default 0)")
     p.add_argument("--aa-check-alpha", type=_level, default=0.001,
                    help="refuse pairs whose exact sign test of median 0 rejects at this "
                    "level (default 0.001)")
