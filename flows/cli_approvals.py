@@ -29,6 +29,9 @@ def approve(flow_run_id: Annotated[str, typer.Argument(help="the paused rollout'
     from lineage.signing import keys
     from lineage.signing.approvals import revocations, revoked_refusal, sign_approval
 
+    if key_dir is not None and not key_dir.is_dir():  # a mistyped folder revokes nothing
+        raise typer.BadParameter(f"{key_dir}: no such key folder, so the revocations it "
+                                 "would hold cannot be checked", param_hint="--key-dir")
     signer = person_signer(key, key_dir=key_dir)
     keyid = signer.public_key.keyid
     # the key folder's revocations, refused before any server is asked (the rollout

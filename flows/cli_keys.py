@@ -201,8 +201,12 @@ def keys_create(name: Annotated[str | None, typer.Option(
     path = (folder if role == "pipeline" else keys.approver_key_dir(folder)) / f"{name}.pem"
     try:
         public = keys.create_key(path)
-    except FileExistsError as err:
-        raise typer.BadParameter(str(err)) from None
+    except OSError as err:
+        if isinstance(err, FileExistsError) and err.filename is None:  # the key exists
+            raise typer.BadParameter(str(err)) from None
+        # a key folder that is a file or under one, or where nothing can be written
+        raise typer.BadParameter(f"cannot write a key under {folder}: {err.strerror} "
+                                 f"({err.filename})", param_hint="--key-dir") from None
     made = "the pipeline key" if role == "pipeline" else f"an approver key for {name}"
     typer.echo(f"created {made}: wrote {path} and {keys.public_path(path)} "
                f"(key id {public.keyid})")

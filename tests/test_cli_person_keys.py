@@ -194,3 +194,21 @@ def test_keys_create_refuses_a_role_the_name_contradicts_and_writes_nothing(run,
     code, out = run("keys", "create", *args, "--store-dir", str(tmp_path / "no-store"))
     assert code == 2 and said in out, out
     assert not (tmp_path / "keys").exists() or not any((tmp_path / "keys").rglob("*.pem"))
+
+
+def test_a_key_folder_that_cannot_be_made_is_named_not_a_traceback(run, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    for role_flags in (["--name", "dave"], ["--role", "pipeline"]):
+        code, out = run("keys", "create", *role_flags, "--key-dir", str(blocker),
+                        "--store-dir", str(tmp_path / "store"))
+        assert code == 2 and f"cannot write a key under {blocker}" in out, out
+        assert "Traceback" not in out
+
+
+def test_an_approval_naming_a_key_folder_that_does_not_exist_is_refused(run, tmp_path):
+    """A mistyped --key-dir holds no revocations: the check would pass unseen."""
+    keys.create_key(tmp_path / "alice.pem")
+    code, out = run("approve", "0f3c-run", "--key", str(tmp_path / "alice.pem"),
+                    "--comment", "ship", "--key-dir", str(tmp_path / "no-such-folder"))
+    assert code == 2 and "no such key folder" in out and "PREFECT_API_URL" not in out, out

@@ -124,9 +124,11 @@ def test_the_tool_lists_the_grids_buckets_and_refuses_an_empty_slice(tmp_path, c
     listed = capsys.readouterr().out.splitlines()
     assert len(listed) == 54 and listed[27].startswith(
         "  27 bfloat16 causal d[1, 65) q[1, 1024) kv[1, 1024)")
-    with pytest.raises(ValueError, match="selects no bucket"):
-        dispatch_evidence.main(["--out", str(tmp_path), "--quick", "--dtypes", "float32",
-                                "--slice-dtypes", "bfloat16"])
+    with pytest.raises(SystemExit) as exit_info:  # a usage error naming it, no traceback
+        dispatch_evidence.main(["--out", str(tmp_path / "none"), "--quick", "--dtypes",
+                                "float32", "--slice-dtypes", "bfloat16"])
+    assert exit_info.value.code == 2 and "selects no bucket" in capsys.readouterr().err
+    assert not (tmp_path / "none").exists()
 
 
 def test_a_partial_merge_shows_the_measured_buckets_names_the_gap_and_writes_nothing(
@@ -182,3 +184,47 @@ def test_a_time_budget_without_a_slice_is_a_usage_error(tmp_path, capsys):
     assert exit_info.value.code == 2
     assert "--budget-s measures a piece" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("budget", ["-5", "nan", "inf"])
+def test_a_negative_or_non_finite_budget_is_a_usage_error(tmp_path, capsys, budget):
+    with pytest.raises(SystemExit) as exit_info:
+        dispatch_evidence.main(["--out", str(tmp_path / "out"), "--quick",
+                                "--slice-buckets", "0:", "--budget-s", budget])
+    assert exit_info.value.code == 2
+    assert "--budget-s" in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
+def test_a_value_the_plan_refuses_is_a_usage_error_naming_it(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        dispatch_evidence.main(["--out", str(tmp_path / "out"), "--quick",
+                                "--slice-buckets", "0:1", "--repeats", "0"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "repeats" in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("content", ["not json", '{"version": 1}'])
+def test_the_merge_names_a_file_that_is_not_a_piece(tmp_path, capsys, content):
+    (tmp_path / "policy.json").write_text(content)
+    assert dispatch_merge.main([str(tmp_path / "policy.json"), "--out",
+                                str(tmp_path / "out")]) == 3
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'policy.json'}: not a dispatch evidence piece" in err, err
+    assert "errors.pydantic.dev" not in err and not (tmp_path / "out").exists()
+
+
+def test_an_out_folder_that_cannot_be_made_is_refused_before_measuring_or_merging(
+        tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(SystemExit) as exit_info:
+        dispatch_evidence.main(["--out", str(blocker), "--quick", "--slice-buckets", "0:1"])
+    printed = capsys.readouterr()
+    assert exit_info.value.code == 2 and f"cannot write {blocker}" in printed.err, printed
+    assert "[dispatch_evidence]" not in printed.out + printed.err  # before any measurement
+    _slice(tmp_path, "whole", "--slice-buckets", "0:")
+    with pytest.raises(SystemExit) as exit_info:
+        dispatch_merge.main([str(tmp_path / "whole" / "piece.json"), "--out", str(blocker)])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and f"cannot write {blocker}" in err, err

@@ -68,3 +68,22 @@ def test_long_buckets_are_summarised_apart_and_only_where_the_bucket_starts_long
     report = dispatch_repeat.compare([FIRST], [REPEAT], ("xla", "naive"), Rule(), long_from=1)
     assert report.long_buckets == 3
     assert report.long_first_carried_into_second.largest == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize("content", ["not json", '{"version": 1, "rules": []}', "[]"])
+def test_a_file_that_is_not_a_piece_is_named(tmp_path, capsys, content):
+    (tmp_path / "a.json").write_text(FIRST.model_dump_json())
+    (tmp_path / "policy.json").write_text(content)
+    assert dispatch_repeat.main(["--first", str(tmp_path / "a.json"), "--second",
+                                 str(tmp_path / "policy.json")]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'policy.json'}: not a dispatch evidence piece" in err, err
+    assert "errors.pydantic.dev" not in err
+
+
+def test_a_report_path_that_cannot_be_written_is_named_not_a_traceback(tmp_path, capsys):
+    (tmp_path / "a.json").write_text(FIRST.model_dump_json())
+    (tmp_path / "b.json").write_text(REPEAT.model_dump_json())
+    assert dispatch_repeat.main(["--first", str(tmp_path / "a.json"), "--second",
+                                 str(tmp_path / "b.json"), "--json", str(tmp_path)]) == 2
+    assert f"dispatch_repeat: cannot write {tmp_path}" in capsys.readouterr().err

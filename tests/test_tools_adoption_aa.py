@@ -268,3 +268,24 @@ def test_the_committed_results_reproduce_from_their_command(path, tmp_path, monk
 def test_committed_results_exist():
     assert len(COMMITTED) >= 1, "reliability/adoption-aa-*.json"
     assert adoption_aa.OUTCOMES == ("adopted", "not_worth_it", "inconclusive", "unsafe")
+
+
+def test_an_out_path_that_cannot_be_written_is_named_not_a_traceback(tmp_path, capsys):
+    rng = np.random.default_rng(14)
+    pairs = _calibration(tmp_path / "c.json", _aa_runs(rng, "normal", runs=5))
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    for out in (tmp_path, blocker / "result.json"):  # a folder; under a file
+        assert main(["--pairs", str(pairs), "--thresholds", str(PROFILE), "--runs", "100",
+                     "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("adoption_aa: error: ") and f"cannot write {out}" in err, err
+
+
+def test_a_negative_seed_is_a_usage_error(tmp_path, capsys):
+    rng = np.random.default_rng(15)
+    pairs = _calibration(tmp_path / "c.json", _aa_runs(rng, "normal", runs=5))
+    with pytest.raises(SystemExit) as exit_:
+        main(["--pairs", str(pairs), "--runs", "100", "--seed", "-1"])
+    assert exit_.value.code == 2
+    assert "--seed must be a non-negative integer, got -1" in capsys.readouterr().err

@@ -479,6 +479,13 @@ def _at_least_100(text: str) -> int:
     return n
 
 
+def _seed(text: str) -> int:
+    n = int(text)
+    if n < 0:  # numpy's generators take no negative seed
+        raise argparse.ArgumentTypeError(f"--seed must be a non-negative integer, got {n}")
+    return n
+
+
 def _level(text: str) -> float:
     x = float(text)
     if not 0.0 < x < 1.0:
@@ -487,7 +494,8 @@ def _level(text: str) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The command line (``--help``); exit 0 on success, 2 on bad input (named)."""
+    """The command line (``--help``); exit 0 on success, 2 on bad input or an ``--out``
+    that cannot be written (named)."""
     p = argparse.ArgumentParser(prog="python -m tools.adoption_aa",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--pairs", type=Path, required=True,
@@ -500,7 +508,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=_at_least_100, default=2000,
                    help="resampled runs per condition, A/A and planted (at least 100; "
                    "default 2000)")
-    p.add_argument("--seed", type=int, default=0, help="generator seed (default 0)")
+    p.add_argument("--seed", type=_seed, default=0,
+                   help="generator seed, >= 0 (default 0)")
     p.add_argument("--aa-check-alpha", type=_level, default=0.001,
                    help="refuse pairs whose exact sign test of median 0 rejects at this "
                    "level (default 0.001)")
@@ -519,8 +528,13 @@ def main(argv: list[str] | None = None) -> int:
            "date_utc": datetime.now(UTC).isoformat(timespec="seconds"), **result}
     print(table(doc))
     if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(doc, indent=1) + "\n")
+        try:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps(doc, indent=1) + "\n")
+        except OSError as err:
+            print(f"adoption_aa: error: cannot write {args.out} ({err.strerror})",
+                  file=sys.stderr)
+            return 2
         print(f"wrote {args.out}")
     return 0
 

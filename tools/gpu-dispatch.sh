@@ -26,6 +26,12 @@
 # $KG_DISPATCH and $KG_STORE lie outside the work tree, so they survive from one call to
 # the next while the machine is held.
 set -uo pipefail
+usage() { sed -n '2,/^set -uo pipefail/p' "$0" | sed '$d'; }  # this header, every mode
+case ${1:-} in  # before any folder is made: a usage error writes nothing
+  evidence) [ -n "${2:-}" ] || { echo "usage: tools/gpu-dispatch.sh evidence DTYPE [START:]" >&2; exit 2; } ;;
+  merge|longdoc|rollout|auto) ;;
+  *) usage; exit 2 ;;
+esac
 out=${OUT:-gpu-dispatch}
 work=${KG_DISPATCH:-/tmp/kg-dispatch}
 store=${KG_STORE:-/tmp/kg-store}
@@ -85,6 +91,6 @@ case ${1:-} in
     # the JSON only: a call returns at most 8 files
     timeout 60 python3 -m flows.cli timeline --store-dir "$store" --json "$out/timeline.json" > /dev/null 2>&1
     ;;
-  *) sed -n 2,21p "$0"; exit 2 ;;
+  *) usage; exit 2 ;;
 esac
 echo "--- steps"; cat "$out/steps.txt"

@@ -61,7 +61,7 @@ from kernels.shapes import AttentionShape, random_inputs
 from kernels.timing import DEFAULT_WARMUP_S, median_interval, time_samples
 from kernels.tools.bench import attention_fn
 from kernels.tools.dispatch_merge import report, write_policy
-from kernels.tools.dispatch_slices import ints, names, remaining_start, select, span
+from kernels.tools.dispatch_slices import ints, names, piece_report, reason, seconds, select, span
 
 CONFIDENCE = 0.95
 """Of each median's interval (``median_interval``)."""
@@ -273,7 +273,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="a piece: only this causal flag's buckets")
     parser.add_argument("--slice-buckets", type=span, metavar="START:STOP",
                         help="a piece: only these buckets, by index in the grid's order")
-    parser.add_argument("--budget-s", type=float, default=None, metavar="SECONDS",
+    parser.add_argument("--budget-s", type=seconds, default=None, metavar="SECONDS",
                         help="a piece: start no bucket the longest so far would carry past "
                              "this; the --slice-buckets of the rest are printed")
     parser.add_argument("--list", action="store_true",
@@ -319,28 +319,29 @@ def run(args: argparse.Namespace) -> tuple[Evidence, DispatchPolicy] | EvidenceP
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """CLI entry point: 0, or 2 when some bucket has no kernel (the table says why)."""
+    """CLI entry point: 0; 2 when some bucket has no kernel (the table says why), or on a
+    usage error (a value the plan refuses, a slice of no bucket, a budget without a slice)."""
     args = build_parser().parse_args(argv)
-    if args.list:  # the accelerator's grid unless --quick, so slices are planned anywhere
-        plan = plan_from(args, "cpu" if args.quick else "gpu")
-        print("\n".join(f"{i:4d} {b.name}" for i, b in enumerate(plan.grid.buckets())))
-        return 0
-    if args.out is None:  # only --list writes nothing
-        build_parser().error("the following arguments are required: --out (or --list)")
-    if args.budget_s is not None and not (args.slice_dtypes or args.slice_causal
-                                          or args.slice_buckets):
-        build_parser().error("--budget-s measures a piece: give a --slice-* flag too "
+    try:  # usage errors, before any work (--list: the accelerator's grid unless --quick)
+        plan = plan_from(args, ("cpu" if args.quick else "gpu") if args.list
+                         else default_backend())
+        sliced = select(plan.grid, args)
+        if args.list:
+            print("\n".join(f"{i:4d} {b.name}" for i, b in enumerate(plan.grid.buckets())))
+            return 0
+        if args.out is None:  # only --list writes nothing
+            raise ValueError("the following arguments are required: --out (or --list)")
+        if args.budget_s is not None and sliced is None:
+            raise ValueError("--budget-s measures a piece: give a --slice-* flag too "
                              "(--slice-buckets 0: for the whole grid)")
+        if sliced is not None and not sliced[0]:
+            raise ValueError(f"slice {sliced[1]!r} selects no bucket of the grid")
+        args.out.mkdir(parents=True, exist_ok=True)  # before hours of measurement, not after
+    except (ValueError, OSError) as err:
+        build_parser().error(reason(err))
     result = run(args)
     if isinstance(result, EvidencePiece):
-        print(f"wrote {args.out / 'piece.json'}: piece {result.label!r}, "
-              f"{len(result.buckets)} buckets; merge the pieces with python -m "
-              "kernels.tools.dispatch_merge")
-        rest = remaining_start(plan_from(args, default_backend()).grid, args, result)
-        if rest is not None:
-            stop = args.slice_buckets[1] if args.slice_buckets else 10**9
-            print(f"not measured yet: the rest of this slice; the same command with "
-                  f"--slice-buckets {rest}:{'' if stop >= 10**9 else stop} measures it")
+        print(piece_report(plan.grid, args, result))
         return 0
     return report(result[1], args.out)
 

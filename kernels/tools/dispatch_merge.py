@@ -23,9 +23,13 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from pydantic import ValidationError
-
-from kernels.dispatch_pieces import EvidencePiece, PieceError, measured_buckets, merge_pieces
+from kernels.dispatch_pieces import (
+    EvidencePiece,
+    PieceError,
+    measured_buckets,
+    merge_pieces,
+    read_pieces,
+)
 from kernels.dispatch_policy import (
     BucketChoice,
     BucketEvidence,
@@ -112,10 +116,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("give --out (a whole space: evidence and policy written) or --partial "
                      "(a table of the measured buckets, nothing written), not both or neither")
     try:
-        pieces = [EvidencePiece.model_validate_json(p.read_bytes()) for p in args.pieces]
+        pieces = read_pieces(args.pieces)
         buckets = measured_buckets(pieces)  # one measurement, with or without gaps
         evidence = None if args.partial else merge_pieces(pieces)
-    except (OSError, ValidationError, PieceError) as err:
+    except (OSError, PieceError) as err:
         print(f"dispatch_merge: the pieces do not merge: {err}", file=sys.stderr)
         return 3
     candidates = tuple(args.kernels or dict.fromkeys(k.kernel for b in buckets for k in b.kernels))
@@ -125,6 +129,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         policy = write_policy(evidence, candidates, args.priority, args.out)
     except ValueError as err:  # --kernels or --priority naming what cannot be
         parser.error(str(err))
+    except OSError as err:  # --out: a folder that cannot be made or written
+        parser.error(f"--out: cannot write {err.filename}: {err.strerror}")
     return report(policy, args.out)
 
 

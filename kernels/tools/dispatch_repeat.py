@@ -33,7 +33,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from kernels.dispatch_pieces import EvidencePiece, measured_buckets
+from kernels.dispatch_pieces import EvidencePiece, measured_buckets, read_pieces
 from kernels.dispatch_policy import BucketChoice, BucketEvidence, Rule, choose_buckets
 
 SHARED_FIELDS = ("device", "backend", "method", "software")
@@ -168,12 +168,9 @@ def format_report(report: RepeatReport) -> str:
     return "\n".join(lines)
 
 
-def _read(paths: Sequence[Path]) -> list[EvidencePiece]:
-    return [EvidencePiece.model_validate_json(Path(p).read_bytes()) for p in paths]
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    """CLI entry point: 0, or 2 on input the comparison refuses (the reason printed)."""
+    """CLI entry point: 0, or 2 on input the comparison refuses or a ``--json`` path that
+    cannot be written (the reason printed)."""
     parser = argparse.ArgumentParser(prog="python -m kernels.tools.dispatch_repeat",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--first", nargs="+", type=Path, required=True,
@@ -189,7 +186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None, help="also write the report here")
     args = parser.parse_args(argv)
     try:
-        first, second = _read(args.first), _read(args.second)
+        first, second = read_pieces(args.first), read_pieces(args.second)
         candidates = tuple(k.kernel for k in first[0].buckets[0].kernels)
         priority = tuple(x.strip() for x in args.priority.split(",") if x.strip())
         report = compare(first, second, candidates, Rule(priority=priority or candidates),
@@ -199,7 +196,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     print(format_report(report))
     if args.json:
-        args.json.write_text(json.dumps(report.model_dump(), indent=1))
+        try:
+            args.json.write_text(json.dumps(report.model_dump(), indent=1))
+        except OSError as err:
+            print(f"dispatch_repeat: cannot write {args.json}: {err.strerror}", file=sys.stderr)
+            return 2
     return 0
 
 
