@@ -14,6 +14,7 @@ from evaluation.longdoc import effect as ef
 from evaluation.longdoc import figures
 from evaluation.longdoc.bench import load_result
 from evaluation.longdoc.plots import write_plots
+from tests.json_compare import same_json
 from tests.longdoc_synthetic import ar1, comparison
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -96,6 +97,12 @@ def test_the_plots_render_from_a_synthetic_comparison(tmp_path: Path):
     assert again[1].read_bytes() == paths[1].read_bytes()  # the same result, the same bytes
 
 
+def test_same_json_tells_a_rounding_difference_from_a_changed_figure():
+    assert same_json({"f": [2.8841380860898704, "x"]}, {"f": [2.8841380860898713, "x"]})
+    assert not same_json({"f": [2.8841380860898704, "x"]}, {"f": [2.8841, "x"]})
+    assert not same_json({"f": [1.0]}, {"f": [1.0], "g": 2}) and not same_json([1.0], ["1.0"])
+
+
 def test_the_committed_figures_are_the_figures_command_on_the_committed_h200_results(
         tmp_path: Path, capsys):
     assert figures.main([str(H200), str(tmp_path)]) == 0
@@ -105,7 +112,8 @@ def test_the_committed_figures_are_the_figures_command_on_the_committed_h200_res
     assert made == sorted(p.name for p in DOCS.iterdir())
     for name in made:
         if name.endswith(".json"):
-            assert json.loads((tmp_path / name).read_text()) == json.loads((DOCS / name).read_text())
+            assert same_json(json.loads((tmp_path / name).read_text()),
+                         json.loads((DOCS / name).read_text())), name
         else:
             assert (tmp_path / name).read_bytes()[:8] == PNG
     record = json.loads((DOCS / "longdoc-modernbert-base-cudnn-effects.json").read_text())
