@@ -38,9 +38,10 @@ def plan_arguments(implementation: str, thresholds: Path | None, store_dir: Path
     policy = None
     if implementation == "dispatch" or dispatch_policy is not None:
         from flows.dispatch_candidate import audited_policy
+        from kernels.api import default_backend
 
         try:  # a dispatch policy is audited before anything is written
-            policy = audited_policy(implementation, dispatch_policy)
+            policy = audited_policy(implementation, dispatch_policy, default_backend())
         except ValueError as err:
             raise typer.BadParameter(str(err), param_hint="--dispatch-policy") from None
     check_store_dir(store_dir, writes=True)

@@ -21,7 +21,6 @@ import contextlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from kernels.api import default_backend
 from kernels.dispatch_audit import load_policy
 from kernels.dispatch_kernel import DispatchKernel
 from kernels.dispatch_policy import DispatchPolicy
@@ -31,15 +30,16 @@ from lineage.serving.dispatch_version import DISPATCH
 from lineage.store.tracking import Tracking
 
 
-def audited_policy(implementation: str, path: Path | None) -> DispatchPolicy | None:
-    """The audited policy of a rollout of ``implementation`` (``None`` for any other
-    kernel than ``dispatch``).
+def audited_policy(implementation: str, path: Path | None, backend: str
+                   ) -> DispatchPolicy | None:
+    """The audited policy of a rollout of ``implementation`` on ``backend`` (``None`` for
+    any other kernel than ``dispatch``).
 
     Raises:
         ValueError: ``dispatch`` without a policy file, a policy file for another
             kernel, or a file the audit refuses (``kernels.dispatch_audit.PolicyError``:
             missing, invalid, or a bucket its evidence does not derive, named); a
-            policy measured on another backend than this host's (its choices say
+            policy measured on another backend than ``backend`` (its choices say
             nothing here: ``auto`` never serves one either).
     """
     if implementation != DISPATCH:
@@ -52,10 +52,9 @@ def audited_policy(implementation: str, path: Path | None) -> DispatchPolicy | N
                          "--dispatch-policy POLICY.json (kernels.tools.dispatch_evidence or "
                          "dispatch_merge write one)")
     policy = load_policy(path)
-    here = default_backend()
-    if policy.backend != here:
+    if policy.backend != backend:
         raise ValueError(f"{path}: a dispatch policy measured on {policy.backend} "
-                         f"({policy.device}); this host's backend is {here}, where its "
+                         f"({policy.device}); this host's backend is {backend}, where its "
                          "choices were never measured: measure one here (python -m "
                          "kernels.tools.dispatch_evidence) or roll it out on a "
                          f"{policy.backend} host")

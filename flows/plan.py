@@ -133,7 +133,7 @@ def resolve_plan(settings: RolloutSettings, backend: str,
         auto = auto or store_auto_policy(settings, backend)
         policy = auto.policy
     else:
-        policy = audited_policy(settings.implementation, settings.dispatch_policy)
+        policy = audited_policy(settings.implementation, settings.dispatch_policy, backend)
     with serving(policy):  # a dispatch kernel is named only while registered
         name, why = rollout_kernel(settings.implementation, backend, thresholds.serving, auto)
     return RolloutPlan(family=settings.family or name, implementation=name, why=why,

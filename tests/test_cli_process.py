@@ -21,6 +21,13 @@ KERNELGATE = Path(sys.executable).parent / "kernelgate"
 HEAVY = ("jax", "mlflow", "prefect", "great_expectations", "scipy", "rich")
 
 
+def _python_lines(code: str) -> list[str]:
+    """What ``python -c code`` prints, by line, in a fresh process of this checkout."""
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, text=True,
+                          capture_output=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          timeout=120).stdout.splitlines()
+
+
 @pytest.mark.parametrize("args", [
     ["rollout", "--implementation", "bogus"],
     ["rollout", "--family", "Bad Name!"],
@@ -29,6 +36,7 @@ HEAVY = ("jax", "mlflow", "prefect", "great_expectations", "scipy", "rich")
     ["timeline", "--family", "nosuch"],
     ["audit", "--family", "nosuch"],
 ], ids=lambda a: " ".join(a))
+
 def test_bad_arguments_are_refused_before_anything_heavy_is_imported(args, tmp_path):
     """Every bad-input refusal exits 2 naming the option before JAX, MLflow, Prefect,
     GX, SciPy or rich is imported (what makes it take well under a second: the figure
@@ -74,9 +82,7 @@ def test_the_registry_and_the_error_base_import_no_jax():
             "if m in sys.modules))\n"
             "kernels.IMPLEMENTATIONS  # a lazy name: imports kernels.api, and JAX with it\n"
             "print('jax' in sys.modules)\n")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, text=True,
-                         capture_output=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                         timeout=120).stdout.splitlines()
+    out = _python_lines(code)
     assert out[0].endswith(" []") and "'pallas_gpu'" in out[0], out
     assert out[1] == "True"
 
@@ -88,9 +94,7 @@ def test_a_submodule_is_an_attribute_of_the_lazy_package_on_first_use():
     code = ("import sys, kernels\nprint('naive' in kernels.registry.BUILTIN, "
             "'jax' in sys.modules)\ntry:\n    kernels.no_such_thing\n"
             "except AttributeError as err:\n    print(err)\n")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, text=True,
-                         capture_output=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                         timeout=120).stdout.splitlines()
+    out = _python_lines(code)
     assert out == ["True False",
                    "module 'kernels' has no attribute 'no_such_thing'"], out
 
@@ -239,9 +243,7 @@ def test_the_aa_gate_tool_explains_every_option_without_importing_jax():
     code = ("import sys\nfrom tools.aa_gate import parser\n"
             "print([a.option_strings[-1] for a in parser()._actions if not a.help])\n"
             "print(sorted(m for m in ('jax', 'evaluation.performance') if m in sys.modules))\n")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, text=True,
-                         capture_output=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                         timeout=120).stdout.splitlines()
+    out = _python_lines(code)
     assert out == ["[]", "[]"], out
     shown = subprocess.run([sys.executable, "-m", "tools.aa_gate", "--help"], cwd=ROOT,
                            check=True, text=True, capture_output=True, timeout=120,

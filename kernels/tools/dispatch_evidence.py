@@ -300,14 +300,14 @@ def plan_from(args: argparse.Namespace, backend: str) -> Plan:
                                 **{k: v for k, v in fields.items() if v is not None}})
 
 
-def run(args: argparse.Namespace) -> tuple[Evidence, DispatchPolicy] | EvidencePiece:
-    """Measure the plan ``args`` give: a slice (``--slice-*``) as ``piece.json``; else
-    the whole grid, its policy derived, as ``evidence.json`` and ``policy.json``.
+def run(args: argparse.Namespace, plan: Plan
+        ) -> tuple[Evidence, DispatchPolicy] | EvidencePiece:
+    """Measure ``plan`` (:func:`plan_from` of ``args``): a slice (``--slice-*``) as
+    ``piece.json``; else the whole grid and its policy (``evidence.json``, ``policy.json``).
 
     Raises:
-        ValueError: as :func:`plan_from`, :func:`measure`, :func:`measure_piece`.
+        ValueError: as :func:`measure`, :func:`measure_piece`.
     """
-    plan = plan_from(args, default_backend())
     sliced = select(plan.grid, args)
     if sliced is not None:
         piece = measure_piece(plan, *sliced, budget_s=args.budget_s)
@@ -339,7 +339,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.out.mkdir(parents=True, exist_ok=True)  # before hours of measurement, not after
     except (ValueError, OSError) as err:
         build_parser().error(reason(err))
-    result = run(args)
+    result = run(args, plan)
     if isinstance(result, EvidencePiece):
         print(piece_report(plan.grid, args, result))
         return 0

@@ -33,10 +33,12 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from kernels.dispatch_pieces import EvidencePiece, measured_buckets, read_pieces
+from kernels.dispatch_pieces import SHARED, EvidencePiece, measured_buckets, read_pieces
 from kernels.dispatch_policy import BucketChoice, BucketEvidence, Rule, choose_buckets
 
-SHARED_FIELDS = ("device", "backend", "method", "software")
+SHARED_FIELDS = tuple(f for f in SHARED if f != "space")
+"""The provenance a repeat may differ in and the report names (the buckets compared are
+the ones both measured, whatever each side's space)."""
 
 
 class CarriedRegret(BaseModel):
