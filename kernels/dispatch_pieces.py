@@ -18,10 +18,9 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Self
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, model_validator
 
 from kernels.dispatch_measurements import BucketEvidence, Evidence, FrozenModel
 from kernels.dispatch_space import SIZE_AXES, CoverageError, Region, check_partition
@@ -118,25 +117,3 @@ def measured_buckets(pieces: Sequence[EvidencePiece]) -> tuple[BucketEvidence, .
                                                          f" / {b.bucket.name!r} (overlapping)"))
     return tuple(sorted((b for p in pieces for b in p.buckets),
                         key=lambda b: _order(first.space, b)))
-
-
-def read_pieces(paths: Sequence[Path]) -> list[EvidencePiece]:
-    """The pieces in ``paths`` (``piece.json`` files), in order.
-
-    Raises:
-        PieceError: a file that is not a piece (a policy.json, an evidence.json, not JSON),
-            named with the first field that failed.
-        OSError: a file that cannot be read.
-    """
-    pieces = []
-    for path in paths:
-        raw = Path(path).read_bytes()
-        try:
-            pieces.append(EvidencePiece.model_validate_json(raw))
-        except ValidationError as err:
-            first = err.errors()[0]
-            where = ".".join(str(x) for x in first["loc"]) or "the file"
-            raise PieceError(f"{path}: not a dispatch evidence piece (the piece.json a "
-                             f"dispatch_evidence --slice-* run writes): {where}: "
-                             f"{first['msg']}") from None
-    return pieces

@@ -28,7 +28,6 @@ from kernels.dispatch_pieces import (
     PieceError,
     measured_buckets,
     merge_pieces,
-    read_pieces,
 )
 from kernels.dispatch_policy import (
     BucketChoice,
@@ -40,6 +39,7 @@ from kernels.dispatch_policy import (
     derive_policy,
 )
 from kernels.dispatch_space import CoverageError, check_partition
+from kernels.tools.piece_files import read_pieces
 
 
 def format_table(policy: DispatchPolicy) -> str:

@@ -33,8 +33,9 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from kernels.dispatch_pieces import SHARED, EvidencePiece, measured_buckets, read_pieces
+from kernels.dispatch_pieces import SHARED, EvidencePiece, measured_buckets
 from kernels.dispatch_policy import BucketChoice, BucketEvidence, Rule, choose_buckets
+from kernels.tools.piece_files import read_pieces
 
 SHARED_FIELDS = tuple(f for f in SHARED if f != "space")
 """The provenance a repeat may differ in and the report names (the buckets compared are
