@@ -271,3 +271,18 @@ def test_a_failed_merge_leaves_the_previous_evidence_and_policy_as_they_were(
     assert exit_info.value.code == 2
     assert "No space left on device" in capsys.readouterr().err
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_an_unknown_kernel_is_a_usage_error_naming_it_and_the_known_ones_before_measuring(
+        tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        dispatch_evidence.main(["--out", str(tmp_path / "out"), "--quick",
+                                "--kernels", "xla,bogus,naive,nope"])
+    printed = capsys.readouterr()
+    assert exit_info.value.code == 2, printed
+    assert "argument --kernels: unknown kernels 'bogus', 'nope'; known kernels: " \
+        in printed.err, printed.err
+    known = printed.err.split("known kernels: ")[1].split(", ")
+    assert {"naive", "xla", "cudnn", "tokamax"} <= {k.strip() for k in known}
+    assert "[dispatch_evidence]" not in printed.out + printed.err  # nothing measured
+    assert not (tmp_path / "out").exists()
