@@ -2,11 +2,13 @@
 
 The policy file is audited before anything is registered (``kernels.dispatch_audit.
 load_policy``: a valid policy whose every bucket is what its evidence derives); a bad
-file is refused naming the constraint. The rollout's plan carries the audited policy
-(``flows.plan``: this file's, or the store's production policy ``auto`` resolved to) and
-for the rollout's session the ``dispatch`` kernel of that policy is registered in this
-process (:func:`serving`, ``flows.tasks.rollout_session``), so the plan, the build and its
-record see one policy. It is not one of the registry's
+file is refused naming the constraint. The rollout's plan names the audited policy by
+reference (:class:`PolicyReference`: its file, or the store's production policy ``auto``
+resolved to, and its fingerprint), not by value, so the plan stays a small Prefect flow
+parameter; inside the flow the policy is read again and served only if it is still the
+one the plan names (``flows.plan.plan_policy``). For the rollout's session the
+``dispatch`` kernel of that policy is registered in this process (:func:`serving`,
+``flows.tasks.rollout_session``), so the plan, the build and its record see one policy. It is not one of the registry's
 ``BUILTIN`` entries: a built-in entry is loaded by every test and tool that walks the
 registry (poisoned padding, precision, the registry's own), and a ``dispatch`` kernel
 exists only with a policy. The build compiles it with its config the policy's
@@ -21,6 +23,8 @@ import contextlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from kernels.dispatch_audit import load_policy
 from kernels.dispatch_kernel import DispatchKernel
 from kernels.dispatch_policy import DispatchPolicy
@@ -28,6 +32,34 @@ from kernels.registry import IMPLEMENTATIONS, registered
 from lineage.records.dispatch_record import log_policy
 from lineage.serving.dispatch_version import DISPATCH
 from lineage.store.tracking import Tracking
+
+
+class PolicyReference(BaseModel):
+    """A dispatch policy as a rollout's plan names it: where it is read from and the
+    fingerprint it had when the plan was resolved (a few hundred bytes, where the policy
+    with its evidence is about 0.5 MB on a GPU).
+
+    Attributes:
+        fingerprint: the policy's fingerprint (``DispatchPolicy.fingerprint``, sha256).
+        path: the policy file (``--dispatch-policy``, or the file the environment's
+            ``KERNELGATE_DISPATCH_POLICY`` names for ``auto``), absolute; None: the
+            store's production dispatch policy ``auto`` resolved to.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    fingerprint: str = Field(pattern=r"^[0-9a-f]{64}$")
+    path: str | None = None
+
+    @classmethod
+    def to(cls, policy: DispatchPolicy | None, path: Path | str | None
+           ) -> PolicyReference | None:
+        """The reference to ``policy`` read from ``path`` (None: the store's); None for
+        no policy."""
+        if policy is None:
+            return None
+        return cls(fingerprint=policy.fingerprint(),
+                   path=None if path is None else str(Path(path).resolve()))
 
 
 def audited_policy(implementation: str, path: Path | None, backend: str

@@ -15,6 +15,7 @@ the contract, the host's flash kernel (``kernels.native_flash_kernel``).
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,11 +39,13 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class AutoPolicy:
     """The dispatch policy ``auto`` serves (audited, pinned to its signed fingerprint;
-    ``None``: none, ``auto`` is the kernel it was without one) and one sentence saying
-    which policy, or why none."""
+    ``None``: none, ``auto`` is the kernel it was without one), one sentence saying
+    which policy, or why none, and the file it was read from (the environment's; None:
+    the store's production policy, or none)."""
 
     policy: DispatchPolicy | None
     why: str
+    path: str | None = None
 
 
 def auto_policy(tracking: Tracking | None, trust: TrustPolicy, backend: str, *,
@@ -69,7 +72,8 @@ def auto_policy(tracking: Tracking | None, trust: TrustPolicy, backend: str, *,
         return AutoPolicy(configured, (
             f"auto -> dispatch (the policy {POLICY_ENV} names, sha256 "
             f"{configured.fingerprint()[:12]}…; the environment overrides the store's "
-            "production dispatch policy)"))
+            "production dispatch policy)"),
+            path=(os.environ if environ is None else environ)[POLICY_ENV].strip())
     if tracking is None:
         return AutoPolicy(None, "there is no store yet")
     version = registered_model.alias_version(tracking, family, "production")

@@ -22,12 +22,13 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from flows.dispatch_candidate import audited_policy, serving
+from flows.dispatch_candidate import PolicyReference, audited_policy, serving
 from flows.kernel_choice import AutoPolicy, auto_policy, rollout_kernel
 from flows.settings import RolloutSettings
 from gates.preregistration import PreregistrationError
 from gates.serving_contract import ServingContract
 from gates.thresholds import Thresholds, parse_thresholds
+from kernels.dispatch_audit import PolicyError, load_policy
 from kernels.dispatch_policy import DispatchPolicy
 from lineage.records.bindings import RolloutBindings
 from lineage.records.registration import Registration
@@ -55,8 +56,10 @@ class RolloutPlan(BaseModel):
         version: with ``registration``, the version the plan judges.
         build_run_id: with ``registration``, that version's signed build run.
         dispatch_policy: the audited dispatch policy a ``dispatch`` plan serves (the
-            ``--dispatch-policy`` file's, or the one ``auto`` resolved to); None for any
-            other kernel, and for a re-validation (its version serves its signed policy).
+            ``--dispatch-policy`` file's, or the one ``auto`` resolved to), by reference:
+            the plan is a Prefect flow parameter, and :func:`plan_policy` reads the policy
+            again inside the flow; None for any other kernel, and for a re-validation
+            (its version serves its signed policy).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -72,7 +75,7 @@ class RolloutPlan(BaseModel):
     bindings: RolloutBindings | None = None
     version: str | None = None
     build_run_id: str | None = None
-    dispatch_policy: DispatchPolicy | None = Field(None, repr=False)
+    dispatch_policy: PolicyReference | None = None
 
     @property
     def thresholds_bytes(self) -> bytes:
@@ -131,16 +134,47 @@ def resolve_plan(settings: RolloutSettings, backend: str,
     thresholds = parse_thresholds(data, source=str(path))
     if settings.implementation == "auto":
         auto = auto or store_auto_policy(settings, backend)
-        policy = auto.policy
+        policy, policy_file = auto.policy, auto.path
     else:
         policy = audited_policy(settings.implementation, settings.dispatch_policy, backend)
+        policy_file = settings.dispatch_policy
     with serving(policy):  # a dispatch kernel is named only while registered
         name, why = rollout_kernel(settings.implementation, backend, thresholds.serving, auto)
     return RolloutPlan(family=settings.family or name, implementation=name, why=why,
                        thresholds_file=path.name, thresholds_text=text,
                        thresholds=thresholds,
                        testset_profile=settings.testset_profile_for(backend),
-                       dispatch_policy=policy)
+                       dispatch_policy=PolicyReference.to(policy, policy_file))
+
+
+def plan_policy(plan: RolloutPlan, settings: RolloutSettings, backend: str
+                ) -> DispatchPolicy | None:
+    """The dispatch policy ``plan`` names (None: none), read again and audited here: its
+    file (``kernels.dispatch_audit.load_policy``, pinned to the plan's fingerprint), or
+    the store's production policy as ``auto`` resolves it now (:func:`store_auto_policy`),
+    served only if it is still the policy the plan was resolved with.
+
+    Raises:
+        kernels.dispatch_audit.PolicyError: the file or the store's production policy
+            changed since the plan was resolved (both fingerprints named), or no longer
+            reads or audits.
+    """
+    ref = plan.dispatch_policy
+    if ref is None:
+        return None
+    if ref.path is not None:
+        try:
+            return load_policy(ref.path, ref.fingerprint)
+        except PolicyError as err:
+            raise PolicyError(f"the dispatch policy this rollout was planned with ({ref.path}, "
+                              f"fingerprint {ref.fingerprint}) is not served: {err}") from None
+    auto = store_auto_policy(settings, backend)
+    found = None if auto.policy is None else auto.policy.fingerprint()
+    if found != ref.fingerprint:
+        raise PolicyError(f"the store's production dispatch policy was {ref.fingerprint} when "
+                          f"this rollout was planned and is now {found or 'none'} ({auto.why}): "
+                          "it changed since, so it is not served")
+    return auto.policy
 
 
 def registered_plan(family: str, version: str, *, build_run_id: str, implementation: str,

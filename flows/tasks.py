@@ -26,13 +26,8 @@ from evaluation.testset import ensure_testset
 from flows.dispatch_candidate import serving
 from flows.errored import OUTCOME_ATTRIBUTE, stage_of
 from flows.log_sequencer import server_sequencer
-from flows.plan import RolloutPlan, resolve_plan
-from flows.results import (
-    Prepared,
-    Preregistered,
-    RolloutContext,
-    ServingModel,
-)
+from flows.plan import RolloutPlan, plan_policy, resolve_plan
+from flows.results import Prepared, Preregistered, RolloutContext, ServingModel
 from flows.settings import RolloutSettings
 from flows.stages import StageTask, run_logger, stage_clock, stage_task  # noqa: F401 - re-exported
 from gates.canary import CanaryStepResult
@@ -161,11 +156,12 @@ def rollout_session(settings: RolloutSettings, plan: RolloutPlan | None = None, 
 
     Raises:
         ValueError, FileNotFoundError: the settings resolve to no plan (a bad thresholds
-            file, an unknown kernel), before anything is opened or locked.
+            file, an unknown kernel), or the plan's dispatch policy changed since it was
+            resolved (``flows.plan.plan_policy``), before anything is opened or locked.
     """
     plan = plan or resolve_plan(settings, kernels.default_backend())
-    family = plan.family
-    with (serving(plan.dispatch_policy), rollout.family_lock(settings.store_dir, family) as locked,
+    family, policy = plan.family, plan_policy(plan, settings, kernels.default_backend())
+    with (serving(policy), rollout.family_lock(settings.store_dir, family) as locked,
           family_slot(family) as slotted):
         context = open_rollout(settings, plan, stage=stage,
                                owner_is_dead=locked or slotted,

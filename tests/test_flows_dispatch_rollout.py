@@ -26,9 +26,10 @@ from typer.testing import CliRunner
 import kernels
 from flows.cli import app
 from flows.kernel_choice import auto_policy, rollout_kernel
-from flows.plan import resolve_plan
+from flows.plan import plan_policy, resolve_plan
 from flows.rollout import run_rollout
 from flows.settings import RolloutSettings
+from kernels.dispatch_audit import PolicyError
 from kernels.dispatch_policy import Rule, derive_policy
 from kernels.dispatch_serving import POLICY_ENV, SHA256_ENV
 from kernels.registry import IMPLEMENTATIONS
@@ -77,12 +78,14 @@ def _settings(root: Path, store: Path, **kwargs) -> RolloutSettings:
 
 @pytest.fixture(scope="module")
 def promoted(tmp_path_factory, harness):
-    """The stand-in policy rolled out to production: (store folder, outcome)."""
+    """The stand-in policy rolled out to production, its plan resolved before the flow
+    as the CLI does: (store folder, outcome)."""
     root = tmp_path_factory.mktemp("dispatch-flow")
     copy_of(flow_testset(tmp_path_factory), root / "testset")
     policy_file = write_standin_policy(root / "policy.json")
-    outcome = run_rollout(_settings(root, root / "store", implementation="dispatch",
-                                    dispatch_policy=policy_file, family=FAMILY))
+    settings = _settings(root, root / "store", implementation="dispatch",
+                         dispatch_policy=policy_file, family=FAMILY)
+    outcome = run_rollout(settings, resolve_plan(settings, "cpu"))
     return root / "store", outcome
 
 
@@ -131,6 +134,58 @@ def test_a_dispatch_policy_is_rolled_out_to_production_and_its_version_serves_it
     assert dispatch_record.version_problems(source, build.run_id, build.predicate) == []
     # what its runners are started with: the signed policy, pinned
     assert worker_environment(source, version, tmp_path)[SHA256_ENV] == fingerprint
+
+
+def test_the_rollouts_flow_parameter_names_the_policy_instead_of_carrying_it(promoted):
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowFilter, FlowFilterName
+
+    store, _ = promoted
+    policy_file = (store.parent / "policy.json").resolve()
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(flow_filter=FlowFilter(
+            name=FlowFilterName(any_=["kernelgate-rollout"])))
+    (plan,) = [r.parameters["plan"] for r in runs
+               if (r.parameters.get("plan") or {}).get("implementation") == "dispatch"
+               and r.parameters["plan"]["dispatch_policy"]["path"] == str(policy_file)]
+    assert plan["dispatch_policy"] == {"fingerprint": standin_policy().fingerprint(),
+                                       "path": str(policy_file)}
+    stored = json.dumps(plan)
+    assert "evidence" not in stored and "buckets" not in stored
+    assert len(json.dumps(plan["dispatch_policy"])) < 250 < policy_file.stat().st_size
+
+
+def test_a_policy_file_changed_after_the_plan_was_resolved_is_refused_in_the_flow(
+        tmp_path, harness):
+    policy_file = write_standin_policy(tmp_path / "policy.json")
+    settings = _settings(tmp_path, tmp_path / "store", implementation="dispatch",
+                         dispatch_policy=policy_file, family=FAMILY)
+    plan = resolve_plan(settings, "cpu")
+    planned = standin_policy().fingerprint()
+    assert plan_policy(plan, settings, "cpu").fingerprint() == planned  # unchanged: served
+    other = derive_policy(standin_evidence(), KERNELS, Rule(priority=("naive",)))
+    assert other.fingerprint() != planned
+    policy_file.write_text(other.model_dump_json())  # valid and audited, but not the planned
+    with pytest.raises(PolicyError) as refused:
+        run_rollout(settings, plan)
+    assert f"({policy_file.resolve()}, fingerprint {planned}) is not served" in str(refused.value)
+    assert other.fingerprint() in str(refused.value)
+    assert not (tmp_path / "store").exists()  # refused before anything was opened
+    assert "dispatch" not in IMPLEMENTATIONS
+
+
+def test_a_store_policy_changed_after_the_plan_was_resolved_is_refused(promoted, tmp_path,
+                                                                        monkeypatch):
+    store, _ = promoted
+    monkeypatch.delenv(POLICY_ENV, raising=False)
+    monkeypatch.delenv(SHA256_ENV, raising=False)
+    plan = _auto_plan(store)
+    planned = standin_policy().fingerprint()
+    assert plan_policy(plan, RolloutSettings(store_dir=store), "cpu").fingerprint() == planned
+    edited, _ = _edited_copy(store, tmp_path / "edited")  # its production policy fails audit
+    with pytest.raises(PolicyError, match=f"was {planned} when this rollout was planned and "
+                                          "is now none"):
+        plan_policy(plan, RolloutSettings(store_dir=edited), "cpu")
 
 
 def _edited_copy(store: Path, folder: Path) -> tuple[Path, str]:
@@ -208,7 +263,7 @@ def test_auto_serves_the_stores_production_dispatch_policy_pinned(promoted, monk
     plan = _auto_plan(store)
     fingerprint = standin_policy().fingerprint()
     assert (plan.implementation, plan.family) == ("dispatch", FAMILY)
-    assert plan.dispatch_policy.fingerprint() == fingerprint
+    assert plan.dispatch_policy.fingerprint == fingerprint and plan.dispatch_policy.path is None
     assert plan.why == (f"auto -> dispatch v{outcome.version} (the store's production "
                         f"dispatch policy, sha256 {fingerprint[:12]}…)")
     assert "dispatch" not in IMPLEMENTATIONS  # registered only while the plan is resolved
@@ -268,7 +323,8 @@ def test_the_environments_policy_overrides_the_stores(promoted, tmp_path, monkey
     monkeypatch.setenv(SHA256_ENV, policy.fingerprint())
     plan = _auto_plan(edited)
     assert plan.implementation == "dispatch"
-    assert plan.dispatch_policy.fingerprint() == policy.fingerprint()
+    assert plan.dispatch_policy.fingerprint == policy.fingerprint()
+    assert plan.dispatch_policy.path == str((tmp_path / "policy.json").resolve())
     assert plan.why == (f"auto -> dispatch (the policy {POLICY_ENV} names, sha256 "
                         f"{policy.fingerprint()[:12]}…; the environment overrides the "
                         "store's production dispatch policy)")

@@ -7,6 +7,8 @@ tool end to end on a CPU with the tiny plan.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from kernels.dispatch_audit import load_policy
@@ -228,3 +230,59 @@ def test_an_out_folder_that_cannot_be_made_is_refused_before_measuring_or_mergin
         dispatch_merge.main([str(tmp_path / "whole" / "piece.json"), "--out", str(blocker)])
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and f"cannot write {blocker}" in err, err
+
+
+def _whole_piece(tmp_path):
+    path = tmp_path / "whole.json"
+    path.write_text(_piece("all", (0, 1, 2, 3)).model_dump_json())
+    return str(path)
+
+
+def test_the_merge_writes_no_lone_evidence_when_the_policy_cannot_be_written(
+        tmp_path, capsys):
+    out = tmp_path / "out"
+    (out / "policy.json").mkdir(parents=True)  # policy.json cannot be replaced by a file
+    with pytest.raises(SystemExit) as exit_info:
+        dispatch_merge.main([_whole_piece(tmp_path), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "policy.json" in err, err
+    assert sorted(p.name for p in out.iterdir()) == ["policy.json"]  # no evidence, no temps
+    assert (out / "policy.json").is_dir()
+
+
+def test_a_failed_merge_leaves_the_previous_evidence_and_policy_as_they_were(
+        tmp_path, monkeypatch, capsys):
+    out = tmp_path / "out"
+    # 2: the stand-in has a bucket no kernel serves; both files are written all the same
+    assert dispatch_merge.main([_whole_piece(tmp_path), "--out", str(out)]) == 2
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert sorted(before) == ["evidence.json", "policy.json"]
+    real_replace = dispatch_merge.os.replace
+
+    def replace_failing_for_the_policy(src, dst):
+        if Path(dst).name == "policy.json":
+            raise OSError(28, "No space left on device", str(dst))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(dispatch_merge.os, "replace", replace_failing_for_the_policy)
+    with pytest.raises(SystemExit) as exit_info:  # another priority: another policy
+        dispatch_merge.main([_whole_piece(tmp_path), "--out", str(out), "--kernels",
+                             "naive,xla"])
+    assert exit_info.value.code == 2
+    assert "No space left on device" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_an_unknown_kernel_is_a_usage_error_naming_it_and_the_known_ones_before_measuring(
+        tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        dispatch_evidence.main(["--out", str(tmp_path / "out"), "--quick",
+                                "--kernels", "xla,bogus,naive,nope"])
+    printed = capsys.readouterr()
+    assert exit_info.value.code == 2, printed
+    assert "argument --kernels: unknown kernels 'bogus', 'nope'; known kernels: " \
+        in printed.err, printed.err
+    known = printed.err.split("known kernels: ")[1].split(", ")
+    assert {"naive", "xla", "cudnn", "tokamax"} <= {k.strip() for k in known}
+    assert "[dispatch_evidence]" not in printed.out + printed.err  # nothing measured
+    assert not (tmp_path / "out").exists()

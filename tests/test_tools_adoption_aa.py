@@ -199,6 +199,36 @@ def test_a_missing_file_and_too_few_runs_are_usage_errors(tmp_path, capsys):
     assert "--runs must be at least 100, got 99" in capsys.readouterr().err
 
 
+def test_too_many_runs_is_a_usage_error_naming_the_limit_before_any_draw(tmp_path, capsys):
+    pairs = _calibration(tmp_path / "c.json", _aa_runs(np.random.default_rng(15), "normal",
+                                                       runs=10))
+    with pytest.raises(SystemExit) as exit_:
+        main(["--pairs", str(pairs), "--runs", "1000000000000"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert f"--runs must be at most {adoption_aa.MAX_RUNS}" in err and "1000000000000" in err
+    with pytest.raises(SystemExit) as exit_:  # the limit itself is taken, one more is not
+        main(["--pairs", str(pairs), "--runs", str(adoption_aa.MAX_RUNS + 1)])
+    assert exit_.value.code == 2 and adoption_aa._runs(str(adoption_aa.MAX_RUNS)) \
+        == adoption_aa.MAX_RUNS
+    with pytest.raises(ValueError, match=rf"runs must lie in \[1, {adoption_aa.MAX_RUNS}\]"):
+        analyse(load_pairs(pairs), PROFILE, runs=adoption_aa.MAX_RUNS + 1)
+
+
+def test_runs_times_max_pairs_past_the_memory_limit_is_refused_naming_the_largest_runs(
+        tmp_path, capsys):
+    pairs = _calibration(tmp_path / "c.json", _aa_runs(np.random.default_rng(16), "normal",
+                                                       runs=10))
+    wide = tmp_path / "wide.yaml"
+    wide.write_text(PROFILE.read_text().replace("max_pairs: 80", "max_pairs: 500000").replace(
+        "traffic_fraction: 0.5, requests: 100}", "traffic_fraction: 0.5, requests: 1000000}"))
+    assert main(["--pairs", str(pairs), "--thresholds", str(wide), "--runs", "100"]) == 2
+    err = capsys.readouterr().err
+    limit = adoption_aa.MAX_RESAMPLED_PAIRS
+    assert f"--runs 100 x max_pairs 500000 ({wide}) = 50000000 resampled pairs" in err, err
+    assert f"limit of {limit}" in err and f"--runs at most {limit // 500000}" in err, err
+
+
 def test_a_thresholds_file_without_an_adoption_test_is_named(tmp_path, capsys):
     rng = np.random.default_rng(14)
     pairs = _calibration(tmp_path / "c.json", _aa_runs(rng, "normal", runs=10))
@@ -217,7 +247,7 @@ def test_every_option_has_help(capsys):
     assert exit_.value.code == 0
     out = " ".join(capsys.readouterr().out.split())
     for option, words in [("--pairs", "calibration record"), ("--thresholds", "decision:"),
-                          ("--runs", "at least 100"), ("--seed", "seed"),
+                          ("--runs", f"at most {adoption_aa.MAX_RUNS}"), ("--seed", "seed"),
                           ("--aa-check-alpha", "sign test"), ("--out", "JSON")]:
         assert option in out and words in out, option
 

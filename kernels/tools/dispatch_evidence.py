@@ -1,7 +1,8 @@
 """Measure dispatch evidence over a bucket grid and derive a dispatch policy from it.
 
 ``python -m kernels.tools.dispatch_evidence --out DIR`` times every candidate kernel
-(registry names) at every measured shape of every bucket of a grid
+(registry names; an unknown name is a usage error, before any measurement) at every
+measured shape of every bucket of a grid
 (``kernels.dispatch_space.BucketGrid``), in one process, with the same random inputs for
 every kernel at a shape (``kernels.shapes.random_inputs``) and one method
 (``kernels.timing.time_samples``: warm-up, repeats of back-to-back calls; the median and
@@ -40,7 +41,6 @@ import statistics
 import sys
 import time
 from collections.abc import Sequence
-from pathlib import Path
 
 import jax
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt
@@ -61,7 +61,7 @@ from kernels.shapes import AttentionShape, random_inputs
 from kernels.timing import DEFAULT_WARMUP_S, median_interval, time_samples
 from kernels.tools.bench import attention_fn
 from kernels.tools.dispatch_merge import report, write_policy
-from kernels.tools.dispatch_slices import ints, names, piece_report, reason, seconds, select, span
+from kernels.tools.dispatch_slices import evidence_parser, piece_report, reason, select
 
 CONFIDENCE = 0.95
 """Of each median's interval (``median_interval``)."""
@@ -251,35 +251,9 @@ def measure_piece(plan: Plan, buckets: Sequence[Bucket], label: str,
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The command line (``--help``); unset flags keep the plan's values."""
-    parser = argparse.ArgumentParser(prog="python -m kernels.tools.dispatch_evidence",
-                                     description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=None,
-                        help="folder for evidence.json and policy.json")
-    parser.add_argument("--quick", action="store_true",
-                        help="the tiny CPU plan (always the case without an accelerator)")
-    parser.add_argument("--kernels", type=names, help="candidates, comma-separated")
-    parser.add_argument("--priority", type=names, default=(),
-                        help="tie-break order (default: the candidates' order)")
-    parser.add_argument("--dtypes", type=names, help="the space's dtypes")
-    parser.add_argument("--causal", choices=["full", "causal"], help="one causal flag only")
-    parser.add_argument("--head-dims", type=ints, help="measured head_dims")
-    parser.add_argument("--seqs", type=ints, help="measured q_len and kv_len")
-    parser.add_argument("--repeats", type=int)
-    parser.add_argument("--seed", type=int)
-    parser.add_argument("--slice-dtypes", type=names,
-                        help="a piece: only these dtypes' buckets (writes piece.json)")
-    parser.add_argument("--slice-causal", choices=["full", "causal"],
-                        help="a piece: only this causal flag's buckets")
-    parser.add_argument("--slice-buckets", type=span, metavar="START:STOP",
-                        help="a piece: only these buckets, by index in the grid's order")
-    parser.add_argument("--budget-s", type=seconds, default=None, metavar="SECONDS",
-                        help="a piece: start no bucket the longest so far would carry past "
-                             "this; the --slice-buckets of the rest are printed")
-    parser.add_argument("--list", action="store_true",
-                        help="print the grid's buckets with their indices and exit (the "
-                             "accelerator's grid on any host, the tiny one with --quick)")
-    return parser
+    """The command line (``--help``; ``dispatch_slices.evidence_parser``); unset flags keep
+    the plan's values."""
+    return evidence_parser(__doc__.split("\n\n")[0])
 
 
 def plan_from(args: argparse.Namespace, backend: str) -> Plan:
@@ -320,7 +294,8 @@ def run(args: argparse.Namespace, plan: Plan
 
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point: 0; 2 when some bucket has no kernel (the table says why), or on a
-    usage error (a value the plan refuses, a slice of no bucket, a budget without a slice)."""
+    usage error (a value the plan refuses, a slice of no bucket, a budget without a slice,
+    an unknown kernel)."""
     args = build_parser().parse_args(argv)
     try:  # usage errors, before any work (--list: the accelerator's grid unless --quick)
         plan = plan_from(args, ("cpu" if args.quick else "gpu") if args.list

@@ -3,9 +3,10 @@
 ``python -m kernels.tools.dispatch_merge --out DIR PIECE.json...`` reads the pieces
 ``kernels.tools.dispatch_evidence --slice-*`` wrote, joins them
 (``kernels.dispatch_pieces.merge_pieces``: one device, backend, method, software stack and
-space; no bucket twice; no gap), writes ``evidence.json`` and ``policy.json`` (derived
-for ``--kernels``, default every kernel the pieces measured, in their order; ties broken by
-``--priority``, default that order) and prints the per-bucket table, as a whole run does.
+space; no bucket twice; no gap), writes ``evidence.json`` and ``policy.json`` (both or
+neither: :func:`write_together`; derived for ``--kernels``, default every kernel the
+pieces measured, in their order; ties broken by ``--priority``, default that order) and
+prints the per-bucket table, as a whole run does.
 Exit status: 0; 2 when some bucket has no kernel; 3 when the pieces do not merge (the
 reason printed).
 
@@ -19,7 +20,11 @@ Exit status 0, or 3 as above.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -80,10 +85,51 @@ def write_policy(evidence: Evidence, candidates: Sequence[str], priority: Sequen
     """
     policy = derive_policy(evidence, candidates, Rule(priority=tuple(priority) or
                                                       tuple(candidates)))
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "evidence.json").write_text(evidence.model_dump_json(indent=1))
-    (out / "policy.json").write_text(policy.model_dump_json(indent=1))
+    write_together(out, {"evidence.json": evidence.model_dump_json(indent=1),
+                         "policy.json": policy.model_dump_json(indent=1)})
     return policy
+
+
+def write_together(out: Path, files: dict[str, str]) -> None:
+    """Write ``files`` (name: text) into ``out`` all or nothing: each to a temporary file
+    in ``out`` first, then renamed over its name; when a rename fails, the files already
+    renamed are put back as they were (restored, or removed where there was none), so
+    ``out`` holds either every new file or what it held before, never a mix.
+
+    Raises:
+        OSError: ``out`` cannot be made, or a file cannot be written or renamed (the
+            temporary files are removed first).
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    temps: dict[str, str] = {}
+    backups: dict[str, str | None] = {}
+    try:
+        for name, text in files.items():
+            fd, temps[name] = tempfile.mkstemp(dir=out, prefix=f".{name}.")
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+        for name in files:  # keep what each name held, to put back if a later rename fails
+            backups[name] = None
+            if (out / name).is_file():
+                fd, backups[name] = tempfile.mkstemp(dir=out, prefix=f".{name}.old.")
+                os.close(fd)
+                shutil.copyfile(out / name, backups[name])
+        renamed: list[str] = []
+        try:
+            for name in files:
+                os.replace(temps[name], out / name)
+                renamed.append(name)
+        except BaseException:
+            for name in renamed:
+                if backups[name] is None:
+                    (out / name).unlink()
+                else:
+                    os.replace(backups[name], out / name)
+            raise
+    finally:
+        for leftover in [*temps.values(), *(b for b in backups.values() if b)]:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(leftover)
 
 
 def report(policy: DispatchPolicy, out: Path) -> int:

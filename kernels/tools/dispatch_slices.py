@@ -1,16 +1,39 @@
-"""Which buckets of a dispatch grid a ``kernels.tools.dispatch_evidence`` run measures:
-its ``--slice-*`` flags (and the list flags' parsing) as a selection of the grid, and where
-the rest of a slice begins when a time budget cut it (``--budget-s``)."""
+"""``kernels.tools.dispatch_evidence``'s command line (:func:`evidence_parser`: its flags
+and their parsing, an unknown ``--kernels`` name refused) and which buckets of a dispatch
+grid a run measures: its ``--slice-*`` flags as a selection of the grid, and where the
+rest of a slice begins when a time budget cut it (``--budget-s``)."""
 
 from __future__ import annotations
 
 import argparse
 import math
+from pathlib import Path
 
 from pydantic import ValidationError
 
 from kernels.dispatch_pieces import EvidencePiece
 from kernels.dispatch_space import Bucket, BucketGrid
+from kernels.registry import IMPLEMENTATIONS
+from kernels.tools.bench import EXTERNAL
+
+
+def kernel_names(text: str) -> tuple[str, ...]:
+    """``--kernels``: a comma-separated list of kernels this process can time (the
+    registry's, built in or ``KERNELGATE_KERNELS`` plugins, and ``bench.EXTERNAL``).
+
+    Raises:
+        argparse.ArgumentTypeError: a name that is no kernel (the unknown names and the
+            known ones listed): a typo is a usage error before any measurement, not a
+            candidate that refuses every bucket.
+    """
+    given = names(text)
+    known = (*IMPLEMENTATIONS, *EXTERNAL)
+    unknown = [n for n in given if n not in known]
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown kernel{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}"
+            f"; known kernels: {', '.join(known)}")
+    return given
 
 
 def names(text: str) -> tuple[str, ...]:
@@ -99,3 +122,36 @@ def piece_report(grid: BucketGrid, args: argparse.Namespace, piece: EvidencePiec
         lines.append(f"not measured yet: the rest of this slice; the same command with "
                      f"--slice-buckets {rest}:{'' if stop >= 10**9 else stop} measures it")
     return "\n".join(lines)
+
+
+def evidence_parser(description: str) -> argparse.ArgumentParser:
+    """``kernels.tools.dispatch_evidence``'s command line (``--help``, headed by
+    ``description``); flags left unset are ``None`` (the plan's values are kept)."""
+    parser = argparse.ArgumentParser(prog="python -m kernels.tools.dispatch_evidence",
+                                     description=description)
+    parser.add_argument("--out", type=Path, default=None,
+                        help="folder for evidence.json and policy.json")
+    parser.add_argument("--quick", action="store_true",
+                        help="the tiny CPU plan (always the case without an accelerator)")
+    parser.add_argument("--kernels", type=kernel_names, help="candidates, comma-separated")
+    parser.add_argument("--priority", type=names, default=(),
+                        help="tie-break order (default: the candidates' order)")
+    parser.add_argument("--dtypes", type=names, help="the space's dtypes")
+    parser.add_argument("--causal", choices=["full", "causal"], help="one causal flag only")
+    parser.add_argument("--head-dims", type=ints, help="measured head_dims")
+    parser.add_argument("--seqs", type=ints, help="measured q_len and kv_len")
+    parser.add_argument("--repeats", type=int)
+    parser.add_argument("--seed", type=int)
+    parser.add_argument("--slice-dtypes", type=names,
+                        help="a piece: only these dtypes' buckets (writes piece.json)")
+    parser.add_argument("--slice-causal", choices=["full", "causal"],
+                        help="a piece: only this causal flag's buckets")
+    parser.add_argument("--slice-buckets", type=span, metavar="START:STOP",
+                        help="a piece: only these buckets, by index in the grid's order")
+    parser.add_argument("--budget-s", type=seconds, default=None, metavar="SECONDS",
+                        help="a piece: start no bucket the longest so far would carry past "
+                             "this; the --slice-buckets of the rest are printed")
+    parser.add_argument("--list", action="store_true",
+                        help="print the grid's buckets with their indices and exit (the "
+                             "accelerator's grid on any host, the tiny one with --quick)")
+    return parser
