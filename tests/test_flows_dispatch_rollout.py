@@ -400,3 +400,23 @@ def test_revalidation_re_judges_a_production_dispatch_version_and_fails_an_edite
     assert "altered after signing" in result.reason and f"bucket {bucket!r}" in result.reason
     assert registered_model.alias_version(local_tracking(edited), FAMILY, "production") != (
         outcome.version)
+
+
+H100_POLICY = (Path(__file__).parent.parent / "kernels/tools/bench_results"
+               / "h100-2026-12-05-dispatch-evidence/merged/policy.json")
+PREFECT_PARAMETER_LIMIT = 524_288  # bytes; the Prefect server's 422 names this limit
+
+
+def test_a_whole_gpu_policy_resolves_to_a_plan_prefect_accepts_as_a_flow_parameter(tmp_path):
+    """The committed H100 policy (162 buckets with their evidence) was refused by Prefect
+    when the plan carried it by value (570,777 bytes of parameters); by reference the
+    rollout's parameters stay far under the server's limit."""
+    assert H100_POLICY.stat().st_size > PREFECT_PARAMETER_LIMIT  # by value it cannot fit
+    settings = _settings(tmp_path, tmp_path / "store", implementation="dispatch",
+                         dispatch_policy=H100_POLICY)
+    plan = resolve_plan(settings, "gpu")
+    parameters = json.dumps({"settings": settings.model_dump(mode="json"),
+                             "plan": plan.model_dump(mode="json")})
+    assert len(parameters) < PREFECT_PARAMETER_LIMIT // 8
+    assert plan.dispatch_policy.path == str(H100_POLICY.resolve())
+    assert plan.dispatch_policy.fingerprint.startswith("2d0295e48abf53d1")
