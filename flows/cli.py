@@ -28,7 +28,7 @@ from flows.cli_history import timeline
 from flows.cli_keys import KeyDir, check_name, keys_app
 from flows.cli_log import CheckpointFiles, reanchor, witnessing
 from flows.cli_ops import notifications_app, ui
-from flows.cli_plan import plan_arguments
+from flows.cli_plan import nothing_to_roll_out, plan_arguments
 from flows.cli_revalidate import revalidate
 from flows.cli_stack import stack_app
 from flows.cli_store import existing_family, open_store
@@ -82,7 +82,8 @@ app.command()(timeline)
 ROLLOUT_EXIT_CODES = ("Exit codes: 0 a signed verdict (promoted, rejected, timed out or rolled "
                       "back: the last lines say which); 3 errored (a stage crashed); 4 not "
                       "adopted (safe, not worth adopting); 130 interrupted (Ctrl-C, signed); "
-                      "1 a failure before the record opened; 2 bad arguments.")
+                      "1 a failure before the record opened; 2 bad arguments, or nothing to "
+                      "roll out (auto resolves to the policy its family has in production).")
 """``kernelgate rollout --help``'s last paragraph (README, "End states and exit codes")."""
 
 
@@ -104,6 +105,7 @@ def rollout(implementation: Implementation = "auto",
     settings, plan = plan_arguments(implementation, thresholds, store_dir, block_q, block_kv, family,
                            new_family, key_dir, dispatch_policy, testset_profile=testset_profile,
                            documents_dir=documents_dir, loosening_approval=loosening_approval)
+    nothing_to_roll_out(implementation, plan)  # auto: production's own policy again
     debug_log = route_to_debug_log(store_dir / "logs" / "third-party.log")
     typer.echo(f"third-party log lines (MLflow, Great Expectations, warnings): {debug_log}",
                err=True)

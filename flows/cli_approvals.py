@@ -27,7 +27,7 @@ def approve(flow_run_id: Annotated[str, typer.Argument(help="the paused rollout'
     from prefect.settings import PREFECT_API_URL
 
     from lineage.signing import keys
-    from lineage.signing.approvals import revocations, revoked_refusal, sign_approval
+    from lineage.signing.approvals import revocations, revoked_key, sign_approval
 
     if key_dir is not None and not key_dir.is_dir():  # a mistyped folder revokes nothing
         raise typer.BadParameter(f"{key_dir}: no such key folder, so the revocations it "
@@ -36,9 +36,9 @@ def approve(flow_run_id: Annotated[str, typer.Argument(help="the paused rollout'
     keyid = signer.public_key.keyid
     # the key folder's revocations, refused before any server is asked (the rollout
     # refuses them too, and those its family's log records)
-    revoked = revocations(keys.folder_trust(key_dir or keys.default_key_dir()))
-    if keyid in revoked:
-        raise typer.BadParameter(revoked_refusal(keyid, revoked[keyid]), param_hint="--key")
+    why = revoked_key([keyid], revocations(keys.folder_trust(key_dir or keys.default_key_dir())))
+    if why is not None:
+        raise typer.BadParameter(why, param_hint="--key")
     if not PREFECT_API_URL.value():
         raise typer.BadParameter("PREFECT_API_URL is not set: an approval answers a flow run "
                                  "paused on a Prefect server (export the URL the rollout used, "
@@ -88,7 +88,7 @@ def approve_loosening(thresholds: Annotated[Path, typer.Option(help="thresholds 
     from lineage.records.registration import latest_registration
     from lineage.records.roster import approvers_of, beyond_roster
     from lineage.signing import keys
-    from lineage.signing.approvals import revocations, revoked_refusal
+    from lineage.signing.approvals import revocations, revoked_key
     from lineage.signing.sources import StoreSource
 
     if not reason.strip():
@@ -121,9 +121,9 @@ def approve_loosening(thresholds: Annotated[Path, typer.Option(help="thresholds 
     if why is not None:
         raise typer.BadParameter(f"{why}: a rollout would refuse this approval",
                                  param_hint="--key")
-    revoked = revocations(trust, read_log(source).entries.values())
-    if keyid in revoked:
-        raise typer.BadParameter(revoked_refusal(keyid, revoked[keyid]), param_hint="--key")
+    refusal = revoked_key([keyid], revocations(trust, read_log(source).entries.values()))
+    if refusal is not None:
+        raise typer.BadParameter(refusal, param_hint="--key")
     bindings = dict(previous.predicate.get("bindings") or {})
     for item in binding or []:
         name, _, value = item.partition("=")

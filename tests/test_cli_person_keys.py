@@ -62,7 +62,7 @@ def test_an_approval_with_a_revoked_key_is_refused_before_the_server_is_asked(ru
                                                                               monkeypatch):
     """A key revoked in the key folder approves nothing: ``approve`` says so with the
     rollout's own wording (exit 2) before it looks for a Prefect server or resumes anything."""
-    from lineage.signing.approvals import revocations, revoked_refusal
+    from lineage.signing.approvals import revocations, revoked_key
 
     folder = tmp_path / "keys"
     keys.ensure_pipeline_key(folder)
@@ -72,7 +72,8 @@ def test_an_approval_with_a_revoked_key_is_refused_before_the_server_is_asked(ru
     monkeypatch.setattr("prefect.flow_runs.resume_flow_run", lambda *a, **k: resumed.append(a))
     code, out = run("approve", "0f3c-run", "--key", str(tmp_path / "alice.pem"),
                     "--comment", "ship")
-    wording = revoked_refusal(alice.keyid, revocations(keys.folder_trust(folder))[alice.keyid])
+    wording = revoked_key([alice.keyid], revocations(keys.folder_trust(folder)))
+    assert wording is not None
     assert code == 2 and " ".join(wording.split()) in out, out
     assert "PREFECT_API_URL" not in out and not resumed, out
 

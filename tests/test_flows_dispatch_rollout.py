@@ -269,6 +269,34 @@ def test_auto_serves_the_stores_production_dispatch_policy_pinned(promoted, monk
     assert "dispatch" not in IMPLEMENTATIONS  # registered only while the plan is resolved
 
 
+def test_a_plain_rollout_of_the_production_policy_has_nothing_to_roll_out(promoted,
+                                                                         monkeypatch):
+    """``kernelgate rollout`` with no kernel named resolves ``auto`` to the store's
+    production dispatch policy: that is the family's production already, so it is refused
+    (exit 2) naming the version and its sha256, and no version is built."""
+    store, outcome = promoted
+    monkeypatch.delenv(POLICY_ENV, raising=False)
+    monkeypatch.delenv(SHA256_ENV, raising=False)
+    client = local_tracking(store).client()
+
+    def versions() -> list[str]:
+        return sorted(v.version for v in client.search_model_versions(f"name='{FAMILY}'"))
+
+    before = versions()
+    result = CliRunner().invoke(app, ["rollout", "--store-dir", str(store)],
+                                catch_exceptions=False)
+    text = " ".join(result.output.split())
+    fingerprint = standin_policy().fingerprint()
+    assert result.exit_code == 2, result.output
+    assert (f"nothing to roll out: auto -> dispatch v{outcome.version} (the store's production "
+            "dispatch policy") in text, text
+    assert f"production of family {FAMILY} already (sha256 {fingerprint})" in text, text
+    assert "--implementation dispatch --dispatch-policy POLICY.json" in text, text
+    assert versions() == before  # nothing built or registered
+    assert registered_model.alias_version(local_tracking(store), FAMILY, "production") == (
+        outcome.version)
+
+
 def test_auto_without_a_production_dispatch_policy_is_what_it_was(tmp_path, signing,
                                                                   monkeypatch):
     monkeypatch.delenv(POLICY_ENV, raising=False)

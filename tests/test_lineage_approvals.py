@@ -10,7 +10,13 @@ import pytest
 from gates.approval import ApprovalInput, record_answer
 from gates.approval_policy import ApprovalPolicy
 from lineage.signing import keys
-from lineage.signing.approvals import recheck_answer, sign_approval, verify_approval
+from lineage.signing.approvals import (
+    recheck_answer,
+    revocations,
+    revoked_key,
+    sign_approval,
+    verify_approval,
+)
 from lineage.signing.attestations import AttestationError
 
 
@@ -39,11 +45,11 @@ def _record(envelope: bytes | None, *, approver="alice", comment="canary read; s
 def test_the_signed_comment_is_returned_to_be_recorded(alice):
     signer, policy = alice
     got = verify_approval(_answer(signer, comment="p99 fine at 16k"), policy,
-                          flow_run_id="0f3c-run", transition="canary->production", approve=True)
+                          flow_run_id="0f3c-run", transition="canary->production", approve=True, revoked={})
     assert (got.approver, got.comment) == ("alice", "p99 fine at 16k")
     with pytest.raises(AttestationError, match="not this pause"):
         verify_approval(_answer(signer), policy, flow_run_id="another-run",
-                        transition="canary->production", approve=True)
+                        transition="canary->production", approve=True, revoked={})
 
 
 def test_the_audit_rechecks_a_kept_answer_both_ways(alice, tmp_path):
@@ -87,27 +93,52 @@ def test_an_entry_whose_key_id_is_not_its_keys_trusts_nobody(alice, tmp_path):
     relabelled = json.dumps(envelope).encode()
     with pytest.raises(AttestationError, match="not its public key's"):
         verify_approval(relabelled, mixed, flow_run_id="0f3c-run",
-                        transition="canary->production", approve=True)
+                        transition="canary->production", approve=True, revoked={})
     got = verify_approval(_answer(signer), policy, flow_run_id="0f3c-run",
-                          transition="canary->production", approve=True)
+                          transition="canary->production", approve=True, revoked={})
     assert got.approver == "alice"
 
 
 def test_a_revoked_approver_key_signs_no_stage_approval(alice, tmp_path):
     """A stage approval is signed now, so a key revoked in the family's log or the key
-    folder (from the start or from a position) approves nothing; another key's revocation
-    changes nothing."""
-    from lineage.signing.approvals import revoked_refusal
-
+    folder (from the start or from a position) approves nothing, in the words of the one
+    check (``revoked_key``); another key's revocation changes nothing."""
     signer, policy = alice
     keyid = signer.public_key.keyid
     how = f"entry 12: key {keyid[:12]} revoked from the start"
     with pytest.raises(AttestationError) as refused:
         verify_approval(_answer(signer), policy, flow_run_id="0f3c-run",
                         transition="canary->production", approve=True, revoked={keyid: how})
-    assert str(refused.value) == revoked_refusal(keyid, how)
-    assert "a revoked key approves nothing" in str(refused.value)
+    assert str(refused.value) == revoked_key([keyid], {keyid: how})
+    assert str(refused.value) == (f"key {keyid[:12]} is revoked ({how}): a revoked key "
+                                  "approves nothing")
+    folder = tmp_path / "keys"
+    keys.ensure_pipeline_key(folder)
+    keys.revoke(keyid, folder, at=datetime(2026, 1, 1, tzinfo=UTC))  # from a position
+    from_folder = revocations(keys.folder_trust(folder))
+    with pytest.raises(AttestationError, match="a revoked key approves nothing"):
+        verify_approval(_answer(signer), policy, flow_run_id="0f3c-run",
+                        transition="canary->production", approve=True, revoked=from_folder)
     got = verify_approval(_answer(signer), policy, flow_run_id="0f3c-run",
                           transition="canary->production", approve=True,
                           revoked={"0" * 64: "revoked from the start in the pipeline's key folder"})
     assert got.approver == "alice"
+
+
+def test_the_one_revocation_check_names_the_first_revoked_key_and_how():
+    revoked = {"b" * 64: "entry 3: key bbbbbbbbbbbb revoked from the start",
+               "a" * 64: "revoked from the start in the pipeline's key folder"}
+    assert revoked_key([], revoked) is None
+    assert revoked_key(["c" * 64], revoked) is None
+    assert revoked_key(["c" * 64], {}) is None
+    assert revoked_key({"c" * 64, "b" * 64, "a" * 64}, revoked) == (
+        "key aaaaaaaaaaaa is revoked (revoked from the start in the pipeline's key folder): a "
+        "revoked key approves nothing")
+
+
+def test_a_stage_approval_cannot_be_verified_without_the_revocations(alice):
+    """Leaving ``revoked`` out is an error, not a skipped check."""
+    signer, policy = alice
+    with pytest.raises(TypeError, match="revoked"):
+        verify_approval(_answer(signer), policy, flow_run_id="0f3c-run",  # type: ignore[call-arg]
+                        transition="canary->production", approve=True)

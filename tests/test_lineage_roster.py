@@ -446,13 +446,16 @@ def _revoked_in_log(lab: Lab, name: str) -> str:
     revoke`` records it); returns the refusal every approval by that key gets."""
     from lineage.aliases.key_changes import KeyChange, log_key_change
     from lineage.log import family_log
-    from lineage.signing.approvals import revoked_refusal
+    from lineage.signing.approvals import revocations, revoked_key
 
     keyid = keys.load_signer(lab.key(name)).public_key.keyid
     log_key_change(lab.tracking, FAMILY, KeyChange(action="revoke", keyid=keyid), lab.signing)
     log = family_log.read(lab.source())
     seq = int(log.entries[log.length].predicate["log"]["seq"])
-    return revoked_refusal(keyid, f"entry {seq}: key {keyid[:12]} revoked from the start")
+    refusal = revoked_key([keyid], revocations(lab.signing.trust, log.entries.values()))
+    assert refusal == (f"key {keyid[:12]} is revoked (entry {seq}: key {keyid[:12]} revoked "
+                       "from the start): a revoked key approves nothing")
+    return refusal
 
 
 def test_a_key_revoked_in_the_log_founds_no_roster_at_a_registration_or_a_reanchor(lab):

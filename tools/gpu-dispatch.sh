@@ -19,9 +19,10 @@
 #                                          ($KG_LONGDOC_WORKLOAD, default longdoc-modernbert-base)
 #   tools/gpu-dispatch.sh rollout          `kernelgate rollout --implementation dispatch`
 #                                          of that policy into $KG_STORE, and its audit
-#   tools/gpu-dispatch.sh auto             `kernelgate rollout` with no kernel named (auto
-#                                          serves the store's production policy), its audit
-#                                          and the store's timeline
+#   tools/gpu-dispatch.sh auto             `kernelgate rollout` with no kernel named: auto
+#                                          resolves to the store's production policy, which
+#                                          is nothing to roll out (exit 2, the line naming
+#                                          its version and sha256); the audit and timeline
 #
 # $KG_DISPATCH and $KG_STORE lie outside the work tree, so they survive from one call to
 # the next while the machine is held.

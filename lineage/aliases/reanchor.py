@@ -41,7 +41,7 @@ from lineage.records.roster import (
     earlier_naming,
     possession_problem,
 )
-from lineage.signing.approvals import approvers_trust, revocations, revoked_refusal
+from lineage.signing.approvals import approvers_trust, revocations, revoked_key
 from lineage.signing.attestations import (
     Attestation,
     AttestationError,
@@ -93,9 +93,9 @@ def reanchor(tracking: Tracking, family: str, approver: Signer, reason: str,
     own = latest_registration(source)
     latest = own or earlier_registration(tracking, family, signing.trust, checkpoint)
     keyid = approver.public_key.keyid
-    revoked = revocations(signing.trust, log.entries.values())
-    if keyid in revoked:
-        raise ReanchorRefused(revoked_refusal(keyid, revoked[keyid]))
+    refusal = revoked_key([keyid], revocations(signing.trust, log.entries.values()))
+    if refusal is not None:
+        raise ReanchorRefused(refusal)
     approvers = {a.keyid: a for a in approvers_of(source, latest)} if own else {
         a.keyid: a for a in (latest[1].approval.approvers if latest else [])}
     founded = None

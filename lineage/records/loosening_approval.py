@@ -22,7 +22,7 @@ from gates.approval_policy import Approver
 from gates.preregistration import PreregistrationError
 from gates.thresholds import Thresholds, parse_thresholds
 from lineage.records.bindings import RolloutBindings, whole_numbers
-from lineage.signing.approvals import approvers_trust, revoked_refusal
+from lineage.signing.approvals import approvers_trust, revoked_key
 from lineage.signing.attestations import (
     Attestation,
     AttestationError,
@@ -97,9 +97,8 @@ def check_loosening_approval(envelope: bytes, previous: tuple[Attestation, Thres
     if (claimed or not named) and (why := unnamed(previous[0], previous[1], claimed, family,
                                                      policy)) is not None:
         raise LooseningRefused(f"loosening approval not accepted: {why}")
-    if gone := sorted(claimed & set(named) & set(revoked)):
-        raise LooseningRefused(f"loosening approval not accepted: "
-                               f"{revoked_refusal(gone[0], revoked[gone[0]])}")
+    if (gone := revoked_key(claimed & set(named), revoked)) is not None:
+        raise LooseningRefused(f"loosening approval not accepted: {gone}")
     trust, left_out = approvers_trust(policy, revoked)
     try:
         approval = verify_envelope(envelope, trust, path="loosening approval")

@@ -44,7 +44,7 @@ from gates.preregistration import PreregistrationError
 from gates.thresholds import Thresholds, parse_thresholds
 from lineage.log.family_log import read as read_log
 from lineage.records.loosening_approval import LooseningRefused, no_roster_yet
-from lineage.signing.approvals import key_id_of, revoked_refusal
+from lineage.signing.approvals import key_id_of, revoked_key
 from lineage.signing.attestations import (
     Attestation,
     AttestationError,
@@ -272,9 +272,8 @@ def founding(source: EvidenceSource, previous: tuple[Attestation, Thresholds],
             f"{head}: it adds approvers {names}, and a family's roster is founded on first use "
             f"once ({past}): adding approvers now needs an approval by one named in registration "
             f"{registration_id}, which names none")
-    if gone := [a.keyid for a in added if a.keyid in revoked]:
-        raise LooseningRefused(f"{shown} names the family's first approvers: "
-                               f"{revoked_refusal(gone[0], revoked[gone[0]])}")
+    if (gone := revoked_key([a.keyid for a in added], revoked)) is not None:
+        raise LooseningRefused(f"{shown} names the family's first approvers: {gone}")
     problems = [p for a in added if (p := possession_problem(a, family)) is not None]
     if problems:
         raise LooseningRefused(f"{shown} names the family's first approvers, and each entry "

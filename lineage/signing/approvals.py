@@ -93,11 +93,18 @@ def _seq(predicate: dict) -> int:
     return int(seq) if isinstance(seq, (int, float)) else 0
 
 
-def revoked_refusal(keyid: str, how: str) -> str:
-    """Why the key ``keyid``, revoked as ``how`` says (:func:`revocations`), approves
-    nothing: the one wording of the rollout's loosening check, ``kernelgate
-    approve-loosening``, a roster's founding and ``kernelgate reanchor``."""
-    return f"key {keyid[:12]} is revoked ({how}): a revoked key approves nothing"
+def revoked_key(keyids: Iterable[str], revoked: Mapping[str, str]) -> str | None:
+    """The one revocation check of approver keys: why the first of ``keyids`` (in sorted
+    order) that ``revoked`` names (:func:`revocations`: key id -> how it was revoked)
+    approves nothing, or None when none of them is revoked. Every entry point that takes
+    an approver's key asks it and refuses with its words: a stage approval
+    (:func:`verify_approval`), ``kernelgate approve``, ``kernelgate approve-loosening``,
+    the rollout's loosening approval and roster founding at registration, and ``kernelgate
+    reanchor``."""
+    gone = sorted(set(keyids) & set(revoked))
+    if not gone:
+        return None
+    return f"key {gone[0][:12]} is revoked ({revoked[gone[0]]}): a revoked key approves nothing"
 
 
 def sign_approval(signer: Signer, *, flow_run_id: str, transition: str, approve: bool,
@@ -120,10 +127,11 @@ class SignedAnswer(NamedTuple):
 
 def verify_approval(envelope: bytes, policy: ApprovalPolicy, *, flow_run_id: str | None,
                     transition: str, approve: bool,
-                    revoked: Mapping[str, str] | None = None) -> SignedAnswer:
+                    revoked: Mapping[str, str]) -> SignedAnswer:
     """Check a signed answer against the registered policy and this pause
     (``flow_run_id`` None: any flow run, as an auditor re-checking a kept answer), by a
-    key not in ``revoked`` (:func:`revocations`: key id -> how it was revoked).
+    key not in ``revoked`` (:func:`revocations`: key id -> how it was revoked; required,
+    so no caller skips the check by leaving it out, :func:`revoked_key`).
 
     Returns:
         :class:`SignedAnswer`: the approver's name from the policy, how they were
@@ -141,8 +149,8 @@ def verify_approval(envelope: bytes, policy: ApprovalPolicy, *, flow_run_id: str
         signed = verify_envelope(envelope, trust, path="signed approval")
     except AttestationError as err:
         raise AttestationError("; ".join([str(err), *left_out])) from err
-    if revoked and signed.keyid in revoked:
-        raise AttestationError(revoked_refusal(signed.keyid, revoked[signed.keyid]))
+    if (why := revoked_key([signed.keyid], revoked)) is not None:
+        raise AttestationError(why)
     p = signed.predicate
     expected = (flow_run_id or p.get("flow_run_id"), transition, approve)
     if (p.get("flow_run_id"), p.get("transition"), p.get("approve")) != expected:
@@ -165,8 +173,11 @@ def recheck_answer(record, policy: ApprovalPolicy) -> str | None:
     if not record.signed_answer:
         return "recorded as signed, but the approver's own signed answer is not kept"
     try:
+        # revoked={}: the revocation check was made when the answer was taken
+        # (flows.promotion); the audit re-checks its signature and what it says
         answer = verify_approval(record.signed_answer.encode(), policy, flow_run_id=None,
-                                 transition=record.transition, approve=record.approved)
+                                 transition=record.transition, approve=record.approved,
+                                 revoked={})
     except AttestationError as err:
         return f"the kept signed answer does not verify: {err}"
     if (answer.approver, answer.comment) != (record.approver, record.comment):
