@@ -84,7 +84,11 @@ case ${1:-} in
   rollout)
     step rollout-dispatch 560 python3 -m flows.cli rollout --implementation dispatch \
       --dispatch-policy "$work/policy.json" --store-dir "$store"
-    step audit-dispatch 120 python3 -m flows.cli audit production --family dispatch --store-dir "$store"
+    # the version this rollout made, wherever it ended (a rolled-back one has no alias)
+    made=$(grep -o 'kernelgate audit [0-9]* --family dispatch' "$out/rollout-dispatch.log" \
+      | tail -n 1 | cut -d' ' -f3)
+    step audit-dispatch 120 python3 -m flows.cli audit "${made:-production}" --family dispatch \
+      --store-dir "$store"
     ;;
   auto)
     step rollout-auto 500 python3 -m flows.cli rollout --store-dir "$store"
