@@ -26,6 +26,12 @@ The version is registered in a throwaway store signed by a throwaway key
 (``KERNELGATE_KEY_DIR`` and ``KERNELGATE_HOME`` point into a temporary folder), so
 nothing outside it is written but ``--out``.
 
+On a GPU the two placements also differ in how they take device memory: this process
+preallocates (JAX's default) while ``VersionWorker`` starts its process with
+``XLA_PYTHON_CLIENT_PREALLOCATE=false`` where the variable is unset; running this tool
+with that variable set to ``false`` makes both allocate alike, which separates the
+allocator from the process boundary.
+
 Writes JSON::
 
     {"command", "date_utc", "host": {"cpus", "load_before", "load_after", "device"},
