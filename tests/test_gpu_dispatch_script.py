@@ -25,7 +25,7 @@ def test_no_mode_or_an_unknown_one_prints_every_mode_and_exits_2(tmp_path, args)
     done = subprocess.run(["bash", str(SCRIPT), *args], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, done.stderr
-    assert _modes() == ["evidence", "merge", "longdoc", "rollout", "auto"]
+    assert _modes() == ["evidence", "merge", "longdoc", "rollout", "xproc", "auto"]
     for mode in _modes():
         assert f"tools/gpu-dispatch.sh {mode}" in done.stdout, (mode, done.stdout)
     assert not any(tmp_path.iterdir()), "usage created a folder"

@@ -19,6 +19,11 @@
 #                                          ($KG_LONGDOC_WORKLOAD, default longdoc-modernbert-base)
 #   tools/gpu-dispatch.sh rollout          `kernelgate rollout --implementation dispatch`
 #                                          of that policy into $KG_STORE, and its audit
+#   tools/gpu-dispatch.sh xproc [N]        the canary's same-kernel A/A across placements
+#                                          (`xla` in the flow's process against a worker,
+#                                          worker against worker, in-process twice; N
+#                                          compared requests each, default 600:
+#                                          tools/xproc_aa.py)
 #   tools/gpu-dispatch.sh auto             `kernelgate rollout` with no kernel named: auto
 #                                          resolves to the store's production policy, which
 #                                          is nothing to roll out (exit 2, the line naming
@@ -30,7 +35,7 @@ set -uo pipefail
 usage() { sed -n '2,/^set -uo pipefail/p' "$0" | sed '$d'; }  # this header, every mode
 case ${1:-} in  # before any folder is made: a usage error writes nothing
   evidence) [ -n "${2:-}" ] || { echo "usage: tools/gpu-dispatch.sh evidence DTYPE [START:]" >&2; exit 2; } ;;
-  merge|longdoc|rollout|auto) ;;
+  merge|longdoc|rollout|auto|xproc) ;;
   *) usage; exit 2 ;;
 esac
 out=${OUT:-gpu-dispatch}
@@ -89,6 +94,9 @@ case ${1:-} in
       | tail -n 1 | cut -d' ' -f3)
     step audit-dispatch 120 python3 -m flows.cli audit "${made:-production}" --family dispatch \
       --store-dir "$store"
+    ;;
+  xproc)
+    step xproc-aa 560 python3 -m tools.xproc_aa --requests "${2:-600}" --out "$out/xproc-aa.json"
     ;;
   auto)
     step rollout-auto 500 python3 -m flows.cli rollout --store-dir "$store"
