@@ -230,6 +230,7 @@ def _adoption_stage(context: RolloutContext, gated: Gated, steps: list[CanarySte
     plan = gated.thresholds.decision
     reason = next((s.latency_not_assessed_reason for s in steps if not s.log_ratios), None)
     verdict = conclude_adoption(plan, safety.verdict, [s.log_ratios for s in steps],
+                                buckets=[s.length_buckets for s in steps],
                                 not_assessed_reason=reason)
     record = context.record
     tr.log_model_json(record.tracking, record.rollout_run_id, verdict, tags.ADOPTION_ARTIFACT)
