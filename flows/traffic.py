@@ -71,7 +71,8 @@ def judge_step(plan: CanaryPlan, result: serving.TrafficResult, step: CanaryStep
         result.memory_end_bytes, plan, latency_not_assessed_reason=reason,
         memory_not_assessed_reason=reason, production_error_count=result.errors("production"),
         served=(result.served_count("candidate"), result.served_count("production")),
-        abba=abba, earlier=earlier or [])
+        abba=abba, earlier=earlier or [],
+        length_buckets=result.abba_buckets() if abba is not None else None)
 
 
 def _judged(gated: Gated, evaluated: Evaluated, result: serving.TrafficResult,

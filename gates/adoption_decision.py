@@ -269,27 +269,26 @@ def _per_bucket(plan: DecisionPlan, log_ratios: Sequence[Sequence[float]],
 
 
 _STATUS = {"adopt": "meets it", "not_worth_it": "below it", "inconclusive": "undecided",
-           "continue": "undecided", "not_assessed": "not assessed"}
+           "continue": "undecided"}
 
 
-def _bucket_table(plan: DecisionPlan, buckets: Sequence[BucketAdoption]) -> str:
-    """The per-bucket effect as a markdown table (one row per required bucket)."""
+def _bucket_lines(plan: DecisionPlan, buckets: Sequence[BucketAdoption]) -> str:
+    """The per-bucket effect as a nested markdown list, one item per required bucket (a
+    list, not a table: the approval form shows the canary's table after this, and the
+    Prefect UI renders nothing after a first table)."""
     level = f"{100 * (1 - plan.alpha):g} %"
     rows = ["- measured, per bucket (each its own test; the claim holds only where every "
-            "bucket meets it):", "",
-            f"| bucket (tokens) | pairs | median ratio | {level} confidence sequence | "
-            "always-valid p | minimum worthwhile effect |",
-            "|---:|---:|---:|---|---:|---|"]
+            "bucket meets the minimum worthwhile effect):"]
     for b in buckets:
-        median = "–" if b.median_ratio is None else f"{b.median_ratio:.3f}"
-        if b.ratio_lower is None or b.ratio_upper is None:
-            interval = "–"
-        else:
-            upper = "inf" if math.isinf(b.ratio_upper) else f"{b.ratio_upper:.3f}"
-            interval = f"[{b.ratio_lower:.3f}, {upper}]"
-        p = "–" if b.p_value is None else f"{b.p_value:.2g}"
-        said = _STATUS[b.status] + (f" ({b.reason})" if b.status == "not_assessed" else "")
-        rows.append(f"| {b.bucket} | {b.n_pairs} | {median} | {interval} | {p} | {said} |")
+        if b.status == "not_assessed":
+            median = "" if b.median_ratio is None else f", median ratio {b.median_ratio:.3f}"
+            rows.append(f"  - {b.bucket} tokens: **not assessed** ({b.reason}{median})")
+            continue
+        upper = "inf" if math.isinf(b.ratio_upper) else f"{b.ratio_upper:.3f}"
+        rows.append(f"  - {b.bucket} tokens: **{_STATUS[b.status]}**: median ratio "
+                    f"{b.median_ratio:.3f} over {b.decided_at or b.looks[-1]} of {b.n_pairs} "
+                    f"pairs, {level} confidence sequence [{b.ratio_lower:.3f}, {upper}], "
+                    f"always-valid p {b.p_value:.2g}")
     return "\n".join(rows)
 
 
@@ -313,7 +312,7 @@ def adoption_markdown(plan: DecisionPlan, verdict: AdoptionVerdict, *,
         claim += f"; in every bucket of {', '.join(map(str, plan.buckets))} tokens"
     result = verdict.result
     if verdict.buckets:
-        measured = _bucket_table(plan, verdict.buckets)
+        measured = _bucket_lines(plan, verdict.buckets)
     elif result is None or verdict.median_ratio is None:
         measured = f"- measured: not judged ({verdict.reason})"
     else:

@@ -200,19 +200,41 @@ def test_dropping_a_bucket_or_lowering_its_pairs_is_looser_adding_one_is_not():
 
 # --- what people see ------------------------------------------------------------------------
 
-def test_the_markdown_shows_one_row_per_required_bucket_with_its_interval():
+def test_the_evidence_lists_each_required_bucket_with_its_interval_and_no_table():
     ratios, buckets = _traffic({128: 1.0, 256: 0.7}, mix={128: 0.25, 256: 0.75})
-    verdict = conclude_adoption(PLAN, "pass", ratios, buckets=buckets)
-    text = adoption_markdown(PLAN, verdict)
+    plan = PLAN.model_copy(update={"buckets": [128, 256, 512]})
+    verdict = conclude_adoption(plan, "pass", ratios, buckets=buckets)
+    text = adoption_markdown(plan, verdict)
     assert "**not worth adopting**" in text
-    assert "in every bucket of 128, 256 tokens" in text
-    rows = [line for line in text.splitlines() if line.startswith("| 1") or line.startswith("| 2")]
-    assert [r.split("|")[1].strip() for r in rows] == ["128", "256"]
-    assert "below it" in rows[0] and "meets it" in rows[1]
-    b256 = verdict.buckets[1]
-    assert f"[{b256.ratio_lower:.3f}, {b256.ratio_upper:.3f}]" in rows[1]
+    assert "in every bucket of 128, 256, 512 tokens" in text
+    items = [line for line in text.splitlines() if line.startswith("  - ")]
+    assert [i.split()[1] for i in items] == ["128", "256", "512"]
+    b128, b256, _ = verdict.buckets
+    assert "**below it**" in items[0] and "**meets it**" in items[1]
+    assert f"[{b256.ratio_lower:.3f}, {b256.ratio_upper:.3f}]" in items[1]
+    assert f"of {b128.n_pairs} pairs" in items[0]
+    assert items[2] == "  - 512 tokens: **not assessed** (0 pairs, fewer than the " \
+        f"{plan.bucket_min_pairs} needed (min_pairs_per_bucket))"
+    # a list, not a table: the approval form's canary table must stay the first and last
+    assert "|" not in text
     # the verdict reads back as written
     assert AdoptionVerdict.model_validate_json(verdict.model_dump_json()) == verdict
+
+
+def test_the_approval_form_shows_the_per_bucket_effect_above_the_canary_table():
+    from gates.approval_view import approval_markdown
+    from tests.test_gates_approval_view import _decision
+    from tests.test_gates_approval_view import _steps as form_steps
+
+    ratios, buckets = _traffic({128: 0.75, 256: 0.7})
+    verdict = conclude_adoption(PLAN, "pass", ratios, buckets=buckets)
+    evidence = adoption_markdown(PLAN, verdict)
+    shadow, ok, _ = form_steps()
+    text = approval_markdown("canary->production", "3", _decision(), traffic=[shadow, ok],
+                             confirmation=_decision(), adoption=evidence)
+    assert text.index("### Adoption") < text.index("  - 128 tokens: **meets it**") \
+        < text.index("  - 256 tokens: **meets it**") < text.index("| step")
+    assert text.count("\n|---") == 1  # the canary's table is the only one
 
 
 # --- the canary carries each compared request's bucket; the audit re-derives per bucket ---

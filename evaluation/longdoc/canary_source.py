@@ -1,0 +1,125 @@
+"""The long-document workload as a request source of the canary's paired comparison.
+
+The canary compares candidate and production request by request: each compared request
+is served by both, timed ABBA (``evaluation.serving.replay_canary_step``), and its
+``log((c1 + c2) / (p1 + p2))`` is one pair (``gates.latency_judge``). This module gives
+that replay long documents instead of MiniLM texts: the workload spec's documents (its
+length distribution and seeded synthetic token ids, ``evaluation.longdoc.arrivals``,
+``LongDocEncoder.document_ids``), each served alone as a one-row batch padded to its
+length bucket by ``evaluation.longdoc.server.EncoderServer`` (the encoder of the spec,
+its attention through the kernel contract). Every served request records its bucket
+(``ServedRequest.length_bucket``), so the adoption test can judge each declared bucket
+on its own pairs (``gates.adoption_buckets``).
+
+Why one request at a time, not the open-loop queue of ``evaluation.longdoc.bench``:
+the adoption and latency tests need pairs that are independent and order-balanced
+(``gates.adoption``); times to result in one queue are not (a slow batch delays every
+request behind it: the committed H200 pairs' lag-1 autocorrelation is 0.48,
+``evaluation.longdoc.effect``). So the canary's pairs are compute times of the same
+document on both sides, back to back; queueing, throughput and goodput under load
+stay the bench's figures.
+
+Compilation: the first request of a bucket shape compiles it outside the measured time
+(``EncoderServer.compile_s``); :func:`warm_up` serves one document per bucket on each
+endpoint first, so no compared latency follows a cold compile.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from evaluation.longdoc.arrivals import Request, draw_lengths
+from evaluation.longdoc.batcher import Batch, bucket_of
+from evaluation.longdoc.encoder import LongDocEncoder
+from evaluation.longdoc.server import EncoderServer
+from evaluation.longdoc.spec import WorkloadSpec
+from evaluation.serving import NON_FINITE, TrafficResult, replay_canary_step
+from kernels.api import AttentionFn
+
+
+class LongDocument(BaseModel):
+    """One long-document request of the canary: ``index`` seeds its token ids."""
+
+    model_config = ConfigDict(frozen=True)
+
+    request_id: str
+    index: int = Field(ge=0)
+    tokens: int = Field(ge=1, description="its length before padding")
+    bucket: int = Field(ge=1, description="the padded length it is served at (tokens)")
+
+
+def canary_documents(spec: WorkloadSpec, n: int, *, seed_offset: int = 0) -> list[LongDocument]:
+    """``n`` documents drawn from the spec's length distribution (deterministic given the
+    spec and ``seed_offset``; the stream's own seed is ``arrivals.seed + seed_offset``).
+
+    Raises:
+        ValueError: ``n < 1``.
+    """
+    if n < 1:
+        raise ValueError(f"the canary needs at least one document, got n={n}")
+    rng = np.random.default_rng(spec.arrivals.seed + seed_offset)
+    lengths = draw_lengths(spec.lengths, n, rng)
+    return [LongDocument(request_id=f"{spec.name}-{seed_offset}-{i:06d}", index=i,
+                         tokens=int(t), bucket=bucket_of(int(t), spec.buckets))
+            for i, t in enumerate(lengths)]
+
+
+class LongdocEndpoint:
+    """One side of the comparison: the spec's encoder with ``attention_fn``, serving one
+    document at a time (``evaluation.serving.PairedEndpoint``).
+
+    Attributes:
+        name: what serves (a version, a kernel).
+        server: the encoder server (its ``compile_s``: seconds compiling, never measured).
+    """
+
+    def __init__(self, name: str, spec: WorkloadSpec, attention_fn: AttentionFn, *,
+                 ids_seed: int = 0):
+        self.name = name
+        self.server = EncoderServer(LongDocEncoder.for_spec(spec.encoder), attention_fn,
+                                    ids_seed=ids_seed)
+
+    def serve(self, document: LongDocument) -> tuple[np.ndarray | None, float, str | None]:
+        """Encode ``document``: ``(embedding float32 [hidden] or None, compute seconds,
+        error or None)``; a non-finite embedding is an error (``NON_FINITE``), as in
+        ``evaluation.serving.Endpoint``."""
+        request = Request(document.index, 0.0, document.tokens)
+        outcome = self.server(Batch((request,), document.bucket, 1))
+        if outcome.error is not None:
+            return None, outcome.service_s, outcome.error
+        embedding = self.server.outputs.pop(document.index, None)
+        if embedding is None or outcome.finite is None or not all(outcome.finite):
+            return None, outcome.service_s, NON_FINITE
+        return embedding, outcome.service_s, None
+
+
+def warm_up(documents: list[LongDocument], endpoints: list[LongdocEndpoint]) -> int:
+    """Serve one document per bucket present on each endpoint (compiling its shape);
+    returns how many documents were served."""
+    first = {d.bucket: d for d in reversed(documents)}
+    for endpoint in endpoints:
+        for document in first.values():
+            endpoint.serve(document)
+    return len(first) * len(endpoints)
+
+
+def replay_step(documents: list[LongDocument], fraction: float, production: LongdocEndpoint,
+                candidate: LongdocEndpoint, *, salt: str = "canary",
+                abba: bool = True) -> TrafficResult:
+    """A canary step over long documents: ``evaluation.serving.replay_canary_step`` with
+    each document as the payload and its bucket recorded per request.
+
+    Raises:
+        ValueError: ``fraction`` outside [0, 1].
+    """
+    return replay_canary_step(documents, fraction, production, candidate, salt=salt,
+                              abba=abba, payload=_itself, bucket=_bucket)
+
+
+def _itself(document: LongDocument) -> LongDocument:
+    return document
+
+
+def _bucket(document: LongDocument) -> int:
+    return document.bucket

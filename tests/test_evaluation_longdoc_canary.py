@@ -1,0 +1,125 @@
+"""The long-document workload as the canary's paired request source, on the small CPU
+spec (seconds): documents drawn from the spec's lengths carry their bucket through the
+ABBA replay into the canary step and the per-bucket adoption test; the same kernel on
+both sides is not adopted; a speed-up planted in every bucket is; one planted in the
+longest bucket only is not, naming the others."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from evaluation.longdoc.canary_source import (
+    LongdocEndpoint,
+    canary_documents,
+    replay_step,
+    warm_up,
+)
+from evaluation.longdoc.spec import load_spec, shipped
+from evaluation.serving import TrafficResult
+from gates.adoption_decision import DecisionPlan, conclude_adoption
+from gates.adoption_power import tuned_rho
+from gates.canary import analyse_canary_step
+from gates.thresholds import load_thresholds
+from kernels.dispatch import get_attention_fn
+from tests.test_gates_adoption_buckets import ROOT
+
+SPEC = load_spec(shipped("longdoc-cpu-small"))
+SIZES = (20, 40, 60)
+"""Documents per canary step (all compared: fraction 1)."""
+
+
+def test_documents_follow_the_spec_and_carry_the_smallest_bucket_that_holds_them():
+    docs = canary_documents(SPEC, 200)
+    assert docs == canary_documents(SPEC, 200)  # deterministic
+    assert docs != canary_documents(SPEC, 200, seed_offset=1)
+    for d in docs:
+        assert SPEC.lengths.min_tokens <= d.tokens <= SPEC.lengths.max_tokens
+        assert d.bucket == min(b for b in SPEC.buckets if b >= d.tokens)
+    assert {d.bucket for d in docs} == set(SPEC.buckets)  # the mix reaches every bucket
+    assert len({d.request_id for d in docs}) == 200
+    with pytest.raises(ValueError, match="at least one document"):
+        canary_documents(SPEC, 0)
+
+
+@pytest.fixture(scope="module")
+def replayed() -> list[TrafficResult]:
+    """One A/A canary of ``SIZES`` over long documents: xla on both sides, ABBA."""
+    xla = get_attention_fn("xla")
+    production = LongdocEndpoint("xla (production)", SPEC, xla)
+    candidate = LongdocEndpoint("xla (candidate)", SPEC, xla)
+    docs = canary_documents(SPEC, sum(SIZES))
+    warm_up(docs, [production, candidate])
+    cuts = np.cumsum((0, *SIZES))
+    return [replay_step(docs[a:b], 1.0, production, candidate, salt=f"step{i}")
+            for i, (a, b) in enumerate(zip(cuts[:-1], cuts[1:], strict=True))]
+
+
+def _planted(result: TrafficResult, factor: dict[int, float]) -> TrafficResult:
+    """Every candidate timing of a bucket's requests multiplied by ``factor[bucket]``
+    (so the true median ratio there is exactly that factor times the A/A one)."""
+    records = [r.model_copy(update={"candidate_timings_s": [
+        t * factor.get(r.length_bucket, 1.0) for t in r.candidate_timings_s]})
+        for r in result.records]
+    return result.model_copy(update={"records": records})
+
+
+def _steps(results: list[TrafficResult]):
+    plan = load_thresholds(ROOT / "thresholds" / "local-dry-run.yaml").canary
+    out = []
+    for step, result in zip(plan.steps, results, strict=True):
+        c, p = result.abba_timings()
+        out.append(analyse_canary_step(step, c[:, 0], p[:, 0], result.drifts(), 0, 0, 0, 0,
+                                       plan, abba=(c, p), earlier=out,
+                                       length_buckets=result.abba_buckets()))
+    return out
+
+
+DECISION = DecisionPlan(against="production", minimum_worthwhile_ratio=0.9, alpha=0.05,
+                        power=0.8, noise_sd=0.1, max_pairs=120,
+                        mixture_rho=tuned_rho(0.05, 30), buckets=list(SPEC.buckets))
+
+
+def _adoption(results: list[TrafficResult]):
+    steps = _steps(results)
+    return conclude_adoption(DECISION, "pass", [s.log_ratios for s in steps],
+                             buckets=[s.length_buckets for s in steps])
+
+
+def test_every_compared_document_is_timed_abba_and_keeps_its_bucket(replayed):
+    for result, size in zip(replayed, SIZES, strict=True):
+        c, p = result.abba_timings()
+        assert c.shape == p.shape == (size, 2) and np.all(c > 0) and np.all(p > 0)
+        assert result.errors("candidate") == result.errors("production") == 0
+        assert result.abba_buckets() == [r.length_bucket for r in result.records]
+        assert {r.order for r in result.records} == {"CPPC", "PCCP"}
+        # the same kernel and weights on both sides: the same embeddings
+        assert max(result.drifts()) < 1e-6
+    steps = _steps(replayed)
+    assert [len(s.length_buckets) for s in steps] == list(SIZES)
+    assert all(len(s.length_buckets) == len(s.log_ratios) for s in steps)
+
+
+def test_the_same_kernel_on_both_sides_is_not_adopted(replayed):
+    verdict = _adoption(replayed)
+    assert verdict.outcome != "adopted", verdict.reason
+    assert [b.bucket for b in verdict.buckets] == SPEC.buckets
+
+
+def test_a_speed_up_planted_in_every_bucket_is_adopted(replayed):
+    verdict = _adoption([_planted(r, dict.fromkeys(SPEC.buckets, 0.5)) for r in replayed])
+    assert verdict.outcome == "adopted", verdict.reason
+    for b in verdict.buckets:
+        assert b.ratio_upper < 1.0 and abs(math.log(b.median_ratio / 0.5)) < 0.3
+
+
+def test_a_speed_up_planted_in_the_longest_bucket_only_is_not_adopted_naming_the_others(
+        replayed):
+    verdict = _adoption([_planted(r, {512: 0.5}) for r in replayed])
+    assert verdict.outcome != "adopted", verdict.reason
+    status = {b.bucket: b.status for b in verdict.buckets}
+    assert status[512] == "adopt"
+    assert status[128] != "adopt" and status[256] != "adopt"
+    assert "128 tokens" in verdict.reason and "256 tokens" in verdict.reason
