@@ -143,18 +143,23 @@ def _interval(b: BucketAdoption) -> str:
     return f"[{b.ratio_lower:.3f}, {upper}]"
 
 
+_WORDS = {"adopt": "faster", "not_worth_it": "not worth it",
+          "inconclusive": "undecided at max_pairs", "continue": "undecided"}
+
+
 def bucket_words(b: BucketAdoption) -> str:
     """One bucket in a line: its length, status, median ratio, interval and pairs."""
     if b.status == "not_assessed":
         return f"{b.bucket} tokens: not assessed ({b.reason})"
-    return (f"{b.bucket} tokens: {b.status.replace('_', ' ')}, median ratio "
+    return (f"{b.bucket} tokens: {_WORDS[b.status]}, median ratio "
             f"{b.median_ratio:.3f} {_interval(b)} over {b.n_pairs} pairs")
 
 
 def combine(per_bucket: Sequence[BucketAdoption]
             ) -> tuple[Literal["adopted", "not_worth_it", "inconclusive"], str]:
     """The claim from its required buckets' tests (see the module docstring): the
-    outcome and the words naming the buckets that decided it.
+    outcome and the words naming the buckets that decided it (for ``not_worth_it``,
+    those shown below the minimum worthwhile effect, then those not decided).
 
     Raises:
         ValueError: no bucket given.
@@ -163,7 +168,9 @@ def combine(per_bucket: Sequence[BucketAdoption]
         raise ValueError("combine needs at least one required bucket")
     short = [b for b in per_bucket if b.status == "not_worth_it"]
     if short:
-        return "not_worth_it", "; ".join(bucket_words(b) for b in short)
+        open_ = [b for b in per_bucket if b.status not in ("not_worth_it", "adopt")]
+        also = f"; not decided: {'; '.join(bucket_words(b) for b in open_)}" if open_ else ""
+        return "not_worth_it", "; ".join(bucket_words(b) for b in short) + also
     if all(b.status == "adopt" for b in per_bucket):
         return "adopted", "; ".join(bucket_words(b) for b in per_bucket)
     open_ = [b for b in per_bucket if b.status != "adopt"]

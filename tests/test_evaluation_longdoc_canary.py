@@ -6,6 +6,7 @@ longest bucket only is not, naming the others."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -123,3 +124,61 @@ def test_a_speed_up_planted_in_the_longest_bucket_only_is_not_adopted_naming_the
     assert status[512] == "adopt"
     assert status[128] != "adopt" and status[256] != "adopt"
     assert "128 tokens" in verdict.reason and "256 tokens" in verdict.reason
+
+
+# --- what a registration's canary.workload records and replays -----------------------------
+
+def test_each_look_gets_its_own_consecutive_documents_bound_to_the_spec_bytes(tmp_path):
+    from evaluation.longdoc import canary_source
+    from evaluation.longdoc.spec import spec_sha256
+
+    steps = canary_source.record_steps("longdoc-cpu-small", [24, 24, 10], [128, 512])
+    assert [len(s.documents) for s in steps] == [24, 24, 10]
+    ids = [d.request_id for s in steps for d in s.documents]
+    assert ids == [d.request_id for d in canary_documents(SPEC, 58)]  # one stream, cut
+    assert {s.spec_sha256 for s in steps} == {spec_sha256(shipped("longdoc-cpu-small"))}
+    assert steps[0].spec() == SPEC
+    written = canary_source.write_steps(steps, tmp_path / "t" / "docs.json")
+    assert [canary_source.LongdocStep.model_validate(x) for x in
+            json.loads(written.read_text())] == steps
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (("no-such-workload", [4], []), "no shipped workload 'no-such-workload'"),
+    (("longdoc-cpu-small", [4], [128, 1024]), r"decision.buckets \[1024\] are not buckets "
+                                              r"of workload longdoc-cpu-small"),
+    (("longdoc-cpu-small", [4, 0], []), "every canary look needs at least one request"),
+])
+def test_a_workload_the_canary_cannot_replay_is_refused_naming_why(args, words):
+    from evaluation.longdoc import canary_source
+
+    with pytest.raises(ValueError, match=words):
+        canary_source.record_steps(*args)
+
+
+def test_a_spec_changed_after_the_documents_were_drawn_stops_the_canary(tmp_path, monkeypatch):
+    from evaluation.longdoc import canary_source
+    from evaluation.longdoc.spec import InvalidWorkload
+
+    copy = tmp_path / "longdoc-cpu-small.yaml"
+    copy.write_text(shipped("longdoc-cpu-small").read_text())
+    monkeypatch.setattr(canary_source, "shipped", lambda name: copy)
+    [step] = canary_source.record_steps("longdoc-cpu-small", [4], [])
+    copy.write_text(copy.read_text().replace("slo_s: 0.5", "slo_s: 0.6"))
+    with pytest.raises(InvalidWorkload, match="changed since the canary's documents were drawn"):
+        step.spec()
+
+
+def test_a_version_served_from_its_own_process_cannot_replay_the_workload(monkeypatch):
+    from evaluation.serving import Endpoint
+    from lineage.serving import version_runners
+
+    class Remote:  # what a VersionWorker is to the encoder: no attention it can trace
+        name = "pallas_gpu@v7"
+
+    monkeypatch.setattr(version_runners, "endpoint",
+                        lambda pool, alias, expect_version=None: Endpoint("pallas_gpu@v7",
+                                                                          Remote()))
+    with pytest.raises(RuntimeError, match="pallas_gpu@v7 runs its own code in a process of "
+                                           "its own; canary.workload 'longdoc-cpu-small'"):
+        version_runners.longdoc_endpoint(None, "canary", SPEC)

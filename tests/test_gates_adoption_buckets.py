@@ -60,7 +60,7 @@ def test_a_speed_up_in_every_required_bucket_is_adopted_with_each_buckets_interv
     # each bucket's median sits near its own planted ratio, not the pooled one
     medians = {b.bucket: b.median_ratio for b in verdict.buckets}
     assert abs(medians[128] - 0.8) < 0.03 and abs(medians[256] - 0.75) < 0.03
-    assert "128 tokens: adopt" in verdict.reason and "256 tokens: adopt" in verdict.reason
+    assert "128 tokens: faster" in verdict.reason and "256 tokens: faster" in verdict.reason
 
 
 def test_a_speed_up_in_one_required_bucket_only_is_not_adopted_and_names_the_other():
@@ -169,6 +169,15 @@ def test_combine_needs_a_bucket_and_reads_not_worth_it_before_adopted():
 
 # --- the schema ---------------------------------------------------------------------------
 
+def _bucketed(workload: str | None = "longdoc-cpu-small", **decision):
+    """The flow-test registration with ``decision`` (over :data:`DECISION`) and, unless
+    None, the canary replaying ``workload``."""
+    data = _flow(**{**DECISION, **decision})
+    if workload is not None:
+        data["canary"]["workload"] = workload
+    return _parsed(data)
+
+
 @pytest.mark.parametrize(("change", "words"), [
     ({"buckets": [256, 128]}, "strictly increasing"),
     ({"buckets": [0, 128]}, "positive token counts"),
@@ -177,11 +186,18 @@ def test_combine_needs_a_bucket_and_reads_not_worth_it_before_adopted():
 ])
 def test_bad_bucket_declarations_are_refused_naming_the_constraint(change, words):
     with pytest.raises(ValueError, match=words):
-        _parsed(_flow(**{**DECISION, **change}))
+        _bucketed(**change)
+
+
+def test_buckets_without_a_workload_that_records_them_are_refused():
+    """MiniLM's recorded requests carry no bucket: every rollout would be inconclusive."""
+    with pytest.raises(ValueError, match="decision.buckets .* needs canary.workload"):
+        _bucketed(workload=None, buckets=[128])
+    assert _bucketed(workload=None).decision.buckets == []  # pooled: no workload needed
 
 
 def test_declared_buckets_read_from_the_registration_and_default_min_pairs_is_decidable():
-    plan = _parsed(_flow(**{**DECISION, "buckets": [128, 256]})).decision
+    plan = _bucketed(buckets=[128, 256]).decision
     assert plan.buckets == [128, 256] and plan.min_pairs_per_bucket is None
     least = plan.bucket_min_pairs
     assert least == first_decidable(plan.alpha, plan.mixture_rho)
@@ -189,13 +205,18 @@ def test_declared_buckets_read_from_the_registration_and_default_min_pairs_is_de
 
 
 def test_dropping_a_bucket_or_lowering_its_pairs_is_looser_adding_one_is_not():
-    base = _parsed(_flow(**{**DECISION, "buckets": [128, 256], "min_pairs_per_bucket": 12}))
-    fewer = _parsed(_flow(**{**DECISION, "buckets": [256], "min_pairs_per_bucket": 12}))
-    more = _parsed(_flow(**{**DECISION, "buckets": [64, 128, 256], "min_pairs_per_bucket": 12}))
-    lower = _parsed(_flow(**{**DECISION, "buckets": [128, 256], "min_pairs_per_bucket": 11}))
+    base = _bucketed(buckets=[128, 256], min_pairs_per_bucket=12)
+    fewer = _bucketed(buckets=[256], min_pairs_per_bucket=12)
+    more = _bucketed(buckets=[64, 128, 256], min_pairs_per_bucket=12)
+    lower = _bucketed(buckets=[128, 256], min_pairs_per_bucket=11)
     assert loosenings(base, fewer) == ["decision.buckets: 128 removed"]
     assert loosenings(base, more) == []
     assert loosenings(base, lower) == ["decision.min_pairs_per_bucket 12 -> 11"]
+    # another request source is another test: a change a person must name
+    other = _bucketed(workload="longdoc-modernbert-base", buckets=[128, 256],
+                      min_pairs_per_bucket=12)
+    assert loosenings(base, other) == ["canary.workload longdoc-cpu-small -> "
+                                       "longdoc-modernbert-base"]
 
 
 # --- what people see ------------------------------------------------------------------------
@@ -297,3 +318,18 @@ def test_the_audit_re_derives_the_per_bucket_decision_and_names_a_doctored_bucke
     [(_, _, ok, detail)] = canary_audit.adoption(None, plan, "pass", results, "3",
                                                  promoted=False)
     assert not ok and "bucket 256: not_worth_it" in detail and "bucket 256: adopt " in detail
+
+
+def test_not_worth_it_names_the_buckets_below_it_then_those_not_decided():
+    adopt = BucketAdoption(bucket=512, status="adopt", n_pairs=40, looks=[40],
+                           median_ratio=0.5, ratio_lower=0.45, ratio_upper=0.55, p_value=0.01)
+    short = adopt.model_copy(update={"bucket": 128, "status": "not_worth_it",
+                                     "median_ratio": 1.0, "ratio_lower": 0.95,
+                                     "ratio_upper": 1.05})
+    open_ = adopt.model_copy(update={"bucket": 256, "status": "continue", "median_ratio": 0.9,
+                                     "ratio_lower": 0.7, "ratio_upper": math.inf})
+    outcome, words = combine([short, open_, adopt])
+    assert outcome == "not_worth_it"
+    assert words == ("128 tokens: not worth it, median ratio 1.000 [0.950, 1.050] over 40 "
+                     "pairs; not decided: 256 tokens: undecided, median ratio 0.900 "
+                     "[0.700, inf] over 40 pairs")

@@ -26,6 +26,9 @@ endpoint first, so no compared latency follows a cold compile.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -33,7 +36,7 @@ from evaluation.longdoc.arrivals import Request, draw_lengths
 from evaluation.longdoc.batcher import Batch, bucket_of
 from evaluation.longdoc.encoder import LongDocEncoder
 from evaluation.longdoc.server import EncoderServer
-from evaluation.longdoc.spec import WorkloadSpec
+from evaluation.longdoc.spec import InvalidWorkload, WorkloadSpec, load_spec, shipped, spec_sha256
 from evaluation.serving import NON_FINITE, TrafficResult, replay_canary_step
 from kernels.api import AttentionFn
 
@@ -92,6 +95,70 @@ class LongdocEndpoint:
         if embedding is None or outcome.finite is None or not all(outcome.finite):
             return None, outcome.service_s, NON_FINITE
         return embedding, outcome.service_s, None
+
+
+class LongdocStep(BaseModel):
+    """The documents one canary look replays, and the workload they were drawn from
+    (its name and the sha256 of its file's bytes when drawn)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    workload: str
+    spec_sha256: str
+    documents: list[LongDocument]
+
+    def spec(self) -> WorkloadSpec:
+        """The workload spec, checked to be the bytes the documents were drawn from.
+
+        Raises:
+            InvalidWorkload: no such shipped workload, or its file changed since.
+        """
+        path = shipped(self.workload)
+        if spec_sha256(path) != self.spec_sha256:
+            raise InvalidWorkload(f"{path} changed since the canary's documents were drawn "
+                                  f"from it (sha256 {self.spec_sha256}): the canary stops "
+                                  "rather than replay another workload")
+        return load_spec(path)
+
+
+def check_buckets(spec: WorkloadSpec, buckets: list[int]) -> None:
+    """Refuse declared adoption buckets the workload cannot fill.
+
+    Raises:
+        ValueError: a bucket that is not one of the spec's (naming both lists).
+    """
+    missing = [b for b in buckets if b not in spec.buckets]
+    if missing:
+        raise ValueError(f"decision.buckets {missing} are not buckets of workload "
+                         f"{spec.name} ({spec.buckets}): no request would ever fill them")
+
+
+def record_steps(workload: str, sizes: list[int], buckets: list[int]) -> list[LongdocStep]:
+    """The documents of each canary look (``sizes``: requests per look, in order),
+    disjoint and consecutive in one stream drawn from the shipped ``workload``.
+
+    Raises:
+        InvalidWorkload: no such shipped workload (the message lists them).
+        ValueError: a look of no request, or a declared bucket the spec lacks.
+    """
+    path = shipped(workload)
+    spec = load_spec(path)
+    check_buckets(spec, buckets)
+    if not sizes or min(sizes) < 1:
+        raise ValueError(f"every canary look needs at least one request, got {sizes}")
+    documents = canary_documents(spec, sum(sizes))
+    cuts = np.cumsum([0, *sizes]).tolist()
+    digest = spec_sha256(path)
+    return [LongdocStep(workload=workload, spec_sha256=digest, documents=documents[a:b])
+            for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
+
+
+def write_steps(steps: list[LongdocStep], path: str | Path) -> Path:
+    """Write the canary's documents per look as JSON (creating parent folders)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps([s.model_dump() for s in steps], indent=1))
+    return path
 
 
 def warm_up(documents: list[LongDocument], endpoints: list[LongdocEndpoint]) -> int:
