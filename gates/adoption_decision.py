@@ -19,6 +19,11 @@ of four outcomes:
 * ``inconclusive``: ``max_pairs`` reached with neither, or no paired samples (an
   interpreted candidate): never promoted, not a verdict on the kernel.
 
+A section with ``buckets`` (padded request lengths, in tokens) claims the effect in each
+of them: every declared bucket is judged by its own run of the test on its own pairs, and
+the claim is adopted only where all of them adopt (``gates.adoption_buckets``; the
+canary's requests must carry their bucket: ``canary.workload``).
+
 The audit re-derives the verdict from the signed canary samples and the registered plan
 (``lineage.audit.canary_audit``).
 """
