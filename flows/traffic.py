@@ -11,6 +11,7 @@ from evaluation.documents import assign_splits, load_documents
 from evaluation.longdoc import canary_source
 from flows.results import Evaluated, Gated, Preregistered, RolloutContext
 from flows.tasks import run_logger, stage_task
+from gates.adoption_buckets import claim_power
 from gates.adoption_decision import AdoptionVerdict, conclude_adoption
 from gates.canary import CanaryStepResult, analyse_canary_step
 from gates.canary_latency import CanaryVerdict, conclude_canary
@@ -64,10 +65,22 @@ def record_traffic(context: RolloutContext, preregistered: Preregistered,
                                              decision.buckets if decision else [])
         evidence.log_traffic(context.record, canary_source.write_steps(
             longdoc, context.record.work_dir / "traffic" / "longdoc-documents.json"))
-        run_logger().info("canary replays workload %s (%d documents)", workload,
-                          sum(len(s.documents) for s in longdoc))
+        run_logger().info("canary replays workload %s (%d documents)%s", workload,
+                          sum(len(s.documents) for s in longdoc), _bucket_power(gated, longdoc))
     return TrafficPlan(shadow=shadow, canary=list(zip(steps, canary, strict=True)),
                        longdoc=longdoc)
+
+
+def _bucket_power(gated: Gated, longdoc: list[canary_source.LongdocStep]) -> str:
+    """What the registered looks give each declared bucket, for the run log."""
+    decision, plan = gated.thresholds.decision, gated.thresholds.canary
+    if decision is None or not decision.buckets:
+        return ""
+    pairs = canary_source.expected_pairs(longdoc, [s.traffic_fraction for s in plan.steps],
+                                         decision.buckets)
+    claim, per = claim_power(decision.adoption_plan(), pairs, decision.bucket_min_pairs)
+    return (f"; expected compared requests per bucket {pairs}, adoption power at the minimum "
+            f"worthwhile effect {per} (the claim: {claim:.2f}; registered {decision.power:g})")
 
 
 def _progress(label: str):

@@ -175,3 +175,33 @@ def combine(per_bucket: Sequence[BucketAdoption]
         return "adopted", "; ".join(bucket_words(b) for b in per_bucket)
     open_ = [b for b in per_bucket if b.status != "adopt"]
     return "inconclusive", "; ".join(bucket_words(b) for b in open_)
+
+
+def claim_power(plan: AdoptionPlan, pairs: dict[int, int], min_pairs: int, *,
+                runs: int = 2000, seed: int = 0) -> tuple[float, dict[int, float]]:
+    """The chance the per-bucket claim is adopted when every bucket's median ratio is
+    exactly the minimum worthwhile one, under normal log-ratio noise of ``plan.noise_sd``:
+    each bucket's simulated adoption rate over the pairs it is expected to get
+    (``gates.adoption_power.adoption_power`` with ``max_pairs`` that count, capped at the
+    plan's; 0 below ``min_pairs``: not assessed), and their product (the buckets' pairs
+    are disjoint, so their tests are independent).
+
+    Args:
+        plan: the adoption test's plan.
+        pairs: bucket (tokens) -> compared requests it is expected to get.
+        min_pairs: fewer pairs: not assessed (``DecisionPlan.bucket_min_pairs``).
+
+    Returns:
+        ``(claim power, {bucket: its power})``.
+
+    Raises:
+        ValueError: no bucket, or a negative pair count.
+    """
+    from gates.adoption_power import adoption_power
+
+    if not pairs or min(pairs.values()) < 0:
+        raise ValueError(f"need at least one bucket and non-negative pair counts, got {pairs}")
+    per = {b: 0.0 if n < max(min_pairs, 2) else adoption_power(
+        plan.model_copy(update={"max_pairs": min(n, plan.max_pairs)}), runs=runs, seed=seed)
+        for b, n in pairs.items()}
+    return float(np.prod(list(per.values()))), per

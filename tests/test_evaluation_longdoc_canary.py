@@ -182,3 +182,19 @@ def test_a_version_served_from_its_own_process_cannot_replay_the_workload(monkey
     with pytest.raises(RuntimeError, match="pallas_gpu@v7 runs its own code in a process of "
                                            "its own; canary.workload 'longdoc-cpu-small'"):
         version_runners.longdoc_endpoint(None, "canary", SPEC)
+
+
+def test_expected_pairs_spread_each_looks_compared_requests_over_its_buckets():
+    from evaluation.longdoc.canary_source import LongdocStep, LongDocument, expected_pairs
+
+    def docs(*buckets):
+        return [LongDocument(request_id=f"d{i}", index=i, tokens=b, bucket=b)
+                for i, b in enumerate(buckets)]
+
+    steps = [LongdocStep(workload="w", spec_sha256="0", documents=docs(*[128] * 4, *[512] * 4)),
+             LongdocStep(workload="w", spec_sha256="0", documents=docs(*[256] * 4))]
+    # look 1: half of 8 compared, half of them 128 and half 512; look 2: all 4, all 256
+    assert expected_pairs(steps, [0.5, 1.0], [128, 256, 512]) == {128: 2, 256: 4, 512: 2}
+    assert expected_pairs(steps, [0.5], [256]) == {256: 0}
+    with pytest.raises(ValueError, match="3 fractions for 2 looks"):
+        expected_pairs(steps, [0.5, 0.5, 0.5], [128])

@@ -333,3 +333,35 @@ def test_not_worth_it_names_the_buckets_below_it_then_those_not_decided():
     assert words == ("128 tokens: not worth it, median ratio 1.000 [0.950, 1.050] over 40 "
                      "pairs; not decided: 256 tokens: undecided, median ratio 0.900 "
                      "[0.700, inf] over 40 pairs")
+
+
+def test_claim_power_matches_the_rollouts_own_verdicts_at_the_minimum_worthwhile_effect():
+    """Checked against ``conclude_adoption`` itself: 300 canaries with every bucket at
+    exactly the minimum worthwhile ratio (a look after every pair, as the simulation
+    looks), adopted at the predicted rate within a binomial margin."""
+    from gates.adoption_buckets import claim_power
+
+    plan = DecisionPlan(against="production", minimum_worthwhile_ratio=0.9, alpha=0.05,
+                        power=0.8, noise_sd=0.1, max_pairs=80, mixture_rho=tuned_rho(0.05, 40),
+                        buckets=[128, 256])
+    pairs = {128: 30, 256: 50}
+    predicted, per = claim_power(plan.adoption_plan(), pairs, plan.bucket_min_pairs)
+    assert predicted == pytest.approx(per[128] * per[256])
+    assert 0.05 < per[128] < per[256] < 1.0  # fewer pairs, less power
+    runs, adopted = 300, 0
+    rng = np.random.default_rng(21)
+    for _ in range(runs):
+        lengths = [128] * 30 + [256] * 50
+        rng.shuffle(lengths)
+        r = math.log(0.9) + 0.1 * rng.standard_normal(80)
+        verdict = conclude_adoption(plan, "pass", [[x] for x in r],
+                                    buckets=[[b] for b in lengths])
+        adopted += verdict.outcome == "adopted"
+    margin = 3 * math.sqrt(predicted * (1 - predicted) / runs)
+    assert abs(adopted / runs - predicted) <= margin, (adopted, predicted)
+    # a bucket below min_pairs has no power at all, so neither has the claim
+    none, per = claim_power(plan.adoption_plan(), {128: 30, 256: plan.bucket_min_pairs - 1},
+                            plan.bucket_min_pairs)
+    assert none == 0.0 and per[256] == 0.0
+    with pytest.raises(ValueError, match="at least one bucket"):
+        claim_power(plan.adoption_plan(), {}, 5)

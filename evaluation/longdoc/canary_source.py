@@ -27,6 +27,7 @@ endpoint first, so no compared latency follows a cold compile.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -151,6 +152,27 @@ def record_steps(workload: str, sizes: list[int], buckets: list[int]) -> list[Lo
     digest = spec_sha256(path)
     return [LongdocStep(workload=workload, spec_sha256=digest, documents=documents[a:b])
             for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
+
+
+def expected_pairs(steps: list[LongdocStep], fractions: list[float],
+                   buckets: list[int]) -> dict[int, int]:
+    """Compared requests each of ``buckets`` is expected to get over the registered looks
+    (``fractions``: each look's traffic fraction, in order): per look,
+    ``floor(fraction * documents)`` are compared (``evaluation.serving.candidate_share``),
+    spread over buckets as that look's documents are (rounded down).
+
+    Raises:
+        ValueError: ``fractions`` longer than ``steps``.
+    """
+    if len(fractions) > len(steps):
+        raise ValueError(f"{len(fractions)} fractions for {len(steps)} looks")
+    out = dict.fromkeys(buckets, 0.0)
+    for step, fraction in zip(steps, fractions, strict=False):
+        compared = math.floor(fraction * len(step.documents))
+        for d in step.documents:
+            if d.bucket in out:
+                out[d.bucket] += compared / len(step.documents)
+    return {b: math.floor(n) for b, n in out.items()}
 
 
 def write_steps(steps: list[LongdocStep], path: str | Path) -> Path:
