@@ -19,6 +19,7 @@ import time
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import numpy as np
 from pydantic import BaseModel, Field
@@ -91,6 +92,16 @@ class Endpoint:
         return emb, latency, None
 
 
+class PairedEndpoint(Protocol):
+    """What the paired replay needs of an endpoint: a name and ``serve(payload)`` giving
+    ``(output [d] or None, latency seconds, error or None)`` (:class:`Endpoint` serves a
+    text; ``evaluation.longdoc.canary_source.LongdocEndpoint`` a long document)."""
+
+    name: str
+
+    def serve(self, payload: Any) -> tuple[np.ndarray | None, float, str | None]: ...
+
+
 class ServedRequest(BaseModel):
     """What happened to one request: who served it, and both endpoints' observations
     where both ran (the served one plus the mirrored one)."""
@@ -107,6 +118,9 @@ class ServedRequest(BaseModel):
     production_error: str | None = None
     output_drift: float | None = Field(
         None, description="||candidate - production|| / ||production|| of the embeddings")
+    length_bucket: int | None = Field(
+        None, description="the request's padded length in tokens, where its source records "
+        "one (the long-document workload); None: not recorded")
 
 
 class TrafficResult(BaseModel):
@@ -153,6 +167,14 @@ class TrafficResult(BaseModel):
         return (np.array([c for c, _ in rows], dtype=np.float64).reshape(shape),
                 np.array([p for _, p in rows], dtype=np.float64).reshape(shape))
 
+    def abba_buckets(self) -> list[int] | None:
+        """Each :meth:`abba_timings` row's request length bucket (tokens), in the same
+        order; None where a compared request's source recorded none."""
+        rows = [r.length_bucket for r in self.records
+                if len(r.candidate_timings_s) == 2 and len(r.production_timings_s) == 2
+                and r.candidate_error is None and r.production_error is None]
+        return None if any(b is None for b in rows) else [int(b) for b in rows]
+
     def drifts(self) -> list[float]:
         """Output drift (relative L2, dimensionless) of every request where both endpoints produced an output."""
         return [r.output_drift for r in self.records if r.output_drift is not None]
@@ -180,12 +202,13 @@ requests: each side runs in each slot on half of them, so an order effect and a 
 drift within a request cancel (``gates.latency_judge``)."""
 
 
-def _serve_in_order(order: str, text: str, production: Endpoint, candidate: Endpoint):
-    """Serve ``text`` in ``order``; per side its first output, first error, timings."""
+def _serve_in_order(order: str, payload: Any, production: PairedEndpoint,
+                    candidate: PairedEndpoint):
+    """Serve ``payload`` in ``order``; per side its first output, first error, timings."""
     out: dict[str, list] = {"C": [None, None, []], "P": [None, None, []]}
     for side in order:
         endpoint = candidate if side == "C" else production
-        emb, latency, err = endpoint.serve(text)
+        emb, latency, err = endpoint.serve(payload)
         got = out[side]
         if not got[2]:
             got[0] = emb
@@ -194,9 +217,19 @@ def _serve_in_order(order: str, text: str, production: Endpoint, candidate: Endp
     return out["C"], out["P"]
 
 
-def _replay(stage: str, requests: Sequence[Request], fraction: float, production: Endpoint,
-            candidate: Endpoint, *, mirror_all: bool, salt: str,
-            progress: Callable[[int, int], None] | None, abba: bool = False) -> TrafficResult:
+def _text(request: Request) -> str:
+    return request.text
+
+
+def _no_bucket(request: Any) -> int | None:
+    return None
+
+
+def _replay(stage: str, requests: Sequence[Any], fraction: float, production: PairedEndpoint,
+            candidate: PairedEndpoint, *, mirror_all: bool, salt: str,
+            progress: Callable[[int, int], None] | None, abba: bool = False,
+            payload: Callable[[Any], Any] = _text,
+            bucket: Callable[[Any], int | None] = _no_bucket) -> TrafficResult:
     mem0 = memory_in_use_bytes()
     records = []
     share = candidate_share([r.request_id for r in requests], fraction, salt=salt)
@@ -211,13 +244,14 @@ def _replay(stage: str, requests: Sequence[Request], fraction: float, production
         else:
             order = "P"
         (c_out, c_err, c_times), (p_out, p_err, p_times) = _serve_in_order(
-            order, req.text, production, candidate)
+            order, payload(req), production, candidate)
         records.append(ServedRequest(
             request_id=req.request_id, served_by="candidate" if to_candidate else "production",
             candidate_latency_s=c_times[0] if c_times else None,
             production_latency_s=p_times[0] if p_times else None,
             candidate_timings_s=c_times, production_timings_s=p_times, order=order,
-            candidate_error=c_err, production_error=p_err, output_drift=_drift(c_out, p_out)))
+            candidate_error=c_err, production_error=p_err, output_drift=_drift(c_out, p_out),
+            length_bucket=bucket(req)))
         if progress:
             progress(i + 1, len(requests))
     return TrafficResult(stage=stage, fraction=fraction, candidate=candidate.name,
@@ -235,10 +269,11 @@ def replay_shadow(requests: Sequence[Request], production: Endpoint, candidate: 
                    salt="shadow", progress=progress)
 
 
-def replay_canary_step(requests: Sequence[Request], fraction: float, production: Endpoint,
-                       candidate: Endpoint, *, salt: str = "canary",
+def replay_canary_step(requests: Sequence[Any], fraction: float, production: PairedEndpoint,
+                       candidate: PairedEndpoint, *, salt: str = "canary",
                        progress: Callable[[int, int], None] | None = None,
-                       abba: bool = False) -> TrafficResult:
+                       abba: bool = False, payload: Callable[[Any], Any] = _text,
+                       bucket: Callable[[Any], int | None] = _no_bucket) -> TrafficResult:
     """Canary step: the requests ``candidate_share(ids, fraction)`` picks are served
     by the candidate, the rest by production. Production also runs on the
     candidate's requests (mirrored) so output drift is measured on every one.
@@ -246,11 +281,17 @@ def replay_canary_step(requests: Sequence[Request], fraction: float, production:
     (:data:`ABBA`) for the paired latency test; the first output of each side is the
     one served and compared.
 
+    ``requests`` are recorded MiniLM requests (:class:`Request`, served as their text) by
+    default; another source gives ``payload`` (what its endpoints' ``serve`` takes, from a
+    request with a ``request_id``) and ``bucket`` (its padded length in tokens, recorded
+    per request as ``length_bucket``).
+
     Raises:
         ValueError: ``fraction`` outside [0, 1].
     """
     return _replay(f"canary@{fraction:g}", requests, fraction, production, candidate,
-                   mirror_all=False, salt=salt, progress=progress, abba=abba)
+                   mirror_all=False, salt=salt, progress=progress, abba=abba,
+                   payload=payload, bucket=bucket)
 
 
 _WARMED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

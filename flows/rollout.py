@@ -100,7 +100,7 @@ def _stages(ctx: RolloutContext) -> RolloutOutcome:
     if (stopped := approve(ctx, "shadow->canary", gated, judged)) is not None:
         return stopped
     enter_canary(ctx, gated)
-    for step, requests in traffic.canary:
+    for step, requests in traffic.looks():
         if not another_look(gated.thresholds.canary, judged[1:]):
             break  # an extension's extra look, not needed: the verdict is not inconclusive
         judged.append(result := canary_step(ctx, gated, evaluated, step, requests, judged[1:]))

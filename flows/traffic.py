@@ -8,8 +8,10 @@ from pydantic import BaseModel
 
 from evaluation import recorded_traffic, serving
 from evaluation.documents import assign_splits, load_documents
+from evaluation.longdoc import canary_source
 from flows.results import Evaluated, Gated, Preregistered, RolloutContext
 from flows.tasks import run_logger, stage_task
+from gates.adoption_buckets import claim_power
 from gates.adoption_decision import AdoptionVerdict, conclude_adoption
 from gates.canary import CanaryStepResult, analyse_canary_step
 from gates.canary_latency import CanaryVerdict, conclude_canary
@@ -30,6 +32,16 @@ class TrafficPlan(BaseModel):
 
     shadow: recorded_traffic.RecordedTraffic
     canary: list[tuple[CanaryStep, recorded_traffic.RecordedTraffic]]
+    longdoc: list[canary_source.LongdocStep] = []
+    """Per canary look, the long-document workload's documents (``canary.workload``)."""
+
+    def looks(self) -> list[tuple[CanaryStep, recorded_traffic.RecordedTraffic
+                                  | canary_source.LongdocStep]]:
+        """Each canary look and what it replays: its long documents where the
+        registration names a workload, else its recorded MiniLM requests."""
+        if not self.longdoc:
+            return list(self.canary)
+        return [(step, docs) for (step, _), docs in zip(self.canary, self.longdoc, strict=True)]
 
 
 @stage_task(name="record-traffic")
@@ -46,7 +58,29 @@ def record_traffic(context: RolloutContext, preregistered: Preregistered,
     evidence.log_traffic(context.record,
                          traffic.write(context.record.work_dir / "traffic" / "requests-0.json"))
     shadow, *canary = recorded_traffic.split_traffic(traffic, sizes)
-    return TrafficPlan(shadow=shadow, canary=list(zip(steps, canary, strict=True)))
+    longdoc = []
+    if (workload := gated.thresholds.canary.workload) is not None:
+        decision = gated.thresholds.decision
+        longdoc = canary_source.record_steps(workload, [s.requests for s in steps],
+                                             decision.buckets if decision else [])
+        evidence.log_traffic(context.record, canary_source.write_steps(
+            longdoc, context.record.work_dir / "traffic" / "longdoc-documents.json"))
+        run_logger().info("canary replays workload %s (%d documents)%s", workload,
+                          sum(len(s.documents) for s in longdoc), _bucket_power(gated, longdoc))
+    return TrafficPlan(shadow=shadow, canary=list(zip(steps, canary, strict=True)),
+                       longdoc=longdoc)
+
+
+def _bucket_power(gated: Gated, longdoc: list[canary_source.LongdocStep]) -> str:
+    """What the registered looks give each declared bucket, for the run log."""
+    decision, plan = gated.thresholds.decision, gated.thresholds.canary
+    if decision is None or not decision.buckets:
+        return ""
+    pairs = canary_source.expected_pairs(longdoc, [s.traffic_fraction for s in plan.steps],
+                                         decision.buckets)
+    claim, per = claim_power(decision.adoption_plan(), pairs, decision.bucket_min_pairs)
+    return (f"; expected compared requests per bucket {pairs}, adoption power at the minimum "
+            f"worthwhile effect {per} (the claim: {claim:.2f}; registered {decision.power:g})")
 
 
 def _progress(label: str):
@@ -71,7 +105,8 @@ def judge_step(plan: CanaryPlan, result: serving.TrafficResult, step: CanaryStep
         result.memory_end_bytes, plan, latency_not_assessed_reason=reason,
         memory_not_assessed_reason=reason, production_error_count=result.errors("production"),
         served=(result.served_count("candidate"), result.served_count("production")),
-        abba=abba, earlier=earlier or [])
+        abba=abba, earlier=earlier or [],
+        length_buckets=result.abba_buckets() if abba is not None else None)
 
 
 def _judged(gated: Gated, evaluated: Evaluated, result: serving.TrafficResult,
@@ -151,22 +186,28 @@ def shadow(context: RolloutContext, gated: Gated, evaluated: Evaluated,
 
 @stage_task(name="canary-step")
 def canary_step(context: RolloutContext, gated: Gated, evaluated: Evaluated, step: CanaryStep,
-                traffic: recorded_traffic.RecordedTraffic,
+                traffic: recorded_traffic.RecordedTraffic | canary_source.LongdocStep,
                 earlier: list[CanaryStepResult]) -> CanaryStepResult:
     """One canary step: ``step.traffic_fraction`` of the step's requests served by the
     candidate (alias ``canary``), then analysed against the preregistered plan with the
     ``earlier`` canary steps' results (their paired samples join this step's look).
 
     A native candidate's compared requests are timed ABBA (twice a side) for the paired
-    latency test; an interpreted one's once (its latency is not assessed, with the reason)."""
+    latency test; an interpreted one's once (its latency is not assessed, with the reason).
+    Long documents as ``traffic`` (``canary.workload``) are replayed the same way, each
+    compared request carrying its length bucket."""
     record, version = context.record, gated.version
-    production, candidate = _endpoints(context, "canary", version)
-    with _plan(gated).scope("canary"):
-        _warm_up(context, evaluated, traffic, production, candidate)
-        result = serving.replay_canary_step(
-            traffic.requests, step.traffic_fraction, production, candidate,
-            salt=f"{record.rollout_run_id}:{step.name}", progress=_progress(step.name),
-            abba=evaluated.report.speed_assessed)
+    salt, abba = f"{record.rollout_run_id}:{step.name}", evaluated.report.speed_assessed
+    if isinstance(traffic, canary_source.LongdocStep):
+        with _plan(gated).scope("canary"):
+            result = _longdoc_step(context, version, step, traffic, salt, abba)
+    else:
+        production, candidate = _endpoints(context, "canary", version)
+        with _plan(gated).scope("canary"):
+            _warm_up(context, evaluated, traffic, production, candidate)
+            result = serving.replay_canary_step(
+                traffic.requests, step.traffic_fraction, production, candidate, salt=salt,
+                progress=_progress(step.name), abba=abba)
     result = _interpreted(gated, evaluated, "canary", result)
     judged = _judged(gated, evaluated, result, step, earlier)
     store = context.store
@@ -176,6 +217,20 @@ def canary_step(context: RolloutContext, gated: Gated, evaluated: Evaluated, ste
     run_logger().info("%s: %s -> %s", step.name, serving.traffic_summary(result),
                           "pass" if judged.passed else f"breach: {judged.breaches}")
     return judged
+
+
+def _longdoc_step(context: RolloutContext, version: str, step: CanaryStep,
+                  documents: canary_source.LongdocStep, salt: str,
+                  abba: bool) -> serving.TrafficResult:
+    """A canary step over the workload's documents: both endpoints compiled for each
+    bucket first (outside every compared latency), then the paired replay."""
+    spec = documents.spec()
+    production = version_runners.longdoc_endpoint(context.versions, "production", spec)
+    candidate = version_runners.longdoc_endpoint(context.versions, "canary", spec,
+                                                 expect_version=version)
+    canary_source.warm_up(documents.documents, [production, candidate])
+    return canary_source.replay_step(documents.documents, step.traffic_fraction, production,
+                                     candidate, salt=salt, abba=abba)
 
 
 def _latency_can_block(gated: Gated, evaluated: Evaluated) -> bool:
@@ -230,6 +285,7 @@ def _adoption_stage(context: RolloutContext, gated: Gated, steps: list[CanarySte
     plan = gated.thresholds.decision
     reason = next((s.latency_not_assessed_reason for s in steps if not s.log_ratios), None)
     verdict = conclude_adoption(plan, safety.verdict, [s.log_ratios for s in steps],
+                                buckets=[s.length_buckets for s in steps],
                                 not_assessed_reason=reason)
     record = context.record
     tr.log_model_json(record.tracking, record.rollout_run_id, verdict, tags.ADOPTION_ARTIFACT)

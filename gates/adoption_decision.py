@@ -19,6 +19,11 @@ of four outcomes:
 * ``inconclusive``: ``max_pairs`` reached with neither, or no paired samples (an
   interpreted candidate): never promoted, not a verdict on the kernel.
 
+A section with ``buckets`` (padded request lengths, in tokens) claims the effect in each
+of them: every declared bucket is judged by its own run of the test on its own pairs, and
+the claim is adopted only where all of them adopt (``gates.adoption_buckets``; the
+canary's requests must carry their bucket: ``canary.workload``).
+
 The audit re-derives the verdict from the signed canary samples and the registered plan
 (``lineage.audit.canary_audit``).
 """
@@ -27,12 +32,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from itertools import pairwise
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from gates.adoption import AdoptionPlan, AdoptionResult, judge, sign_boundary
+from gates.adoption import AdoptionInputError, AdoptionPlan, AdoptionResult, judge, sign_boundary
+from gates.adoption_buckets import (
+    BucketAdoption,
+    combine,
+    first_decidable,
+    judge_bucket,
+    split_by_bucket,
+)
 from gates.directions import Looser as L
 from gates.directions import limit
 from gates.schema_base import Finite, _Strict
@@ -72,6 +85,15 @@ class DecisionPlan(_Strict):
     mixture_rho: Finite = limit(L.ANY_CHANGE, default=25.0, gt=0,
                                 description="the e-process's mixture precision, in pairs "
                                 "(gates.adoption_power.tuned_rho)")
+    buckets: list[int] = limit(
+        L.FEWER, default_factory=list,
+        description="padded request lengths (tokens) where the minimum worthwhile effect must "
+        "hold, each judged on its own pairs (gates.adoption_buckets); empty: one pooled test "
+        "over every compared request")
+    min_pairs_per_bucket: int | None = limit(
+        L.LOWER, default=None, ge=1, compare="bucket_min_pairs",
+        description="pairs a required bucket needs to be judged; fewer: not assessed, so the "
+        "claim is not adopted; unset: the fewest at which the test can decide at all")
 
     @model_validator(mode="after")
     def _valid_test(self) -> DecisionPlan:
@@ -83,7 +105,32 @@ class DecisionPlan(_Strict):
                 f"at alpha {self.alpha:g} with mixture_rho {self.mixture_rho:g} (it needs "
                 f"{need} concordant signs): raise max_pairs or pick mixture_rho for that "
                 "count (gates.adoption_power.tuned_rho)")
+        if self.buckets and (any(b < 1 for b in self.buckets)
+                             or any(a >= b for a, b in pairwise(self.buckets))):
+            raise ValueError(f"decision.buckets must be positive token counts, strictly "
+                             f"increasing, got {self.buckets}")
+        least = (first_decidable(self.alpha, self.mixture_rho, min(self.max_pairs, 100_000))
+                 if self.min_pairs_per_bucket is not None else None)
+        if self.min_pairs_per_bucket is not None and (least is None
+                                                      or self.min_pairs_per_bucket < least):
+            raise ValueError(
+                f"decision.min_pairs_per_bucket ({self.min_pairs_per_bucket}) is below the "
+                f"{least} pairs at which the adoption test can first decide (alpha "
+                f"{self.alpha:g}, mixture_rho {self.mixture_rho:g}): such a bucket could "
+                "never be adopted; raise it to at least that")
         return self
+
+    @property
+    def bucket_min_pairs(self) -> int:
+        """Pairs a required bucket needs (``min_pairs_per_bucket``, else the fewest at
+        which the test can decide: ``gates.adoption_buckets.first_decidable``); 0 where no
+        bucket is declared (nothing to need: declaring buckets never reads as looser)."""
+        if not self.buckets:
+            return 0
+        if self.min_pairs_per_bucket is not None:
+            return self.min_pairs_per_bucket
+        least = first_decidable(self.alpha, self.mixture_rho, min(self.max_pairs, 100_000))
+        return least or self.max_pairs
 
     def adoption_plan(self) -> AdoptionPlan:
         """The adoption test's plan (``gates.adoption.AdoptionPlan``).
@@ -117,6 +164,9 @@ class AdoptionVerdict(BaseModel):
     p_value: float | None = None
     decided_at: int | None = None
     result: AdoptionResult | None = None
+    buckets: list[BucketAdoption] = Field(
+        default_factory=list, description="per required bucket (a registration with "
+        "decision.buckets): its own test; the pooled fields above are then unset")
 
 
 def _figures(plan: DecisionPlan, result: AdoptionResult) -> str:
@@ -130,6 +180,7 @@ def _figures(plan: DecisionPlan, result: AdoptionResult) -> str:
 
 def conclude_adoption(plan: DecisionPlan, safety: str,
                       log_ratios: Sequence[Sequence[float]], *,
+                      buckets: Sequence[Sequence[int]] | None = None,
                       not_assessed_reason: str | None = None) -> AdoptionVerdict:
     """The adoption verdict after the canary.
 
@@ -141,6 +192,11 @@ def conclude_adoption(plan: DecisionPlan, safety: str,
             ``log(candidate / production)`` (dimensionless; ``CanaryStepResult.log_ratios``).
             The test looks at the cumulative pairs after each step (capped at
             ``max_pairs``; pairs past it are not judged).
+        buckets: per step, each compared request's padded length in tokens, parallel to
+            ``log_ratios`` (``CanaryStepResult.length_buckets``); read only where the plan
+            declares ``buckets``: each declared bucket is then judged on its own pairs
+            (``gates.adoption_buckets``), and a step with pairs but no buckets leaves
+            every declared bucket short of them (not assessed, so not adopted).
         not_assessed_reason: why the steps carry no paired samples (an interpreted
             candidate), said in an ``inconclusive`` verdict.
 
@@ -148,7 +204,8 @@ def conclude_adoption(plan: DecisionPlan, safety: str,
         :class:`AdoptionVerdict`.
 
     Raises:
-        gates.adoption.AdoptionInputError: a non-finite log ratio.
+        gates.adoption.AdoptionInputError: a non-finite log ratio, or a step whose
+            buckets and log ratios differ in length.
     """
     about = dict(against=plan.against, metric=plan.metric)
     counts = np.cumsum([len(r) for r in log_ratios]).tolist() if log_ratios else []
@@ -162,6 +219,8 @@ def conclude_adoption(plan: DecisionPlan, safety: str,
         why = not_assessed_reason or "the canary compared no request"
         return AdoptionVerdict(outcome="inconclusive", reason=f"adoption inconclusive: no paired "
                                f"samples ({why})", n_pairs=0, looks=[], **about)
+    if plan.buckets:
+        return _per_bucket(plan, log_ratios, buckets, looks, about)
     result = judge(plan.adoption_plan(), pairs, looks=looks)
     figures = _figures(plan, result)
     if result.decision == "adopt":
@@ -184,6 +243,60 @@ def conclude_adoption(plan: DecisionPlan, safety: str,
                            decided_at=result.decided_at, result=result, **about)
 
 
+def _per_bucket(plan: DecisionPlan, log_ratios: Sequence[Sequence[float]],
+                buckets: Sequence[Sequence[int]] | None, looks: list[int],
+                about: dict) -> AdoptionVerdict:
+    """The verdict of a plan with ``buckets``: each declared bucket judged on its own."""
+    n_pairs = sum(len(r) for r in log_ratios)
+    steps = list(buckets) if buckets is not None else [[] for _ in log_ratios]
+    if len(steps) != len(log_ratios):
+        raise AdoptionInputError(f"buckets are given for {len(steps)} steps, log ratios for "
+                                 f"{len(log_ratios)}: one bucket list per step")
+    # a step whose requests carry no bucket adds to no bucket (its source records none)
+    bare = {i for i, (r, b) in enumerate(zip(log_ratios, steps, strict=True)) if r and not b}
+    unbucketed = sum(len(log_ratios[i]) for i in bare)
+    ratios = [[] if i in bare else r for i, r in enumerate(log_ratios)]
+    split = split_by_bucket(ratios, steps, plan.buckets)
+    per = [judge_bucket(plan.adoption_plan(), b, *split[b], plan.bucket_min_pairs)
+           for b in plan.buckets]
+    outcome, named = combine(per)
+    carried = (f"; {unbucketed} compared requests carry no length bucket (their request "
+               "source records none)" if unbucketed else "")
+    reason = {"adopted": f"adopted: faster than {plan.against} in every required bucket "
+                         f"({named})",
+              "not_worth_it": f"not worth adopting over {plan.against}: the speed-up is below "
+                              f"the minimum worthwhile {plan.minimum_worthwhile_ratio:g} in "
+                              f"bucket(s) {named}",
+              "inconclusive": f"adoption inconclusive: not every required bucket was shown "
+                              f"faster ({named}{carried})"}[outcome]
+    return AdoptionVerdict(outcome=outcome, reason=reason, n_pairs=n_pairs, looks=looks,
+                           buckets=per, **about)
+
+
+_STATUS = {"adopt": "meets it", "not_worth_it": "below it", "inconclusive": "undecided",
+           "continue": "undecided"}
+
+
+def _bucket_lines(plan: DecisionPlan, buckets: Sequence[BucketAdoption]) -> str:
+    """The per-bucket effect as a nested markdown list, one item per required bucket (a
+    list, not a table: the approval form shows the canary's table after this, and the
+    Prefect UI renders nothing after a first table)."""
+    level = f"{100 * (1 - plan.alpha):g} %"
+    rows = ["- measured, per bucket (each its own test; the claim holds only where every "
+            "bucket meets the minimum worthwhile effect):"]
+    for b in buckets:
+        if b.status == "not_assessed":
+            median = "" if b.median_ratio is None else f", median ratio {b.median_ratio:.3f}"
+            rows.append(f"  - {b.bucket} tokens: **not assessed** ({b.reason}{median})")
+            continue
+        upper = "inf" if math.isinf(b.ratio_upper) else f"{b.ratio_upper:.3f}"
+        rows.append(f"  - {b.bucket} tokens: **{_STATUS[b.status]}**: median ratio "
+                    f"{b.median_ratio:.3f} over {b.decided_at or b.looks[-1]} of {b.n_pairs} "
+                    f"pairs, {level} confidence sequence [{b.ratio_lower:.3f}, {upper}], "
+                    f"always-valid p {b.p_value:.2g}")
+    return "\n".join(rows)
+
+
 _SAID = {"adopted": "adopted", "not_worth_it": "not worth adopting",
          "inconclusive": "inconclusive", "unsafe": "unsafe"}
 
@@ -200,8 +313,12 @@ def adoption_markdown(plan: DecisionPlan, verdict: AdoptionVerdict, *,
     claim = (f"- claim: median paired request latency ratio (candidate / {plan.against}) "
              f"≤ {m:g}, i.e. ≥ {100 * (1 - m):g} % faster; α {plan.alpha:g}, "
              f"power {plan.power:g}{null}")
+    if plan.buckets:
+        claim += f"; in every bucket of {', '.join(map(str, plan.buckets))} tokens"
     result = verdict.result
-    if result is None or verdict.median_ratio is None:
+    if verdict.buckets:
+        measured = _bucket_lines(plan, verdict.buckets)
+    elif result is None or verdict.median_ratio is None:
         measured = f"- measured: not judged ({verdict.reason})"
     else:
         n = verdict.decided_at if verdict.decided_at is not None else result.looks[-1].n

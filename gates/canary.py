@@ -67,6 +67,9 @@ class CanaryStepResult(BaseModel):
     candidate_timings_s: list[list[float]] = []
     production_timings_s: list[list[float]] = []
     log_ratios: list[float] = []
+    # per compared request (parallel to log_ratios): its padded length in tokens, the
+    # request source's length bucket (gates.adoption_buckets); empty where none is recorded
+    length_buckets: list[int] = []
     latency_look: latency_judge.LatencyLook | None = None
     p99_latency_ratio: float | None = None
     # the Pallas interpreter the candidate ran under (kernels.interpreters); None: native,
@@ -109,6 +112,7 @@ def analyse_canary_step(
     memory_not_assessed_reason: str | None = None,
     production_error_count: int = 0,
     served: tuple[int, int] | None = None,
+    length_buckets: Sequence[int] | None = None,
 ) -> CanaryStepResult:
     """Judge one canary step against ``plan``.
 
@@ -135,9 +139,13 @@ def analyse_canary_step(
             nothing was compared, so any such request breaches.
         served: ``(by candidate, by production)``, the requests each side answered
             (reported with the step, not judged).
+        length_buckets: per ABBA row of ``abba`` (a compared request), its padded length
+            in tokens (the request source's length bucket), kept as ``length_buckets``
+            for the adoption test per bucket; None where the source records none.
 
     Raises:
-        ValueError: malformed latencies or negative counts.
+        ValueError: malformed latencies or negative counts, or ``length_buckets`` not
+            one per ABBA row.
 
     A step where fewer than ``MIN_LATENCY_SAMPLES`` requests reached either side has
     its latency reported as not assessed (with the counts); an empty ``output_drift``
@@ -150,6 +158,10 @@ def analyse_canary_step(
            production_error_count) < 0:
         raise ValueError("counts and memory bytes must be non-negative")
 
+    rows = 0 if abba is None else np.asarray(abba[0]).reshape(-1, 2).shape[0]
+    if length_buckets is not None and len(length_buckets) != rows:
+        raise ValueError(f"length_buckets has {len(length_buckets)} entries for {rows} ABBA "
+                         "rows: one padded length per compared request")
     if plan.paired:
         lat = _paired(step, plan, abba, earlier, latency_not_assessed_reason)
     else:
@@ -215,6 +227,7 @@ def analyse_canary_step(
         memory_growth_bytes=growth,
         breaches=breaches,
         passed=not breaches,
+        length_buckets=[int(b) for b in length_buckets or []] if lat.get("log_ratios") else [],
     )
 
 

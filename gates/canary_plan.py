@@ -141,6 +141,12 @@ class CanaryPlan(_Strict):
         L.NESTED, default=None, description="Extra looks while the measured noise leaves the "
         "latency test short of its power (a sequential plan); unset: no extra look, and a "
         "canary measuring more noise than noise_sd is inconclusive.")
+    workload: Name | None = limit(
+        L.ANY_CHANGE, default=None, description="What the canary steps replay: unset, the "
+        "recorded MiniLM requests; the name of a shipped long-document workload "
+        "(workloads/<name>.yaml): its documents, each timed ABBA on both sides and carrying "
+        "its length bucket for decision.buckets (evaluation.longdoc.canary_source). The "
+        "shadow stage replays MiniLM requests either way.")
 
     @property
     def paired(self) -> bool:

@@ -263,6 +263,11 @@ class Thresholds(_Strict):
         if not self.canary.paired:
             raise ValueError("decision: the adoption test reads the canary's paired samples; "
                              "it needs the paired latency test (signed_rank_abba)")
+        if self.decision.buckets and self.canary.workload is None:
+            raise ValueError(
+                f"decision.buckets ({self.decision.buckets}) needs canary.workload: the "
+                "recorded MiniLM requests carry no length bucket, so every bucket would go "
+                "unassessed; name a long-document workload for the canary to replay")
         pairs = sum(self.canary.pairs_per_step())
         if self.decision.max_pairs > pairs:
             raise ValueError(

@@ -875,6 +875,56 @@ def test_a_safe_candidate_that_is_not_faster_ends_not_adopted(prefect_server, ma
                 signing=signing)
 
 
+LONGDOC_FAMILY = "attention-adoption-longdoc"
+
+
+def test_a_canary_over_the_long_document_workload_judges_adoption_per_bucket(
+        prefect_server, make_settings, tracking, tmp_path, signing):
+    """A registration with ``canary.workload`` and ``decision.buckets``: the canary steps
+    replay the small CPU workload's documents (ABBA, each carrying its bucket, signed with
+    the step), and adoption is judged per declared bucket. The control kernel against the
+    native baseline (both XLA) is not adopted; the signed decision's buckets hold exactly
+    the signed compared requests of each bucket, and the audit re-derives it."""
+    import yaml
+
+    from gates.canary import CanaryStepResult
+    from lineage.audit.audit import audit
+    from lineage.audit.canary_audit import signed_adoption
+    from lineage.signing.sources import StoreSource, signed_artifact
+
+    decided = untimed(STRICT_THRESHOLDS, tmp_path / "longdoc.yaml")
+    data = yaml.safe_load(decided.read_text())
+    data["canary"]["workload"] = "longdoc-cpu-small"
+    decided.write_text(yaml.safe_dump(data | {"decision": DECISION | {
+        "buckets": [128, 256, 512]}}))
+    before = registered_model.aliases(tracking, LONGDOC_FAMILY)
+    state = rollout(make_settings("good", thresholds=decided, family=LONGDOC_FAMILY),
+                    return_state=True)
+    outcome = outcome_of(state)
+    assert outcome.stage == "adoption" and outcome.result != "promoted", outcome.reason
+    assert_production_unchanged(tracking, before, outcome.version, family=LONGDOC_FAMILY)
+    source = StoreSource(tracking, LONGDOC_FAMILY, signing.trust)
+    _, verdict = signed_adoption(source, outcome.version)
+    assert verdict.outcome != "adopted" and verdict.n_pairs == 18  # 6 + 12 compared
+    assert [b.bucket for b in verdict.buckets] == [128, 256, 512]
+    signed = [a for a in source.attestations() if a.kind == "canary"
+              and str(a.predicate.get("version")) == outcome.version]
+    steps = [CanaryStepResult.model_validate_json(signed_artifact(
+        source, a.run_id, "canary", f"canary/{a.predicate['step']}.json")[1]) for a in signed]
+    assert sorted(s.step for s in steps) == ["canary-25pct", "canary-50pct"]
+    served = [b for s in steps for b in s.length_buckets]
+    assert len(served) == 18 and set(served) <= {128, 256, 512}
+    assert [b.n_pairs for b in verdict.buckets] == [served.count(b) for b in (128, 256, 512)]
+    # the version's page lists each declared bucket
+    version = tracking.client().get_model_version(
+        registered_model.registered_model_name(LONGDOC_FAMILY), outcome.version)
+    assert "  - 512 tokens: **" in version.description, version.description
+    report = audit(tracking, LONGDOC_FAMILY, outcome.version, trust=signing.trust,
+                   load_model=False)
+    [link] = [link for link in report.chain if link.name == "adoption decision"]
+    assert link.ok, report.render()
+
+
 def _loosened(path: Path, tmp_path: Path) -> Path:
     """``path`` with its canary's NaN bound relaxed (a loosening)."""
     import yaml

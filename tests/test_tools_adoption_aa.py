@@ -320,3 +320,18 @@ def test_a_negative_seed_is_a_usage_error(tmp_path, capsys):
         main(["--pairs", str(pairs), "--runs", "100", "--seed", "-1"])
     assert exit_.value.code == 2
     assert "--seed must be a non-negative integer, got -1" in capsys.readouterr().err
+
+
+def test_a_decision_judged_per_bucket_is_refused_the_pairs_carry_no_bucket(tmp_path):
+    import yaml
+
+    data = yaml.safe_load(PROFILE.read_text())
+    data["canary"]["workload"] = "longdoc-cpu-small"
+    data["decision"]["buckets"] = [256, 512]
+    bucketed = tmp_path / "bucketed.yaml"
+    bucketed.write_text(yaml.safe_dump(data))
+    rng = np.random.default_rng(15)
+    source = load_pairs(_calibration(tmp_path / "c.json", _aa_runs(rng, "normal", runs=5)))
+    with pytest.raises(AAInputError, match=r"decision.buckets \[256, 512\] judges each length "
+                                           "bucket on its own pairs"):
+        analyse(source, bucketed, runs=100, seed=0)

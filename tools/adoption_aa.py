@@ -375,7 +375,8 @@ def analyse(source: AASource, thresholds_path: Path | str, *, runs: int = 2000,
     Raises:
         ValueError: ``runs`` outside 1 to :data:`MAX_RUNS`.
         AAInputError: the pairs do not look A/A; the thresholds file cannot be read,
-            is not a valid thresholds file, or has no ``decision:``; ``runs`` times its
+            is not a valid thresholds file, has no ``decision:``, or its decision
+            declares ``buckets`` (the pairs carry none); ``runs`` times its
             ``max_pairs`` exceeds :data:`MAX_RESAMPLED_PAIRS` (checked before any draw).
     """
     from gates.adoption_power import simulate_decisions
@@ -392,6 +393,10 @@ def analyse(source: AASource, thresholds_path: Path | str, *, runs: int = 2000,
     plan = thresholds.decision
     if plan is None:
         raise AAInputError(f"{thresholds_path}: has no decision: section (no adoption test)")
+    if plan.buckets:
+        raise AAInputError(f"{thresholds_path}: decision.buckets {plan.buckets} judges each "
+                           "length bucket on its own pairs, but the pairs read here carry "
+                           "no length bucket: this tool judges a pooled decision only")
     if runs * plan.max_pairs > MAX_RESAMPLED_PAIRS:
         raise AAInputError(
             f"--runs {runs} x max_pairs {plan.max_pairs} ({thresholds_path}) = "
@@ -445,7 +450,9 @@ def analyse(source: AASource, thresholds_path: Path | str, *, runs: int = 2000,
                    "sd": float(np.std(pooled, ddof=1)) if pooled.size > 1 else None,
                    "aa_check": check,
                    "run_medians": _run_medians(source, plan.max_pairs, check_rng)},
-        "thresholds": str(thresholds_path), "plan": plan.model_dump(),
+        # the pooled plan's fields (a plan with buckets is refused above)
+        "thresholds": str(thresholds_path),
+        "plan": plan.model_dump(exclude={"buckets", "min_pairs_per_bucket"}),
         "steps_pairs": steps, "looks": looks, "seed": seed, "runs": runs,
         "recorded": recorded, "null": null, "planted": planted}
 

@@ -122,6 +122,14 @@ def signed_adoption(source: EvidenceSource, version: str) -> tuple[str, Adoption
     return run_id, AdoptionVerdict.model_validate_json(data)
 
 
+def _said(verdict: AdoptionVerdict) -> str:
+    """An adoption verdict's decision in words, per bucket where it has buckets."""
+    per = "".join(f"; bucket {b.bucket}: {b.status} at {b.decided_at} of {b.n_pairs}"
+                  for b in verdict.buckets)
+    return (f"{verdict.outcome} at {verdict.decided_at} of {verdict.n_pairs} pairs, looks "
+            f"{verdict.looks}{per}")
+
+
 def adoption(source: EvidenceSource, decision: DecisionPlan, safety: str,
              results: list[CanaryStepResult], version: str, *,
              promoted: bool) -> list[Finding]:
@@ -140,10 +148,9 @@ def adoption(source: EvidenceSource, decision: DecisionPlan, safety: str,
     run_id, signed = found
     reason = next((r.latency_not_assessed_reason for r in results if not r.log_ratios), None)
     again = conclude_adoption(decision, safety, [r.log_ratios for r in results],
+                              buckets=[r.length_buckets for r in results],
                               not_assessed_reason=reason)
-    said = (f"{signed.outcome} at {signed.decided_at} of {signed.n_pairs} pairs, looks "
-            f"{signed.looks}")
-    derived = f"{again.outcome} at {again.decided_at} of {again.n_pairs} pairs, looks {again.looks}"
+    said, derived = _said(signed), _said(again)
     if said != derived:
         return [("adoption decision", run_id, False, f"re-derived from the signed canary samples "
                  f"and the registered plan: {derived}; signed: {said}")]

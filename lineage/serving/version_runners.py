@@ -25,6 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
+from evaluation.longdoc.canary_source import LongdocEndpoint
+from evaluation.longdoc.spec import WorkloadSpec
 from evaluation.model import MiniLM
 from evaluation.runners import LocalRunner, Runner
 from evaluation.serving import Endpoint
@@ -241,3 +243,26 @@ def endpoint(pool: VersionPool, alias: registered_model.Alias, *,
                         LocalRunner.for_implementation(NATIVE_BASELINE, None, pool.encoder))
     runner = pool.runner(version)
     return Endpoint(runner.name, runner)
+
+
+def longdoc_endpoint(pool: VersionPool, alias: registered_model.Alias, spec: WorkloadSpec, *,
+                     expect_version: str | None = None) -> LongdocEndpoint:
+    """The long-document endpoint behind ``alias``: the workload's encoder with the
+    attention of the version's runner (or ``NATIVE_BASELINE`` when the alias points at
+    nothing), served in this process.
+
+    Raises:
+        RuntimeError: what :func:`endpoint` raises; or the version runs its own code in a
+            process of its own: the encoder traces the kernel inside its compiled forward,
+            which a kernel behind a pipe cannot join, so such a version cannot replay the
+            workload (the message names it).
+    """
+    served = endpoint(pool, alias, expect_version=expect_version)
+    runner = served.runner
+    if not isinstance(runner, LocalRunner):
+        raise RuntimeError(
+            f"{served.name} runs its own code in a process of its own; canary.workload "
+            f"{spec.name!r} is served only by versions whose code is this process's (the "
+            "encoder compiles the kernel into its forward): roll it out without a workload, "
+            "or from a checkout of its code")
+    return LongdocEndpoint(served.name, spec, runner.attention_fn)
