@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tools import dispatch_overhead
@@ -28,11 +29,19 @@ def test_a_missing_policy_is_a_usage_error(tmp_path, capsys):
     assert "no such file" in capsys.readouterr().err
 
 
-def test_the_committed_result_is_its_own_latencies_summarised():
+def test_a_file_that_is_not_a_policy_is_a_usage_error(tmp_path, capsys):
+    policy = tmp_path / "policy.json"
+    policy.write_text("{}")
+    with pytest.raises(SystemExit) as exit_:
+        dispatch_overhead.main(["--policy", str(policy), "--requests", "4"])
+    assert exit_.value.code == 2
+    assert f"--policy {policy}: " in capsys.readouterr().err
+
+
+def test_the_committed_result_is_its_own_timings_judged():
+    from gates.latency_judge import abba_log_ratios
+
     result = json.loads(COMMITTED.read_text())
-    import numpy as np
-    ratios = (np.asarray(result["latencies_s"]["dispatch"])
-              / np.asarray(result["latencies_s"][result["kernel"]]))
-    assert len(ratios) == result["requests"] == 400
-    assert result["median_ratio"] == pytest.approx(float(np.median(ratios)), rel=1e-12)
-    assert result["share_dispatch_slower"] == pytest.approx(float(np.mean(ratios > 1)))
+    r = abba_log_ratios(result["candidate_s"], result["production_s"])
+    assert len(r) == result["pairs"] == result["requests"] == 400
+    assert result["median_ratio"] == pytest.approx(float(np.exp(np.median(r))), rel=1e-9)
