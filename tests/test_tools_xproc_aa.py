@@ -35,3 +35,19 @@ def test_an_unknown_placement_is_refused(tmp_path):
     with pytest.raises(SystemExit):
         xproc_aa.main(["--placements", "gpu_vs_cpu", "--out", str(tmp_path / "x.json")])
     assert not (tmp_path / "x.json").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--requests", "0"], "--requests must be at least 1, got 0"),
+    (["--step-pairs", "0"], "--step-pairs must be at least 1, got 0"),
+    (["--alpha", "2"], "--alpha must lie strictly between 0 and 1, got 2.0"),
+    (["--placements", ","], "--placements: unknown [] or none given"),
+])
+def test_bad_counts_alpha_or_no_placement_are_named_before_measuring(args, message, tmp_path,
+                                                                       capsys):
+    out = tmp_path / "x.json"
+    with pytest.raises(SystemExit) as exit_:
+        xproc_aa.main([*args, "--out", str(out)])
+    assert exit_.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not out.exists()

@@ -226,11 +226,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
     args = parser.parse_args(argv)
     args.placements = [p for p in args.placements.split(",") if p]
-    unknown = set(args.placements) - set(PLACEMENTS)
-    if unknown or args.requests < 1 or args.round < 1:
-        parser.error(f"bad --placements {sorted(unknown)} or counts")
+    unknown = sorted(set(args.placements) - set(PLACEMENTS))
+    if unknown or not args.placements:
+        parser.error(f"--placements: unknown {unknown} or none given; choose from "
+                     f"{','.join(PLACEMENTS)}")
+    for flag, value in (("--requests", args.requests), ("--round", args.round),
+                        ("--step-pairs", args.step_pairs)):
+        if value < 1:
+            parser.error(f"{flag} must be at least 1, got {value}")
+    if not 0 < args.alpha < 1:
+        parser.error(f"--alpha must lie strictly between 0 and 1, got {args.alpha}")
+    try:  # before minutes of measuring, not after
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        parser.error(f"--out {args.out}: {err}")
     doc = run(args)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
     print(table(doc))
     return 0
