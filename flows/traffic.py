@@ -122,6 +122,11 @@ def _endpoints(context: RolloutContext, alias: registered_model.Alias,
                version: str) -> tuple[serving.Endpoint, serving.Endpoint]:
     production = version_runners.endpoint(context.versions, "production")
     candidate = version_runners.endpoint(context.versions, alias, expect_version=version)
+    where = {e.name: ("a process of its own" if isinstance(e.runner, version_runners.VersionWorker)
+                      else "this process") for e in (production, candidate)}
+    if len(set(where.values())) > 1:  # a latency ratio then includes the placement
+        run_logger().warning("%s: %s; the compared latencies include the placement", alias,
+                             ", ".join(f"{name} runs in {w}" for name, w in where.items()))
     return production, candidate
 
 

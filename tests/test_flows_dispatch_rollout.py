@@ -1,7 +1,8 @@
 """A dispatch policy rolled out like a kernel: ``--implementation dispatch`` with a
 stand-in policy (``tests.dispatch_standin``: made-up evidence over ``xla`` and ``naive``)
 goes through the real rollout flow (real Prefect flow runs, a real MLflow store, the
-version served from a process of its own with its signed policy) to production; then
+version served in the flow's process beside its baseline, since the rollout registers
+its policy) to production; then
 ``kernelgate audit`` of that version passes, and a copy of the store with one bucket's
 evidence edited in the stored policy fails it, naming the bucket (the untouched store,
 audited again, still passes: the failure is the edit's, not a false alarm).
@@ -30,14 +31,16 @@ from flows.plan import plan_policy, resolve_plan
 from flows.rollout import run_rollout
 from flows.settings import RolloutSettings
 from kernels.dispatch_audit import PolicyError
+from kernels.dispatch_kernel import DispatchKernel
 from kernels.dispatch_policy import Rule, derive_policy
 from kernels.dispatch_serving import POLICY_ENV, SHA256_ENV
-from kernels.registry import IMPLEMENTATIONS
+from kernels.registry import IMPLEMENTATIONS, registered
 from kernels.shapes import AttentionShape
 from lineage.aliases import registered_model
 from lineage.log.checkpoints import CHECKPOINTS
 from lineage.records import dispatch_record
 from lineage.serving.dispatch_version import DISPATCH, worker_environment
+from lineage.serving.version_runners import VersionPool, VersionWorker, serves_signed_policy
 from lineage.signing.keys import default_key_dir
 from lineage.signing.sources import StoreSource
 from lineage.store import tags
@@ -134,6 +137,31 @@ def test_a_dispatch_policy_is_rolled_out_to_production_and_its_version_serves_it
     assert dispatch_record.version_problems(source, build.run_id, build.predicate) == []
     # what its runners are started with: the signed policy, pinned
     assert worker_environment(source, version, tmp_path)[SHA256_ENV] == fingerprint
+
+
+def test_a_dispatch_version_runs_in_the_process_that_registers_its_signed_policy(
+        promoted, signing, tmp_path):
+    """Placement: where this process serves the version's own signed policy (a rollout of
+    it), the version runs here beside its baseline, so a canary compares kernels, not
+    processes; with no policy registered, another policy, or a signed record edited since,
+    it does not."""
+    store, outcome = promoted
+    tracking = local_tracking(store)
+    source = StoreSource(tracking, FAMILY, signing.trust, stages=("build",))
+    assert not serves_signed_policy(source, outcome.version)  # nothing registered
+    with registered(DispatchKernel(standin_policy())):
+        assert serves_signed_policy(source, outcome.version)
+        runner = VersionPool(tracking, FAMILY, None, signing.trust).runner(outcome.version)
+        assert not isinstance(runner, VersionWorker)
+        assert runner.name == f"dispatch@v{outcome.version}"
+        assert runner.describe()["config"] == {"policy_sha256": standin_policy().fingerprint()}
+        edited, _ = _edited_copy(store, tmp_path / "edited")
+        assert not serves_signed_policy(StoreSource(local_tracking(edited), FAMILY,
+                                                    signing.trust), outcome.version)
+    other = derive_policy(standin_evidence(), KERNELS, Rule(priority=("naive",)))
+    assert other.fingerprint() != standin_policy().fingerprint()
+    with registered(DispatchKernel(other)):
+        assert not serves_signed_policy(source, outcome.version)
 
 
 def test_the_rollouts_flow_parameter_names_the_policy_instead_of_carrying_it(promoted):

@@ -10,10 +10,12 @@
 #   tools/gpu-main-job.sh rollouts  two `kernelgate rollout`s, default arguments
 #   tools/gpu-main-job.sh after     revalidate, audit, timeline JSON, serving benchmark
 #   tools/gpu-main-job.sh one       one rollout, its audit and timeline (a short lease)
-#   tools/gpu-main-job.sh staging   README's release-manager walkthrough from an empty
-#                                   store ($KG_STAGING_STORE, default /tmp/kg-staging):
-#                                   a Prefect server, `calibrate` under staging.yaml, one
-#                                   `rollout --implementation native` under it, both
+#   tools/gpu-main-job.sh staging [POLICY.json]   README's release-manager walkthrough
+#                                   from an empty store ($KG_STAGING_STORE, default
+#                                   /tmp/kg-staging): a Prefect server, `calibrate` under
+#                                   staging.yaml, one `rollout --implementation native`
+#                                   under it (with POLICY.json: `--implementation dispatch
+#                                   --dispatch-policy POLICY.json`, family dispatch), both
 #                                   approvals answered through the API (tools/answer_paused.py)
 #   tools/gpu-main-job.sh staging-audit   that store's audit and timeline
 #
@@ -52,6 +54,12 @@ case ${1:-} in
     ;;
   staging)
     sstore=${KG_STAGING_STORE:-/tmp/kg-staging}
+    if [ -n "${2:-}" ]; then  # a dispatch policy as the candidate: calibrate its family
+      [ -f "$2" ] || { echo "no policy file $2" >&2; exit 2; }
+      family=(--family dispatch); candidate=(--implementation dispatch --dispatch-policy "$2")
+    else
+      family=(); candidate=(--implementation native)
+    fi
     rm -rf "$sstore"
     export PREFECT_HOME=/tmp/prefect-home PREFECT_API_URL=http://127.0.0.1:4200/api
     # its own process session, so it outlives this call while the machine is held
@@ -60,11 +68,12 @@ case ${1:-} in
       python3 -c "import urllib.request; urllib.request.urlopen('$PREFECT_API_URL/health', timeout=2)" 2>/dev/null && break
       sleep 1
     done
-    step calibrate 240 python3 -m flows.cli calibrate --thresholds thresholds/staging.yaml --store-dir "$sstore"
+    step calibrate 240 python3 -m flows.cli calibrate --thresholds thresholds/staging.yaml \
+      "${family[@]}" --store-dir "$sstore"
     python3 tools/answer_paused.py --answers 2 --approver "release manager (API)" \
       --comment "H200 walkthrough: evidence read in the logs; go" --timeout-s 420 > "$out/answers.log" 2>&1 &
     answerer=$!
-    step staging-rollout 420 python3 -m flows.cli rollout --implementation native \
+    step staging-rollout 420 python3 -m flows.cli rollout "${candidate[@]}" \
       --thresholds thresholds/staging.yaml --store-dir "$sstore"
     # a rollout that ends before its last approval (rolled back, rejected) leaves the
     # answerer waiting: stop it rather than spend device time on its timeout

@@ -31,11 +31,16 @@ from evaluation.model import MiniLM
 from evaluation.runners import LocalRunner, Runner
 from evaluation.serving import Endpoint
 from kernels import interpreters
-from kernels.registry import stored_config
+from kernels.registry import IMPLEMENTATIONS, stored_config
 from kernels.shapes import AttentionShape
 from lineage.aliases import registered_model
 from lineage.serving import model_files
-from lineage.serving.dispatch_version import is_dispatch, worker_environment
+from lineage.serving.dispatch_version import (
+    DISPATCH,
+    is_dispatch,
+    version_policy,
+    worker_environment,
+)
 from lineage.serving.versions import recorded_kernel, this_process_code
 from lineage.signing.attestations import TrustPolicy
 from lineage.signing.sources import StoreSource
@@ -166,6 +171,24 @@ class VersionWorker:
         shutil.rmtree(self._cwd, ignore_errors=True)
 
 
+def serves_signed_policy(source: StoreSource, version: str) -> bool:
+    """Whether this process registers the ``dispatch`` kernel of ``version``'s signed
+    policy, audited (``lineage.serving.dispatch_version.version_policy``) — as a rollout
+    of that policy does for its session (``flows.dispatch_candidate``). Then the version
+    runs here beside a baseline that runs here, and a canary compares two kernels, not
+    two placements (on an H100 a dispatch version served from a process of its own was
+    rolled back at 1.077x an ``xla`` baseline in this process where its policy chose
+    ``xla`` too: BENCHMARKS)."""
+    if DISPATCH not in IMPLEMENTATIONS:
+        return False
+    here = getattr(IMPLEMENTATIONS[DISPATCH], "fingerprint", None)
+    found = version_policy(source, version)
+    if found is None or here is None:
+        return False
+    audit, policy = found
+    return not audit.problems and policy is not None and policy.fingerprint() == here
+
+
 class VersionPool:
     """One runner per registered version of a family, closed together (a context manager).
 
@@ -181,16 +204,19 @@ class VersionPool:
         self._here, _ = this_process_code()
 
     def runner(self, version: str) -> Runner:
-        """The version's runner: here when its logged code is this process's code,
-        else its own process. Raises what :class:`VersionWorker` raises."""
+        """The version's runner: here when its logged code is this process's code (for a
+        ``dispatch`` version, and this process registers its signed policy), else its own
+        process. Raises what :class:`VersionWorker` raises."""
         if version not in self._runners:
             source = StoreSource(self.tracking, self.family, self.trust, stages=("build",))
             kernel = recorded_kernel(source, version)
             files = model_files.check(self.tracking, source, version)
             if files.problems:
                 raise RuntimeError(f"v{version} of {self.family} refused: {files.summary()}")
-            # a dispatch version serves its signed policy from a process of its own
-            if files.manifest_signed and files.code_sha256 == self._here and not is_dispatch(kernel):
+            # a dispatch version runs here only where this process already serves its
+            # signed policy (a rollout of it): else from a process of its own
+            if files.manifest_signed and files.code_sha256 == self._here and (
+                    not is_dispatch(kernel) or serves_signed_policy(source, version)):
                 config = kernel["config"]
                 local = LocalRunner.for_implementation(
                     kernel["implementation"], stored_config(kernel["implementation"], config),
