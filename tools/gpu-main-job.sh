@@ -71,7 +71,7 @@ case ${1:-} in
     step calibrate 240 python3 -m flows.cli calibrate --thresholds thresholds/staging.yaml \
       "${family[@]}" --store-dir "$sstore"
     python3 tools/answer_paused.py --answers 2 --approver "release manager (API)" \
-      --comment "H200 walkthrough: evidence read in the logs; go" --timeout-s 420 > "$out/answers.log" 2>&1 &
+      --comment "GPU walkthrough: evidence read in the logs; go" --timeout-s 420 > "$out/answers.log" 2>&1 &
     answerer=$!
     step staging-rollout 420 python3 -m flows.cli rollout "${candidate[@]}" \
       --thresholds thresholds/staging.yaml --store-dir "$sstore"
