@@ -19,10 +19,10 @@ from gates.canary_plan import CanaryPlan, CanaryStep
 from kernels import interpreters
 from lineage.aliases import registered_model
 from lineage.records import calibration
+from lineage.records.adoption_record import log_adoption
 from lineage.records.environment import collect_environment
 from lineage.rollout import evidence
 from lineage.serving import version_runners
-from lineage.store import tags
 from lineage.store import tracking as tr
 
 
@@ -293,7 +293,7 @@ def _adoption_stage(context: RolloutContext, gated: Gated, steps: list[CanarySte
                                 buckets=[s.length_buckets for s in steps],
                                 not_assessed_reason=reason)
     record = context.record
-    tr.log_model_json(record.tracking, record.rollout_run_id, verdict, tags.ADOPTION_ARTIFACT)
+    log_adoption(record.tracking, record.rollout_run_id, verdict, plan.minimum_worthwhile_ratio)
     run_logger().info("adoption: %s (%s)", verdict.outcome, verdict.reason)
     return verdict
 

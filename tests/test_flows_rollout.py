@@ -904,9 +904,16 @@ def test_a_canary_over_the_long_document_workload_judges_adoption_per_bucket(
     assert outcome.stage == "adoption" and outcome.result != "promoted", outcome.reason
     assert_production_unchanged(tracking, before, outcome.version, family=LONGDOC_FAMILY)
     source = StoreSource(tracking, LONGDOC_FAMILY, signing.trust)
-    _, verdict = signed_adoption(source, outcome.version)
+    run_id, verdict = signed_adoption(source, outcome.version)
     assert verdict.outcome != "adopted" and verdict.n_pairs == 18  # 6 + 12 compared
     assert [b.bucket for b in verdict.buckets] == [128, 256, 512]
+    # the MLflow UI shows each bucket as metrics of the rollout run, and the effect plot
+    metrics = tracking.client().get_run(run_id).data.metrics
+    assert metrics["adoption.adopted"] == 0.0
+    assert [metrics[f"adoption.bucket_{b.bucket}.n_pairs"] for b in verdict.buckets] == [
+        b.n_pairs for b in verdict.buckets]
+    assert "adoption/effect.png" in [a.path for a in tracking.client().list_artifacts(
+        run_id, "adoption")]
     signed = [a for a in source.attestations() if a.kind == "canary"
               and str(a.predicate.get("version")) == outcome.version]
     steps = [CanaryStepResult.model_validate_json(signed_artifact(
