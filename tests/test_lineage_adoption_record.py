@@ -11,8 +11,8 @@ import math
 import numpy as np
 import pytest
 
-from gates.adoption_plot import plot_adoption
 from gates.adoption_decision import conclude_adoption
+from gates.adoption_plot import plot_adoption
 from lineage.records.adoption_record import PLOT_ARTIFACT, adoption_metrics, log_adoption
 from lineage.store import tags
 from lineage.store.tracking import local_tracking

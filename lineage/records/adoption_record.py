@@ -14,8 +14,8 @@ import math
 import tempfile
 from pathlib import Path
 
-from gates.adoption_plot import plot_adoption
 from gates.adoption_decision import AdoptionVerdict
+from gates.adoption_plot import plot_adoption
 from lineage.store import tags
 from lineage.store import tracking as tr
 from lineage.store.tracking import Tracking
