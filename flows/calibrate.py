@@ -7,9 +7,11 @@ Each of ``runs`` A/A canaries cuts a fresh request stream from the held-out docu
 ``evaluation.serving.replay_canary_step(..., abba=True)`` with production's version on
 both sides (the same endpoint), judges it with the canary's own function
 (``flows.traffic.judge_step``, the earlier steps' results included), stops at a breach
-as the rollout does, and concludes with ``gates.canary_latency.conclude_canary``. The
+as the rollout does, and concludes with ``gates.canary_latency.conclude_canary``. A plan whose canary replays a long-document workload (``canary.workload``) is calibrated on
+that workload's documents, each run its own stream, served as its canary serves them. The
 verdicts and every run's per-request log ratios become a signed ``calibration`` record
-(``lineage.records.calibration``), valid for this device, driver, JAX version and serving code.
+(``lineage.records.calibration``), valid for this device, driver, JAX version, serving code
+and request source.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from typing import NamedTuple
 
 from evaluation import recorded_traffic, serving
 from evaluation.documents import assign_splits, load_documents
+from evaluation.longdoc import canary_source
+from evaluation.longdoc.spec import load_spec, shipped
 from evaluation.model import MiniLM
 from flows.traffic import judge_step
 from gates.canary_latency import another_look, conclude_canary
@@ -74,6 +78,19 @@ def serving_model(contract: ServingContract) -> MiniLM:
     return MiniLM.load().with_attention_dtype(contract.model_dtype)
 
 
+def _judged(plan: CanaryPlan, parts: list, replay: Callable) -> tuple[str, str, list[float]]:
+    """The canary's looks over ``parts`` (each look's requests, in order), each replayed
+    by ``replay(step, part)`` and judged with the earlier steps' results, stopping at a
+    breach as a rollout's canary does: ``(verdict, reason, every compared log ratio)``."""
+    results = []
+    for step, part in zip(plan.looks(), parts, strict=True):
+        if not another_look(plan, results):
+            break  # a breach, or an extra look the verdict does not need
+        results.append(judge_step(plan, replay(step, part), step, results, None))
+    verdict = conclude_canary(plan, results)
+    return verdict.verdict, verdict.reason, [x for r in results for x in r.log_ratios]
+
+
 def canary_run(plan: CanaryPlan, production: serving.Endpoint, candidate: serving.Endpoint,
                model: MiniLM, documents, seed: int) -> tuple[str, str, list[float]]:
     """One canary of ``candidate`` against ``production`` through the canary's replay and
@@ -81,22 +98,35 @@ def canary_run(plan: CanaryPlan, production: serving.Endpoint, candidate: servin
     is cut fresh from ``documents`` with ``seed`` into the plan's steps; each step is
     warmed on both endpoints, replayed with ABBA timing, judged with the earlier steps'
     results, and the canary stops at a breach as a rollout's does."""
-    looks = plan.looks()
-    traffic = recorded_traffic.record_traffic(documents, sum(s.requests for s in looks),
-                                              seed=seed)
+    sizes = [s.requests for s in plan.looks()]
+    traffic = recorded_traffic.record_traffic(documents, sum(sizes), seed=seed)
     endpoints = [production] if candidate is production else [production, candidate]
-    results = []
-    for step, part in zip(looks, recorded_traffic.split_traffic(
-            traffic, [s.requests for s in looks]), strict=True):
-        if not another_look(plan, results):
-            break  # a breach, or an extra look the verdict does not need
+
+    def replay(step, part):
         serving.warm_up(part.requests, endpoints, model)
-        replayed = serving.replay_canary_step(part.requests, step.traffic_fraction, production,
-                                              candidate, salt=f"calibration-{seed}:{step.name}",
-                                              abba=True)
-        results.append(judge_step(plan, replayed, step, results, None))
-    verdict = conclude_canary(plan, results)
-    return verdict.verdict, verdict.reason, [x for r in results for x in r.log_ratios]
+        return serving.replay_canary_step(part.requests, step.traffic_fraction, production,
+                                          candidate, salt=f"calibration-{seed}:{step.name}",
+                                          abba=True)
+
+    return _judged(plan, recorded_traffic.split_traffic(traffic, sizes), replay)
+
+
+def longdoc_canary_run(plan: CanaryPlan, production, candidate,
+                       seed: int) -> tuple[str, str, list[float]]:
+    """:func:`canary_run` for a plan whose canary replays a long-document workload
+    (``canary.workload``): each A/A canary draws its own stream of the workload's
+    documents (``seed``), served by the ``LongdocEndpoint``s as the rollout's canary
+    serves them (``evaluation.longdoc.canary_source``)."""
+    sizes = [s.requests for s in plan.looks()]
+    steps = canary_source.record_steps(plan.workload, sizes, [], seed_offset=seed)
+    endpoints = [production] if candidate is production else [production, candidate]
+
+    def replay(step, part):
+        canary_source.warm_up(part.documents, endpoints)
+        return canary_source.replay_step(part.documents, step.traffic_fraction, production,
+                                         candidate, salt=f"calibration-{seed}:{step.name}")
+
+    return _judged(plan, steps, replay)
 
 
 def a_a_canary(plan: CanaryPlan, endpoint: serving.Endpoint, model: MiniLM, documents,
@@ -138,18 +168,25 @@ def calibrate(tracking: Tracking, family: str, *, runs: int, signing: Signing,
     documents = assign_splits(load_documents(None))["heldout"]
     pool = version_runners.VersionPool(tracking, family, model, signing.trust)
     try:
-        endpoint = version_runners.endpoint(pool, "production", expect_version=version)
         # (no production: the native baseline's endpoint, as a rollout's canary compares with)
+        if plan.workload is None:
+            endpoint = version_runners.endpoint(pool, "production", expect_version=version)
+        else:  # the workload's encoder with production's attention, as the canary serves it
+            endpoint = version_runners.longdoc_endpoint(
+                pool, "production", load_spec(shipped(plan.workload)), expect_version=version)
         verdicts, ratios = [], []
         for i in range(runs):
-            verdict, reason, r = a_a_canary(plan, endpoint, model, documents, seed=i)
+            verdict, reason, r = (
+                a_a_canary(plan, endpoint, model, documents, seed=i) if plan.workload is None
+                else longdoc_canary_run(plan, endpoint, endpoint, seed=i))
             verdicts.append((verdict, reason))
             ratios.append(r)
             if progress:
                 progress(i + 1, runs, verdict)
     finally:
         pool.close()
-    facts = calibration.device_facts(collect_environment())
+    facts = calibration.device_facts(collect_environment(),
+                                     workload=calibration.request_source(plan.workload))
     served = version or f"none ({version_runners.NATIVE_BASELINE}, the native baseline)"
     record = calibration.summarise(family=family, production_version=served,
                                    registration_id=registration_id, facts=facts,

@@ -55,7 +55,8 @@ def calibrate(
                f"rolled back (rate {record.false_rollback_rate:.3f}, 95% [{low:.3f}, {high:.3f}], "
                f"alpha {record.alpha:g}: {'within' if record.within_alpha else 'EXCEEDS'}); "
                f"{record.inconclusive} inconclusive; noise sd {record.noise_sd}; "
-               f"device {record.facts['device_kind']}")
+               f"device {record.facts['device_kind']}; requests "
+               f"{str(record.facts.get('workload')).split('@')[0]}")
     raise typer.Exit(0 if record.within_alpha else 1)
 
 

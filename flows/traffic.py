@@ -252,7 +252,8 @@ def canary_calibration(context: RolloutContext, gated: Gated,
     if not days or not _latency_can_block(gated, evaluated):
         return None, "no calibration required"
     source = context.store.source(stages=("calibration",))
-    facts = calibration.device_facts(collect_environment())
+    facts = calibration.device_facts(collect_environment(), workload=calibration.request_source(
+        gated.thresholds.canary.workload))
     run_id, about = calibration.fresh_calibration(source, facts, days)
     run_logger().info("canary calibration: %s", about)
     return run_id, about if run_id else f"no fresh calibration of this device: {about}"

@@ -223,3 +223,62 @@ def test_a_first_calibration_without_family_is_for_the_native_family_and_says_so
     native = kernels.native_flash_kernel("native", kernels.default_backend())
     assert result.exit_code == 0, result.output
     assert asked["family"] == native and f"calibrating family {native}" in result.output
+
+
+def test_a_calibration_holds_only_for_the_requests_it_replayed(tracking, signing):
+    """What the canary replays is a staleness fact: a calibration on MiniLM's requests says
+    nothing of a long-document canary's noise, nor the other way round; a record made
+    before the fact was recorded replayed MiniLM's requests and counts as such."""
+    longdoc = calibration.request_source("longdoc-cpu-small")
+    assert longdoc.startswith("longdoc-cpu-small@") and longdoc != calibration.MINILM_REQUESTS
+
+    def source():  # read afresh: a StoreSource reads the store's attestations once
+        return StoreSource(tracking, "by-workload", signing.trust)
+
+    minilm_facts = FACTS | {"workload": calibration.MINILM_REQUESTS}
+    legacy = calibration.log_calibration(tracking, _record([("pass", "")] * 3,
+                                                           family="by-workload"),
+                                         signing=signing)  # FACTS: no workload named
+    found, _ = calibration.fresh_calibration(source(), minilm_facts, 30)
+    assert found == legacy
+    found, why = calibration.fresh_calibration(source(), FACTS | {"workload": longdoc}, 30)
+    assert found is None and "stale (workload changed)" in why, why
+    on_docs = calibration.log_calibration(tracking, _record(
+        [("pass", "")] * 3, family="by-workload", facts=FACTS | {"workload": longdoc}),
+        signing=signing)
+    found, _ = calibration.fresh_calibration(source(), FACTS | {"workload": longdoc}, 30)
+    assert found == on_docs
+    found, _ = calibration.fresh_calibration(source(), minilm_facts, 30)
+    assert found == legacy  # the newer long-document one does not count for MiniLM
+
+
+def test_a_plan_replaying_a_workload_is_calibrated_on_its_documents(tmp_path, signing):
+    """A registration whose canary replays a long-document workload: each A/A canary draws
+    its own stream of the workload's documents and compares them as the canary does, and
+    the record names the workload, so the rollout's lookup (same facts) finds it."""
+    import yaml
+
+    from flows import calibrate as cal
+    from lineage.records.environment import collect_environment
+    from tests.flow_thresholds import FLOW_TEST
+
+    data = yaml.safe_load(FLOW_TEST.read_text())
+    data["canary"]["steps"] = [{"name": "a", "traffic_fraction": 0.5, "requests": 8},
+                               {"name": "b", "traffic_fraction": 1.0, "requests": 8}]
+    data["canary"]["workload"] = "longdoc-cpu-small"
+    data["canary"]["latency"]["max_calibration_age_days"] = 30
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(yaml.safe_dump(data))
+    tracking = tr.local_tracking(tmp_path / "store")
+    run_id, record = cal.calibrate(tracking, "longdoc", runs=2, signing=signing,
+                                   thresholds=plan)
+    assert record.facts["workload"] == calibration.request_source("longdoc-cpu-small")
+    assert [len(r) for r in record.log_ratios] == [12, 12], record.reasons  # 4 + 8 compared
+    assert record.log_ratios[0] != record.log_ratios[1]  # two streams, not one replayed twice
+    env = collect_environment()
+    source = StoreSource(tracking, "longdoc", signing.trust)
+    found, about = calibration.fresh_calibration(source, calibration.device_facts(
+        env, workload=record.facts["workload"]), 30)
+    assert found == run_id, about
+    found, why = calibration.fresh_calibration(source, calibration.device_facts(env), 30)
+    assert found is None and "workload changed" in why

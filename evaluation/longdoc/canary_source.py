@@ -134,9 +134,11 @@ def check_buckets(spec: WorkloadSpec, buckets: list[int]) -> None:
                          f"{spec.name} ({spec.buckets}): no request would ever fill them")
 
 
-def record_steps(workload: str, sizes: list[int], buckets: list[int]) -> list[LongdocStep]:
+def record_steps(workload: str, sizes: list[int], buckets: list[int], *,
+                 seed_offset: int = 0) -> list[LongdocStep]:
     """The documents of each canary look (``sizes``: requests per look, in order),
-    disjoint and consecutive in one stream drawn from the shipped ``workload``.
+    disjoint and consecutive in one stream drawn from the shipped ``workload``
+    (``seed_offset``: another stream, as each A/A canary of a calibration draws its own).
 
     Raises:
         InvalidWorkload: no such shipped workload (the message lists them).
@@ -147,7 +149,7 @@ def record_steps(workload: str, sizes: list[int], buckets: list[int]) -> list[Lo
     check_buckets(spec, buckets)
     if not sizes or min(sizes) < 1:
         raise ValueError(f"every canary look needs at least one request, got {sizes}")
-    documents = canary_documents(spec, sum(sizes))
+    documents = canary_documents(spec, sum(sizes), seed_offset=seed_offset)
     cuts = np.cumsum([0, *sizes]).tolist()
     digest = spec_sha256(path)
     return [LongdocStep(workload=workload, spec_sha256=digest, documents=documents[a:b])

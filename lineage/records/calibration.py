@@ -7,9 +7,10 @@ and raw per-request log ratios) is logged as a ``calibration`` run of the family
 experiment, its record a JSON artifact signed by a ``calibration`` attestation (so the
 family's evidence log covers it).
 
-A calibration describes one serving device and one serving path: it is *stale* when the
-device kind, the driver, the JAX version or the serving code's digest
-(:func:`serving_digest`) differ from the canary's, or when it is older than the
+A calibration describes one serving device, one serving path and one request source: it
+is *stale* when the device kind, the driver, the JAX version, the serving code's digest
+(:func:`serving_digest`) or what the canary replays (MiniLM's requests, or a long-document
+workload by its spec's digest) differ from the canary's, or when it is older than the
 registration's ``max_calibration_age_days``. The canary's verdict cites the calibration
 it used (:func:`fresh_calibration`).
 """
@@ -23,6 +24,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
+from evaluation.longdoc.spec import shipped, spec_sha256
 from lineage.log import log_writer
 from lineage.records.environment import EnvironmentFacts
 from lineage.signing.attestations import AttestationError, Signing
@@ -33,9 +35,14 @@ from lineage.store.tracking import Tracking
 
 ARTIFACT = "calibration/calibration.json"
 SERVING_FILES = ("evaluation/serving.py", "evaluation/runners.py", "evaluation/model.py",
-                 "gates/canary.py", "gates/canary_latency.py", "gates/latency_judge.py")
+                 "evaluation/longdoc/canary_source.py", "gates/canary.py",
+                 "gates/canary_latency.py", "gates/latency_judge.py")
 """The serving path and the judge a calibration vouches for (their digest)."""
-STALENESS_FACTS = ("device_kind", "driver_version", "jax_version", "serving_digest")
+STALENESS_FACTS = ("device_kind", "driver_version", "jax_version", "serving_digest", "workload")
+MINILM_REQUESTS = "minilm-recorded-requests"
+"""What a canary without ``canary.workload`` replays, as a calibration records it."""
+BEFORE_WORKLOADS = {"workload": MINILM_REQUESTS}
+"""A fact a record made before it was recorded had: every canary then replayed MiniLM."""
 __all__ = ["CalibrationRecord", "StoreSource", "device_facts", "fresh_calibration",
            "log_calibration", "serving_digest", "summarise", "wilson_interval"]
 
@@ -49,10 +56,27 @@ def serving_digest(root: Path | None = None) -> str:
     return h.hexdigest()
 
 
-def device_facts(env: EnvironmentFacts, digest: str | None = None) -> dict[str, str | None]:
-    """The facts a calibration is valid for (:data:`STALENESS_FACTS`)."""
+def request_source(workload: str | None) -> str:
+    """What a canary replays, as a calibration names it: MiniLM's recorded requests
+    (``workload`` None), or the shipped long-document workload by name and spec digest
+    (``evaluation.longdoc.spec``). An A/A calibration on one says nothing of the other's
+    noise.
+
+    Raises:
+        evaluation.longdoc.spec.InvalidWorkload: no such shipped workload.
+    """
+    if workload is None:
+        return MINILM_REQUESTS
+    return f"{workload}@{spec_sha256(shipped(workload))}"
+
+
+def device_facts(env: EnvironmentFacts, digest: str | None = None,
+                 workload: str = MINILM_REQUESTS) -> dict[str, str | None]:
+    """The facts a calibration is valid for (:data:`STALENESS_FACTS`); ``workload``: what
+    the canary replays (:func:`request_source`)."""
     return {"device_kind": env.device_kind, "driver_version": env.driver_version,
-            "jax_version": env.jax_version, "serving_digest": digest or serving_digest()}
+            "jax_version": env.jax_version, "serving_digest": digest or serving_digest(),
+            "workload": workload}
 
 
 def wilson_interval(k: int, n: int) -> tuple[float, float]:
@@ -133,7 +157,7 @@ def log_calibration(tracking: Tracking, record: CalibrationRecord, *, signing: S
 def fresh_calibration(source: EvidenceSource, facts: dict, max_age_days: float,
                       now: datetime | None = None) -> tuple[str | None, str]:
     """The newest verified calibration of the family matching ``facts`` (device kind,
-    driver, JAX version, serving digest), at most ``max_age_days`` old, whose A/A rate
+    driver, JAX version, serving digest, workload), at most ``max_age_days`` old, whose A/A rate
     was within alpha. Returns ``(run id, what it is)`` or ``(None, why none counts)``."""
     now = now or datetime.now(UTC)
     found = sorted((a for a in source.attestations() if a.kind == "calibration"),
@@ -146,7 +170,8 @@ def fresh_calibration(source: EvidenceSource, facts: dict, max_age_days: float,
             why.append(str(err))
             continue
         record = CalibrationRecord.model_validate_json(data)
-        stale = [k for k in STALENESS_FACTS if record.facts.get(k) != facts.get(k)]
+        stale = [k for k in STALENESS_FACTS if record.facts.get(k, BEFORE_WORKLOADS.get(k))
+                 != facts.get(k, BEFORE_WORKLOADS.get(k))]
         age = (now - datetime.fromisoformat(record.created_at)).total_seconds() / 86400
         if stale:
             why.append(f"run {attestation.run_id}: stale ({', '.join(stale)} changed)")
