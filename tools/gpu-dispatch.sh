@@ -17,8 +17,9 @@
 #                                          single kernel K (default pallas_mosaic_gpu) and
 #                                          by `auto` serving that policy, same arrivals
 #                                          ($KG_LONGDOC_WORKLOAD, default longdoc-modernbert-base)
-#   tools/gpu-dispatch.sh rollout          `kernelgate rollout --implementation dispatch`
-#                                          of that policy into $KG_STORE, and its audit
+#   tools/gpu-dispatch.sh rollout [POLICY] `kernelgate rollout --implementation dispatch`
+#                                          of that policy (or the file POLICY, e.g. a
+#                                          committed merge) into $KG_STORE, and its audit
 #   tools/gpu-dispatch.sh xproc [N]        the canary's same-kernel A/A across placements
 #                                          (`xla` in the flow's process against a worker,
 #                                          worker against worker, in-process twice; N
@@ -87,8 +88,9 @@ case ${1:-} in
     done
     ;;
   rollout)
+    policy=${2:-$work/policy.json}
     step rollout-dispatch 560 python3 -m flows.cli rollout --implementation dispatch \
-      --dispatch-policy "$work/policy.json" --store-dir "$store"
+      --dispatch-policy "$policy" --store-dir "$store"
     # the version this rollout made, wherever it ended (a rolled-back one has no alias)
     made=$(grep -o 'kernelgate audit [0-9]* --family dispatch' "$out/rollout-dispatch.log" \
       | tail -n 1 | cut -d' ' -f3)
