@@ -67,6 +67,11 @@ def record_traffic(context: RolloutContext, preregistered: Preregistered,
             longdoc, context.record.work_dir / "traffic" / "longdoc-documents.json"))
         run_logger().info("canary replays workload %s (%d documents)%s", workload,
                           sum(len(s.documents) for s in longdoc), _bucket_power(gated, longdoc))
+    else:  # said either way: which traffic a verdict rests on is never left to guess
+        registered = sum(s.requests for s in gated.thresholds.canary.steps)
+        run_logger().info("canary replays MiniLM's recorded requests (%d over its registered "
+                          "steps, up to %d with extra looks; shadow %d)", registered,
+                          sum(sizes[1:]), sizes[0])
     return TrafficPlan(shadow=shadow, canary=list(zip(steps, canary, strict=True)),
                        longdoc=longdoc)
 

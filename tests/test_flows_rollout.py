@@ -190,6 +190,9 @@ def test_passing_candidate_is_promoted_with_full_lineage(seeded, make_settings, 
     assert (state.name, state.type) == ("Promoted", StateType.COMPLETED)
     assert recorded_state(state) == ("Promoted", StateType.COMPLETED)  # green in the UI
     assert "kernelgate-result:promoted" in flow_run_tags(state)
+    # the log says which traffic the verdict rests on, MiniLM's requests included
+    assert any(m.startswith("canary replays MiniLM's recorded requests (")
+               for m in flow_run_log(state)), flow_run_log(state)
     outcome = state.result()
     assert outcome.result == "promoted"
     assert registered_model.alias_version(tracking, FAMILY, "production") == outcome.version
