@@ -26,8 +26,11 @@ is one fixture per module, so ``scope="session"`` would still make one per modul
 
 def _shared(request, name: str, make):
     """``make()``'s (a generator's) first value, made once per test process; the rest of
-    the generator (its teardown) runs when pytest ends (``config.add_cleanup``, last
-    made first)."""
+    the generator (its teardown) runs when the session's last test has run (a finalizer
+    of the session node, last made first). Not ``config.add_cleanup``: that runs after
+    an xdist worker has reported its end, and xdist kills a worker still busy 10 s later
+    (``EXIT_TIMEOUT``), so stopping the stack's servers (up to 15 s each) was cut off and
+    left them running, with their pids in the stack's state file."""
     if name not in _SHARED:
         made = make()
         _SHARED[name] = next(made)
@@ -35,7 +38,7 @@ def _shared(request, name: str, make):
         def finish() -> None:
             _SHARED.pop(name, None)
             next(made, None)
-        request.config.add_cleanup(finish)
+        request.session.addfinalizer(finish)
     return _SHARED[name]
 
 
