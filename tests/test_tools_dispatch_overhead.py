@@ -13,29 +13,20 @@ from tools import dispatch_overhead
 COMMITTED = Path(__file__).parent.parent / "reliability/dispatch-overhead-cpu-h100-policy.json"
 
 
-def test_too_few_requests_is_a_usage_error(tmp_path, capsys):
+@pytest.mark.parametrize(("policy_text", "extra", "message"), [
+    ("{}", ["--requests", "3"], "--requests must be at least 4, got 3"),
+    (None, [], "no such file"),
+    ("{}", ["--requests", "4"], "--policy {policy}: "),
+], ids=["too-few-requests", "missing-policy", "not-a-policy"])
+def test_bad_arguments_are_usage_errors_naming_the_constraint(tmp_path, capsys, policy_text,
+                                                                extra, message):
     policy = tmp_path / "policy.json"
-    policy.write_text("{}")
+    if policy_text is not None:
+        policy.write_text(policy_text)
     with pytest.raises(SystemExit) as exit_:
-        dispatch_overhead.main(["--policy", str(policy), "--requests", "3"])
+        dispatch_overhead.main(["--policy", str(policy), *extra])
     assert exit_.value.code == 2
-    assert "--requests must be at least 4, got 3" in capsys.readouterr().err
-
-
-def test_a_missing_policy_is_a_usage_error(tmp_path, capsys):
-    with pytest.raises(SystemExit) as exit_:
-        dispatch_overhead.main(["--policy", str(tmp_path / "none.json")])
-    assert exit_.value.code == 2
-    assert "no such file" in capsys.readouterr().err
-
-
-def test_a_file_that_is_not_a_policy_is_a_usage_error(tmp_path, capsys):
-    policy = tmp_path / "policy.json"
-    policy.write_text("{}")
-    with pytest.raises(SystemExit) as exit_:
-        dispatch_overhead.main(["--policy", str(policy), "--requests", "4"])
-    assert exit_.value.code == 2
-    assert f"--policy {policy}: " in capsys.readouterr().err
+    assert message.format(policy=policy) in capsys.readouterr().err
 
 
 def test_the_committed_result_is_its_own_timings_judged():
