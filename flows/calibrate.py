@@ -171,14 +171,18 @@ def calibrate(tracking: Tracking, family: str, *, runs: int, signing: Signing,
         # (no production: the native baseline's endpoint, as a rollout's canary compares with)
         if plan.workload is None:
             endpoint = version_runners.endpoint(pool, "production", expect_version=version)
+
+            def one_run(seed):
+                return a_a_canary(plan, endpoint, model, documents, seed=seed)
         else:  # the workload's encoder with production's attention, as the canary serves it
             endpoint = version_runners.longdoc_endpoint(
                 pool, "production", load_spec(shipped(plan.workload)), expect_version=version)
+
+            def one_run(seed):
+                return longdoc_canary_run(plan, endpoint, endpoint, seed=seed)
         verdicts, ratios = [], []
         for i in range(runs):
-            verdict, reason, r = (
-                a_a_canary(plan, endpoint, model, documents, seed=i) if plan.workload is None
-                else longdoc_canary_run(plan, endpoint, endpoint, seed=i))
+            verdict, reason, r = one_run(i)
             verdicts.append((verdict, reason))
             ratios.append(r)
             if progress:
