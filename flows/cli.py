@@ -28,7 +28,7 @@ from flows.cli_history import timeline
 from flows.cli_keys import KeyDir, check_name, keys_app
 from flows.cli_log import CheckpointFiles, reanchor, witnessing
 from flows.cli_ops import notifications_app, ui
-from flows.cli_plan import nothing_to_roll_out, plan_arguments
+from flows.cli_plan import plan_arguments
 from flows.cli_revalidate import revalidate
 from flows.cli_stack import stack_app
 from flows.cli_store import existing_family, open_store
@@ -105,7 +105,12 @@ def rollout(implementation: Implementation = "auto",
     settings, plan = plan_arguments(implementation, thresholds, store_dir, block_q, block_kv, family,
                            new_family, key_dir, dispatch_policy, testset_profile=testset_profile,
                            documents_dir=documents_dir, loosening_approval=loosening_approval)
-    nothing_to_roll_out(implementation, plan)  # auto: production's own policy again
+    from flows.plan import NothingToRollOut, something_to_roll_out
+
+    try:  # auto: production's own policy again
+        something_to_roll_out(implementation, plan)
+    except NothingToRollOut as err:
+        raise typer.BadParameter(str(err), param_hint="--implementation") from None
     debug_log = route_to_debug_log(store_dir / "logs" / "third-party.log")
     typer.echo(f"third-party log lines (MLflow, Great Expectations, warnings): {debug_log}",
                err=True)

@@ -4,7 +4,8 @@ the fast checks first (``flows.cli_args``: no JAX), then the kernel, the thresho
 the family, which need the kernels and the store. For ``--implementation auto`` the
 store's production dispatch policy is read once here (``flows.plan.store_auto_policy``)
 and both the thresholds' choice and the plan see it; a rollout for which that policy is
-its own family's production already has nothing to roll out (:func:`nothing_to_roll_out`).
+its own family's production already has nothing to roll out (``flows.plan.NothingToRollOut``:
+``kernelgate rollout`` refuses it with exit 2).
 """
 
 from __future__ import annotations
@@ -21,29 +22,6 @@ from flows.cli_store import fail_fast_if_down, families, open_store
 from flows.paths import compilation_cache
 
 
-def nothing_to_roll_out(implementation: str, plan) -> None:
-    """Refuse a rollout of ``implementation`` ``auto`` whose plan (``flows.plan.RolloutPlan``)
-    serves the store's production dispatch policy in the very family whose production it
-    is: the candidate would be production itself, built again as a new version. Naming a
-    kernel (``--implementation dispatch --dispatch-policy FILE`` for this policy again, on
-    purpose) or another ``--family`` is not refused.
-
-    Raises:
-        typer.BadParameter: the policy is that family's production already (exit 2, before
-            anything is written; its version and sha256 named, and how to roll it out again).
-    """
-    from lineage.serving.dispatch_version import DISPATCH
-
-    ref = plan.dispatch_policy
-    if implementation != "auto" or ref is None or ref.path is not None or plan.family != DISPATCH:
-        return
-    raise typer.BadParameter(
-        f"nothing to roll out: {plan.why}, which is the production of family {plan.family} "
-        f"already (sha256 {ref.fingerprint}). To build and roll it out again as a new version, "
-        "name it: --implementation dispatch --dispatch-policy POLICY.json; to roll out "
-        "another kernel, name it with --implementation", param_hint="--implementation")
-
-
 def plan_arguments(implementation: str, thresholds: Path | None, store_dir: Path,
                    block_q: int | None, block_kv: int | None, family: str | None,
                    new_family: bool, key_dir: Path | None, dispatch_policy: Path | None = None,
@@ -53,7 +31,7 @@ def plan_arguments(implementation: str, thresholds: Path | None, store_dir: Path
     logged, built or evaluated. The kernel and thresholds lines are printed (stderr).
 
     Raises:
-        typer.BadParameter: an argument refused (named), or the environment's dispatch
+        typer.BadParameter: an argument refused (named), the environment's dispatch
             policy refused for ``auto``.
         typer.Exit: the store does not answer (exit 1).
     """

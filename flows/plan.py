@@ -30,10 +30,18 @@ from gates.serving_contract import ServingContract
 from gates.thresholds import Thresholds, parse_thresholds
 from kernels.dispatch_audit import PolicyError, load_policy
 from kernels.dispatch_policy import DispatchPolicy
+from kernels.errors import KernelgateError
 from lineage.records.bindings import RolloutBindings
 from lineage.records.registration import Registration
 from lineage.signing import keys
 from lineage.store import tracking as tr
+
+
+class NothingToRollOut(KernelgateError, ValueError):
+    """``auto`` resolved to the store's production dispatch policy in the very family whose
+    production it is: the candidate would be production itself, built again as a new
+    version. Raised by :func:`something_to_roll_out` before anything is written; the CLI refuses it
+    (exit 2), a scheduled rollout ends *NothingToRollOut* (``flows.rollout``)."""
 
 
 class RolloutPlan(BaseModel):
@@ -140,11 +148,34 @@ def resolve_plan(settings: RolloutSettings, backend: str,
         policy_file = settings.dispatch_policy
     with serving(policy):  # a dispatch kernel is named only while registered
         name, why = rollout_kernel(settings.implementation, backend, thresholds.serving, auto)
-    return RolloutPlan(family=settings.family or name, implementation=name, why=why,
+    plan = RolloutPlan(family=settings.family or name, implementation=name, why=why,
                        thresholds_file=path.name, thresholds_text=text,
                        thresholds=thresholds,
                        testset_profile=settings.testset_profile_for(backend),
                        dispatch_policy=PolicyReference.to(policy, policy_file))
+    return plan
+
+
+def something_to_roll_out(implementation: str, plan: RolloutPlan) -> None:
+    """Refuse a rollout of ``implementation`` ``auto`` whose ``plan`` serves the store's production dispatch policy (no
+    file: read from the store) in the family whose production that policy is. Naming a
+    kernel (``--implementation dispatch --dispatch-policy FILE`` for this policy again, on
+    purpose) or another family is not refused.
+
+    Raises:
+        NothingToRollOut: the policy is that family's production already (its version and
+            sha256 named, and how to roll it out again).
+    """
+    from lineage.serving.dispatch_version import DISPATCH
+
+    ref = plan.dispatch_policy
+    if implementation != "auto" or ref is None or ref.path is not None or plan.family != DISPATCH:
+        return
+    raise NothingToRollOut(
+        f"nothing to roll out: {plan.why}, which is the production of family {plan.family} "
+        f"already (sha256 {ref.fingerprint}). To build and roll it out again as a new version, "
+        "name it: --implementation dispatch --dispatch-policy POLICY.json; to roll out "
+        "another kernel, name it with --implementation")
 
 
 def plan_policy(plan: RolloutPlan, settings: RolloutSettings, backend: str

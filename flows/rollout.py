@@ -22,7 +22,7 @@ from evaluation.report import EvaluationReport
 from flows.end_states import outcome_of, rollout_end_state
 from flows.errored import errored_outcome, errored_state
 from flows.judge import build, confirm, evaluate, gate
-from flows.plan import RolloutPlan
+from flows.plan import NothingToRollOut, RolloutPlan
 from flows.promotion import (
     adoption_evidence,
     approve,
@@ -64,17 +64,32 @@ def rollout(settings: RolloutSettings | None = None,
     """Governed rollout of one candidate kernel under ``plan`` (``flows.plan``; None: the
     one ``settings`` resolve to). Ends in a state named for what happened (*Promoted*,
     *Rejected*, *TimedOut*, *RolledBack*, *NotAdopted*, typed by ``flows.end_states``), or
-    *Errored* (``flows.errored``). A call returns a promotion's outcome, raises any other's
-    (``RolloutNotPromoted``, ``RolloutErrored``); :func:`run_rollout` returns them all."""
+    *Errored* (``flows.errored``), or *NothingToRollOut* (:func:`_ended_early`). A call returns
+    a promotion's outcome, raises any other's (``RolloutNotPromoted``, ``RolloutErrored``);
+    :func:`run_rollout` returns them all."""
     try:
-        with rollout_session(settings or RolloutSettings(), plan) as context:
+        with rollout_session(settings or RolloutSettings(), plan, new_version=True) as context:
             outcome = _stages(context)
     except Exception as err:
-        if (errored := errored_outcome(err)) is None:
-            raise
-        tag_result("errored")
-        return errored_state(errored, err)
+        return _ended_early(err)
     return rollout_end_state(outcome)
+
+
+def _ended_early(err: Exception):
+    """The final state of a rollout that raised ``err`` before its stages ended:
+    *NothingToRollOut* (Completed-type; nothing was opened or written) where ``auto``
+    resolved to its own family's production policy, as a deployment's default settings do
+    once a policy is promoted; *Errored* where the record was open (``flows.errored``).
+
+    Raises:
+        Exception: ``err`` itself, raised before the record opened (a bad plan).
+    """
+    if isinstance(err, NothingToRollOut):
+        return end_state("nothing_to_roll_out", str(err), None)
+    if (errored := errored_outcome(err)) is None:
+        raise err
+    tag_result("errored")
+    return errored_state(errored, err)
 
 
 def _stages(ctx: RolloutContext) -> RolloutOutcome:

@@ -26,7 +26,7 @@ from evaluation.testset import ensure_testset
 from flows.dispatch_candidate import serving
 from flows.errored import OUTCOME_ATTRIBUTE, stage_of
 from flows.log_sequencer import server_sequencer
-from flows.plan import RolloutPlan, plan_policy, resolve_plan
+from flows.plan import RolloutPlan, plan_policy, resolve_plan, something_to_roll_out
 from flows.results import Prepared, Preregistered, RolloutContext, ServingModel
 from flows.settings import RolloutSettings
 from flows.stages import StageTask, run_logger, stage_clock, stage_task  # noqa: F401 - re-exported
@@ -145,7 +145,7 @@ def family_slot(family: str, *, timeout_s: float | None = None) -> Iterator[bool
 @contextlib.contextmanager
 def rollout_session(settings: RolloutSettings, plan: RolloutPlan | None = None, *,
                     stage: str = "rollout", clear_stale_aliases: bool = True,
-                    run_name: str | None = None) -> Iterator[RolloutContext]:
+                    run_name: str | None = None, new_version: bool = False) -> Iterator[RolloutContext]:
     """A rollout's whole life under one plan (``plan``, or the one ``settings`` resolve to,
     resolved here once): the plan's dispatch policy served as the ``dispatch`` kernel (if any),
     the family's lock held (on an embedded store) or its slot in the family's Prefect
@@ -154,12 +154,15 @@ def rollout_session(settings: RolloutSettings, plan: RolloutPlan | None = None, 
     unfinished version, the parent run FAILED — or, after a completed promotion, a note that
     only bookkeeping failed). What it had done when it failed is read from its record.
 
-    Raises:
+    Raises (before anything is opened or locked):
         ValueError, FileNotFoundError: the settings resolve to no plan (a bad thresholds
             file, an unknown kernel), or the plan's dispatch policy changed since it was
-            resolved (``flows.plan.plan_policy``), before anything is opened or locked.
+            resolved (``flows.plan.plan_policy``); ``flows.plan.NothingToRollOut`` with
+            ``new_version`` (a rollout), where ``auto`` resolved to its family's production.
     """
     plan = plan or resolve_plan(settings, kernels.default_backend())
+    if new_version:
+        something_to_roll_out(settings.implementation, plan)
     family, policy = plan.family, plan_policy(plan, settings, kernels.default_backend())
     with (serving(policy), rollout.family_lock(settings.store_dir, family) as locked,
           family_slot(family) as slotted):
@@ -310,7 +313,8 @@ STATE_NAMES: dict[str, str] = {"promoted": "Promoted", "rejected": "Rejected",
                                "timed_out": "TimedOut", "rolled_back": "RolledBack", "passed": "Passed",
                                "evaluated": "Evaluated", "built": "Built",
                                "nothing_in_production": "NothingInProduction",
-                               "not_adopted": "NotAdopted", "errored": "Errored"}
+                               "not_adopted": "NotAdopted", "errored": "Errored",
+                               "nothing_to_roll_out": "NothingToRollOut"}
 """Result -> the name of the state a flow run ends in (the Prefect UI's runs list shows
 it). Completed-type from :func:`end_state`; the rollout's own ends are typed by what they
 mean (``flows.end_states``: only *Promoted* is Completed). *Errored* (a crash) is

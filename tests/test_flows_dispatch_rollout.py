@@ -102,15 +102,18 @@ def _own_keys(folder: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def promoted_again(promoted, tmp_path_factory):
-    """A copy of that store in which ``--implementation auto`` was rolled out: the
-    store's production policy built as a new version of the family and promoted:
-    (store folder, its key folder, outcome)."""
+    """A copy of that store in which the production policy was rolled out again, named
+    on purpose (``--implementation dispatch --dispatch-policy``, as the refusal of ``auto``
+    says): built as a new version of the family and promoted: (store folder, its key
+    folder, outcome)."""
     store, _ = promoted
     folder = tmp_path_factory.mktemp("dispatch-auto")
     again, keys = copy_store(store, folder / "store"), _own_keys(folder / "keys")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("KERNELGATE_KEY_DIR", str(keys))
-        return again, keys, run_rollout(_settings(store.parent, again))
+        return again, keys, run_rollout(_settings(
+            store.parent, again, implementation="dispatch",
+            dispatch_policy=store.parent / "policy.json", family=FAMILY))
 
 
 def _audit(store: Path, *extra: str) -> tuple[int, str]:
@@ -325,6 +328,38 @@ def test_a_plain_rollout_of_the_production_policy_has_nothing_to_roll_out(promot
         outcome.version)
 
 
+def test_a_scheduled_rollout_of_the_production_policy_ends_nothing_to_roll_out(
+        promoted, tmp_path, monkeypatch):
+    """A deployment's rollout with default settings (``auto``) once a policy is promoted:
+    the flow run ends *NothingToRollOut*, Completed-type, naming the version, and writes
+    no run, version or log entry; the same flow with the policy named builds a version
+    (the refusal is ``auto``'s alone: tested by ``promoted_again``)."""
+    from prefect.states import StateType
+
+    from flows.rollout import rollout
+
+    store, outcome = promoted
+    copy = copy_store(store, tmp_path / "store")
+    monkeypatch.setenv("KERNELGATE_KEY_DIR", str(_own_keys(tmp_path / "keys")))
+    monkeypatch.delenv(POLICY_ENV, raising=False)
+    monkeypatch.delenv(SHA256_ENV, raising=False)
+    client = local_tracking(copy).client()
+
+    def written() -> tuple:
+        runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+        return (sorted(r.info.run_id for r in runs),
+                sorted(v.version for v in client.search_model_versions(f"name='{FAMILY}'")),
+                sorted(p.name for p in copy.rglob("*") if p.is_file()))
+
+    before = written()
+    state = rollout(_settings(store.parent, copy), return_state=True)
+    assert (state.name, state.type) == ("NothingToRollOut", StateType.COMPLETED), state.message
+    assert state.message.startswith(
+        f"nothing to roll out: auto -> dispatch v{outcome.version} (the store's production"), (
+        state.message)
+    assert written() == before
+
+
 def test_auto_without_a_production_dispatch_policy_is_what_it_was(tmp_path, signing,
                                                                   monkeypatch):
     monkeypatch.delenv(POLICY_ENV, raising=False)
@@ -386,7 +421,7 @@ def test_the_environments_policy_overrides_the_stores(promoted, tmp_path, monkey
                         "store's production dispatch policy)")
 
 
-def test_an_auto_rollout_builds_the_production_policy_and_a_rollback_restores_the_first(
+def test_the_policy_rolled_out_again_by_name_is_a_new_version_a_rollback_restores_the_first(
         promoted, promoted_again, signing, monkeypatch):
     from flows.rollback import manual_rollback
     from lineage.audit.audit import audit
