@@ -165,11 +165,11 @@ def calibrate(tracking: Tracking, family: str, *, runs: int, signing: Signing,
         raise ValueError("the registered plan uses the legacy mannwhitneyu test: nothing to "
                          "calibrate (register signed_rank_abba)")
     model = serving_model(contract)
-    documents = assign_splits(load_documents(None))["heldout"]
     pool = version_runners.VersionPool(tracking, family, model, signing.trust)
     try:
         # (no production: the native baseline's endpoint, as a rollout's canary compares with)
-        if plan.workload is None:
+        if plan.workload is None:  # MiniLM's requests, cut from the held-out documents
+            documents = assign_splits(load_documents(None))["heldout"]
             endpoint = version_runners.endpoint(pool, "production", expect_version=version)
 
             def one_run(seed):
