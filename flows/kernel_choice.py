@@ -173,9 +173,12 @@ def default_thresholds(implementation: str, backend: str, auto: AutoPolicy | Non
     name, _ = rollout_kernel(implementation, backend,
                              load_thresholds(DEFAULT_THRESHOLDS).serving, auto)
     if kernels.IMPLEMENTATIONS[name].is_native(backend):
-        return DEFAULT_THRESHOLDS, f"{name} is native on {backend}: the local-dry-run profile"
+        return DEFAULT_THRESHOLDS, (
+            f"{name} is native on {backend}: the local-dry-run profile "
+            "(thresholds/local-dry-run.yaml)")
     return INTERPRETED_THRESHOLDS, (
-        f"{name} runs interpreted on {backend}: the local-interpreted profile (local-dry-run's "
+        f"{name} runs interpreted on {backend}: the local-interpreted profile "
+        "(thresholds/local-interpreted.yaml: local-dry-run's "
         "criteria; MiniLM check on 4 documents, canary of 16 candidate requests, whose latency "
         "is not assessed; the accuracy cases in TPU interpret mode, the MiniLM check, shadow "
         "and canary under the generic interpret lowering); pass --thresholds "

@@ -145,6 +145,22 @@ def test_speed_metrics_absent_when_candidate_is_not_native(tmp_path, synthetic_t
     assert all("candidate" not in s.implementations for s in report.performance.shapes)
 
 
+def test_an_interpreted_production_is_not_timed_either(tmp_path, synthetic_testset,
+                                                       monkeypatch):
+    """Production served by a kernel that runs interpreted here (a second ``make run``:
+    ``pallas_tpu`` against ``pallas_tpu``): its speed metrics judge nothing (dropped from
+    its metrics), so it is not timed; the native candidate and baseline are."""
+    tpu_only = type("TpuOnlyXla", (type(kernels.IMPLEMENTATIONS["xla"]),),
+                    {"native_platforms": ("tpu",)})()
+    monkeypatch.setitem(kernels.IMPLEMENTATIONS, "tpu_only_xla", tpu_only)
+    report = _evaluate(tmp_path, candidate="naive", production="tpu_only_xla")
+    assert report.speed_assessed
+    assert all("production" not in s.implementations for s in report.performance.shapes)
+    assert all(s.implementations["candidate"].p50_s > 0 for s in report.performance.shapes)
+    assert not SPEED_METRICS & set(report.production_metrics)
+    assert "accuracy.all.max_rel_error" in report.production_metrics
+
+
 def test_wrong_callable_candidate_is_flagged_in_the_report(tmp_path, synthetic_testset):
     report = _evaluate(tmp_path, candidate=wrong_scale)
     assert report.candidate.implementation is None and report.candidate.name == "wrong_scale"

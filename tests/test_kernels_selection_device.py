@@ -138,11 +138,12 @@ def test_auto_never_picks_a_kernel_that_refuses_part_of_the_contract(tmp_path, m
 def test_a_rollout_without_thresholds_registers_the_profile_of_how_its_kernel_runs(
         implementation, backend, profile, kernel):
     """No --thresholds: an interpreted candidate gets local-interpreted (smaller sizes,
-    declared), a native one local-dry-run; the sentence says which and why."""
+    declared), a native one local-dry-run; the sentence names the file and says why."""
     from flows import kernel_choice
     from gates.thresholds import load_thresholds
 
     path, why = kernel_choice.default_thresholds(implementation, backend)
     assert load_thresholds(path).profile == profile
     assert kernel in why and profile in why
+    assert f"(thresholds/{path.name}" in why  # the file the rollout registers, by name
     assert ("interpreted" in why) == (profile == "local-interpreted")
