@@ -171,6 +171,7 @@ def audit(target: Annotated[str, typer.Argument(help="alias (production, canary,
     """Re-derive why a version is where it is: verify every signed attestation, the family's signed log (against the pipeline's checkpoint, yours, and the head this audit remembered), the complete chain, each decision and every artifact (exit 1 on any problem)."""
     if bundle is None:
         check_known_family(family, store_dir)
+        tracking = open_store(store_dir, must_exist=True)  # refused before anything is said
     from flows.cli_store import add_ownership_findings
     from lineage.audit.audit import audit as run_audit
     from lineage.audit.bundle import BundleSource, export_bundle
@@ -194,7 +195,6 @@ def audit(target: Annotated[str, typer.Argument(help="alias (production, canary,
         source = BundleSource(bundle, trust)
         result = run_audit(None, check_name(family or source.family), target, source=source, witnessing=witnessing(key_dir, checkpoint, bundle))
     else:
-        tracking = open_store(store_dir, must_exist=True)
         fam = existing_family(tracking, family)
         result = run_audit(tracking, fam, target, trust=trust, load_model=load_model,
                            recheck_reference=recheck_reference, witnessing=witnessing(key_dir, checkpoint, None))

@@ -22,7 +22,8 @@ def open_store(store_dir: Path, *, must_exist: bool, writes: bool = False):
     fail_fast_if_down()
     from lineage.store import tracking as tr
     if not os.environ.get("MLFLOW_TRACKING_URI") and must_exist and not (store_dir / "mlflow.db").exists():
-        raise typer.BadParameter(f"no MLflow store at {store_dir.resolve()} (run a rollout first, or pass --store-dir / set MLFLOW_TRACKING_URI)")
+        raise typer.BadParameter(f"no MLflow store at {store_dir.resolve()} (run a rollout first, or pass --store-dir / set MLFLOW_TRACKING_URI)",
+                                 param_hint="--store-dir")
     tracking = tr.tracking_for(store_dir)
     try:
         tr.check_reachable(tracking)

@@ -34,3 +34,19 @@ def test_an_unknown_family_is_refused_naming_the_known_ones(store_families) -> N
     store_families(["pallas_mosaic_gpu", "naive"])
     with pytest.raises(typer.BadParameter, match=r"no family 'xla'.*pallas_mosaic_gpu"):
         cli_store.existing_family(None, "xla")
+
+
+def test_an_audit_of_a_store_that_is_not_there_is_refused_before_anything_is_said(tmp_path):
+    """Exit 2 naming ``--store-dir`` and the folder; the key-trust line, which would
+    suggest the audit had begun, is not printed; nothing is created."""
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    missing = tmp_path / "no-store"
+    result = CliRunner().invoke(app, ["audit", "--store-dir", str(missing)])
+    text = " ".join(result.output.split())
+    assert result.exit_code == 2, result.output
+    assert "--store-dir" in text and f"no MLflow store at {missing}" in text, text
+    assert "trusting" not in text, text
+    assert not missing.exists()
