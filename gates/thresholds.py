@@ -21,6 +21,7 @@ Every field declares where it is defined which change of it loosens the threshol
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import math
 import operator
@@ -76,8 +77,12 @@ class _Criterion(_Strict):
     @classmethod
     def _known_metric(cls, metric: str) -> str:
         if metric not in KNOWN_METRICS:
-            close = sorted(m for m in KNOWN_METRICS if m.split(".")[0] == metric.split(".")[0])
-            raise ValueError(f"unknown metric {metric!r}; known metrics of that family: {close}")
+            close = difflib.get_close_matches(metric, sorted(KNOWN_METRICS), n=2, cutoff=0.8)
+            family = sorted(m for m in KNOWN_METRICS if m.split(".")[0] == metric.split(".")[0])
+            hint = (f"did you mean {' or '.join(repr(c) for c in close)}?" if close else
+                    f"known metrics of that family: {', '.join(family)}" if family else
+                    "the metric names are listed in ARCHITECTURE.md")
+            raise ValueError(f"unknown metric {metric!r}; {hint}")
         return metric
     native_only: bool | None = limit(
         L.ANY_CHANGE, compare="requires_native", default=None,

@@ -107,8 +107,11 @@ def explain(error: ValidationError, data: bytes | str, *, source: str,
                 meant |= {(loc[:-1], c) for c in close}
         elif err["type"] == "missing" and loc:
             message = f"{loc[-1]!r} is required here and missing"
-        elif isinstance(err.get("input"), str | int | float | bool):
-            message += f" (got {err['input']!r})"
+        else:
+            message = message.removeprefix("Value error, ")  # a validator's own sentence
+            value = err.get("input")
+            if isinstance(value, str | int | float | bool) and repr(value) not in message:
+                message += f" (got {value!r})"
         seen[key] = []
         said[key] = (loc, (f"{source}:{line}" if line is not None else source)
                      + f": {shown}: {message}")

@@ -187,9 +187,21 @@ def test_hash_tracks_bytes_not_meaning():
 def test_a_misspelled_metric_is_refused_when_the_file_is_loaded():
     text = (ROOT / "thresholds" / "local-dry-run.yaml").read_text()
     assert "accuracy.all.nan_count" in text
-    with pytest.raises(ValueError, match="unknown metric 'accuracy.all.nan_cout'"):
+    with pytest.raises(ValueError, match="unknown metric 'accuracy.all.nan_cout'") as refused:
         parse_thresholds(text.replace("accuracy.all.nan_count", "accuracy.all.nan_cout", 1).encode(),
                          source="typo.yaml")
+    line = next(n for n, t in enumerate(text.splitlines(), 1) if "accuracy.all.nan_count" in t)
+    said = str(refused.value)
+    assert (f"typo.yaml:{line}: platforms.tpu.value.0.metric: unknown metric "
+            "'accuracy.all.nan_cout'; did you mean 'accuracy.all.nan_count'") in said, said
+    assert "Value error" not in said and max(map(len, said.splitlines())) < 300, said
+
+
+def test_a_metric_with_no_near_name_is_refused_naming_its_family():
+    text = (ROOT / "thresholds" / "local-dry-run.yaml").read_text()
+    with pytest.raises(ValueError, match=r"unknown metric 'latency\.median_seconds'; known metrics of "
+                       r"that family: latency\.p50_s, latency\.p95_s, latency\.p99_s"):
+        parse_thresholds(text.replace("latency.p50_s", "latency.median_seconds", 1).encode())
 
 
 # --- schema versions: v1 files (stored registrations) parse through upgrade_v1 -----------
