@@ -48,7 +48,12 @@ def check_implementation(implementation: str) -> str:
     """
     names = kernel_names()
     if implementation not in ("auto", "native", "dispatch") and implementation not in names:
-        raise typer.BadParameter(f"unknown implementation {implementation!r}; choose one of "
+        import difflib
+
+        close = difflib.get_close_matches(implementation, [*names, "auto", "native", "dispatch"],
+                                          n=1, cutoff=0.75)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise typer.BadParameter(f"unknown implementation {implementation!r}; {hint}choose one of "
                                  f"{names}, 'auto', 'native' or 'dispatch'", param_hint="--implementation")
     return implementation
 

@@ -91,6 +91,20 @@ def test_the_cli_accepts_a_plugin_name_before_importing_the_kernels():
 
 
 
+@pytest.mark.parametrize("typed, meant", [("pallas_tpuu", "pallas_tpu"), ("dispach", "dispatch"),
+                                           ("flash9000", None)])
+def test_a_misspelt_implementation_is_refused_with_the_name_it_is_nearest(typed, meant):
+    import typer
+
+    from flows import cli_args
+
+    with pytest.raises(typer.BadParameter, match=f"unknown implementation '{typed}'") as refused:
+        cli_args.check_implementation(typed)
+    said = str(refused.value)
+    assert (f"did you mean {meant!r}?" in said) if meant else ("did you mean" not in said), said
+    assert "'auto', 'native' or 'dispatch'" in said
+
+
 def test_the_cli_check_reads_the_registry_itself():
     """``flows.cli_args`` imports the registry (no JAX) instead of a copy of its names or
     its grammar: the same names, plugins included."""
