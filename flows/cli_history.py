@@ -43,8 +43,8 @@ def timeline(family: Annotated[str | None, typer.Option(
         typer.echo(f"\nproduction of {fam} (signed alias history, {count}):")
         for move in moves:
             now = f"v{move.version}" if move.version else "nothing"
-            typer.echo(f"  {move.at:%Y-%m-%d %H:%M:%S} {move.action:<9} "
-                       f"v{move.previous_version or '-'} -> {now}"
+            before = f"v{move.previous_version}" if move.previous_version else "nothing"
+            typer.echo(f"  {move.at:%Y-%m-%d %H:%M:%S} {move.action:<9} {before} -> {now}"
                        + (f": {move.reason}" if move.reason else ""))
         for problem in problems:
             typer.echo(f"  ! {problem}")

@@ -8,6 +8,7 @@ each test compares the registry before and after its own rollout.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from pathlib import Path
@@ -612,6 +613,8 @@ def test_manual_rollback_restores_the_chosen_version_signed_and_audited(
     assert shown.exit_code == 0, shown.output
     assert (f"rollback  v{promoted.version} -> v{earlier}: manual rollback requested by "
             "rm@example.com: paging storm") in shown.output, shown.output
+    # the family's first production move comes from nothing, said in words
+    assert re.search(r"promote +nothing -> v\d+\n", shown.output), shown.output
 
 
 def test_a_rollout_that_fails_in_canary_is_closed_by_what_its_record_says(
