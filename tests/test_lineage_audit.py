@@ -266,3 +266,16 @@ def test_a_canary_step_signed_with_a_verdict_its_samples_do_not_give_is_caught(
     assert not report.ok
     assert any("canary re-derived" in p and "slower True" in p for p in report.problems), \
         report.problems
+
+
+@pytest.mark.parametrize("config, shown", [
+    (None, "pallas_tpu default config, code sha256 0123456789ab"),
+    ({}, "pallas_tpu default config, code sha256 0123456789ab"),
+    ({"block_q": 128}, "pallas_tpu config {'block_q': 128}, code sha256 0123456789ab"),
+])
+def test_the_build_line_says_default_config_where_the_build_passed_none(config, shown):
+    from lineage.audit.audit import build_line
+
+    predicate = {"implementation": "pallas_tpu", "config": config,
+                 "code_sha256": "0123456789abcdef" * 4}
+    assert build_line(predicate) == shown

@@ -119,6 +119,15 @@ def _rederive(source: EvidenceSource, record: DecisionRecord, evidence: chain.Ch
                                  f"{record.decision.verdict}")
 
 
+def build_line(predicate: dict) -> str:
+    """The audit chain's build line for a signed build attestation's ``predicate``: the
+    implementation, its kernel config (``default config`` where the build passed none:
+    the kernel chose its own) and the code sha256's first 12 hex digits."""
+    config = predicate.get("config")
+    shown = f"config {config}" if config else "default config"
+    return (f"{predicate.get('implementation')} {shown}, code sha256 "
+            f"{str(predicate.get('code_sha256'))[:12]}")
+
 def _display(walk: Walk, evidence: chain.ChainEvidence, missing: list[str],
              source: EvidenceSource, version: str, promoted: bool) -> None:
     def named(word: str) -> bool:
@@ -126,9 +135,7 @@ def _display(walk: Walk, evidence: chain.ChainEvidence, missing: list[str],
 
     if evidence.build is not None:
         b = evidence.build.predicate
-        walk.link("build", evidence.build_run_id, True,
-                  f"{b.get('implementation')} config {b.get('config')}, code sha256 "
-                  f"{str(b.get('code_sha256'))[:12]}", problem=False)
+        walk.link("build", evidence.build_run_id, True, build_line(b), problem=False)
     for label, record in (("gate decision", evidence.decision),
                           ("confirmation decision", evidence.confirmation)):
         if record is None:
