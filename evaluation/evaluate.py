@@ -281,9 +281,8 @@ def evaluate_candidate(
     if measure_speed:
         # An interpreted kernel is not timed: its timings judge nothing (an interpreted
         # candidate's speed criteria are not assessed, an interpreted production's speed
-        # metrics are dropped below) and cost minutes on the 2-core CPU (117 of `make
-        # run`'s 348 s of evaluation; 72 s more in a second `make run`, production
-        # `pallas_tpu`). The native roles are timed, the baseline always (the reference).
+        # metrics are dropped below) and cost minutes on a CPU host (BENCHMARKS.md). The
+        # native roles are timed, the baseline always (the reference).
         timed = {role: r for role, r in runners.items() if native[role] or role == "baseline"}
         shapes = list(perf_shapes) if perf_shapes is not None else default_shapes(backend)
         perf = measure_performance(timed, shapes, baseline="baseline", repeats=repeats,

@@ -40,8 +40,8 @@ from lineage.store import tracking as tr
 class NothingToRollOut(KernelgateError, ValueError):
     """``auto`` resolved to the store's production dispatch policy in the very family whose
     production it is: the candidate would be production itself, built again as a new
-    version. Raised by :func:`something_to_roll_out` before anything is written; the CLI refuses it
-    (exit 2), a scheduled rollout ends *NothingToRollOut* (``flows.rollout``)."""
+    version. Raised by :func:`something_to_roll_out` before anything is written; the CLI
+    refuses it (exit 2), a scheduled rollout ends *NothingToRollOut* (``flows.rollout``)."""
 
 
 class RolloutPlan(BaseModel):
@@ -148,19 +148,19 @@ def resolve_plan(settings: RolloutSettings, backend: str,
         policy_file = settings.dispatch_policy
     with serving(policy):  # a dispatch kernel is named only while registered
         name, why = rollout_kernel(settings.implementation, backend, thresholds.serving, auto)
-    plan = RolloutPlan(family=settings.family or name, implementation=name, why=why,
+    return RolloutPlan(family=settings.family or name, implementation=name, why=why,
                        thresholds_file=path.name, thresholds_text=text,
                        thresholds=thresholds,
                        testset_profile=settings.testset_profile_for(backend),
                        dispatch_policy=PolicyReference.to(policy, policy_file))
-    return plan
 
 
 def something_to_roll_out(implementation: str, plan: RolloutPlan) -> None:
-    """Refuse a rollout of ``implementation`` ``auto`` whose ``plan`` serves the store's production dispatch policy (no
-    file: read from the store) in the family whose production that policy is. Naming a
-    kernel (``--implementation dispatch --dispatch-policy FILE`` for this policy again, on
-    purpose) or another family is not refused.
+    """Refuse a rollout of ``implementation`` ``auto`` whose ``plan`` serves the store's
+    production dispatch policy (no file: read from the store) in the family whose
+    production that policy is. Naming a kernel (``--implementation dispatch
+    --dispatch-policy FILE`` for this policy again, on purpose) or another family is not
+    refused.
 
     Raises:
         NothingToRollOut: the policy is that family's production already (its version and

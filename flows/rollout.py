@@ -17,6 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from prefect import flow
+from prefect.states import State
 
 from evaluation.report import EvaluationReport
 from flows.end_states import outcome_of, rollout_end_state
@@ -75,7 +76,7 @@ def rollout(settings: RolloutSettings | None = None,
     return rollout_end_state(outcome)
 
 
-def _ended_early(err: Exception):
+def _ended_early(err: Exception) -> State:
     """The final state of a rollout that raised ``err`` before its stages ended:
     *NothingToRollOut* (Completed-type; nothing was opened or written) where ``auto``
     resolved to its own family's production policy, as a deployment's default settings do

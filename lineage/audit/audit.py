@@ -128,6 +128,7 @@ def build_line(predicate: dict) -> str:
     return (f"{predicate.get('implementation')} {shown}, code sha256 "
             f"{str(predicate.get('code_sha256'))[:12]}")
 
+
 def _display(walk: Walk, evidence: chain.ChainEvidence, missing: list[str],
              source: EvidenceSource, version: str, promoted: bool) -> None:
     def named(word: str) -> bool:
