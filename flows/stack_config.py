@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import secrets
 import socket
 from datetime import timedelta
@@ -154,8 +155,45 @@ class Stack(BaseModel):
         return path
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on ``host`` right now (the OS picks it)."""
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LISTEN_PORTS_FROM = 10000  # below: well-known services' habitual ports (5000, 5432, 8080)
+
+
+def ephemeral_port_range() -> tuple[int, int]:
+    """The ports the kernel hands to outgoing connections, inclusive: Linux's
+    ``ip_local_port_range``; elsewhere IANA's dynamic range, 49152-65535 (RFC 6335)."""
+    try:
+        low, high = (int(field) for field in EPHEMERAL_RANGE_FILE.read_text().split())
+    except (OSError, ValueError):
+        low, high = 49152, 65535
+    return low, high
+
+
+def free_port(host: str = "127.0.0.1", *, rng: random.Random | None = None,
+              tries: int = 64) -> int:
+    """A TCP port free for a server to listen on ``host``, chosen below the ephemeral range.
+
+    ``bind(0)`` would return a port from the ephemeral range, which outgoing connections
+    draw from too: between this call and the server's own bind (seconds, while it imports
+    and loads a model) any client connection on the host could take it, and the server
+    died with "address already in use" (seen in CI: ``mlflow models serve`` on port 40047
+    beside the test workers' connections). Below the range only another listener can take
+    it, and a random choice among some 20,000 ports makes two at once unlikely.
+
+    Falls back to the OS's choice when the range leaves no room below it, or when
+    ``tries`` random ports are all taken.
+    """
+    low, _ = ephemeral_port_range()
+    rng = rng or random.SystemRandom()
+    if low - LISTEN_PORTS_FROM >= 1000:
+        for _ in range(tries):
+            port = rng.randrange(LISTEN_PORTS_FROM, low)
+            with socket.socket() as sock:
+                try:
+                    sock.bind((host, port))
+                except OSError:
+                    continue
+                return port
     with socket.socket() as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]

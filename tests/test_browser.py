@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextvars
 import os
 import re
-import socket
 import subprocess
 import sys
 import threading
@@ -37,6 +36,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from flows.stack_config import free_port
 from kernels.shapes import AttentionShape
 
 pytestmark = pytest.mark.browser
@@ -49,12 +49,6 @@ GENAI = re.compile(r"traces|evaluation|genai|prompts|chat-sessions|gateway", re.
 """What a GenAI view's address holds (MLflow 3.17's routes); no model-training one does."""
 SMALL_SHAPE = [AttentionShape(batch=1, q_len=128, kv_len=128, num_heads=4, num_kv_heads=4,
                               head_dim=32, dtype="float32", causal=False)]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_http(url: str, timeout_s: float = 180) -> None:
@@ -106,7 +100,7 @@ def prefect_ui(tmp_path_factory):
     import prefect.settings
 
     home = tmp_path_factory.mktemp("prefect-home")
-    port = _free_port()
+    port = free_port()
     api = f"http://127.0.0.1:{port}/api"
     env = dict(os.environ, PREFECT_HOME=str(home), PREFECT_API_URL=api,
                PREFECT_UI_API_URL=api, PREFECT_SERVER_ANALYTICS_ENABLED="false")
@@ -347,7 +341,7 @@ def test_release_manager_sees_why_a_blank_approver_is_refused_then_rejects(
 
 @pytest.fixture
 def mlflow_ui(store):
-    port = _free_port()
+    port = free_port()
     ui = subprocess.Popen([sys.executable, "-m", "flows.cli", "ui", "--store-dir",
                            str(store / "store"), "--port", str(port)], cwd=ROOT,
                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -14,6 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from flows.stack_config import free_port
+
 ROOT = Path(__file__).parents[1]
 KERNELGATE = Path(sys.executable).parent / "kernelgate"
 
@@ -99,12 +101,6 @@ def test_a_submodule_is_an_attribute_of_the_lazy_package_on_first_use():
                    "module 'kernels' has no attribute 'no_such_thing'"], out
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _listening(port: int) -> bool:
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) == 0
@@ -120,7 +116,7 @@ def _group_alive(pgid: int) -> bool:
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_ui_stops_with_every_child_on(signum, tmp_path):
-    port = _free_port()
+    port = free_port()
     children: list[str] = []
     ui = subprocess.Popen([str(KERNELGATE), "ui", "--store-dir", str(tmp_path / "store"),
                            "--port", str(port)], cwd=ROOT, stdout=subprocess.PIPE,

@@ -3,11 +3,14 @@ are ``tests/test_services.py``, marked ``services``)."""
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 import yaml
 from typer.testing import CliRunner
 
 from flows import stack as st
+from flows import stack_config
 from flows.cli import app
 from tests import services as sv
 
@@ -58,3 +61,39 @@ def test_stack_commands_without_a_running_stack(tmp_path):
     assert status.exit_code == 1 and "no stack is running" in status.output
     down = CliRunner().invoke(app, ["stack", "down", "--config", str(path)])
     assert down.exit_code == 0 and "nothing was running" in down.output
+
+
+def test_a_free_port_for_a_server_is_below_the_ephemeral_range_and_bindable():
+    low, high = stack_config.ephemeral_port_range()
+    assert 1024 < low <= high <= 65535
+    for _ in range(20):  # bind(0) would hand out ports from [low, high], where clients take them
+        port = stack_config.free_port()
+        assert not low <= port <= high, (port, low, high)
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))
+
+
+class _Scripted:
+    """An rng whose ``randrange`` returns the given ports in turn."""
+
+    def __init__(self, ports):
+        self.ports = list(ports)
+
+    def randrange(self, start, stop):
+        port = self.ports.pop(0)
+        assert start <= port < stop
+        return port
+
+
+def test_a_port_a_listener_holds_is_passed_over():
+    with socket.socket() as held:
+        taken = stack_config.free_port()
+        held.bind(("127.0.0.1", taken))
+        held.listen()
+        other = stack_config.free_port()
+        assert stack_config.free_port(rng=_Scripted([taken, other])) == other
+        # every try taken: the OS's own choice, still a port one can listen on
+        fallback = stack_config.free_port(rng=_Scripted([taken] * 3), tries=3)
+        assert fallback != taken
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", fallback))

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import textwrap
@@ -25,6 +24,7 @@ import pytest
 
 import kernels
 from evaluation.model import MiniLM
+from flows.stack_config import free_port
 from kernels.build import build as build_kernel
 from kernels.shapes import AttentionShape
 from lineage.aliases import registered_model, registry
@@ -294,17 +294,11 @@ def test_the_version_page_has_a_signature_and_an_input_example(store):
     assert f"jax=={jax.__version__}" in requirements
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_mlflow_models_serve_embeds_with_the_production_version(store, signed):
     tracking, tmp, built = store
     version = registered_model.alias_version(tracking, FAMILY, "production") or built["here"][1]
     registry_uri = f"models:/{registered_model.registered_model_name(FAMILY)}/{version}"
-    port = _free_port()
+    port = free_port()
     # As README says: with the virtual environment active (mlflow starts uvicorn from PATH).
     env = {**os.environ, "MLFLOW_TRACKING_URI": tracking.tracking_uri,
            "MLFLOW_REGISTRY_URI": tracking.tracking_uri,
