@@ -168,7 +168,7 @@ def audit(target: Annotated[str, typer.Argument(help="alias (production, canary,
               min=0, help="recompute this many cached float64 references of the held-out "
               "evaluation with NumPy here (0: skip)")] = 2,
           key_dir: KeyDir = None, checkpoint: CheckpointFiles = None) -> None:
-    """Re-derive why a version is where it is: verify every signed attestation, the family's signed log (against the pipeline's checkpoint, yours, and the head this audit remembered), the complete chain, each decision and every artifact (exit 1 on any problem)."""
+    """Re-derive why a version is where it is: verify every signed attestation, the family's signed log (against the pipeline's checkpoint, yours, and the head this audit remembered), the complete chain, each decision and every artifact (exit 1 on any problem; 3 when the target names no version and the log agrees)."""
     if bundle is None:
         check_known_family(family, store_dir)
         tracking = open_store(store_dir, must_exist=True)  # refused before anything is said

@@ -189,19 +189,38 @@ def test_untrusted_and_revoked_keys_do_not_count(tracking, promoted, signing, tm
     assert any("revoked" in p for p in report.problems)
 
 
-def test_unknown_alias(tracking, promoted, signing):
-    family, _ = promoted
+def test_an_alias_no_version_holds_is_nothing_to_audit_not_a_failure(tracking, promoted, signing):
+    family, chain = promoted
     report = _audit(tracking, family, signing, target="canary")
-    assert report.exit_code == 1 and "no such alias is set" in report.problems[0]
+    assert (report.exit_code, report.problems, report.version) == (3, [], None)
+    assert report.summary().startswith(f"NOTHING TO AUDIT: kernelgate-{family} canary: MLflow "
+                                       "shows no alias 'canary' and the signed alias history "
+                                       "sets none either")
+    assert f"signed builds: v{chain.version}" in report.absent
+    assert "vNone" not in report.render() and "AUDIT" not in report.render().replace(
+        "NOTHING TO AUDIT", "")
 
 
-def test_a_version_number_the_family_never_had_is_one_problem_naming_its_versions(
+def test_production_removed_by_hand_is_a_failure_naming_the_signed_version(
+        tracking, promoted, signing):
+    family, chain = promoted
+    tracking.client().delete_registered_model_alias(
+        registered_model.registered_model_name(family), "production")
+    report = _audit(tracking, family, signing)
+    assert report.exit_code == 1, report.render()
+    assert any(f"alias production points at vNone but the signed history leaves it at "
+               f"v{chain.version}" in p for p in report.problems), report.problems
+    assert f"the signed alias history leaves it at v{chain.version}" in report.absent
+    assert report.summary().startswith("AUDIT FAILED")
+
+
+def test_a_version_number_the_family_never_had_is_nothing_to_audit_naming_its_versions(
         tracking, promoted, signing):
     family, chain = promoted
     report = _audit(tracking, family, signing, target="99")
-    assert report.exit_code == 1
-    assert report.problems == [f"version 99: not a version of kernelgate-{family}: its log "
-                               f"signs no build of it (signed builds: v{chain.version})"], report.problems
+    assert (report.exit_code, report.problems) == (3, [])
+    assert report.absent == (f"kernelgate-{family} has no version 99: its log signs no build "
+                             f"of it (signed builds: v{chain.version})")
 
 
 def test_registration_after_evaluation_run_is_flagged(tracking, request, tmp_path, signing):

@@ -292,19 +292,19 @@ def audit(tracking: Tracking | None, family: str, target: str, *, trust=None,
                            problems=walk.problems, warnings=log.warnings + warnings,
                            key_changes=key_changes.key_changes(log))
 
-    if version is None:
-        walk.link("version", None, False, f"{target!r} is not a version number and no such alias "
-                  f"is set; aliases now: {actual or 'none'}")
-        return report()
-    # a version the log signs but the registry lacks was deleted (a finding below); one it
-    # never signed is not this family's: said once
-    if source.version_run(version) is None and model_files.find_build(source, version) is None:
+    # nothing to follow: no such alias, or a number the log signs no build of (one it signs
+    # but the registry lacks was deleted: a finding below)
+    if version is None or (source.version_run(version) is None
+                           and model_files.find_build(source, version) is None):
         built = sorted({str(a.predicate.get("version")) for a in source.attestations()
                         if a.kind == "build"}, key=lambda v: (len(v), v))
-        walk.link("version", version, False,
-                  f"not a version of {name}: its log signs no build of it "
-                  f"(signed builds: {', '.join('v' + v for v in built) or 'none'})")
-        return report()
+        built_line = f"signed builds: {', '.join('v' + v for v in built) or 'none'}"
+        history = (f"the signed alias history leaves it at v{signed[target]}"
+                   if signed.get(target) else "the signed alias history sets none either")
+        return report().model_copy(update={"absent": (
+            f"MLflow shows no alias {target!r} and {history} (aliases now: "
+            f"{actual or 'none'}; {built_line})" if version is None else
+            f"{name} has no version {version}: its log signs no build of it ({built_line})")})
     promotion = _promotion_of(source, version, walk)
     held = [a for a, v in actual.items() if v == version]
     transition = ("canary->production" if "production" in held or promotion is not None

@@ -33,6 +33,7 @@ class AuditReport(BaseModel):
     warnings: list[str] = []  # said, not failing: a legacy prefix, a re-anchored gap
     key_changes: list[str] = []  # the family log's key changes, in log order
     notices: list[str] = []  # said on every audit, not failing: the roster named on first use
+    absent: str | None = None  # the target names no version: why, and what there is instead
 
     @property
     def ok(self) -> bool:
@@ -41,11 +42,15 @@ class AuditReport(BaseModel):
 
     @property
     def exit_code(self) -> int:
-        """0 when the audit passes, 1 otherwise."""
-        return 0 if self.ok else 1
+        """0 when the audit passes; 1 on any problem; 3 when the log verifies but the
+        target names no version (nothing of a version's chain was assessed)."""
+        return 1 if not self.ok else 3 if self.absent else 0
 
     def summary(self) -> str:
         """One line: what was verified, and the verdict."""
+        if self.ok and self.absent:
+            return (f"NOTHING TO AUDIT: {self.model_name} {self.target}: {self.absent}; "
+                    f"{self.attestations_verified} attestations verified, no problem")
         return (f"{'AUDIT PASSED' if self.ok else 'AUDIT FAILED'}: {self.model_name} "
                 f"{self.target} -> v{self.version}; {self.attestations_verified} attestations and "
                 f"{self.artifacts_verified}/{self.artifacts_checked} artifacts verified; "
@@ -54,8 +59,9 @@ class AuditReport(BaseModel):
     def render(self) -> str:
         """A plain-text report for the terminal."""
         held = [a for a, v in self.aliases.items() if v == self.version]
-        lines = [f"audit {self.model_name} {self.target} -> version {self.version}"
-                 + (f" (aliases: {', '.join(held)})" if held else "")]
+        lines = [f"audit {self.model_name} {self.target} -> "
+                 + (f"no version ({self.absent})" if self.absent else f"version {self.version}")
+                 + (f" (aliases: {', '.join(held)})" if held and not self.absent else "")]
         lines += [f"  [{'ok' if link.ok else 'FAIL'}] {link.name}: {link.ref or '-'}  {link.detail}"
                   for link in self.chain]
         if self.registrations:
