@@ -34,6 +34,31 @@ def test_stage_wall_times_and_versions_are_read_back_from_the_store(tmp_path):
     assert "v7" in text and "37.5 s" in text and "(logging only)" not in text
 
 
+def test_the_runs_of_one_stage_are_one_row_its_time_counted_once(tmp_path):
+    """The shadow stage creates its alias move and its shadow run, a rollback two alias
+    moves: each pair one row naming both runs, not two rows of the same 35.9 s."""
+    tracking = tr.local_tracking(tmp_path)
+    parent = tr.start_run(tracking, "fam", "rollout", run_name="rollout x v1 — rolled back")
+    started = time.time() - 0.001
+    for stage, name in (("promotion", "assign-shadow"), ("shadow", "shadow-v1")):
+        tr.end_run(tracking, tr.start_run(tracking, "fam", stage, parent_run_id=parent,
+                                          run_name=name))
+    record_stage_time(tracking, parent, "shadow", started, started + 35.9)
+    later = time.time() + 0.5
+    time.sleep(0.6)
+    for name in ("rollback-shadow", "rollback-canary"):
+        tr.end_run(tracking, tr.start_run(tracking, "fam", "rollback", parent_run_id=parent,
+                                          run_name=name))
+    record_stage_time(tracking, parent, "rollback", later, later + 0.25)
+    tr.end_run(tracking, parent)
+
+    (timeline,) = rollout_timelines(tracking, "fam")
+    rows = [(s.stage, s.run_name, round(s.seconds, 2)) for s in timeline.stages]
+    assert rows == [("promotion/shadow", "assign-shadow, shadow-v1", 35.9),
+                    ("rollback", "rollback-shadow, rollback-canary", 0.25)], rows
+    assert render([timeline]).count("35.9 s") == 1
+
+
 def test_a_closed_rollout_names_its_verdict_caveat_version_and_next_commands(tmp_path, signing):
     """The rollout run's name carries the verdict with what was not assessed; the
     outcome's last lines give the audit command, `kernelgate ui` and the run's address

@@ -90,6 +90,26 @@ def _runless_stages(parent) -> list[StageTime]:
     return out
 
 
+def _one_row_per_span(stages: list[StageTime]) -> list[StageTime]:
+    """One row per measured span: the runs one stage created (the shadow's alias move and
+    its shadow run; a rollback's two alias moves) carry the same start and end, and as
+    rows of their own they read as stages run one after the other, their time counted
+    twice. Merged, the row names every run and stage."""
+    out: list[StageTime] = []
+    for stage in stages:
+        last = out[-1] if out else None
+        if (last is not None and stage.measured and last.measured
+                and (stage.started_at, stage.seconds) == (last.started_at, last.seconds)):
+            names = dict.fromkeys(last.stage.split("/") + [stage.stage])
+            out[-1] = last.model_copy(update={
+                "stage": "/".join(names), "run_name": f"{last.run_name}, {stage.run_name}",
+                "status": last.status if last.status == stage.status
+                else f"{last.status}/{stage.status}"})
+        else:
+            out.append(stage)
+    return out
+
+
 class RolloutTimeline(BaseModel):
     """One rollout (or revalidation / evaluate-only) parent run and its stage runs."""
 
@@ -135,8 +155,8 @@ def rollout_timelines(tracking: Tracking, family: str) -> list[RolloutTimeline]:
             continue
         t = run.data.tags
         kids = children.get(run.info.run_id, [])
-        stages = sorted([_stage_time(c) for c in kids] + _runless_stages(run),
-                        key=lambda s: s.started_at)
+        stages = _one_row_per_span(sorted([_stage_time(c) for c in kids] + _runless_stages(run),
+                                          key=lambda s: s.started_at))
         version = t.get(tags.MODEL_VERSION) or next(
             (c.data.tags[tags.MODEL_VERSION] for c in kids if tags.MODEL_VERSION in c.data.tags),
             None)
