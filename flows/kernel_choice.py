@@ -75,10 +75,11 @@ def auto_policy(tracking: Tracking | None, trust: TrustPolicy, backend: str, *,
             "production dispatch policy)"),
             path=(os.environ if environ is None else environ)[POLICY_ENV].strip())
     if tracking is None:
-        return AutoPolicy(None, "there is no store yet")
+        return AutoPolicy(None, "there is no store yet, so no policy is in production")
     version = registered_model.alias_version(tracking, family, "production")
     if version is None:
-        return AutoPolicy(None, f"the store's {family} family has no production version")
+        return AutoPolicy(None, f"no policy is in production (family {family}); one is "
+                                "rolled out with `--implementation dispatch`")
     source = StoreSource(tracking, family, trust)
     # the MLflow alias is not signed: serve only what the signed alias history says
     moves, history_problems = registered_model.alias_history(source)

@@ -368,11 +368,13 @@ def test_auto_without_a_production_dispatch_policy_is_what_it_was(tmp_path, sign
     plan = _auto_plan(tmp_path / "no-store")
     assert plan.implementation == today[0] == kernels.native_flash_kernel("auto", "cpu")
     assert plan.dispatch_policy is None
-    assert plan.why == f"{today[1]} (no dispatch policy served: there is no store yet)"
+    assert plan.why == (f"{today[1]} (no dispatch policy served: there is no store yet, so no "
+                        "policy is in production)")
     assert not (tmp_path / "no-store").exists()  # a read never creates a store
     found = auto_policy(local_tracking(tmp_path / "empty"), signing.trust, "cpu")
     assert (found.policy, found.why) == (
-        None, f"the store's {FAMILY} family has no production version")
+        None, f"no policy is in production (family {FAMILY}); one is rolled out with "
+        "`--implementation dispatch`")
 
 
 def test_auto_passes_over_a_policy_measured_on_another_backend(promoted, signing,
