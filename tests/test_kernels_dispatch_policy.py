@@ -325,6 +325,31 @@ def test_evidence_edited_after_signing_fails_the_audit(tmp_path):
         load_policy(path)
 
 
+def test_a_policy_is_derived_again_once_per_process_and_an_edit_never_rides_on_it(
+        monkeypatch):
+    from kernels import dispatch_audit
+
+    monkeypatch.setattr(dispatch_audit, "_DERIVED", set())
+    calls = []
+    real = dispatch_audit.derive_policy
+    monkeypatch.setattr(dispatch_audit, "derive_policy",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    policy = _policy()
+    again = DispatchPolicy.model_validate_json(policy.model_dump_json(indent=2))
+    audit_policy(policy, policy.fingerprint())
+    audit_policy(again)  # another object, the same canonical JSON
+    assert len(calls) == 1
+    # an edit moves the fingerprint: derived, and refused, every time it is met
+    edited = _edited(policy, (32, 16), "naive", 1e-6)
+    for _ in range(2):
+        with pytest.raises(PolicyError, match="records xla, but its evidence derives naive"):
+            audit_policy(edited)
+    assert len(calls) == 3
+    # a signed fingerprint is checked before anything remembered
+    with pytest.raises(PolicyError, match="changed after signing"):
+        audit_policy(policy, edited.fingerprint())
+
+
 def test_an_edit_that_keeps_the_choice_still_fails_the_audit():
     edited = _edited(_policy(), (32, 16), "naive", 2.9e-5)  # still slower than xla
     assert _choice(edited, 32, 16).kernel == "xla"
