@@ -65,7 +65,10 @@ case ${1:-} in
     if [ ! -f "$work/device.txt" ]; then  # once per machine: a call returns few files
       { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
         python3 -c "import jax; print('jax', jax.__version__, jax.devices())"
-        git rev-parse HEAD 2>/dev/null; } > "$work/device.txt" 2>&1
+        # the kernels' source as the evidence records it (a copied work tree's .git, if
+        # any, need not be the commit that was copied)
+        python3 -c "from kernels.build import combined_digest, source_digests
+print('kernels source sha256', combined_digest(source_digests()))"; } > "$work/device.txt" 2>&1
       cp "$work/device.txt" "$out/"
     fi
     # cut between buckets before the call's 10 minutes would cut one (and lose the piece)
