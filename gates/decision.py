@@ -95,6 +95,14 @@ def _summary(
     tally = ", ".join(f"{n} {s.replace('_', ' ')}" for s, n in counts.items() if n)
     lines = [f"{verdict.upper()}: {tally}."]
     lines += [f"- {r.status}: {r.name}: {r.reason}" for r in results if _blocking(r, blocks)]
+    # named, so a count that differs from one rollout to the next says why (the first has
+    # no production to compare against)
+    by_reason: dict[str, list[str]] = {}
+    for r in results:
+        if r.status == "not_applicable":
+            by_reason.setdefault(r.reason, []).append(r.name)
+    lines += [f"- not applicable ({reason}): {', '.join(names)}"
+              for reason, names in by_reason.items()]
     if note:
         lines.append(note)
     return "\n".join(lines)

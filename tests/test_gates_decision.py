@@ -52,6 +52,9 @@ def test_passing_report_promotes_with_expected_ratios():
         "pass"
     }
     assert status["vs-production"] == "not_applicable"  # first rollout: nothing in production
+    # the summary names it and why, so the next rollout's different count is explained
+    assert ("- not applicable (no production version to compare against): vs-production"
+            in decision.summary.splitlines()), decision.summary
     speedup = next(c for c in decision.criteria if c.name == "speedup")
     assert speedup.improvement == pytest.approx(2.0)  # 2 ms naive / 1 ms candidate
     assert speedup.threshold == pytest.approx(1.2)
