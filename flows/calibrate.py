@@ -39,6 +39,17 @@ from lineage.signing.sources import StoreSource
 from lineage.store.tracking import Tracking
 
 
+class Calibrated(NamedTuple):
+    """A calibration as logged (``run_id``, ``record``) and what a canary on this device
+    now finds: the newest pooled run (``None``: the pool exceeds alpha, or holds none) and
+    the sentence saying what the pool is or why none counts."""
+
+    run_id: str
+    record: calibration.CalibrationRecord
+    counted_run_id: str | None
+    pooled: str
+
+
 class RegisteredServing(NamedTuple):
     """What production's registration fixes for a canary: the plan, the registration's
     id (``None`` when read from a fallback file) and the serving contract, whose
@@ -138,11 +149,11 @@ def a_a_canary(plan: CanaryPlan, endpoint: serving.Endpoint, model: MiniLM, docu
 
 def calibrate(tracking: Tracking, family: str, *, runs: int, signing: Signing,
               thresholds: Path | None = None,
-              progress: Callable[[int, int, str], None] | None = None
-              ) -> tuple[str, calibration.CalibrationRecord]:
+              progress: Callable[[int, int, str], None] | None = None) -> Calibrated:
     """Run ``runs`` A/A canaries of production (none yet: the native baseline, which
     serves until a first promotion, sized by ``thresholds``) and log the signed
-    calibration record. Returns ``(calibration run id, record)``. What a calibration
+    calibration record. Returns it with what a canary on this device now finds (the
+    family's fresh calibrations pooled: ``calibration.fresh_calibration``). What a calibration
     vouches for is the serving path's noise and the judge's A/A rate on this device
     (``lineage.records.calibration``: its staleness facts), whichever kernel ran both sides.
 
@@ -196,4 +207,9 @@ def calibrate(tracking: Tracking, family: str, *, runs: int, signing: Signing,
                                    registration_id=registration_id, facts=facts,
                                    alpha=plan.latency.alpha, verdicts=verdicts,
                                    log_ratios=ratios)
-    return calibration.log_calibration(tracking, record, signing=signing), record
+    run_id = calibration.log_calibration(tracking, record, signing=signing)
+    pooled = calibration.fresh_calibration(
+        StoreSource(tracking, family, signing.trust, stages=("calibration",)), facts,
+        plan.latency.max_calibration_age_days)
+    return Calibrated(run_id, record, *pooled)
+

@@ -19,14 +19,15 @@ def calibrate(
         runs: Annotated[int, typer.Option(min=1, max=100_000, help=(
             "A/A canaries to run; the record keeps the false-rollback rate's Wilson 95 % "
             "interval, and counts as within alpha when alpha is at or above its lower end "
-            "(0 of 20: [0, 0.161]); more runs narrow it"))] = 20,
+            "(0 of 20: [0, 0.161]); more runs narrow it. The canary pools every fresh "
+            "calibration of the device: one that exceeded is never dropped"))] = 20,
         store_dir: Annotated[Path, typer.Option(help="local store")] = Path(".kernelgate"),
         thresholds: Annotated[Path | None, typer.Option(
             exists=True, dir_okay=False, help="plan to size the runs by when production has "
             "no readable registration; with no production yet (a fresh store too), the "
             "native baseline is calibrated against itself at this file's sizes")] = None,
         key_dir: KeyDir = None) -> None:
-    """Run production (none yet: the native baseline) against itself through the canary path RUNS times and record the A/A false-rollback rate and the latency noise as a signed calibration of this device."""
+    """Run production (none yet: the native baseline) against itself through the canary path RUNS times and record the A/A false-rollback rate and the latency noise as a signed calibration of this device; exit 1 when this device's fresh calibrations, pooled, do not vouch for the canary's judge."""
     from flows.calibrate import calibrate as run_calibration
     from flows.settings import RolloutSettings
     from flows.tasks import signing_for
@@ -46,8 +47,8 @@ def calibrate(
             typer.echo(f"calibration: {done}/{total} A/A canaries (last: {verdict})", err=True)
 
     try:
-        run_id, record = run_calibration(tracking, fam, runs=runs, signing=signing,
-                                         thresholds=thresholds, progress=progress)
+        run_id, record, counted, pooled = run_calibration(
+            tracking, fam, runs=runs, signing=signing, thresholds=thresholds, progress=progress)
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None
     low, high = record.rate_95
@@ -57,7 +58,10 @@ def calibrate(
                f"{record.inconclusive} inconclusive; noise sd {record.noise_sd}; "
                f"device {record.facts['device_kind']}; requests "
                f"{str(record.facts.get('workload')).split('@')[0]}")
-    raise typer.Exit(0 if record.within_alpha else 1)
+    # what a rollout's canary will find: every fresh calibration of this device pooled
+    typer.echo(f"the canary on this device counts: {pooled}" if counted else
+               f"the canary on this device counts none: {pooled}")
+    raise typer.Exit(0 if counted else 1)
 
 
 def first_family() -> str:

@@ -521,10 +521,21 @@ def test_walkthrough_under_staging_from_an_empty_store_rejects_one_rollout_and_p
     from lineage.aliases import registered_model
     from lineage.store.tracking import local_tracking
 
+    def calibrate(store: Path) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [str(KERNELGATE), "calibrate", "--thresholds", str(STAGING), "--runs", "1",
+             "--store-dir", str(store)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+
     store = tmp_path / "store"
-    calibrated = subprocess.run(
-        [str(KERNELGATE), "calibrate", "--thresholds", str(STAGING), "--runs", "1",
-         "--store-dir", str(store)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    calibrated = calibrate(store)
+    if calibrated.returncode == 1:
+        # The one A/A canary rolled back: an identical kernel is, with probability alpha
+        # (0.01; seen once in CI on a loaded host). The store's calibrations pool, so only
+        # some 19 more runs would vouch again: this walkthrough starts over on an empty
+        # store instead (the pooling is tests/test_lineage_calibration.py's).
+        assert "the canary on this device counts none" in calibrated.stdout, calibrated.stdout
+        store = tmp_path / "store-again"
+        calibrated = calibrate(store)
     assert calibrated.returncode == 0, calibrated.stdout + calibrated.stderr
     assert f"calibrating family {family}" in calibrated.stderr, calibrated.stderr
     assert "A/A canaries rolled back" in calibrated.stdout, calibrated.stdout

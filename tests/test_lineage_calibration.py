@@ -52,6 +52,34 @@ def test_a_fresh_matching_calibration_is_found_and_a_stale_one_is_not(tracking, 
     assert found is None and "days old" in why
 
 
+def test_a_calibration_that_exceeded_is_pooled_not_dropped_for_a_luckier_one(
+        tracking, signing):
+    """Calibrating until one passes would vouch for any judge: the canary pools every
+    fresh calibration of the device, and more runs, not a rerun, answer an excess."""
+    family = "calibrated-pooled"
+    tr.ensure_experiment(tracking, family)
+    def source():  # read afresh: a source keeps what it read
+        return StoreSource(tracking, family, signing.trust, stages=("calibration",))
+
+    exceeded = _record([("fail", "slower")] * 3 + [("pass", "ok")] * 7, family)
+    assert not exceeded.within_alpha  # 3/10: Wilson [0.108, 0.603] over alpha 0.05
+    calibration.log_calibration(tracking, exceeded, signing=signing)
+    lucky = _record([("pass", "ok")] * 5, family)
+    assert lucky.within_alpha  # alone it would count: 0/5, [0, 0.434]
+    calibration.log_calibration(tracking, lucky, signing=signing)
+    found, why = calibration.fresh_calibration(source(), FACTS, 30)
+    assert found is None and "pool to 3/15" in why and "over alpha" in why, why
+    # enough further runs bring the pooled interval down to alpha: counted, newest cited
+    more = calibration.log_calibration(tracking, _record([("pass", "ok")] * 60, family),
+                                       signing=signing)
+    found, about = calibration.fresh_calibration(source(), FACTS, 30)
+    assert found == more and "3/75" in about and "2 earlier fresh one(s)" in about, about
+    # a stale calibration is not pooled: on another driver only what was measured there
+    other = {**FACTS, "driver_version": "another"}
+    found, why = calibration.fresh_calibration(source(), other, 30)
+    assert found is None and "driver_version" in why
+
+
 def test_an_untrusted_calibration_does_not_count(tracking, signing, tmp_path):
     from lineage.signing import keys
 
@@ -159,7 +187,7 @@ def test_calibrate_serves_production_in_its_registered_model_dtype(tracking, sig
     monkeypatch.setattr(cal.version_runners, "VersionPool", Pool)
     monkeypatch.setattr(cal.version_runners, "endpoint", lambda pool, alias, **k: serving.Endpoint(
         "xla", LocalRunner.for_implementation("xla", model=pool.model)))
-    _, record = cal.calibrate(tracking, "bf16-only", runs=1, signing=signing)
+    _, record, *_ = cal.calibrate(tracking, "bf16-only", runs=1, signing=signing)
     assert seen == {"dtype": "bfloat16", "closed": True}
     # the one A/A canary compared requests: none failed on either side
     assert record.runs == 1 and len(record.log_ratios[0]) == 12, record.reasons
@@ -185,7 +213,8 @@ def test_a_family_with_no_production_calibrates_its_native_baseline(tmp_path, si
     data["canary"]["latency"]["max_calibration_age_days"] = 30
     plan = tmp_path / "plan.yaml"
     plan.write_text(yaml.safe_dump(data))
-    run_id, record = cal.calibrate(tracking, "first", runs=1, signing=signing, thresholds=plan)
+    run_id, record, *_ = cal.calibrate(tracking, "first", runs=1, signing=signing,
+                                       thresholds=plan)
     assert record.production_version.startswith("none (xla")
     assert record.runs == 1 and len(record.log_ratios[0]) == 12, record.reasons
     found, about = calibration.fresh_calibration(
@@ -212,9 +241,10 @@ def test_a_first_calibration_without_family_is_for_the_native_family_and_says_so
 
     def recorded(tracking, family, **kwargs):
         asked["family"] = family
-        return "run-1", SimpleNamespace(rate_95=(0.0, 0.79), false_rollbacks=0, runs=1,
-                                        false_rollback_rate=0.0, alpha=0.01, within_alpha=True,
-                                        inconclusive=0, noise_sd=0.1, facts={"device_kind": "cpu"})
+        return cal.Calibrated("run-1", SimpleNamespace(
+            rate_95=(0.0, 0.79), false_rollbacks=0, runs=1, false_rollback_rate=0.0,
+            alpha=0.01, within_alpha=True, inconclusive=0, noise_sd=0.1,
+            facts={"device_kind": "cpu"}), "run-1", "calibration run-1 (0/1 A/A ...)")
 
     monkeypatch.setattr(cal, "calibrate", recorded)
     staging = str(Path(__file__).parents[1] / "thresholds" / "staging.yaml")
@@ -270,8 +300,8 @@ def test_a_plan_replaying_a_workload_is_calibrated_on_its_documents(tmp_path, si
     plan = tmp_path / "plan.yaml"
     plan.write_text(yaml.safe_dump(data))
     tracking = tr.local_tracking(tmp_path / "store")
-    run_id, record = cal.calibrate(tracking, "longdoc", runs=2, signing=signing,
-                                   thresholds=plan)
+    run_id, record, *_ = cal.calibrate(tracking, "longdoc", runs=2, signing=signing,
+                                       thresholds=plan)
     assert record.facts["workload"] == calibration.request_source("longdoc-cpu-small")
     assert [len(r) for r in record.log_ratios] == [12, 12], record.reasons  # 4 + 8 compared
     assert record.log_ratios[0] != record.log_ratios[1]  # two streams, not one replayed twice

@@ -154,15 +154,22 @@ def log_calibration(tracking: Tracking, record: CalibrationRecord, *, signing: S
     return run_id
 
 
-def fresh_calibration(source: EvidenceSource, facts: dict, max_age_days: float,
+def fresh_calibration(source: EvidenceSource, facts: dict, max_age_days: float | None,
                       now: datetime | None = None) -> tuple[str | None, str]:
-    """The newest verified calibration of the family matching ``facts`` (device kind,
-    driver, JAX version, serving digest, workload), at most ``max_age_days`` old, whose A/A rate
-    was within alpha. Returns ``(run id, what it is)`` or ``(None, why none counts)``."""
+    """Whether the family's fresh calibrations vouch for the canary's judge on this device:
+    every verified calibration matching ``facts`` (device kind, driver, JAX version,
+    serving digest, workload) and at most ``max_age_days`` old (``None``: any age) is
+    pooled, and the pooled A/A false-rollback rate must be within alpha (the newest
+    record's) by its Wilson interval. Pooled, not the newest that passed: a calibration
+    that exceeded is never dropped for a luckier one run after it (calibrating until one
+    passes would vouch for any judge); more runs, which narrow the pooled interval, are
+    what answers it. Returns ``(newest pooled run id, what the pool is)`` or ``(None, why
+    none counts)``."""
     now = now or datetime.now(UTC)
     found = sorted((a for a in source.attestations() if a.kind == "calibration"),
                    key=lambda a: a.predicate.get("created_at", ""), reverse=True)
     why = [f"no calibration of family {source.family}"] if not found else []
+    pool: list[tuple[str, CalibrationRecord, float]] = []
     for attestation in found:
         try:
             _, data = signed_artifact(source, attestation.run_id, "calibration", ARTIFACT)
@@ -175,13 +182,21 @@ def fresh_calibration(source: EvidenceSource, facts: dict, max_age_days: float,
         age = (now - datetime.fromisoformat(record.created_at)).total_seconds() / 86400
         if stale:
             why.append(f"run {attestation.run_id}: stale ({', '.join(stale)} changed)")
-        elif age > max_age_days:
+        elif max_age_days is not None and age > max_age_days:
             why.append(f"run {attestation.run_id}: {age:.1f} days old > {max_age_days:g}")
-        elif not record.within_alpha:
-            why.append(f"run {attestation.run_id}: its A/A rate {record.false_rollback_rate:.3f} "
-                       f"exceeded alpha {record.alpha:g}")
         else:
-            return attestation.run_id, (
-                f"calibration {attestation.run_id} ({record.false_rollbacks}/{record.runs} A/A "
-                f"false rollbacks, noise sd {record.noise_sd:.3g}, {age:.1f} days old)")
-    return None, "; ".join(why)
+            pool.append((attestation.run_id, record, age))
+    if not pool:
+        return None, "; ".join(why)
+    (newest_id, newest, age), others = pool[0], pool[1:]
+    fails, runs = sum(r.false_rollbacks for _, r, _ in pool), sum(r.runs for _, r, _ in pool)
+    low, high = wilson_interval(fails, runs)
+    pooled = (f"{fails}/{runs} A/A false rollbacks (95% [{low:.3f}, {high:.3f}], alpha "
+              f"{newest.alpha:g})" + (f" over calibration {newest_id} and {len(others)} "
+                                      "earlier fresh one(s)" if others else ""))
+    if low > newest.alpha:
+        return None, (f"the fresh calibrations pool to {pooled}: over alpha; more A/A runs "
+                      "narrow it (kernelgate calibrate --runs N; a calibration that exceeded "
+                      "is pooled, never dropped)")
+    sd = f"noise sd {newest.noise_sd:.3g}, " if newest.noise_sd is not None else ""
+    return newest_id, f"calibration {newest_id} ({pooled}, {sd}{age:.1f} days old)"
