@@ -212,4 +212,3 @@ def calibrate(tracking: Tracking, family: str, *, runs: int, signing: Signing,
         StoreSource(tracking, family, signing.trust, stages=("calibration",)), facts,
         plan.latency.max_calibration_age_days)
     return Calibrated(run_id, record, *pooled)
-
