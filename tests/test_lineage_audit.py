@@ -211,7 +211,8 @@ def test_production_removed_by_hand_is_a_failure_naming_the_signed_version(
     assert any(f"alias production points at vNone but the signed history leaves it at "
                f"v{chain.version}" in p for p in report.problems), report.problems
     assert f"the signed alias history leaves it at v{chain.version}" in report.absent
-    assert report.summary().startswith("AUDIT FAILED")
+    assert report.summary().startswith(f"AUDIT FAILED: kernelgate-{family} production -> no "
+                                       "version;"), report.summary()
 
 
 def test_a_version_number_the_family_never_had_is_nothing_to_audit_naming_its_versions(

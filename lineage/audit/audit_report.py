@@ -52,7 +52,8 @@ class AuditReport(BaseModel):
             return (f"NOTHING TO AUDIT: {self.model_name} {self.target}: {self.absent}; "
                     f"{self.attestations_verified} attestations verified, no problem")
         return (f"{'AUDIT PASSED' if self.ok else 'AUDIT FAILED'}: {self.model_name} "
-                f"{self.target} -> v{self.version}; {self.attestations_verified} attestations and "
+                f"{self.target} -> {f'v{self.version}' if self.version else 'no version'}; "
+                f"{self.attestations_verified} attestations and "
                 f"{self.artifacts_verified}/{self.artifacts_checked} artifacts verified; "
                 f"{len(self.problems)} problem(s)")
 
