@@ -183,6 +183,15 @@ class TrafficResult(BaseModel):
         """Requests where ``side`` failed (exception or non-finite output)."""
         return sum(1 for r in self.records if getattr(r, f"{side}_error"))
 
+    def failed_buckets(self, side: str) -> dict[int, int]:
+        """Requests ``side`` failed, counted per length bucket (tokens -> count); only
+        requests whose source records a bucket are counted."""
+        counts: dict[int, int] = {}
+        for r in self.records:
+            if getattr(r, f"{side}_error") and r.length_bucket is not None:
+                counts[r.length_bucket] = counts.get(r.length_bucket, 0) + 1
+        return counts
+
     def nan_count(self, side: str = "candidate") -> int:
         """Requests where ``side`` returned a non-finite output."""
         return sum(1 for r in self.records if getattr(r, f"{side}_error") == NON_FINITE)
@@ -331,5 +340,6 @@ def traffic_summary(result: TrafficResult) -> str:
         "served_by_candidate": result.served_count("candidate"),
         "served_by_production": result.served_count("production"),
         "candidate_errors": result.errors("candidate"),
+        "production_errors": result.errors("production"),
         "max_drift": max(result.drifts(), default=None),
     })

@@ -109,6 +109,7 @@ def judge_step(plan: CanaryPlan, result: serving.TrafficResult, step: CanaryStep
         result.errors("candidate"), result.nan_count("candidate"), result.memory_start_bytes,
         result.memory_end_bytes, plan, latency_not_assessed_reason=reason,
         memory_not_assessed_reason=reason, production_error_count=result.errors("production"),
+        production_failed_buckets=result.failed_buckets("production"),
         served=(result.served_count("candidate"), result.served_count("production")),
         abba=abba, earlier=earlier or [],
         length_buckets=result.abba_buckets() if abba is not None else None)

@@ -60,6 +60,10 @@ class CanaryStepResult(BaseModel):
     output_drift_nonfinite: int
     error_count: int
     nan_count: int
+    # requests production failed; under the plan's exclude_production_failures they are
+    # left out of the comparison (reported per length bucket: bucket -> count), else breach
+    production_error_count: int = 0
+    production_failed_buckets: dict[int, int] = {}
     memory_growth_bytes: int
     breaches: list[str]
     passed: bool
@@ -111,6 +115,7 @@ def analyse_canary_step(
     latency_not_assessed_reason: str | None = None,
     memory_not_assessed_reason: str | None = None,
     production_error_count: int = 0,
+    production_failed_buckets: dict[int, int] | None = None,
     served: tuple[int, int] | None = None,
     length_buckets: Sequence[int] | None = None,
 ) -> CanaryStepResult:
@@ -136,7 +141,11 @@ def analyse_canary_step(
             the reason is recorded, as for speed criteria at the gate.
         memory_not_assessed_reason: likewise for memory growth.
         production_error_count: requests production failed; without production's outputs
-            nothing was compared, so any such request breaches.
+            nothing was compared on them, so any such request breaches unless the plan
+            registered ``exclude_production_failures`` (then they are left out of the
+            comparison and reported).
+        production_failed_buckets: those requests per length bucket (tokens -> count),
+            where the request source records one.
         served: ``(by candidate, by production)``, the requests each side answered
             (reported with the step, not judged).
         length_buckets: per ABBA row of ``abba`` (a compared request), its padded length
@@ -197,7 +206,7 @@ def analyse_canary_step(
         ),
         (nan_count > plan.max_nan_count, f"NaN outputs: {nan_count} > {plan.max_nan_count}"),
         (
-            production_error_count > 0,
+            production_error_count > 0 and not plan.exclude_production_failures,
             f"production endpoint failed {production_error_count} request(s); nothing to compare",
         ),
         (
@@ -224,6 +233,9 @@ def analyse_canary_step(
         output_drift_nonfinite=nonfinite,
         error_count=error_count,
         nan_count=nan_count,
+        production_error_count=production_error_count,
+        production_failed_buckets={int(k): int(v) for k, v in
+                                   (production_failed_buckets or {}).items()},
         memory_growth_bytes=growth,
         breaches=breaches,
         passed=not breaches,

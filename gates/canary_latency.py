@@ -82,6 +82,9 @@ class CanaryVerdict(BaseModel):
     p99_ratio: float
     error_count: int
     breaches: list[str]
+    # requests production failed over every step, left out of the comparison where the
+    # plan registered exclude_production_failures (a failure otherwise breaches its step)
+    production_error_count: int = 0
     inconclusive_policy: Literal["reject", "pause"] | None = None
     calibration_run_id: str | None = None
 
@@ -111,6 +114,17 @@ def another_look(plan: CanaryPlan, results: Sequence) -> bool:
     if not all(r.passed for r in results) or not all(r.latency_assessed for r in results):
         return False
     return conclude_canary(plan, results).verdict == "inconclusive"
+
+
+def _production_failures(results: Sequence, failed: int) -> str:
+    by_bucket: dict[int, int] = {}
+    for r in results:
+        for bucket, n in r.production_failed_buckets.items():
+            by_bucket[bucket] = by_bucket.get(bucket, 0) + n
+    where = (" (by length bucket: " + ", ".join(f"{b}: {n}" for b, n in sorted(by_bucket.items()))
+             + ")" if by_bucket else "")
+    return (f"production failed {failed} request(s){where}, left out of the comparison as "
+            "registered (exclude_production_failures)")
 
 
 def conclude_canary(plan: CanaryPlan, results: Sequence) -> CanaryVerdict:
@@ -161,8 +175,11 @@ def conclude_canary(plan: CanaryPlan, results: Sequence) -> CanaryVerdict:
         verdict, reason = "inconclusive", f"inconclusive: {why}"
     else:
         verdict, reason = "pass", why
+    failed = sum(r.production_error_count for r in results)
+    if failed and not breaches:  # never left out of what the verdict says
+        reason += f"; {_production_failures(results, failed)}"
     return CanaryVerdict(verdict=verdict, reason=reason, latency_verdict=lat,
                          latency_reason=why, n_pairs=n_pairs, required_pairs=required,
                          noise_sd=None if math.isnan(sd) else sd, p99_ratio=ratio,
-                         error_count=errors, breaches=breaches,
+                         error_count=errors, breaches=breaches, production_error_count=failed,
                          inconclusive_policy=plan.latency.inconclusive)

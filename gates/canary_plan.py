@@ -141,6 +141,12 @@ class CanaryPlan(_Strict):
         L.NESTED, default=None, description="Extra looks while the measured noise leaves the "
         "latency test short of its power (a sequential plan); unset: no extra look, and a "
         "canary measuring more noise than noise_sd is inconclusive.")
+    exclude_production_failures: bool = limit(
+        L.FALSE_TO_TRUE, default=False, description="A request production fails is left out "
+        "of the comparison and reported (per length bucket), never charged to the "
+        "candidate: for a workload with requests the baseline cannot serve (xla's score "
+        "matrix at 32k tokens). Unset: any production failure breaches the step, since "
+        "nothing was compared on it.")
     workload: Name | None = limit(
         L.ANY_CHANGE, default=None, description="What the canary steps replay: unset, the "
         "recorded MiniLM requests; the name of a shipped long-document workload "

@@ -43,6 +43,10 @@ def _step(plan: CanaryPlan, result: CanaryStepResult, earlier: list[CanaryStepRe
         r = abba_log_ratios(result.candidate_timings_s, result.production_timings_s)
         if len(r) != len(result.log_ratios) or not np.allclose(r, result.log_ratios, rtol=1e-12):
             return "the signed log ratios are not those of the signed timings"
+    if result.production_error_count and not plan.exclude_production_failures and not any(
+            b.startswith("production endpoint failed") for b in result.breaches):
+        return (f"production failed {result.production_error_count} request(s) and the plan "
+                "does not exclude production failures, yet the step did not breach")
     if result.latency_look is None:
         return None if not result.latency_assessed else "assessed, but no look was signed"
     names = [s.name for s in plan.looks()]
