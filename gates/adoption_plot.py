@@ -24,6 +24,17 @@ STATUS_COLORS = {"adopt": "tab:green", "adopted": "tab:green", "not_worth_it": "
                  "not_assessed": "tab:red", "unsafe": "tab:red"}
 
 
+def _minor_label(low: float, high: float):
+    """Labels of the log axis's minor ticks: every one within a decade; over a wider span
+    only 2, 3 and 5 of each decade, so that neighbouring labels never overlap."""
+    def label(x: float, _pos) -> str:
+        if high / low < 10 or x <= 0:
+            return f"{x:g}"
+        mantissa = round(x / 10 ** math.floor(math.log10(x) + 1e-9), 6)
+        return f"{x:g}" if mantissa in (2, 3, 5) else ""
+    return label
+
+
 def _rows(verdict: AdoptionVerdict) -> list[tuple[str, str, float | None, float | None,
                                                   float | None]]:
     """(label, status, median, lower, upper) per bucket; one pooled row without buckets."""
@@ -71,7 +82,7 @@ def plot_adoption(verdict: AdoptionVerdict, minimum_worthwhile_ratio: float,
     ax.set_xscale("log")
     ax.set_xlim(low, high)
     ax.xaxis.set_major_formatter(ScalarFormatter())
-    ax.xaxis.set_minor_formatter(FuncFormatter(lambda x, _: f"{x:g}"))
+    ax.xaxis.set_minor_formatter(FuncFormatter(_minor_label(low, high)))
     ax.set_ylim(-0.7, len(rows) - 0.3)
     ax.set_yticks(range(len(rows)), [r[0] for r in rows])
     ax.invert_yaxis()

@@ -90,3 +90,12 @@ def test_the_same_decision_draws_the_same_bytes(mixed, tmp_path):
     assert first == second
     other = plot_adoption(mixed, 0.8, tmp_path / "c.png").read_bytes()
     assert other != first  # the worthwhile line is drawn from the argument
+
+
+def test_the_effect_axis_labels_few_minor_ticks_over_a_decade_and_all_within_one():
+    from gates.adoption_plot import _minor_label
+    wide = _minor_label(0.065, 1.2)  # the H100 long-document decision's span: 0.07-0.09 collided
+    assert [wide(x, None) for x in (0.07, 0.08, 0.09, 0.2, 0.3, 0.4, 0.5, 0.9)] == [
+        "", "", "", "0.2", "0.3", "", "0.5", ""]
+    narrow = _minor_label(0.85, 1.15)
+    assert [narrow(x, None) for x in (0.9, 1.1)] == ["0.9", "1.1"]
