@@ -87,8 +87,20 @@ def traffic_table(results: Sequence[CanaryStepResult]) -> str:
                     f"| {r.median_latency_ratio:.3g} | {p} | {'pass' if r.passed else 'FAIL'} |")
     notes += [f"- latency not assessed in {', '.join(steps)}: {why}"
               for why, steps in untested.items()]
+    excluded = [r for r in results if r.passed and r.production_error_count]
+    if excluded:  # left out as registered: said before anyone approves on the rest
+        notes.append("- production failed " + ", ".join(
+            f"{r.production_error_count} in {r.step}" + _by_bucket(r) for r in excluded)
+            + ": left out of the comparison as registered (exclude_production_failures)")
     legend = "Served: requests answered by the candidate / by production."
     return "\n".join([*notes, *([""] if notes else []), legend, "", head, *rows])
+
+
+def _by_bucket(r: CanaryStepResult) -> str:
+    if not r.production_failed_buckets:
+        return ""
+    return " (" + ", ".join(f"{b} tokens: {n}" for b, n in
+                            sorted(r.production_failed_buckets.items())) + ")"
 
 
 def traffic_line(r: CanaryStepResult) -> str:

@@ -178,3 +178,14 @@ def _steps_of_ratio(ratio: float) -> list[list[float]]:
     from tests.test_gates_adoption_decision import _steps as paired
 
     return paired(math.log(ratio))
+
+
+def test_requests_production_failed_and_the_canary_left_out_are_said_above_the_table():
+    _, ok, _ = _steps()
+    excluded = ok.model_copy(update={"production_error_count": 47,
+                                     "production_failed_buckets": {32768: 47}})
+    table = traffic_table([excluded])
+    note = ("production failed 47 in " + ok.step + " (32768 tokens: 47): left out of the "
+            "comparison as registered (exclude_production_failures)")
+    assert note in table and table.index(note) < table.index("| step")
+    assert "production failed" not in traffic_table([ok])  # nothing failed: nothing said
