@@ -9,7 +9,8 @@
 #                                   shared-memory and float32-precision kinds
 #   tools/gpu-main-job.sh rollouts  two `kernelgate rollout`s, default arguments
 #   tools/gpu-main-job.sh after     revalidate, audit, timeline JSON, serving benchmark
-#   tools/gpu-main-job.sh one       one rollout, its audit and timeline (a short lease)
+#   tools/gpu-main-job.sh one       one rollout on a fresh store, its version's audit and
+#                                   the timeline (a short lease)
 #   tools/gpu-main-job.sh staging [POLICY.json]   README's release-manager walkthrough
 #                                   from an empty store ($KG_STAGING_STORE, default
 #                                   /tmp/kg-staging): a Prefect server, `calibrate` under
@@ -22,6 +23,11 @@
 # The store is $KG_STORE (default /tmp/kg-store): outside the work tree, so it survives
 # from one call to the next while the machine is held.
 set -uo pipefail
+usage() { sed -n '2,/^set -uo pipefail/p' "$0" | sed '$d'; }
+case ${1:-} in  # before any folder is made: a usage error writes nothing
+  tune|rollouts|after|one|staging|staging-audit) ;;
+  *) usage; exit 2 ;;
+esac
 out=${OUT:-gpu-main-job}
 store=${KG_STORE:-/tmp/kg-store}
 mkdir -p "$out"
@@ -47,7 +53,9 @@ case ${1:-} in
     ;;
   one)  # what fits the last minutes of a lease: one rollout, its audit and timeline
     step rollout-1 420 python3 -m flows.cli rollout --store-dir "$store"
-    step audit 60 python3 -m flows.cli audit production --store-dir "$store"
+    # the version just built, promoted or not (`production` has nothing to audit after a
+    # rollback on a fresh store: exit 3)
+    step audit 60 python3 -m flows.cli audit 1 --store-dir "$store"
     step timeline 30 python3 -m flows.cli timeline --store-dir "$store" --json "$out/timeline.json"
     find "$store" -path '*evaluation-heldout*' \( -name evaluation_report.json -o -name reference_cache.json \
       -o -name '*.xplane.pb' \) -exec cp --parents {} "$out/" \; 2>/dev/null
@@ -93,6 +101,6 @@ case ${1:-} in
     step timeline 60 python3 -m flows.cli timeline --store-dir "$store" --json "$out/timeline.json"
     step serving-bench 150 python3 -m kernels.tools.bench --serving-only --out "$out/serving.json"
     ;;
-  *) sed -n 2,15p "$0"; exit 2 ;;
+  *) usage; exit 2 ;;
 esac
 echo "--- steps"; cat "$out/steps.txt"
