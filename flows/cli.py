@@ -5,8 +5,9 @@ under .kernelgate/, the pipeline's signing key in ~/.kernelgate/keys (created on
 use), whatever device JAX sees. Point at shared servers with PREFECT_API_URL and
 MLFLOW_TRACKING_URI. Exit codes: 0 the command did its job (a rejection or rollback is
 a result, printed), 1 an error or a failed audit, 2 bad arguments or a re-validation
-that rolled back, 3 a rollout that errored (a stage crashed; signed, outcome printed), 4 a
-rollout whose candidate was safe but not worth adopting (its registration's decision).
+that rolled back, 3 a rollout that errored (a stage crashed; signed, outcome printed) or an
+audit with nothing to audit (no version behind the alias), 4 a rollout whose candidate was
+safe but not worth adopting (its registration's decision).
 """
 
 from __future__ import annotations
@@ -236,10 +237,11 @@ def rollback_cmd(reason: Annotated[str, typer.Option(help="why; recorded, signed
     check_known_family(family, store_dir)
     tracking = open_store(store_dir, must_exist=True, writes=True)
     fam = existing_family(tracking, family)
-    from flows.rollback import manual_rollback
+    from flows.rollback import check_manual_rollback, manual_rollback
     from lineage.aliases.registry import PromotionRefused
 
-    try:
+    try:  # refused in a line before the flow starts; the flow checks again under the lock
+        check_manual_rollback(to, fam, str(store_dir), None if key_dir is None else str(key_dir))
         change = manual_rollback(reason=reason, requested_by=requester, to_version=to,
                                  family=fam, store_dir=str(store_dir),
                                  key_dir=None if key_dir is None else str(key_dir))

@@ -90,6 +90,9 @@ def run_until_signalled(cmd: list[str], grace_s: float = 10.0) -> int:
 def ui(store_dir: Annotated[Path, typer.Option(help="local store: MLflow SQLite, artifacts")] = Path(".kernelgate"),
        port: Annotated[int, typer.Option(help="port of the MLflow UI")] = 5000) -> None:
     """Open the MLflow UI on the local store (for the Prefect UI run `prefect server start`)."""
+    from flows.cli_args import check_store_dir
+
+    check_store_dir(store_dir, writes=False)  # a file there: one line, not a traceback
     if port_in_use(port):
         raise typer.BadParameter(f"port {port} is in use on 127.0.0.1 (another MLflow UI or "
                                  "server?); pass a free one", param_hint="--port")

@@ -29,6 +29,22 @@ from lineage.rollout import rollout
 from lineage.store import tracking as tr
 
 
+def check_manual_rollback(to_version: int | None, family: str, store_dir: str,
+                          key_dir: str | None = None) -> None:
+    """What :func:`manual_rollback` would refuse, asked before its flow starts (nothing is
+    written; the flow checks again under the family's lock).
+
+    Raises:
+        ValueError, lineage.aliases.registry.PromotionRefused: as :func:`manual_rollback`.
+    """
+    from lineage.aliases.registry import check_rollback
+
+    settings = RolloutSettings(store_dir=Path(store_dir),
+                               key_dir=None if key_dir is None else Path(key_dir))
+    check_rollback(tr.tracking_for(settings.store_dir), family, signing=signing_for(settings),
+                   to=to_version)
+
+
 @flow(name="kernelgate-manual-rollback")
 def manual_rollback(
     reason: Annotated[str, Field(min_length=3, description="why; recorded and signed")],

@@ -157,7 +157,10 @@ def test_rollback_signs_with_the_key_folder_given(run, tmp_path, monkeypatch):
         asked.append(kwargs)
         return SimpleNamespace(previous_version="2", version="1")
 
+    checked = []
     monkeypatch.setattr(flows.rollback, "manual_rollback", manual_rollback)
+    monkeypatch.setattr(flows.rollback, "check_manual_rollback",
+                        lambda *args: checked.append(args))
     base = ("rollback", "--reason", "paging storm", "--requested-by", "rm", "--family", "xla",
             "--store-dir", str(store))
     code, out = run(*base, "--key-dir", str(tmp_path / "other-keys"))
@@ -165,6 +168,34 @@ def test_rollback_signs_with_the_key_folder_given(run, tmp_path, monkeypatch):
     code, out = run(*base)
     assert code == 0, out
     assert [a["key_dir"] for a in asked] == [str(tmp_path / "other-keys"), None]
+    assert [c[3] for c in checked] == [str(tmp_path / "other-keys"), None]
+
+
+def test_a_rollback_the_registry_refuses_is_refused_in_a_line_before_its_flow_starts(
+        run, tmp_path, monkeypatch):
+    """``rollback --to 99`` on a store whose signed history never promoted v99: exit 2 and
+    the registry's reason, from the check asked before the flow (whose engine would log
+    the exception with a traceback first); the flow never runs."""
+    import flows.rollback
+    from lineage.aliases.registry import PromotionRefused
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    store = tmp_path / "store"
+    local_tracking(store).client().create_experiment("kernelgate-xla")
+
+    def refuse(to_version, family, store_dir, key_dir=None):
+        raise PromotionRefused(f"kernelgate-{family} v{to_version} is not an earlier "
+                               "production version (signed history: ['1'])")
+
+    def flow_started(**_):
+        raise AssertionError("the flow ran although the check refused")
+
+    monkeypatch.setattr(flows.rollback, "check_manual_rollback", refuse)
+    monkeypatch.setattr(flows.rollback, "manual_rollback", flow_started)
+    code, out = run("rollback", "--to", "99", "--reason", "test", "--requested-by", "rm",
+                    "--family", "xla", "--store-dir", str(store))
+    assert code == 2 and "refused: kernelgate-xla v99 is not an earlier production" in out, out
+    assert "Traceback" not in out
 
 
 def test_keys_create_makes_the_role_asked_for_and_says_which(run, tmp_path):

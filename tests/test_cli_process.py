@@ -193,7 +193,7 @@ def test_a_server_that_exits_by_itself_is_a_failure():
 
 
 @pytest.mark.parametrize("command", [["rollout"], ["audit"], ["timeline"], ["revalidate"],
-                                     ["rollback", "--reason", "a test"]],
+                                     ["rollback", "--reason", "a test"], ["ui"]],
                          ids=lambda c: c[0])
 def test_a_store_path_that_is_a_file_is_refused_naming_it(command, tmp_path):
     afile = tmp_path / "store"

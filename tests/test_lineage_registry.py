@@ -634,3 +634,23 @@ def test_a_version_page_shows_the_evidence_under_its_verdict_line(tracking, fami
     assert text.splitlines()[:7] == [f"**{verdict}**", "", *evidence.splitlines(), ""]
     assert text.replace(evidence + "\n\n", "") == plain
     assert "Adoption" not in plain
+
+
+def test_check_rollback_refuses_what_rollback_would_and_moves_nothing(tracking, family, tmp_path,
+                                                                        signing):
+    path = _write(tmp_path, thresholds_yaml())
+    with pytest.raises(ValueError, match="nothing to roll back"):
+        registry.check_rollback(tracking, family, signing=signing)
+    chains = [promotable_chain(tracking, family, path, signing=signing) for _ in range(2)]
+    for chain in chains:
+        promote(tracking, family, chain, signing)
+    history = registered_model.production_history(tracking, family, signing.trust)
+    with pytest.raises(PromotionRefused, match="v99 is not an earlier production version"):
+        registry.check_rollback(tracking, family, signing=signing, to=99)
+    with pytest.raises(ValueError, match="is what it serves now"):
+        registry.check_rollback(tracking, family, signing=signing, to=chains[1].version)
+    assert registry.check_rollback(tracking, family, signing=signing,
+                                   to=chains[0].version) == chains[1].version
+    # asked three times: production and its signed history are as they were
+    assert registered_model.alias_version(tracking, family, "production") == chains[1].version
+    assert registered_model.production_history(tracking, family, signing.trust) == history

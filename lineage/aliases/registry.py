@@ -272,6 +272,36 @@ def promote(tracking: Tracking, family: str, version: str, *, decision_run_id: s
     return change
 
 
+def check_rollback(tracking: Tracking, family: str, *, signing: Signing,
+                   alias: Alias = "production", to: str | int | None = None) -> str:
+    """What :func:`rollback` checks before it moves anything, with nothing written: the
+    signed log is intact, ``alias`` points at a version (returned), and ``to``, where
+    given, is an earlier production version (signed history) that still exists with a
+    complete chain. A command asks this first to refuse in a line, before any flow runs.
+
+    Raises:
+        ValueError, PromotionRefused, LogDamaged: as :func:`rollback`.
+    """
+    log_writer.require_intact(tracking, family, signing)  # LogDamaged: nothing moves
+    current = alias_version(tracking, family, alias)
+    if current is None:
+        raise ValueError(f"{registered_model_name(family)}: alias {alias!r} points at nothing; "
+                         "nothing to roll back")
+    if to is not None:
+        to = str(to)
+        if alias != "production" or to == current:
+            raise ValueError(f"rollback --to v{to}: only production rolls back to a version, "
+                             f"and v{current} is what it serves now")
+        history = production_history(tracking, family, signing.trust)
+        if to not in history:
+            raise PromotionRefused(f"{registered_model_name(family)} v{to} is not an earlier "
+                                   f"production version (signed history: {history})")
+        if not version_exists(tracking, family, to):
+            raise PromotionRefused(f"{registered_model_name(family)} v{to} no longer exists")
+        _refuse_incomplete(tracking, family, to, "canary->production", None, signing)
+    return current
+
+
 def rollback(tracking: Tracking, family: str, *, reason: str, signing: Signing,
              alias: Alias = "production", parent_run_id: str | None = None,
              to: str | None = None) -> AliasChange:
@@ -291,25 +321,10 @@ def rollback(tracking: Tracking, family: str, *, reason: str, signing: Signing,
     """
     if not reason.strip():
         raise ValueError("rollback needs a reason")
-    log_writer.require_intact(tracking, family, signing)  # LogDamaged: nothing moves
-    current = alias_version(tracking, family, alias)
-    if current is None:
-        raise ValueError(f"{registered_model_name(family)}: alias {alias!r} points at nothing; "
-                         "nothing to roll back")
+    current = check_rollback(tracking, family, signing=signing, alias=alias, to=to)
     restored: str | None = None
     if to is not None:
-        to = str(to)
-        if alias != "production" or to == current:
-            raise ValueError(f"rollback --to v{to}: only production rolls back to a version, "
-                             f"and v{current} is what it serves now")
-        history = production_history(tracking, family, signing.trust)
-        if to not in history:
-            raise PromotionRefused(f"{registered_model_name(family)} v{to} is not an earlier "
-                                   f"production version (signed history: {history})")
-        if not version_exists(tracking, family, to):
-            raise PromotionRefused(f"{registered_model_name(family)} v{to} no longer exists")
-        _refuse_incomplete(tracking, family, to, "canary->production", None, signing)
-        restored = to
+        restored = str(to)
     elif alias == "production":
         passed_over = []
         for candidate in reversed([v for v in production_history(tracking, family, signing.trust)
