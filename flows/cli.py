@@ -239,6 +239,7 @@ def rollback_cmd(reason: Annotated[str, typer.Option(help="why; recorded, signed
     fam = existing_family(tracking, family)
     from flows.rollback import check_manual_rollback, manual_rollback
     from lineage.aliases.registry import PromotionRefused
+    from lineage.log.family_log import LogDamaged
 
     try:  # refused in a line before the flow starts; the flow checks again under the lock
         check_manual_rollback(to, fam, str(store_dir), None if key_dir is None else str(key_dir))
@@ -248,6 +249,9 @@ def rollback_cmd(reason: Annotated[str, typer.Option(help="why; recorded, signed
     except (ValueError, PromotionRefused) as err:
         typer.echo(f"refused: {err}", err=True)
         raise typer.Exit(2) from None
+    except LogDamaged as err:  # nothing moved; `kernelgate reanchor` is the way on
+        typer.echo(f"refused: the family's signed log is damaged, nothing moved: {err}", err=True)
+        raise typer.Exit(1) from None
     typer.echo(f"production of {fam}: v{change.previous_version} -> "
                f"{'v' + change.version if change.version else 'none (native baseline)'}")
 

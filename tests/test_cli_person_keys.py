@@ -244,3 +244,26 @@ def test_an_approval_naming_a_key_folder_that_does_not_exist_is_refused(run, tmp
     code, out = run("approve", "0f3c-run", "--key", str(tmp_path / "alice.pem"),
                     "--comment", "ship", "--key-dir", str(tmp_path / "no-such-folder"))
     assert code == 2 and "no such key folder" in out and "PREFECT_API_URL" not in out, out
+
+
+def test_a_rollback_on_a_damaged_log_is_refused_in_a_line_and_moves_nothing(run, tmp_path,
+                                                                           monkeypatch):
+    import flows.rollback
+    from lineage.log.family_log import LogDamaged
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    store = tmp_path / "store"
+    local_tracking(store).client().create_experiment("kernelgate-xla")
+
+    def damaged(*_args):
+        raise LogDamaged("entry 3 does not chain to entry 2")
+
+    def flow_started(**_):
+        raise AssertionError("the flow ran on a damaged log")
+
+    monkeypatch.setattr(flows.rollback, "check_manual_rollback", damaged)
+    monkeypatch.setattr(flows.rollback, "manual_rollback", flow_started)
+    code, out = run("rollback", "--reason", "test", "--requested-by", "rm", "--family", "xla",
+                    "--store-dir", str(store))
+    assert code == 1 and "signed log is damaged, nothing moved: entry 3" in out, out
+    assert "Traceback" not in out
