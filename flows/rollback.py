@@ -29,6 +29,11 @@ from lineage.rollout import rollout
 from lineage.store import tracking as tr
 
 
+def _settings(store_dir: str, key_dir: str | None) -> RolloutSettings:
+    return RolloutSettings(store_dir=Path(store_dir),
+                           key_dir=None if key_dir is None else Path(key_dir))
+
+
 def check_manual_rollback(to_version: int | None, family: str, store_dir: str,
                           key_dir: str | None = None) -> None:
     """What :func:`manual_rollback` would refuse, asked before its flow starts (nothing is
@@ -39,8 +44,7 @@ def check_manual_rollback(to_version: int | None, family: str, store_dir: str,
     """
     from lineage.aliases.registry import check_rollback
 
-    settings = RolloutSettings(store_dir=Path(store_dir),
-                               key_dir=None if key_dir is None else Path(key_dir))
+    settings = _settings(store_dir, key_dir)
     check_rollback(tr.tracking_for(settings.store_dir), family, signing=signing_for(settings),
                    to=to_version)
 
@@ -67,8 +71,7 @@ def manual_rollback(
     """
     if family == "auto":
         family = kernels.native_flash_kernel("auto", kernels.default_backend())
-    settings = RolloutSettings(store_dir=Path(store_dir),
-                               key_dir=None if key_dir is None else Path(key_dir))
+    settings = _settings(store_dir, key_dir)
     store = FamilyStore(tr.tracking_for(settings.store_dir), family, signing_for(settings))
     with rollout.family_lock(settings.store_dir, family), family_slot(family):
         store.reconcile()

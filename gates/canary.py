@@ -81,6 +81,9 @@ class CanaryStepResult(BaseModel):
     interpreter: str | None = None
 
 
+PRODUCTION_FAILED = "production endpoint failed"
+"""How a step's breach for requests production failed begins (the audit looks for it)."""
+
 SHADOW_NOT_LOOKED = ("the paired latency test spends its alpha over the canary steps only; "
                      "it does not look at this stage")
 """The shadow stage's latency under the paired test: by design, not a gap in evidence."""
@@ -207,7 +210,7 @@ def analyse_canary_step(
         (nan_count > plan.max_nan_count, f"NaN outputs: {nan_count} > {plan.max_nan_count}"),
         (
             production_error_count > 0 and not plan.exclude_production_failures,
-            f"production endpoint failed {production_error_count} request(s); nothing to compare",
+            f"{PRODUCTION_FAILED} {production_error_count} request(s); nothing to compare",
         ),
         (
             growth > plan.max_memory_growth_bytes and memory_not_assessed_reason is None,

@@ -21,7 +21,7 @@ import math
 import numpy as np
 
 from gates.adoption_decision import AdoptionVerdict, DecisionPlan, conclude_adoption
-from gates.canary import CanaryStepResult
+from gates.canary import PRODUCTION_FAILED, CanaryStepResult
 from gates.canary_latency import another_look, conclude_canary, step_look
 from gates.canary_plan import CanaryPlan
 from gates.latency_judge import abba_log_ratios
@@ -44,7 +44,7 @@ def _step(plan: CanaryPlan, result: CanaryStepResult, earlier: list[CanaryStepRe
         if len(r) != len(result.log_ratios) or not np.allclose(r, result.log_ratios, rtol=1e-12):
             return "the signed log ratios are not those of the signed timings"
     if result.production_error_count and not plan.exclude_production_failures and not any(
-            b.startswith("production endpoint failed") for b in result.breaches):
+            b.startswith(PRODUCTION_FAILED) for b in result.breaches):
         return (f"production failed {result.production_error_count} request(s) and the plan "
                 "does not exclude production failures, yet the step did not breach")
     if result.latency_look is None:
