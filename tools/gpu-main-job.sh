@@ -19,13 +19,22 @@
 #                                   --dispatch-policy POLICY.json`, family dispatch), both
 #                                   approvals answered through the API (tools/answer_paused.py)
 #   tools/gpu-main-job.sh staging-audit   that store's audit and timeline
+#   tools/gpu-main-job.sh longdoc [PRODUCTION] [CANDIDATE]   the long-document claim against
+#                                   a fast production: on an empty store
+#                                   ($KG_LONGDOC_STORE, default /tmp/kg-longdoc-prod),
+#                                   PRODUCTION (default cudnn) rolled out under
+#                                   thresholds/adoption-longdoc.yaml against the native
+#                                   baseline, then CANDIDATE (default pallas_mosaic_gpu)
+#                                   under it against that production; each version's audit
+#                                   and the timeline. About 15 minutes on an H100: start it
+#                                   with setsid in the background and poll its steps.txt
 #
 # The store is $KG_STORE (default /tmp/kg-store): outside the work tree, so it survives
 # from one call to the next while the machine is held.
 set -uo pipefail
 usage() { sed -n '2,/^set -uo pipefail/p' "$0" | sed '$d'; }
 case ${1:-} in  # before any folder is made: a usage error writes nothing
-  tune|rollouts|after|one|staging|staging-audit) ;;
+  tune|rollouts|after|one|staging|staging-audit|longdoc) ;;
   *) usage; exit 2 ;;
 esac
 out=${OUT:-gpu-main-job}
@@ -93,6 +102,24 @@ case ${1:-} in
     sstore=${KG_STAGING_STORE:-/tmp/kg-staging}
     step staging-audit 120 python3 -m flows.cli audit production --store-dir "$sstore"
     step staging-timeline 30 python3 -m flows.cli timeline --store-dir "$sstore" --json "$out/staging-timeline.json"
+    ;;
+  longdoc)
+    lstore=${KG_LONGDOC_STORE:-/tmp/kg-longdoc-prod}
+    rm -rf "$lstore"
+    n=0
+    for kernel in "${2:-cudnn}" "${3:-pallas_mosaic_gpu}"; do
+      n=$((n + 1))
+      step "longdoc-rollout-$n-$kernel" 1200 python3 -m flows.cli rollout --implementation "$kernel" \
+        --thresholds thresholds/adoption-longdoc.yaml --store-dir "$lstore"
+      # the version just built, whatever its end (promoted, not adopted, rolled back)
+      step "longdoc-audit-$n" 120 python3 -m flows.cli audit "$n" --store-dir "$lstore"
+    done
+    step longdoc-timeline 60 python3 -m flows.cli timeline --store-dir "$lstore" \
+      --json "$out/longdoc-timeline.json"
+    # the signed records the rollouts made: the canary steps' per-document pairs, the
+    # adoption decisions (the store is deeper than a call returns, so as one archive)
+    (cd "$lstore" && find . \( -path '*canary*' -o -path '*adoption*' \) -name '*.json' -print0 \
+      | tar --null -czf "$out/longdoc-records.tgz" -T -) 2>/dev/null
     ;;
   after)
     [ -f /tmp/gpu_table.json ] && cp /tmp/gpu_table.json kernels/gpu_table.json
