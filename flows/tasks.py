@@ -36,7 +36,7 @@ from gates.headline import caveat
 from lineage.family_store import FamilyStore
 from lineage.records import registration
 from lineage.records.bindings import RolloutBindings, bindings_for, check_bound_testset
-from lineage.rollout import rollout
+from lineage.rollout import dead_runs, rollout
 from lineage.rollout.rollout import Result, RolloutOutcome
 from lineage.signing import keys
 from lineage.signing.attestations import Signing
@@ -84,7 +84,7 @@ def open_rollout(settings: RolloutSettings, plan: RolloutPlan | None = None, *,
     logger.info("kernel: %s", plan.why)
     if (flow_run_id := flow_run.get_id()) is not None:  # the rollout run links its flow run
         rollout.link(record, {tags.PREFECT_FLOW_RUN_ID: str(flow_run_id)})
-    for run_id in rollout.close_dead_runs(tracking, family, alive_run_id=record.rollout_run_id,
+    for run_id in dead_runs.close_dead_runs(tracking, family, alive_run_id=record.rollout_run_id,
                                           lease_s=settings.stale_alias_after_s,
                                           owner_is_dead=owner_is_dead, signing=record.signing):
         logger.warning("closed run %s of a rollout that died as KILLED", run_id)

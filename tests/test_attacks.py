@@ -578,7 +578,8 @@ def corrupted_history_tag_before_a_rollback(lab: Lab) -> str:
 
 @attack(4, "KILLED")
 def sigkilled_rollout_leaves_a_running_run(lab: Lab) -> str:
-    from lineage.rollout.rollout import close_dead_runs, family_lock
+    from lineage.rollout.dead_runs import close_dead_runs
+    from lineage.rollout.rollout import family_lock
 
     script = textwrap.dedent(f"""
         import os, signal
@@ -1186,7 +1187,8 @@ def test_a_killed_rollouts_files_are_signed_as_interrupted_by_the_next_one(prist
     reports them "added after signing" with no tamperer (before: every audit, forever);
     a later change to one of them is still caught."""
     from lineage.audit import store_check
-    from lineage.rollout.rollout import close_dead_runs, family_lock
+    from lineage.rollout.dead_runs import close_dead_runs
+    from lineage.rollout.rollout import family_lock
 
     lab = Lab(pristine, "killed-after-logging")
     script = textwrap.dedent(f"""
@@ -1221,6 +1223,41 @@ def test_a_killed_rollouts_files_are_signed_as_interrupted_by_the_next_one(prist
     verdict = _artifact_file(lab, doomed, "canary/verdict.json")
     verdict.write_text('{"verdict": "fail"}')
     assert any("altered after signing" in p for p in found())
+
+
+def test_a_rollout_killed_before_it_logged_any_file_is_sealed_by_the_next_one(pristine):
+    """A rollout that died before it logged a file of its own (its only artifact the
+    signed entries, e.g. a crash while evaluating): the next rollout still closes it and
+    signs its ``interrupted`` outcome, over a record of the interruption, rather than
+    failing to sign a statement with no subject (in-toto needs one) and so never starting."""
+    from lineage.rollout.dead_runs import close_dead_runs
+    from lineage.rollout.rollout import family_lock
+
+    lab = Lab(pristine, "killed-before-logging")
+    script = textwrap.dedent(f"""
+        import os, signal
+        from lineage.store import tracking as tr
+        t = tr.local_tracking({str(lab.store)!r})
+        run = tr.start_run(t, {FAMILY!r}, "rollout", run_name="doomed-early")
+        print(run, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], cwd=PROJECT, capture_output=True,
+                          text=True, timeout=120)
+    doomed = done.stdout.strip().splitlines()[-1]
+    assert tr.list_artifact_files(lab.tracking, doomed) == []
+    with family_lock(lab.store, FAMILY, timeout_s=5) as held:
+        closed = close_dead_runs(lab.tracking, FAMILY, alive_run_id="", lease_s=3600,
+                                 owner_is_dead=held, signing=lab.signing)
+    assert doomed in closed and lab.client.get_run(doomed).info.status == "KILLED"
+    (outcome,) = [a for a in lab.source().attestations()
+                  if a.kind == "outcome" and a.run_id == doomed]
+    assert outcome.predicate["result"] == "interrupted"
+    assert outcome.predicate["orphans"] == []
+    assert outcome.subjects, "an in-toto statement needs at least one subject"
+    record = json.loads(_artifact_file(lab, doomed, tags.INTERRUPTED_ARTIFACT).read_text())
+    assert record["reason"] == outcome.predicate["reason"]
+    assert "its rollout died" in record["reason"]
 
 
 # --- kind 20: the audit's scope follows MLflow's editable parent link ---------------------

@@ -146,6 +146,8 @@ APPROVAL_ARTIFACT: Final = "approvals/approval.json"
 PERSON_APPROVAL_ARTIFACT: Final = "approvals/person.dsse.json"  # a person's own signature
 ALIAS_CHANGE_ARTIFACT: Final = "registry/alias_change.json"
 OUTCOME_ARTIFACT: Final = "rollout/outcome.json"
+# a dead rollout run's record of its interruption, written by the rollout that closed it
+INTERRUPTED_ARTIFACT: Final = "rollout/interrupted.json"
 ADOPTION_ARTIFACT: Final = "adoption/decision.json"  # rollout run; signed with the outcome
 REVALIDATION_ARTIFACT: Final = "revalidation/outcome.json"
 
