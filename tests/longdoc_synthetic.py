@@ -47,31 +47,37 @@ def write_spec(workload: WorkloadSpec, folder: Path) -> Path:
     return path
 
 
-def _serve(factor: float, rng: np.random.Generator, noise: float, fail_bucket: int | None):
+def _serve(factor: float | dict[int, float], rng: np.random.Generator, noise: float,
+           fail_bucket: int | None):
     def serve(batch: Batch) -> BatchOutcome:
         if batch.bucket == fail_bucket:
             return BatchOutcome(0.0, None, "RuntimeError: out of memory")
-        s = factor * 5e-4 * batch.bucket * float(np.exp(noise * rng.standard_normal()))
+        f = factor.get(batch.bucket, 1.0) if isinstance(factor, dict) else factor
+        s = f * 5e-4 * batch.bucket * float(np.exp(noise * rng.standard_normal()))
         return BatchOutcome(s, tuple(True for _ in batch.requests))
     return serve
 
 
-def comparison(factor: float, *, seed: int = 0, noise: float = 0.2,
+def comparison(factor: float | dict[int, float], *, seed: int = 0, noise: float = 0.2,
                workload: WorkloadSpec | None = None, spec_path: Path | None = None,
-               fail_bucket: int | None = None) -> BenchResult:
-    """Baseline and candidate (``factor`` times slower; < 1 faster) on the same arrivals;
-    the baseline fails every batch of ``fail_bucket`` (an error, like an out-of-memory)."""
+               fail_bucket: int | None = None, fail_candidate: bool = False,
+               kernels: tuple[str, str] = ("base", "cand")) -> BenchResult:
+    """Baseline and candidate (``factor`` times slower; < 1 faster; a dict: per bucket,
+    1 where a bucket is not named) on the same arrivals; the baseline (the candidate with
+    ``fail_candidate``) fails every batch of ``fail_bucket`` (an error, like an
+    out-of-memory). ``kernels``: the two names the result gives them."""
     workload = workload or spec()
     requests = draw_requests(workload)
     sha = hashlib.sha256(spec_path.read_bytes()).hexdigest() if spec_path else None
     rng = np.random.default_rng(seed)
     reports = {}
-    for name, f, fail in (("base", 1.0, fail_bucket), ("cand", factor, None)):
+    fails = (None, fail_bucket) if fail_candidate else (fail_bucket, None)
+    for name, f, fail in ((kernels[0], 1.0, fails[0]), (kernels[1], factor, fails[1])):
         trace = replay(requests, workload, _serve(f, rng, noise, fail))
         reports[name] = summarise(trace, workload, implementation=name, device="cpu:synthetic",
                                   weights_sha256=WEIGHTS, workload_sha256=sha)
-    return BenchResult(workload=workload.name, workload_sha256=sha, kernels=["base", "cand"],
-                       paired=bench.paired(reports["base"], reports["cand"], {}, {}),
+    return BenchResult(workload=workload.name, workload_sha256=sha, kernels=list(kernels),
+                       paired=bench.paired(reports[kernels[0]], reports[kernels[1]], {}, {}),
                        reports=reports)
 
 

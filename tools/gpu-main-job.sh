@@ -106,15 +106,19 @@ case ${1:-} in
   longdoc)
     lstore=${KG_LONGDOC_STORE:-/tmp/kg-longdoc-prod}
     rm -rf "$lstore"
+    production=${2:-cudnn}
     n=0
-    for kernel in "${2:-cudnn}" "${3:-pallas_mosaic_gpu}"; do
+    # both in the production kernel's family (a family is named for its first kernel by
+    # default): the candidate's rollout is then judged against that production
+    for kernel in "$production" "${3:-pallas_mosaic_gpu}"; do
       n=$((n + 1))
       step "longdoc-rollout-$n-$kernel" 1200 python3 -m flows.cli rollout --implementation "$kernel" \
-        --thresholds thresholds/adoption-longdoc.yaml --store-dir "$lstore"
+        --family "$production" --thresholds thresholds/adoption-longdoc.yaml --store-dir "$lstore"
       # the version just built, whatever its end (promoted, not adopted, rolled back)
-      step "longdoc-audit-$n" 120 python3 -m flows.cli audit "$n" --store-dir "$lstore"
+      step "longdoc-audit-$n" 120 python3 -m flows.cli audit "$n" --family "$production" \
+        --store-dir "$lstore"
     done
-    step longdoc-timeline 60 python3 -m flows.cli timeline --store-dir "$lstore" \
+    step longdoc-timeline 60 python3 -m flows.cli timeline --family "$production" --store-dir "$lstore" \
       --json "$out/longdoc-timeline.json"
     # the signed records the rollouts made: the canary steps' per-document pairs, the
     # adoption decisions (the store is deeper than a call returns, so as one archive)
