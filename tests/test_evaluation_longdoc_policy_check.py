@@ -95,6 +95,10 @@ def test_results_that_cannot_be_judged_together_are_refused(tmp_path, capsys):
     ab.write_text(comparison(0.9).model_dump_json())  # kernels base,cand: not K,auto
     assert policy_check.main([str(ab)]) == 2
     assert "must serve a single kernel first and 'auto'" in capsys.readouterr().err
+    stranger = tmp_path / "not-a-result.json"
+    stranger.write_text('{"workload": "x"}')
+    assert policy_check.main([str(stranger)]) == 2
+    assert "not a result of python -m evaluation.longdoc.bench" in capsys.readouterr().err
     first = _write(tmp_path, "k", 1.0)
     twice = tmp_path / "again.json"
     twice.write_text(first.read_text())

@@ -47,7 +47,7 @@ import sys
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from evaluation.longdoc.bench import BenchResult, load_result
 from evaluation.longdoc.effect import LEVEL, METHOD, METRICS, group_effect, steady_requests
@@ -155,13 +155,19 @@ def check(paths: list[Path], metric: str = "compute", level: float = LEVEL) -> P
     """Judge the policy against every single kernel of ``paths`` (one result each).
 
     Raises:
-        BadInput: see :func:`_consistent`; a kernel given twice; an unknown metric.
+        BadInput: see :func:`_consistent`; a file that is not a bench result; a kernel
+            given twice; an unknown metric.
     """
     if metric not in METRICS:
         raise BadInput(f"metric {metric!r}: one of {sorted(METRICS)}")
     results: dict[str, tuple[Path, BenchResult]] = {}
     for path in paths:
-        result = load_result(path)
+        try:
+            result = load_result(path)
+        except ValidationError as err:
+            raise BadInput(f"{path}: not a result of python -m evaluation.longdoc.bench "
+                           f"--json ({err.error_count()} field(s) wrong or missing, "
+                           f"first: {'.'.join(map(str, err.errors()[0]['loc']))})") from None
         kernel = result.kernels[0]
         if kernel in results:
             raise BadInput(f"{path}: kernel {kernel!r} is already given by {results[kernel][0]}")
