@@ -34,7 +34,7 @@ from evaluation.report import EvaluationReport
 from gates.decision import decide
 from lineage.aliases import key_changes, production_story, registered_model
 from lineage.audit import canary_audit, reference_audit, store_check
-from lineage.audit.audit_report import AuditReport, Walk
+from lineage.audit.audit_report import GATE_LINK, AuditReport, Walk
 from lineage.audit.bundle import verify_artifacts
 from lineage.log import checkpoints, family_log
 from lineage.records import chain, dispatch_record, roster
@@ -137,7 +137,7 @@ def _display(walk: Walk, evidence: chain.ChainEvidence, missing: list[str],
     if evidence.build is not None:
         b = evidence.build.predicate
         walk.link("build", evidence.build_run_id, True, build_line(b), problem=False)
-    for label, record in (("gate decision", evidence.decision),
+    for label, record in ((GATE_LINK, evidence.decision),
                           ("confirmation decision", evidence.confirmation)):
         if record is None:
             walk.link(label, None, not named(f"no {label}"), "none signed", problem=False)

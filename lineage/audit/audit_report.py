@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
+GATE_LINK = "gate decision"
+"""The chain link of a version's signed gate decision (``ref`` None: none signed)."""
+
 
 class AuditLink(BaseModel):
     """One link of the chain: ``name``, the run or version it resolved to, its state."""
@@ -46,13 +49,23 @@ class AuditReport(BaseModel):
         target names no version (nothing of a version's chain was assessed)."""
         return 1 if not self.ok else 3 if self.absent else 0
 
+    @property
+    def never_judged(self) -> bool:
+        """True when the chain holds the version's build but no signed gate decision: a
+        version built and never judged (its rollout died or stopped before the gate).
+        Its records can verify; the summary still says that nothing judged it."""
+        return (any(link.name == "build" for link in self.chain)
+                and any(link.name == GATE_LINK and link.ref is None for link in self.chain))
+
     def summary(self) -> str:
-        """One line: what was verified, and the verdict."""
+        """One line: what was verified, and the verdict (and that the version was never
+        judged, where so: a passing audit of its records is no verdict on it)."""
         if self.ok and self.absent:
             return (f"NOTHING TO AUDIT: {self.model_name} {self.target}: {self.absent}; "
                     f"{self.attestations_verified} attestations verified, no problem")
+        judged = " (built, never judged: no gate decision signed)" if self.never_judged else ""
         return (f"{'AUDIT PASSED' if self.ok else 'AUDIT FAILED'}: {self.model_name} "
-                f"{self.target} -> {f'v{self.version}' if self.version else 'no version'}; "
+                f"{self.target} -> {f'v{self.version}' if self.version else 'no version'}{judged}; "
                 f"{self.attestations_verified} attestations and "
                 f"{self.artifacts_verified}/{self.artifacts_checked} artifacts verified; "
                 f"{len(self.problems)} problem(s)")
