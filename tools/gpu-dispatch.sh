@@ -10,7 +10,10 @@
 #                                          /tmp/kg-dispatch) for the merge; every piece of
 #                                          one policy with the same $KG_DISPATCH_REPEATS;
 #                                          cut at $KG_DISPATCH_BUDGET_S (default 480 s), the
-#                                          log then names the START: of the rest
+#                                          log then names the START: of the rest; with
+#                                          $KG_DISPATCH_SERVED (a served-shapes file:
+#                                          python -m evaluation.longdoc.served_shapes) the
+#                                          buckets holding its shapes are measured at them
 #   tools/gpu-dispatch.sh merge            the pieces there joined into evidence.json and
 #                                          policy.json (kernels.tools.dispatch_merge)
 #   tools/gpu-dispatch.sh longdoc [K ...]  the long-document workload served by each
@@ -75,7 +78,8 @@ print('kernels source sha256', combined_digest(source_digests()))"; } > "$work/d
     step "evidence-$name" 580 python3 -m kernels.tools.dispatch_evidence --dtypes "$space" \
       --slice-dtypes "$dtype" ${from:+--slice-buckets "$from"} \
       --budget-s "${KG_DISPATCH_BUDGET_S:-480}" \
-      ${KG_DISPATCH_REPEATS:+--repeats "$KG_DISPATCH_REPEATS"} --out "$out/$name"
+      ${KG_DISPATCH_REPEATS:+--repeats "$KG_DISPATCH_REPEATS"} \
+      ${KG_DISPATCH_SERVED:+--served-shapes "$KG_DISPATCH_SERVED"} --out "$out/$name"
     mkdir -p "$work/$name" && cp "$out/$name/piece.json" "$work/$name/"
     ;;
   merge)

@@ -36,11 +36,13 @@ from __future__ import annotations
 import argparse
 import hashlib
 import importlib.metadata
+import json
 import platform
 import statistics
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import jax
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt
@@ -74,7 +76,11 @@ class Plan(BaseModel):
     """What a run measures: the buckets (``grid``), the shapes measured in each (every
     combination of the listed sizes that lies in the bucket; kv_len from ``seqs`` too, or
     equal to q_len where the grid leaves kv_len whole), the candidates and the timing
-    (``repeats`` of ``target_repeat_s`` seconds each after ``warmup_s``)."""
+    (``repeats`` of ``target_repeat_s`` seconds each after ``warmup_s``).
+
+    ``served``: shapes a workload called (``--served-shapes FILE``: ``python -m
+    evaluation.longdoc.served_shapes``); a bucket holding any is measured at those instead
+    (its choice made where the traffic is), the others at the listed sizes."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -90,14 +96,19 @@ class Plan(BaseModel):
     target_repeat_s: PositiveFloat = 0.02
     warmup_s: float = Field(DEFAULT_WARMUP_S, ge=0)
     seed: int = 0
+    served: tuple[AttentionShape, ...] = ()
 
     def shapes(self, bucket: Bucket) -> list[AttentionShape]:
-        """The shapes measured in ``bucket``.
+        """The shapes measured in ``bucket``: the served shapes inside it, if any, else
+        the combinations of the listed sizes.
 
         Raises:
             ValueError: none of the listed sizes lies in the bucket on some axis (the
                 bucket and the axis named).
         """
+        inside = [s for s in self.served if bucket.contains_shape(s)]
+        if inside:
+            return inside
         split_kv = self.grid.split_kv_len
         sizes = {"head_dim": self.head_dims, "q_len": self.seqs, "batch": self.batches,
                  **({"kv_len": self.seqs} if split_kv else {})}
@@ -116,7 +127,7 @@ class Plan(BaseModel):
 
 DEFAULT_PLAN = Plan()
 """An accelerator's run: the default grid (162 buckets), one shape per bucket at head_dim
-64/128/256 and 256/2048/16384 tokens, the GPU's candidates."""
+64/128/256 and 256/2048/16384 tokens (16 heads, batch 1), the GPU's candidates."""
 
 QUICK_PLAN = Plan(grid=BucketGrid(space=Region(), head_dim_cuts=(48,), seq_cuts=(32,)),
                   kernels=("xla", "naive"), head_dims=(32, 64), seqs=(16, 64), heads=2,
@@ -269,9 +280,23 @@ def plan_from(args: argparse.Namespace, backend: str) -> Plan:
              **({"causal": (args.causal == "causal",)} if args.causal else {})}
     grid = BucketGrid.model_validate({**plan.grid.model_dump(), "space": space})
     fields = {"kernels": args.kernels, "head_dims": args.head_dims, "seqs": args.seqs,
-              "repeats": args.repeats, "seed": args.seed}
+              "repeats": args.repeats, "seed": args.seed,
+              "served": served_shapes(args.served_shapes) if args.served_shapes else None}
     return Plan.model_validate({**plan.model_dump(), "grid": grid,
                                 **{k: v for k, v in fields.items() if v is not None}})
+
+
+def served_shapes(path: Path) -> tuple[AttentionShape, ...]:
+    """The ``shapes`` of a served-shapes file (``evaluation.longdoc.served_shapes``).
+
+    Raises:
+        ValueError: unreadable, not JSON, no ``shapes``, a shape the contract refuses.
+    """
+    try:
+        return tuple(AttentionShape.model_validate(s) for s in json.loads(path.read_text())["shapes"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"--served-shapes {path}: not a served-shapes file "
+                         f"(python -m evaluation.longdoc.served_shapes): {err}") from None
 
 
 def run(args: argparse.Namespace, plan: Plan

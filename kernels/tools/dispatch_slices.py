@@ -140,6 +140,9 @@ def evidence_parser(description: str) -> argparse.ArgumentParser:
     parser.add_argument("--causal", choices=["full", "causal"], help="one causal flag only")
     parser.add_argument("--head-dims", type=ints, help="measured head_dims")
     parser.add_argument("--seqs", type=ints, help="measured q_len and kv_len")
+    parser.add_argument("--served-shapes", type=Path, default=None, metavar="FILE",
+                        help="measure each bucket holding a shape of FILE at those shapes "
+                             "(python -m evaluation.longdoc.served_shapes writes it)")
     parser.add_argument("--repeats", type=int)
     parser.add_argument("--seed", type=int)
     parser.add_argument("--slice-dtypes", type=names,
