@@ -175,7 +175,8 @@ def analyse_canary_step(
         raise ValueError(f"length_buckets has {len(length_buckets)} entries for {rows} ABBA "
                          "rows: one padded length per compared request")
     if plan.paired:
-        lat = _paired(step, plan, abba, earlier, latency_not_assessed_reason)
+        lat = _paired(step, plan, abba, earlier, latency_not_assessed_reason,
+                      None if length_buckets is None else [int(b) for b in length_buckets])
     else:
         lat = _legacy(cand, prod, plan, latency_not_assessed_reason)
     cand_med = float(np.median(cand)) if cand.size else math.nan
@@ -278,7 +279,8 @@ def _legacy(cand: np.ndarray, prod: np.ndarray, plan: CanaryPlan,
 
 
 def _paired(step: CanaryStep, plan: CanaryPlan, abba: tuple | None,
-            earlier: Sequence[CanaryStepResult], reason: str | None) -> dict:
+            earlier: Sequence[CanaryStepResult], reason: str | None,
+            buckets: Sequence[int] | None) -> dict:
     """The paired look of a canary step (see ``gates.canary_latency``)."""
     names = [s.name for s in plan.looks()]
     out = {"alpha": math.nan, "u_statistic": math.nan, "p_value": math.nan,
@@ -300,7 +302,8 @@ def _paired(step: CanaryStep, plan: CanaryPlan, abba: tuple | None,
         return {**out, "latency_not_assessed_reason": reason}
     index = names.index(step.name)
     look = canary_latency.step_look(plan, index, out["log_ratios"],
-                                    [e.log_ratios for e in earlier])
+                                    [e.log_ratios for e in earlier], buckets,
+                                    [e.length_buckets for e in earlier])
     r = np.asarray(out["log_ratios"])
     out.update(alpha=look.alpha, p_value=look.p_value, latency_slower=look.slower,
                latency_look=look, latency_not_assessed_reason=None,

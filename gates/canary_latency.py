@@ -55,16 +55,40 @@ def tail_breach(plan: CanaryPlan, ratio: float, n_pairs: int, where: str) -> str
 
 
 def step_look(plan: CanaryPlan, step_index: int, log_ratios: ArrayLike,
-              earlier: Sequence[Sequence[float]]) -> latency_judge.LatencyLook:
+              earlier: Sequence[Sequence[float]], buckets: Sequence[int] | None = None,
+              earlier_buckets: Sequence[Sequence[int]] = ()) -> latency_judge.LatencyLook:
     """Step ``step_index``'s look: its ``log_ratios`` with the ``earlier`` steps', at the
-    alpha the plan spends on the step; ``median_ratio`` is the measured one (unshifted)."""
+    alpha the plan spends on the step; ``median_ratio`` is the measured one (unshifted).
+    Under ``latency.noise_within_buckets`` the look's ``noise_sd`` is measured about each
+    length bucket's median (``buckets``, ``earlier_buckets``: one per log ratio)."""
     r = np.concatenate([np.asarray(x, dtype=np.float64) for x in (*earlier, log_ratios)]) \
         if (earlier or len(log_ratios)) else np.zeros(0)
     shift = math.log(plan.latency.tolerated_slowdown_ratio)
     found = latency_judge.look(plan.looks()[step_index].name, r - shift,
                                plan.step_alphas()[step_index])
     median = float(np.exp(np.median(r))) if r.size else math.nan
-    return found.model_copy(update={"median_ratio": median})
+    update = {"median_ratio": median}
+    if plan.latency.noise_within_buckets and buckets is not None:
+        update["noise_sd"] = _noise(plan, r, [b for bs in (*earlier_buckets, buckets) for b in bs])
+    return found.model_copy(update=update)
+
+
+def _noise(plan: CanaryPlan, ratios: Sequence[float], buckets: Sequence[int]) -> float:
+    """Under ``latency.noise_within_buckets``, with a bucket recorded for every ratio, the
+    spread about each bucket's median; otherwise the pooled robust sd (which also holds
+    the spread between the buckets' effects: a canary without its buckets is judged as
+    before the switch)."""
+    if plan.latency.noise_within_buckets and len(ratios) and len(buckets) == len(ratios):
+        return latency_judge.within_bucket_sd(ratios, buckets)
+    return latency_judge.robust_sd(ratios)
+
+
+def noise_sd(plan: CanaryPlan, results: Sequence) -> float:
+    """The canary's measured per-request log-ratio noise over ``results`` (its steps): the
+    robust sd of every compared request's log ratio, or about each length bucket's median
+    under ``latency.noise_within_buckets`` (:func:`_noise`)."""
+    return _noise(plan, [x for r in results for x in r.log_ratios],
+                  [b for r in results for b in r.length_buckets])
 
 
 class CanaryVerdict(BaseModel):
@@ -153,7 +177,7 @@ def conclude_canary(plan: CanaryPlan, results: Sequence) -> CanaryVerdict:
     if assessed and (tail := tail_breach(plan, ratio, len(cand), " over the whole canary")):
         breaches.append(tail)
     n_pairs = sum(len(r.log_ratios) for r in results)
-    sd = latency_judge.robust_sd([x for r in results for x in r.log_ratios])
+    sd = noise_sd(plan, results)
     required = _required_pairs(plan, sd, len(results))
     if not plan.paired:
         lat, why = "pass", "latency: judged per step (legacy mannwhitneyu test)"
@@ -167,6 +191,8 @@ def conclude_canary(plan: CanaryPlan, results: Sequence) -> CanaryVerdict:
                     if plan.extend is None else
                     latency_judge.conclude_powered(looks, power=plan.latency.power,
                                                    slowdown_ratio=plan.detectable_ratio))
+        if plan.latency.noise_within_buckets and sum(len(r.length_buckets) for r in results) == n_pairs:
+            why += " (noise measured about each length bucket's median, as registered)"
     if breaches:
         verdict, reason = "fail", "; ".join(breaches)
     elif lat == "fail":

@@ -78,6 +78,14 @@ class LatencyTest(_Strict):
     max_calibration_age_days: Finite | None = limit(
         L.HIGHER, default=None, gt=0, le=3650,
         description="Require a fresh A/A calibration of the serving device this recent.")
+    noise_within_buckets: bool = limit(
+        L.FALSE_TO_TRUE, default=False, description="Measure the noise the power is judged "
+        "at about each length bucket's own median (gates.latency_judge.within_bucket_sd), "
+        "not about the pooled median: where the buckets' ratios differ (a long-document "
+        "workload: 0.1 at 16k, 0.6 at 1k tokens), that spread is the effect's shape, not "
+        "noise, and counted as noise it takes extra looks a slowdown of the stated size "
+        "would not need. The test itself stays the pooled signed-rank test. Needs a "
+        "canary workload (which records the buckets).")
 
     @model_validator(mode="after")
     def _complete(self) -> LatencyTest:
@@ -93,6 +101,8 @@ class LatencyTest(_Strict):
                 getattr(self, n) is not None for n in (*paired, "max_calibration_age_days")):
             raise ValueError("the legacy mannwhitneyu test takes no power, noise_sd, inconclusive, "
                              "tolerated_slowdown_ratio or max_calibration_age_days")
+        if self.noise_within_buckets and self.test != "signed_rank_abba":
+            raise ValueError("noise_within_buckets needs the paired signed_rank_abba test")
         return self
 
 
@@ -243,6 +253,9 @@ class CanaryPlan(_Strict):
 
     @model_validator(mode="after")
     def _limits_and_power(self) -> CanaryPlan:
+        if self.latency.noise_within_buckets and self.workload is None:
+            raise ValueError("latency.noise_within_buckets needs canary.workload: MiniLM's "
+                             "recorded requests carry no length bucket")
         fewest = min(s.requests for s in self.steps)
         for name in ("max_error_count", "max_nan_count"):
             if getattr(self, name) > fewest:

@@ -155,6 +155,23 @@ def robust_sd(log_ratios: ArrayLike) -> float:
     return float(MAD_TO_SD * np.median(np.abs(r - np.median(r))))
 
 
+def within_bucket_sd(log_ratios: ArrayLike, buckets: Sequence[int]) -> float:
+    """:func:`robust_sd` of the log ratios about their own length bucket's median: the
+    noise about each bucket's effect, without the spread between the buckets' effects. A
+    bucket with one ratio adds nothing (its residual is 0 by construction). NaN for fewer
+    than 2 residuals.
+
+    Raises:
+        ValueError: not one bucket per log ratio.
+    """
+    r = np.asarray(log_ratios, dtype=np.float64)
+    b = np.asarray(buckets)
+    if r.shape != b.shape:
+        raise ValueError(f"{b.size} buckets for {r.size} log ratios: one per compared request")
+    residuals = [r[b == k] - np.median(r[b == k]) for k in np.unique(b) if np.sum(b == k) >= 2]
+    return robust_sd(np.concatenate(residuals)) if residuals else math.nan
+
+
 class LatencyLook(BaseModel):
     """One look of the test: the pairs of every step so far, at this step's alpha."""
 

@@ -53,7 +53,8 @@ def _step(plan: CanaryPlan, result: CanaryStepResult, earlier: list[CanaryStepRe
     if result.step not in names:
         return f"step {result.step!r} is not in the registered plan"
     look = step_look(plan, names.index(result.step), result.log_ratios,
-                     [e.log_ratios for e in earlier])
+                     [e.log_ratios for e in earlier], result.length_buckets or None,
+                     [e.length_buckets for e in earlier])
     signed = result.latency_look
     if look.n_pairs != signed.n_pairs or not _same(look.p_value, signed.p_value) \
             or look.slower != signed.slower or not _same(look.alpha, signed.alpha):
