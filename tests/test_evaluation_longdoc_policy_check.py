@@ -125,3 +125,46 @@ def test_the_committed_h100_policy_is_not_shown_faster_than_pallas_mosaic_gpu(tm
                for b in ("4096", "8192", "16384", "32768"))
     assert rows[("1024", "cudnn")]["high"] < 1.0 and rows[("2048", "cudnn")]["high"] < 1.0
     assert rows[("all", "cudnn")]["low"] <= 1.0 <= rows[("all", "cudnn")]["high"]
+
+
+def test_broken_results_and_outputs_are_refused_in_one_line_and_nothing_is_judged(
+        tmp_path, capsys):
+    """Found by trying to break it: each of these was a traceback (exit 1, which reads as
+    "not shown") or, for the unwritable --json, a verdict printed before the traceback."""
+    good = _write(tmp_path, "k", 0.7, noise=SHARP)
+    data = json.loads(good.read_text())
+    cases = {"one-kernel": {**data, "kernels": ["k"]},
+             "no-auto-report": {**data, "reports": {"k": data["reports"]["k"]}}}
+    unpaired = json.loads(good.read_text())
+    unpaired["reports"]["auto"]["trace"]["requests"].pop()
+    cases["unpaired"] = unpaired
+    for name, content in cases.items():
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(content))
+        assert policy_check.main([str(path)]) == 2, name
+        err = capsys.readouterr().err
+        assert err.startswith("policy_check: ") and err.count("\n") == 1, (name, err)
+    (tmp_path / "a-folder").mkdir()
+    assert policy_check.main([str(good), "--json", str(tmp_path / "a-folder")]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and "policy_check: " in out.err  # no verdict before the failure
+
+
+def test_a_bucket_missing_from_the_summary_is_still_judged(tmp_path):
+    path = _write(tmp_path, "k", {8: 0.7, 16: 1.3, 32: 0.7}, noise=SHARP, seed=2)
+    data = json.loads(path.read_text())
+    del data["reports"]["k"]["buckets"]["16"]
+    path.write_text(json.dumps(data))
+    found = policy_check.check([path])
+    assert not found.shown and _verdicts(found)[("16", "k")] == "slower"
+
+
+def test_a_request_both_sides_failed_is_not_charged_to_the_policy(tmp_path):
+    path = _write(tmp_path, "k", 0.7, noise=SHARP, fail_bucket=32, seed=3)
+    data = json.loads(path.read_text())
+    failed = {r["id"] for r in data["reports"]["k"]["trace"]["requests"] if not r["ok"]}
+    for r in data["reports"]["auto"]["trace"]["requests"]:
+        if r["id"] in failed:
+            r["ok"] = False
+    path.write_text(json.dumps(data))
+    assert _verdicts(policy_check.check([path]))[("32", "k")] == "kernel failed"

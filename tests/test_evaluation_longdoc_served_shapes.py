@@ -96,10 +96,46 @@ def test_evidence_is_measured_at_the_served_shapes_where_a_bucket_holds_them(tmp
                           for b in others for s in b.shapes)
 
 
-def test_a_file_that_is_not_a_served_shapes_file_is_a_usage_error(tmp_path, capsys):
+def test_another_workloads_spec_an_impossible_batch_and_an_unwritable_out_are_refused(
+        tmp_path, capsys):
+    """Found by trying to break it: a result without its spec's sha256 took another
+    workload's spec; a batch of 0 rows and an --out onto a folder were tracebacks."""
+    data = json.loads(H100_RESULT.read_text())
+    nosha = tmp_path / "nosha.json"
+    nosha.write_text(json.dumps({**data, "workload_sha256": None}))
+    other = ROOT / "workloads/longdoc-modernbert-base-hd128.yaml"
+    with pytest.raises(served_shapes.ServedShapesError, match="the result served"):
+        served_shapes.record(nosha, workload=other)
+    data["reports"][data["kernels"][0]]["trace"]["batches"][0]["rows"] = 0
+    zero = tmp_path / "zero.json"
+    zero.write_text(json.dumps(data))
+    assert served_shapes.main([str(zero), "--out", str(tmp_path / "z.json"),
+                               "--coverage", "1"]) == 2
+    assert "gives no attention shape" in capsys.readouterr().err
+    (tmp_path / "a-folder").mkdir()
+    assert served_shapes.main([str(H100_RESULT), "--out", str(tmp_path / "a-folder")]) == 2
+    assert capsys.readouterr().err.startswith("served_shapes: ")
+
+
+@pytest.mark.parametrize(("content", "said"), [
+    ('{"shapes": []}', "no shape given"),
+    ('{"shapes": [{"batch": 0}]}', "shape 0: batch:"),
+    ('{"shapes": "x"}', "'shapes' is not a list")])
+def test_an_empty_or_malformed_served_shapes_file_is_named_in_one_line(tmp_path, capsys,
+                                                                      content, said):
     bad = tmp_path / "bad.json"
-    bad.write_text('{"shapes": [{"batch": 0}]}')
+    bad.write_text(content)
     with pytest.raises(SystemExit) as exit_:
         dispatch_evidence.main(["--list", "--quick", "--served-shapes", str(bad)])
     assert exit_.value.code == 2
-    assert "not a served-shapes file" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert said in err and "errors.pydantic.dev" not in err
+
+
+def test_served_shapes_outside_the_policys_space_are_refused_as_changing_nothing(capsys):
+    committed = H100_RESULT.parent.parent / "served-shapes.json"  # bf16 shapes
+    with pytest.raises(SystemExit) as exit_:
+        dispatch_evidence.main(["--list", "--dtypes", "float16", "--served-shapes",
+                                str(committed)])
+    assert exit_.value.code == 2
+    assert "the flag would change nothing" in capsys.readouterr().err

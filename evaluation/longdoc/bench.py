@@ -32,7 +32,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from pydantic import BaseModel
+from pydantic import BaseModel, model_validator
 
 from evaluation.longdoc.report import LongdocReport
 
@@ -49,6 +49,13 @@ class BenchResult(BaseModel):
     kernels: list[str]
     paired: dict[str, dict]
     reports: dict[str, LongdocReport]
+
+    @model_validator(mode="after")
+    def _two_reported(self) -> BenchResult:
+        if len(self.kernels) != 2 or any(k not in self.reports for k in self.kernels):
+            raise ValueError(f"kernels {self.kernels}: two names, baseline first, each with "
+                             f"a report (reports: {sorted(self.reports)})")
+        return self
 
     @property
     def baseline(self) -> LongdocReport:

@@ -14,9 +14,10 @@ the best single kernel in every bucket within its interval, and faster than ever
 kernel over the whole mix*. Checked against every kernel given, which covers the best of
 each bucket whichever it is:
 
-* per bucket and kernel: **not slower** when the interval of ``auto / K`` reaches 1 or
-  below (``low <= 1``); **slower** when all of it lies above 1; **policy failed** when
-  ``auto`` failed a request ``K`` served (an error is never as fast); **kernel failed**
+* per bucket and kernel (every bucket the replay served): **not slower** when the
+  interval of ``auto / K`` reaches 1 or below (``low <= 1``); **slower** when all of it
+  lies above 1; **policy failed** when ``auto`` failed a request ``K`` served (an error
+  is never as fast); **kernel failed**
   when ``K`` failed every request of the bucket that ``auto`` served (nothing to compare,
   and the policy serves where the kernel cannot: counted as not slower); **not assessed**
   with too few pairs for an interval;
@@ -95,14 +96,16 @@ class PolicyCheck(BaseModel):
 
 
 def _failures(result: BenchResult, bucket: int | None) -> tuple[int, int]:
-    """Steady requests of the group that the kernel, and ``auto``, failed."""
+    """Steady requests of the group that the kernel failed, and that ``auto`` failed where
+    the kernel served them."""
     other = {r.id: r for r in result.candidate.trace.requests}
     kernel_failed = policy_failed = 0
     for r in steady_requests(result.baseline):
         if bucket is not None and r.bucket != bucket:
             continue
-        kernel_failed += not (r.ok and r.finite)
-        policy_failed += not (other[r.id].ok and other[r.id].finite)
+        served = r.ok and r.finite
+        kernel_failed += not served
+        policy_failed += served and not (other[r.id].ok and other[r.id].finite)
     return kernel_failed, policy_failed
 
 
@@ -165,17 +168,23 @@ def check(paths: list[Path], metric: str = "compute", level: float = LEVEL) -> P
         try:
             result = load_result(path)
         except ValidationError as err:
+            first = err.errors()[0]
+            where = ".".join(map(str, first["loc"])) or "the file"
             raise BadInput(f"{path}: not a result of python -m evaluation.longdoc.bench "
-                           f"--json ({err.error_count()} field(s) wrong or missing, "
-                           f"first: {'.'.join(map(str, err.errors()[0]['loc']))})") from None
+                           f"--json ({where}: {first['msg']})") from None
         kernel = result.kernels[0]
         if kernel in results:
             raise BadInput(f"{path}: kernel {kernel!r} is already given by {results[kernel][0]}")
         results[kernel] = (path, result)
     first = _consistent(results)
-    buckets = sorted(first.baseline.buckets)
-    bucket_rows = [_row(r, metric, b, level) for b in buckets for _, r in results.values()]
-    mix_rows = [_row(r, metric, None, level) for _, r in results.values()]
+    # every bucket the replay served, not only the summary's keys (a bucket missing from
+    # the summary is still judged)
+    buckets = sorted({r.bucket for r in first.baseline.trace.requests} | set(first.baseline.buckets))
+    try:
+        bucket_rows = [_row(r, metric, b, level) for b in buckets for _, r in results.values()]
+        mix_rows = [_row(r, metric, None, level) for _, r in results.values()]
+    except (ValueError, KeyError) as err:  # the two reports of one result do not pair
+        raise BadInput(f"a result's two reports do not pair request by request: {err}") from None
     reasons = [f"{'mix' if row.group == 'all' else row.group + ' tokens'} against "
                f"{row.kernel}: {row.verdict}{_interval(row)}"
                for kind, rows in (("bucket", bucket_rows), ("mix", mix_rows))
@@ -231,13 +240,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         found = check(args.results, args.metric)
+        if args.json:  # before the verdict is printed: a failed write says only that
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(found.model_dump(mode="json"), indent=1) + "\n")
     except (BadInput, OSError) as err:
         print(f"policy_check: {err}", file=sys.stderr)
         return 2
     print(text(found))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(found.model_dump(mode="json"), indent=1) + "\n")
     return 0 if found.shown else 1
 
 

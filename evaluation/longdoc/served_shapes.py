@@ -102,19 +102,31 @@ def record(path: Path, coverage: float = COVERAGE, workload: Path | None = None)
     the spec it served, default the shipped spec it names).
 
     Raises:
-        ServedShapesError: not a bench result, an unknown or changed workload spec, a
-            coverage outside (0, 1], or a trace with no batch.
+        ServedShapesError: not a bench result, an unknown or changed workload spec or one
+            of another name, a coverage outside (0, 1], a trace with no batch, or a batch
+            that gives no attention shape.
     """
     if not 0 < coverage <= 1:
         raise ServedShapesError(f"coverage {coverage}: must lie in (0, 1]")
     try:
         result = load_result(path)
     except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(map(str, first["loc"])) or "the file"
         raise ServedShapesError(f"{path}: not a result of python -m evaluation.longdoc.bench "
-                                f"--json ({err.error_count()} field(s) wrong)") from None
+                                f"--json ({where}: {first['msg']})") from None
     if not result.baseline.trace.batches:
         raise ServedShapesError(f"{path}: its trace holds no batch")
-    shapes = served_shapes(result, _spec_of(result, workload), coverage)
+    spec = _spec_of(result, workload)
+    if spec.name != result.workload:
+        raise ServedShapesError(f"the spec names workload {spec.name!r}; the result served "
+                                f"{result.workload!r}")
+    try:
+        shapes = served_shapes(result, spec, coverage)
+    except ValidationError as err:
+        first = err.errors()[0]
+        raise ServedShapesError(f"{path}: a batch gives no attention shape "
+                                f"({'.'.join(map(str, first['loc']))}: {first['msg']})") from None
     return {"workload": result.workload, "workload_sha256": result.workload_sha256,
             "source_sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
             "coverage": coverage, "shapes": [s.model_dump(mode="json") for s in shapes],
@@ -137,11 +149,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         found = record(args.result, args.coverage, args.workload)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(found, indent=1) + "\n")
     except (ServedShapesError, InvalidWorkload, OSError) as err:
         print(f"served_shapes: {err}", file=sys.stderr)
         return 2
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(found, indent=1) + "\n")
     for bucket, counts in found["batches"].items():
         kept = [s["batch"] for s in found["shapes"] if str(s["q_len"]) == bucket]
         print(f"{bucket:>6} tokens: batches by rows {counts} -> measured rows {kept}")

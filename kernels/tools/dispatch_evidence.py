@@ -36,13 +36,11 @@ from __future__ import annotations
 import argparse
 import hashlib
 import importlib.metadata
-import json
 import platform
 import statistics
 import sys
 import time
 from collections.abc import Sequence
-from pathlib import Path
 
 import jax
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt
@@ -63,7 +61,13 @@ from kernels.shapes import AttentionShape, random_inputs
 from kernels.timing import DEFAULT_WARMUP_S, median_interval, time_samples
 from kernels.tools.bench import attention_fn
 from kernels.tools.dispatch_merge import report, write_policy
-from kernels.tools.dispatch_slices import evidence_parser, piece_report, reason, select
+from kernels.tools.dispatch_slices import (
+    evidence_parser,
+    piece_report,
+    reason,
+    select,
+    served_shapes,
+)
 
 CONFIDENCE = 0.95
 """Of each median's interval (``median_interval``)."""
@@ -281,22 +285,9 @@ def plan_from(args: argparse.Namespace, backend: str) -> Plan:
     grid = BucketGrid.model_validate({**plan.grid.model_dump(), "space": space})
     fields = {"kernels": args.kernels, "head_dims": args.head_dims, "seqs": args.seqs,
               "repeats": args.repeats, "seed": args.seed,
-              "served": served_shapes(args.served_shapes) if args.served_shapes else None}
+              "served": served_shapes(args.served_shapes, grid) if args.served_shapes else None}
     return Plan.model_validate({**plan.model_dump(), "grid": grid,
                                 **{k: v for k, v in fields.items() if v is not None}})
-
-
-def served_shapes(path: Path) -> tuple[AttentionShape, ...]:
-    """The ``shapes`` of a served-shapes file (``evaluation.longdoc.served_shapes``).
-
-    Raises:
-        ValueError: unreadable, not JSON, no ``shapes``, a shape the contract refuses.
-    """
-    try:
-        return tuple(AttentionShape.model_validate(s) for s in json.loads(path.read_text())["shapes"])
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise ValueError(f"--served-shapes {path}: not a served-shapes file "
-                         f"(python -m evaluation.longdoc.served_shapes): {err}") from None
 
 
 def run(args: argparse.Namespace, plan: Plan

@@ -6,6 +6,7 @@ rest of a slice begins when a time budget cut it (``--budget-s``)."""
 from __future__ import annotations
 
 import argparse
+import json
 import math
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from pydantic import ValidationError
 from kernels.dispatch_pieces import EvidencePiece
 from kernels.dispatch_space import Bucket, BucketGrid
 from kernels.registry import IMPLEMENTATIONS
+from kernels.shapes import AttentionShape
 from kernels.tools.bench import EXTERNAL
 
 
@@ -158,3 +160,36 @@ def evidence_parser(description: str) -> argparse.ArgumentParser:
                         help="print the grid's buckets with their indices and exit (the "
                              "accelerator's grid on any host, the tiny one with --quick)")
     return parser
+
+
+def served_shapes(path: Path, grid: BucketGrid) -> tuple[AttentionShape, ...]:
+    """The ``shapes`` of a served-shapes file (``evaluation.longdoc.served_shapes``), at
+    least one of them inside ``grid``'s space.
+
+    Raises:
+        ValueError: unreadable, not JSON, no ``shapes`` list, none given, a shape the
+            contract refuses (its index and the field named), or none inside the space
+            (the flag would change nothing).
+    """
+    try:
+        given = json.loads(Path(path).read_text())["shapes"]
+        if not isinstance(given, list):
+            raise TypeError("'shapes' is not a list")
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"--served-shapes {path}: not a served-shapes file "
+                         f"(python -m evaluation.longdoc.served_shapes): {err}") from None
+    shapes = []
+    for i, raw in enumerate(given):
+        try:
+            shapes.append(AttentionShape.model_validate(raw))
+        except ValidationError as err:
+            first = err.errors()[0]
+            where = ".".join(map(str, first["loc"])) or "shape"
+            raise ValueError(f"--served-shapes {path}: shape {i}: {where}: {first['msg']}") from None
+    if not shapes:
+        raise ValueError(f"--served-shapes {path}: no shape given")
+    if not any(grid.space.contains_shape(s) for s in shapes):
+        raise ValueError(f"--served-shapes {path}: none of its {len(shapes)} shapes lies in the "
+                         f"policy's space ({grid.space.label}); the flag would change nothing")
+    return tuple(shapes)
+
