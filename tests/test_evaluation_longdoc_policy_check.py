@@ -112,7 +112,7 @@ def test_results_that_cannot_be_judged_together_are_refused(tmp_path, capsys):
 
 
 def test_the_committed_h100_policy_is_not_shown_faster_than_pallas_mosaic_gpu(tmp_path):
-    """The H100 policy of 2026-12-05 on the long-document mix (BENCHMARKS): slower than
+    """The committed H100 policy on the long-document mix (BENCHMARKS): slower than
     pallas_mosaic_gpu in the 4k-32k buckets and over the mix, an A/A with cuDNN from 8k
     (it names cuDNN there), faster than cuDNN at 1-2k (it names pallas_gpu there)."""
     out = tmp_path / "check.json"

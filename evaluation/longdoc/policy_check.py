@@ -33,7 +33,7 @@ or, with ``--metric time_to_result``, what a user waits.
 Exit codes: 0 shown, 1 not shown, 2 bad input (a result whose second kernel is not
 ``auto``, one kernel given twice, results from different workloads or arrivals).
 
-Example (the H100 results of 2026-12-06)::
+Example (the committed H100 results, BENCHMARKS.md)::
 
     python -m evaluation.longdoc.policy_check \\
         kernels/tools/bench_results/h100-2026-12-06-longdoc-cudnn/policy/*.json

@@ -3,8 +3,8 @@ long-document workload served, from a committed bench result, for dispatch evide
 measured where the traffic is.
 
 A dispatch policy chooses a kernel per bucket from timings at the bucket's measured
-shapes. Measured at one representative shape per bucket (batch 1, 16 heads), the H100
-policy of 2026-12-05 named cuDNN from 8k tokens, where the long-document workload's own
+shapes. Measured at one representative shape per bucket (batch 1, 16 heads), a committed
+H100 policy named cuDNN from 8k tokens, where the long-document workload's own
 calls (batches of 1-4 documents, 12 heads of 64, q_len = kv_len = the length bucket)
 ran faster on ``pallas_mosaic_gpu``: over the mix the policy lost 2 % to that single
 kernel (BENCHMARKS.md, ``evaluation.longdoc.policy_check``). This command reads what a
