@@ -32,9 +32,10 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from pydantic import BaseModel, model_validator
+from pydantic import BaseModel, ValidationError, model_validator
 
 from evaluation.longdoc.report import LongdocReport
+from kernels.errors import KernelgateError
 
 BUSY_TARGET = 0.7
 """The baseline's busy fraction a workload's rate is meant to reach (queueing matters)."""
@@ -69,6 +70,27 @@ class BenchResult(BaseModel):
 def load_result(path: str | Path) -> BenchResult:
     """Read a result the command wrote (``--json``)."""
     return BenchResult.model_validate_json(Path(path).read_bytes())
+
+
+class InvalidResult(KernelgateError, ValueError):
+    """A file that is not a result of this command (the message names the first field)."""
+
+
+def read_result(path: str | Path) -> BenchResult:
+    """:func:`load_result` for the commands that judge results: a file that is not one is
+    refused in one line.
+
+    Raises:
+        InvalidResult: not JSON, or a field missing or wrong (the first one named).
+        OSError: the file cannot be read.
+    """
+    try:
+        return load_result(path)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(map(str, first["loc"])) or "the file"
+        raise InvalidResult(f"{path}: not a result of python -m evaluation.longdoc.bench "
+                            f"--json ({where}: {first['msg']})") from None
 
 
 def parser() -> argparse.ArgumentParser:

@@ -48,9 +48,9 @@ import sys
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field
 
-from evaluation.longdoc.bench import BenchResult, load_result
+from evaluation.longdoc.bench import BenchResult, InvalidResult, read_result
 from evaluation.longdoc.effect import LEVEL, METHOD, METRICS, group_effect, steady_requests
 from kernels.errors import KernelgateError
 
@@ -166,12 +166,9 @@ def check(paths: list[Path], metric: str = "compute", level: float = LEVEL) -> P
     results: dict[str, tuple[Path, BenchResult]] = {}
     for path in paths:
         try:
-            result = load_result(path)
-        except ValidationError as err:
-            first = err.errors()[0]
-            where = ".".join(map(str, first["loc"])) or "the file"
-            raise BadInput(f"{path}: not a result of python -m evaluation.longdoc.bench "
-                           f"--json ({where}: {first['msg']})") from None
+            result = read_result(path)
+        except InvalidResult as err:
+            raise BadInput(str(err)) from None
         kernel = result.kernels[0]
         if kernel in results:
             raise BadInput(f"{path}: kernel {kernel!r} is already given by {results[kernel][0]}")

@@ -38,7 +38,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from evaluation.longdoc.bench import BenchResult, load_result
+from evaluation.longdoc.bench import BenchResult, InvalidResult, read_result
 from evaluation.longdoc.spec import InvalidWorkload, WorkloadSpec, load_spec, shipped
 from kernels.errors import KernelgateError
 from kernels.shapes import AttentionShape
@@ -109,12 +109,9 @@ def record(path: Path, coverage: float = COVERAGE, workload: Path | None = None)
     if not 0 < coverage <= 1:
         raise ServedShapesError(f"coverage {coverage}: must lie in (0, 1]")
     try:
-        result = load_result(path)
-    except ValidationError as err:
-        first = err.errors()[0]
-        where = ".".join(map(str, first["loc"])) or "the file"
-        raise ServedShapesError(f"{path}: not a result of python -m evaluation.longdoc.bench "
-                                f"--json ({where}: {first['msg']})") from None
+        result = read_result(path)
+    except InvalidResult as err:
+        raise ServedShapesError(str(err)) from None
     if not result.baseline.trace.batches:
         raise ServedShapesError(f"{path}: its trace holds no batch")
     spec = _spec_of(result, workload)
