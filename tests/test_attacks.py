@@ -576,22 +576,30 @@ def corrupted_history_tag_before_a_rollback(lab: Lab) -> str:
     return f"restored v{change.version}"
 
 
-@attack(4, "KILLED")
-def sigkilled_rollout_leaves_a_running_run(lab: Lab) -> str:
-    from lineage.rollout.dead_runs import close_dead_runs
-    from lineage.rollout.rollout import family_lock
-
+def sigkilled_rollout_run(lab: Lab, name: str, logged: dict[str, str] | None = None) -> str:
+    """A rollout run started in a process of its own, which logs ``logged`` (artifact path
+    -> text, never signed) and is then SIGKILLed: it stays RUNNING. Returns its id."""
     script = textwrap.dedent(f"""
         import os, signal
         from lineage.store import tracking as tr
         t = tr.local_tracking({str(lab.store)!r})
-        run = tr.start_run(t, {FAMILY!r}, "rollout", run_name="doomed")
+        run = tr.start_run(t, {FAMILY!r}, "rollout", run_name={name!r})
+        for path, text in {dict(logged or {})!r}.items():
+            tr.log_text(t, run, text, path)
         print(run, flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
     """)
     done = subprocess.run([sys.executable, "-c", script], cwd=PROJECT, capture_output=True,
                           text=True, timeout=120)
-    doomed = done.stdout.strip().splitlines()[-1]
+    return done.stdout.strip().splitlines()[-1]
+
+
+@attack(4, "KILLED")
+def sigkilled_rollout_leaves_a_running_run(lab: Lab) -> str:
+    from lineage.rollout.dead_runs import close_dead_runs
+    from lineage.rollout.rollout import family_lock
+
+    doomed = sigkilled_rollout_run(lab, "doomed")
     assert lab.client.get_run(doomed).info.status == "RUNNING"
     with family_lock(lab.store, FAMILY, timeout_s=5) as held:
         closed = close_dead_runs(lab.tracking, FAMILY, alive_run_id="", lease_s=3600,
@@ -1191,19 +1199,8 @@ def test_a_killed_rollouts_files_are_signed_as_interrupted_by_the_next_one(prist
     from lineage.rollout.rollout import family_lock
 
     lab = Lab(pristine, "killed-after-logging")
-    script = textwrap.dedent(f"""
-        import os, signal
-        from lineage.store import tracking as tr
-        t = tr.local_tracking({str(lab.store)!r})
-        run = tr.start_run(t, {FAMILY!r}, "rollout", run_name="doomed")
-        tr.log_text(t, run, '{{"verdict": "pass"}}', "canary/verdict.json")
-        tr.log_text(t, run, '[1, 2, 3]', "traffic/shadow.json")
-        print(run, flush=True)
-        os.kill(os.getpid(), signal.SIGKILL)
-    """)
-    done = subprocess.run([sys.executable, "-c", script], cwd=PROJECT, capture_output=True,
-                          text=True, timeout=120)
-    doomed = done.stdout.strip().splitlines()[-1]
+    doomed = sigkilled_rollout_run(lab, "doomed", {"canary/verdict.json": '{"verdict": "pass"}',
+                                                   "traffic/shadow.json": "[1, 2, 3]"})
 
     def found() -> list[str]:
         _, _, problems = store_check.cross_check(lab.tracking, lab.source(), {doomed}, FAMILY,
@@ -1234,17 +1231,7 @@ def test_a_rollout_killed_before_it_logged_any_file_is_sealed_by_the_next_one(pr
     from lineage.rollout.rollout import family_lock
 
     lab = Lab(pristine, "killed-before-logging")
-    script = textwrap.dedent(f"""
-        import os, signal
-        from lineage.store import tracking as tr
-        t = tr.local_tracking({str(lab.store)!r})
-        run = tr.start_run(t, {FAMILY!r}, "rollout", run_name="doomed-early")
-        print(run, flush=True)
-        os.kill(os.getpid(), signal.SIGKILL)
-    """)
-    done = subprocess.run([sys.executable, "-c", script], cwd=PROJECT, capture_output=True,
-                          text=True, timeout=120)
-    doomed = done.stdout.strip().splitlines()[-1]
+    doomed = sigkilled_rollout_run(lab, "doomed-early")
     assert tr.list_artifact_files(lab.tracking, doomed) == []
     with family_lock(lab.store, FAMILY, timeout_s=5) as held:
         closed = close_dead_runs(lab.tracking, FAMILY, alive_run_id="", lease_s=3600,
