@@ -28,6 +28,10 @@
 #                                   under it against that production; each version's audit
 #                                   and the timeline. About 15 minutes on an H100: start it
 #                                   with setsid in the background and poll its steps.txt
+#   tools/gpu-main-job.sh longdoc-aa KERNEL [N] [FAMILY]   a live A/A of the adoption test on
+#                                   that store: KERNEL (the one in production) rolled out
+#                                   against itself N times (default 1) in FAMILY (default
+#                                   cudnn); each should end "not worth it", never adopted
 #
 # The store is $KG_STORE (default /tmp/kg-store): outside the work tree, so it survives
 # from one call to the next while the machine is held.
@@ -35,6 +39,8 @@ set -uo pipefail
 usage() { sed -n '2,/^set -uo pipefail/p' "$0" | sed '$d'; }
 case ${1:-} in  # before any folder is made: a usage error writes nothing
   tune|rollouts|after|one|staging|staging-audit|longdoc) ;;
+  longdoc-aa) [ -n "${2:-}" ] && [ -d "${KG_LONGDOC_STORE:-/tmp/kg-longdoc-prod}" ] || {
+      echo "longdoc-aa needs KERNEL and the store of a longdoc run (\$KG_LONGDOC_STORE)" >&2; exit 2; } ;;
   *) usage; exit 2 ;;
 esac
 out=${OUT:-gpu-main-job}
@@ -124,6 +130,18 @@ case ${1:-} in
     # adoption decisions (the store is deeper than a call returns, so as one archive)
     (cd "$lstore" && find . \( -path '*canary*' -o -path '*adoption*' \) -name '*.json' -print0 \
       | tar --null -czf "$out/longdoc-records.tgz" -T -) 2>/dev/null
+    ;;
+  longdoc-aa)
+    lstore=${KG_LONGDOC_STORE:-/tmp/kg-longdoc-prod}
+    family=${4:-cudnn}
+    for i in $(seq 1 "${3:-1}"); do
+      step "longdoc-aa-$i-$2" 900 python3 -m flows.cli rollout --implementation "$2" \
+        --family "$family" --thresholds thresholds/adoption-longdoc.yaml --store-dir "$lstore"
+    done
+    step longdoc-aa-timeline 60 python3 -m flows.cli timeline --family "$family" --store-dir "$lstore" \
+      --json "$out/longdoc-aa-timeline.json"
+    (cd "$lstore" && find . \( -path '*canary*' -o -path '*adoption*' \) -name '*.json' -print0 \
+      | tar --null -czf "$out/longdoc-aa-records.tgz" -T -) 2>/dev/null
     ;;
   after)
     [ -f /tmp/gpu_table.json ] && cp /tmp/gpu_table.json kernels/gpu_table.json
