@@ -314,15 +314,22 @@ def precompile(cases: Sequence[TestCase], implementations: Mapping[str, Attentio
 
     A test set has dozens of shapes and each is a fresh compile per implementation
     (Triton or XLA: 0.5-30 s on an H200 host; seen 3.5 min for 38 cases done one after
-    another). XLA and Triton compile outside the GIL, so threads overlap them. Runners of
-    another process (``attention_fn`` absent) are left alone; errors are ignored here
-    and met again, recorded, in the scoring call.
+    another). XLA and Triton compile outside the GIL, so threads overlap them; but where
+    an implementation's first calls must not overlap others' (``GuardedAttention.
+    concurrent_first_calls``: cuDNN) every case is warmed in this thread. Runners of
+    another process are left alone; errors are met again, recorded, in the scoring call.
     """
     from concurrent.futures import ThreadPoolExecutor
 
     local = [fn for fn in implementations.values() if hasattr(fn, "attention_fn")
              or not hasattr(fn, "embed")]
     small = [c for c in cases if c.spec.q_shape[1] * c.spec.kv_shape[1] <= PRECOMPILE_MAX_PAIRS]
+    serial = [name for name, fn in implementations.items() if fn in local and not getattr(
+        getattr(fn, "attention_fn", fn), "concurrent_first_calls", True)]
+    if serial:
+        workers = 1
+        logger.info("precompiling one case at a time: %s must not compile or load beside "
+                    "other threads", ", ".join(serial))
     start = time.perf_counter()
 
     def warm(job):
@@ -330,8 +337,13 @@ def precompile(cases: Sequence[TestCase], implementations: Mapping[str, Attentio
         with contextlib.suppress(Exception):  # met again, and recorded, by the scoring call
             run_case(fn, case)
 
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        list(pool.map(warm, [(fn, case) for case in small for fn in local]))
+    jobs = [(fn, case) for case in small for fn in local]
+    if workers <= 1:
+        for job in jobs:
+            warm(job)
+    else:
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            list(pool.map(warm, jobs))
     seconds = time.perf_counter() - start
     logger.info("precompiled %d implementations x %d cases in %.1f s (%d threads)",
                 len(local), len(small), seconds, workers)

@@ -305,7 +305,7 @@ def finish(context: RolloutContext, result: Result, stage: str, reason: str, *,
                                  description=f"kernelgate rollout of {context.record.family}")
     except Exception as err:  # noqa: BLE001 - the MLflow record is complete; this is a courtesy
         logger.warning("could not write the Prefect summary artifact: %s", err)
-    logger.info("rollout %s: %s", outcome.family, outcome.summary())
+    logger.info("rollout %s: %s", outcome.title(), outcome.summary())
     return outcome
 
 

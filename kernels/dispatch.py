@@ -45,6 +45,7 @@ from kernels.api import (
     AttentionFn,
     Resolution,
     attention,
+    auto_order,
     check_implementation_name,
     resolve,
 )
@@ -109,6 +110,17 @@ class GuardedAttention:
             if runtime:
                 out[label] = runtime
         return out
+
+    @property
+    def concurrent_first_calls(self) -> bool:
+        """Whether this attention's first calls may overlap other threads' compiles and
+        loads: ``Kernel.concurrent_first_call`` of its implementation (for ``auto``, of
+        every kernel ``auto`` may pick on this backend; an unregistered name: ``True``,
+        its call raises anyway)."""
+        names = (auto_order(jax.default_backend()) if self.implementation == "auto"
+                 else (self.implementation,))
+        return all(IMPLEMENTATIONS[n].concurrent_first_call for n in names
+                   if n in IMPLEMENTATIONS)
 
     def _fn(self, exclude: tuple[tuple[str, str], ...], name: str) -> AttentionFn:
         """The jitted attention for one exclusion set, named after the kernel it resolves

@@ -64,6 +64,7 @@ class DispatchKernel(Kernel[DispatchConfig]):
     native_platforms = ("cpu", "gpu", "tpu")  # per backend: is_native asks its kernels
     float32_matmul_precision = "highest"  # every registered kernel running float32 does
     export_needs_local_device = True
+    concurrent_first_call = False  # a bucket may name cuDNN
 
     def __init__(self, policy: DispatchPolicy, sha256: str | None = None):
         audit_policy(policy, sha256)

@@ -157,6 +157,14 @@ class Kernel(Generic[ConfigT]):
             does not cover (a wheel's compiled library): a build records each
             (:meth:`third_party_code`), a version's runner refuses other bytes
             (:meth:`check_third_party`).
+        concurrent_first_call: its first calls (compile, or load from the persistent
+            compilation cache, then run) may overlap other threads' compiles and loads.
+            ``False`` (cuDNN): whoever warms many shapes at once warms them one at a time
+            (``evaluation.accuracy.precompile``). On an H100 (JAX 0.11.2), eight threads
+            loading cached cuDNN attention programs crashed the process or failed cuDNN's
+            graph deserialization in 6 of 6 processes, one thread in 0 of 9; a lock around
+            cuDNN's own first calls alone still failed 4 of 5
+            (``tools.cache_load_race``).
     """
 
     name: ClassVar[str]
@@ -175,6 +183,7 @@ class Kernel(Generic[ConfigT]):
     export_needs_local_device: ClassVar[bool] = False
     variant_fields: ClassVar[tuple[str, ...]] = ()
     third_party: ClassVar[tuple[str, ...]] = ()
+    concurrent_first_call: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

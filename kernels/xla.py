@@ -106,6 +106,9 @@ class CudnnKernel(Kernel):
     auto_priority = {"gpu": 20}
     trace_name = "kernelgate_cudnn_attention"
     export_needs_local_device = True
+    # XLA builds and deserializes cuDNN graphs at executable load, which crashes the
+    # process when other threads compile or load at the same time (Kernel docstring)
+    concurrent_first_call = False
 
     def check_supported(self, spec: AttentionSpec, backend: str, config=None) -> None:
         """Raise ``NotImplementedError`` with the reason when cuDNN cannot run ``spec``.

@@ -56,3 +56,15 @@ def test_a_fully_assessed_promotion_says_so_and_nothing_else():
     summaries = _summaries(decision, traffic)
     assert ALL_PASSED in summaries["state message"]
     assert all("not assessed" not in text for text in summaries.values()), summaries
+
+
+def test_the_heading_names_a_kernel_that_is_not_the_familys_namesake():
+    # a family holds versions of other kernels (pallas_mosaic_gpu against cuDNN in
+    # family cudnn): its heading must not read as a cuDNN version
+    common = dict(version="2", result="not_adopted", stage="adoption", reason="r",
+                  rollout_run_id="r", tracking_uri="sqlite:///x", ui_command="kernelgate ui")
+    other = RolloutOutcome(family="cudnn", implementation="pallas_mosaic_gpu", **common)
+    assert other.markdown().splitlines()[0].startswith(
+        "# kernelgate rollout: cudnn v2 (pallas_mosaic_gpu) — ")
+    namesake = RolloutOutcome(family="cudnn", implementation="cudnn", **common)
+    assert namesake.markdown().splitlines()[0].startswith("# kernelgate rollout: cudnn v2 — ")

@@ -135,6 +135,8 @@ class RolloutOutcome(BaseModel):
 
     family: str
     version: str | None = None
+    implementation: str | None = Field(default=None, description=(
+        "the registry name rolled out (a family holds versions of other kernels too)"))
     result: Result
     stage: str = Field(description="the stage that decided the result")
     reason: str
@@ -179,10 +181,17 @@ class RolloutOutcome(BaseModel):
                    if self._says_what_was_not_assessed() else self.verdict())
         return f"{verdict}{who}: {self.reason}"
 
+    def title(self) -> str:
+        """``family vN``, with the kernel when it is not the family's namesake
+        (``cudnn v2 (pallas_mosaic_gpu)``)."""
+        kernel = (f" ({self.implementation})" if self.implementation
+                  and self.implementation != self.family else "")
+        return f"{self.family} v{self.version or '-'}{kernel}"
+
     def markdown(self) -> str:
         """A short markdown summary for the Prefect UI and the CLI's last lines."""
         lines = [
-            f"# kernelgate rollout: {self.family} v{self.version or '-'} — **{self.verdict()}**",
+            f"# kernelgate rollout: {self.title()} — **{self.verdict()}**",
             "",
             f"* decided at stage: `{self.stage}`",
         ]
@@ -251,7 +260,8 @@ def close_rollout(record: RolloutRecord, *, result: Result, stage: str, reason: 
     ui_command, audit_command = _commands(record.tracking, record.family, version,
                                             record.signing.key_dir)
     outcome = RolloutOutcome(
-        family=record.family, version=version, result=result, stage=stage, reason=reason,
+        family=record.family, version=version, implementation=record.implementation,
+        result=result, stage=stage, reason=reason,
         decided_by=decided_by, not_assessed=not_assessed, inconclusive=inconclusive,
         decision_summary=decision_summary, not_assessed_note=not_assessed_note,
         aliases=registered_model.aliases(record.tracking, record.family),
