@@ -67,8 +67,11 @@ def sign_interrupted(tracking: Tracking, family: str, run_id: str, reason: str,
     if any(f.startswith("attestations/outcome") for f in files):
         return
     run_tags = {tags.RESULT: "interrupted", tags.DECIDED_AT_STAGE: "unknown", tags.NOTE: reason}
+    version = (tracking.client().get_run(run_id).data.tags.get(tags.MODEL_VERSION)
+               or built_version(tracking, family, run_id))
+    if version is not None:  # the timeline and the run page then name it
+        run_tags[tags.MODEL_VERSION] = version
     tr.set_tags(tracking, run_id, run_tags)
-    version = tracking.client().get_run(run_id).data.tags.get(tags.MODEL_VERSION)
     orphans = sorted(f for f in files if not f.startswith("attestations/"))
     tr.log_text(tracking, run_id, json.dumps({"family": family, "version": version,
                                               "reason": reason, "orphans": orphans}, indent=1),
@@ -77,3 +80,19 @@ def sign_interrupted(tracking: Tracking, family: str, run_id: str, reason: str,
            {"family": family, "version": version, "result": "interrupted", "stage": "unknown",
             "reason": reason, "decided_by": None, "inconclusive": False,
             "orphans": orphans, "tags": run_tags}, signing)
+
+
+def built_version(tracking: Tracking, family: str, run_id: str) -> str | None:
+    """The version a rollout run registered through its ``build`` child run, or None (it
+    died before its build registered one). A rollout tags its own run with the version only
+    when it closes, so a dead one is found by its build run, as the registry records it."""
+    client = tracking.client()
+    experiment = client.get_experiment_by_name(tr.experiment_name(family))
+    if experiment is None:
+        return None
+    builds = client.search_runs([experiment.experiment_id], filter_string=(
+        f"tags.`{tags.PARENT}` = '{run_id}' and tags.`{tags.STAGE}` = 'build'"))
+    for build in builds:
+        for found in client.search_model_versions(f"run_id = '{build.info.run_id}'"):
+            return str(found.version)
+    return None
