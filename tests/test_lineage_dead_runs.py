@@ -1,7 +1,9 @@
-"""A dead rollout, sealed by the next one, names the version it built: on the H100 four
-rollouts died in the held-out evaluation after their build had registered a version, and
-the timeline showed them as "v-". The version is found through the dead run's build child,
-the run the registry records for it; a run that died before its build still has none."""
+"""A dead rollout, sealed by the next one, names the version it built and the stage it died
+in: on the H100 four rollouts died in the held-out evaluation after their build had
+registered a version, and the timeline showed them as "v- interrupted at unknown". The
+version is found through the dead run's build child, the run the registry records for it
+(a run that died before its build has none); the stage is that of the stage run that was
+still RUNNING, which died with it."""
 
 from __future__ import annotations
 
@@ -51,6 +53,20 @@ def test_a_rollout_that_died_after_its_build_is_sealed_with_its_version(tmp_path
     assert predicate["version"] == record["version"] == version
     (row,) = [t for t in rollout_timelines(tracking, FAMILY) if t.run_id == doomed]
     assert (row.version, row.result) == (version, "interrupted")
+    # its build finished before it died: no stage run died with it
+    assert predicate["stage"] == row.decided_at_stage == "unknown"
+
+
+def test_a_rollout_that_died_in_a_stage_names_that_stage(tmp_path, signing):
+    tracking = tr.local_tracking(tmp_path)
+    doomed, version = _dead_rollout(tracking, built=True)
+    tr.start_run(tracking, FAMILY, "evaluation", parent_run_id=doomed)  # died with it
+    close_dead_runs(tracking, FAMILY, alive_run_id="", lease_s=3600, owner_is_dead=True,
+                    signing=signing)
+    predicate, _ = _interrupted(tracking, doomed, signing.trust)
+    assert (predicate["version"], predicate["stage"]) == (version, "evaluation")
+    (row,) = [t for t in rollout_timelines(tracking, FAMILY) if t.run_id == doomed]
+    assert row.decided_at_stage == "evaluation"
 
 
 def test_a_rollout_that_died_before_its_build_names_no_version(tmp_path, signing):

@@ -33,6 +33,11 @@ def close_dead_runs(tracking: Tracking, family: str, *, alive_run_id: str, lease
     runs = tracking.client().search_runs([experiment.experiment_id],
                                          filter_string="attributes.status = 'RUNNING'",
                                          max_results=1000)
+    # the stage runs a dead rollout left RUNNING died with it: they say where it was
+    dying = {}
+    for run in runs:
+        if parent := run.data.tags.get(tags.PARENT):
+            dying.setdefault(parent, []).append(run)
     closed = []
     for run in runs:
         if run.info.run_id == alive_run_id:
@@ -44,7 +49,8 @@ def close_dead_runs(tracking: Tracking, family: str, *, alive_run_id: str, lease
                else f"RUNNING for {age_s:.0f} s, past the {lease_s:.0f} s lease")
         note = f"closed as KILLED by {alive_run_id}: {why}"
         if signing is not None and run.data.tags.get(tags.STAGE) == "rollout":
-            sign_interrupted(tracking, family, run.info.run_id, note, signing)
+            sign_interrupted(tracking, family, run.info.run_id, note, signing,
+                             stage=stage_died_in(dying.get(run.info.run_id, [])))
         else:
             tr.set_tags(tracking, run.info.run_id, {tags.NOTE: note})
         tr.end_run(tracking, run.info.run_id, "KILLED")
@@ -52,8 +58,18 @@ def close_dead_runs(tracking: Tracking, family: str, *, alive_run_id: str, lease
     return closed
 
 
+def stage_died_in(stage_runs: list) -> str:
+    """The stage of the newest of a dead rollout's stage runs that were still RUNNING
+    (they died with it), or ``"unknown"``: it died between stage runs or in a stage that
+    keeps none."""
+    if not stage_runs:
+        return "unknown"
+    newest = max(stage_runs, key=lambda r: r.info.start_time)
+    return newest.data.tags.get(tags.STAGE, "unknown")
+
+
 def sign_interrupted(tracking: Tracking, family: str, run_id: str, reason: str,
-                     signing: Signing) -> None:
+                     signing: Signing, *, stage: str = "unknown") -> None:
     """Sign the ``interrupted`` outcome of the dead rollout run ``run_id``, unless an
     outcome is signed there already. Its subjects are the run's files as found (the
     traffic and canary verdict a rollout killed after its production move logged but
@@ -66,7 +82,7 @@ def sign_interrupted(tracking: Tracking, family: str, run_id: str, reason: str,
     files = tr.list_artifact_files(tracking, run_id)
     if any(f.startswith("attestations/outcome") for f in files):
         return
-    run_tags = {tags.RESULT: "interrupted", tags.DECIDED_AT_STAGE: "unknown", tags.NOTE: reason}
+    run_tags = {tags.RESULT: "interrupted", tags.DECIDED_AT_STAGE: stage, tags.NOTE: reason}
     version = (tracking.client().get_run(run_id).data.tags.get(tags.MODEL_VERSION)
                or built_version(tracking, family, run_id))
     if version is not None:  # the timeline and the run page then name it
@@ -77,7 +93,7 @@ def sign_interrupted(tracking: Tracking, family: str, run_id: str, reason: str,
                                               "reason": reason, "orphans": orphans}, indent=1),
                 tags.INTERRUPTED_ARTIFACT)
     append(tracking, run_id, "outcome",
-           {"family": family, "version": version, "result": "interrupted", "stage": "unknown",
+           {"family": family, "version": version, "result": "interrupted", "stage": stage,
             "reason": reason, "decided_by": None, "inconclusive": False,
             "orphans": orphans, "tags": run_tags}, signing)
 
