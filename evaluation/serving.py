@@ -268,14 +268,18 @@ def _replay(stage: str, requests: Sequence[Any], fraction: float, production: Pa
                          memory_start_bytes=mem0, memory_end_bytes=memory_in_use_bytes())
 
 
-def replay_shadow(requests: Sequence[Request], production: Endpoint, candidate: Endpoint,
-                  *, progress: Callable[[int, int], None] | None = None) -> TrafficResult:
+def replay_shadow(requests: Sequence[Any], production: PairedEndpoint,
+                  candidate: PairedEndpoint, *,
+                  progress: Callable[[int, int], None] | None = None,
+                  payload: Callable[[Any], Any] = _text,
+                  bucket: Callable[[Any], int | None] = _no_bucket) -> TrafficResult:
     """Shadow: production serves every request; the candidate gets a mirrored copy.
 
     The candidate's output is only compared (``output_drift``), never returned.
+    ``payload`` and ``bucket`` as in :func:`replay_canary_step` (another request source).
     """
     return _replay("shadow", requests, 0.0, production, candidate, mirror_all=True,
-                   salt="shadow", progress=progress)
+                   salt="shadow", progress=progress, payload=payload, bucket=bucket)
 
 
 def replay_canary_step(requests: Sequence[Any], fraction: float, production: PairedEndpoint,

@@ -49,10 +49,10 @@ from flows.traffic import (
     canary_calibration,
     canary_step,
     canary_verdict,
-    record_traffic,
     settle,
     shadow,
 )
+from flows.traffic_plan import record_traffic
 from gates.canary_latency import another_look
 from gates.decision import short_reason as gate_reason
 from gates.headline import promotion_reason
@@ -110,7 +110,7 @@ def _stages(ctx: RolloutContext) -> RolloutOutcome:
     traffic = record_traffic(ctx, preregistered, gated)
     if (stopped := approve(ctx, "candidate->shadow", gated)) is not None:
         return stopped  # Rejected (a person said no) or TimedOut
-    judged = [result := shadow(ctx, gated, evaluated, traffic.shadow)]  # shown in the forms
+    judged = [result := shadow(ctx, gated, evaluated, traffic.shadow_look())]  # shown in the forms
     if not result.passed:
         return roll_back(ctx, gated, "shadow", f"shadow: {'; '.join(result.breaches)}", judged)
     if (stopped := approve(ctx, "shadow->canary", gated, judged)) is not None:

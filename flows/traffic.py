@@ -1,17 +1,14 @@
-"""Traffic: the recorded request stream, the shadow stage and the canary steps."""
+"""Traffic: the shadow stage and the canary steps over the recorded stream
+(``flows.traffic_plan``), their verdicts and the adoption decision."""
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
-from pydantic import BaseModel
-
 from evaluation import recorded_traffic, serving
-from evaluation.documents import assign_splits, load_documents
 from evaluation.longdoc import canary_source
-from flows.results import Evaluated, Gated, Preregistered, RolloutContext
+from flows.results import Evaluated, Gated, RolloutContext
 from flows.tasks import run_logger, stage_task
-from gates.adoption_buckets import claim_power
 from gates.adoption_decision import AdoptionVerdict, conclude_adoption
 from gates.canary import CanaryStepResult, analyse_canary_step
 from gates.canary_latency import CanaryVerdict, conclude_canary
@@ -21,71 +18,8 @@ from lineage.aliases import registered_model
 from lineage.records import calibration
 from lineage.records.adoption_record import log_adoption
 from lineage.records.environment import collect_environment
-from lineage.rollout import evidence
 from lineage.serving import version_runners
 from lineage.store import tracking as tr
-
-
-class TrafficPlan(BaseModel):
-    """The recorded stream cut into consecutive, disjoint segments: shadow first, then
-    one per canary step of the registered plan."""
-
-    shadow: recorded_traffic.RecordedTraffic
-    canary: list[tuple[CanaryStep, recorded_traffic.RecordedTraffic]]
-    longdoc: list[canary_source.LongdocStep] = []
-    """Per canary look, the long-document workload's documents (``canary.workload``)."""
-
-    def looks(self) -> list[tuple[CanaryStep, recorded_traffic.RecordedTraffic
-                                  | canary_source.LongdocStep]]:
-        """Each canary look and what it replays: its long documents where the
-        registration names a workload, else its recorded MiniLM requests."""
-        if not self.longdoc:
-            return list(self.canary)
-        return [(step, docs) for (step, _), docs in zip(self.canary, self.longdoc, strict=True)]
-
-
-@stage_task(name="record-traffic")
-def record_traffic(context: RolloutContext, preregistered: Preregistered,
-                   gated: Gated) -> TrafficPlan:
-    """Cut the request stream from held-out documents only and log it to the rollout
-    run: one segment for shadow (the size the registration bound), one per step of the
-    registered canary plan, and one per extra look its extension may take (served only
-    if the look is taken)."""
-    steps = gated.thresholds.canary.looks()
-    sizes = [preregistered.shadow_requests(context.settings), *(s.requests for s in steps)]
-    documents = assign_splits(load_documents(context.settings.documents_dir))["heldout"]
-    traffic = recorded_traffic.record_traffic(documents, sum(sizes), seed=0)
-    evidence.log_traffic(context.record,
-                         traffic.write(context.record.work_dir / "traffic" / "requests-0.json"))
-    shadow, *canary = recorded_traffic.split_traffic(traffic, sizes)
-    longdoc = []
-    if (workload := gated.thresholds.canary.workload) is not None:
-        decision = gated.thresholds.decision
-        longdoc = canary_source.record_steps(workload, [s.requests for s in steps],
-                                             decision.buckets if decision else [])
-        evidence.log_traffic(context.record, canary_source.write_steps(
-            longdoc, context.record.work_dir / "traffic" / "longdoc-documents.json"))
-        run_logger().info("canary replays workload %s (%d documents)%s", workload,
-                          sum(len(s.documents) for s in longdoc), _bucket_power(gated, longdoc))
-    else:  # said either way: which traffic a verdict rests on is never left to guess
-        registered = sum(s.requests for s in gated.thresholds.canary.steps)
-        run_logger().info("canary replays MiniLM's recorded requests (%d over its registered "
-                          "steps, up to %d with extra looks; shadow %d)", registered,
-                          sum(sizes[1:]), sizes[0])
-    return TrafficPlan(shadow=shadow, canary=list(zip(steps, canary, strict=True)),
-                       longdoc=longdoc)
-
-
-def _bucket_power(gated: Gated, longdoc: list[canary_source.LongdocStep]) -> str:
-    """What the registered looks give each declared bucket, for the run log."""
-    decision, plan = gated.thresholds.decision, gated.thresholds.canary
-    if decision is None or not decision.buckets:
-        return ""
-    pairs = canary_source.expected_pairs(longdoc, [s.traffic_fraction for s in plan.steps],
-                                         decision.buckets)
-    claim, per = claim_power(decision.adoption_plan(), pairs, decision.bucket_min_pairs)
-    return (f"; expected compared requests per bucket {pairs}, adoption power at the minimum "
-            f"worthwhile effect {per} (the claim: {claim:.2f}; registered {decision.power:g})")
 
 
 def _progress(label: str):
@@ -174,20 +108,29 @@ def _interpreted(gated: Gated, evaluated: Evaluated, purpose: str,
 
 @stage_task(name="shadow")
 def shadow(context: RolloutContext, gated: Gated, evaluated: Evaluated,
-           traffic: recorded_traffic.RecordedTraffic) -> CanaryStepResult:
+           traffic: recorded_traffic.RecordedTraffic | canary_source.LongdocStep,
+           ) -> CanaryStepResult:
     """Shadow stage: production serves, the candidate (alias ``shadow``) is mirrored and
-    judged with the canary plan's limits (drift, errors, NaN, latency where native)."""
+    judged with the canary plan's limits (drift, errors, NaN, latency where native), on
+    the recorded MiniLM requests or, where the canary replays a workload, its documents."""
     store, version, run = context.store, gated.version, context.record.rollout_run_id
     store.assign_shadow(version, owner_run_id=run)
-    production, candidate = _endpoints(context, "shadow", version)
     with _plan(gated).scope("shadow"):
-        _warm_up(context, evaluated, traffic, production, candidate)
-        result = serving.replay_shadow(traffic.requests, production, candidate,
-                                       progress=_progress("shadow"))
+        if isinstance(traffic, canary_source.LongdocStep):
+            result = canary_source.replay_shadow_documents(
+                traffic.documents, *_longdoc_endpoints(context, "shadow", version, traffic),
+                progress=_progress("shadow"))
+            served = len(traffic.documents)
+        else:
+            production, candidate = _endpoints(context, "shadow", version)
+            _warm_up(context, evaluated, traffic, production, candidate)
+            result = serving.replay_shadow(traffic.requests, production, candidate,
+                                           progress=_progress("shadow"))
+            served = len(traffic.requests)
     result = _interpreted(gated, evaluated, "shadow", result)
     # The candidate sees every shadow request (mirrored) but serves none of them.
     judged = _judged(gated, evaluated, result, CanaryStep(
-        name="shadow", traffic_fraction=1.0, requests=len(traffic.requests)))
+        name="shadow", traffic_fraction=1.0, requests=served))
     run_id = store.log_shadow(version, result, judged, decision_run_id=gated.run_id,
                               parent_run_id=run)
     store.link_traffic_run(version, "shadow", run_id)
@@ -230,18 +173,25 @@ def canary_step(context: RolloutContext, gated: Gated, evaluated: Evaluated, ste
     return judged
 
 
+def _longdoc_endpoints(context: RolloutContext, alias: str, version: str,
+                       documents: canary_source.LongdocStep):
+    """Production's and the candidate's (behind ``alias``) long-document endpoints, each
+    compiled for every bucket of ``documents`` first (outside every compared latency)."""
+    spec = documents.spec()
+    production = version_runners.longdoc_endpoint(context.versions, "production", spec)
+    candidate = version_runners.longdoc_endpoint(context.versions, alias, spec,
+                                                 expect_version=version)
+    canary_source.warm_up(documents.documents, [production, candidate])
+    return production, candidate
+
+
 def _longdoc_step(context: RolloutContext, version: str, step: CanaryStep,
                   documents: canary_source.LongdocStep, salt: str,
                   abba: bool) -> serving.TrafficResult:
-    """A canary step over the workload's documents: both endpoints compiled for each
-    bucket first (outside every compared latency), then the paired replay."""
-    spec = documents.spec()
-    production = version_runners.longdoc_endpoint(context.versions, "production", spec)
-    candidate = version_runners.longdoc_endpoint(context.versions, "canary", spec,
-                                                 expect_version=version)
-    canary_source.warm_up(documents.documents, [production, candidate])
-    return canary_source.replay_step(documents.documents, step.traffic_fraction, production,
-                                     candidate, salt=salt, abba=abba)
+    """A canary step over the workload's documents: the paired replay."""
+    return canary_source.replay_step(
+        documents.documents, step.traffic_fraction,
+        *_longdoc_endpoints(context, "canary", version, documents), salt=salt, abba=abba)
 
 
 def _latency_can_block(gated: Gated, evaluated: Evaluated) -> bool:

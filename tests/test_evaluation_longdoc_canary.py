@@ -15,6 +15,7 @@ import pytest
 from evaluation.longdoc.canary_source import (
     LongdocEndpoint,
     canary_documents,
+    replay_shadow_documents,
     replay_step,
     warm_up,
 )
@@ -101,6 +102,26 @@ def test_every_compared_document_is_timed_abba_and_keeps_its_bucket(replayed):
     steps = _steps(replayed)
     assert [len(s.length_buckets) for s in steps] == list(SIZES)
     assert all(len(s.length_buckets) == len(s.log_ratios) for s in steps)
+
+
+def test_the_shadow_over_long_documents_mirrors_each_to_the_candidate_and_keeps_its_bucket():
+    """Production serves every document, the candidate a mirrored copy, each with its
+    bucket; a candidate that refuses the workload's calls is counted on every document
+    (the judge's breach), one that serves them on none."""
+    xla = get_attention_fn("xla")
+    docs = canary_documents(SPEC, 12, seed_offset=7)
+    production = LongdocEndpoint("xla (production)", SPEC, xla)
+
+    def refuses(q, *args, **kwargs):
+        raise NotImplementedError(f"stand-in refuses head_dim {q.shape[-1]}")
+
+    for fn, errors in ((xla, 0), (refuses, len(docs))):
+        result = replay_shadow_documents(docs, production, LongdocEndpoint("cand", SPEC, fn))
+        assert result.stage == "shadow"
+        assert result.served_count("production") == len(docs)
+        assert result.served_count("candidate") == 0
+        assert result.errors("candidate") == errors and result.errors("production") == 0
+        assert [r.length_bucket for r in result.records] == [d.bucket for d in docs]
 
 
 def test_the_same_kernel_on_both_sides_is_not_adopted(replayed):

@@ -28,7 +28,7 @@ from prefect.testing.utilities import prefect_test_harness
 import kernels
 from evaluation import serving
 from evaluation.testset import load_split
-from flows import judge, promotion, tasks, traffic
+from flows import judge, promotion, tasks, traffic, traffic_plan
 from flows.end_states import RolloutNotPromoted, outcome_of
 from flows.errored import RolloutErrored
 from flows.rollout import rollout, run_rollout
@@ -460,8 +460,8 @@ def test_rollout_killed_mid_canary_leaves_registry_consistent(seeded, make_setti
     evaluated = judge.evaluate.fn(ctx, preregistered, built, testset)
     gated = judge.gate.fn(ctx, preregistered, built, evaluated)
     assert (gated.version, evaluated.judged_against) == (built.version, before["production"])
-    plan = traffic.record_traffic.fn(ctx, preregistered, gated)
-    assert traffic.shadow.fn(ctx, gated, evaluated, plan.shadow).passed
+    plan = traffic_plan.record_traffic.fn(ctx, preregistered, gated)
+    assert traffic.shadow.fn(ctx, gated, evaluated, plan.shadow_look()).passed
     promotion.enter_canary.fn(ctx, gated)
     ctx.serving.close()
     killed = registered_model.aliases(tracking, FAMILY)
@@ -893,6 +893,7 @@ def test_a_canary_over_the_long_document_workload_judges_adoption_per_bucket(
     the signed compared requests of each bucket, and the audit re-derives it."""
     import yaml
 
+    from evaluation.serving import TrafficResult
     from gates.canary import CanaryStepResult
     from lineage.audit.audit import audit
     from lineage.audit.canary_audit import signed_adoption
@@ -928,6 +929,16 @@ def test_a_canary_over_the_long_document_workload_judges_adoption_per_bucket(
     served = [b for s in steps for b in s.length_buckets]
     assert len(served) == 18 and set(served) <= {128, 256, 512}
     assert [b.n_pairs for b in verdict.buckets] == [served.count(b) for b in (128, 256, 512)]
+    # the shadow mirrored the workload's documents too, not MiniLM's requests: a kernel
+    # is mirrored on what it will serve (a head_dim-128 kernel never meets MiniLM's 32)
+    [shadow] = [a for a in source.attestations() if a.kind == "shadow"
+                and str(a.predicate.get("version")) == outcome.version]
+    mirrored = TrafficResult.model_validate_json(
+        signed_artifact(source, shadow.run_id, "shadow", "shadow/traffic.json")[1])
+    assert mirrored.records and all(r.request_id.startswith("longdoc-cpu-small-")
+                                    and r.length_bucket in (128, 256, 512)
+                                    for r in mirrored.records)
+    assert mirrored.served_count("candidate") == 0
     # the version's page lists each declared bucket
     version = tracking.client().get_model_version(
         registered_model.registered_model_name(LONGDOC_FAMILY), outcome.version)

@@ -38,7 +38,7 @@ from evaluation.longdoc.batcher import Batch, bucket_of
 from evaluation.longdoc.encoder import LongDocEncoder
 from evaluation.longdoc.server import EncoderServer
 from evaluation.longdoc.spec import InvalidWorkload, WorkloadSpec, load_spec, shipped, spec_sha256
-from evaluation.serving import NON_FINITE, TrafficResult, replay_canary_step
+from evaluation.serving import NON_FINITE, TrafficResult, replay_canary_step, replay_shadow
 from kernels.api import AttentionFn
 
 
@@ -206,6 +206,17 @@ def replay_step(documents: list[LongDocument], fraction: float, production: Long
     """
     return replay_canary_step(documents, fraction, production, candidate, salt=salt,
                               abba=abba, payload=_itself, bucket=_bucket)
+
+
+def replay_shadow_documents(documents: list[LongDocument], production: LongdocEndpoint,
+                            candidate: LongdocEndpoint, *,
+                            progress=None) -> TrafficResult:
+    """The shadow stage over long documents: production serves each, the candidate a
+    mirrored copy (``evaluation.serving.replay_shadow``), each request's bucket recorded.
+    A registration whose canary replays a workload shadows the same workload: a kernel is
+    mirrored on what it will serve (a head_dim-128 kernel never meets MiniLM's 32)."""
+    return replay_shadow(documents, production, candidate, progress=progress,
+                         payload=_itself, bucket=_bucket)
 
 
 def _itself(document: LongDocument) -> LongDocument:
