@@ -25,7 +25,8 @@ class Contract(Protocol):
 
     model_dtype: str
 
-    def outside(self, dtype: str, head_dim: int, q_len: int, kv_len: int) -> str | None: ...
+    def outside(self, dtype: str, head_dim: int, q_len: int, kv_len: int,
+                causal: bool | None = None) -> str | None: ...
 
     def describe(self) -> str: ...
 
@@ -41,7 +42,8 @@ def why_outside(case: TestCase, contract: Contract | None) -> str | None:
     if contract is None:
         return None
     spec = case.spec
-    return contract.outside(spec.dtype, spec.q_shape[3], spec.q_shape[1], spec.kv_shape[1])
+    return contract.outside(spec.dtype, spec.q_shape[3], spec.q_shape[1], spec.kv_shape[1],
+                            causal=spec.causal)
 
 
 def split_by_contract(cases: Sequence[TestCase], contract: Contract | None

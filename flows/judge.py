@@ -95,7 +95,9 @@ def evaluate(context: RolloutContext, preregistered: Preregistered, built: Built
             report = evaluate_candidate(
                 candidate, testset_dir=testset.testset_dir, out_dir=out, split=split,
                 production=production,
-                model=context.model if preregistered.model_check(settings) else None,
+                # the registration binds the MiniLM check; its contract may serve no MiniLM
+                model=(context.model if preregistered.model_check(settings)
+                       and frozen.serving.model_check else None),
                 repeats=preregistered.perf_repeats(settings),
                 perf_shapes=preregistered.perf_shapes(settings),
                 measure_speed=measure_speed,

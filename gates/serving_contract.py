@@ -29,6 +29,8 @@ from gates.schema_base import _Strict
 
 Dtype = Literal["float32", "bfloat16", "float16"]
 ALL_DTYPES: tuple[Dtype, ...] = ("float32", "bfloat16", "float16")
+Mask = Literal["full", "causal"]
+ALL_MASKS: tuple[Mask, ...] = ("full", "causal")
 
 
 class ServingContract(_Strict):
@@ -49,11 +51,21 @@ class ServingContract(_Strict):
         L.ANY_CHANGE, default="float32",
         description="the dtype the serving model (MiniLM) runs its attention in: the MiniLM "
         "check and the recorded traffic run in it (a different dtype is a different test)")
+    masks: list[Mask] = limit(
+        L.FEWER, default_factory=lambda: list(ALL_MASKS), min_length=1,
+        description="the attention masks served: full (non-causal, an encoder's) and causal")
+    model_check: bool = limit(
+        L.TRUE_TO_FALSE, default=True,
+        description="whether the serving model (MiniLM, head_dim 32) is served, and so "
+        "checked (the model.* criteria); false for a family that serves another model, "
+        "e.g. a head_dim-128 kernel behind the long-document encoder of `canary.workload`")
 
     @model_validator(mode="after")
     def _consistent(self) -> ServingContract:
         if len(set(self.dtypes)) != len(self.dtypes):
             raise ValueError(f"serving.dtypes lists a dtype twice: {self.dtypes}")
+        if len(set(self.masks)) != len(self.masks):
+            raise ValueError(f"serving.masks lists a mask twice: {self.masks}")
         if self.max_head_dim is not None and self.max_head_dim < self.min_head_dim:
             raise ValueError(f"serving: max_head_dim {self.max_head_dim} < min_head_dim "
                              f"{self.min_head_dim}")
@@ -64,25 +76,34 @@ class ServingContract(_Strict):
                              f"{self.dtypes}")
         return self
 
-    def outside(self, dtype: str, head_dim: int, q_len: int, kv_len: int) -> str | None:
-        """Why a call is outside the contract, or None when it is served."""
+    def outside(self, dtype: str, head_dim: int, q_len: int, kv_len: int,
+                causal: bool | None = None) -> str | None:
+        """Why a call is outside the contract, or None when it is served (``causal``
+        None: the mask is not asked about)."""
         seq = max(q_len, kv_len)
         if dtype not in self.dtypes:
             return f"dtype {dtype} not served {self.dtypes}"
+        mask = None if causal is None else ("causal" if causal else "full")
+        if mask is not None and mask not in self.masks:
+            return f"{mask} mask not served {self.masks}"
         if not self.min_head_dim <= head_dim <= (self.max_head_dim or head_dim):
             return f"head_dim {head_dim} outside {self._range(self.min_head_dim, self.max_head_dim)}"
         if not self.min_seq <= seq <= (self.max_seq or seq):
             return f"sequence {seq} outside {self._range(self.min_seq, self.max_seq)}"
         return None
 
-    def serves(self, dtype: str, head_dim: int, q_len: int, kv_len: int) -> bool:
+    def serves(self, dtype: str, head_dim: int, q_len: int, kv_len: int,
+               causal: bool | None = None) -> bool:
         """Whether the contract serves a call (``evaluation`` filters cases by it)."""
-        return self.outside(dtype, head_dim, q_len, kv_len) is None
+        return self.outside(dtype, head_dim, q_len, kv_len, causal) is None
 
     def describe(self) -> str:
-        """One line for people, e.g. ``bfloat16, head_dim 64..256, seq >= 1024; model bfloat16``."""
+        """One line for people, e.g. ``bfloat16, head_dim 64..256, seq >= 1024; model bfloat16``
+        (the masks and the model check said only where they narrow it)."""
+        masks = "" if set(self.masks) == set(ALL_MASKS) else f", {'/'.join(self.masks)} masks"
+        model = f"model {self.model_dtype}" if self.model_check else "no MiniLM check"
         return (f"{', '.join(self.dtypes)}, head_dim {self._range(self.min_head_dim, self.max_head_dim)}, "
-                f"seq {self._range(self.min_seq, self.max_seq)}; model {self.model_dtype}")
+                f"seq {self._range(self.min_seq, self.max_seq)}{masks}; {model}")
 
     @staticmethod
     def _range(low: int, high: int | None) -> str:

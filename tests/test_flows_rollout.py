@@ -88,12 +88,12 @@ def make_settings(store, tmp_path, monkeypatch, flow_thresholds):
 
     def make(implementation: str, thresholds: Path | None = None, family: str = FAMILY,
              **overrides) -> RolloutSettings:
-        return RolloutSettings(implementation=f"test_{implementation}", family=family,
-                               thresholds=thresholds or flow_thresholds,
-                               testset_dir=store / "testset",
-                               store_dir=store / "store", shadow_requests=8, perf_repeats=3,
-                               perf_shapes=SMALL_SHAPE, model_check=False,
-                               testset_profile=TESTSET_PROFILE, **overrides)
+        return RolloutSettings(**{
+            "implementation": f"test_{implementation}", "family": family,
+            "thresholds": thresholds or flow_thresholds, "testset_dir": store / "testset",
+            "store_dir": store / "store", "shadow_requests": 8, "perf_repeats": 3,
+            "perf_shapes": SMALL_SHAPE, "model_check": False,
+            "testset_profile": TESTSET_PROFILE, **overrides})
     return make
 
 
@@ -893,6 +893,7 @@ def test_a_canary_over_the_long_document_workload_judges_adoption_per_bucket(
     the signed compared requests of each bucket, and the audit re-derives it."""
     import yaml
 
+    from evaluation.report import EvaluationReport
     from evaluation.serving import TrafficResult
     from gates.canary import CanaryStepResult
     from lineage.audit.audit import audit
@@ -902,11 +903,14 @@ def test_a_canary_over_the_long_document_workload_judges_adoption_per_bucket(
     decided = untimed(STRICT_THRESHOLDS, tmp_path / "longdoc.yaml")
     data = yaml.safe_load(decided.read_text())
     data["canary"]["workload"] = "longdoc-cpu-small"
+    # a family serving the workload's encoder, not MiniLM: no MiniLM check, though these
+    # settings would run one
+    data["serving"]["model_check"] = False
     decided.write_text(yaml.safe_dump(data | {"decision": DECISION | {
         "buckets": [128, 256, 512]}}))
     before = registered_model.aliases(tracking, LONGDOC_FAMILY)
-    state = rollout(make_settings("good", thresholds=decided, family=LONGDOC_FAMILY),
-                    return_state=True)
+    state = rollout(make_settings("good", thresholds=decided, family=LONGDOC_FAMILY,
+                                  model_check=True), return_state=True)
     outcome = outcome_of(state)
     assert outcome.stage == "adoption" and outcome.result != "promoted", outcome.reason
     assert_production_unchanged(tracking, before, outcome.version, family=LONGDOC_FAMILY)
@@ -939,6 +943,12 @@ def test_a_canary_over_the_long_document_workload_judges_adoption_per_bucket(
                                     and r.length_bucket in (128, 256, 512)
                                     for r in mirrored.records)
     assert mirrored.served_count("candidate") == 0
+    [heldout] = [a for a in source.attestations() if a.kind == "evaluation"
+                 and str(a.predicate.get("version")) == outcome.version
+                 and a.predicate["split"] == "heldout"]
+    report = EvaluationReport.model_validate_json(signed_artifact(
+        source, heldout.run_id, "evaluation", heldout.predicate["report_artifact"])[1])
+    assert report.model_accuracy == {} and report.serving.endswith("; no MiniLM check")
     # the version's page lists each declared bucket
     version = tracking.client().get_model_version(
         registered_model.registered_model_name(LONGDOC_FAMILY), outcome.version)

@@ -321,6 +321,24 @@ def test_a_wider_serving_contract_is_a_tightening():
         "serving.max_seq 8192 -> 4096"])
 
 
+def test_fewer_masks_and_no_model_check_are_loosenings_and_a_mask_is_served_or_not():
+    both = {"dtypes": ["bfloat16"], "model_dtype": "bfloat16"}
+    encoder = both | {"masks": ["full"], "model_check": False}
+    old, new = _parsed(BASE | {"serving": both}), _parsed(BASE | {"serving": encoder})
+    assert sorted(loosenings(old, new)) == ["serving.masks: causal removed",
+                                            "serving.model_check true -> false"]
+    assert loosenings(new, old) == []
+    full = new.serving
+    assert full.outside("bfloat16", 128, 4096, 4096, causal=True) == (
+        "causal mask not served ['full']")
+    assert full.serves("bfloat16", 128, 4096, 4096) and full.outside(
+        "bfloat16", 128, 4096, 4096, causal=False) is None
+    assert old.serving.outside("bfloat16", 128, 4096, 4096, causal=True) is None
+    assert full.describe().endswith(", full masks; no MiniLM check")
+    with pytest.raises(ValueError, match="lists a mask twice"):
+        ServingContract(masks=["full", "full"])
+
+
 def test_a_profile_without_a_contract_serves_everything():
     serving = _parsed(BASE).serving
     assert serving == ServingContract()

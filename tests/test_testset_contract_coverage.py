@@ -48,7 +48,7 @@ def test_every_judged_category_has_enough_cases_inside_the_contract(path: Path) 
         for category in sorted(_judged_categories(criteria)):
             inside = [r.name for r in (*spec.hard, *spec.adversarial)
                       if r.category == category
-                      and contract.serves(r.dtype, r.head_dim, r.q_len, r.kv_len)]
+                      and contract.serves(r.dtype, r.head_dim, r.q_len, r.kv_len, r.causal)]
             assert len(inside) >= thresholds.min_cases_per_category, (
                 f"{path.name} on {platform}: {len(inside)} {category} case(s) inside the "
                 f"serving contract ({contract.describe()}), fewer than "
@@ -64,3 +64,21 @@ def test_the_check_sees_a_contract_that_leaves_a_category_empty() -> None:
     inside = [r for r in spec.adversarial
               if narrowed.serves(r.dtype, r.head_dim, r.q_len, r.kv_len)]
     assert inside == []
+
+
+def test_a_causal_case_is_not_drawn_where_the_contract_serves_full_masks_only() -> None:
+    import numpy as np
+
+    from evaluation.cases import make_case
+    from evaluation.coverage import split_by_contract
+    from gates.serving_contract import ServingContract
+
+    rng = np.random.default_rng()
+    q, k, v = (rng.standard_normal((1, 16, 2, 128)).astype(np.float32) for _ in range(3))
+    cases = [make_case(case_id=f"c-{causal}", category="hard", tags=(), q=q, k=k, v=v,
+                       causal=causal, source="test") for causal in (False, True)]
+    encoder = ServingContract(masks=["full"])
+    served, left = split_by_contract(cases, encoder)
+    assert [c.spec.case_id for c in served] == ["c-False"]
+    assert left == {"c-True": "causal mask not served ['full']"}
+    assert len(split_by_contract(cases, ServingContract())[0]) == 2  # both masks: both drawn

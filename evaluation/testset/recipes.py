@@ -120,6 +120,8 @@ _GPU_EXTRA_HARD = (
           head_dim=128, dtype="float16"),
     _hard("long-padding", ("long", "padding"), 4096, 4096, batch=2, num_heads=4,
           num_kv_heads=4, head_dim=64, dtype="bfloat16", lengths="random"),
+    _hard("long-padding-d128", ("long", "padding", "head_dim"), 2048, 2048, batch=2,
+          num_heads=4, num_kv_heads=4, head_dim=128, dtype="bfloat16", lengths="random"),
 )
 
 # Adversarial cases inside the long-sequence low-precision contracts (thresholds/bf16-long:
@@ -139,6 +141,15 @@ _GPU_EXTRA_ADVERSARIAL = (
          num_kv_heads=2, head_dim=128, dtype="bfloat16", causal=True, values="constant"),
     _adv("long-single-key-padded-bf16", ("long", "single_key", "padding"), 1024, 1024, batch=2,
          num_heads=2, num_kv_heads=2, head_dim=64, dtype="bfloat16", lengths="single_key"),
+    # inside an encoder's contract (non-causal, head_dim 128 only: thresholds/
+    # adoption-longdoc-hd128, FlashAttention-3's one head_dim), where every case above is
+    # causal or of another head_dim
+    _adv("long-huge-logits-bf16-d128", ("long", "huge_logits", "softmax_overflow", "head_dim"),
+         2048, 2048, num_heads=2, num_kv_heads=2, head_dim=128, dtype="bfloat16",
+         values="huge_logits"),
+    _adv("long-single-key-padded-bf16-d128", ("long", "single_key", "padding", "head_dim"),
+         1024, 1024, batch=2, num_heads=2, num_kv_heads=2, head_dim=128, dtype="bfloat16",
+         lengths="single_key"),
 )
 
 
