@@ -27,7 +27,10 @@
 #                                   baseline, then CANDIDATE (default pallas_mosaic_gpu)
 #                                   under it against that production; each version's audit
 #                                   and the timeline. About 15 minutes on an H100: start it
-#                                   with setsid in the background and poll its steps.txt
+#                                   with setsid in the background and poll its steps.txt.
+#                                   $KG_LONGDOC_THRESHOLDS names another registration, e.g.
+#                                   thresholds/adoption-longdoc-hd128.yaml with CANDIDATE fa3
+#                                   (the bundle of tools/device-carries.sh, FA3's wheel in it)
 #   tools/gpu-main-job.sh longdoc-aa KERNEL [N] [FAMILY]   a live A/A of the adoption test on
 #                                   that store: KERNEL (the one in production) rolled out
 #                                   against itself N times (default 1) in FAMILY (default
@@ -45,6 +48,7 @@ case ${1:-} in  # before any folder is made: a usage error writes nothing
 esac
 out=${OUT:-gpu-main-job}
 store=${KG_STORE:-/tmp/kg-store}
+thresholds=${KG_LONGDOC_THRESHOLDS:-thresholds/adoption-longdoc.yaml}
 mkdir -p "$out"
 export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
 
@@ -119,7 +123,7 @@ case ${1:-} in
     for kernel in "$production" "${3:-pallas_mosaic_gpu}"; do
       n=$((n + 1))
       step "longdoc-rollout-$n-$kernel" 1200 python3 -m flows.cli rollout --implementation "$kernel" \
-        --family "$production" --thresholds thresholds/adoption-longdoc.yaml --store-dir "$lstore"
+        --family "$production" --thresholds "$thresholds" --store-dir "$lstore"
       # the version just built, whatever its end (promoted, not adopted, rolled back)
       step "longdoc-audit-$n" 120 python3 -m flows.cli audit "$n" --family "$production" \
         --store-dir "$lstore"
@@ -136,7 +140,7 @@ case ${1:-} in
     family=${4:-cudnn}
     for i in $(seq 1 "${3:-1}"); do
       step "longdoc-aa-$i-$2" 900 python3 -m flows.cli rollout --implementation "$2" \
-        --family "$family" --thresholds thresholds/adoption-longdoc.yaml --store-dir "$lstore"
+        --family "$family" --thresholds "$thresholds" --store-dir "$lstore"
     done
     step longdoc-aa-timeline 60 python3 -m flows.cli timeline --family "$family" --store-dir "$lstore" \
       --json "$out/longdoc-aa-timeline.json"
