@@ -45,8 +45,30 @@ def _precompile(threads: int) -> int:
     return 0
 
 
+def _parse(argv: list[str]):
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m tools.cache_load_race", description=__doc__.split("\n\n")[0],
+        epilog="Exit status: 0 every program ran; a crash ends the process (139 SIGSEGV, "
+        "136 SIGFPE) or fails cuDNN's deserialization (1).")
+    parser.add_argument("mode", choices=("fill", "load", "nocache", "precompile"),
+                        help="fill CACHE (one thread); load CACHE THREADS from it; nocache "
+                        "THREADS with no cache; precompile CACHE THREADS through "
+                        "evaluation.accuracy.precompile")
+    parser.add_argument("args", nargs="*", help="CACHE and/or THREADS, as the mode takes")
+    ns = parser.parse_args(argv)
+    takes = {"fill": "CACHE", "load": "CACHE THREADS", "nocache": "THREADS",
+             "precompile": "CACHE THREADS"}[ns.mode]
+    if len(ns.args) != len(takes.split()) or (takes.endswith("THREADS")
+                                              and not ns.args[-1].isdigit()):
+        parser.error(f"{ns.mode} takes {takes} (THREADS a whole number), got {ns.args}")
+    return [ns.mode, *ns.args]
+
+
 def main(argv: list[str]) -> int:
     """Run the mode named by ``argv[0]``; returns the exit status."""
+    argv = _parse(argv)
     import jax
     import jax.numpy as jnp
 
