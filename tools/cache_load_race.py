@@ -73,6 +73,10 @@ def main(argv: list[str]) -> int:
     import jax.numpy as jnp
 
     mode = argv[0]
+    if mode != "precompile" and jax.default_backend() != "gpu":
+        print(f"cache_load_race {mode}: cuDNN attention needs an NVIDIA GPU; the backend is "
+              f"{jax.default_backend()}", file=sys.stderr)
+        return 2
     if mode in ("fill", "load", "precompile"):
         jax.config.update("jax_compilation_cache_dir", argv[1])
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
