@@ -34,7 +34,8 @@ class RolloutSettings(BaseModel):
         documents_dir: folder of real documents (``*.txt``/``*.md``); default: the
             long descriptions of installed Python distributions.
         store_dir: local store for MLflow (when ``MLFLOW_TRACKING_URI`` is unset) and work files.
-        shadow_requests: recorded requests replayed in shadow.
+        shadow_requests: requests replayed in shadow (recorded MiniLM requests, or the
+            documents of the canary's workload where the registration names one).
         perf_repeats: timed repeats per implementation and shape in evaluation.
         perf_shapes: benchmark shapes of the evaluation (``None``: the platform's defaults).
         model_check: embed held-out documents with the candidate and float64 attention

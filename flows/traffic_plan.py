@@ -58,11 +58,12 @@ def record_traffic(context: RolloutContext, preregistered: Preregistered,
     longdoc, longdoc_shadow = [], None
     if (workload := gated.thresholds.canary.workload) is not None:
         decision = gated.thresholds.decision
-        # the shadow's documents follow the canary's in the same stream: the canary's
-        # draws stay what they were without a shadow of the workload
-        *longdoc, longdoc_shadow = canary_source.record_steps(
-            workload, [*(s.requests for s in steps), sizes[0]],
-            decision.buckets if decision else [])
+        longdoc = canary_source.record_steps(workload, [s.requests for s in steps],
+                                             decision.buckets if decision else [])
+        # the shadow's documents from a stream of their own: every draw of a stream moves
+        # when its size does, so the canary's documents stay what they are for any shadow
+        [longdoc_shadow] = canary_source.record_steps(
+            workload, [sizes[0]], [], seed_offset=canary_source.SHADOW_SEED_OFFSET)
         traffic_dir = context.record.work_dir / "traffic"
         evidence.log_traffic(context.record, canary_source.write_steps(
             longdoc, traffic_dir / "longdoc-documents.json"))

@@ -2,15 +2,17 @@
 
 A kernel's *capability* (``kernels.kernel.Capability``) says what its class can run; a
 registration's *serving contract* says what the family serves, and so what the kernel is
-judged on: the dtypes, the head_dim range and the sequence range of the calls it must
-run, and the dtype the serving model (MiniLM) runs its attention in. Cases of the test
-set outside the contract are not drawn (the held-out split, the confirmation draws);
+judged on: the dtypes, the head_dim range, the sequence range and the masks (full,
+causal) of the calls it must run, whether the serving model (MiniLM) is served and
+checked, and the dtype it runs its attention in. Cases of the test set outside the
+contract are not drawn (the held-out split, the confirmation draws);
 cases inside it that a kernel refuses are recorded per case as *refused* and fail the
 profile's coverage criterion (metric ``coverage.refused_cases``).
 
-Narrower is looser: a contract serving fewer dtypes, or a smaller head_dim or sequence
-range, asks the kernel to run less, so every field declares that direction (a dtype
-removed, a lower bound raised, an upper bound lowered or set loosens).
+Narrower is looser: a contract serving fewer dtypes or masks, a smaller head_dim or
+sequence range, or no MiniLM, asks the kernel to run less, so every field declares that
+direction (a dtype or mask removed, a lower bound raised, an upper bound lowered or set,
+the model check turned off loosens).
 
 The default contract serves everything (every dtype, any head_dim, any length) with a
 float32 serving model: a profile written before contracts existed judges exactly what
@@ -35,7 +37,8 @@ ALL_MASKS: tuple[Mask, ...] = ("full", "causal")
 
 class ServingContract(_Strict):
     """What a registration serves (see the module docstring). A call is inside when its
-    dtype is listed, ``min_head_dim <= head_dim <= max_head_dim`` and
+    dtype is listed, its mask (full or causal) is listed,
+    ``min_head_dim <= head_dim <= max_head_dim`` and
     ``min_seq <= max(q_len, kv_len) <= max_seq`` (an unset maximum: no limit)."""
 
     dtypes: list[Dtype] = limit(L.FEWER, default_factory=lambda: list(ALL_DTYPES),

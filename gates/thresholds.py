@@ -262,6 +262,22 @@ class Thresholds(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _model_check_fits_the_criteria(self) -> Thresholds:
+        if self.serving.model_check:
+            return self
+        judged = sorted({f"{p}/{c.name}" for p, crit in self.platforms.items()
+                         for c in (*crit.value, *crit.change) if c.metric.startswith("model.")})
+        if judged:
+            raise ValueError(
+                f"serving.model_check is false, so no MiniLM check runs, yet {judged} judge "
+                "its model.* metrics (a missing metric fails): drop them or serve MiniLM")
+        if self.canary.workload is None:
+            raise ValueError(
+                "serving.model_check false needs canary.workload: without MiniLM the shadow "
+                "and canary must replay the model the family serves")
+        return self
+
+    @model_validator(mode="after")
     def _decision_fits_the_canary(self) -> Thresholds:
         if self.decision is None:
             return self

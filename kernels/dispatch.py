@@ -47,6 +47,7 @@ from kernels.api import (
     attention,
     auto_order,
     check_implementation_name,
+    default_backend,
     resolve,
 )
 from kernels.config import KernelConfig
@@ -117,7 +118,7 @@ class GuardedAttention:
         loads: ``Kernel.concurrent_first_call`` of its implementation (for ``auto``, of
         every kernel ``auto`` may pick on this backend; an unregistered name: ``True``,
         its call raises anyway)."""
-        names = (auto_order(jax.default_backend()) if self.implementation == "auto"
+        names = (auto_order(default_backend()) if self.implementation == "auto"
                  else (self.implementation,))
         return all(IMPLEMENTATIONS[n].concurrent_first_call for n in names
                    if n in IMPLEMENTATIONS)

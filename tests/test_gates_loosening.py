@@ -11,6 +11,7 @@ import copy
 import types
 import typing
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import yaml
@@ -322,11 +323,12 @@ def test_a_wider_serving_contract_is_a_tightening():
 
 
 def test_fewer_masks_and_no_model_check_are_loosenings_and_a_mask_is_served_or_not():
+    from gates.thresholds import parse_thresholds
+
     both = {"dtypes": ["bfloat16"], "model_dtype": "bfloat16"}
-    encoder = both | {"masks": ["full"], "model_check": False}
-    old, new = _parsed(BASE | {"serving": both}), _parsed(BASE | {"serving": encoder})
-    assert sorted(loosenings(old, new)) == ["serving.masks: causal removed",
-                                            "serving.model_check true -> false"]
+    old = _parsed(BASE | {"serving": both})
+    new = _parsed(BASE | {"serving": both | {"masks": ["full"]}})
+    assert loosenings(old, new) == ["serving.masks: causal removed"]
     assert loosenings(new, old) == []
     full = new.serving
     assert full.outside("bfloat16", 128, 4096, 4096, causal=True) == (
@@ -334,9 +336,17 @@ def test_fewer_masks_and_no_model_check_are_loosenings_and_a_mask_is_served_or_n
     assert full.serves("bfloat16", 128, 4096, 4096) and full.outside(
         "bfloat16", 128, 4096, 4096, causal=False) is None
     assert old.serving.outside("bfloat16", 128, 4096, 4096, causal=True) is None
-    assert full.describe().endswith(", full masks; no MiniLM check")
+    assert full.describe().endswith(", full masks; model bfloat16")
     with pytest.raises(ValueError, match="lists a mask twice"):
         ServingContract(masks=["full", "full"])
+    # the shipped encoder registration, and the same serving MiniLM as well
+    text = HD128.read_text()
+    encoder = parse_thresholds(text.encode())
+    with_minilm = parse_thresholds(text.replace("model_check: false", "model_check: true")
+                                   .encode())
+    assert loosenings(with_minilm, encoder) == ["serving.model_check true -> false"]
+    assert loosenings(encoder, with_minilm) == []
+    assert encoder.serving.describe().endswith(", full masks; no MiniLM check")
 
 
 def test_a_profile_without_a_contract_serves_everything():
@@ -364,6 +374,8 @@ def test_an_unchanged_profile_reports_nothing_and_the_reverse_of_a_loosening_doe
 
 
 # --- every field declares its direction ------------------------------------------------
+
+HD128 = Path(__file__).resolve().parents[1] / "thresholds" / "adoption-longdoc-hd128.yaml"
 
 SCHEMA_MODELS = {Thresholds, CanaryPlan, LatencyTest, CanaryStep, CanaryExtension, DecisionPlan,
                  ApprovalPolicy, Approver,
@@ -440,3 +452,21 @@ def test_a_not_a_limit_without_a_reason_is_refused_at_definition():
         limit(Looser.NOT_A_LIMIT)
     with pytest.raises(TypeError, match="why"):
         limit(Looser.HIGHER, why="a limit has no excuse")
+
+
+def test_no_model_check_refuses_model_criteria_and_a_registration_without_a_workload():
+    from gates.thresholds import parse_thresholds
+
+    text = HD128.read_text()
+    assert parse_thresholds(text.encode()).serving.model_check is False  # as shipped
+    cosine = ('      - {name: embedding-cosine, metric: model.min_cosine_similarity, '
+              'kind: accuracy, op: ">=", value: 0.99}\n')
+    anchor = "      - {name: nan-free,"
+    judged = text.replace(anchor, cosine + anchor, 1)
+    with pytest.raises(ValueError, match=r"model_check is false.*tpu/embedding-cosine"):
+        parse_thresholds(judged.encode())
+    data = yaml.safe_load(text)
+    del data["canary"]["workload"], data["decision"]
+    data["canary"]["latency"].pop("noise_within_buckets")
+    with pytest.raises(ValueError, match="model_check false needs canary.workload"):
+        parse_thresholds(yaml.safe_dump(data).encode())

@@ -41,9 +41,16 @@
 set -uo pipefail
 usage() { sed -n '2,/^set -uo pipefail/p' "$0" | sed '$d'; }
 case ${1:-} in  # before any folder is made: a usage error writes nothing
-  tune|rollouts|after|one|staging|staging-audit|longdoc) ;;
-  longdoc-aa) [ -n "${2:-}" ] && [ -d "${KG_LONGDOC_STORE:-/tmp/kg-longdoc-prod}" ] || {
-      echo "longdoc-aa needs KERNEL and the store of a longdoc run (\$KG_LONGDOC_STORE)" >&2; exit 2; } ;;
+  tune|rollouts|after|one|staging|staging-audit) ;;
+  longdoc|longdoc-aa)
+    [ -f "${KG_LONGDOC_THRESHOLDS:-thresholds/adoption-longdoc.yaml}" ] || {
+      echo "no registration ${KG_LONGDOC_THRESHOLDS:-thresholds/adoption-longdoc.yaml} (\$KG_LONGDOC_THRESHOLDS; run from the repository root)" >&2; exit 2; }
+    if [ "$1" = longdoc-aa ]; then
+      [ -n "${2:-}" ] && [ -d "${KG_LONGDOC_STORE:-/tmp/kg-longdoc-prod}" ] || {
+        echo "longdoc-aa needs KERNEL and the store of a longdoc run (\$KG_LONGDOC_STORE)" >&2
+        exit 2; }
+      [[ ${3:-1} =~ ^[1-9][0-9]*$ ]] || { echo "longdoc-aa: N must be a whole number >= 1, got ${3}" >&2; exit 2; }
+    fi ;;
   *) usage; exit 2 ;;
 esac
 out=${OUT:-gpu-main-job}

@@ -134,6 +134,11 @@ def check_buckets(spec: WorkloadSpec, buckets: list[int]) -> None:
                          f"{spec.name} ({spec.buckets}): no request would ever fill them")
 
 
+SHADOW_SEED_OFFSET = 1_000_003
+"""The stream the shadow stage's documents are drawn from (``seed_offset``): apart from the
+canary's (0) and every A/A canary of a calibration (its run number)."""
+
+
 def record_steps(workload: str, sizes: list[int], buckets: list[int], *,
                  seed_offset: int = 0) -> list[LongdocStep]:
     """The documents of each canary look (``sizes``: requests per look, in order),
