@@ -182,18 +182,6 @@ def rollout_session(settings: RolloutSettings, plan: RolloutPlan | None = None, 
             context.serving.close()
 
 
-def built_version(record: rollout.RolloutRecord) -> str | None:
-    """The model version this rollout's build registered (its build run is a child of
-    the rollout run), or None."""
-    client = record.tracking.client()
-    experiment_id = client.get_run(record.rollout_run_id).info.experiment_id
-    for run in client.search_runs([experiment_id], filter_string=(
-            f"tags.`{tags.PARENT}` = '{record.rollout_run_id}' and tags.`{tags.STAGE}` = 'build'")):
-        for version in client.search_model_versions(f"run_id = '{run.info.run_id}'"):
-            return str(version.version)
-    return None
-
-
 def _reason(err: BaseException) -> str:
     if isinstance(err, KeyboardInterrupt):
         return "interrupted by a person (Ctrl-C) before the stage finished"
@@ -209,7 +197,8 @@ def _close_failed(record: rollout.RolloutRecord, reason: str,
     ``stage``, signed. Returns the outcome written, if any."""
     if record.tracking.client().get_run(record.rollout_run_id).info.status != "RUNNING":
         return None
-    version, store = built_version(record), FamilyStore.of(record)
+    version = dead_runs.built_version(record.tracking, record.family, record.rollout_run_id)
+    store = FamilyStore.of(record)
     if version is not None and version == store.production_version():
         return rollout.close_rollout(record, result="promoted", stage="promotion", version=version,
                                      reason=f"promoted; a step after the promotion failed: {reason}")
