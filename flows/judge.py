@@ -95,9 +95,7 @@ def evaluate(context: RolloutContext, preregistered: Preregistered, built: Built
             report = evaluate_candidate(
                 candidate, testset_dir=testset.testset_dir, out_dir=out, split=split,
                 production=production,
-                # the registration binds the MiniLM check; its contract may serve no MiniLM
-                model=(context.model if preregistered.model_check(settings)
-                       and frozen.serving.model_check else None),
+                model=context.model if preregistered.model_check(settings) else None,
                 repeats=preregistered.perf_repeats(settings),
                 perf_shapes=preregistered.perf_shapes(settings),
                 measure_speed=measure_speed,

@@ -127,8 +127,10 @@ class Preregistered(_Result):
         return settings.perf_repeats if self.bindings is None else self.bindings.perf_repeats
 
     def model_check(self, settings: RolloutSettings) -> bool:
-        """Whether the registration bound the MiniLM check."""
-        return settings.model_check if self.bindings is None else self.bindings.model_check
+        """Whether the MiniLM check runs: the registration bound it and its serving
+        contract serves MiniLM (``serving.model_check``)."""
+        bound = settings.model_check if self.bindings is None else self.bindings.model_check
+        return bound and self.thresholds.serving.model_check
 
     def shadow_requests(self, settings: RolloutSettings) -> int:
         """The shadow traffic size the registration bound."""
