@@ -1,0 +1,115 @@
+"""The e4m3 attention kernel (``kernels.fp8_attention``): on this CPU through JAX's GPU
+interpreter against float64 (exact attention, and a float64 emulation of the kernel's own
+e4m3 data path) on fresh random inputs; the native path by lowering for CUDA; refusals.
+
+The interpreter replaces the two ``wgmma`` by float32 ``dot_general`` on the same e4m3
+shared-memory tiles, so what is checked here is the data path (quantisation scales,
+V's transpose, GQA mapping, masks, the online softmax, ``P``'s rounding and scale, the
+output's dequantisation); the ``gpu`` run (``kernels.tools.fp8_attention_run``) checks the
+tensor cores' own accumulation.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from kernels import fp8_attention as fp8
+from kernels.tools import fp8_attention_run as run
+from tests.kernels_helpers import mosaic_module_text
+
+EXACT_RMS_BOUND = 0.1
+"""e4m3 keeps 3 significand bits: each of q, k, v and P is off by up to 2⁻⁴ of itself.
+On unit-normal inputs the output's RMS error against exact attention measures about 0.05
+of its RMS (the emulation alike); a broken scale, mask or mapping gives O(1)."""
+
+
+def _rng() -> np.random.Generator:
+    seed = secrets.randbits(32)
+    print(f"seed {seed}")
+    return np.random.default_rng(seed)
+
+
+def _rms(x) -> float:
+    return float(np.sqrt(np.mean(np.square(x))))
+
+
+def _inputs(rng, b, lq, lk, h, hk, scale=1.0):
+    return tuple(jnp.asarray(scale * rng.standard_normal(s), jnp.bfloat16)
+                 for s in ((b, lq, h, 128), (b, lk, hk, 128), (b, lk, hk, 128)))
+
+
+@pytest.mark.parametrize("b, lq, lk, h, hk, causal, kv_len", [
+    (1, 256, 256, 2, 2, False, None),
+    (2, 128, 384, 4, 2, False, None),  # GQA, several key blocks
+    (1, 256, 256, 2, 1, True, None),
+    (2, 128, 256, 2, 2, False, 150),  # keys past 150 masked, in the second block
+])
+def test_matches_its_float64_emulation_and_stays_near_exact_attention(b, lq, lk, h, hk,
+                                                                      causal, kv_len):
+    rng = _rng()
+    q, k, v = _inputs(rng, b, lq, lk, h, hk)
+    lengths = None if kv_len is None else jnp.full((b,), kv_len, jnp.int32)
+    out = np.asarray(fp8.fp8_attention(q, k, v, causal=causal, kv_lengths=lengths,
+                                       interpret=True), np.float64)
+    emulated = run.reference(q, k, v, causal, kv_len, emulate=True)
+    exact = run.reference(q, k, v, causal, kv_len, emulate=False)
+    assert np.isfinite(out).all()
+    assert _rms(out - emulated) <= run.EMULATION_BOUND * _rms(emulated)
+    assert _rms(out - exact) <= EXACT_RMS_BOUND * _rms(exact)
+
+
+def test_the_emulation_bound_catches_a_planted_fault():
+    """The emulation check is a judge: the same output with V's dequantisation scale
+    off by half an e4m3 step (1.0625x) must fail it, where the kernel's own passes."""
+    rng = _rng()
+    q, k, v = _inputs(rng, 1, 256, 256, 2, 2)
+    out = np.asarray(fp8.fp8_attention(q, k, v, interpret=True), np.float64)
+    emulated = run.reference(q, k, v, False, None, emulate=True)
+    assert _rms(out * 1.0625 - emulated) > run.EMULATION_BOUND * _rms(emulated)
+    assert _rms(out - emulated) <= run.EMULATION_BOUND * _rms(emulated)
+
+
+def test_large_logits_keep_the_largest_key_and_a_row_with_no_key_is_zero():
+    """q = k = v near bf16's top for one key: the output is v itself (the exponent of
+    the largest logit is exactly 0); a batch row whose length is 0 returns zeros."""
+    x = 1.3e5
+    q = jnp.full((2, 64, 1, 128), x, jnp.bfloat16)
+    k = jnp.full((2, 128, 1, 128), x, jnp.bfloat16)
+    v = jnp.full((2, 128, 1, 128), x, jnp.bfloat16)
+    out = np.asarray(fp8.fp8_attention(q, k, v, kv_lengths=jnp.array([1, 0], jnp.int32),
+                                       interpret=True), np.float64)
+    assert np.isfinite(out).all()
+    expected = float(jnp.asarray(x, jnp.bfloat16))
+    np.testing.assert_allclose(out[0], expected, rtol=2 ** -4)
+    assert np.all(out[1] == 0.0)
+
+
+def test_lowers_for_cuda_to_e4m3_wgmma_with_float32_accumulation(monkeypatch):
+    q = jax.ShapeDtypeStruct((2, 1024, 4, 128), jnp.bfloat16)
+    kv = jax.ShapeDtypeStruct((2, 1024, 2, 128), jnp.bfloat16)
+    _, module = mosaic_module_text(monkeypatch, lambda q, k, v: fp8.fp8_attention(q, k, v),
+                                   q, kv, kv)
+    instructions = re.findall(r"wgmma\.mma_async\S*", module)
+    # Per key block: Q K^T over head_dim 128 and P V over 128 keys, k32 each: 4 + 4.
+    assert instructions.count("wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3") == 8
+    assert set(instructions) == {"wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3"}
+
+
+@pytest.mark.parametrize("shape_q, shape_kv, dtype, error, named", [
+    ((1, 128, 2, 64), (1, 128, 2, 64), jnp.bfloat16, ValueError, "head_dim in"),
+    ((1, 100, 2, 128), (1, 128, 2, 128), jnp.bfloat16, ValueError, "q_len 100"),
+    ((1, 128, 2, 128), (1, 200, 2, 128), jnp.bfloat16, ValueError, "kv_len 200"),
+    ((1, 128, 3, 128), (1, 128, 2, 128), jnp.bfloat16, ValueError, "multiple of num_kv_heads"),
+    ((1, 128, 2, 128), (1, 128, 2, 128), jnp.float32, TypeError, "bfloat16 or float16"),
+])
+def test_what_it_cannot_serve_is_refused_by_name(shape_q, shape_kv, dtype, error, named):
+    q = jax.ShapeDtypeStruct(shape_q, dtype)
+    kv = jax.ShapeDtypeStruct(shape_kv, dtype)
+    with pytest.raises(error, match=named):
+        jax.eval_shape(lambda q, k, v: fp8.fp8_attention(q, k, v, interpret=True), q, kv, kv)
