@@ -36,6 +36,7 @@ BUILTIN: dict[str, str] = {
     "pallas_gpu": "kernels.pallas_gpu:PallasGpuKernel",
     "pallas_mosaic_gpu": "kernels.pallas_mosaic_gpu:PallasMosaicGpuKernel",
     "fa3": "kernels.fa3:Fa3Kernel",
+    "pallas_mosaic_gpu_fp8": "kernels.pallas_mosaic_gpu_fp8:PallasMosaicGpuFp8Kernel",
 }
 """The built-in kernels, in registry order: name -> ``module:Class``."""
 

@@ -113,3 +113,56 @@ def test_what_it_cannot_serve_is_refused_by_name(shape_q, shape_kv, dtype, error
     kv = jax.ShapeDtypeStruct(shape_kv, dtype)
     with pytest.raises(error, match=named):
         jax.eval_shape(lambda q, k, v: fp8.fp8_attention(q, k, v, interpret=True), q, kv, kv)
+
+
+# ------------------------------------------------------------ the registered kernel
+
+def test_the_contract_adapter_pads_masks_and_keeps_poisoned_padding_out_of_the_scales():
+    """Odd lengths (q 100, kv 200: both padded inside), GQA, lengths whose padding holds
+    NaN and the dtype's maximum: the output matches the emulation of the valid rows and
+    keys, padded query rows are zero. A padded maximum inside the amax would shrink
+    every valid value to e4m3's subnormals; NaN would poison the whole head."""
+    from kernels.pallas_mosaic_gpu_fp8 import fp8_contract_attention
+
+    rng = _rng()
+    q, k, v = _inputs(rng, 2, 100, 200, 4, 2)
+    q_lengths, kv_lengths = jnp.array([100, 70], jnp.int32), jnp.array([200, 130], jnp.int32)
+    big = jnp.finfo(jnp.bfloat16).max
+    q = q.at[1, 70:].set(big)
+    k = k.at[1, 130:].set(jnp.nan)
+    v = v.at[1, 130:].set(big)
+    out = np.asarray(fp8_contract_attention(q, k, v, causal=False, scale=128 ** -0.5,
+                                            q_lengths=q_lengths, kv_lengths=kv_lengths,
+                                            interpret=True), np.float64)
+    assert out.shape == (2, 100, 4, 128) and np.isfinite(out).all()
+    assert np.all(out[1, 70:] == 0.0)
+    for b, (ql, kl) in enumerate(((100, 200), (70, 130))):
+        one = [x[b:b + 1, :n] for x, n in ((q, ql), (k, kl), (v, kl))]
+        emulated = run.reference(*one, False, None, emulate=True)[0]
+        exact = run.reference(*one, False, None, emulate=False)[0]
+        got = out[b, :ql]
+        assert _rms(got - emulated) <= run.EMULATION_BOUND * _rms(emulated), b
+        assert _rms(got - exact) <= EXACT_RMS_BOUND * _rms(exact), b
+
+
+def test_the_registered_kernel_refuses_a_cpu_host_and_what_it_cannot_serve():
+    from kernels.contract import validate
+    from kernels.registry import IMPLEMENTATIONS
+
+    kernel = IMPLEMENTATIONS["pallas_mosaic_gpu_fp8"]
+    ok, _, _ = validate(jax.ShapeDtypeStruct((1, 128, 2, 128), jnp.bfloat16),
+                        jax.ShapeDtypeStruct((1, 128, 2, 128), jnp.bfloat16),
+                        jax.ShapeDtypeStruct((1, 128, 2, 128), jnp.bfloat16), causal=False)
+    with pytest.raises(NotImplementedError, match="no CPU mode"):
+        kernel.check_supported(ok, "cpu")
+    kernel.check_supported(ok, "gpu")  # what it serves, where it is native
+    d64, _, _ = validate(*(jax.ShapeDtypeStruct((1, 128, 2, 64), jnp.bfloat16),) * 3,
+                         causal=False)
+    with pytest.raises(NotImplementedError, match="head_dim"):
+        kernel.check_supported(d64, "gpu")
+    f32, _, _ = validate(*(jax.ShapeDtypeStruct((1, 128, 2, 128), jnp.float32),) * 3,
+                         causal=False)
+    with pytest.raises(NotImplementedError, match="dtypes"):
+        kernel.check_supported(f32, "gpu")
+    with pytest.raises(ValueError, match="no block sizes"):
+        kernel.check_supported(ok, "gpu", {"block_q": 64})

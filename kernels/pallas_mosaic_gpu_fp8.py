@@ -1,0 +1,115 @@
+"""The e4m3 attention kernel as a registered kernel (``pallas_mosaic_gpu_fp8``): the
+contract's calls mapped onto ``kernels.fp8_attention``.
+
+What the contract asks and the kernel does not do itself is done here:
+
+- **Padding is not data.** Query rows at or past ``q_lengths`` and key/value rows at or
+  past ``kv_lengths`` are zeroed *before* quantisation: the per-head scale is the head's
+  amax, and a padded position holding the dtype's maximum or NaN would otherwise set the
+  scale of every valid row (or make it NaN). Masked keys are also masked in the kernel.
+- **Lengths that are not tile multiples.** ``q_len`` is zero-padded to a multiple of 64
+  and ``kv_len`` to one of 128; the padded keys are masked through the kernel's
+  ``kv_lengths`` (the true ``kv_len`` when none was given), the padded rows sliced off.
+- **Rows that see no key** (``row_has_key``) come out as zeros.
+
+Capability: bf16/f16 at head_dim 128, GQA, causal (top-left, any ``q_len``/``kv_len``,
+with lengths), native on Hopper only: a CPU host is refused (tests run
+``kernels.fp8_attention`` itself in JAX's GPU interpret mode). Untiled (64 x 128 tiles,
+2 pipeline slots). ``auto`` never picks it: an FP8 kernel trades accuracy for speed, which
+a registration judges (the gate's thresholds), not an order.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from kernels.contract import AttentionSpec, row_has_key, zero_padding
+from kernels.fp8_attention import BLOCK_KV, BLOCK_Q, HEAD_DIMS, KERNEL_NAME, fp8_attention
+from kernels.kernel import Capability, Kernel, round_up
+
+_GPU_PLATFORMS = ("gpu", "cuda")
+
+
+def fp8_contract_attention(q, k, v, *, causal, scale, q_lengths, kv_lengths, config=None,
+                           interpret: bool = False):
+    """The contract's call on the e4m3 kernel.
+
+    Args:
+        q: ``[batch, q_len, num_heads, 128]`` bf16/f16.
+        k, v: ``[batch, kv_len, num_kv_heads, 128]``, q's dtype.
+        causal: top-left causal mask.
+        scale: the logit scale (a Python float).
+        q_lengths, kv_lengths: int32 ``[batch]`` or None.
+        config: ignored (untiled).
+        interpret: JAX's GPU interpret mode (CPU tests).
+
+    Returns:
+        ``[batch, q_len, num_heads, 128]`` in q's dtype; rows that see no key are 0.
+
+    Raises:
+        TypeError, ValueError: as ``kernels.fp8_attention.check_fp8_shapes`` after
+            padding (a dtype or head_dim it does not serve, a bad GQA grouping).
+    """
+    del config
+    batch, q_len, _, _ = q.shape
+    kv_len = k.shape[1]
+    q = zero_padding(q, q_lengths)
+    k, v = zero_padding(k, kv_lengths), zero_padding(v, kv_lengths)
+    q_pad, kv_pad = round_up(q_len, BLOCK_Q), round_up(kv_len, BLOCK_KV)
+    if q_pad != q_len:
+        q = jnp.pad(q, ((0, 0), (0, q_pad - q_len), (0, 0), (0, 0)))
+    if kv_pad != kv_len:
+        widths = ((0, 0), (0, kv_pad - kv_len), (0, 0), (0, 0))
+        k, v = jnp.pad(k, widths), jnp.pad(v, widths)
+    lengths = kv_lengths
+    if lengths is None and kv_pad != kv_len:
+        lengths = jnp.full((batch,), kv_len, jnp.int32)
+    out = fp8_attention(q, k, v, causal=bool(causal), kv_lengths=lengths,
+                        sm_scale=float(scale), interpret=interpret)[:, :q_len]
+    if q_lengths is None and kv_lengths is None:
+        return out
+    rows = row_has_key(q_len, q_lengths=q_lengths, kv_lengths=kv_lengths)
+    return jnp.where(rows, out, jnp.zeros((), out.dtype)).astype(q.dtype)
+
+
+fp8_contract_attention = jax.named_call(fp8_contract_attention, name=KERNEL_NAME)
+
+
+class PallasMosaicGpuFp8Kernel(Kernel):
+    """The registry's ``pallas_mosaic_gpu_fp8``: flash attention with both products on
+    Hopper's e4m3 ``wgmma`` (``kernels.fp8_attention``); bf16/f16 at head_dim 128;
+    native on sm_90 only; untiled; not in ``auto``'s order."""
+
+    name = "pallas_mosaic_gpu_fp8"
+    description = "flash attention with Q K^T and P V on e4m3 wgmma (Pallas/Mosaic GPU, Hopper)"
+    native_platforms = ("gpu",)
+    capability = Capability(dtypes=("bfloat16", "float16"), max_head_dim=max(HEAD_DIMS),
+                            head_dim_multiple=max(HEAD_DIMS))
+    forward = staticmethod(fp8_contract_attention)
+    trace_name = KERNEL_NAME
+    ours = True
+
+    def check_supported(self, spec: AttentionSpec, backend: str, config=None) -> None:
+        """Raise when it cannot run ``spec`` on ``backend``.
+
+        Raises:
+            ValueError: block sizes were given (it does not tile).
+            NotImplementedError: a dtype other than bf16/f16 or head_dim other than 128
+                (e4m3 rows of one 128-byte swizzle group); a backend other than an
+                NVIDIA GPU; a GPU that is not Hopper (sm_90: e4m3 ``wgmma``).
+        """
+        self.config_from(config)
+        why = self.capability.refusal(spec.dtype, spec.head_dim)
+        if why is not None:
+            raise NotImplementedError(f"{self.name} {why} (e4m3 rows of one 128-byte "
+                                      "swizzle group: head_dim 128, bf16/f16 inputs)")
+        if backend not in _GPU_PLATFORMS:
+            raise NotImplementedError(
+                f"{self.name} is native to NVIDIA Hopper GPUs (e4m3 wgmma) and has no CPU "
+                f"mode; backend {backend!r}")
+        if jax.default_backend() in _GPU_PLATFORMS:
+            found = getattr(jax.devices()[0], "compute_capability", None)
+            if found is not None and not str(found).startswith("9."):
+                raise NotImplementedError(f"{self.name} needs an sm_90 (Hopper) GPU for e4m3 "
+                                          f"wgmma; this device has compute capability {found}")
