@@ -128,8 +128,9 @@ def accuracy(case, rng, interpret: bool) -> dict:
     if not interpret:
         from kernels.pallas_mosaic_gpu import pallas_mosaic_gpu_attention
 
-        ours = np.asarray(pallas_mosaic_gpu_attention(q, k, v, causal=causal,
-                                                      kv_lengths=lengths), np.float64)
+        ours = np.asarray(pallas_mosaic_gpu_attention(
+            q, k, v, causal=causal, scale=128 ** -0.5, q_lengths=None, kv_lengths=lengths),
+            np.float64)
         row["bf16_vs_float64"] = float(np.abs(ours - exact).max() / top)
     row["ok"] = row["finite"] and row["vs_emulation_rms"] <= EMULATION_BOUND
     return row
@@ -142,7 +143,8 @@ def rates(rng) -> list[dict]:
     peers = {"fp8": lambda q, k, v, c: fp8.fp8_attention(q, k, v, causal=c)}
     from kernels.pallas_mosaic_gpu import pallas_mosaic_gpu_attention
 
-    peers["pallas_mosaic_gpu"] = lambda q, k, v, c: pallas_mosaic_gpu_attention(q, k, v, causal=c)
+    peers["pallas_mosaic_gpu"] = lambda q, k, v, c: pallas_mosaic_gpu_attention(
+        q, k, v, causal=c, scale=128 ** -0.5, q_lengths=None, kv_lengths=None)
     peers["cudnn"] = lambda q, k, v, c: jax.nn.dot_product_attention(
         q, k, v, is_causal=c, implementation="cudnn")
     try:
