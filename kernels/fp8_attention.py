@@ -8,8 +8,9 @@ on e4m3 tensor cores with float32 accumulators; the softmax stays float32.
 Data path, per call:
 
 - **Quantisation (XLA, before the kernel).** Q, K and V (bf16 or f16, ``(B, S, H, D)``)
-  get one float32 scale per (batch, head): ``scale = amax / 448`` (448: e4m3's largest
-  finite value; 1 for an all-zero head) and are stored as e4m3 ``x / scale``, head-major.
+  are stored as e4m3 ``x / amax · 448`` per (batch, head) (448: e4m3's largest finite
+  value; ``amax`` the head's largest ``|x|``, 1 for an all-zero head), head-major; the
+  division by ``amax`` comes first, so no scale can flush to zero for a small head.
   V is stored transposed, ``(D, S_kv)`` per head: 8-bit ``wgmma`` takes no transposed
   operand, so both operands must be K-major in shared memory, and for ``P V`` the
   contraction runs over the keys (``kernels.fp8_probe`` has the instruction's limits).
@@ -18,12 +19,15 @@ Data path, per call:
   its query tile is loaded once by TMA, the key and transposed value tiles stream through
   ``plgpu.emit_pipeline`` (``stages`` slots). Per key block: ``S`` on e4m3 ``wgmma``, the
   online softmax in float32 registers with ``m`` in raw units of ``S`` and ``p = exp2((s -
-  m) * c)``, ``c = sm_scale · log2 e · scale_q · scale_k`` (the subtraction before the
+  m) * c)``, ``c = sm_scale · log2 e · amax_q · amax_k / 448²`` (the subtraction before the
   multiplication: no FMA can lose the largest logit, see
-  ``kernels.mosaic_variants.softmax_block``), then ``P · 256`` rounded to e4m3 into
-  shared memory (256, a power of two: exact to undo; ``p <= 1`` so at most 256 < 448) and
-  ``O += P Vᵀᵀ`` on e4m3 ``wgmma``. The row sum ``l`` adds the float32 ``p`` before
-  rounding. At the end ``O · scale_v / (256 · l)``, in the input dtype.
+  ``kernels.mosaic_variants.softmax_block``; ``c`` is clipped to float32's range, and
+  where it underflows to 0 every visible key gets ``p = 1``, the limit), then ``P · 256``
+  rounded to e4m3 into shared memory (256, a power of two: exact to undo; ``p <= 1`` so
+  at most 256 < 448) and ``O += P Vᵀᵀ`` on e4m3 ``wgmma``. The row sum ``l`` adds the
+  float32 ``p`` before rounding. At the end ``O / (l · 448 · 256)``, clipped to [-1, 1]
+  (the rounded weights may sum to 1 ± 2⁻⁴, and attention's output lies within V's range),
+  times ``amax_v``, in the input dtype.
 - **Masks.** ``causal`` is top-left (``col <= row``) and ``kv_lengths`` masks keys at or
   past each batch row's length; both cut the key blocks streamed (the pipeline's grid is
   dynamic) and set masked logits to ``-inf``. A row that sees no key returns zeros (its
@@ -102,14 +106,23 @@ def check_fp8_shapes(q_shape, k_shape, v_shape, dtype, block_q: int = BLOCK_Q,
 
 
 def quantize_per_head(x: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """``(x_e4m3, scale)`` for ``x`` of shape ``(B, S, H, D)``: head-major ``(B·H, S, D)``
-    e4m3 holding ``x / scale`` and ``scale`` ``(B·H,)`` float32, ``amax / 448`` per
-    (batch, head) (1 where a head is all zero). Raises nothing of its own."""
+    """``(x_e4m3, amax)`` for ``x`` of shape ``(B, S, H, D)``: head-major ``(B·H, S, D)``
+    e4m3 holding ``x · 448 / amax`` (so ``x ≈ x_e4m3 · amax / 448``) and ``amax`` ``(B·H,)``
+    float32, the largest ``|x|`` per (batch, head) (1 where a head is all zero).
+
+    ``x / amax`` is taken as ``ldexp(x, -e) / mantissa`` (``amax = mantissa · 2^e``,
+    ``jnp.frexp``): XLA turns a division by a broadcast value into a multiplication by its
+    reciprocal, and ``1 / amax`` flushes to zero (XLA flushes subnormals) for ``amax``
+    above about 8.5e37 (bf16's top: every element became 0), as a scale ``amax / 448``
+    does below about 5e-36 (every element ``x / 0``). The exponent shift is exact and
+    the mantissa's reciprocal lies in (1, 2]. Raises nothing of its own."""
     b, s, h, d = x.shape
     xf = jnp.transpose(x.astype(jnp.float32), (0, 2, 1, 3)).reshape(b * h, s, d)
     amax = jnp.max(jnp.abs(xf), axis=(1, 2))
-    scale = jnp.where(amax > 0, amax / jnp.float32(E4M3_MAX), jnp.float32(1.0))
-    return (xf / scale[:, None, None]).astype(E4M3), scale
+    amax = jnp.where(amax > 0, amax, jnp.float32(1.0))
+    mantissa, exponent = jnp.frexp(amax)
+    unit = jnp.ldexp(xf, -exponent[:, None, None]) / mantissa[:, None, None]
+    return (unit * jnp.float32(E4M3_MAX)).astype(E4M3), amax
 
 
 def _build(*, batch: int, heads: int, kv_heads: int, q_len: int, kv_len: int, d: int,
@@ -147,7 +160,7 @@ def _build(*, batch: int, heads: int, kv_heads: int, q_len: int, kv_len: int, d:
     def kernel(*refs):
         if has_lengths:
             kv_len_ref, *refs = refs
-        q_ref, k_ref, vt_ref, c_ref, ov_ref, o_ref, q_smem, p_smem, o_smem, q_bar = refs
+        q_ref, k_ref, vt_ref, c_ref, vmax_ref, o_ref, q_smem, p_smem, o_smem, q_bar = refs
         qb, bh = lax.axis_index("qb"), lax.axis_index("bh")
         b = lax.div(bh, jnp.int32(heads))
         kvh = b * kv_heads + lax.div(lax.rem(bh, jnp.int32(heads)), jnp.int32(group))
@@ -176,7 +189,9 @@ def _build(*, batch: int, heads: int, kv_heads: int, q_len: int, kv_len: int, d:
                 s = jnp.where(visible, s, -jnp.inf)
             m_new = jnp.maximum(m_i, s.max(axis=1))
             m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new)  # a row with no key yet
-            alpha = jnp.exp2((m_i - m_use) * c)
+            # the first block's rescale is 0 whatever c (c may be 0: logits that
+            # underflow float32, where -inf * 0 would be NaN)
+            alpha = jnp.where(m_i == -jnp.inf, 0.0, jnp.exp2((m_i - m_use) * c))
             p = jnp.exp2((s - lax.broadcast_in_dim(m_use, s.shape, [0])) * c)
             l_i = l_i * alpha + p.sum(axis=1)
             acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
@@ -195,8 +210,16 @@ def _build(*, batch: int, heads: int, kv_heads: int, q_len: int, kv_len: int, d:
                       plgpu.BlockSpec((d, block_kv), lambda ki: (0, ki), transforms=tiles8)],
             max_concurrent_steps=stages, init_carry=init)
         acc, _, l_i = pipeline(k_ref.at[kvh], vt_ref.at[kvh])
-        inv_l = jnp.where(l_i > 0.0, ov_ref[bh] / jnp.where(l_i > 0.0, l_i, 1.0), 0.0)
-        o_smem[...] = (acc * lax.broadcast_in_dim(inv_l, acc.shape, [0])).astype(out_dtype)
+        # acc / l is in units of V's e4m3 values times P_SCALE: bring it to [-1, 1]
+        # first, then times V's amax (a scale amax / (448 · 256) would flush to zero for
+        # small heads). The clip keeps the output inside V's range, as attention's is:
+        # l sums the unrounded p while acc took p rounded to e4m3, so the weights may sum
+        # to 1 ± 2^-4 and a V near the dtype's maximum would otherwise overflow to inf.
+        inv_l = jnp.where(l_i > 0.0, 1.0 / jnp.where(l_i > 0.0, l_i, 1.0), 0.0)
+        unit = acc * lax.broadcast_in_dim(inv_l * (1.0 / (E4M3_MAX * P_SCALE)), acc.shape, [0])
+        vmax = vmax_ref[bh]
+        out = jnp.minimum(jnp.maximum(unit, -1.0), 1.0) * vmax
+        o_smem[...] = out.astype(out_dtype)
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(o_smem, o_ref.at[bh, pl.ds(row0, block_q)])
         plgpu.wait_smem_to_gmem(0)
@@ -231,8 +254,9 @@ def fp8_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool = Fa
         q: ``(B, Lq, H, D)`` bfloat16 or float16.
         k, v: ``(B, Lk, Hkv, D)``, same dtype; ``H`` a multiple of ``Hkv`` (GQA).
         causal: top-left causal mask (``col <= row``).
-        kv_lengths: optional ``(B,)`` int32, keys at or past it masked.
-        sm_scale: default ``1 / sqrt(D)``.
+        kv_lengths: optional ``(B,)`` int32, keys at or past it masked (clipped to
+            ``[0, Lk]``).
+        sm_scale: default ``1 / sqrt(D)``; finite and positive.
         stages: shared-memory slots of the key/value pipeline.
         interpret: run in JAX's GPU interpret mode (CPU tests).
 
@@ -240,26 +264,33 @@ def fp8_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool = Fa
         ``(B, Lq, H, D)`` in the inputs' dtype.
 
     Raises:
-        TypeError, ValueError: as :func:`check_fp8_shapes`.
+        TypeError, ValueError: as :func:`check_fp8_shapes`; ``sm_scale`` not finite and
+            positive.
     """
     check_fp8_shapes(q.shape, k.shape, v.shape, q.dtype)
     batch, q_len, heads, d = q.shape
     kv_len, kv_heads = k.shape[1], k.shape[2]
     sm = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
-    q8, sq = quantize_per_head(q)
-    k8, sk = quantize_per_head(k)
-    v8, sv = quantize_per_head(v)
+    if not (math.isfinite(sm) and sm > 0):
+        raise ValueError(f"sm_scale must be a finite positive float, got {sm_scale}")
+    q8, amax_q = quantize_per_head(q)
+    k8, amax_k = quantize_per_head(k)
+    v8, amax_v = quantize_per_head(v)
     vt8 = jnp.swapaxes(v8, 1, 2)  # (B·Hkv, D, Lk): K-major for P V
     group = heads // kv_heads
     kv_of_q = (jnp.arange(batch * heads) // heads) * kv_heads + (jnp.arange(batch * heads)
                                                                  % heads) // group
-    c = sq * sk[kv_of_q] * jnp.float32(sm * math.log2(math.e))
-    out_scale = sv[kv_of_q] / jnp.float32(P_SCALE)
+    # logits in raw e4m3 units times c are the true logits in log2 units. Kept finite:
+    # where q and k are so large that the true logits pass float32, the largest logit
+    # still gets p = 1 and the others 0 (attention's limit); where c underflows to 0,
+    # every visible key gets p = 1 (the limit of logits that vanish).
+    c = amax_q * amax_k[kv_of_q] * jnp.float32(sm * math.log2(math.e) / E4M3_MAX ** 2)
+    c = jnp.minimum(c, jnp.finfo(jnp.float32).max)
     call = _build(batch=batch, heads=heads, kv_heads=kv_heads, q_len=q_len, kv_len=kv_len,
                   d=d, causal=causal, has_lengths=kv_lengths is not None, out_dtype=q.dtype,
                   block_q=BLOCK_Q, block_kv=BLOCK_KV, stages=stages, interpret=interpret)
-    operands = [q8, k8, vt8, c, out_scale]
-    if kv_lengths is not None:
-        operands.insert(0, jnp.asarray(kv_lengths, jnp.int32))
+    operands = [q8, k8, vt8, c, amax_v[kv_of_q]]
+    if kv_lengths is not None:  # past kv_len would stream blocks past the keys' end
+        operands.insert(0, jnp.clip(jnp.asarray(kv_lengths, jnp.int32), 0, kv_len))
     out = call(*operands)
     return jnp.transpose(out.reshape(batch, heads, q_len, d), (0, 2, 1, 3))

@@ -166,3 +166,83 @@ def test_the_registered_kernel_refuses_a_cpu_host_and_what_it_cannot_serve():
         kernel.check_supported(f32, "gpu")
     with pytest.raises(ValueError, match="no block sizes"):
         kernel.check_supported(ok, "gpu", {"block_q": 64})
+
+
+# ------------------------------------------------------------ magnitudes and scales
+
+@pytest.mark.parametrize("dtype", ("float16", "bfloat16"))
+def test_values_at_the_dtypes_maximum_stay_finite_and_inside_vs_range(dtype):
+    """A constant V at the dtype's maximum comes out finite, at most that maximum and
+    within e4m3's 2⁻⁴ of it; random V near it stays inside its range. Before the output
+    was clipped to V's range, the weights summing to 1 ± 2⁻⁴ (l adds the unrounded p)
+    turned 41 % of such f16 outputs into inf."""
+    rng = _rng()
+    q, k, _ = _inputs(rng, 1, 128, 128, 2, 2)
+    q, k = q.astype(dtype), k.astype(dtype)
+    top = float(jnp.finfo(jnp.dtype(dtype)).max)
+    v = jnp.full((1, 128, 2, 128), top, dtype)
+    out = np.asarray(fp8.fp8_attention(q, k, v, interpret=True), np.float64)
+    assert np.isfinite(out).all() and out.max() <= top
+    assert np.abs(out - top).max() <= 2 ** -4 * top
+    v = jnp.asarray(top * rng.uniform(-1, 1, (1, 128, 2, 128)), dtype)
+    out = np.asarray(fp8.fp8_attention(q, k, v, interpret=True), np.float64)
+    assert np.isfinite(out).all()
+    assert np.abs(out).max() <= np.abs(np.asarray(v, np.float64)).max()
+
+
+@pytest.mark.parametrize("q_scale, v_scale", [(1e-17, 1.0), (1.0, 3.9e-35), (1.0, 3.9e-36)])
+def test_small_heads_neither_vanish_nor_turn_nan(q_scale, v_scale):
+    """Normal bf16 values whose per-head scales would flush to zero in float32 (XLA
+    flushes subnormals): logits that underflow give uniform attention (finite, near
+    exact), a V head of amax 4e-35 or 4e-36 is reproduced, not zeroed or NaN."""
+    rng = _rng()
+    q, k, v = _inputs(rng, 1, 128, 256, 2, 2)
+    q = (q.astype(jnp.float32) * q_scale).astype(jnp.bfloat16)
+    k = (k.astype(jnp.float32) * q_scale).astype(jnp.bfloat16)
+    v = (v.astype(jnp.float32) * v_scale).astype(jnp.bfloat16)
+    out = np.asarray(fp8.fp8_attention(q, k, v, interpret=True), np.float64)
+    exact = run.reference(q, k, v, False, None, emulate=False)
+    assert np.isfinite(out).all()
+    assert _rms(out - exact) <= EXACT_RMS_BOUND * _rms(exact)
+
+
+def test_a_non_default_scale_is_applied_and_a_bad_one_refused():
+    """scale 0.5 (four times sharper than 1/sqrt(128) ~ 0.088) against the emulation at
+    the same scale; the default's emulation differs from it by far more than the bound,
+    so a kernel that ignored the scale would fail."""
+    rng = _rng()
+    q, k, v = _inputs(rng, 1, 128, 256, 2, 2)
+    out = np.asarray(fp8.fp8_attention(q, k, v, sm_scale=0.5, interpret=True), np.float64)
+    emulated = run.reference(q, k, v, False, None, emulate=True, scale=0.5)
+    default = run.reference(q, k, v, False, None, emulate=True)
+    assert _rms(out - emulated) <= run.EMULATION_BOUND * _rms(emulated)
+    assert _rms(default - emulated) > 10 * run.EMULATION_BOUND * _rms(emulated)
+    for bad in (0.0, -0.05, float("inf")):
+        with pytest.raises(ValueError, match="sm_scale must be a finite positive"):
+            fp8.fp8_attention(q, k, v, sm_scale=bad, interpret=True)
+
+
+def test_lengths_past_the_keys_are_clipped_to_them():
+    """kv_lengths 400 on 256 keys reads no block past the keys' end (the interpreter
+    raises IndexError on one) and equals the call without lengths."""
+    rng = _rng()
+    q, k, v = _inputs(rng, 2, 128, 256, 2, 2)
+    clipped = fp8.fp8_attention(q, k, v, kv_lengths=jnp.array([400, 256], jnp.int32),
+                                interpret=True)
+    whole = fp8.fp8_attention(q, k, v, interpret=True)
+    np.testing.assert_array_equal(np.asarray(clipped), np.asarray(whole))
+
+
+@pytest.mark.parametrize("q_len, kv_len", [(100, 200), (200, 100)])
+def test_causal_with_unequal_lengths_in_float16_through_the_contract(q_len, kv_len):
+    """Top-left causal with q_len != kv_len (both ways), odd lengths padded inside, f16."""
+    from kernels.pallas_mosaic_gpu_fp8 import fp8_contract_attention
+
+    rng = _rng()
+    q, k, v = (x.astype(jnp.float16) for x in _inputs(rng, 1, q_len, kv_len, 2, 1))
+    out = np.asarray(fp8_contract_attention(q, k, v, causal=True, scale=128 ** -0.5,
+                                            q_lengths=None, kv_lengths=None,
+                                            interpret=True), np.float64)
+    exact = run.reference(q, k, v, True, None, emulate=False)
+    assert np.isfinite(out).all()
+    assert _rms(out - exact) <= EXACT_RMS_BOUND * _rms(exact)
