@@ -21,8 +21,8 @@ Data path, per call:
   online softmax in float32 registers with ``m`` in raw units of ``S`` and ``p = exp2((s -
   m) * c)``, ``c = sm_scale · log2 e · amax_q · amax_k / 448²`` (the subtraction before the
   multiplication: no FMA can lose the largest logit, see
-  ``kernels.mosaic_variants.softmax_block``; ``c`` is clipped to float32's range, and
-  where it underflows to 0 every visible key gets ``p = 1``, the limit), then ``P · 256``
+  ``kernels.mosaic_variants.softmax_block``; ``c`` is clipped to float32's normal range,
+  and where it would underflow every visible key gets ``p = 1``, the limit), then ``P · 256``
   rounded to e4m3 into shared memory (256, a power of two: exact to undo; ``p <= 1`` so
   at most 256 < 448) and ``O += P Vᵀᵀ`` on e4m3 ``wgmma``. The row sum ``l`` adds the
   float32 ``p`` before rounding. At the end ``O / (l · 448 · 256)``, clipped to [-1, 1]
@@ -283,9 +283,10 @@ def fp8_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool = Fa
     # logits in raw e4m3 units times c are the true logits in log2 units. Kept finite:
     # where q and k are so large that the true logits pass float32, the largest logit
     # still gets p = 1 and the others 0 (attention's limit); where c underflows to 0,
-    # every visible key gets p = 1 (the limit of logits that vanish).
+    # every visible key gets p = 1 (the limit of logits that vanish). The floor is the
+    # smallest normal float32, not 0: a masked logit (-inf) times 0 would be NaN.
     c = amax_q * amax_k[kv_of_q] * jnp.float32(sm * math.log2(math.e) / E4M3_MAX ** 2)
-    c = jnp.minimum(c, jnp.finfo(jnp.float32).max)
+    c = jnp.clip(c, jnp.finfo(jnp.float32).tiny, jnp.finfo(jnp.float32).max)
     call = _build(batch=batch, heads=heads, kv_heads=kv_heads, q_len=q_len, kv_len=kv_len,
                   d=d, causal=causal, has_lengths=kv_lengths is not None, out_dtype=q.dtype,
                   block_q=BLOCK_Q, block_kv=BLOCK_KV, stages=stages, interpret=interpret)

@@ -190,18 +190,20 @@ def test_values_at_the_dtypes_maximum_stay_finite_and_inside_vs_range(dtype):
     assert np.abs(out).max() <= np.abs(np.asarray(v, np.float64)).max()
 
 
-@pytest.mark.parametrize("q_scale, v_scale", [(1e-17, 1.0), (1.0, 3.9e-35), (1.0, 3.9e-36)])
-def test_small_heads_neither_vanish_nor_turn_nan(q_scale, v_scale):
+@pytest.mark.parametrize("q_scale, v_scale, causal", [
+    (1e-17, 1.0, False), (1e-17, 1.0, True), (1.0, 3.9e-35, False), (1.0, 3.9e-36, False)])
+def test_small_heads_neither_vanish_nor_turn_nan(q_scale, v_scale, causal):
     """Normal bf16 values whose per-head scales would flush to zero in float32 (XLA
     flushes subnormals): logits that underflow give uniform attention (finite, near
-    exact), a V head of amax 4e-35 or 4e-36 is reproduced, not zeroed or NaN."""
+    exact, masked keys included: -inf times a logit scale of 0 would be NaN), a V head of
+    amax 4e-35 or 4e-36 is reproduced, not zeroed or NaN."""
     rng = _rng()
     q, k, v = _inputs(rng, 1, 128, 256, 2, 2)
     q = (q.astype(jnp.float32) * q_scale).astype(jnp.bfloat16)
     k = (k.astype(jnp.float32) * q_scale).astype(jnp.bfloat16)
     v = (v.astype(jnp.float32) * v_scale).astype(jnp.bfloat16)
-    out = np.asarray(fp8.fp8_attention(q, k, v, interpret=True), np.float64)
-    exact = run.reference(q, k, v, False, None, emulate=False)
+    out = np.asarray(fp8.fp8_attention(q, k, v, causal=causal, interpret=True), np.float64)
+    exact = run.reference(q, k, v, causal, None, emulate=False)
     assert np.isfinite(out).all()
     assert _rms(out - exact) <= EXACT_RMS_BOUND * _rms(exact)
 
