@@ -248,3 +248,27 @@ def test_causal_with_unequal_lengths_in_float16_through_the_contract(q_len, kv_l
     exact = run.reference(q, k, v, True, None, emulate=False)
     assert np.isfinite(out).all()
     assert _rms(out - exact) <= EXACT_RMS_BOUND * _rms(exact)
+
+
+def _quantiser_error_ok(x, x8, amax) -> bool:
+    """Each dequantised element within half an e4m3 step of its input: 2⁻⁴ of it where
+    normal, 2⁻¹⁰ of the head's scale (amax / 448) in e4m3's subnormal range."""
+    b, seq, h, d = x.shape
+    exact = np.transpose(np.asarray(jnp.asarray(x, jnp.float32), np.float64),
+                         (0, 2, 1, 3)).reshape(b * h, seq, d)
+    scale = np.asarray(amax, np.float64)[:, None, None] / fp8.E4M3_MAX
+    back = np.asarray(x8.astype(jnp.float32), np.float64) * scale
+    bound = np.maximum(2.0 ** -4 * np.abs(exact), 2.0 ** -10 * scale) * (1 + 1e-6)
+    return bool(np.all(np.abs(back - exact) <= bound))
+
+
+@pytest.mark.parametrize("magnitude", (1.0, 3e38, 1e-30))
+def test_the_quantiser_rounds_each_element_to_a_nearest_e4m3_step(magnitude):
+    """The quantiser the kernel and the emulation share, against exact rounding, at
+    ordinary magnitudes and at bf16's extremes; and the check fails on a planted fault
+    (a scale one e4m3 step off)."""
+    rng = _rng()
+    x = jnp.asarray(magnitude * rng.uniform(-1, 1, (2, 64, 3, 128)), jnp.bfloat16)
+    x8, amax = fp8.quantize_per_head(x)
+    assert _quantiser_error_ok(x, x8, amax)
+    assert not _quantiser_error_ok(x, x8, amax * 1.125)
