@@ -40,8 +40,8 @@ accumulates with about 14 bits (measured, ``kernels.fp8_probe``). It is not mean
 the bf16 kernels' tolerance; the gate's registered FP8 criteria decide whether it is good
 enough.
 
-Limits (:func:`check_fp8_shapes`): bf16/f16 inputs; head_dim 128 (one 128-byte swizzle
-group of e4m3 per row; FA3's FP8 peer is head_dim 128 too); ``q_len`` a multiple of 64
+Limits (:func:`check_fp8_shapes`): bf16/f16 inputs; head_dim 128 or 256 (e4m3 rows of one
+or two 128-byte swizzle groups; FA3's FP8 peer is head_dim 128 too); ``q_len`` a multiple of 64
 and ``kv_len`` of 128 (no padding here: a caller pads or the kernel class refuses); a
 Hopper GPU (sm_90). JAX's GPU interpret mode runs it on a CPU for tests, with the two
 ``wgmma`` replaced by ``lax.dot_general`` on the e4m3 shared-memory tiles (its ``wgmma``
@@ -67,8 +67,9 @@ E4M3_MAX = 448.0
 P_SCALE = 256.0
 """``P`` is stored as ``p · P_SCALE`` in e4m3: a power of two (exact to undo) under 448,
 so ``p = 1`` keeps 3 significand bits and ``p`` down to 2⁻¹⁴ stays normal."""
-HEAD_DIMS = (128,)
-"""head_dims served: one 128-byte swizzle group of e4m3 per row."""
+HEAD_DIMS = (128, 256)
+"""head_dims served: e4m3 rows of whole 128-byte swizzle groups (one or two); a caller
+pads smaller head_dims with zero columns (``kernels.pallas_mosaic_gpu_fp8``)."""
 BLOCK_Q = 64
 BLOCK_KV = 128
 SWIZZLE = 128

@@ -39,9 +39,9 @@ def _rms(x) -> float:
     return float(np.sqrt(np.mean(np.square(x))))
 
 
-def _inputs(rng, b, lq, lk, h, hk, scale=1.0):
+def _inputs(rng, b, lq, lk, h, hk, scale=1.0, d=128):
     return tuple(jnp.asarray(scale * rng.standard_normal(s), jnp.bfloat16)
-                 for s in ((b, lq, h, 128), (b, lk, hk, 128), (b, lk, hk, 128)))
+                 for s in ((b, lq, h, d), (b, lk, hk, d), (b, lk, hk, d)))
 
 
 @pytest.mark.parametrize("b, lq, lk, h, hk, causal, kv_len", [
@@ -101,8 +101,35 @@ def test_lowers_for_cuda_to_e4m3_wgmma_with_float32_accumulation(monkeypatch):
     assert set(instructions) == {"wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3"}
 
 
+def test_head_dim_256_matches_its_float64_emulation_and_stays_near_exact_attention():
+    """Two 128-byte swizzle groups per e4m3 row: ``Q Kᵀ`` contracts over both, ``P V``
+    writes 256 output columns. Causal and GQA, so masks and mapping are exercised too."""
+    rng = _rng()
+    q, k, v = _inputs(rng, 1, 128, 256, 4, 2, d=256)
+    out = np.asarray(fp8.fp8_attention(q, k, v, causal=True, interpret=True), np.float64)
+    emulated = run.reference(q, k, v, True, None, emulate=True)
+    exact = run.reference(q, k, v, True, None, emulate=False)
+    assert out.shape == (1, 128, 4, 256)
+    assert _rms(out - emulated) <= run.EMULATION_BOUND * _rms(emulated)
+    assert _rms(out - exact) <= EXACT_RMS_BOUND * _rms(exact)
+
+
+def test_head_dim_256_lowers_to_wider_e4m3_wgmma(monkeypatch):
+    """Per key block: ``Q Kᵀ`` over 256 columns is 8 k32 steps of n128; ``P V`` over 128
+    keys is 4 k32 steps of n256 (the whole head_dim as the instruction's N)."""
+    q = jax.ShapeDtypeStruct((1, 512, 2, 256), jnp.bfloat16)
+    kv = jax.ShapeDtypeStruct((1, 512, 2, 256), jnp.bfloat16)
+    _, module = mosaic_module_text(monkeypatch, lambda q, k, v: fp8.fp8_attention(q, k, v),
+                                   q, kv, kv)
+    instructions = re.findall(r"wgmma\.mma_async\S*", module)
+    assert instructions.count("wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3") == 8
+    assert instructions.count("wgmma.mma_async.sync.aligned.m64n256k32.f32.e4m3.e4m3") == 4
+    assert len(instructions) == 12
+
+
 @pytest.mark.parametrize("shape_q, shape_kv, dtype, error, named", [
     ((1, 128, 2, 64), (1, 128, 2, 64), jnp.bfloat16, ValueError, "head_dim in"),
+    ((1, 128, 2, 192), (1, 128, 2, 192), jnp.bfloat16, ValueError, "head_dim in"),
     ((1, 100, 2, 128), (1, 128, 2, 128), jnp.bfloat16, ValueError, "q_len 100"),
     ((1, 128, 2, 128), (1, 200, 2, 128), jnp.bfloat16, ValueError, "kv_len 200"),
     ((1, 128, 3, 128), (1, 128, 2, 128), jnp.bfloat16, ValueError, "multiple of num_kv_heads"),
@@ -145,6 +172,29 @@ def test_the_contract_adapter_pads_masks_and_keeps_poisoned_padding_out_of_the_s
         assert _rms(got - exact) <= EXACT_RMS_BOUND * _rms(exact), b
 
 
+@pytest.mark.parametrize("d, causal", [(32, False), (64, True), (200, False)])
+def test_the_contract_adapter_pads_head_dim_with_zero_columns(d, causal):
+    """MiniLM's 32, the long profiles' 64 and an odd 200 on the kernel's 128 and 256: the
+    output has the true head_dim, matches the emulation of the zero-padded inputs at the
+    true scale, and stays near exact attention. A wrong scale (the padded head_dim's),
+    columns not zero or sliced wrong give O(1) errors."""
+    from kernels.pallas_mosaic_gpu_fp8 import fp8_contract_attention
+
+    rng = _rng()
+    q, k, v = _inputs(rng, 1, 128, 256, 2, 2, d=d)
+    scale = d ** -0.5
+    out = np.asarray(fp8_contract_attention(q, k, v, causal=causal, scale=scale,
+                                            q_lengths=None, kv_lengths=None,
+                                            interpret=True), np.float64)
+    assert out.shape == (1, 128, 2, d)
+    wide = 128 if d <= 128 else 256
+    padded = [jnp.pad(x, ((0, 0), (0, 0), (0, 0), (0, wide - d))) for x in (q, k, v)]
+    emulated = run.reference(*padded, causal, None, emulate=True, scale=scale)[..., :d]
+    exact = run.reference(q, k, v, causal, None, emulate=False, scale=scale)
+    assert _rms(out - emulated) <= run.EMULATION_BOUND * _rms(emulated)
+    assert _rms(out - exact) <= EXACT_RMS_BOUND * _rms(exact)
+
+
 def test_the_registered_kernel_refuses_a_cpu_host_and_what_it_cannot_serve():
     from kernels.contract import validate
     from kernels.registry import IMPLEMENTATIONS
@@ -156,10 +206,14 @@ def test_the_registered_kernel_refuses_a_cpu_host_and_what_it_cannot_serve():
     with pytest.raises(NotImplementedError, match="no CPU mode"):
         kernel.check_supported(ok, "cpu")
     kernel.check_supported(ok, "gpu")  # what it serves, where it is native
-    d64, _, _ = validate(*(jax.ShapeDtypeStruct((1, 128, 2, 64), jnp.bfloat16),) * 3,
-                         causal=False)
-    with pytest.raises(NotImplementedError, match="head_dim"):
-        kernel.check_supported(d64, "gpu")
+    for served in (32, 64, 200, 256):  # padded to 128 or 256 by the adapter
+        spec, _, _ = validate(*(jax.ShapeDtypeStruct((1, 128, 2, served), jnp.bfloat16),) * 3,
+                              causal=False)
+        kernel.check_supported(spec, "gpu")
+    d320, _, _ = validate(*(jax.ShapeDtypeStruct((1, 128, 2, 320), jnp.bfloat16),) * 3,
+                          causal=False)
+    with pytest.raises(NotImplementedError, match="head_dim <= 256"):
+        kernel.check_supported(d320, "gpu")
     f32, _, _ = validate(*(jax.ShapeDtypeStruct((1, 128, 2, 128), jnp.float32),) * 3,
                          causal=False)
     with pytest.raises(NotImplementedError, match="dtypes"):
