@@ -111,19 +111,27 @@ def quantize_per_head(x: jax.Array) -> tuple[jax.Array, jax.Array]:
     e4m3 holding ``x · 448 / amax`` (so ``x ≈ x_e4m3 · amax / 448``) and ``amax`` ``(B·H,)``
     float32, the largest ``|x|`` per (batch, head) (1 where a head is all zero).
 
-    ``x / amax`` is taken as ``ldexp(x, -e) / mantissa`` (``amax = mantissa · 2^e``,
-    ``jnp.frexp``): XLA turns a division by a broadcast value into a multiplication by its
-    reciprocal, and ``1 / amax`` flushes to zero (XLA flushes subnormals) for ``amax``
-    above about 8.5e37 (bf16's top: every element became 0), as a scale ``amax / 448``
-    does below about 5e-36 (every element ``x / 0``). The exponent shift is exact and
-    the mantissa's reciprocal lies in (1, 2]. Raises nothing of its own."""
+    ``x · 448 / amax`` is taken as ``x · 2^-h · 2^-(e-h) · (448 / mantissa)`` (``amax =
+    mantissa · 2^e``, ``jnp.frexp``, ``h = e // 2``), three multiplications by per-head
+    float32 factors that are all normal: XLA turns a division by a broadcast value into a
+    multiplication by its reciprocal, and ``1 / amax`` flushes to zero (XLA flushes
+    subnormals) for ``amax`` above about 8.5e37 (bf16's top: every element became 0), as a
+    scale ``amax / 448`` does below about 5e-36 (every element ``x / 0``); a single factor
+    ``2^-e`` would be subnormal at ``e > 126``. The powers of two are exact; ``448 /
+    mantissa`` lies in (448, 896]. (An element-wise ``jnp.ldexp`` did the same exactly but
+    lowers to a ``power`` per element, the suspect for the 10-24 % of its TFLOP/s the
+    kernel lost on an H100 after it went in.) Raises nothing of its own."""
     b, s, h, d = x.shape
     xf = jnp.transpose(x.astype(jnp.float32), (0, 2, 1, 3)).reshape(b * h, s, d)
     amax = jnp.max(jnp.abs(xf), axis=(1, 2))
     amax = jnp.where(amax > 0, amax, jnp.float32(1.0))
     mantissa, exponent = jnp.frexp(amax)
-    unit = jnp.ldexp(xf, -exponent[:, None, None]) / mantissa[:, None, None]
-    return (unit * jnp.float32(E4M3_MAX)).astype(E4M3), amax
+    half = exponent // 2
+    one = jnp.float32(1.0)
+    first, second = jnp.ldexp(one, -half), jnp.ldexp(one, half - exponent)
+    unit = (xf * first[:, None, None]) * second[:, None, None]  # x / 2^e, exact
+    scale = jnp.float32(E4M3_MAX) / mantissa
+    return (unit * scale[:, None, None]).astype(E4M3), amax
 
 
 def _build(*, batch: int, heads: int, kv_heads: int, q_len: int, kv_len: int, d: int,
