@@ -7,11 +7,13 @@ shapes are all instances of it.
 
 from __future__ import annotations
 
-from typing import Literal
+import math
+from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
-from pydantic import BaseModel, ConfigDict, PositiveInt, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, PositiveInt, SerializerFunctionWrapHandler,
+                      model_serializer, model_validator)
 
 DType = Literal["float32", "bfloat16", "float16"]
 DTYPES: tuple[DType, ...] = ("float32", "bfloat16", "float16")
@@ -19,7 +21,14 @@ DTYPES: tuple[DType, ...] = ("float32", "bfloat16", "float16")
 
 class AttentionShape(BaseModel):
     """q ``[batch, q_len, num_heads, head_dim]``, k/v ``[batch, kv_len, num_kv_heads,
-    head_dim]`` in ``dtype``, optionally causal (sizes in elements)."""
+    head_dim]`` in ``dtype``, optionally causal (sizes in elements).
+
+    ``kv_fill``: where set, every batch row's keys past ``ceil(kv_fill * kv_len)`` are
+    padding, passed to the kernel as ``kv_lengths`` (:meth:`kv_lengths`): the calls of an
+    encoder serving documents padded to a length bucket, where a kernel that skips padded
+    key blocks does less work than the bare shape says. ``None`` (the default): no lengths,
+    and the field is left out of the model's dump, so records made before it existed keep
+    their canonical JSON and fingerprints. :meth:`flops` counts the padded shape."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -31,6 +40,22 @@ class AttentionShape(BaseModel):
     head_dim: PositiveInt
     dtype: DType = "float32"
     causal: bool = False
+    kv_fill: float | None = Field(None, gt=0, le=1, description="valid share of each row's keys")
+
+    @model_serializer(mode="wrap")
+    def _without_unset_fill(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        dumped = handler(self)
+        if dumped.get("kv_fill", 0) is None:
+            del dumped["kv_fill"]
+        return dumped
+
+    def kv_lengths(self) -> jax.Array | None:
+        """int32 ``[batch]``: ``ceil(kv_fill * kv_len)`` (at least 1) for every row, or
+        ``None`` without a fill."""
+        if self.kv_fill is None:
+            return None
+        valid = max(1, min(self.kv_len, math.ceil(self.kv_fill * self.kv_len)))
+        return jnp.full((self.batch,), valid, jnp.int32)
 
     @model_validator(mode="after")
     def _gqa(self) -> AttentionShape:
@@ -56,8 +81,10 @@ class AttentionShape(BaseModel):
     @property
     def label(self) -> str:
         """A short readable name, e.g. ``bfloat16 d128 causal B1 S4096x4096 H16/16``."""
+        fill = "" if self.kv_fill is None else f" fill {self.kv_fill:g}"
         return (f"{self.dtype} d{self.head_dim} {'causal' if self.causal else 'full'} "
-                f"B{self.batch} S{self.q_len}x{self.kv_len} H{self.num_heads}/{self.num_kv_heads}")
+                f"B{self.batch} S{self.q_len}x{self.kv_len} H{self.num_heads}/{self.num_kv_heads}"
+                f"{fill}")
 
     def structs(self) -> tuple[jax.ShapeDtypeStruct, ...]:
         """``(q, k, v)`` as ``jax.ShapeDtypeStruct``."""

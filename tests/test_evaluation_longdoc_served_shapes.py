@@ -79,7 +79,7 @@ def test_evidence_is_measured_at_the_served_shapes_where_a_bucket_holds_them(tmp
     bucket d[1, 48) q[32, inf) kv[32, inf) replaces its default shapes; every other
     bucket keeps them."""
     served = AttentionShape(batch=2, q_len=48, kv_len=48, num_heads=2, num_kv_heads=2,
-                            head_dim=32, dtype="float32", causal=False)
+                            head_dim=32, dtype="float32", causal=False, kv_fill=0.75)
     shapes_file = tmp_path / "served.json"
     shapes_file.write_text(json.dumps({"shapes": [served.model_dump(mode="json")]}))
     out = tmp_path / "piece"
@@ -139,3 +139,63 @@ def test_served_shapes_outside_the_policys_space_are_refused_as_changing_nothing
                                 str(committed)])
     assert exit_.value.code == 2
     assert "the flag would change nothing" in capsys.readouterr().err
+
+
+def test_each_served_shape_carries_its_documents_median_fill_of_the_bucket():
+    """Recomputed here from the result's raw JSON: per (bucket, rows), the median of
+    tokens / bucket over the documents of those batches."""
+    found = served_shapes.record(H100_RESULT)
+    raw = json.loads(H100_RESULT.read_text())
+    trace = raw["reports"][raw["kernels"][0]]["trace"]  # the first kernel's replay
+    tokens = {r["id"]: r["tokens"] for r in trace["requests"]}
+    for s in found["shapes"]:
+        shares = sorted(tokens[i] / s["kv_len"] for b in trace["batches"]
+                        if b["bucket"] == s["kv_len"] and b["rows"] == s["batch"]
+                        for i in b["request_ids"])
+        n = len(shares)
+        median = shares[n // 2] if n % 2 else (shares[n // 2 - 1] + shares[n // 2]) / 2
+        assert s["kv_fill"] == pytest.approx(round(median, 2), abs=1e-9), s
+        assert 0 < s["kv_fill"] < 1  # documents shorter than their bucket: padding to skip
+
+
+def test_a_shape_without_a_fill_dumps_as_before_and_keeps_committed_fingerprints():
+    """A committed policy (made before shapes had a fill) still has the fingerprint its
+    merge printed; a fill gives every row the same length, at least one key."""
+    from kernels.dispatch_policy import DispatchPolicy
+
+    committed = ROOT / "kernels/tools/bench_results/h100-2026-12-06-served-shape-policy"
+    policy = DispatchPolicy.model_validate_json((committed / "policy.json").read_text())
+    assert policy.fingerprint() == ("9285efbe6be2d4a1e34b9bdbb4a99c79"
+                                    "7491708955fcaf2597c8dcc3b04aa9b6")
+    bare = AttentionShape(batch=2, q_len=64, kv_len=100, num_heads=2, num_kv_heads=2,
+                          head_dim=32)
+    assert "kv_fill" not in bare.model_dump() and bare.kv_lengths() is None
+    filled = bare.model_copy(update={"kv_fill": 0.5})
+    assert filled.model_dump()["kv_fill"] == 0.5 and "fill 0.5" in filled.label
+    assert filled.kv_lengths().tolist() == [50, 50]
+    assert bare.model_copy(update={"kv_fill": 0.001}).kv_lengths().tolist() == [1, 1]
+    for bad in (0.0, 1.5):
+        with pytest.raises(ValueError, match="kv_fill"):
+            AttentionShape(**bare.model_dump(), kv_fill=bad)
+
+
+def test_a_filled_shape_is_timed_with_its_padding_masked():
+    """The benchmark's call for a shape with a fill passes the lengths: keys past them
+    change nothing, while the bare shape's call sees them."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    from kernels.shapes import random_inputs
+    from kernels.tools.bench import attention_fn
+
+    bare = AttentionShape(batch=2, q_len=48, kv_len=64, num_heads=2, num_kv_heads=2,
+                          head_dim=32, dtype="float32")
+    filled = bare.model_copy(update={"kv_fill": 0.5})
+    q, k, v = random_inputs(bare, 7)
+    garbage_k, garbage_v = k.at[:, 32:].set(30.0), v.at[:, 32:].set(-50.0)
+    call = attention_fn("xla", filled, None)
+    np.testing.assert_array_equal(np.asarray(call(q, k, v)),
+                                  np.asarray(call(q, garbage_k, garbage_v)))
+    seen = attention_fn("xla", bare, None)
+    assert not np.allclose(np.asarray(seen(q, k, v)), np.asarray(seen(q, garbage_k, garbage_v)))
+    assert jnp.isfinite(call(q, k, v)).all()

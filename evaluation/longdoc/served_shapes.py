@@ -16,7 +16,11 @@ Which shapes. Every batch of the result's first kernel's trace (``RESULT``: what
 ``python -m evaluation.longdoc.bench --json`` wrote; both kernels served the same
 arrivals, and the batcher's rows depend little on the kernel) is one attention call per
 encoder layer of shape ``[rows, bucket, heads, head_dim]`` for q, k and v, not causal, in
-the encoder's dtype. Per length bucket, the most frequent row counts are kept until they
+the encoder's dtype, with each row's document length as ``kv_lengths``: a shape records the
+median share of the bucket its documents fill (``kv_fill``). Measured without it, on an
+H100 the evidence named cuDNN from 8k tokens (5 % ahead at the bare shapes) where inside
+the workload, lengths passed, ``pallas_mosaic_gpu`` was 1-4 % faster
+(``kernels/tools/bench_results/h100-2026-12-06-served-shape-policy/``). Per length bucket, the most frequent row counts are kept until they
 cover ``--coverage`` (default 0.8) of that bucket's batches, so a rare large batch does
 not cost a measurement of its own. The encoder's heads, head_dim and dtype come from the
 workload spec the result names, whose sha256 must be the result's (the shipped spec
@@ -32,6 +36,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import statistics
 import sys
 from collections import Counter
 from pathlib import Path
@@ -72,13 +77,25 @@ def kept_rows(counts: Counter, coverage: float) -> list[int]:
     return sorted(kept)
 
 
+def kv_fill(result: BenchResult, bucket: int, rows: int) -> float:
+    """The median share of the bucket its documents fill, over the documents of the
+    first kernel's batches of ``bucket`` and ``rows`` (two decimals, at least 0.01): the
+    encoder passes each document's length as ``kv_lengths``, and kernels that skip padded
+    key blocks are timed at that fill, not at the bare padded shape."""
+    tokens = {r.id: r.tokens for r in result.baseline.trace.requests}
+    shares = [tokens[i] / bucket for b in result.baseline.trace.batches
+              if b.bucket == bucket and b.rows == rows for i in b.request_ids]
+    return max(0.01, round(statistics.median(shares), 2))
+
+
 def served_shapes(result: BenchResult, spec: WorkloadSpec,
                   coverage: float = COVERAGE) -> list[AttentionShape]:
-    """The attention shapes to measure (see the module docstring), by bucket then rows."""
+    """The attention shapes to measure (see the module docstring), by bucket then rows,
+    each with its documents' median fill (:func:`kv_fill`)."""
     enc = spec.encoder
     return [AttentionShape(batch=rows, q_len=bucket, kv_len=bucket, num_heads=enc.heads,
                            num_kv_heads=enc.heads, head_dim=enc.head_dim, dtype=enc.dtype,
-                           causal=False)
+                           causal=False, kv_fill=kv_fill(result, bucket, rows))
             for bucket, counts in sorted(batch_rows(result).items())
             for rows in kept_rows(counts, coverage)]
 

@@ -178,6 +178,8 @@ def attention_fn(name: str, shape: AttentionShape, config: KernelConfig | None):
     """A jittable ``fn(q, k, v) -> out`` for one implementation, or raise
     ``NotImplementedError`` / ``ImportError`` when it cannot run here."""
     scale = 1.0 / math.sqrt(shape.head_dim)
+    if name == "tokamax" and shape.kv_fill is not None:
+        raise NotImplementedError("tokamax: the benchmark passes it no kv_lengths")
     if name == "tokamax":
         import tokamax  # noqa: PLC0415 - optional, absent on most hosts
 
@@ -185,11 +187,13 @@ def attention_fn(name: str, shape: AttentionShape, config: KernelConfig | None):
         # silently, and the column would then measure another kernel under its name.
         return functools.partial(tokamax.dot_product_attention, is_causal=shape.causal,
                                  scale=scale, implementation="mosaic")
-    spec, _, _ = validate(*shape.structs(), causal=shape.causal, scale=scale)
+    lengths = shape.kv_lengths()  # a shape with a fill: every row's padding masked
+    spec, _, _ = validate(*shape.structs(), causal=shape.causal, scale=scale,
+                          kv_lengths=lengths)
     # Each kernel's own check says where it runs (pallas_gpu: interpreted on a CPU).
     REGISTRY[name].check_supported(spec, default_backend(), config)
     return functools.partial(attention, causal=shape.causal, scale=scale,
-                             implementation=name, config=config)
+                             implementation=name, config=config, kv_lengths=lengths)
 
 
 # --------------------------------------------------------------------------- correctness
