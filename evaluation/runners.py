@@ -134,9 +134,11 @@ class LocalRunner:
     def compile_for(self, shape: AttentionShape, seed: int) -> tuple[float, int | None]:
         q, k, v = random_inputs(shape, seed)
 
+        lengths = shape.kv_lengths()  # a shape with a fill: its padding masked, as served
+
         def call(q, k, v):
             return self.attention_fn(q, k, v, causal=shape.causal, scale=None, q_lengths=None,
-                                     kv_lengths=None)
+                                     kv_lengths=lengths)
 
         start = time.perf_counter()
         compiled = jax.jit(call).lower(q, k, v).compile()

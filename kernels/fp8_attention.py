@@ -120,7 +120,10 @@ def quantize_per_head(x: jax.Array) -> tuple[jax.Array, jax.Array]:
     ``2^-e`` would be subnormal at ``e > 126``. The powers of two are exact; ``448 /
     mantissa`` lies in (448, 896]. (An element-wise ``jnp.ldexp`` did the same exactly but
     lowers to a ``power`` per element, the suspect for the 10-24 % of its TFLOP/s the
-    kernel lost on an H100 after it went in.) Raises nothing of its own."""
+    kernel lost on an H100 after it went in.) Subnormal inputs are flushed to zero before
+    any of this where XLA flushes subnormals (its CPU backend, at the conversion to
+    float32): a head of subnormals only quantises to zeros there. Raises nothing of its
+    own."""
     b, s, h, d = x.shape
     xf = jnp.transpose(x.astype(jnp.float32), (0, 2, 1, 3)).reshape(b * h, s, d)
     amax = jnp.max(jnp.abs(xf), axis=(1, 2))

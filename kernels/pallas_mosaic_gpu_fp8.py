@@ -67,7 +67,9 @@ def fp8_contract_attention(q, k, v, *, causal, scale, q_lengths, kv_lengths, con
     q = jnp.pad(q, ((0, 0), (0, q_pad - q_len), (0, 0), (0, d_pad - head_dim)))
     widths = ((0, 0), (0, kv_pad - kv_len), (0, 0), (0, d_pad - head_dim))
     k, v = jnp.pad(k, widths), jnp.pad(v, widths)
-    lengths = kv_lengths
+    # traced lengths past kv_len are not refused by the contract's check: clipped here, as
+    # the reference's mask reads them, or the zero keys padded to kv_pad would be attended
+    lengths = None if kv_lengths is None else jnp.minimum(kv_lengths, kv_len)
     if lengths is None and kv_pad != kv_len:
         lengths = jnp.full((batch,), kv_len, jnp.int32)
     out = fp8_attention(q, k, v, causal=bool(causal), kv_lengths=lengths,

@@ -12,8 +12,15 @@ from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
-from pydantic import (BaseModel, ConfigDict, Field, PositiveInt, SerializerFunctionWrapHandler,
-                      model_serializer, model_validator)
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveInt,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+    model_validator,
+)
 
 DType = Literal["float32", "bfloat16", "float16"]
 DTYPES: tuple[DType, ...] = ("float32", "bfloat16", "float16")
@@ -40,7 +47,8 @@ class AttentionShape(BaseModel):
     head_dim: PositiveInt
     dtype: DType = "float32"
     causal: bool = False
-    kv_fill: float | None = Field(None, gt=0, le=1, description="valid share of each row's keys")
+    kv_fill: float | None = Field(None, gt=0, le=1, strict=True,
+                                  description="valid share of each row's keys")
 
     @model_serializer(mode="wrap")
     def _without_unset_fill(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
@@ -54,7 +62,8 @@ class AttentionShape(BaseModel):
         ``None`` without a fill."""
         if self.kv_fill is None:
             return None
-        valid = max(1, min(self.kv_len, math.ceil(self.kv_fill * self.kv_len)))
+        # rounded first: 0.07 * 100 is 7.000000000000001 in binary and its ceiling 8
+        valid = max(1, min(self.kv_len, math.ceil(round(self.kv_fill * self.kv_len, 9))))
         return jnp.full((self.batch,), valid, jnp.int32)
 
     @model_validator(mode="after")

@@ -199,3 +199,48 @@ def test_a_filled_shape_is_timed_with_its_padding_masked():
     seen = attention_fn("xla", bare, None)
     assert not np.allclose(np.asarray(seen(q, k, v)), np.asarray(seen(q, garbage_k, garbage_v)))
     assert jnp.isfinite(call(q, k, v)).all()
+
+
+def test_a_filled_shape_is_checked_against_the_reference_with_its_lengths():
+    """The benchmark compares each kernel with float64 attention over the same keys the
+    kernel saw: with a fill, the reference masks the padding too (without, the error is
+    O(1) and a correct kernel is marked wrong)."""
+    from kernels.tools.bench import bench_shape
+
+    filled = AttentionShape(batch=2, q_len=64, kv_len=128, num_heads=2, num_kv_heads=2,
+                            head_dim=32, dtype="float32", kv_fill=0.5)
+    (row,) = bench_shape(filled, ["xla"], seed=0, ceiling=1e12, repeats=3,
+                         target_repeat_s=0.001, warmup_s=0.0)
+    assert row.rel_error_vs_reference < 1e-5 and row.correct
+
+
+@pytest.mark.parametrize("fill, kv_len, valid", [(0.07, 100, 7), (0.14, 100, 14),
+                                                 (0.55, 100, 55), (0.17, 300, 51),
+                                                 (0.505, 100, 51), (0.001, 50, 1)])
+def test_a_fill_gives_the_ceiling_of_its_share_of_the_keys(fill, kv_len, valid):
+    shape = AttentionShape(batch=1, q_len=8, kv_len=kv_len, num_heads=1, num_kv_heads=1,
+                           head_dim=8, kv_fill=fill)
+    assert shape.kv_lengths().tolist() == [valid]
+    with pytest.raises(ValueError, match="kv_fill"):
+        AttentionShape(**shape.model_dump(exclude={"kv_fill"}), kv_fill=True)
+
+
+def test_the_evaluation_runner_times_a_filled_shape_with_its_lengths():
+    """The gate's latency shapes go through ``LocalRunner.compile_for``: the attention it
+    compiles receives the shape's ``kv_lengths``, and none for a bare shape."""
+    import numpy as np
+
+    from evaluation.runners import LocalRunner
+
+    seen = []
+
+    def attention_fn(q, k, v, *, causal, scale, q_lengths, kv_lengths):
+        seen.append(None if kv_lengths is None else np.asarray(kv_lengths).tolist())
+        return q
+
+    runner = LocalRunner("recorder", attention_fn)
+    bare = AttentionShape(batch=2, q_len=16, kv_len=40, num_heads=1, num_kv_heads=1,
+                          head_dim=8)
+    runner.compile_for(bare, 0)
+    runner.compile_for(bare.model_copy(update={"kv_fill": 0.25}), 0)
+    assert seen == [None, [10, 10]]

@@ -326,3 +326,21 @@ def test_the_quantiser_rounds_each_element_to_a_nearest_e4m3_step(magnitude):
     x8, amax = fp8.quantize_per_head(x)
     assert _quantiser_error_ok(x, x8, amax)
     assert not _quantiser_error_ok(x, x8, amax * 1.125)
+
+
+def test_traced_lengths_past_kv_len_read_as_kv_len_not_as_the_padded_keys():
+    """kv_len 200 is padded to 256 inside; a traced length of 256 (the contract checks
+    only concrete ones) must mean every real key, not the 56 zero keys past them."""
+    from kernels.pallas_mosaic_gpu_fp8 import fp8_contract_attention
+
+    rng = _rng()
+    q, k, v = _inputs(rng, 1, 64, 200, 2, 2)
+
+    @jax.jit
+    def call(lengths):
+        return fp8_contract_attention(q, k, v, causal=False, scale=128 ** -0.5,
+                                      q_lengths=None, kv_lengths=lengths, interpret=True)
+
+    past = np.asarray(call(jnp.array([256], jnp.int32)), np.float64)
+    whole = np.asarray(call(jnp.array([200], jnp.int32)), np.float64)
+    np.testing.assert_array_equal(past, whole)

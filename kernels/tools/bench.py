@@ -203,15 +203,18 @@ def _sampled(out, pairs, rows) -> np.ndarray:
     return np.stack([np.asarray(out[b, rows, h].astype(jnp.float32)) for b, h in pairs])
 
 
-def sampled_reference(q, k, v, *, causal: bool, scale: float, pairs, rows) -> np.ndarray:
+def sampled_reference(q, k, v, *, causal: bool, scale: float, pairs, rows,
+                      kv_lengths=None) -> np.ndarray:
     """Float64 reference (``kernels.reference``) for query ``rows`` of the (batch,
-    head) ``pairs``, each against every key: ``[len(pairs), len(rows), head_dim]``.
-    The benchmark grid is multi-head (num_kv_heads = num_heads), so head ``h`` of k/v
-    belongs to query head ``h``."""
+    head) ``pairs``, each against every key (before ``kv_lengths[b]``, if given):
+    ``[len(pairs), len(rows), head_dim]``. The benchmark grid is multi-head
+    (num_kv_heads = num_heads), so head ``h`` of k/v belongs to query head ``h``."""
     out = []
     for b, h in pairs:
+        lengths = None if kv_lengths is None else np.asarray(kv_lengths)[b:b + 1]
         ref = attention_reference(q[b:b + 1, :, h:h + 1], k[b:b + 1, :, h:h + 1],
-                                  v[b:b + 1, :, h:h + 1], causal=causal, scale=scale, rows=rows)
+                                  v[b:b + 1, :, h:h + 1], causal=causal, scale=scale, rows=rows,
+                                  kv_lengths=lengths)
         out.append(ref[0, :, 0])
     return np.stack(out)
 
@@ -260,7 +263,8 @@ def bench_shape(shape: AttentionShape, implementations: Sequence[str], *, seed: 
     rows = np.sort(rng.choice(shape.q_len, size=min(sample_rows, shape.q_len), replace=False))
     q_h, k_h, v_h = (np.asarray(x.astype(jnp.float32)) for x in (q, k, v))
     ref = sampled_reference(q_h, k_h, v_h, causal=shape.causal,
-                            scale=1.0 / math.sqrt(shape.head_dim), pairs=pairs, rows=rows)
+                            scale=1.0 / math.sqrt(shape.head_dim), pairs=pairs, rows=rows,
+                            kv_lengths=shape.kv_lengths())
     del q_h, k_h, v_h
     naive_out = None
     results: list[BenchRow] = []

@@ -101,7 +101,9 @@ def _handlers(model):
         shape = AttentionShape(**msg["shape"])
         q, k, v = random_inputs(shape, msg["seed"])
         start = time.perf_counter()
-        compiled = jax.jit(lambda q, k, v: model.attention(q, k, v, causal=shape.causal)
+        lengths = shape.kv_lengths()  # a shape with a fill: its padding masked, as served
+        compiled = jax.jit(lambda q, k, v: model.attention(q, k, v, causal=shape.causal,
+                                                           kv_lengths=lengths)
                            ).lower(q, k, v).compile()
         prepared[shape] = (compiled, (q, k, v))
         return {"seconds": time.perf_counter() - start,
