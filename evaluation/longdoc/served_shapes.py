@@ -20,9 +20,10 @@ the encoder's dtype, with each row's document length as ``kv_lengths``: a shape 
 median share of the bucket its documents fill (``kv_fill``). Measured without it, on an
 H100 the evidence named cuDNN from 8k tokens (5 % ahead at the bare shapes) where inside
 the workload, lengths passed, ``pallas_mosaic_gpu`` was 1-4 % faster
-(``kernels/tools/bench_results/h100-2026-12-06-served-shape-policy/``). Per length bucket, the most frequent row counts are kept until they
-cover ``--coverage`` (default 0.8) of that bucket's batches, so a rare large batch does
-not cost a measurement of its own. The encoder's heads, head_dim and dtype come from the
+(``kernels/tools/bench_results/h100-2026-12-06-served-shape-policy/``). Per length
+bucket, the most frequent row counts are kept until they cover ``--coverage`` (default
+0.8) of that bucket's batches, so a rare large batch does not cost a measurement of its
+own. The encoder's heads, head_dim and dtype come from the
 workload spec the result names, whose sha256 must be the result's (the shipped spec
 changed since: refused).
 
