@@ -286,3 +286,23 @@ def test_an_unknown_kernel_is_a_usage_error_naming_it_and_the_known_ones_before_
     assert {"naive", "xla", "cudnn", "tokamax"} <= {k.strip() for k in known}
     assert "[dispatch_evidence]" not in printed.out + printed.err  # nothing measured
     assert not (tmp_path / "out").exists()
+
+
+def test_the_grids_cuts_are_flags_and_a_bad_cut_is_named(tmp_path, capsys):
+    """A finer space is data on the command line: a cut at 2048 splits the 1k-8k buckets
+    (where, on an H100, ``pallas_gpu`` led at 1-2k and ``pallas_mosaic_gpu`` from 4k),
+    a batch cut doubles every bucket."""
+    base = ["--out", str(tmp_path), "--list", "--dtypes", "bfloat16", "--causal", "full"]
+    assert dispatch_evidence.main([*base, "--seq-cuts", "1024,2048,8192"]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert len(listed) == 3 * 4 * 4  # head_dim ranges x q ranges x kv ranges
+    assert any("bfloat16 full d[1, 65) q[1024, 2048) kv[1024, 2048) b[1, inf)" in line
+               for line in listed)
+    assert dispatch_evidence.main([*base, "--seq-cuts", "1024,2048,8192",
+                                   "--batch-cuts", "2"]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert len(listed) == 3 * 4 * 4 * 2 and any("b[1, 2)" in line for line in listed)
+    with pytest.raises(SystemExit) as exit_info:
+        dispatch_evidence.main([*base, "--seq-cuts", "8192,1024"])
+    assert exit_info.value.code == 2 and "strictly increasing" in capsys.readouterr().err
+

@@ -282,7 +282,9 @@ def plan_from(args: argparse.Namespace, backend: str) -> Plan:
     space = {**plan.grid.space.model_dump(),
              **({"dtypes": args.dtypes} if args.dtypes else {}),
              **({"causal": (args.causal == "causal",)} if args.causal else {})}
-    grid = BucketGrid.model_validate({**plan.grid.model_dump(), "space": space})
+    cuts = {field: value for field, value in (("seq_cuts", args.seq_cuts),
+                                              ("batch_cuts", args.batch_cuts)) if value}
+    grid = BucketGrid.model_validate({**plan.grid.model_dump(), "space": space, **cuts})
     fields = {"kernels": args.kernels, "head_dims": args.head_dims, "seqs": args.seqs,
               "repeats": args.repeats, "seed": args.seed,
               "served": served_shapes(args.served_shapes, grid) if args.served_shapes else None}

@@ -140,6 +140,11 @@ def evidence_parser(description: str) -> argparse.ArgumentParser:
                         help="tie-break order (default: the candidates' order)")
     parser.add_argument("--dtypes", type=names, help="the space's dtypes")
     parser.add_argument("--causal", choices=["full", "causal"], help="one causal flag only")
+    parser.add_argument("--seq-cuts", type=ints,
+                        help="the grid's cuts of q_len and kv_len (default 1024,8192): each "
+                             "cut splits every bucket it crosses")
+    parser.add_argument("--batch-cuts", type=ints,
+                        help="the grid's cuts of batch (default none)")
     parser.add_argument("--head-dims", type=ints, help="measured head_dims")
     parser.add_argument("--seqs", type=ints, help="measured q_len and kv_len")
     parser.add_argument("--served-shapes", type=Path, default=None, metavar="FILE",
