@@ -178,9 +178,9 @@ def attention_fn(name: str, shape: AttentionShape, config: KernelConfig | None):
     """A jittable ``fn(q, k, v) -> out`` for one implementation, or raise
     ``NotImplementedError`` / ``ImportError`` when it cannot run here."""
     scale = 1.0 / math.sqrt(shape.head_dim)
-    if name == "tokamax" and shape.kv_fill is not None:
-        raise NotImplementedError("tokamax: the benchmark passes it no kv_lengths")
     if name == "tokamax":
+        if shape.kv_fill is not None:
+            raise NotImplementedError("tokamax: the benchmark passes it no kv_lengths")
         import tokamax  # noqa: PLC0415 - optional, absent on most hosts
 
         # Pinned to its Mosaic GPU kernel: tokamax's default falls back to Triton or XLA

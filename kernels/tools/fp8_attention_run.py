@@ -20,9 +20,9 @@ Accuracy, per case (bf16 inputs, head_dim 128):
 
 Rate: TFLOP/s (``4 · B · H · Lq · Lk · D``, halved with ``causal``) of ``fp8`` (the whole
 call: quantisation, V's transpose and the kernel), ``pallas_mosaic_gpu``, ``cudnn`` and
-``fa3`` where installed, median of timed calls (``kernels.timing``). Writes ``fp8_attention.json`` under ``--out`` (default
-``$OUT``, else the current folder), prints a table last; exit 1 when a case exceeds its
-emulation bound or is not finite.
+``fa3`` where installed, median of timed calls (``kernels.timing``). Writes
+``fp8_attention.json`` under ``--out`` (default ``$OUT``, else the current folder), prints a
+table last; exit 1 when a case exceeds its emulation bound or is not finite.
 """
 
 from __future__ import annotations
