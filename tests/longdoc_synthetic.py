@@ -47,12 +47,13 @@ def write_spec(workload: WorkloadSpec, folder: Path) -> Path:
     return path
 
 
-def _serve(factor: float | dict[int, float], rng: np.random.Generator, noise: float,
+def _serve(factor: float | dict, rng: np.random.Generator, noise: float,
            fail_bucket: int | None):
     def serve(batch: Batch) -> BatchOutcome:
         if batch.bucket == fail_bucket:
             return BatchOutcome(0.0, None, "RuntimeError: out of memory")
-        f = factor.get(batch.bucket, 1.0) if isinstance(factor, dict) else factor
+        f = (factor.get(batch.bucket, factor.get("default", 1.0)) if isinstance(factor, dict)
+             else factor)
         s = f * 5e-4 * batch.bucket * float(np.exp(noise * rng.standard_normal()))
         return BatchOutcome(s, tuple(True for _ in batch.requests))
     return serve
@@ -61,18 +62,23 @@ def _serve(factor: float | dict[int, float], rng: np.random.Generator, noise: fl
 def comparison(factor: float | dict[int, float], *, seed: int = 0, noise: float = 0.2,
                workload: WorkloadSpec | None = None, spec_path: Path | None = None,
                fail_bucket: int | None = None, fail_candidate: bool = False,
-               kernels: tuple[str, str] = ("base", "cand")) -> BenchResult:
+               kernels: tuple[str, str] = ("base", "cand"),
+               second_shift: float = 1.0) -> BenchResult:
     """Baseline and candidate (``factor`` times slower; < 1 faster; a dict: per bucket,
     1 where a bucket is not named) on the same arrivals; the baseline (the candidate with
     ``fail_candidate``) fails every batch of ``fail_bucket`` (an error, like an
-    out-of-memory). ``kernels``: the two names the result gives them."""
+    out-of-memory). ``kernels``: the two names the result gives them. ``second_shift``:
+    a factor on every service time of the replay that runs second (the candidate's), as
+    a device left warm by the first replay would add."""
     workload = workload or spec()
     requests = draw_requests(workload)
     sha = hashlib.sha256(spec_path.read_bytes()).hexdigest() if spec_path else None
     rng = np.random.default_rng(seed)
     reports = {}
     fails = (None, fail_bucket) if fail_candidate else (fail_bucket, None)
-    for name, f, fail in ((kernels[0], 1.0, fails[0]), (kernels[1], factor, fails[1])):
+    shifted = ({b: f * second_shift for b, f in factor.items()} | {"default": second_shift}
+               if isinstance(factor, dict) else factor * second_shift)
+    for name, f, fail in ((kernels[0], 1.0, fails[0]), (kernels[1], shifted, fails[1])):
         trace = replay(requests, workload, _serve(f, rng, noise, fail))
         reports[name] = summarise(trace, workload, implementation=name, device="cpu:synthetic",
                                   weights_sha256=WEIGHTS, workload_sha256=sha)

@@ -340,3 +340,16 @@ def test_traced_lengths_past_kv_len_read_as_kv_len_not_as_the_padded_keys():
     past = np.asarray(call(jnp.array([256], jnp.int32)), np.float64)
     whole = np.asarray(call(jnp.array([200], jnp.int32)), np.float64)
     np.testing.assert_array_equal(past, whole)
+
+
+def test_the_gpu_run_measures_the_head_dim_asked_and_refuses_one_the_kernel_lacks(capsys):
+    """``fp8_attention_run --head-dim``: a case at 256 runs the kernel at 256 (interpreted
+    here) within its emulation bound; a head_dim the kernel does not serve is a usage
+    error naming the ones it does."""
+    row = run.accuracy((1, 128, 128, 2, 2, False, None), _rng(), interpret=True, head_dim=256)
+    assert row["case"] == "B1 Lq128 Lk128 H2/2 d256" and row["ok"], row
+    assert row["vs_float64_rms"] < EXACT_RMS_BOUND
+    with pytest.raises(SystemExit) as exit_:
+        run.main(["--head-dim", "64"])
+    assert exit_.value.code == 2
+    assert "choose from 128, 256" in capsys.readouterr().err

@@ -35,7 +35,10 @@ reproducible.
 What the interval does not cover: the two kernels ran one after the other, once, on one
 device, on one draw of arrivals. It describes request-to-request variation within that
 replay; a shift of the whole run (the device's clocks, another process) and another
-arrival draw are outside it.
+arrival draw are outside it. One such shift is measured: on an H100 the replay served
+second took 2.5-2.7 % more compute in the 1k-2k buckets with the same kernel on both
+sides. Replays in both run orders cancel it (:func:`balanced_log_ratios`; the policy
+judge, ``evaluation.longdoc.policy_check``, requires them).
 """
 
 from __future__ import annotations
@@ -104,6 +107,42 @@ def log_ratios(baseline: LongdocReport, candidate: LongdocReport, field: str,
     return np.asarray(out, dtype=float), excluded
 
 
+def balanced_log_ratios(orders: Sequence[tuple[LongdocReport, LongdocReport]], field: str,
+                        bucket: int | None = None) -> tuple[np.ndarray, int]:
+    """Per steady request (arrival order) the mean over ``orders`` of ``log(candidate /
+    baseline)`` of ``field``: each item one replay's ``(baseline, candidate)`` reports, the
+    replays serving the same arrivals in different run orders (baseline first in one,
+    candidate first in the other). A shift of whichever kernel ran second (the device's
+    state after the first replay) then enters each request's mean once with each sign and
+    cancels; measured on an H100 at up to 2.7 % of compute in the 1k-2k buckets
+    (``kernels/tools/bench_results/h100-2026-12-06-seq-cut-2048-policy/``). A request
+    either kernel failed in any replay is left out and counted. One item: :func:`log_ratios`.
+
+    Raises:
+        ValueError: no replay given, or the replays do not hold the same requests.
+    """
+    if not orders:
+        raise ValueError("no replay to pair")
+    ids = {r.id for r in orders[0][0].trace.requests}
+    per_request: dict[int, list[float]] = {}
+    for baseline, candidate in orders:
+        other = {r.id: r for r in candidate.trace.requests}
+        if set(other) != ids or {r.id for r in baseline.trace.requests} != ids:
+            raise ValueError("the reports hold different requests: not served on the same "
+                             "arrivals")
+        for a in steady_requests(baseline):
+            if bucket is not None and a.bucket != bucket:
+                continue
+            b = other[a.id]
+            x, y = getattr(a, field), getattr(b, field)
+            ok = a.ok and b.ok and a.finite and b.finite and x > 0 and y > 0
+            per_request.setdefault(a.id, []).append(math.log(y / x) if ok else math.nan)
+    order = [r.id for r in steady_requests(orders[0][0]) if r.id in per_request]
+    values = [per_request[i] for i in order]
+    kept = [sum(v) / len(v) for v in values if not any(math.isnan(x) for x in v)]
+    return np.asarray(kept, dtype=float), len(values) - len(kept)
+
+
 def variance_factor(x: np.ndarray, lags: int) -> float:
     """The long-run variance of the signs of ``x`` about its median over its variance
     (Bartlett weights over ``lags`` lags), at least 1."""
@@ -137,7 +176,14 @@ def median_interval(x: Sequence[float], level: float = LEVEL
 def group_effect(baseline: LongdocReport, candidate: LongdocReport, metric: str,
                  bucket: int | None = None, level: float = LEVEL) -> Effect:
     """The :class:`Effect` of one group (``bucket`` ``None``: all requests)."""
-    x, excluded = log_ratios(baseline, candidate, METRICS[metric], bucket)
+    return series_effect(*log_ratios(baseline, candidate, METRICS[metric], bucket),
+                         metric=metric, bucket=bucket, level=level)
+
+
+def series_effect(x: np.ndarray, excluded: int, *, metric: str, bucket: int | None = None,
+                  level: float = LEVEL) -> Effect:
+    """The :class:`Effect` of one group's log ratios ``x`` (arrival order), ``excluded``
+    requests left out (:func:`log_ratios`, :func:`balanced_log_ratios`)."""
     effect = Effect(group="all" if bucket is None else str(bucket), metric=metric,
                     pairs=len(x), excluded=excluded, level=level)
     if len(x):

@@ -1,13 +1,22 @@
 """``python -m evaluation.longdoc.policy_check RESULT...``: is a dispatch policy at least
 as fast as every single kernel on a long-document mix, bucket by bucket and overall?
 
-Each RESULT is what ``python -m evaluation.longdoc.bench --kernels K,auto --json`` wrote
-(``tools/gpu-dispatch.sh longdoc K...`` writes one per kernel ``K``): the workload served
-by the single kernel ``K`` and by ``auto`` serving a dispatch policy, on the same arrivals.
-The effect of ``auto`` over ``K`` per length bucket and over the whole mix is the median
-per-request ratio ``auto / K`` with its interval (``evaluation.longdoc.effect``: steady
-requests both served, a sign-based interval widened for neighbouring requests moving
-together).
+Each RESULT is what ``python -m evaluation.longdoc.bench --kernels K,auto --json`` (or
+``auto,K``) wrote (``tools/gpu-dispatch.sh longdoc K...`` writes both per kernel ``K``):
+the workload served by the single kernel ``K`` and by ``auto`` serving a dispatch policy,
+one after the other on the same arrivals. The effect of ``auto`` over ``K`` per length
+bucket and over the whole mix is the median per-request ratio ``auto / K`` with its
+interval (``evaluation.longdoc.effect``: steady requests both served, a sign-based
+interval widened for neighbouring requests moving together).
+
+Run order. Whichever kernel serves second runs on a device the first replay left warm:
+on an H100 the second replay's compute was 2.5-2.7 % longer in the 1k-2k buckets with the
+same kernel on both sides, which a single order's interval reads as an effect (``auto``
+first: 0.964 [0.947, 0.981] against the identical kernel;
+``kernels/tools/bench_results/h100-2026-12-06-seq-cut-2048-policy/``). So each kernel is
+judged in both orders: with ``K,auto`` and ``auto,K`` given, a request's log ratio is the
+mean of its two (``effect.balanced_log_ratios``), where the shift cancels. A kernel given
+in one order only is judged on it, and the claim is then not shown (named as a reason).
 
 The claim judged (the dispatch issue's acceptance): the policy is *at least as fast as
 the best single kernel in every bucket within its interval, and faster than every single
@@ -51,7 +60,14 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from evaluation.longdoc.bench import BenchResult, InvalidResult, read_result
-from evaluation.longdoc.effect import LEVEL, METHOD, METRICS, group_effect, steady_requests
+from evaluation.longdoc.effect import (
+    LEVEL,
+    METHOD,
+    METRICS,
+    balanced_log_ratios,
+    series_effect,
+    steady_requests,
+)
 from kernels.errors import KernelgateError
 
 POLICY = "auto"
@@ -78,6 +94,8 @@ class Row(BaseModel):
     policy_failed: int = Field(0, description="steady requests auto failed")
     kernel_failed: int = Field(0, description="steady requests the kernel failed")
     verdict: Verdict
+    orders: list[str] = Field(default_factory=list,
+                              description="the run orders judged, e.g. 'cudnn first'")
 
 
 class PolicyCheck(BaseModel):
@@ -88,34 +106,47 @@ class PolicyCheck(BaseModel):
     metric: str
     level: float = LEVEL
     method: str = METHOD
-    sources: dict[str, str] = Field(description="kernel -> sha256 of its result file")
+    sources: dict[str, str] = Field(description="a result's kernels in run order "
+                                    "('K,auto') -> sha256 of its file")
     buckets: list[Row]
     mix: list[Row]
     shown: bool
+    one_order: list[str] = Field(default_factory=list,
+                                 description="kernels judged in one run order only")
     reasons: list[str] = Field(description="each row that keeps the claim from being shown")
 
 
-def _failures(result: BenchResult, bucket: int | None) -> tuple[int, int]:
-    """Steady requests of the group that the kernel failed, and that ``auto`` failed where
-    the kernel served them."""
-    other = {r.id: r for r in result.candidate.trace.requests}
-    kernel_failed = policy_failed = 0
-    for r in steady_requests(result.baseline):
-        if bucket is not None and r.bucket != bucket:
-            continue
-        served = r.ok and r.finite
-        kernel_failed += not served
-        policy_failed += served and not (other[r.id].ok and other[r.id].finite)
-    return kernel_failed, policy_failed
+def _kernel_of(result: BenchResult) -> str:
+    return result.kernels[1] if result.kernels[0] == POLICY else result.kernels[0]
 
 
-def _row(result: BenchResult, metric: str, bucket: int | None, level: float) -> Row:
-    effect = group_effect(result.baseline, result.candidate, metric, bucket, level)
-    kernel_failed, policy_failed = _failures(result, bucket)
-    row = Row(group=effect.group, kernel=result.kernels[0], pairs=effect.pairs,
+def _failures(replays: list[BenchResult], bucket: int | None) -> tuple[int, int]:
+    """Steady requests of the group that the kernel failed in any replay, and that ``auto``
+    failed where the kernel served them."""
+    failed = {"kernel": set(), "policy": set()}
+    for result in replays:
+        kernel, policy = result.reports[_kernel_of(result)], result.reports[POLICY]
+        other = {r.id: r for r in policy.trace.requests}
+        for r in steady_requests(kernel):
+            if bucket is not None and r.bucket != bucket:
+                continue
+            if not (r.ok and r.finite):
+                failed["kernel"].add(r.id)
+            elif not (other[r.id].ok and other[r.id].finite):
+                failed["policy"].add(r.id)
+    return len(failed["kernel"]), len(failed["policy"] - failed["kernel"])
+
+
+def _row(replays: list[BenchResult], metric: str, bucket: int | None, level: float) -> Row:
+    kernel = _kernel_of(replays[0])
+    effect = series_effect(
+        *balanced_log_ratios([(r.reports[kernel], r.reports[POLICY]) for r in replays],
+                             METRICS[metric], bucket), metric=metric, bucket=bucket, level=level)
+    kernel_failed, policy_failed = _failures(replays, bucket)
+    row = Row(group=effect.group, kernel=kernel, pairs=effect.pairs,
               ratio=effect.ratio, low=effect.low, high=effect.high,
               policy_failed=policy_failed, kernel_failed=kernel_failed,
-              verdict="not assessed")
+              verdict="not assessed", orders=[f"{r.kernels[0]} first" for r in replays])
     if policy_failed:
         row.verdict = "policy failed"
     elif bucket is not None and effect.pairs == 0 and kernel_failed:
@@ -129,14 +160,15 @@ def _row(result: BenchResult, metric: str, bucket: int | None, level: float) -> 
     return row
 
 
-def _consistent(results: dict[str, tuple[Path, BenchResult]]) -> BenchResult:
-    """The first result, once every result is ``K,auto`` on the same workload and arrivals."""
+def _consistent(results: list[tuple[Path, BenchResult]]) -> BenchResult:
+    """The first result, once every result is ``K,auto`` or ``auto,K`` on the same
+    workload and arrivals."""
     first = None
-    for kernel, (path, result) in results.items():
-        if result.kernels[1] != POLICY:
+    for path, result in results:
+        if POLICY not in result.kernels:
             raise BadInput(f"{path}: its kernels are {result.kernels}; each result must serve "
-                           f"a single kernel first and {POLICY!r} (the policy) second")
-        if kernel == POLICY:
+                           f"a single kernel and {POLICY!r} (the policy), in either order")
+        if result.kernels == [POLICY, POLICY]:
             raise BadInput(f"{path}: {POLICY!r} against itself is an A/A, not a single kernel")
         if first is None:
             first = result
@@ -163,34 +195,45 @@ def check(paths: list[Path], metric: str = "compute", level: float = LEVEL) -> P
     """
     if metric not in METRICS:
         raise BadInput(f"metric {metric!r}: one of {sorted(METRICS)}")
-    results: dict[str, tuple[Path, BenchResult]] = {}
+    results: list[tuple[Path, BenchResult]] = []
+    given: dict[tuple[str, ...], Path] = {}
     for path in paths:
         try:
             result = read_result(path)
         except InvalidResult as err:
             raise BadInput(str(err)) from None
-        kernel = result.kernels[0]
-        if kernel in results:
-            raise BadInput(f"{path}: kernel {kernel!r} is already given by {results[kernel][0]}")
-        results[kernel] = (path, result)
+        order = tuple(result.kernels)
+        if order in given:
+            raise BadInput(f"{path}: kernel {_kernel_of(result)!r} in the order "
+                           f"{','.join(order)} is already given by {given[order]}")
+        given[order] = path
+        results.append((path, result))
     first = _consistent(results)
+    replays: dict[str, list[BenchResult]] = {}
+    for _, result in results:
+        replays.setdefault(_kernel_of(result), []).append(result)
     # every bucket the replay served, not only the summary's keys (a bucket missing from
     # the summary is still judged)
     buckets = sorted({r.bucket for r in first.baseline.trace.requests} | set(first.baseline.buckets))
     try:
-        bucket_rows = [_row(r, metric, b, level) for b in buckets for _, r in results.values()]
-        mix_rows = [_row(r, metric, None, level) for _, r in results.values()]
+        bucket_rows = [_row(r, metric, b, level) for b in buckets for r in replays.values()]
+        mix_rows = [_row(r, metric, None, level) for r in replays.values()]
     except (ValueError, KeyError) as err:  # the two reports of one result do not pair
         raise BadInput(f"a result's two reports do not pair request by request: {err}") from None
     reasons = [f"{'mix' if row.group == 'all' else row.group + ' tokens'} against "
                f"{row.kernel}: {row.verdict}{_interval(row)}"
                for kind, rows in (("bucket", bucket_rows), ("mix", mix_rows))
                for row in rows if row.verdict not in PASSING[kind]]
+    one_order = [k for k, r in replays.items() if len(r) < 2]
+    reasons += [f"{k}: served in one run order only ({replays[k][0].kernels[0]} first), "
+                f"where a shift of the second replay is outside the interval; serve "
+                f"{','.join(reversed(replays[k][0].kernels))} too" for k in one_order]
     return PolicyCheck(
         workload=first.workload, workload_sha256=first.workload_sha256, metric=metric,
-        level=level, sources={k: hashlib.sha256(p.read_bytes()).hexdigest()
-                              for k, (p, _) in results.items()},
-        buckets=bucket_rows, mix=mix_rows, shown=not reasons, reasons=reasons)
+        level=level, sources={",".join(r.kernels): hashlib.sha256(p.read_bytes()).hexdigest()
+                              for p, r in results},
+        buckets=bucket_rows, mix=mix_rows, shown=not reasons, one_order=one_order,
+        reasons=reasons)
 
 
 def _interval(row: Row) -> str:
@@ -214,6 +257,9 @@ def text(found: PolicyCheck) -> str:
     kernels = list(dict.fromkeys(r.kernel for r in found.mix))
     lines = [f"{found.workload}: {POLICY} / each kernel, {found.metric} per request, "
              f"median [{found.level:.0%} interval]"]
+    lines.append("  orders  " + "; ".join(
+        f"{r.kernel} {'both' if len(r.orders) > 1 else 'one (' + r.orders[0] + ')'}"
+        for r in found.mix))
     for group, rows in (("all", found.mix), *((b, [r for r in found.buckets if r.group == b])
                                               for b in dict.fromkeys(r.group for r in found.buckets))):
         cells = [f"{r.kernel} {_cell(r)} {r.verdict}"

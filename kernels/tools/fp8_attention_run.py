@@ -1,9 +1,9 @@
-"""``python3 -m kernels.tools.fp8_attention_run [--out DIR] [--seed N] [--quick]``: the e4m3
+"""``python3 -m kernels.tools.fp8_attention_run [--out DIR] [--seed N] [--head-dim D] [--quick]``: the e4m3
 attention kernel (``kernels.fp8_attention``) on a GPU, on fresh random inputs, against
 float64 and against its own arithmetic emulated in float64, then timed beside the bf16
 peers in one process.
 
-Accuracy, per case (bf16 inputs, head_dim 128):
+Accuracy, per case (bf16 inputs, ``--head-dim``: the kernel's 128 or 256):
 
 - ``vs_emulation_rms``: the RMS error against a float64 emulation of the kernel's data
   path (the same per-head e4m3 quantisation of q, k, v, the online softmax over key
@@ -118,10 +118,10 @@ def reference(q, k, v, causal: bool, kv_length: int | None, *, emulate: bool,
     return np.transpose(out, (0, 2, 1, 3))
 
 
-def accuracy(case, rng, interpret: bool) -> dict:
-    """One accuracy case's figures (see the module docstring)."""
+def accuracy(case, rng, interpret: bool, head_dim: int = 128) -> dict:
+    """One accuracy case's figures at ``head_dim`` (see the module docstring)."""
     b, lq, lk, h, hk, causal, kvl = case
-    shape_q, shape_kv = (b, lq, h, 128), (b, lk, hk, 128)
+    shape_q, shape_kv = (b, lq, h, head_dim), (b, lk, hk, head_dim)
     q, k, v = (jnp.asarray(rng.standard_normal(s), jnp.bfloat16)
                for s in (shape_q, shape_kv, shape_kv))
     lengths = None if kvl is None else jnp.full((b,), kvl, jnp.int32)
@@ -134,7 +134,7 @@ def accuracy(case, rng, interpret: bool) -> dict:
     def rms(x):
         return float(np.sqrt(np.mean(x ** 2)))
 
-    row = {"case": f"B{b} Lq{lq} Lk{lk} H{h}/{hk}{' causal' if causal else ''}"
+    row = {"case": f"B{b} Lq{lq} Lk{lk} H{h}/{hk} d{head_dim}{' causal' if causal else ''}"
                    f"{'' if kvl is None else f' kv_len {kvl}'}",
            "finite": bool(np.isfinite(out).all()),
            "vs_emulation": float(np.abs(out - emulated).max() / top),
@@ -146,37 +146,39 @@ def accuracy(case, rng, interpret: bool) -> dict:
         from kernels.pallas_mosaic_gpu import pallas_mosaic_gpu_attention
 
         ours = np.asarray(pallas_mosaic_gpu_attention(
-            q, k, v, causal=causal, scale=128 ** -0.5, q_lengths=None, kv_lengths=lengths),
+            q, k, v, causal=causal, scale=head_dim ** -0.5, q_lengths=None, kv_lengths=lengths),
             np.float64)
         row["bf16_vs_float64"] = float(np.abs(ours - exact).max() / top)
     row["ok"] = row["finite"] and row["vs_emulation_rms"] <= EMULATION_BOUND
     return row
 
 
-def rates(rng) -> list[dict]:
-    """TFLOP/s of each peer at :data:`RATE_SHAPES` (GPU only)."""
+def rates(rng, head_dim: int = 128) -> list[dict]:
+    """TFLOP/s of each peer at :data:`RATE_SHAPES` and ``head_dim`` (GPU only; a peer that
+    cannot serve it, FA3 past 128, gets its refusal as the row's entry)."""
+    scale = head_dim ** -0.5
     from kernels.timing import time_call
 
     peers = {"fp8": lambda q, k, v, c: fp8.fp8_attention(q, k, v, causal=c)}
     from kernels.pallas_mosaic_gpu import pallas_mosaic_gpu_attention
 
     peers["pallas_mosaic_gpu"] = lambda q, k, v, c: pallas_mosaic_gpu_attention(
-        q, k, v, causal=c, scale=128 ** -0.5, q_lengths=None, kv_lengths=None)
+        q, k, v, causal=c, scale=scale, q_lengths=None, kv_lengths=None)
     peers["cudnn"] = lambda q, k, v, c: jax.nn.dot_product_attention(
         q, k, v, is_causal=c, implementation="cudnn")
     try:
         from kernels.fa3 import fa3_attention  # noqa: F401 (the optional extra)
 
         peers["fa3"] = lambda q, k, v, c: fa3_attention(
-            q, k, v, causal=c, scale=128 ** -0.5, q_lengths=None, kv_lengths=None)
+            q, k, v, causal=c, scale=scale, q_lengths=None, kv_lengths=None)
     except Exception as err:  # noqa: BLE001 (reported, the rest still timed)
         print(f"fa3 not timed: {err}")
     rows = []
     for b, s, h, causal in RATE_SHAPES:
-        q, k, v = (jnp.asarray(rng.standard_normal((b, s, h, 128)), jnp.bfloat16)
+        q, k, v = (jnp.asarray(rng.standard_normal((b, s, h, head_dim)), jnp.bfloat16)
                    for _ in range(3))
-        flops = 4 * b * h * s * s * 128 / (2 if causal else 1)
-        row = {"shape": f"B{b} S{s} H{h} d128{' causal' if causal else ''}"}
+        flops = 4 * b * h * s * s * head_dim / (2 if causal else 1)
+        row = {"shape": f"B{b} S{s} H{h} d{head_dim}{' causal' if causal else ''}"}
         for name, fn in peers.items():
             try:
                 seconds = time_call(jax.jit(fn, static_argnums=3), (q, k, v, causal)).median_s
@@ -192,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--head-dim", type=int, choices=fp8.HEAD_DIMS, default=128,
+                        help="the kernel's head_dim for every case and rate (default 128)")
     parser.add_argument("--quick", action="store_true",
                         help="the first accuracy case only, in interpret mode on a CPU")
     args = parser.parse_args(argv)
@@ -200,9 +204,11 @@ def main(argv: list[str] | None = None) -> int:
     rng = np.random.default_rng(seed)
     cases = ACCURACY_CASES if on_gpu and not args.quick else ACCURACY_CASES[:1]
     result = {"seed": seed, "device": str(jax.devices()[0]), "jax": jax.__version__,
-              "accuracy": [accuracy(c, rng, interpret=not on_gpu) for c in cases]}
+              "head_dim": args.head_dim,
+              "accuracy": [accuracy(c, rng, interpret=not on_gpu, head_dim=args.head_dim)
+                           for c in cases]}
     if on_gpu and not args.quick:
-        result["rates_tflops"] = rates(rng)
+        result["rates_tflops"] = rates(rng, args.head_dim)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "fp8_attention.json").write_text(json.dumps(result, indent=1))
     for row in result["accuracy"]:
