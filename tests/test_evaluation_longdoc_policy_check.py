@@ -26,9 +26,12 @@ def _write(tmp_path: Path, kernel: str, factor, **kw) -> Path:
 
 
 def _write_reversed(tmp_path: Path, kernel: str, factor, **kw) -> Path:
-    """``auto`` first, then ``kernel`` (``auto / kernel`` is still ``factor``)."""
+    """``auto`` first, then ``kernel`` (``auto / kernel`` is still ``factor``; with
+    ``fail_bucket`` the same side fails as in :func:`_write`)."""
     inverse = ({b: 1 / f for b, f in factor.items()} if isinstance(factor, dict)
                else 1 / factor)
+    if kw.get("fail_bucket") is not None:
+        kw["fail_candidate"] = not kw.get("fail_candidate", False)
     result = comparison(inverse, kernels=("auto", kernel), **kw)
     path = tmp_path / f"policy-vs-{kernel}.json"
     path.write_text(result.model_dump_json())
@@ -269,3 +272,42 @@ def test_the_committed_run_order_shift_and_its_balancing(tmp_path):
     mix = {r.kernel: r for r in found.mix}
     assert mix["cudnn"].verdict == "faster" and mix["pallas_gpu"].verdict == "faster"
     assert mix["pallas_mosaic_gpu"].verdict == "not faster"
+
+
+def test_a_failure_in_either_run_order_is_charged_to_whoever_failed(tmp_path):
+    """The kernel failing bucket 32 in one order and the policy failing it in the other is
+    a policy failure, not a kernel that cannot serve; the kernel failing it in one order
+    only is not a bucket it cannot serve (too few pairs left: not assessed)."""
+    kernel_fails = _write(tmp_path, "k", 0.7, noise=SHARP, fail_bucket=32, seed=10)
+    policy_fails = _write_reversed(tmp_path, "k", 0.7, noise=SHARP, fail_bucket=32,
+                                   fail_candidate=True, seed=11)
+    found = policy_check.check([kernel_fails, policy_fails])
+    assert _verdicts(found)[("32", "k")] == "policy failed" and not found.shown
+    served = _write_reversed(tmp_path, "k", 1.3, noise=SHARP, seed=12)
+    (row,) = [r for r in policy_check.check([kernel_fails, served]).buckets if r.group == "32"]
+    assert row.verdict == "not assessed" and row.kernel_failed == 0
+
+
+def test_replays_with_different_warm_ups_are_refused(tmp_path):
+    first = _write(tmp_path, "k", 1.0)
+    reverse = _write_reversed(tmp_path, "k", 1.0)
+    data = json.loads(reverse.read_text())
+    data["reports"]["k"]["overall"]["requests"] -= 20  # 20 more requests left out as warm-up
+    reverse.write_text(json.dumps(data))
+    with pytest.raises(policy_check.BadInput, match="steady requests differ"):
+        policy_check.check([first, reverse])
+
+
+def test_a_judgement_written_before_run_orders_were_recorded_still_prints(tmp_path):
+    found = policy_check.check([_write(tmp_path, "k", 1.0)])
+    for row in found.mix + found.buckets:
+        row.orders = []
+    assert "k not recorded" in policy_check.text(found)
+
+
+def test_a_result_without_the_policy_is_refused_for_that_even_when_given_twice(tmp_path,
+                                                                              capsys):
+    ab = tmp_path / "ab.json"
+    ab.write_text(comparison(0.9).model_dump_json())
+    assert policy_check.main([str(ab), str(ab)]) == 2
+    assert "must serve a single kernel and 'auto'" in capsys.readouterr().err

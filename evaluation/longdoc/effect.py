@@ -119,17 +119,23 @@ def balanced_log_ratios(orders: Sequence[tuple[LongdocReport, LongdocReport]], f
     either kernel failed in any replay is left out and counted. One item: :func:`log_ratios`.
 
     Raises:
-        ValueError: no replay given, or the replays do not hold the same requests.
+        ValueError: no replay given, or the replays do not hold the same requests or the
+            same steady requests.
     """
     if not orders:
         raise ValueError("no replay to pair")
     ids = {r.id for r in orders[0][0].trace.requests}
+    steady = {r.id for r in steady_requests(orders[0][0])}
     per_request: dict[int, list[float]] = {}
     for baseline, candidate in orders:
         other = {r.id: r for r in candidate.trace.requests}
         if set(other) != ids or {r.id for r in baseline.trace.requests} != ids:
             raise ValueError("the reports hold different requests: not served on the same "
                              "arrivals")
+        if {r.id for r in steady_requests(baseline)} != steady:
+            # a request steady in one replay only would keep its one-order ratio
+            raise ValueError("the replays leave out different warm-up requests: their "
+                             "steady requests differ")
         for a in steady_requests(baseline):
             if bucket is not None and a.bucket != bucket:
                 continue

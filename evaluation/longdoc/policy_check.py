@@ -39,8 +39,9 @@ The metric is the request's compute time by default (the kernels' own effect; ti
 result adds the replay's queueing, which amplifies a compute difference near saturation)
 or, with ``--metric time_to_result``, what a user waits.
 
-Exit codes: 0 shown, 1 not shown, 2 bad input (a result whose second kernel is not
-``auto``, one kernel given twice, results from different workloads or arrivals).
+Exit codes: 0 shown, 1 not shown, 2 bad input (a result that does not serve one kernel
+and ``auto``, one kernel given twice in one order, results from different workloads or
+arrivals, or with different warm-ups).
 
 Example (the committed H100 results, BENCHMARKS.md)::
 
@@ -121,20 +122,23 @@ def _kernel_of(result: BenchResult) -> str:
 
 
 def _failures(replays: list[BenchResult], bucket: int | None) -> tuple[int, int]:
-    """Steady requests of the group that the kernel failed in any replay, and that ``auto``
-    failed where the kernel served them."""
-    failed = {"kernel": set(), "policy": set()}
+    """Steady requests of the group that the kernel failed in every replay (a kernel that
+    served a request in one run order could serve it), and that ``auto`` failed in any
+    replay where the kernel served them (an error is never as fast, whichever order)."""
+    kernel_failed: list[set[int]] = []
+    policy_failed: set[int] = set()
     for result in replays:
         kernel, policy = result.reports[_kernel_of(result)], result.reports[POLICY]
         other = {r.id: r for r in policy.trace.requests}
+        kernel_failed.append(set())
         for r in steady_requests(kernel):
             if bucket is not None and r.bucket != bucket:
                 continue
             if not (r.ok and r.finite):
-                failed["kernel"].add(r.id)
+                kernel_failed[-1].add(r.id)
             elif not (other[r.id].ok and other[r.id].finite):
-                failed["policy"].add(r.id)
-    return len(failed["kernel"]), len(failed["policy"] - failed["kernel"])
+                policy_failed.add(r.id)
+    return len(set.intersection(*kernel_failed)), len(policy_failed)
 
 
 def _row(replays: list[BenchResult], metric: str, bucket: int | None, level: float) -> Row:
@@ -203,6 +207,7 @@ def check(paths: list[Path], metric: str = "compute", level: float = LEVEL) -> P
         except InvalidResult as err:
             raise BadInput(str(err)) from None
         order = tuple(result.kernels)
+        _consistent([(path, result)])  # what a result must be, before it counts as given
         if order in given:
             raise BadInput(f"{path}: kernel {_kernel_of(result)!r} in the order "
                            f"{','.join(order)} is already given by {given[order]}")
@@ -259,6 +264,7 @@ def text(found: PolicyCheck) -> str:
              f"median [{found.level:.0%} interval]"]
     lines.append("  orders  " + "; ".join(
         f"{r.kernel} {'both' if len(r.orders) > 1 else 'one (' + r.orders[0] + ')'}"
+        if r.orders else f"{r.kernel} not recorded"
         for r in found.mix))
     for group, rows in (("all", found.mix), *((b, [r for r in found.buckets if r.group == b])
                                               for b in dict.fromkeys(r.group for r in found.buckets))):
@@ -276,7 +282,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m evaluation.longdoc.policy_check",
         description="Judge a dispatch policy (auto) against single kernels on a "
-                    "long-document mix, from bench results K,auto on the same arrivals.")
+                    "long-document mix, from bench results K,auto and auto,K on the same "
+                    "arrivals.")
     parser.add_argument("results", nargs="+", type=Path, help="bench JSON files, one per kernel")
     parser.add_argument("--metric", default="compute", choices=sorted(METRICS))
     parser.add_argument("--json", type=Path, default=None, help="where to write the judgement")
