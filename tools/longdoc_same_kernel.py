@@ -41,12 +41,18 @@ import numpy as np
 
 _METADATA = re.compile(r",?\s*metadata=\{[^{}]*\}")
 _MODULE = re.compile(r"^HloModule \S+", re.MULTILINE)
+# four tables printed after the module's first line, each a header and rows to a blank line
+_STACK_FRAMES = re.compile(r"^(FileNames|FunctionNames|FileLocations|StackFrames)\n(.+\n)*\n?",
+                           re.MULTILINE)
 
 
 def normalized_hlo(text: str) -> str:
-    """An optimized HLO text without its module name and ``metadata={...}`` annotations
-    (source file, line and op name: different for two call paths compiling one program)."""
-    return _METADATA.sub("", _MODULE.sub("HloModule m", text))
+    """An optimized HLO text without its module name, its ``metadata={...}`` annotations
+    and the stack-frame tables after its first line (``FileNames`` ... ``StackFrames``):
+    source files, lines, Python functions and op names differ for two
+    call paths compiling one program, and an executable loaded from JAX's persistent
+    compilation cache prints the frames of the call that first compiled it."""
+    return _METADATA.sub("", _STACK_FRAMES.sub("", _MODULE.sub("HloModule m", text)))
 
 
 def compare(kernel: str, rows: int, bucket: int, fill: float, rounds: int,
