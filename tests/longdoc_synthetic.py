@@ -47,14 +47,13 @@ def write_spec(workload: WorkloadSpec, folder: Path) -> Path:
     return path
 
 
-def _serve(factor: float | dict, rng: np.random.Generator, noise: float,
-           fail_bucket: int | None):
+def _serve(factor: float | dict[int, float], rng: np.random.Generator, noise: float,
+           fail_bucket: int | None, shift: float = 1.0):
     def serve(batch: Batch) -> BatchOutcome:
         if batch.bucket == fail_bucket:
             return BatchOutcome(0.0, None, "RuntimeError: out of memory")
-        f = (factor.get(batch.bucket, factor.get("default", 1.0)) if isinstance(factor, dict)
-             else factor)
-        s = f * 5e-4 * batch.bucket * float(np.exp(noise * rng.standard_normal()))
+        f = factor.get(batch.bucket, 1.0) if isinstance(factor, dict) else factor
+        s = shift * f * 5e-4 * batch.bucket * float(np.exp(noise * rng.standard_normal()))
         return BatchOutcome(s, tuple(True for _ in batch.requests))
     return serve
 
@@ -76,10 +75,9 @@ def comparison(factor: float | dict[int, float], *, seed: int = 0, noise: float 
     rng = np.random.default_rng(seed)
     reports = {}
     fails = (None, fail_bucket) if fail_candidate else (fail_bucket, None)
-    shifted = ({b: f * second_shift for b, f in factor.items()} | {"default": second_shift}
-               if isinstance(factor, dict) else factor * second_shift)
-    for name, f, fail in ((kernels[0], 1.0, fails[0]), (kernels[1], shifted, fails[1])):
-        trace = replay(requests, workload, _serve(f, rng, noise, fail))
+    for name, f, fail, shift in ((kernels[0], 1.0, fails[0], 1.0),
+                                 (kernels[1], factor, fails[1], second_shift)):
+        trace = replay(requests, workload, _serve(f, rng, noise, fail, shift))
         reports[name] = summarise(trace, workload, implementation=name, device="cpu:synthetic",
                                   weights_sha256=WEIGHTS, workload_sha256=sha)
     return BenchResult(workload=workload.name, workload_sha256=sha, kernels=list(kernels),

@@ -31,7 +31,6 @@ import argparse
 import difflib
 import hashlib
 import json
-import math
 import re
 import sys
 import time
@@ -71,14 +70,19 @@ def compare(kernel: str, rows: int, bucket: int, fill: float, rounds: int,
     from evaluation.longdoc.encoder import LongDocEncoder, encode_jit
     from evaluation.longdoc.spec import load_spec, shipped
     from kernels.dispatch import get_attention_fn
+    from kernels.shapes import AttentionShape
 
     spec = load_spec(shipped(workload))
     encoder = LongDocEncoder.for_spec(spec.encoder)
-    tokens = max(1, min(bucket, math.ceil(round(fill * bucket, 9))))
+    # the documents' length as the dispatch evidence passes a fill (one rounding rule)
+    lengths = np.asarray(AttentionShape(
+        batch=rows, q_len=bucket, kv_len=bucket, num_heads=spec.encoder.heads,
+        num_kv_heads=spec.encoder.heads, head_dim=spec.encoder.head_dim,
+        dtype=spec.encoder.dtype, causal=False, kv_fill=fill).kv_lengths())
+    tokens = int(lengths[0])
     ids = np.zeros((rows, bucket), np.int32)
     for i in range(rows):
         ids[i, :tokens] = encoder.document_ids(i, tokens)
-    lengths = np.full((rows,), tokens, np.int32)
     args = (encoder.params, jnp.asarray(ids), jnp.asarray(lengths))
     programs, texts, resolved = {}, {}, {}
     for name in (kernel, "auto"):

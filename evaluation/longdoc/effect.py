@@ -91,20 +91,7 @@ def log_ratios(baseline: LongdocReport, candidate: LongdocReport, field: str,
     Raises:
         ValueError: the reports do not hold the same requests (not one pairing).
     """
-    other = {r.id: r for r in candidate.trace.requests}
-    if set(other) != {r.id for r in baseline.trace.requests}:
-        raise ValueError("the reports hold different requests: not served on the same arrivals")
-    out, excluded = [], 0
-    for a in steady_requests(baseline):
-        if bucket is not None and a.bucket != bucket:
-            continue
-        b = other[a.id]
-        x, y = getattr(a, field), getattr(b, field)
-        if a.ok and b.ok and a.finite and b.finite and x > 0 and y > 0:
-            out.append(math.log(y / x))
-        else:
-            excluded += 1
-    return np.asarray(out, dtype=float), excluded
+    return balanced_log_ratios([(baseline, candidate)], field, bucket)
 
 
 def balanced_log_ratios(orders: Sequence[tuple[LongdocReport, LongdocReport]], field: str,
@@ -116,7 +103,8 @@ def balanced_log_ratios(orders: Sequence[tuple[LongdocReport, LongdocReport]], f
     state after the first replay) then enters each request's mean once with each sign and
     cancels; measured on an H100 at up to 2.7 % of compute in the 1k-2k buckets
     (``kernels/tools/bench_results/h100-2026-12-06-seq-cut-2048-policy/``). A request
-    either kernel failed in any replay is left out and counted. One item: :func:`log_ratios`.
+    either kernel failed in any replay is left out and counted. One item: one replay's
+    ratios (:func:`log_ratios`).
 
     Raises:
         ValueError: no replay given, or the replays do not hold the same requests or the
@@ -125,25 +113,27 @@ def balanced_log_ratios(orders: Sequence[tuple[LongdocReport, LongdocReport]], f
     if not orders:
         raise ValueError("no replay to pair")
     ids = {r.id for r in orders[0][0].trace.requests}
-    steady = {r.id for r in steady_requests(orders[0][0])}
-    per_request: dict[int, list[float]] = {}
+    first_steady = steady_requests(orders[0][0])
+    steady_ids = {r.id for r in first_steady}
+    order = [r.id for r in first_steady if bucket is None or r.bucket == bucket]
+    per_request: dict[int, list[float]] = {i: [] for i in order}
     for baseline, candidate in orders:
         other = {r.id: r for r in candidate.trace.requests}
         if set(other) != ids or {r.id for r in baseline.trace.requests} != ids:
             raise ValueError("the reports hold different requests: not served on the same "
                              "arrivals")
-        if {r.id for r in steady_requests(baseline)} != steady:
+        steady = steady_requests(baseline)
+        if {r.id for r in steady} != steady_ids:
             # a request steady in one replay only would keep its one-order ratio
             raise ValueError("the replays leave out different warm-up requests: their "
                              "steady requests differ")
-        for a in steady_requests(baseline):
+        for a in steady:
             if bucket is not None and a.bucket != bucket:
                 continue
             b = other[a.id]
             x, y = getattr(a, field), getattr(b, field)
             ok = a.ok and b.ok and a.finite and b.finite and x > 0 and y > 0
-            per_request.setdefault(a.id, []).append(math.log(y / x) if ok else math.nan)
-    order = [r.id for r in steady_requests(orders[0][0]) if r.id in per_request]
+            per_request[a.id].append(math.log(y / x) if ok else math.nan)
     values = [per_request[i] for i in order]
     kept = [sum(v) / len(v) for v in values if not any(math.isnan(x) for x in v)]
     return np.asarray(kept, dtype=float), len(values) - len(kept)

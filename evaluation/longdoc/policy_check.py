@@ -164,29 +164,29 @@ def _row(replays: list[BenchResult], metric: str, bucket: int | None, level: flo
     return row
 
 
+def _serves_the_policy(path: Path, result: BenchResult) -> None:
+    """Refuse a result that is not ``K,auto`` or ``auto,K``."""
+    if POLICY not in result.kernels:
+        raise BadInput(f"{path}: its kernels are {result.kernels}; each result must serve "
+                       f"a single kernel and {POLICY!r} (the policy), in either order")
+    if result.kernels == [POLICY, POLICY]:
+        raise BadInput(f"{path}: {POLICY!r} against itself is an A/A, not a single kernel")
+
+
 def _consistent(results: list[tuple[Path, BenchResult]]) -> BenchResult:
-    """The first result, once every result is ``K,auto`` or ``auto,K`` on the same
-    workload and arrivals."""
-    first = None
-    for path, result in results:
-        if POLICY not in result.kernels:
-            raise BadInput(f"{path}: its kernels are {result.kernels}; each result must serve "
-                           f"a single kernel and {POLICY!r} (the policy), in either order")
-        if result.kernels == [POLICY, POLICY]:
-            raise BadInput(f"{path}: {POLICY!r} against itself is an A/A, not a single kernel")
-        if first is None:
-            first = result
-            continue
+    """The first result, once every result is on its workload and arrivals."""
+    if not results:
+        raise BadInput("no result given")
+    first = results[0][1]
+    arrivals = {r.id: r.arrival_s for r in first.baseline.trace.requests}
+    for path, result in results[1:]:
         if result.workload_sha256 != first.workload_sha256 or result.workload != first.workload:
             raise BadInput(f"{path}: workload {result.workload} "
                            f"({result.workload_sha256}) is not {first.workload} "
                            f"({first.workload_sha256}): one mix must be judged on one workload")
-        ids = {r.id: r.arrival_s for r in result.baseline.trace.requests}
-        if ids != {r.id: r.arrival_s for r in first.baseline.trace.requests}:
+        if {r.id: r.arrival_s for r in result.baseline.trace.requests} != arrivals:
             raise BadInput(f"{path}: its requests or arrival times differ from the first "
                            "result's: not the same arrivals")
-    if first is None:
-        raise BadInput("no result given")
     return first
 
 
@@ -207,7 +207,7 @@ def check(paths: list[Path], metric: str = "compute", level: float = LEVEL) -> P
         except InvalidResult as err:
             raise BadInput(str(err)) from None
         order = tuple(result.kernels)
-        _consistent([(path, result)])  # what a result must be, before it counts as given
+        _serves_the_policy(path, result)  # before it counts as given
         if order in given:
             raise BadInput(f"{path}: kernel {_kernel_of(result)!r} in the order "
                            f"{','.join(order)} is already given by {given[order]}")
