@@ -52,15 +52,15 @@ per row: the ``(8, 64)`` shared-memory tiling and the TMA box along head_dim).""
 MAX_OUTPUT_CHUNKS = 4
 
 
-def tile_registers(block_q: int, block_kv: int, head_dim: int, *, pipelined: bool) -> int:
+def tile_registers(block_q: int, block_kv: int, head_dim: int) -> int:
     """32-bit registers per consumer thread the tiles need (NOTES-gpu.md's count, a
     warpgroup is 128 threads): the float32 logits ``S`` (``block_q * block_kv / 128``),
     ``P`` in bf16/f16 (half that) and the float32 output accumulator
-    (``block_q * head_dim / 128``); the intra-warpgroup pipeline carries a second ``S``
-    (the next block's ``Q K^T`` in flight through this block's softmax). Addresses,
-    the softmax state and loop counters come on top."""
+    (``block_q * head_dim / 128``). The intra-warpgroup pipeline needs the same: the
+    next block's ``S``, this block's ``P`` (read by its ``P V`` in flight) and the
+    accumulator. Addresses, the softmax state and loop counters come on top."""
     s = block_q * block_kv // 128
-    return (2 if pipelined else 1) * s + s // 2 + block_q * head_dim // 128
+    return s + s // 2 + block_q * head_dim // 128
 
 
 class SwitchRule(BaseModel):
@@ -198,15 +198,23 @@ class MosaicVariant(BaseModel):
             is freed after the tile's last ``Q K^T`` even where a whole output buffer
             does not fit (head_dim 256: 32 KiB of staging instead of 64).
             ``head_dim / n`` must be a multiple of 64 (:meth:`check_tiling`).
-        intra_wg_pipeline: ``False`` (default): each consumer waits for ``Q K^T`` of a
-            block right before its softmax. ``True``: FlashAttention-3's
-            intra-warpgroup pipelining (arXiv:2407.08608, section 3.2): ``Q K^T`` of
-            block j+1 is issued before the softmax of block j and waited for after
-            that block's ``P V``, so the softmax runs under the consumer's own
-            ``wgmma``; a second logits tile lives in registers across the iteration.
-            Only for tilings whose tiles fit the consumer's registers
-            (:meth:`check_tiling`: at most ``consumer_registers`` by
-            :func:`tile_registers`; e.g. not head_dim 64 with 256-key blocks).
+        intra_wg_pipeline: ``False`` (default): each consumer issues ``Q K^T`` of a
+            block, waits for it, runs the softmax, then issues and waits for the
+            block's ``P V``; the ping-pong passes the two-arrival ``schedule`` barrier
+            twice per block. ``True``: FlashAttention-3's intra-warpgroup pipelining
+            (arXiv:2407.08608, section 3.2) in its code's order: in one turn on the
+            tensor core a consumer issues ``Q K^T`` of block j+1 and then ``P V`` of
+            block j, waits for the first alone (``wgmma.wait_group 1``) and runs block
+            j+1's softmax while block j's ``P V`` is in flight; the accumulator's
+            rescale by block j+1's factor is applied before the next turn. ``P``
+            (bf16/f16), not the float32 logits, is carried across steps, so the tiles
+            need no more registers than without the pipeline. Turns alternate through
+            two one-arrival barriers (consumer w waits ``turn[w]``, then arrives on
+            ``turn[1 - w]``; FA3's two named scheduler barriers), carried across tiles
+            for the whole kernel; the two consumers' softmaxes may overlap, so the
+            lazy rescale's warpgroup-wide skip is not taken (the rescale by 1 of rows
+            that did not move is). Only for tilings whose tiles fit the consumer's
+            registers (:meth:`check_tiling`).
 
     Raises:
         pydantic.ValidationError: a threshold outside (0, 8], a register count that is
@@ -224,7 +232,7 @@ class MosaicVariant(BaseModel):
     consumer_registers: int = Field(232, description="setmaxnreg of each consumer")
     producer_registers: int = Field(40, description="setmaxnreg of the producer")
     intra_wg_pipeline: bool = Field(
-        False, description="issue Q K^T of block j+1 before the softmax of block j")
+        False, description="issue Q K^T of block j+1 with P V of block j (FA3 section 3.2)")
     pingpong_across_tiles: bool = Field(
         False, description="set the ping-pong's phase offset once per kernel, not per tile")
     output_chunks: int = Field(
@@ -251,8 +259,8 @@ class MosaicVariant(BaseModel):
         """Raise ``ValueError`` when this variant cannot run the tiling: ``output_chunks``
         must split ``padded_head_dim`` into chunks of a multiple of
         ``OUTPUT_CHUNK_COLS`` (64) columns; with
-        ``intra_wg_pipeline`` the tiles' registers (:func:`tile_registers`, two logits
-        tiles) must not exceed ``consumer_registers``. The bound is the one the H200
+        ``intra_wg_pipeline`` the tiles' registers (:func:`tile_registers`) must not
+        exceed ``consumer_registers``. The bound is the one the H200
         drew without the pipeline (the first register measurements of the variants):
         224 registers of tiles (head_dim 64, 64 x 256) built without a spill under 232,
         256 (128 x 128) spilled."""
@@ -264,12 +272,12 @@ class MosaicVariant(BaseModel):
                 f"staging buffer and of its TMA store)")
         if not self.intra_wg_pipeline:
             return
-        need = tile_registers(block_q, block_kv, padded_head_dim, pipelined=True)
+        need = tile_registers(block_q, block_kv, padded_head_dim)
         if need > self.consumer_registers:
             raise ValueError(
                 f"intra_wg_pipeline: block_q={block_q}, block_kv={block_kv} at padded "
                 f"head_dim {padded_head_dim} need {need} registers per consumer thread "
-                f"for their tiles (two float32 logits tiles, P, the accumulator), over "
+                f"for their tiles (the float32 logits, P, the accumulator), over "
                 f"consumer_registers={self.consumer_registers}; use a smaller block_kv")
 
     def is_default(self) -> bool:

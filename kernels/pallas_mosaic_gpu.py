@@ -50,10 +50,10 @@ arXiv:2407.08608), exact attention with an online softmax (FlashAttention-2, Dao
   accumulator (the running max moves only when a block's max exceeds it by more than a
   threshold; the rescale is skipped when no row of the warpgroup moved), the row sum
   before or after the ping-pong hand-over, the consumer/producer register split, and
-  intra-warpgroup pipelining (FA3 section 3.2: ``Q Kᵀ`` of block j+1 issued before the
-  softmax of block j and waited with that block's ``P V``; the logits tile is carried
-  across iterations; off by default, refused where two logits tiles exceed the
-  consumer's registers), the ping-pong's phase offset set once per kernel instead of
+  intra-warpgroup pipelining (FA3 section 3.2 in its code's order: one turn issues
+  ``Q Kᵀ`` of block j+1 and ``P V`` of block j, and block j+1's softmax runs while that
+  ``P V`` is in flight; ``P`` is carried across steps; turns pass between the consumers
+  through two one-arrival barriers, for the whole kernel), the ping-pong's phase offset set once per kernel instead of
   per tile (FA3's ``mma_init``; registered at head_dim 64; calls with lengths keep it
   per tile, since a tile they leave empty would deadlock it), and the output staged
   through ``head_dim / n``-column buffers in ``n`` stores (registered at 256, where
@@ -241,10 +241,15 @@ def _smem(config: MosaicConfig, head_dim: int, itemsize: int, staging_cols: int,
 
 def variant_scratch_bytes(variant: MosaicVariant | None) -> int:
     """Shared memory a variant adds (bytes): the lazy rescale's warpgroup-wide max
-    uses Mosaic GPU's cross-warp reduction scratch (``REDUCTION_SCRATCH_BYTES``)."""
+    uses Mosaic GPU's cross-warp reduction scratch (``REDUCTION_SCRATCH_BYTES``; counted
+    under the pipeline too, which skips that max), and the intra-warpgroup pipeline's
+    two turn barriers take 8 bytes each."""
+    extra = 0
     if variant is not None and variant.lazy_rescale_log2 is not None:
-        return REDUCTION_SCRATCH_BYTES
-    return 0
+        extra += REDUCTION_SCRATCH_BYTES
+    if variant is not None and variant.intra_wg_pipeline:
+        extra += 2 * 8
+    return extra
 
 
 def output_staging_cols(config: MosaicConfig, head_dim: int, itemsize: int = 2,
@@ -476,24 +481,37 @@ class _Ops:
 
         return pl.run_scoped(body, plgpu.ACC((q_tile.shape[0], block_kv), jnp.float32))
 
-    def qk_during(self, q_tile, k_tile, block_kv: int, during):
-        """Issue ``q_tile @ k_tileᵀ`` (float32), run ``during()`` while it is in flight,
-        then wait for it: returns ``(logits, during())``. ``during`` may issue and wait
-        other ``wgmma`` (its own waits then also complete this one, whose accumulator
-        registers stay untouched until the result is read). In the interpreter the
-        product is taken from shared memory at the issue, where ``wgmma`` reads it."""
+    def qk_and_pv(self, q_tile, k_tile, acc, p, v_tile, block_kv: int, *, after_issue,
+                  during, during_init):
+        """Issue ``S = q_tile @ k_tileᵀ`` and then ``acc + p @ v_tile`` (float32), run
+        ``after_issue()``, wait for ``S`` alone (``wgmma.wait_group 1``: the groups
+        complete in issue order, so the ``P V`` stays in flight), run ``during(S)``, then
+        wait for the ``P V``. Returns ``(acc + p @ v_tile, during(S))``; ``during``
+        returns arrays shaped, typed and laid out like ``during_init`` (they leave the
+        accumulators' scope as the final values of state refs initialised with it)."""
         if self.interpret:
             s = lax.dot_general(q_tile[...], k_tile[...], (((1,), (1,)), ((), ())),
                                 preferred_element_type=jnp.float32)
-            return s, during()
+            after_issue()
+            out = during(s)
+            return acc + lax.dot_general(p, v_tile[...], (((1,), (0,)), ((), ())),
+                                         preferred_element_type=jnp.float32), out
         plgpu, pl = self.plgpu, self.pl
+        s0 = self.layout(jnp.zeros((q_tile.shape[0], block_kv), jnp.float32),
+                         plgpu.Layout.WGMMA)
 
-        def body(acc_ref):
-            plgpu.wgmma(acc_ref, q_tile, plgpu.transpose_ref(k_tile, (1, 0)))
-            out = during()
-            return acc_ref[...], out
+        def body(refs):
+            o_ref, s_ref, *out_refs = refs
+            plgpu.wgmma(s_ref, q_tile, plgpu.transpose_ref(k_tile, (1, 0)))
+            plgpu.wgmma(o_ref, p, v_tile)
+            after_issue()
+            s = plgpu.wgmma_accumulator_load(s_ref, wait_n=1)
+            for ref, value in zip(out_refs, during(s), strict=True):
+                ref[...] = value
 
-        return pl.run_scoped(body, plgpu.ACC((q_tile.shape[0], block_kv), jnp.float32))
+        acc, _, *out = pl.run_state(body)((plgpu.ACC.init(acc), plgpu.ACC.init(s0),
+                                           *during_init))
+        return acc, tuple(out)
 
     def pv(self, acc, p, v_tile, after_issue):
         """``acc + p @ v_tile`` in float32; ``after_issue()`` runs while it is in flight."""
@@ -559,7 +577,7 @@ def _build_kernel(plan: _Plan):
     loop_grid = (plan.batch * plan.num_heads * plan.num_q_pairs,)
 
     def kernel(*refs, q_smem, k_smem, v_smem, q_ready, q_free, k_ready, v_ready, k_free,
-               v_free, schedule, o_smem=None):
+               v_free, schedule, o_smem=None, turn=None):
         refs = list(refs)
         q_len_ref = refs.pop(0) if plan.has_q_lengths else None
         kv_len_ref = refs.pop(0) if plan.has_kv_lengths else None
@@ -579,7 +597,9 @@ def _build_kernel(plan: _Plan):
             q_tile = q_smem.at[wg]
             o_tile = o_smem.at[wg] if plan.separate_output else q_tile
             early_q_free = plan.separate_output
-            if across_tiles:  # FA3's mma_init: the phase offset once per kernel
+            if pipelined:  # consumer 0 takes the first turn (FA3's mma_init)
+                pl.when(wg == 1)(lambda: plgpu.barrier_arrive(turn.at[0]))
+            elif across_tiles:  # FA3's mma_init: the phase offset once per kernel
                 pl.when(wg == 1)(schedule_sync)
 
             @plgpu.nd_loop(loop_grid, collective_axes="sm", init_carry=jnp.int32(0))
@@ -605,19 +625,23 @@ def _build_kernel(plan: _Plan):
                 def _():
                     plgpu.barrier_wait(k_ready.at[slot_of(g0)])
 
-                if not across_tiles:
+                if not (across_tiles or pipelined):
                     pl.when(wg == 1)(schedule_sync)  # consumer 1 runs one phase behind
+
+                def mask(ki, s):
+                    """Block ``ki``'s logits with the keys past ``kv_end`` (and, causal,
+                    above the diagonal) at ``-inf``."""
+                    cols = ki * block_kv + ops.iota((block_q, block_kv), 1)
+                    visible = cols < kv_end
+                    if plan.causal:
+                        rows = row0 + ops.iota((block_q, block_kv), 0)
+                        visible = jnp.logical_and(visible, cols <= rows)
+                    return jnp.where(visible, s, -jnp.inf)
 
                 def softmax(ki, s, acc, m_i, l_i, *, masked):
                     """The online softmax of block ``ki`` on its logits ``s`` (this
                     consumer's phase between the schedule barrier's two passes)."""
-                    if masked:
-                        cols = ki * block_kv + ops.iota((block_q, block_kv), 1)
-                        visible = cols < kv_end
-                        if plan.causal:
-                            rows = row0 + ops.iota((block_q, block_kv), 0)
-                            visible = jnp.logical_and(visible, cols <= rows)
-                        s = jnp.where(visible, s, -jnp.inf)
+                    s = mask(ki, s) if masked else s
                     # m in raw-logit units, p = exp2((s - m) * c): no multiplication
                     # feeds a subtraction that Mosaic GPU's `contract` flags would fuse
                     # into an FMA (softmax_block says what that FMA broke).
@@ -690,53 +714,78 @@ def _build_kernel(plan: _Plan):
                     return acc, m_new, l_i
 
 
-                def first_qk(_, s):
-                    """Pipelined prologue (ub >= 1): Q K^T of block 0, waited at once;
-                    the K of block 1 is awaited while it runs (step 0 issues its Q K^T)."""
-                    def prefetch_wait():
-                        @pl.when(ub > 1)
-                        def _():
-                            plgpu.barrier_wait(k_ready.at[slot_of(g0 + 1)])
+                def turn_wait():
+                    plgpu.barrier_wait(turn.at[wg])
 
+                def turn_pass():
+                    plgpu.barrier_arrive(turn.at[1 - wg])
+
+                def block_softmax(ki, s, m_i, l_i, *, masked):
+                    """The pipelined order's softmax of block ``ki`` (its ``P V`` comes
+                    one step later): ``(m, l, alpha, p)``, the accumulator's rescale
+                    ``alpha`` left for the step that issues this block's ``P V``. No
+                    warpgroup-wide reduction: both consumers' softmaxes may overlap here,
+                    and Mosaic GPU's reduction scratch is shared."""
+                    s = mask(ki, s) if masked else s
+                    m_new, _, alpha, p = softmax_block(
+                        m_i, s, c, lazy,
+                        lambda row, shape: lax.broadcast_in_dim(row, shape, [0]))
+                    return m_new, l_i * alpha + p.sum(axis=1), alpha, p
+
+                def first_block(ki, state, *, masked):
+                    """Block 0 (ub >= 1): its ``Q K^T`` alone in this consumer's first
+                    turn of the tile, then its softmax."""
+                    acc, m_i, l_i, _, p_lo = state
                     slot = slot_of(g0)
-                    s = ops.qk(q_tile, k_smem.at[slot], block_kv, prefetch_wait)
-                    qk_done(0, slot)
-                    return s
+                    turn_wait()
+                    s = ops.qk(q_tile, k_smem.at[slot], block_kv, turn_pass)
+                    qk_done(ki, slot)
+                    m_i, l_i, alpha, p = block_softmax(ki, s, m_i, l_i, masked=masked)
+                    return acc, m_i, l_i, alpha, p.astype(plan.dtype)
 
-                def pipelined_step(ki, state, *, masked, issue):
-                    """Block ``ki`` with its logits ``s`` already in registers. With
-                    ``issue`` (ki + 1 < ub), Q K^T of block ki + 1 is issued first and
-                    stays in flight through this block's softmax, hand-over and P V (FA3
-                    section 3.2); its result is the next step's ``s``. The schedule
-                    barrier is passed as in ``kv_step``: once after the issue (here: of
-                    block ki + 1, or of nothing on the tile's last block), once after
-                    the softmax."""
-                    acc, m_i, l_i, s = state
+                def overlapped_step(ki, state, *, masked):
+                    """Blocks ki + 1 and ki (FA3 section 3.2, its code's order): in one turn
+                    issue ``Q K^T`` of block ki + 1, then ``P V`` of block ki; the softmax of
+                    block ki + 1 runs while that ``P V`` (and the other consumer's turn)
+                    occupies the tensor core. ``masked`` is block ki + 1's."""
+                    acc, m_i, l_i, alpha, p_lo = state
                     step = g0 + ki
-                    slot = slot_of(step)
+                    slot, next_slot = slot_of(step), slot_of(step + 1)
+                    acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
+                    plgpu.barrier_wait(k_ready.at[next_slot])
+                    plgpu.barrier_wait(v_ready.at[slot])
+                    turn_wait()
 
-                    def block():
-                        schedule_sync()
-                        acc_, m_new, l_, p, p_lo = softmax(ki, s, acc, m_i, l_i, masked=masked)
-                        l_ = handover(slot, l_, p)
+                    def during(s):
+                        qk_done(ki + 1, next_slot)
+                        m_new, l_new, alpha_new, p = block_softmax(ki + 1, s, m_i, l_i,
+                                                                   masked=masked)
+                        return m_new, l_new, alpha_new, p
 
-                        def prefetch_wait():  # K of block ki + 2, issued in the next step
-                            @pl.when(ki + 2 < ub)
-                            def _():
-                                plgpu.barrier_wait(k_ready.at[slot_of(step + 2)])
+                    acc, (m_i, l_i, alpha, p) = ops.qk_and_pv(
+                        q_tile, k_smem.at[next_slot], acc, p_lo, v_smem.at[slot], block_kv,
+                        after_issue=turn_pass, during=during,
+                        during_init=(m_i, l_i, alpha, s_init))
+                    plgpu.barrier_arrive(v_free.at[slot])
+                    return acc, m_i, l_i, alpha, p.astype(plan.dtype)
 
-                        acc_ = ops.pv(acc_, p_lo, v_smem.at[slot],
-                                      prefetch_wait if issue else lambda: None)
-                        plgpu.barrier_arrive(v_free.at[slot])
-                        return acc_, m_new, l_
+                def last_pv(ki, state):
+                    """Block ub - 1's ``P V`` alone, in this consumer's last turn of the
+                    tile."""
+                    acc, m_i, l_i, alpha, p_lo = state
+                    slot = slot_of(g0 + ki)
+                    acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
+                    plgpu.barrier_wait(v_ready.at[slot])
+                    turn_wait()
+                    acc = ops.pv(acc, p_lo, v_smem.at[slot], turn_pass)
+                    plgpu.barrier_arrive(v_free.at[slot])
+                    return acc, m_i, l_i, alpha, p_lo
 
-                    if not issue:
-                        return (*block(), s)
-                    next_slot = slot_of(step + 1)
-                    s_next, (acc, m_new, l_i) = ops.qk_during(
-                        q_tile, k_smem.at[next_slot], block_kv, block)
-                    qk_done(ki + 1, next_slot)
-                    return acc, m_new, l_i, s_next
+                def split(lo, hi, cut, body, state):
+                    """``body`` over [lo, hi): unmasked below ``cut``, masked from it."""
+                    state = _loop(lo, _min(hi, cut), functools.partial(body, masked=False),
+                                  state)
+                    return _loop(_max(lo, cut), hi, functools.partial(body, masked=True), state)
 
                 state = (ops.layout(jnp.zeros((block_q, d), jnp.float32), plgpu.Layout.WGMMA),
                          ops.layout(jnp.full((block_q,), -jnp.inf, jnp.float32), row_layout),
@@ -750,24 +799,18 @@ def _build_kernel(plan: _Plan):
                                               state)
                     acc, _, l_i = state
                 else:
-                    # Blocks [0, ub - 1) issue the next block's Q K^T; block ub - 1 (the
-                    # epilogue) issues none. Each range is split at n_full into unmasked
-                    # and masked steps; the carried logits cross the split. Empty ranges
-                    # (lo >= hi) run no step, so ub = 0 and ub = 1 need no branch.
-                    s0 = ops.layout(jnp.zeros((block_q, block_kv), jnp.float32),
-                                    plgpu.Layout.WGMMA)
-                    s0 = _loop(0, _min(ub, 1), first_qk, s0)
-                    last = _max(ub - 1, 0)
-                    body = functools.partial(pipelined_step, masked=False, issue=True)
-                    state = _loop(0, _min(n_full, last), body, (*state, s0))
-                    body = functools.partial(pipelined_step, masked=True, issue=True)
-                    state = _loop(n_full, last, body, state)
-                    body = functools.partial(pipelined_step, masked=False, issue=False)
-                    state = _loop(last, n_full, body, state)  # block ub - 1, unmasked
-                    body = functools.partial(pipelined_step, masked=True, issue=False)
-                    state = _loop(_max(last, n_full), ub, body, state)  # ... or masked
-                    acc, _, l_i, _ = state
-                if not across_tiles:
+                    # Turns per tile: block 0's Q K^T, then ub - 1 overlapped steps, then
+                    # block ub - 1's P V; none when ub = 0 (both consumers alike). Step ki
+                    # softmaxes block ki + 1, so its unmasked steps end at n_full - 1.
+                    ones = ops.layout(jnp.ones((block_q,), jnp.float32), row_layout)
+                    s_init = ops.layout(jnp.zeros((block_q, block_kv), jnp.float32),
+                                        plgpu.Layout.WGMMA)
+                    state = (*state, ones, s_init.astype(plan.dtype))
+                    state = split(0, _min(ub, 1), n_full, first_block, state)
+                    state = split(0, _max(ub - 1, 0), n_full - 1, overlapped_step, state)
+                    state = _loop(_max(ub - 1, 0), ub, last_pv, state)
+                    acc, _, l_i, _, _ = state
+                if not (across_tiles or pipelined):
                     pl.when(wg == 0)(schedule_sync)  # closes consumer 1's last phase
 
                 inv_l = jnp.where(l_i > 0.0, 1.0 / jnp.where(l_i > 0.0, l_i, 1.0), 0.0)
@@ -794,7 +837,9 @@ def _build_kernel(plan: _Plan):
                     plgpu.barrier_arrive(q_free.at[wg])
                 return g0 + ub
 
-            if across_tiles:  # closes consumer 1's last phase of the kernel
+            if pipelined:  # consumer 1's last turn passed: every phase is observed
+                pl.when(wg == 0)(lambda: plgpu.barrier_wait(turn.at[0]))
+            elif across_tiles:  # closes consumer 1's last phase of the kernel
                 pl.when(wg == 0)(schedule_sync)
             plgpu.wait_smem_to_gmem(0)
 
@@ -874,6 +919,10 @@ def _scratch(plan: _Plan) -> dict[str, Any]:
         v_free=plgpu.Barrier(num_arrivals=2, num_barriers=plan.stages),
         schedule=plgpu.Barrier(num_arrivals=2),
     )
+    if plan.variant.intra_wg_pipeline:
+        # Its ping-pong: consumer w waits turn[w] before issuing its wgmma, then arrives
+        # on turn[1 - w] (FA3's two named scheduler barriers, as mbarriers).
+        scratch["turn"] = plgpu.Barrier(num_barriers=2)
     if plan.separate_output:
         scratch["o_smem"] = tiles(2, plan.block_q, plan.output_cols)
     return scratch

@@ -96,6 +96,80 @@ def test_a_missing_group_is_named_not_passed():
     assert "group d64 causal: no row" in s["not_assessed"]
 
 
+def _with_fa3(report, fa3_of):
+    """``report`` with an FA3 row on every head_dim-128 shape: the default's TFLOP/s
+    divided by ``fa3_of(label)`` (the ratio ours/FA3 the judge should read), or an error
+    row where ``fa3_of`` returns None."""
+    for r in list(report["rows"]):
+        if r["variant"] == "default" and " d128 " in r["shape"]:
+            ratio = fa3_of(r["shape"])
+            report["rows"].append(
+                {"shape": r["shape"], "variant": "fa3", "error": "ImportError: no wheel"}
+                if ratio is None else
+                {"shape": r["shape"], "variant": "fa3", "tflops": r["tflops"] / ratio})
+    return report
+
+
+def test_the_fa3_floor_is_every_d128_row_and_the_geomean_against_fa3():
+    rng = np.random.default_rng()
+    drawn = {}
+
+    def fa3_of(label):
+        return drawn.setdefault(label, float(rng.uniform(1.031, 1.09)))
+
+    s = grid_summary.summarize(_with_fa3(_report(lambda *_: 1.1), fa3_of))
+    assert set(s) == {"default"}  # FA3 is a peer, never a variant
+    fa3 = s["default"]["against_fa3"]
+    assert len(fa3["ratios"]) == 8 and set(fa3["ratios"]) == set(drawn)
+    assert fa3["geomean"] == pytest.approx(math.exp(np.mean(np.log(list(drawn.values())))))
+    assert fa3["min_row"]["ratio_to_fa3"] == pytest.approx(min(drawn.values()))
+    assert fa3["floor_met"] is True and fa3["not_assessed"] == []
+    assert fa3["goal_met"] is (fa3["geomean"] >= 1.05)
+
+
+def test_one_d128_row_behind_fa3_fails_its_floor_whatever_the_geomean():
+    behind = "float16 d128 full B4 S4096x4096 H16/16"
+    s = grid_summary.summarize(_with_fa3(_report(lambda *_: 1.1),
+                                         lambda lab: 0.99 if lab == behind else 1.15))
+    fa3 = s["default"]["against_fa3"]
+    assert fa3["geomean"] > 1.05 and fa3["min_row"]["shape"] == behind
+    assert fa3["floor_met"] is False and fa3["goal_met"] is True
+
+
+def test_a_geomean_under_1_03_against_fa3_fails_its_floor():
+    fa3 = grid_summary.summarize(_with_fa3(_report(lambda *_: 1.1),
+                                           lambda _: 1.029))["default"]["against_fa3"]
+    assert fa3["floor_met"] is False and fa3["goal_met"] is False
+    fa3 = grid_summary.summarize(_with_fa3(_report(lambda *_: 1.1),
+                                           lambda _: 1.031))["default"]["against_fa3"]
+    assert fa3["floor_met"] is True
+
+
+def test_a_row_behind_cudnn_anywhere_fails_the_fa3_floor():
+    def ratio(dtype, d, causal, s):
+        return 0.98 if (dtype, d, causal, s) == ("bfloat16", 64, True, 4096) else 1.2
+
+    fa3 = grid_summary.summarize(_with_fa3(_report(ratio),
+                                           lambda _: 1.2))["default"]["against_fa3"]
+    assert fa3["geomean"] == pytest.approx(1.2)
+    assert fa3["every_row_vs_cudnn"] is False and fa3["floor_met"] is False
+
+
+def test_an_untimed_fa3_row_is_not_assessed_never_passed():
+    missing = "bfloat16 d128 causal B1 S16384x16384 H16/16"
+    fa3 = grid_summary.summarize(_with_fa3(
+        _report(lambda *_: 1.2), lambda lab: None if lab == missing else 1.2)
+    )["default"]["against_fa3"]
+    assert fa3["floor_met"] is False and fa3["goal_met"] is False
+    assert len(fa3["ratios"]) == 7
+    assert any(missing in r and "ImportError: no wheel" in r for r in fa3["not_assessed"])
+    # no FA3 row at all: every d128 shape is named
+    fa3 = grid_summary.summarize(_report(lambda *_: 1.2))["default"]["against_fa3"]
+    assert len(fa3["not_assessed"]) == 8 and fa3["floor_met"] is False
+    assert "against FA3" in grid_summary.format_summary(
+        grid_summary.summarize(_report(lambda *_: 1.2)))
+
+
 def test_the_command_line_refuses_a_file_that_is_not_a_report(tmp_path):
     bad = tmp_path / "x.json"
     bad.write_text(json.dumps({"rows": [{"shape": "nonsense", "variant": "default"}],

@@ -78,39 +78,36 @@ def test_defaults_are_the_kernel_before_the_switches():
 
 
 def test_intra_wg_pipeline_refuses_tilings_whose_tiles_exceed_the_registers():
-    """Two float32 logits tiles, P and the accumulator per consumer thread
-    (NOTES-gpu.md's count): d64 64x128 192, d128 64x128 224, d256 64x64 208 fit 232;
-    d64 64x256 (352) and 128x128 (384) do not, and the kernel refuses them by name."""
-    assert [tile_registers(64, kv, d, pipelined=True) for kv, d in
-            ((128, 64), (128, 128), (64, 256), (256, 64))] == [192, 224, 208, 352]
-    assert tile_registers(64, 256, 64, pipelined=False) == 224  # built without a spill
+    """The float32 logits, P and the accumulator per consumer thread (NOTES-gpu.md's
+    count; the pipeline carries P, not a second logits tile): d64 64x128 128, d128 64x128
+    160, d256 64x64 176, d64 64x256 224 fit 232; 128x128 at d64 (256) and at d128 (320) do
+    not, and the kernel refuses them by name."""
+    assert [tile_registers(64, kv, d) for kv, d in
+            ((128, 64), (128, 128), (64, 256), (256, 64))] == [128, 160, 176, 224]
+    assert tile_registers(128, 128, 64) == 256 and tile_registers(128, 128, 128) == 320
     on = MosaicVariant(intra_wg_pipeline=True)
-    for block_q, block_kv, d in ((64, 128, 64), (64, 128, 128), (64, 64, 256), (128, 64, 64)):
+    for block_q, block_kv, d in ((64, 128, 64), (64, 128, 128), (64, 64, 256), (128, 64, 64),
+                                 (64, 256, 64), (64, 128, 256)):
         on.check_tiling(block_q, block_kv, d)
-    MosaicVariant().check_tiling(64, 256, 64)  # off: any tiling
-    for block_q, block_kv, d in ((64, 256, 64), (128, 128, 64), (64, 128, 256)):
+    MosaicVariant().check_tiling(128, 128, 64)  # off: any tiling
+    for block_q, block_kv, d in ((128, 128, 64), (128, 128, 128)):
         with pytest.raises(ValueError, match="intra_wg_pipeline.*consumer_registers=232"):
             on.check_tiling(block_q, block_kv, d)
     with pytest.raises(ValueError, match="intra_wg_pipeline"):
-        _lowered(on, head_dim=64, config=MosaicConfig(block_q=64, block_kv=256, kv_ring_depth=2))
+        _lowered(on, head_dim=64, config=MosaicConfig(block_q=128, block_kv=128,
+                                                      kv_ring_depth=2))
 
 
-def test_the_64x192_tile_at_head_dim_128_fits_the_registers_but_not_the_pipeline():
+def test_the_64x192_tile_at_head_dim_128_needs_no_more_registers_with_the_pipeline():
     """S 64*192/128 = 96, P 48, the accumulator 64*128/128 = 64: 208 of the consumers'
-    232 (the 64 x 256 tile at d64 had 224 and built without a spill). The intra-warpgroup
-    pipeline's second S tile makes it 304: refused, with the default and FA3's 240."""
-    assert tile_registers(64, 192, 128, pipelined=False) == 96 + 48 + 64 == 208
-    assert tile_registers(64, 192, 128, pipelined=True) == 304
+    232 with or without the intra-warpgroup pipeline (it carries P across steps, not a
+    second S); it lowers for CUDA either way."""
+    assert tile_registers(64, 192, 128) == 96 + 48 + 64 == 208
     for variant in (MosaicVariant(), MosaicVariant(consumer_registers=240, producer_registers=24)):
         variant.check_tiling(64, 192, 128)
-        assert tile_registers(64, 192, 128, pipelined=False) <= variant.consumer_registers
-        piped = variant.model_copy(update={"intra_wg_pipeline": True})
-        with pytest.raises(ValueError, match=f"need 304 .*consumer_registers="
-                                             f"{variant.consumer_registers}"):
-            piped.check_tiling(64, 192, 128)
-    with pytest.raises(ValueError, match="intra_wg_pipeline"):
-        _lowered(MosaicVariant(intra_wg_pipeline=True), head_dim=128,
-                 config=MosaicConfig(block_q=64, block_kv=192, kv_ring_depth=2))
+        variant.model_copy(update={"intra_wg_pipeline": True}).check_tiling(64, 192, 128)
+    assert _lowered(MosaicVariant(intra_wg_pipeline=True), head_dim=128,
+                    config=MosaicConfig(block_q=64, block_kv=192, kv_ring_depth=2))
 
 
 def test_output_chunks_split_head_dim_into_whole_64_column_tiles():
@@ -1018,3 +1015,17 @@ def test_a_variant_row_is_timed_checked_and_compared_with_the_default(monkeypatc
         assert row["ptxas"] == "no ptxas report captured"  # no ptxas off-GPU
     assert by["default"]["ratio_to_default"] == 1.0
     assert by["lazy"]["switches"]["lazy_rescale_log2"] == 8.0
+
+
+def test_fa3_is_a_peer_row_at_head_dim_128_only_and_names_why_it_did_not_run():
+    """run_shape times FlashAttention-3 beside cuDNN where the wheel's one head_dim is
+    asked: on this CPU host (no wheel, no GPU) a d128 shape gets an ``fa3`` row with the
+    refusal, a d64 shape none (nothing to compare there)."""
+    rows = {}
+    for d in (64, 128):
+        shape = AttentionShape(dtype="bfloat16", batch=1, q_len=128, kv_len=128,
+                               num_heads=1, num_kv_heads=1, head_dim=d, causal=False)
+        rows[d] = {r["variant"]: r for r in variants_tool.run_shape(shape, [], ceiling=1.0,
+                                                                    seed=5)}
+    assert set(rows[64]) == {"cudnn"} and set(rows[128]) == {"cudnn", "fa3"}
+    assert "fa3" in rows[128]["fa3"]["error"] and "tflops" not in rows[128]["fa3"]

@@ -35,6 +35,14 @@ from typing import Any
 
 FLOOR_GROUP_RATIO = 1.0
 FLOOR_GEOMEAN_RATIO = 1.05
+FA3_HEAD_DIM = 128
+"""FlashAttention-3's rows: the wheel runs head_dim 128 only (``kernels.fa3``)."""
+FA3_FLOOR_ROW_RATIO = 1.0
+FA3_FLOOR_GEOMEAN_RATIO = 1.03
+FA3_GOAL_GEOMEAN_RATIO = 1.05
+"""Against FA3 (one call's rows): every head_dim-128 row >= 1.0x and their geomean >=
+1.03x, with every row of the call >= 1.0x cuDNN (the floor); geomean >= 1.05x (the goal)."""
+PEERS = ("cudnn", "fa3")
 GOAL_SEQ = 16384
 GOAL_OF_CEILING = {64: 0.75, 128: 0.90, 256: 0.90}
 """The goal: fraction of the same call's matmul ceiling, non-causal, S = 16384."""
@@ -93,12 +101,59 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
     cudnn = {r["shape"]: r for r in rows if r["variant"] == "cudnn" and "error" not in r}
     by_variant: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
-        if r["variant"] != "cudnn":
+        if r["variant"] not in PEERS:
             by_variant[r["variant"]].append(r)
     expected_groups = sorted({(parse_shape(s)["head_dim"], parse_shape(s)["causal"])
                               for s in {r["shape"] for r in rows}})
-    return {name: _summarize_variant(vrows, cudnn, ceiling, expected_groups)
-            for name, vrows in by_variant.items()}
+    summary = {name: _summarize_variant(vrows, cudnn, ceiling, expected_groups)
+               for name, vrows in by_variant.items()}
+    fa3_shapes = sorted({r["shape"] for r in rows
+                         if parse_shape(r["shape"])["head_dim"] == FA3_HEAD_DIM})
+    if fa3_shapes:
+        fa3 = {r["shape"]: r for r in rows if r["variant"] == "fa3"}
+        for name, vrows in by_variant.items():
+            summary[name]["against_fa3"] = _against_fa3(vrows, fa3, fa3_shapes,
+                                                        summary[name])
+    return summary
+
+
+def _against_fa3(rows: Sequence[dict[str, Any]], fa3: dict[str, dict[str, Any]],
+                 shapes: Sequence[str], summary: dict[str, Any]) -> dict[str, Any]:
+    """The variant against FlashAttention-3 on the call's head_dim-128 ``shapes``: each
+    row's ratio (TFLOP/s over FA3's on the same shape), their geomean, the floor (every
+    row >= ``FA3_FLOOR_ROW_RATIO``, geomean >= ``FA3_FLOOR_GEOMEAN_RATIO``, and every row
+    of the call >= 1.0x cuDNN, read from ``summary``) and the goal. A shape without a
+    correct variant row or an FA3 timing is named in ``not_assessed``; then neither
+    verdict is met."""
+    mine = {r["shape"]: r for r in rows}
+    ratios: dict[str, float] = {}
+    not_assessed: list[str] = []
+    for shape in shapes:
+        r, peer = mine.get(shape), fa3.get(shape)
+        if r is None or "error" in r or not r.get("correct"):
+            not_assessed.append(f"{shape}: no correct row of the variant")
+        elif peer is None or "tflops" not in peer:
+            why = (peer or {}).get("error", "no FA3 row in the same call").strip()
+            not_assessed.append(f"{shape}: FA3 not timed ({why.splitlines()[-1][:120]})")
+        else:
+            ratios[shape] = r["tflops"] / peer["tflops"]
+    overall = geomean(ratios.values()) if ratios else None
+    cudnn_min = (summary.get("min_row") or {}).get("ratio_to_cudnn")
+    every_row_vs_cudnn = (not summary["not_assessed"] and cudnn_min is not None
+                          and cudnn_min >= FLOOR_GROUP_RATIO)
+    assessed = not not_assessed and overall is not None
+    worst = min(ratios.items(), key=lambda kv: kv[1]) if ratios else None
+    return {
+        "ratios": ratios,
+        "geomean": overall,
+        "min_row": {"shape": worst[0], "ratio_to_fa3": worst[1]} if worst else None,
+        "every_row_vs_cudnn": every_row_vs_cudnn,
+        "floor_met": bool(assessed and every_row_vs_cudnn
+                          and overall >= FA3_FLOOR_GEOMEAN_RATIO
+                          and min(ratios.values()) >= FA3_FLOOR_ROW_RATIO),
+        "goal_met": bool(assessed and overall >= FA3_GOAL_GEOMEAN_RATIO),
+        "not_assessed": not_assessed,
+    }
 
 
 def _group_name(head_dim: int, causal: bool) -> str:
@@ -181,6 +236,21 @@ def format_summary(summary: dict[str, Any]) -> str:
             lines.append("  spills: " + "; ".join(s["spills"]))
         for reason in s["not_assessed"]:
             lines.append(f"  not assessed: {reason}")
+        fa3 = s.get("against_fa3")
+        if fa3:
+            gm = fa3["geomean"]
+            lines.append(
+                f"  against FA3 (d{FA3_HEAD_DIM}): "
+                + (f"geomean {gm:.3f}x over {len(fa3['ratios'])} rows, lowest "
+                   f"{fa3['min_row']['ratio_to_fa3']:.3f} ({fa3['min_row']['shape']})"
+                   if gm is not None else "no assessable row")
+                + f"; floor (every row >= {FA3_FLOOR_ROW_RATIO}, geomean >= "
+                  f"{FA3_FLOOR_GEOMEAN_RATIO}, every row >= 1.0x cuDNN): "
+                + ("met" if fa3["floor_met"] else "NOT met")
+                + f"; goal (geomean >= {FA3_GOAL_GEOMEAN_RATIO}): "
+                + ("met" if fa3["goal_met"] else "NOT met"))
+            for reason in fa3["not_assessed"]:
+                lines.append(f"  not assessed against FA3: {reason}")
     return "\n".join(lines)
 
 
@@ -197,7 +267,8 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
     """One line per (shape, variant): ms, TFLOP/s, ratios, ceiling fraction, errors,
     registers and spills."""
     head = (f"{'shape':<38} {'variant':<24} {'ms':>8} {'TF/s':>6} {'/cudnn':>7} "
-            f"{'/default':>8} {'/ceil':>6} {'err/cud':>7} {'ok':>3} {'regs':>5} {'spill':>7}")
+            f"{'/fa3':>6} {'/default':>8} {'/ceil':>6} {'err/cud':>7} {'ok':>3} {'regs':>5} "
+            f"{'spill':>7}")
     lines = [head, "-" * len(head)]
     for r in rows:
         if "error" in r:
@@ -214,9 +285,10 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
 
         lines.append(f"{r['shape']:<38} {r['variant']:<24} {r['median_s'] * 1e3:>8.3f} "
                      f"{r['tflops']:>6.1f} {f('ratio_to_cudnn', '7.3f'):>7} "
+                     f"{f('ratio_to_fa3', '6.3f'):>6} "
                      f"{f('ratio_to_default', '8.3f'):>8} {f('of_ceiling', '6.3f'):>6} "
                      f"{f('sampled_error_ratio_to_cudnn', '7.3f'):>7} "
-                     f"{'yes' if r.get('correct', r['variant'] == 'cudnn') else 'NO':>3} "
+                     f"{'yes' if r.get('correct', r['variant'] in PEERS) else 'NO':>3} "
                      f"{regs if regs is not None else '-':>5} {spill:>7}")
     return "\n".join(lines)
 

@@ -4,7 +4,8 @@ For every shape of the chosen set (``kernels/tools/fa3_variants.json``: ``priori
 bf16 head_dim 64 and 256 non-causal S=16384, where the kernel loses most; or ``grid``,
 head_dim 64/128/256, causal and not, S=16384 at B=1 and S=4096 at B=4,
 heads = 2048 / head_dim) it times cuDNN (``jax.nn.dot_product_attention``,
-``implementation="cudnn"``) and each variant, in three passes (the median of each
+``implementation="cudnn"``), FlashAttention-3 at head_dim 128 (``kernels.fa3``, where its
+wheel is installed; :data:`PEERS`) and each variant, in three passes (the median of each
 pass's median; ratios within this process), against the matmul ceiling measured in the
 same process (the best of a few large bf16 GEMMs). Every variant is checked against
 float64 twice: on sampled rows of the timed inputs, and on a small shape of its own
@@ -38,6 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from kernels import fa3
 from kernels.contract import validate
 from kernels.mosaic_variants import MosaicVariant, registered_default
 from kernels.naive import naive_attention
@@ -59,6 +61,10 @@ from kernels.tools.ptxas_report import captured_output, parse_ptxas
 KERNEL = PallasMosaicGpuKernel()
 VARIANTS_FILE = Path(__file__).with_name("fa3_variants.json")
 PASSES = 3
+PEERS = ("cudnn", "fa3")
+"""Kernels timed beside the variants on every shape they run: cuDNN, and FlashAttention-3
+(``kernels.fa3``: the flash-attn3-jax wheel, head_dim 128 only; a shape at 128 where the
+wheel cannot run gets a row with the reason, so the FA3 floor reads "not assessed")."""
 CEILING_SIZES = (4096, 8192, 12288)
 SCHEMA_VERSION = 1
 
@@ -200,17 +206,25 @@ def run_shape(shape: AttentionShape, entries: Sequence[dict[str, Any]], ceiling:
                                   rows=rows_idx)
     del host
     rows: list[dict[str, Any]] = []
-    cudnn_s = None
-    try:
-        fn = bench.attention_fn("cudnn", shape, None)
-        compiled, *_ = compile_and_warm(fn, (q, k, v))
-        err = relative_error(bench._sampled(compiled(q, k, v), pairs, rows_idx), ref)
-        timing = _timed(compiled, (q, k, v))
-        cudnn_s = timing["median_s"]
-        rows.append({"shape": shape.label, "variant": "cudnn", **timing, "rel_error": err,
-                     "tflops": shape.flops() / cudnn_s / 1e12})
-    except Exception as e:  # noqa: BLE001 - a failing baseline is a row, not a crash
-        rows.append({"shape": shape.label, "variant": "cudnn", "error": _full(e)})
+    peer_s: dict[str, float] = {}
+    for peer in PEERS:
+        try:
+            fn = bench.attention_fn(peer, shape, None)
+        except (NotImplementedError, ImportError) as e:
+            if peer == "fa3" and shape.head_dim != fa3.HEAD_DIM:
+                continue  # outside the wheel's one head_dim: no row, nothing to compare
+            rows.append({"shape": shape.label, "variant": peer, "error": str(e)})
+            continue
+        try:
+            compiled, *_ = compile_and_warm(fn, (q, k, v))
+            err = relative_error(bench._sampled(compiled(q, k, v), pairs, rows_idx), ref)
+            timing = _timed(compiled, (q, k, v))
+            peer_s[peer] = timing["median_s"]
+            rows.append({"shape": shape.label, "variant": peer, **timing, "rel_error": err,
+                         "tflops": shape.flops() / timing["median_s"] / 1e12})
+        except Exception as e:  # noqa: BLE001 - a failing baseline is a row, not a crash
+            rows.append({"shape": shape.label, "variant": peer, "error": _full(e)})
+    cudnn_s = peer_s.get("cudnn")
     for entry in entries:
         if shape.head_dim not in entry.get("head_dims", (shape.head_dim,)):
             continue
@@ -237,6 +251,8 @@ def run_shape(shape: AttentionShape, entries: Sequence[dict[str, Any]], ceiling:
             row["of_ceiling"] = row["tflops"] / ceiling
             if cudnn_s:
                 row["ratio_to_cudnn"] = cudnn_s / row["median_s"]
+            if "fa3" in peer_s:
+                row["ratio_to_fa3"] = peer_s["fa3"] / row["median_s"]
             row["small_check"] = small_check(variant, config, shape.head_dim, shape.dtype,
                                              seed, seqs=small_seqs, interpret=interpret)
         except Exception as e:  # noqa: BLE001 - a failing variant is a result
@@ -246,7 +262,7 @@ def run_shape(shape: AttentionShape, entries: Sequence[dict[str, Any]], ceiling:
         rows.append(row)
     default = next((r for r in rows if r["variant"] == "default" and "median_s" in r), None)
     for row in rows:
-        if "median_s" in row and default is not None and row["variant"] != "cudnn":
+        if "median_s" in row and default is not None and row["variant"] not in PEERS:
             row["ratio_to_default"] = default["median_s"] / row["median_s"]
         if "rel_error" in row:
             # The benchmark's rule: cuDNN's own error on these rows (floor ERROR_FLOOR);
@@ -331,7 +347,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("\n" + grid_summary.format_summary(report["summary"]))
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=2))
-    bad = [r for r in rows if r["variant"] != "cudnn" and not r.get("correct")]
+    bad = [r for r in rows if r["variant"] not in PEERS and not r.get("correct")]
     return 1 if bad else 0
 
 
