@@ -30,7 +30,9 @@ Data path, per call:
   times ``amax_v``, in the input dtype.
 - **Masks.** ``causal`` is top-left (``col <= row``) and ``kv_lengths`` masks keys at or
   past each batch row's length; both cut the key blocks streamed (the pipeline's grid is
-  dynamic) and set masked logits to ``-inf``. A row that sees no key returns zeros (its
+  dynamic) and set masked logits to ``-inf``, in the blocks that need it only (a block
+  every row of the tile sees wholly skips the mask's per-element work). Under ``causal``
+  the grid's query blocks run heaviest first (the last CTAs launched are the lightest). A row that sees no key returns zeros (its
   running max stays ``-inf`` and is replaced by 0 where it is used, so no ``-inf - -inf``).
   GQA by index mapping (query head ``h`` reads K/V head ``h // group``).
 
@@ -174,6 +176,8 @@ def _build(*, batch: int, heads: int, kv_heads: int, q_len: int, kv_len: int, d:
             kv_len_ref, *refs = refs
         q_ref, k_ref, vt_ref, c_ref, vmax_ref, o_ref, q_smem, p_smem, o_smem, q_bar = refs
         qb, bh = lax.axis_index("qb"), lax.axis_index("bh")
+        if causal:  # heavy query blocks first: the grid's last CTAs are the lightest
+            qb = jnp.int32(q_len // block_q - 1) - qb
         b = lax.div(bh, jnp.int32(heads))
         kvh = b * kv_heads + lax.div(lax.rem(bh, jnp.int32(heads)), jnp.int32(group))
         row0 = qb * block_q
@@ -194,11 +198,22 @@ def _build(*, batch: int, heads: int, kv_heads: int, q_len: int, kv_len: int, d:
             zeros = layout(jnp.zeros((block_q, block_kv), jnp.float32), wgmma_layout)
             s = product(q_smem, k_smem, zeros)
             if causal or has_lengths:
-                cols = ki * block_kv + iota((block_q, block_kv), 1)
-                visible = cols < kv_end
+                def masked(s):
+                    cols = ki * block_kv + iota((block_q, block_kv), 1)
+                    visible = cols < kv_end
+                    if causal:
+                        rows = row0 + iota((block_q, block_kv), 0)
+                        visible = jnp.logical_and(visible, cols <= rows)
+                    return jnp.where(visible, s, -jnp.inf)
+
+                # Only blocks some row cannot see wholly are masked: under causal those
+                # crossing the diagonal (every block past the first row's), with lengths
+                # the one holding kv_end. The others skip the iota, compare and select.
+                last_col = (ki + 1) * block_kv - 1
+                seen = last_col < kv_end
                 if causal:
-                    visible = jnp.logical_and(visible, cols <= row0 + iota((block_q, block_kv), 0))
-                s = jnp.where(visible, s, -jnp.inf)
+                    seen = jnp.logical_and(seen, last_col <= row0)
+                s = lax.cond(seen, lambda s: s, masked, s)
             m_new = jnp.maximum(m_i, s.max(axis=1))
             m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new)  # a row with no key yet
             # the first block's rescale is 0 whatever c (c may be 0: logits that
