@@ -39,6 +39,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+_LOG2_E = 1.4426950408889634
+
 REGISTER_FILE_PER_THREAD_SLOT = 512
 """An sm_90 SM has 65536 32-bit registers; one warpgroup is 128 threads, so the three
 warpgroups' per-thread counts may add up to at most 65536 / 128 = 512."""
@@ -215,6 +217,13 @@ class MosaicVariant(BaseModel):
             lazy rescale's warpgroup-wide skip is not taken (the rescale by 1 of rows
             that did not move is). Only for tilings whose tiles fit the consumer's
             registers (:meth:`check_tiling`).
+        bounded_fma_exponent: ``False`` (default): the exponent is ``(s - m) * c``, two
+            float32 operations per logit, exact at any magnitude
+            (:func:`softmax_block`). ``True``: the call also computes a bound on every
+            logit's ``|s * c|`` from the inputs (:func:`fma_exponent_is_safe`: one read of
+            Q and K); where it is under ``FMA_EXPONENT_BOUND`` the consumers run
+            :func:`softmax_block_fma`, one FMA per logit (the form FlashAttention-3 runs),
+            and otherwise the exact form, chosen per tile by that one flag.
 
     Raises:
         pydantic.ValidationError: a threshold outside (0, 8], a register count that is
@@ -238,6 +247,8 @@ class MosaicVariant(BaseModel):
     output_chunks: int = Field(
         1, ge=1, le=MAX_OUTPUT_CHUNKS,
         description="stage the output through a buffer of head_dim / n columns, n stores")
+    bounded_fma_exponent: bool = Field(
+        False, description="one FMA per logit where a bound on |logit * c| allows it")
 
     @model_validator(mode="after")
     def _registers_fit(self) -> MosaicVariant:
@@ -294,6 +305,63 @@ class MosaicVariant(BaseModel):
         if self.rowsum_before_handover is None:
             return padded_head_dim <= 128
         return self.rowsum_before_handover
+
+
+FMA_EXPONENT_BOUND = 2.0 ** 24
+"""Largest ``|max(s) * c|`` at which :func:`softmax_block_fma` runs: below ``2**24`` a
+float32 holds every integer, so rounding ``max(s) * c`` moves it by at most 1/2, and the
+row's largest ``p`` stays within ``[2**-0.5, 2**0.5]`` (a common factor of the row, which
+the rescale cancels). Beyond ``2**31`` the rounding reaches 128 and ``p`` overflows or
+flushes to zero: the extreme-value failure :func:`softmax_block` removed."""
+
+
+def fma_exponent_is_safe(q, k, scale: float):
+    """Whether every logit of ``q kᵀ * scale`` lies within ``FMA_EXPONENT_BOUND`` in log2
+    units: ``head_dim * max|q| * max|k| * |scale| * log2(e) < FMA_EXPONENT_BOUND`` (the
+    Cauchy-Schwarz bound of a dot product by its elements' largest magnitudes), in
+    float32. An infinity anywhere, or a product past float32, gives ``False`` (the exact
+    form then runs). NaN elements are left out of the maxima (``nanmax``): a NaN logit is
+    NaN in either form, so they decide nothing; all-NaN inputs give ``False``.
+
+    Args:
+      q: ``[..., head_dim]`` queries; k: ``[..., head_dim]`` keys (any float dtype; the
+        padding a caller adds is zeros and changes nothing).
+      scale: the logit scale.
+
+    Returns:
+      A scalar bool array (traceable).
+    """
+    head_dim = q.shape[-1]
+    largest = (jnp.nanmax(jnp.abs(q)).astype(jnp.float32)
+               * jnp.nanmax(jnp.abs(k)).astype(jnp.float32))
+    bound = largest * jnp.float32(head_dim * abs(scale) * _LOG2_E)
+    return bound < jnp.float32(FMA_EXPONENT_BOUND)
+
+
+def softmax_block_fma(m_old, s, scale_log2: float, threshold: float | None, broadcast=None):
+    """One K/V block of the online softmax with one FMA per logit, for logits
+    :func:`fma_exponent_is_safe` bounds (the kernel's fast form under
+    ``bounded_fma_exponent``; FlashAttention-3's form).
+
+    The running max ``M`` is kept in log2 units, rounded: ``M = max(s) * c`` in float32,
+    and ``p = exp2(s * c - M)``, which Mosaic GPU's ``contract`` flags fuse into one FMA
+    (``s * c`` unrounded). The row's largest logit gets ``exp2(delta)``, ``delta = max(s)
+    * c - M``, instead of 1; ``|delta| <= 1/2`` below ``FMA_EXPONENT_BOUND``. That factor is
+    common to the row's block, and the rescale ``alpha = exp2(M_old - M_new)`` is computed
+    from the same rounded maxima, so the output ``acc / l`` does not see it.
+
+    Args: as :func:`softmax_block`, except that ``m_old`` is the running max in log2
+      units (``M``, ``-inf`` before the first block) and ``threshold`` compares log2 units.
+
+    Returns:
+      ``(M_new, moved, alpha, p)``, float32, ``M`` in log2 units.
+    """
+    m_block = jnp.maximum(m_old, s.max(axis=1) * scale_log2)
+    m_new, moved = lazy_max(m_old, m_block, threshold)
+    alpha = jnp.exp2(m_old - m_new)
+    m_wide = m_new[:, None] if broadcast is None else broadcast(m_new, s.shape)
+    p = jnp.exp2(s * scale_log2 - m_wide)
+    return m_new, moved, alpha, p
 
 
 def lazy_max(m_old, m_block, threshold: float | None, *, scale: float | None = None):

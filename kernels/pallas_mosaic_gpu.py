@@ -123,8 +123,10 @@ from kernels.kernel import Capability, Kernel, round_up
 from kernels.mosaic_variants import (
     OUTPUT_CHUNK_COLS,
     MosaicVariant,
+    fma_exponent_is_safe,
     registered_default,
     softmax_block,
+    softmax_block_fma,
 )
 from kernels.tile_schedule import tile_schedule
 
@@ -413,6 +415,11 @@ class _Plan:
     variant: MosaicVariant = MosaicVariant()
 
     @property
+    def fma_exponent(self) -> bool:
+        """Whether the kernel takes the call's flag (``bounded_fma_exponent``)."""
+        return self.variant.bounded_fma_exponent
+
+    @property
     def separate_output(self) -> bool:
         return self.output_cols > 0
 
@@ -581,6 +588,7 @@ def _build_kernel(plan: _Plan):
         refs = list(refs)
         q_len_ref = refs.pop(0) if plan.has_q_lengths else None
         kv_len_ref = refs.pop(0) if plan.has_kv_lengths else None
+        fma_ref = refs.pop(0) if plan.fma_exponent else None
         q_ref, k_ref, v_ref, o_ref = refs
         wg = lax.axis_index("wg")
 
@@ -638,16 +646,20 @@ def _build_kernel(plan: _Plan):
                         visible = jnp.logical_and(visible, cols <= rows)
                     return jnp.where(visible, s, -jnp.inf)
 
-                def softmax(ki, s, acc, m_i, l_i, *, masked):
+                def exponent(m_i, s, fma):
+                    """``softmax_block``: m in raw-logit units, p = exp2((s - m) * c), no
+                    multiplication feeding a subtraction that Mosaic GPU's `contract`
+                    flags would fuse into an FMA (softmax_block says what that FMA broke);
+                    with ``fma`` (the call's bound allows it) ``softmax_block_fma``."""
+                    return (softmax_block_fma if fma else softmax_block)(
+                        m_i, s, c, lazy,
+                        lambda row, shape: lax.broadcast_in_dim(row, shape, [0]))
+
+                def softmax(ki, s, acc, m_i, l_i, *, masked, fma):
                     """The online softmax of block ``ki`` on its logits ``s`` (this
                     consumer's phase between the schedule barrier's two passes)."""
                     s = mask(ki, s) if masked else s
-                    # m in raw-logit units, p = exp2((s - m) * c): no multiplication
-                    # feeds a subtraction that Mosaic GPU's `contract` flags would fuse
-                    # into an FMA (softmax_block says what that FMA broke).
-                    m_new, moved, alpha, p = softmax_block(
-                        m_i, s, c, lazy,
-                        lambda row, shape: lax.broadcast_in_dim(row, shape, [0]))
+                    m_new, moved, alpha, p = exponent(m_i, s, fma)
                     if lazy is None:
                         acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
                     else:
@@ -695,13 +707,14 @@ def _build_kernel(plan: _Plan):
 
                     plgpu.barrier_arrive(k_free.at[slot])
 
-                def kv_step(ki, state, *, masked):
+                def kv_step(ki, state, *, masked, fma):
                     acc, m_i, l_i = state
                     step = g0 + ki
                     slot = slot_of(step)
                     s = ops.qk(q_tile, k_smem.at[slot], block_kv, schedule_sync)
                     qk_done(ki, slot)
-                    acc, m_new, l_i, p, p_lo = softmax(ki, s, acc, m_i, l_i, masked=masked)
+                    acc, m_new, l_i, p, p_lo = softmax(ki, s, acc, m_i, l_i, masked=masked,
+                                                       fma=fma)
                     l_i = handover(slot, l_i, p)
 
                     def prefetch_wait():
@@ -720,19 +733,17 @@ def _build_kernel(plan: _Plan):
                 def turn_pass():
                     plgpu.barrier_arrive(turn.at[1 - wg])
 
-                def block_softmax(ki, s, m_i, l_i, *, masked):
+                def block_softmax(ki, s, m_i, l_i, *, masked, fma):
                     """The pipelined order's softmax of block ``ki`` (its ``P V`` comes
                     one step later): ``(m, l, alpha, p)``, the accumulator's rescale
                     ``alpha`` left for the step that issues this block's ``P V``. No
                     warpgroup-wide reduction: both consumers' softmaxes may overlap here,
                     and Mosaic GPU's reduction scratch is shared."""
                     s = mask(ki, s) if masked else s
-                    m_new, _, alpha, p = softmax_block(
-                        m_i, s, c, lazy,
-                        lambda row, shape: lax.broadcast_in_dim(row, shape, [0]))
+                    m_new, _, alpha, p = exponent(m_i, s, fma)
                     return m_new, l_i * alpha + p.sum(axis=1), alpha, p
 
-                def first_block(ki, state, *, masked):
+                def first_block(ki, state, *, masked, fma):
                     """Block 0 (ub >= 1): its ``Q K^T`` alone in this consumer's first
                     turn of the tile, then its softmax."""
                     acc, m_i, l_i, _, p_lo = state
@@ -740,10 +751,10 @@ def _build_kernel(plan: _Plan):
                     turn_wait()
                     s = ops.qk(q_tile, k_smem.at[slot], block_kv, turn_pass)
                     qk_done(ki, slot)
-                    m_i, l_i, alpha, p = block_softmax(ki, s, m_i, l_i, masked=masked)
+                    m_i, l_i, alpha, p = block_softmax(ki, s, m_i, l_i, masked=masked, fma=fma)
                     return acc, m_i, l_i, alpha, p.astype(plan.dtype)
 
-                def overlapped_step(ki, state, *, masked):
+                def overlapped_step(ki, state, *, masked, fma, s_init):
                     """Blocks ki + 1 and ki (FA3 section 3.2, its code's order): in one turn
                     issue ``Q K^T`` of block ki + 1, then ``P V`` of block ki; the softmax of
                     block ki + 1 runs while that ``P V`` (and the other consumer's turn)
@@ -759,7 +770,7 @@ def _build_kernel(plan: _Plan):
                     def during(s):
                         qk_done(ki + 1, next_slot)
                         m_new, l_new, alpha_new, p = block_softmax(ki + 1, s, m_i, l_i,
-                                                                   masked=masked)
+                                                                   masked=masked, fma=fma)
                         return m_new, l_new, alpha_new, p
 
                     acc, (m_i, l_i, alpha, p) = ops.qk_and_pv(
@@ -781,24 +792,26 @@ def _build_kernel(plan: _Plan):
                     plgpu.barrier_arrive(v_free.at[slot])
                     return acc, m_i, l_i, alpha, p_lo
 
-                def split(lo, hi, cut, body, state):
+                def split(lo, hi, cut, body, state, **kw):
                     """``body`` over [lo, hi): unmasked below ``cut``, masked from it."""
-                    state = _loop(lo, _min(hi, cut), functools.partial(body, masked=False),
-                                  state)
-                    return _loop(_max(lo, cut), hi, functools.partial(body, masked=True), state)
+                    state = _loop(lo, _min(hi, cut),
+                                  functools.partial(body, masked=False, **kw), state)
+                    return _loop(_max(lo, cut), hi, functools.partial(body, masked=True, **kw),
+                                 state)
 
-                state = (ops.layout(jnp.zeros((block_q, d), jnp.float32), plgpu.Layout.WGMMA),
-                         ops.layout(jnp.full((block_q,), -jnp.inf, jnp.float32), row_layout),
-                         ops.layout(jnp.zeros((block_q,), jnp.float32), row_layout))
-                if not pipelined:
-                    state = lax.fori_loop(0, n_full, functools.partial(kv_step, masked=False),
-                                          state)
-                    static_done = isinstance(n_full, int) and isinstance(ub, int) and n_full == ub
-                    if not static_done:
-                        state = lax.fori_loop(n_full, ub, functools.partial(kv_step, masked=True),
-                                              state)
-                    acc, _, l_i = state
-                else:
+                def blocks(state, *, fma):
+                    """Every K/V block of the tile; ``(acc, l)`` at the end."""
+                    if not pipelined:
+                        state = lax.fori_loop(
+                            0, n_full, functools.partial(kv_step, masked=False, fma=fma), state)
+                        static_done = (isinstance(n_full, int) and isinstance(ub, int)
+                                       and n_full == ub)
+                        if not static_done:
+                            state = lax.fori_loop(
+                                n_full, ub, functools.partial(kv_step, masked=True, fma=fma),
+                                state)
+                        acc, _, l_i = state
+                        return acc, l_i
                     # Turns per tile: block 0's Q K^T, then ub - 1 overlapped steps, then
                     # block ub - 1's P V; none when ub = 0 (both consumers alike). Step ki
                     # softmaxes block ki + 1, so its unmasked steps end at n_full - 1.
@@ -806,10 +819,24 @@ def _build_kernel(plan: _Plan):
                     s_init = ops.layout(jnp.zeros((block_q, block_kv), jnp.float32),
                                         plgpu.Layout.WGMMA)
                     state = (*state, ones, s_init.astype(plan.dtype))
-                    state = split(0, _min(ub, 1), n_full, first_block, state)
-                    state = split(0, _max(ub - 1, 0), n_full - 1, overlapped_step, state)
+                    state = split(0, _min(ub, 1), n_full, first_block, state, fma=fma)
+                    state = split(0, _max(ub - 1, 0), n_full - 1,
+                                  functools.partial(overlapped_step, s_init=s_init), state,
+                                  fma=fma)
                     state = _loop(_max(ub - 1, 0), ub, last_pv, state)
                     acc, _, l_i, _, _ = state
+                    return acc, l_i
+
+                state = (ops.layout(jnp.zeros((block_q, d), jnp.float32), plgpu.Layout.WGMMA),
+                         ops.layout(jnp.full((block_q,), -jnp.inf, jnp.float32), row_layout),
+                         ops.layout(jnp.zeros((block_q,), jnp.float32), row_layout))
+                if plan.fma_exponent:
+                    # One flag for the call (the inputs' bound), the same in every tile.
+                    acc, l_i = lax.cond(fma_ref[0] != 0,
+                                        functools.partial(blocks, fma=True),
+                                        functools.partial(blocks, fma=False), state)
+                else:
+                    acc, l_i = blocks(state, fma=False)
                 if not (across_tiles or pipelined):
                     pl.when(wg == 0)(schedule_sync)  # closes consumer 1's last phase
 
@@ -1025,6 +1052,8 @@ def pallas_mosaic_gpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, cau
                  num_ctas=num_ctas, dtype=q.dtype, interpret=bool(interpret),
                  output_cols=output_cols, variant=variant)
     operands = [jnp.asarray(x, jnp.int32) for x in (q_lengths, kv_lengths) if x is not None]
+    if variant.bounded_fma_exponent:
+        operands.append(fma_exponent_is_safe(q, k, scale).astype(jnp.int32).reshape(1))
     interpret_params = interpret
     if interpret is True:
         from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
