@@ -324,8 +324,9 @@ def fma_exponent_is_safe(q, k, scale: float):
     NaN in either form, so they decide nothing; all-NaN inputs give ``False``.
 
     Args:
-      q: ``[..., head_dim]`` queries; k: ``[..., head_dim]`` keys (any float dtype; the
-        padding a caller adds is zeros and changes nothing).
+      q: ``[..., head_dim]`` queries; k: ``[..., head_dim]`` keys (any float dtype), as
+        the caller passes them: keys past a length count too, which can only make the
+        bound larger (the exact form runs then).
       scale: the logit scale.
 
     Returns:

@@ -1028,6 +1028,9 @@ def pallas_mosaic_gpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, cau
             f"store, which waits for consumer 0's next Q K^T, which waits for those "
             f"blocks); set output_chunks > 1 or use a shallower K/V ring")
 
+    # The bound at the real head_dim, before any padding (keys past kv_lengths count too:
+    # they can only send the call to the exact form).
+    fma_safe = fma_exponent_is_safe(q, k, scale) if variant.bounded_fma_exponent else None
     d_pad = padded_head_dim(head_dim)
     q_pad = round_up(q_len, 2 * cfg.block_q)
     kv_pad = kv_rows(kv_len, head_dim, cfg.block_kv, interpret=bool(interpret),
@@ -1053,7 +1056,7 @@ def pallas_mosaic_gpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, cau
                  output_cols=output_cols, variant=variant)
     operands = [jnp.asarray(x, jnp.int32) for x in (q_lengths, kv_lengths) if x is not None]
     if variant.bounded_fma_exponent:
-        operands.append(fma_exponent_is_safe(q, k, scale).astype(jnp.int32).reshape(1))
+        operands.append(fma_safe.astype(jnp.int32).reshape(1))
     interpret_params = interpret
     if interpret is True:
         from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams

@@ -170,6 +170,33 @@ def test_an_untimed_fa3_row_is_not_assessed_never_passed():
         grid_summary.summarize(_report(lambda *_: 1.2)))
 
 
+def test_a_head_dim_128_call_is_judged_on_its_own_rows():
+    """A call of the d128 rows only (how the kernel work runs it): the goal's missing
+    head_dims are not rows of the call, so they do not fail the cuDNN clause; the floor
+    says how many rows the call held."""
+    report = _with_fa3(_report(lambda *_: 1.2), lambda _: 1.2)
+    report["rows"] = [r for r in report["rows"] if " d128 " in r["shape"]]
+    s = grid_summary.summarize(report)["default"]
+    assert any("goal at head_dim 64" in r for r in s["not_assessed"])
+    fa3 = s["against_fa3"]
+    assert fa3["every_row_vs_cudnn"] is True and fa3["rows_in_call"] == 8
+    assert fa3["floor_met"] is True
+    assert "each of the call's 8 rows >= 1.0x cuDNN: yes" in grid_summary.format_summary(
+        {"default": s})
+
+
+def test_an_fa3_row_that_is_wrong_or_gave_no_reason_is_not_a_divisor():
+    report = _with_fa3(_report(lambda *_: 1.2), lambda _: 1.2)
+    fa3_rows = [r for r in report["rows"] if r["variant"] == "fa3"]
+    fa3_rows[0]["correct"] = False
+    fa3_rows[1].pop("tflops")
+    fa3_rows[1]["error"] = ""
+    fa3 = grid_summary.summarize(report)["default"]["against_fa3"]
+    assert len(fa3["ratios"]) == 6 and fa3["floor_met"] is False
+    assert any("not correct against float64" in r for r in fa3["not_assessed"])
+    assert any("no reason given" in r for r in fa3["not_assessed"])
+
+
 def test_the_command_line_refuses_a_file_that_is_not_a_report(tmp_path):
     bad = tmp_path / "x.json"
     bad.write_text(json.dumps({"rows": [{"shape": "nonsense", "variant": "default"}],
