@@ -62,9 +62,8 @@ KERNEL = PallasMosaicGpuKernel()
 VARIANTS_FILE = Path(__file__).with_name("fa3_variants.json")
 PASSES = 3
 PEERS = ("cudnn", "fa3")
-"""Kernels timed beside the variants on every shape they run: cuDNN, and FlashAttention-3
-(``kernels.fa3``: the flash-attn3-jax wheel, head_dim 128 only; a shape at 128 where the
-wheel cannot run gets a row with the reason, so the FA3 floor reads "not assessed")."""
+"""Timed beside the variants: cuDNN, and FlashAttention-3 (``kernels.fa3``, head_dim 128
+only; where its wheel cannot run, a row with the reason: the FA3 floor is not assessed)."""
 CEILING_SIZES = (4096, 8192, 12288)
 SCHEMA_VERSION = 1
 
@@ -206,24 +205,20 @@ def run_shape(shape: AttentionShape, entries: Sequence[dict[str, Any]], ceiling:
                                   rows=rows_idx)
     del host
     rows: list[dict[str, Any]] = []
-    peer_s: dict[str, float] = {}
     for peer in PEERS:
+        row = {"shape": shape.label, "variant": peer}
         try:
-            fn = bench.attention_fn(peer, shape, None)
-        except (NotImplementedError, ImportError) as e:
-            if peer == "fa3" and shape.head_dim != fa3.HEAD_DIM:
-                continue  # outside the wheel's one head_dim: no row, nothing to compare
-            rows.append({"shape": shape.label, "variant": peer, "error": str(e)})
-            continue
-        try:
-            compiled, *_ = compile_and_warm(fn, (q, k, v))
+            compiled, *_ = compile_and_warm(bench.attention_fn(peer, shape, None), (q, k, v))
             err = relative_error(bench._sampled(compiled(q, k, v), pairs, rows_idx), ref)
             timing = _timed(compiled, (q, k, v))
-            peer_s[peer] = timing["median_s"]
-            rows.append({"shape": shape.label, "variant": peer, **timing, "rel_error": err,
+            rows.append({**row, **timing, "rel_error": err,
                          "tflops": shape.flops() / timing["median_s"] / 1e12})
+        except (NotImplementedError, ImportError) as e:  # the peer cannot run this here
+            if peer != "fa3" or shape.head_dim == fa3.HEAD_DIM:  # FA3: its head_dim only
+                rows.append({**row, "error": str(e)})
         except Exception as e:  # noqa: BLE001 - a failing baseline is a row, not a crash
-            rows.append({"shape": shape.label, "variant": peer, "error": _full(e)})
+            rows.append({**row, "error": _full(e)})
+    peer_s = {r["variant"]: r["median_s"] for r in rows if "median_s" in r}
     cudnn_s = peer_s.get("cudnn")
     for entry in entries:
         if shape.head_dim not in entry.get("head_dims", (shape.head_dim,)):
