@@ -53,11 +53,14 @@ arXiv:2407.08608), exact attention with an online softmax (FlashAttention-2, Dao
   intra-warpgroup pipelining (FA3 section 3.2 in its code's order: one turn issues
   ``Q Kᵀ`` of block j+1 and ``P V`` of block j, and block j+1's softmax runs while that
   ``P V`` is in flight; ``P`` is carried across steps; turns pass between the consumers
-  through two one-arrival barriers, for the whole kernel), the ping-pong's phase offset set once per kernel instead of
-  per tile (FA3's ``mma_init``; registered at head_dim 64; calls with lengths keep it
-  per tile, since a tile they leave empty would deadlock it), and the output staged
-  through ``head_dim / n``-column buffers in ``n`` stores (registered at 256, where
-  whole output buffers do not fit, so the query tile is freed after the last ``Q Kᵀ``).
+  through two one-arrival barriers, for the whole kernel), the ping-pong's phase offset
+  set once per kernel instead of per tile (FA3's ``mma_init``; registered at head_dim
+  64; calls with lengths keep it per tile, since a tile they leave empty would deadlock
+  it), the output staged through ``head_dim / n``-column buffers in ``n`` stores
+  (registered at 256, where whole output buffers do not fit, so the query tile is freed
+  after the last ``Q Kᵀ``), and one FMA per logit where a per-call bound on the logits
+  allows it (``bounded_fma_exponent``: ``mosaic_variants.softmax_block_fma``, the exact
+  form otherwise; one flag per call chooses each tile's loops).
 - **Contract.** GQA by index mapping (query head ``h`` streams K/V head
   ``h // group``; nothing is repeated). ``kv_lengths``: keys at or past the length are
   masked and the blocks past it never loaded; V rows past it are zeroed before the
