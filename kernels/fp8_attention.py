@@ -32,8 +32,9 @@ Data path, per call:
   past each batch row's length; both cut the key blocks streamed (the pipeline's grid is
   dynamic) and set masked logits to ``-inf``, in the blocks that need it only (a block
   every row of the tile sees wholly skips the mask's per-element work). Under ``causal``
-  the grid's query blocks run heaviest first (the last CTAs launched are the lightest). A row that sees no key returns zeros (its
-  running max stays ``-inf`` and is replaced by 0 where it is used, so no ``-inf - -inf``).
+  the grid's query blocks run heaviest first (the last CTAs launched are the lightest).
+  A row that sees no key returns zeros (its running max stays ``-inf`` and is replaced
+  by 0 where it is used, so no ``-inf - -inf``).
   GQA by index mapping (query head ``h`` reads K/V head ``h // group``).
 
 Accuracy. What it costs is the point of the kernel: e4m3 keeps 3 significand bits, so

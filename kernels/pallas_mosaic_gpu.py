@@ -418,11 +418,6 @@ class _Plan:
     variant: MosaicVariant = MosaicVariant()
 
     @property
-    def fma_exponent(self) -> bool:
-        """Whether the kernel takes the call's flag (``bounded_fma_exponent``)."""
-        return self.variant.bounded_fma_exponent
-
-    @property
     def separate_output(self) -> bool:
         return self.output_cols > 0
 
@@ -591,7 +586,7 @@ def _build_kernel(plan: _Plan):
         refs = list(refs)
         q_len_ref = refs.pop(0) if plan.has_q_lengths else None
         kv_len_ref = refs.pop(0) if plan.has_kv_lengths else None
-        fma_ref = refs.pop(0) if plan.fma_exponent else None
+        fma_ref = refs.pop(0) if plan.variant.bounded_fma_exponent else None
         q_ref, k_ref, v_ref, o_ref = refs
         wg = lax.axis_index("wg")
 
@@ -772,9 +767,7 @@ def _build_kernel(plan: _Plan):
 
                     def during(s):
                         qk_done(ki + 1, next_slot)
-                        m_new, l_new, alpha_new, p = block_softmax(ki + 1, s, m_i, l_i,
-                                                                   masked=masked, fma=fma)
-                        return m_new, l_new, alpha_new, p
+                        return block_softmax(ki + 1, s, m_i, l_i, masked=masked, fma=fma)
 
                     acc, (m_i, l_i, alpha, p) = ops.qk_and_pv(
                         q_tile, k_smem.at[next_slot], acc, p_lo, v_smem.at[slot], block_kv,
@@ -833,7 +826,7 @@ def _build_kernel(plan: _Plan):
                 state = (ops.layout(jnp.zeros((block_q, d), jnp.float32), plgpu.Layout.WGMMA),
                          ops.layout(jnp.full((block_q,), -jnp.inf, jnp.float32), row_layout),
                          ops.layout(jnp.zeros((block_q,), jnp.float32), row_layout))
-                if plan.fma_exponent:
+                if plan.variant.bounded_fma_exponent:
                     # One flag for the call (the inputs' bound), the same in every tile.
                     acc, l_i = lax.cond(fma_ref[0] != 0,
                                         functools.partial(blocks, fma=True),
