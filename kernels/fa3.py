@@ -46,6 +46,7 @@ import jax
 import jax.numpy as jnp
 
 from kernels.contract import AttentionSpec, row_has_key, zero_padding
+from kernels.gpu_limits import hopper_refusal
 from kernels.kernel import Capability, Kernel
 
 DISTRIBUTION = "flash-attn3-jax"
@@ -149,9 +150,7 @@ class Fa3Kernel(Kernel):
         if backend != "gpu":
             raise NotImplementedError(f"fa3 needs an NVIDIA Hopper GPU (sm90); the backend "
                                       f"is {backend}")
-        if jax.default_backend() in ("gpu", "cuda"):
-            found = getattr(jax.devices()[0], "compute_capability", None)
-            if found != COMPUTE_CAPABILITY:
-                raise NotImplementedError(
-                    f"fa3's wheel is compiled for sm90 (compute capability "
-                    f"{COMPUTE_CAPABILITY}) only; this GPU is {found}")
+        not_sm90 = hopper_refusal("fa3", f"its wheel, compiled for sm90 ({COMPUTE_CAPABILITY}) "
+                                  "only", only_sm90=True)
+        if not_sm90 is not None:
+            raise NotImplementedError(not_sm90)

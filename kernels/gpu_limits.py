@@ -1,4 +1,5 @@
-"""Shared memory on NVIDIA GPUs: what a pallas_gpu tiling needs, and what a device grants.
+"""Shared memory on NVIDIA GPUs: what a pallas_gpu tiling needs, and what a device grants
+(its shared memory per block, its compute capability: the Hopper check the sm_90 kernels share).
 
 Why this exists. On an H200 the Triton compile of ``pallas_gpu`` failed with
 ``RESOURCE_EXHAUSTED: Shared memory size limit exceeded`` for float32 at head_dim 128
@@ -122,6 +123,43 @@ def _parse_cc(value: Any) -> tuple[int, int] | None:
         return int(major), int(minor)
     except ValueError:
         return None
+
+
+def device_compute_capability() -> tuple[int, int] | None:
+    """``(major, minor)`` of the default device when the default backend is an NVIDIA GPU;
+    None on any other backend, or when JAX does not report it."""
+    if jax.default_backend() not in ("gpu", "cuda"):
+        return None
+    return _parse_cc(getattr(jax.devices()[0], "compute_capability", None))
+
+
+def hopper_refusal(kernel: str, needs: str, *, only_sm90: bool = False) -> str | None:
+    """Why ``kernel`` cannot run on the default GPU for want of Hopper, or None.
+
+    The one check the Hopper-only kernels share (``pallas_mosaic_gpu`` and its e4m3
+    sibling need ``wgmma``/TMA: any compute capability 9.x; the ``fa3`` wheel is compiled
+    for sm90 alone, so ``only_sm90`` asks for exactly 9.0). Off a GPU it says nothing:
+    each kernel refuses other backends in words of its own. A GPU whose capability JAX
+    does not report passes unless ``only_sm90``.
+
+    Args:
+        kernel: the registered kernel's name, for the message.
+        needs: what Hopper provides that the kernel uses (``"wgmma"``), for the message.
+        only_sm90: accept compute capability 9.0 only.
+
+    Returns:
+        The refusal, naming the constraint and the device's compute capability, or None.
+    """
+    if jax.default_backend() not in ("gpu", "cuda"):
+        return None
+    cc = device_compute_capability()
+    fits = cc == (9, 0) if only_sm90 else (cc is None or cc[0] == 9)
+    if fits:
+        return None
+    shown = "unknown" if cc is None else f"{cc[0]}.{cc[1]}"
+    wanted = "compute capability 9.0" if only_sm90 else "compute capability 9.x"
+    return (f"{kernel} needs an sm_90 (Hopper) GPU for {needs} ({wanted}); this device has "
+            f"compute capability {shown}")
 
 
 def budget_for(device_kind: str, compute_capability: tuple[int, int] | None,

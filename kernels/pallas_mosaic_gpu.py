@@ -122,6 +122,7 @@ from pydantic import Field, field_validator
 
 from kernels.config import KernelConfig
 from kernels.contract import AttentionSpec
+from kernels.gpu_limits import hopper_refusal
 from kernels.kernel import Capability, Kernel, round_up
 from kernels.mosaic_variants import (
     OUTPUT_CHUNK_COLS,
@@ -380,13 +381,6 @@ def kv_rows(kv_len: int, head_dim: int, block_kv: int, *, interpret: bool,
                    and head_dim == padded_head_dim(head_dim)
                    and kv_len % TMA_ROW_TILE == 0 and kv_len >= block_kv)
     return kv_len if unpadded_ok else padded
-
-
-def _device_capability() -> str | None:
-    """``"9.0"``-style compute capability of the default device, None off-GPU."""
-    if jax.default_backend() not in _GPU_PLATFORMS:
-        return None
-    return getattr(jax.devices()[0], "compute_capability", None)
 
 
 # ----------------------------------------------------------------------------- the kernel
@@ -1121,11 +1115,9 @@ class PallasMosaicGpuKernel(Kernel[MosaicConfig]):
                 f"pallas_mosaic_gpu is native to NVIDIA Hopper GPUs (Mosaic GPU: wgmma and "
                 f"TMA) and has no CPU mode (JAX's GPU interpret mode is private); backend "
                 f"{backend!r}")
-        capability = _device_capability()
-        if capability is not None and not str(capability).startswith("9."):
-            raise NotImplementedError(
-                f"pallas_mosaic_gpu needs an sm_90 (Hopper) GPU for wgmma; this device has "
-                f"compute capability {capability}")
+        not_hopper = hopper_refusal("pallas_mosaic_gpu", "wgmma and TMA")
+        if not_hopper is not None:
+            raise NotImplementedError(not_hopper)
         name = jnp.dtype(spec.dtype).name
         if name not in SUPPORTED_DTYPES:
             raise NotImplementedError(

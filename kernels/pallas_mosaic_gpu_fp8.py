@@ -32,6 +32,7 @@ import jax.numpy as jnp
 
 from kernels.contract import AttentionSpec, row_has_key, zero_padding
 from kernels.fp8_attention import BLOCK_KV, BLOCK_Q, HEAD_DIMS, KERNEL_NAME, fp8_attention
+from kernels.gpu_limits import hopper_refusal
 from kernels.kernel import Capability, Kernel, round_up
 
 _GPU_PLATFORMS = ("gpu", "cuda")
@@ -116,8 +117,6 @@ class PallasMosaicGpuFp8Kernel(Kernel):
             raise NotImplementedError(
                 f"{self.name} is native to NVIDIA Hopper GPUs (e4m3 wgmma) and has no CPU "
                 f"mode; backend {backend!r}")
-        if jax.default_backend() in _GPU_PLATFORMS:
-            found = getattr(jax.devices()[0], "compute_capability", None)
-            if found is not None and not str(found).startswith("9."):
-                raise NotImplementedError(f"{self.name} needs an sm_90 (Hopper) GPU for e4m3 "
-                                          f"wgmma; this device has compute capability {found}")
+        not_hopper = hopper_refusal(self.name, "e4m3 wgmma")
+        if not_hopper is not None:
+            raise NotImplementedError(not_hopper)
