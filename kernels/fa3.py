@@ -150,7 +150,6 @@ class Fa3Kernel(Kernel):
         if backend != "gpu":
             raise NotImplementedError(f"fa3 needs an NVIDIA Hopper GPU (sm90); the backend "
                                       f"is {backend}")
-        not_sm90 = hopper_refusal("fa3", f"its wheel, compiled for sm90 ({COMPUTE_CAPABILITY}) "
-                                  "only", only_sm90=True)
+        not_sm90 = hopper_refusal("fa3", "its wheel, compiled for sm90 only", only_sm90=True)
         if not_sm90 is not None:
             raise NotImplementedError(not_sm90)

@@ -65,6 +65,7 @@ host without a GPU (interpret mode, ``jax.export`` for CUDA) plans for
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import jax
@@ -114,20 +115,23 @@ class SharedMemoryBudget(BaseModel):
 
 
 def _parse_cc(value: Any) -> tuple[int, int] | None:
+    """``(major, minor)`` from a reported compute capability (``"9.0"``, ``"9.0a"``, a
+    pair), or None when there is none or it is not one (``"gfx942"``, ROCm's names)."""
     if value is None:
         return None
     if isinstance(value, tuple | list) and len(value) >= 2:
-        return int(value[0]), int(value[1])
-    try:
-        major, minor = str(value).split(".")[:2]
-        return int(major), int(minor)
-    except ValueError:
-        return None
+        try:
+            return int(value[0]), int(value[1])
+        except (TypeError, ValueError):
+            return None
+    found = re.match(r"(\d+)\.(\d+)", str(value))
+    return (int(found[1]), int(found[2])) if found else None
 
 
 def device_compute_capability() -> tuple[int, int] | None:
     """``(major, minor)`` of the default device when the default backend is an NVIDIA GPU;
-    None on any other backend, or when JAX does not report it."""
+    None on any other backend, or when JAX reports none or one that is not a CUDA
+    ``major.minor``."""
     if jax.default_backend() not in ("gpu", "cuda"):
         return None
     return _parse_cc(getattr(jax.devices()[0], "compute_capability", None))
@@ -139,8 +143,9 @@ def hopper_refusal(kernel: str, needs: str, *, only_sm90: bool = False) -> str |
     The one check the Hopper-only kernels share (``pallas_mosaic_gpu`` and its e4m3
     sibling need ``wgmma``/TMA: any compute capability 9.x; the ``fa3`` wheel is compiled
     for sm90 alone, so ``only_sm90`` asks for exactly 9.0). Off a GPU it says nothing:
-    each kernel refuses other backends in words of its own. A GPU whose capability JAX
-    does not report passes unless ``only_sm90``.
+    each kernel refuses other backends in words of its own. A GPU that reports no
+    capability passes unless ``only_sm90``; one that reports something other than a CUDA
+    ``major.minor`` (a ROCm ``gfx…`` name) is refused.
 
     Args:
         kernel: the registered kernel's name, for the message.
@@ -148,16 +153,21 @@ def hopper_refusal(kernel: str, needs: str, *, only_sm90: bool = False) -> str |
         only_sm90: accept compute capability 9.0 only.
 
     Returns:
-        The refusal, naming the constraint and the device's compute capability, or None.
+        The refusal, naming the constraint and the capability as the device reports it,
+        or None.
     """
     if jax.default_backend() not in ("gpu", "cuda"):
         return None
-    cc = device_compute_capability()
-    fits = cc == (9, 0) if only_sm90 else (cc is None or cc[0] == 9)
+    reported = getattr(jax.devices()[0], "compute_capability", None)
+    cc = _parse_cc(reported)
+    if reported is None:
+        fits = not only_sm90
+    else:
+        fits = cc == (9, 0) if only_sm90 else (cc is not None and cc[0] == 9)
     if fits:
         return None
-    shown = "unknown" if cc is None else f"{cc[0]}.{cc[1]}"
     wanted = "compute capability 9.0" if only_sm90 else "compute capability 9.x"
+    shown = "none reported" if reported is None else reported
     return (f"{kernel} needs an sm_90 (Hopper) GPU for {needs} ({wanted}); this device has "
             f"compute capability {shown}")
 

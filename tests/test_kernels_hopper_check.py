@@ -36,7 +36,10 @@ def gpu(monkeypatch):
     ("9.2", True, False),        # a later 9.x: wgmma and TMA, not the sm90-only wheel
     ("8.0", False, False),       # A100
     ("10.0", False, False),      # Blackwell: no wgmma
-    ((8, 6), False, False),      # reported as a tuple
+    ((8, 6), False, False),      # reported as a pair
+    ("9.0a", True, True),        # the architecture-specific name: still 9.0
+    ("gfx942", False, False),    # a ROCm GPU (also backend "gpu"): not readable as CUDA
+    ("9", False, False),         # not a major.minor: refused, not taken for unreported
     (None, True, False),         # not reported: only the sm90-only wheel refuses
 ])
 def test_the_rule_on_each_capability(gpu, capability, any_9x, only_9_0):
@@ -57,6 +60,11 @@ def test_the_refusal_names_the_kernel_the_need_and_the_device(gpu):
     why = gpu_limits.hopper_refusal("pallas_mosaic_gpu", "wgmma and TMA")
     assert why == ("pallas_mosaic_gpu needs an sm_90 (Hopper) GPU for wgmma and TMA "
                    "(compute capability 9.x); this device has compute capability 8.0")
+    gpu("gfx942")  # shown as reported, not as a parse's "unknown"
+    assert gpu_limits.hopper_refusal("k", "wgmma").endswith("compute capability gfx942")
+    gpu(None)
+    assert gpu_limits.hopper_refusal("k", "its wheel", only_sm90=True).endswith(
+        "compute capability none reported")
 
 
 @pytest.mark.parametrize("capability", ["8.0", "10.0"])
@@ -78,5 +86,6 @@ def test_the_sm90_only_wheel_refuses_a_later_hopper(gpu, monkeypatch):
     monkeypatch.setattr(fa3.importlib.util, "find_spec", lambda name: object())
     gpu("9.2")
     PallasMosaicGpuKernel().check_supported(SPEC, "gpu")
-    with pytest.raises(NotImplementedError, match=r"compiled for sm90 \(9\.0\) only.*9\.2"):
+    with pytest.raises(NotImplementedError,
+                       match=r"compiled for sm90 only \(compute capability 9\.0\).*9\.2$"):
         fa3.Fa3Kernel().check_supported(SPEC, "gpu")
