@@ -128,15 +128,6 @@ def _parse_cc(value: Any) -> tuple[int, int] | None:
     return (int(found[1]), int(found[2])) if found else None
 
 
-def device_compute_capability() -> tuple[int, int] | None:
-    """``(major, minor)`` of the default device when the default backend is an NVIDIA GPU;
-    None on any other backend, or when JAX reports none or one that is not a CUDA
-    ``major.minor``."""
-    if jax.default_backend() not in ("gpu", "cuda"):
-        return None
-    return _parse_cc(getattr(jax.devices()[0], "compute_capability", None))
-
-
 def hopper_refusal(kernel: str, needs: str, *, only_sm90: bool = False) -> str | None:
     """Why ``kernel`` cannot run on the default GPU for want of Hopper, or None.
 

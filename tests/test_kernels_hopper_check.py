@@ -51,7 +51,6 @@ def test_the_rule_on_each_capability(gpu, capability, any_9x, only_9_0):
 def test_off_a_gpu_the_check_says_nothing(monkeypatch):
     monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
     monkeypatch.setattr(jax, "devices", lambda *a, **k: pytest.fail("no device is read"))
-    assert gpu_limits.device_compute_capability() is None
     assert gpu_limits.hopper_refusal("k", "wgmma", only_sm90=True) is None
 
 
