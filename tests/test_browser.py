@@ -501,6 +501,36 @@ def _ended(process, result: dict, lines: list[str], timeout_s: float = 900) -> s
     return "".join(lines)
 
 
+LATENCY_ROLLBACK = re.compile(r"^\* reason: canary[-\w]*: latency: candidate slower "
+                              r"(than production \(signed-rank|at canary)[^;\n]*$", re.M)
+"""The rollout's closing reason when the canary's signed-rank latency test alone rolled it
+back (``gates.canary`` at a step, ``gates.latency_judge`` over the canary)."""
+
+
+def _approved_at_both_transitions(prefect_ui: str, page, screenshots: Path,
+                                  command: list[str]) -> tuple[str | None, str]:
+    """``kernelgate ROLLOUT`` approved in the UI at shadow->canary and at
+    canary->production: ``(the flow run's id, the whole output)``, or ``(None, output)``
+    when the canary's latency judge rolled it back before the second ask (exit 0). Any
+    other end before an ask fails the test."""
+    process, result, lines = _kernelgate_in_background(prefect_ui, *command)
+    for transition, shot in (("shadow->canary", "staging-shadow-form.png"),
+                             ("canary->production", "staging-production-form.png")):
+        try:
+            run_id = _paused_run_id(transition, result)
+        except AssertionError:
+            if transition != "canary->production":
+                raise
+            out = _ended(process, result, lines)
+            if not LATENCY_ROLLBACK.search(out):
+                raise
+            return None, out
+        dialog = _open_form(page, prefect_ui, run_id, transition)
+        _answer(page, dialog, decision="approve", approver="rm@example.com",
+                comment="evidence read; go", screenshot=screenshots / shot)
+    return run_id, _ended(process, result, lines)
+
+
 def test_walkthrough_under_staging_from_an_empty_store_rejects_one_rollout_and_promotes_one(
         prefect_ui, family, page, screenshots, tmp_path):
     """README's release-manager walkthrough as written, from an empty store, under the
@@ -510,7 +540,8 @@ def test_walkthrough_under_staging_from_an_empty_store_rejects_one_rollout_and_p
     ``--implementation native`` rolls out), then ``kernelgate rollout --implementation
     native --thresholds thresholds/staging.yaml`` twice, answered in the Prefect UI:
     rejected at shadow->canary (*Rejected*, Failed-type, exit 0, no production), then
-    approved at both transitions (*Promoted*, exit 0, in production).
+    approved at both transitions (*Promoted*, exit 0, in production; rolled out once more
+    if the canary's latency test rolled the identical kernel back, at its alpha).
 
     The rejection comes first so that neither gate compares speed with a production
     version: an identical kernel's p99 against production's on a busy 2-core host is
@@ -554,14 +585,16 @@ def test_walkthrough_under_staging_from_an_empty_store_rejects_one_rollout_and_p
     with get_client(sync_client=True) as client:  # red in the runs list, not green
         assert client.read_flow_run(run_id).state.type == StateType.FAILED
 
-    process, result, lines = _kernelgate_in_background(prefect_ui, *command)
-    for transition, shot in (("shadow->canary", "staging-shadow-form.png"),
-                             ("canary->production", "staging-production-form.png")):
-        run_id = _paused_run_id(transition, result)
-        dialog = _open_form(page, prefect_ui, run_id, transition)
-        _answer(page, dialog, decision="approve", approver="rm@example.com",
-                comment="evidence read; go", screenshot=screenshots / shot)
-    out = _ended(process, result, lines)
+    run_id, out = _approved_at_both_transitions(prefect_ui, page, screenshots, command)
+    if run_id is None:
+        # The canary's latency judge rolled back an identical kernel (the native baseline
+        # against itself): it may, with probability <= its alpha (0.01; seen once in CI).
+        # Not what this walkthrough is about, so it rolls out once more: a judge with no
+        # bias does that twice in 1e-4 walkthroughs, and a biased one would fail again.
+        assert registered_model.alias_version(local_tracking(store), family,
+                                              "production") is None
+        run_id, out = _approved_at_both_transitions(prefect_ui, page, screenshots, command)
+    assert run_id is not None, out[-3000:]
     production = registered_model.alias_version(local_tracking(store), family, "production")
     assert production is not None and f"{family} v{production} — promoted" in out, out[-3000:]
     _final_state_shown(page, prefect_ui, run_id, "Promoted", screenshots / "staging-promoted.png")
