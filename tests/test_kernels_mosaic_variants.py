@@ -38,6 +38,7 @@ from kernels.reference import attention_reference, relative_error
 from kernels.registry import IMPLEMENTATIONS
 from kernels.selection import measured_config
 from kernels.shapes import AttentionShape
+from kernels.timing import Timing
 from kernels.tools import ptxas_report
 from kernels.tools import variants as variants_tool
 from tests import test_kernels_poisoned as poisoned
@@ -992,14 +993,34 @@ def test_table_shows_failures_and_spills():
     assert "8/8" in text and "232" in text and "FAILED: ValueError: ptxas failed" in text
 
 
+def test_the_kernels_of_a_shape_are_timed_in_interleaved_passes(monkeypatch):
+    """Pass 1 of every kernel, then pass 2, ...: a clock drift within the process reaches
+    every kernel alike (timed back to back, the kernel timed last would meet it alone).
+    Each kernel's figure is the median of its own passes' medians."""
+    calls = []
+
+    def fake_time_call(fn, args, **kwargs):
+        calls.append(fn)
+        s = fn(len(calls))
+        return Timing(median_s=s, min_s=s, max_s=s, repeats=1, calls_per_repeat=1)
+
+    monkeypatch.setattr(variants_tool, "time_call", fake_time_call)
+    a, b = (lambda n: 1.0 + n), (lambda n: 100.0 - n)
+    timed = variants_tool._timed([a, b], ())
+    assert calls == [a, b] * variants_tool.PASSES
+    assert timed[0]["pass_median_s"] == [2.0, 4.0, 6.0] and timed[0]["median_s"] == 4.0
+    assert timed[1]["pass_median_s"] == [98.0, 96.0, 94.0] and timed[1]["median_s"] == 96.0
+
+
 @pytest.mark.slow
 def test_a_variant_row_is_timed_checked_and_compared_with_the_default(monkeypatch):
     """run_shape end to end on this CPU host: the kernel in interpret mode, one timing
     call instead of three passes, cuDNN absent (its row names why). About 60 s on two
     CPU cores (interpret mode), hence ``slow``."""
-    monkeypatch.setattr(variants_tool, "_timed", lambda fn, args: {
+    monkeypatch.setattr(variants_tool, "_timed", lambda fns, args: [{
         "median_s": variants_tool.time_call(fn, args, repeats=1, max_calls=1,
-                                            warmup_s=0.0).median_s, "pass_median_s": []})
+                                            warmup_s=0.0).median_s, "pass_median_s": []}
+        for fn in fns])
     shape = AttentionShape(dtype="bfloat16", batch=1, q_len=256, kv_len=256, num_heads=1,
                            num_kv_heads=1, head_dim=64, causal=False)
     entries = [{"name": "default"}, {"name": "lazy", "variant": {"lazy_rescale_log2": 8.0}},

@@ -5,9 +5,9 @@ bf16 head_dim 64 and 256 non-causal S=16384, where the kernel loses most; or ``g
 head_dim 64/128/256, causal and not, S=16384 at B=1 and S=4096 at B=4,
 heads = 2048 / head_dim) it times cuDNN (``jax.nn.dot_product_attention``,
 ``implementation="cudnn"``), FlashAttention-3 at head_dim 128 (``kernels.fa3``, where its
-wheel is installed; :data:`PEERS`) and each variant, in three passes (the median of each
-pass's median; ratios within this process), against the matmul ceiling measured in the
-same process (the best of a few large bf16 GEMMs). Every variant is checked against
+wheel is installed; :data:`PEERS`) and each variant, in three passes interleaved over the
+kernels (the median of each pass's median; ratios within this process), against the
+matmul ceiling measured in the same process (the best of a few large bf16 GEMMs). Every variant is checked against
 float64 twice: on sampled rows of the timed inputs, and on a small shape of its own
 (causal, lengths that are no tile multiples, GQA) where its error must stay within
 ``bench.ERROR_RATIO_LIMIT`` of naive's. The compiled kernel's ``ptxas`` report
@@ -42,7 +42,6 @@ import numpy as np
 from kernels import fa3
 from kernels.contract import validate
 from kernels.mosaic_variants import MosaicVariant, registered_default
-from kernels.naive import naive_attention
 from kernels.pallas_mosaic_gpu import (
     MosaicConfig,
     PallasMosaicGpuKernel,
@@ -50,13 +49,14 @@ from kernels.pallas_mosaic_gpu import (
     pallas_mosaic_gpu_attention,
     registered_variant,
 )
-from kernels.reference import attention_reference, relative_error, rounding_floor
+from kernels.reference import relative_error, rounding_floor
 from kernels.selection import measured_config
 from kernels.shapes import AttentionShape, random_inputs
 from kernels.timing import compile_and_warm, time_call
 from kernels.tools import bench, grid_summary
 from kernels.tools.grid_summary import format_table
 from kernels.tools.ptxas_report import captured_output, parse_ptxas
+from kernels.tools.variant_check import small_check
 
 KERNEL = PallasMosaicGpuKernel()
 VARIANTS_FILE = Path(__file__).with_name("fa3_variants.json")
@@ -143,10 +143,15 @@ def matmul_ceiling(sizes: Sequence[int] = CEILING_SIZES) -> dict[str, float]:
     return {**rates, "ceiling": max(rates.values())}
 
 
-def _timed(fn, args) -> dict[str, Any]:
-    passes = [time_call(fn, args, repeats=7, target_repeat_s=0.03) for _ in range(PASSES)]
-    return {"median_s": statistics.median(p.median_s for p in passes),
-            "pass_median_s": [p.median_s for p in passes]}
+def _timed(fns: Sequence[Any], args) -> list[dict[str, Any]]:
+    """Each compiled call of ``fns`` timed in ``PASSES`` interleaved passes (pass 1 of every
+    call, then pass 2, ...), so a drift of the device's clocks within the process reaches
+    every kernel alike: per call its passes' medians and their median (seconds)."""
+    passes: list[list[float]] = [[] for _ in fns]
+    for _ in range(PASSES):
+        for fn, got in zip(fns, passes, strict=True):
+            got.append(time_call(fn, args, repeats=7, target_repeat_s=0.03).median_s)
+    return [{"median_s": statistics.median(p), "pass_median_s": p} for p in passes]
 
 
 def _variant_fn(shape, variant, config, interpret=False):
@@ -156,36 +161,6 @@ def _variant_fn(shape, variant, config, interpret=False):
                                            q_lengths=None, kv_lengths=None, config=config,
                                            variant=variant, interpret=interpret)
     return fn
-
-
-def small_check(variant: MosaicVariant, config: MosaicConfig | None, head_dim: int,
-                dtype: str, seed: int, *, seqs: tuple[int, int] = (1000, 1100),
-                interpret: bool = False) -> dict[str, Any]:
-    """The variant on a small causal GQA shape (B2, H4/2, ``seqs`` = (q_len, kv_len)
-    with lengths that are no tile multiples, the second example padded) against float64;
-    ``correct``: finite, within ``bench.ERROR_RATIO_LIMIT`` of naive's error (floor
-    ``bench.ERROR_FLOOR``), padded query rows exactly zero."""
-    rng = np.random.default_rng(seed)
-    (b, h, hkv), (sq, skv) = (2, 4, 2), seqs
-    q = jnp.asarray(rng.standard_normal((b, sq, h, head_dim)), dtype)
-    k = jnp.asarray(rng.standard_normal((b, skv, hkv, head_dim)), dtype)
-    v = jnp.asarray(rng.standard_normal((b, skv, hkv, head_dim)), dtype)
-    ql = jnp.array([sq, (sq * 3) // 5], jnp.int32)
-    kl = jnp.array([skv, (skv * 2) // 3], jnp.int32)
-    scale = 1.0 / math.sqrt(head_dim)
-    out = pallas_mosaic_gpu_attention(q, k, v, causal=True, scale=scale, q_lengths=ql,
-                                      kv_lengths=kl, config=config, variant=variant,
-                                      interpret=interpret)
-    out = np.asarray(jnp.asarray(out, jnp.float32), np.float64)
-    ref = attention_reference(q, k, v, causal=True, scale=scale, q_lengths=ql, kv_lengths=kl)
-    naive = naive_attention(q, k, v, causal=True, scale=scale, q_lengths=ql, kv_lengths=kl)
-    err = relative_error(out, ref)
-    base = max(relative_error(np.asarray(jnp.asarray(naive, jnp.float32), np.float64), ref),
-               bench.ERROR_FLOOR[dtype])
-    padded = np.arange(sq)[None, :] >= np.asarray(ql)[:, None]
-    return {"rel_error": err, "error_ratio": err / base,
-            "correct": bool(np.isfinite(err) and err / base <= bench.ERROR_RATIO_LIMIT
-                            and np.all(out[padded] == 0.0))}
 
 
 def run_shape(shape: AttentionShape, entries: Sequence[dict[str, Any]], ceiling: float,
@@ -205,21 +180,20 @@ def run_shape(shape: AttentionShape, entries: Sequence[dict[str, Any]], ceiling:
                                   rows=rows_idx)
     del host
     rows: list[dict[str, Any]] = []
+    timed: list[tuple[dict[str, Any], Any]] = []  # (row, compiled call): timed together below
     for peer in PEERS:
         row = {"shape": shape.label, "variant": peer}
         try:
             compiled, *_ = compile_and_warm(bench.attention_fn(peer, shape, None), (q, k, v))
-            err = relative_error(bench._sampled(compiled(q, k, v), pairs, rows_idx), ref)
-            timing = _timed(compiled, (q, k, v))
-            rows.append({**row, **timing, "rel_error": err,
-                         "tflops": shape.flops() / timing["median_s"] / 1e12})
+            row["rel_error"] = relative_error(bench._sampled(compiled(q, k, v), pairs,
+                                                             rows_idx), ref)
+            rows.append(row)
+            timed.append((row, compiled))
         except (NotImplementedError, ImportError) as e:  # the peer cannot run this here
             if peer != "fa3" or shape.head_dim == fa3.HEAD_DIM:  # FA3: its head_dim only
                 rows.append({**row, "error": str(e)})
         except Exception as e:  # noqa: BLE001 - a failing baseline is a row, not a crash
             rows.append({**row, "error": _full(e)})
-    peer_s = {r["variant"]: r["median_s"] for r in rows if "median_s" in r}
-    cudnn_s = peer_s.get("cudnn")
     for entry in entries:
         if shape.head_dim not in entry.get("head_dims", (shape.head_dim,)):
             continue
@@ -241,23 +215,27 @@ def run_shape(shape: AttentionShape, entries: Sequence[dict[str, Any]], ceiling:
             out = compiled(q, k, v)
             row["rel_error"] = relative_error(bench._sampled(out, pairs, rows_idx), ref)
             del out
-            row.update(_timed(compiled, (q, k, v)))
-            row["tflops"] = shape.flops() / row["median_s"] / 1e12
-            row["of_ceiling"] = row["tflops"] / ceiling
-            if cudnn_s:
-                row["ratio_to_cudnn"] = cudnn_s / row["median_s"]
-            if "fa3" in peer_s:
-                row["ratio_to_fa3"] = peer_s["fa3"] / row["median_s"]
             row["small_check"] = small_check(variant, config, shape.head_dim, shape.dtype,
                                              seed, seqs=small_seqs, interpret=interpret)
+            timed.append((row, compiled))
         except Exception as e:  # noqa: BLE001 - a failing variant is a result
             row["error"] = _full(e)
             print(f"--- {entry['name']} on {shape.label} failed:\n{row['error']}",
                   file=sys.stderr, flush=True)
         rows.append(row)
+    for (row, _), timing in zip(timed, _timed([fn for _, fn in timed], (q, k, v)),
+                                strict=True):
+        row.update(timing, tflops=shape.flops() / timing["median_s"] / 1e12)
+    peer_s = {r["variant"]: r["median_s"] for r in rows if "median_s" in r}
     default = next((r for r in rows if r["variant"] == "default" and "median_s" in r), None)
     for row in rows:
-        if "median_s" in row and default is not None and row["variant"] not in PEERS:
+        if "median_s" not in row or row["variant"] in PEERS:
+            continue
+        row["of_ceiling"] = row["tflops"] / ceiling
+        for peer in ("cudnn", "fa3"):
+            if peer in peer_s:
+                row[f"ratio_to_{peer}"] = peer_s[peer] / row["median_s"]
+        if default is not None:
             row["ratio_to_default"] = default["median_s"] / row["median_s"]
         if "rel_error" in row:
             # The benchmark's rule: cuDNN's own error on these rows (floor ERROR_FLOOR);
