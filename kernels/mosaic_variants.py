@@ -67,8 +67,8 @@ def tile_registers(block_q: int, block_kv: int, head_dim: int) -> int:
 
 class SwitchRule(BaseModel):
     """One registered choice of switches: the kernel runs ``switches`` at
-    ``padded_head_dim`` where ``causal`` (``None``: either) and ``kv_len <= max_kv_len``
-    (``None``: any length) hold. A rule with a condition applies only where the caller
+    ``padded_head_dim`` where ``causal`` (``None``: either) and ``min_kv_len <= kv_len <=
+    max_kv_len`` (``None``: no bound on that side) hold. A rule with a condition applies only where the caller
     knows the condition (:func:`registered_default`)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -77,6 +77,7 @@ class SwitchRule(BaseModel):
     switches: dict[str, bool | int | float]
     causal: bool | None = None
     max_kv_len: int | None = Field(default=None, gt=0)
+    min_kv_len: int | None = Field(default=None, gt=0)
 
     def applies(self, padded_head_dim: int, causal: bool | None, kv_len: int | None) -> bool:
         """Whether this rule names ``padded_head_dim`` and its conditions are known and met."""
@@ -84,12 +85,19 @@ class SwitchRule(BaseModel):
             return False
         if self.causal is not None and causal != self.causal:
             return False
+        if self.min_kv_len is not None and (kv_len is None or kv_len < self.min_kv_len):
+            return False
         return self.max_kv_len is None or (kv_len is not None and kv_len <= self.max_kv_len)
 
 
 REGISTERED_SWITCHES: tuple[SwitchRule, ...] = (
+    SwitchRule(padded_head_dim=64, min_kv_len=16384,
+               switches={"rowsum_before_handover": False, "pingpong_across_tiles": True,
+                         "bounded_fma_exponent": True}),
     SwitchRule(padded_head_dim=64,
                switches={"rowsum_before_handover": False, "pingpong_across_tiles": True}),
+    SwitchRule(padded_head_dim=128, min_kv_len=16384,
+               switches={"rowsum_before_handover": False, "bounded_fma_exponent": True}),
     SwitchRule(padded_head_dim=128, switches={"rowsum_before_handover": False}),
     SwitchRule(padded_head_dim=256, causal=False, max_kv_len=4096,
                switches={"lazy_rescale_log2": 8.0, "rowsum_before_handover": True,
@@ -119,7 +127,14 @@ passed the `gpu` tests there (``kernels/tools/bench_results/``; NOTES-gpu.md):
   (the same call: +1.1 to +1.5 % on each of the four bf16 rows; at head_dim 128 it lost
   0.7-2.3 %, with the half-width output at 256 0.4-1.6 % on three rows, so it stays off
   there). The new registration beside the one before, one call, bf16 and f16
-  (``registered-vs-before``): 0.990-1.025 per row, 15 of 16 rows >= 1.0.
+  (``registered-vs-before``): 0.990-1.025 per row, 15 of 16 rows >= 1.0;
+* head_dim 64 and 128 at kv_len >= 16384: one FMA per logit where the call's bound
+  allows it, ``bounded_fma_exponent`` (three H100 calls of 2026-12-07 at d128, bf16 and
+  f16, one at d64 bf16, ``h100-2026-12-07-bounded-fma``: at S = 16384, full and causal,
+  +0.6 to +5.5 % on each of the 15 rows, median +1.9 %; at S = 4096 B4 it lost 1.2 to
+  7 % on 13 of 14 rows, the bound's read of Q and K, about 45 µs, being 5-9 % of a 0.5-1
+  ms call there and about 1-2.5 % at 16384; lengths between were not measured, so the rule
+  starts at the measured one; at head_dim 256 it lost 2.6-13 %, so it stays off there).
 
 The runs are in ``kernels/tools/bench_results/`` and BENCHMARKS.md.
 

@@ -60,7 +60,9 @@ arXiv:2407.08608), exact attention with an online softmax (FlashAttention-2, Dao
   (registered at 256, where whole output buffers do not fit, so the query tile is freed
   after the last ``Q Kᵀ``), and one FMA per logit where a per-call bound on the logits
   allows it (``bounded_fma_exponent``: ``mosaic_variants.softmax_block_fma``, the exact
-  form otherwise; one flag per call chooses each tile's loops).
+  form otherwise; one flag per call chooses each tile's loops; registered at head_dim 64
+  and 128 from 16384 keys, where the bound's read of Q and K is a small share of the
+  call).
 - **Contract.** GQA by index mapping (query head ``h`` streams K/V head
   ``h // group``; nothing is repeated). ``kv_lengths``: keys at or past the length are
   masked and the blocks past it never loaded; V rows past it are zeroed before the

@@ -188,3 +188,33 @@ def test_the_switch_lowers_with_both_exponent_forms(variant, monkeypatch):
     assert fused(on) and len(fused(on)) < len(on)
     off = module(variant.model_copy(update={"bounded_fma_exponent": False}))
     assert not fused(off)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_switch_is_registered_from_16384_keys_at_head_dims_64_and_128(head_dim, causal):
+    """Where it was measured to pay (H100, S = 16384 full and causal): on top of the
+    switches registered at shorter lengths, nothing else changed; shorter calls, calls of
+    unknown length and head_dim 256 (where it lost) run without it."""
+    from kernels.mosaic_variants import registered_default
+
+    short = registered_default(head_dim, causal=causal, kv_len=4096)
+    for kv_len in (16384, 131072):
+        long_ = registered_default(head_dim, causal=causal, kv_len=kv_len)
+        assert long_ == short.model_copy(update={"bounded_fma_exponent": True}), kv_len
+    for kv_len in (1, 4096, 16383, None):
+        assert not registered_default(head_dim, causal=causal,
+                                      kv_len=kv_len).bounded_fma_exponent, kv_len
+    assert not registered_default(256, causal=causal, kv_len=16384).bounded_fma_exponent
+
+
+def test_a_rule_with_a_least_length_applies_only_from_that_length():
+    from kernels.mosaic_variants import SwitchRule
+
+    rule = SwitchRule(padded_head_dim=128, min_kv_len=100, switches={})
+    assert [rule.applies(128, None, n) for n in (99, 100, 5000, None)] == [
+        False, True, True, False]
+    assert not rule.applies(64, None, 100)
+    both = SwitchRule(padded_head_dim=128, min_kv_len=100, max_kv_len=200, switches={})
+    assert [both.applies(128, True, n) for n in (99, 100, 200, 201)] == [
+        False, True, True, False]
