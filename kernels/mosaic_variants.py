@@ -79,6 +79,13 @@ class SwitchRule(BaseModel):
     max_kv_len: int | None = Field(default=None, gt=0)
     min_kv_len: int | None = Field(default=None, gt=0)
 
+    @model_validator(mode="after")
+    def _lengths_ordered(self) -> SwitchRule:
+        if None not in (self.min_kv_len, self.max_kv_len) and self.min_kv_len > self.max_kv_len:
+            raise ValueError(f"min_kv_len {self.min_kv_len} > max_kv_len {self.max_kv_len}: "
+                             "the rule would apply to no length")
+        return self
+
     def applies(self, padded_head_dim: int, causal: bool | None, kv_len: int | None) -> bool:
         """Whether this rule names ``padded_head_dim`` and its conditions are known and met."""
         if padded_head_dim != self.padded_head_dim:

@@ -31,6 +31,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 
 import httpx
@@ -593,6 +594,9 @@ def test_walkthrough_under_staging_from_an_empty_store_rejects_one_rollout_and_p
         # bias does that twice in 1e-4 walkthroughs, and a biased one would fail again.
         assert registered_model.alias_version(local_tracking(store), family,
                                               "production") is None
+        warnings.warn("the staging walkthrough's canary rolled the identical kernel back for "
+                      f"latency; rolled out once more: {LATENCY_ROLLBACK.search(out)[0]}",
+                      stacklevel=1)
         run_id, out = _approved_at_both_transitions(prefect_ui, page, screenshots, command)
     assert run_id is not None, out[-3000:]
     production = registered_model.alias_version(local_tracking(store), family, "production")

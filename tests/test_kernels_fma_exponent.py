@@ -218,3 +218,5 @@ def test_a_rule_with_a_least_length_applies_only_from_that_length():
     both = SwitchRule(padded_head_dim=128, min_kv_len=100, max_kv_len=200, switches={})
     assert [both.applies(128, True, n) for n in (99, 100, 200, 201)] == [
         False, True, True, False]
+    with pytest.raises(ValueError, match="min_kv_len 300 > max_kv_len 200"):
+        SwitchRule(padded_head_dim=128, min_kv_len=300, max_kv_len=200, switches={})

@@ -397,9 +397,11 @@ def test_lengths_that_are_block_multiples_lower_as_before_the_unpadded_kv(monkey
 # Re-pinned at the exponent change (above): the eight 4096/16384 rows were measured again
 # on these modules beside the old ones (bench_results/h200-2026-12-04-extreme-values/
 # perf.json: 0.919-0.992 of the old, 2-8 % slower); the 131072 row was not. Re-pinned at
-# kv_len >= 16384 when bounded_fma_exponent was registered there: those four rows are the
-# ``bounded-fma`` rows of the three H100 calls in bench_results/h100-2026-12-07-bounded-fma/
-# (the same switches as the new registration); the 4096 rows are unchanged.
+# kv_len >= 16384 when bounded_fma_exponent was registered there: the four 16384 rows are
+# the ``bounded-fma`` rows of the three H100 calls in bench_results/h100-2026-12-07-bounded-fma/
+# (the same switches as the new registration); the 131072 row is re-pinned unmeasured (the
+# rule has no upper length: the bound's read of Q and K is a smaller share of a longer
+# call, but no call of that length has run with it); the 4096 rows are unchanged.
 D128_AS_MEASURED = {
     ("bfloat16", 1, 131072, True):
         "5a653f2e6217e7fb2695ca460134f172ff53fd828f40d2c350ca571c608fb5fe",
@@ -1014,6 +1016,70 @@ def test_the_kernels_of_a_shape_are_timed_in_interleaved_passes(monkeypatch):
     assert calls == [a, b] * variants_tool.PASSES
     assert timed[0]["pass_median_s"] == [2.0, 4.0, 6.0] and timed[0]["median_s"] == 4.0
     assert timed[1]["pass_median_s"] == [98.0, 96.0, 94.0] and timed[1]["median_s"] == 96.0
+
+
+def _fake_shape_run(monkeypatch, errors: dict, seconds: dict, raise_when_timed=()):
+    """run_shape with stand-in kernels: each compiled call returns its name, whose sampled
+    error is ``errors[name]`` and whose time is ``seconds[name]`` (raising while timed for
+    the names in ``raise_when_timed``); default and one variant at d128, peers cuDNN, FA3."""
+    class Named:
+        def __init__(self, name):
+            self.name = name
+
+        def __call__(self, q, k, v):
+            return self.name
+
+    current = {}
+    entry_variant = variants_tool.entry_variant
+
+    def named_entry(entry, *args, **kwargs):
+        current["name"] = entry["name"]
+        return entry_variant(entry, *args, **kwargs)
+
+    def time_call(fn, args, **kwargs):
+        if fn.name in raise_when_timed:
+            raise RuntimeError(f"{fn.name} failed while timed")
+        s = seconds[fn.name]
+        return Timing(median_s=s, min_s=s, max_s=s, repeats=1, calls_per_repeat=1)
+
+    monkeypatch.setattr(variants_tool.bench, "attention_fn", lambda peer, shape, cfg: Named(peer))
+    monkeypatch.setattr(variants_tool, "entry_variant", named_entry)
+    monkeypatch.setattr(variants_tool, "_variant_fn",
+                        lambda *a, **k: Named(current["name"]))
+    monkeypatch.setattr(variants_tool, "compile_and_warm", lambda fn, args: (fn, 0.1, None))
+    monkeypatch.setattr(variants_tool.bench, "_sampled", lambda out, pairs, rows: out)
+    monkeypatch.setattr(variants_tool, "relative_error", lambda out, ref: errors[out])
+    monkeypatch.setattr(variants_tool, "small_check", lambda *a, **k: {"correct": True})
+    monkeypatch.setattr(variants_tool, "time_call", time_call)
+    shape = AttentionShape(dtype="bfloat16", batch=1, q_len=128, kv_len=128, num_heads=1,
+                           num_kv_heads=1, head_dim=128, causal=False)
+    rows = variants_tool.run_shape(shape, [{"name": "default"}, {
+        "name": "lazy", "variant": {"lazy_rescale_log2": 8.0}}], ceiling=10.0, seed=1)
+    return {r["variant"]: r for r in rows}
+
+
+def test_peer_rows_are_checked_against_float64_like_the_variants(monkeypatch):
+    """A peer whose output is wrong (FA3 at 500x cuDNN's error) is marked incorrect, so
+    the FA3 floor is not judged on it; every variant row still gets its ratios."""
+    by = _fake_shape_run(monkeypatch, {"cudnn": 1e-3, "fa3": 0.5, "default": 1e-3,
+                                       "lazy": 1e-3},
+                         {"cudnn": 1.0, "fa3": 0.5, "default": 1.25, "lazy": 1.0})
+    assert by["fa3"]["correct"] is False and by["fa3"]["sampled_error_ratio_to_cudnn"] == 500
+    assert by["cudnn"]["correct"] is True
+    lazy = by["lazy"]
+    assert lazy["correct"] and lazy["ratio_to_cudnn"] == 1.0 and lazy["ratio_to_fa3"] == 0.5
+    assert lazy["ratio_to_default"] == 1.25 and lazy["of_ceiling"] == lazy["tflops"] / 10.0
+
+
+def test_a_kernel_failing_while_timed_is_its_own_row_and_the_others_are_timed(monkeypatch):
+    by = _fake_shape_run(monkeypatch, {"cudnn": 1e-3, "fa3": 1e-3, "default": 1e-3,
+                                       "lazy": 1e-3},
+                         {"cudnn": 1.0, "fa3": 0.5, "default": 1.25, "lazy": 1.0},
+                         raise_when_timed=("lazy",))
+    assert "lazy failed while timed" in by["lazy"]["error"] and not by["lazy"]["correct"]
+    assert "median_s" not in by["lazy"] and "ratio_to_default" not in by["lazy"]
+    assert by["default"]["median_s"] == 1.25 and by["default"]["ratio_to_fa3"] == 0.4
+    assert by["default"]["correct"]
 
 
 @pytest.mark.slow

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import math
 import re
+import sys
 import zlib
 
 import jax
@@ -1028,6 +1029,73 @@ def test_gpu_extreme_values_with_one_and_few_keys_match_float64(dtype, head_dim,
     and magnitude, with one key, seven, and 128 masked to 1, 2, 3 and 7."""
     failures = check_extreme_values(dtype, head_dim, causal, EXTREME_KEYS)
     assert not failures, f"{len(failures)} failures: " + "; ".join(failures[:6])
+
+
+LONG_KEYS = 16384
+"""Where ``bounded_fma_exponent`` is registered (head_dim 64 and 128, kv_len >= 16384)."""
+
+
+def long_key_failures(dtype: str, head_dim: int, causal: bool, fn=None) -> list[str]:
+    """``fn`` (default: the registered ``pallas_mosaic_gpu_attention``) on
+    :data:`LONG_KEYS` keys against float64 (one example, 128 queries): the ``equal`` and
+    ``dominant`` patterns at every magnitude of ``dtype``, past the FMA bound (the exact
+    form runs; at this length ``dominant``'s leading keys round to ties in bf16/f16), and
+    normal inputs, far under it (the FMA form runs). Returns the failures."""
+    from tests.test_kernels_poisoned import TOLERANCE
+
+    scale = head_dim ** -0.5
+    fn = jax.jit(fn or functools.partial(pallas_mosaic_gpu_attention, causal=causal,
+                                         scale=scale, q_lengths=None, kv_lengths=None))
+    failures = []
+    cases = [(p, x) for p in ("equal", "dominant") for x in EXTREME_MAGNITUDES[dtype]]
+    for pattern, x in cases + [("normal", 1.0)]:
+        if pattern == "normal":
+            q, k, v = (jnp.asarray(np.random.default_rng(1).standard_normal(s), dtype)
+                       for s in ((1, 128, 2, head_dim), (1, LONG_KEYS, 1, head_dim),
+                                 (1, LONG_KEYS, 1, head_dim)))
+        else:
+            q, k, v = extreme_inputs(pattern, x, dtype, head_dim, LONG_KEYS, batch=1)
+        want = attention_reference(q, k, v, causal=causal, scale=scale)
+        out = np.asarray(fn(q, k, v).astype(jnp.float32), np.float64)
+        bad = int(np.sum(~np.isfinite(out)))
+        err = relative_error(out, want) if not bad else math.inf
+        if bad or not err < TOLERANCE[dtype]:
+            failures.append(f"{pattern} x={x:g}: {bad} non-finite, rel. error {err:.3g}")
+    return failures
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [64, 128], ids=lambda d: f"d{d}")
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_gpu_extreme_values_at_16384_keys_with_the_switches_registered_there(
+        dtype, head_dim, causal):
+    """The registered kernel where it runs one FMA per logit under the call's bound: the
+    extreme magnitudes (past the bound: the exact form) and normal inputs (under it)."""
+    failures = long_key_failures(dtype, head_dim, causal)
+    assert not failures, f"{len(failures)} failures: " + "; ".join(failures[:6])
+
+
+def test_the_long_key_check_knows_its_answers_and_catches_a_wrong_kernel():
+    """On this CPU host, with XLA's attention standing in: it passes at 16384 keys (a bf16
+    magnitude that XLA's float32 softmax survives), and a kernel that returns v's mean
+    over every key fails ``dominant`` and the normal inputs (not ``equal``: all ties)."""
+    from kernels.xla import xla_attention
+
+    def xla(q, k, v):
+        return xla_attention(q, k, v, causal=False, scale=64 ** -0.5, q_lengths=None,
+                             kv_lengths=None)
+
+    def mean_of_v(q, k, v):
+        return jnp.broadcast_to(jnp.mean(v, axis=1, keepdims=True), q.shape).astype(q.dtype)
+
+    small = {"bfloat16": (1e4,)}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sys.modules[__name__], "EXTREME_MAGNITUDES", small)
+        assert long_key_failures("bfloat16", 64, False, fn=xla) == []
+        wrong = long_key_failures("bfloat16", 64, False, fn=mean_of_v)
+    assert [f.split()[0] for f in wrong] == ["dominant", "normal"], wrong
 
 
 @gpu

@@ -146,12 +146,20 @@ def matmul_ceiling(sizes: Sequence[int] = CEILING_SIZES) -> dict[str, float]:
 def _timed(fns: Sequence[Any], args) -> list[dict[str, Any]]:
     """Each compiled call of ``fns`` timed in ``PASSES`` interleaved passes (pass 1 of every
     call, then pass 2, ...), so a drift of the device's clocks within the process reaches
-    every kernel alike: per call its passes' medians and their median (seconds)."""
+    every kernel alike: per call its passes' medians and their median (seconds), or
+    ``error`` for a call that raised while timed (not timed again; the others go on)."""
     passes: list[list[float]] = [[] for _ in fns]
+    failed: dict[int, str] = {}
     for _ in range(PASSES):
-        for fn, got in zip(fns, passes, strict=True):
-            got.append(time_call(fn, args, repeats=7, target_repeat_s=0.03).median_s)
-    return [{"median_s": statistics.median(p), "pass_median_s": p} for p in passes]
+        for i, fn in enumerate(fns):
+            if i in failed:
+                continue
+            try:
+                passes[i].append(time_call(fn, args, repeats=7, target_repeat_s=0.03).median_s)
+            except Exception as e:  # noqa: BLE001 - a kernel failing while timed is its row's
+                failed[i] = _full(e)
+    return [{"error": failed[i]} if i in failed else
+            {"median_s": statistics.median(p), "pass_median_s": p} for i, p in enumerate(passes)]
 
 
 def _variant_fn(shape, variant, config, interpret=False):
@@ -225,18 +233,19 @@ def run_shape(shape: AttentionShape, entries: Sequence[dict[str, Any]], ceiling:
         rows.append(row)
     for (row, _), timing in zip(timed, _timed([fn for _, fn in timed], (q, k, v)),
                                 strict=True):
-        row.update(timing, tflops=shape.flops() / timing["median_s"] / 1e12)
+        row.update(timing)
+        if "median_s" in timing:
+            row["tflops"] = shape.flops() / timing["median_s"] / 1e12
     peer_s = {r["variant"]: r["median_s"] for r in rows if "median_s" in r}
     default = next((r for r in rows if r["variant"] == "default" and "median_s" in r), None)
     for row in rows:
-        if "median_s" not in row or row["variant"] in PEERS:
-            continue
-        row["of_ceiling"] = row["tflops"] / ceiling
-        for peer in ("cudnn", "fa3"):
-            if peer in peer_s:
-                row[f"ratio_to_{peer}"] = peer_s[peer] / row["median_s"]
-        if default is not None:
-            row["ratio_to_default"] = default["median_s"] / row["median_s"]
+        if "median_s" in row and row["variant"] not in PEERS:
+            row["of_ceiling"] = row["tflops"] / ceiling
+            for peer in PEERS:
+                if peer in peer_s:
+                    row[f"ratio_to_{peer}"] = peer_s[peer] / row["median_s"]
+            if default is not None:
+                row["ratio_to_default"] = default["median_s"] / row["median_s"]
         if "rel_error" in row:
             # The benchmark's rule: cuDNN's own error on these rows (floor ERROR_FLOOR);
             # without cuDNN, the dtype's rounding floor (kernels.reference).
@@ -246,7 +255,7 @@ def run_shape(shape: AttentionShape, entries: Sequence[dict[str, Any]], ceiling:
                     else max(floor, rounding_floor(shape.dtype, shape.kv_len)))
             row["sampled_error_ratio_to_cudnn"] = row["rel_error"] / base
             row["correct"] = bool(
-                math.isfinite(row["rel_error"])
+                "error" not in row and math.isfinite(row["rel_error"])
                 and row["rel_error"] / base <= bench.ERROR_RATIO_LIMIT
                 and row.get("small_check", {"correct": True})["correct"])
     return rows
