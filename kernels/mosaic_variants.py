@@ -68,8 +68,11 @@ def tile_registers(block_q: int, block_kv: int, head_dim: int) -> int:
 class SwitchRule(BaseModel):
     """One registered choice of switches: the kernel runs ``switches`` at
     ``padded_head_dim`` where ``causal`` (``None``: either) and ``min_kv_len <= kv_len <=
-    max_kv_len`` (``None``: no bound on that side) hold. A rule with a condition applies only where the caller
-    knows the condition (:func:`registered_default`)."""
+    max_kv_len`` (``None``: no bound on that side) hold. A rule with a condition applies
+    only where the caller knows the condition (:func:`registered_default`).
+
+    Raises:
+        pydantic.ValidationError: ``min_kv_len > max_kv_len`` (a rule for no length)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -157,7 +160,8 @@ own `gpu` cases (``lazy-8-rowsum-before`` in ``fa3_variants.json``) passed in a 
 The two switches registered on 2026-12-02 (``output_chunks``, ``pingpong_across_tiles``)
 passed the grid's float64 checks on all 24 rows and the bf16-long rollout; their own
 `gpu` cases had not run on a GPU when they were registered (the first attempt failed in the
-test before any kernel check); in the interpreter they pass against float64. A change of this table changes the kernels' source digest (``kernels.build``)."""
+test before any kernel check); in the interpreter they pass against float64. A change of
+this table changes the kernels' source digest (``kernels.build``)."""
 
 
 def registered_default(padded_head_dim: int, *, causal: bool | None = None,

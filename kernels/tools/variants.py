@@ -7,10 +7,11 @@ heads = 2048 / head_dim) it times cuDNN (``jax.nn.dot_product_attention``,
 ``implementation="cudnn"``), FlashAttention-3 at head_dim 128 (``kernels.fa3``, where its
 wheel is installed; :data:`PEERS`) and each variant, in three passes interleaved over the
 kernels (the median of each pass's median; ratios within this process), against the
-matmul ceiling measured in the same process (the best of a few large bf16 GEMMs). Every variant is checked against
-float64 twice: on sampled rows of the timed inputs, and on a small shape of its own
-(causal, lengths that are no tile multiples, GQA) where its error must stay within
-``bench.ERROR_RATIO_LIMIT`` of naive's. The compiled kernel's ``ptxas`` report
+matmul ceiling measured in the same process (the best of a few large bf16 GEMMs). Every
+variant is checked against float64 twice: on sampled rows of the timed inputs, and on a
+small shape of its own (causal, lengths that are no tile multiples, GQA) where its error
+must stay within ``bench.ERROR_RATIO_LIMIT`` of naive's; the peers' sampled rows are
+checked the same way. The compiled kernel's ``ptxas`` report
 (``MOSAIC_GPU_DUMP_PTXAS=1``: registers, spill stores and loads) is captured from the
 process's stdout/stderr at its first compile and parsed into the row.
 
