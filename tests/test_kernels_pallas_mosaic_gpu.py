@@ -969,10 +969,12 @@ def extreme_variants() -> list[tuple[MosaicVariant, int]]:
 
 
 def check_extreme_values(dtype: str, head_dim: int, causal: bool, keys, variant=None,
-                         implementation=None) -> list[str]:
-    """Every pattern and magnitude of ``dtype`` at one compiled shape per ``keys`` entry:
-    the output finite and within ``poisoned.TOLERANCE`` of float64. Returns the failures
-    (so a caller sees all of them, not the first)."""
+                         implementation=None, patterns=EXTREME_PATTERNS, batch: int = 4,
+                         extra_inputs=()) -> list[str]:
+    """Every pattern of ``patterns`` at every magnitude of ``dtype`` (``batch`` examples),
+    then each ``(label, (q, k, v))`` of ``extra_inputs``, at one compiled shape per
+    ``keys`` entry: the output finite and within ``poisoned.TOLERANCE`` of float64.
+    Returns the failures (so a caller sees all of them, not the first)."""
     from tests.test_kernels_poisoned import TOLERANCE
 
     scale = head_dim ** -0.5
@@ -983,17 +985,18 @@ def check_extreme_values(dtype: str, head_dim: int, causal: bool, keys, variant=
             pallas_mosaic_gpu_attention, causal=causal, scale=scale, q_lengths=None,
             variant=variant)
         fn = jax.jit(functools.partial(fn, kv_lengths=kl))
-        for pattern in EXTREME_PATTERNS:
-            for x in EXTREME_MAGNITUDES[dtype]:
-                q, k, v = extreme_inputs(pattern, x, dtype, head_dim, kv_len)
-                ref = attention_reference(q, k, v, causal=causal, scale=scale,
-                                          kv_lengths=kv_lengths)
-                out = np.asarray(fn(q, k, v).astype(jnp.float32), np.float64)
-                bad = int(np.sum(~np.isfinite(out)))
-                err = relative_error(out, ref) if not bad else math.inf
-                if bad or not err < TOLERANCE[dtype]:
-                    failures.append(f"kv_len {kv_len} lengths {kv_lengths} {pattern} x={x:g}: "
-                                    f"{bad} non-finite, rel. error {err:.3g}")
+        cases = [(f"{pattern} x={x:g}",
+                  extreme_inputs(pattern, x, dtype, head_dim, kv_len, batch=batch))
+                 for pattern in patterns for x in EXTREME_MAGNITUDES[dtype]]
+        for label, (q, k, v) in cases + list(extra_inputs):
+            ref = attention_reference(q, k, v, causal=causal, scale=scale,
+                                      kv_lengths=kv_lengths)
+            out = np.asarray(fn(q, k, v).astype(jnp.float32), np.float64)
+            bad = int(np.sum(~np.isfinite(out)))
+            err = relative_error(out, ref) if not bad else math.inf
+            if bad or not err < TOLERANCE[dtype]:
+                failures.append(f"kv_len {kv_len} lengths {kv_lengths} {label}: "
+                                f"{bad} non-finite, rel. error {err:.3g}")
     return failures
 
 
@@ -1036,32 +1039,18 @@ LONG_KEYS = 16384
 
 
 def long_key_failures(dtype: str, head_dim: int, causal: bool, fn=None) -> list[str]:
-    """``fn`` (default: the registered ``pallas_mosaic_gpu_attention``) on
-    :data:`LONG_KEYS` keys against float64 (one example, 128 queries): the ``equal`` and
-    ``dominant`` patterns at every magnitude of ``dtype``, past the FMA bound (the exact
-    form runs; at this length ``dominant``'s leading keys round to ties in bf16/f16), and
-    normal inputs, far under it (the FMA form runs). Returns the failures."""
-    from tests.test_kernels_poisoned import TOLERANCE
-
-    scale = head_dim ** -0.5
-    fn = jax.jit(fn or functools.partial(pallas_mosaic_gpu_attention, causal=causal,
-                                         scale=scale, q_lengths=None, kv_lengths=None))
-    failures = []
-    cases = [(p, x) for p in ("equal", "dominant") for x in EXTREME_MAGNITUDES[dtype]]
-    for pattern, x in cases + [("normal", 1.0)]:
-        if pattern == "normal":
-            q, k, v = (jnp.asarray(np.random.default_rng(1).standard_normal(s), dtype)
-                       for s in ((1, 128, 2, head_dim), (1, LONG_KEYS, 1, head_dim),
-                                 (1, LONG_KEYS, 1, head_dim)))
-        else:
-            q, k, v = extreme_inputs(pattern, x, dtype, head_dim, LONG_KEYS, batch=1)
-        want = attention_reference(q, k, v, causal=causal, scale=scale)
-        out = np.asarray(fn(q, k, v).astype(jnp.float32), np.float64)
-        bad = int(np.sum(~np.isfinite(out)))
-        err = relative_error(out, want) if not bad else math.inf
-        if bad or not err < TOLERANCE[dtype]:
-            failures.append(f"{pattern} x={x:g}: {bad} non-finite, rel. error {err:.3g}")
-    return failures
+    """:func:`check_extreme_values` of ``fn`` (default: the registered
+    ``pallas_mosaic_gpu_attention``) at :data:`LONG_KEYS` keys, one example of 128
+    queries: the ``equal`` and ``dominant`` patterns at every magnitude, past the FMA
+    bound (the exact form runs; at this length ``dominant``'s leading keys round to ties
+    in bf16/f16), and normal inputs, far under it (the FMA form runs)."""
+    rng = np.random.default_rng(1)
+    normal = tuple(jnp.asarray(rng.standard_normal(s), dtype)
+                   for s in ((1, 128, 2, head_dim), (1, LONG_KEYS, 1, head_dim),
+                             (1, LONG_KEYS, 1, head_dim)))
+    return check_extreme_values(dtype, head_dim, causal, ((LONG_KEYS, None),),
+                                implementation=fn, patterns=("equal", "dominant"), batch=1,
+                                extra_inputs=(("normal", normal),))
 
 
 @gpu
@@ -1083,11 +1072,11 @@ def test_the_long_key_check_knows_its_answers_and_catches_a_wrong_kernel():
     over every key fails ``dominant`` and the normal inputs (not ``equal``: all ties)."""
     from kernels.xla import xla_attention
 
-    def xla(q, k, v):
+    def xla(q, k, v, kv_lengths):
         return xla_attention(q, k, v, causal=False, scale=64 ** -0.5, q_lengths=None,
-                             kv_lengths=None)
+                             kv_lengths=kv_lengths)
 
-    def mean_of_v(q, k, v):
+    def mean_of_v(q, k, v, kv_lengths):
         return jnp.broadcast_to(jnp.mean(v, axis=1, keepdims=True), q.shape).astype(q.dtype)
 
     small = {"bfloat16": (1e4,)}
@@ -1095,7 +1084,7 @@ def test_the_long_key_check_knows_its_answers_and_catches_a_wrong_kernel():
         mp.setattr(sys.modules[__name__], "EXTREME_MAGNITUDES", small)
         assert long_key_failures("bfloat16", 64, False, fn=xla) == []
         wrong = long_key_failures("bfloat16", 64, False, fn=mean_of_v)
-    assert [f.split()[0] for f in wrong] == ["dominant", "normal"], wrong
+    assert [f.split()[4].rstrip(":") for f in wrong] == ["dominant", "normal"], wrong
 
 
 @gpu
