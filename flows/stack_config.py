@@ -16,13 +16,17 @@ from typing import Annotated
 from urllib.parse import urlsplit, urlunsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from flows.paths import PROJECT_DIR
 from kernels.errors import KernelgateError
 
 DEFAULT_CONFIG = PROJECT_DIR / "stack.yaml"
 STATE_FILE = "stack.json"
+LEASE_RENEWAL_FRACTION = 0.75
+"""Prefect renews a held concurrency lease this fraction of its duration after the last
+renewal (``prefect.concurrency._leases._RENEWAL_FRACTION``, Prefect 3.x): a lease survives
+a stall of its holder's renewal thread shorter than ``(1 - fraction) * lease``."""
 
 
 class StackError(KernelgateError, RuntimeError):
@@ -77,9 +81,15 @@ class StackConfig(BaseModel):
         state_dir: logs, ``stack.json``, the served artifact root and the worker's key folder.
         work_pool: the ``process`` work pool the deployments of ``prefect.yaml`` name.
         rollout_slot_lease_s: lease (seconds) of a rollout's slot in its family's global
-            concurrency limit; a killed rollout's slot frees after it.
+            concurrency limit; a killed rollout's slot frees at most this long after it
+            died. A live rollout whose renewal comes later than the lease allows loses the
+            slot, and Prefect then cancels it (``strict``: another rollout could take the
+            slot and close it as dead), so the lease must outlast any stall the heartbeat
+            tolerates: ``(1 - LEASE_RENEWAL_FRACTION) * rollout_slot_lease_s >= 2 *
+            heartbeat_s`` (300 s against 30 s: 75 s of slack against 60 s).
         heartbeat_s: flow-run heartbeat period (seconds, >= 30, Prefect's minimum); the
-            automation marks a run crashed after ``3 * heartbeat_s`` without one.
+            automation marks a run crashed after ``3 * heartbeat_s`` without one, so a
+            run survives a stall of up to ``2 * heartbeat_s`` wherever it falls.
         scheduler_loop_s: how often the server's scheduler creates scheduled runs (seconds).
         prefect_ui: serve the Prefect UI (where release managers approve).
         secrets: environment variables with the passwords.
@@ -98,12 +108,24 @@ class StackConfig(BaseModel):
     databases: Databases = Databases()
     state_dir: Path = Path("~/.kernelgate/stack")
     work_pool: str = "kernelgate-process"
-    rollout_slot_lease_s: float = Field(60, ge=60, le=86400)
+    rollout_slot_lease_s: float = Field(300, ge=60, le=86400)
     heartbeat_s: int = Field(30, ge=30, le=3600)
     scheduler_loop_s: int = Field(60, ge=1, le=3600)
     prefect_ui: bool = True
     secrets: Secrets = Secrets()
     families: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]+$")]] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _lease_outlasts_what_the_heartbeat_tolerates(self) -> StackConfig:
+        slack_s = (1 - LEASE_RENEWAL_FRACTION) * self.rollout_slot_lease_s
+        if slack_s < 2 * self.heartbeat_s:
+            raise ValueError(
+                f"rollout_slot_lease_s {self.rollout_slot_lease_s:g} leaves a renewal "
+                f"{slack_s:g} s of slack, less than the {2 * self.heartbeat_s} s stall "
+                f"heartbeat_s {self.heartbeat_s} tolerates: a rollout the heartbeat counts "
+                f"alive would lose its family's slot and be cancelled; set "
+                f"rollout_slot_lease_s >= {8 * self.heartbeat_s}")
+        return self
 
     @classmethod
     def load(cls, path: str | Path = DEFAULT_CONFIG) -> StackConfig:

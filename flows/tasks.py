@@ -5,6 +5,7 @@ functions of the packages below; the flows order them."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 from collections.abc import Iterator, Sequence
@@ -185,6 +186,10 @@ def rollout_session(settings: RolloutSettings, plan: RolloutPlan | None = None, 
 def _reason(err: BaseException) -> str:
     if isinstance(err, KeyboardInterrupt):
         return "interrupted by a person (Ctrl-C) before the stage finished"
+    if isinstance(err, asyncio.CancelledError):  # what Prefect injects to stop a run
+        return ("cancelled by Prefect before the stage finished: its flow run was cancelled, "
+                "or the lease of its family's slot could not be renewed (the run's logs say "
+                "which)")
     return f"{type(err).__name__}: {err}"
 
 

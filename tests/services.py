@@ -36,7 +36,7 @@ def test_config(state_dir: Path, postgres_url: str = "postgresql://postgres@127.
         prefect_port=0, mlflow_port=0, postgres_url=postgres_url, state_dir=state_dir,
         databases=st.Databases(prefect=f"kgsvc_{tag}_prefect", mlflow=f"kgsvc_{tag}_mlflow",
                                mlflow_auth=f"kgsvc_{tag}_auth"),
-        scheduler_loop_s=5, rollout_slot_lease_s=60, heartbeat_s=30, prefect_ui=False,
+        scheduler_loop_s=5, heartbeat_s=30, prefect_ui=False,
         **overrides)
 
 

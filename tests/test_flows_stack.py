@@ -36,6 +36,45 @@ def test_stack_config_is_validated(tmp_path):
         st.StackConfig.load(path)
 
 
+def test_a_slot_lease_shorter_than_what_the_heartbeat_tolerates_is_refused(tmp_path):
+    """A rollout stalled for up to two heartbeats is alive to the heartbeat automation, so
+    its slot's lease must survive the same stall (Prefect cancels a rollout whose lease
+    renewal fails); the shipped file and the default keep 75 s of slack against 60 s."""
+    path = tmp_path / "stack.yaml"
+    for lease, heartbeat in ((60, 30), (239, 30), (300, 60)):
+        path.write_text(yaml.safe_dump({"rollout_slot_lease_s": lease, "heartbeat_s": heartbeat}))
+        with pytest.raises(ValueError, match=rf"rollout_slot_lease_s {lease}\b.*heartbeat_s {heartbeat}"):
+            st.StackConfig.load(path)
+    path.write_text(yaml.safe_dump({"rollout_slot_lease_s": 240, "heartbeat_s": 30}))
+    assert st.StackConfig.load(path).rollout_slot_lease_s == 240
+    for config in (st.StackConfig(), st.StackConfig.load(sv.ROOT / "stack.yaml")):
+        assert (1 - 0.75) * config.rollout_slot_lease_s >= 2 * config.heartbeat_s
+
+
+def test_the_renewal_fraction_is_prefects():
+    """The slack above is computed with Prefect's renewal fraction: an upgrade that renews
+    later would shrink it unseen."""
+    from prefect.concurrency import _leases
+
+    from flows.stack_config import LEASE_RENEWAL_FRACTION
+
+    assert _leases._RENEWAL_FRACTION == LEASE_RENEWAL_FRACTION == 0.75
+
+
+def test_a_rollout_cancelled_by_prefect_says_so_in_its_record():
+    """Prefect stops a run by raising ``CancelledError`` in it (a cancellation, or a slot
+    lease it could not renew); the closed record names that instead of a bare class name."""
+    import asyncio
+
+    from prefect._internal.concurrency.cancellation import CancelledError
+
+    from flows.tasks import _reason
+
+    for err in (asyncio.CancelledError(), CancelledError()):
+        assert _reason(err).startswith("cancelled by Prefect") and "slot" in _reason(err)
+    assert _reason(ValueError("x")) == "ValueError: x"
+
+
 def test_stack_refuses_to_start_without_its_secrets(tmp_path, monkeypatch):
     config = sv.test_config(tmp_path)
     for name, value in st.random_secrets(config).items():
