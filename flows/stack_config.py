@@ -81,8 +81,8 @@ class StackConfig(BaseModel):
         state_dir: logs, ``stack.json``, the served artifact root and the worker's key folder.
         work_pool: the ``process`` work pool the deployments of ``prefect.yaml`` name.
         rollout_slot_lease_s: lease (seconds) of a rollout's slot in its family's global
-            concurrency limit; a killed rollout's slot frees at most this long after it
-            died. A live rollout whose renewal comes later than the lease allows loses the
+            concurrency limit; a killed rollout's slot frees this long after its last
+            renewal, plus up to the server's scan for expired leases (15 s). A live rollout whose renewal comes later than the lease allows loses the
             slot, and Prefect then cancels it (``strict``: another rollout could take the
             slot and close it as dead), so the lease must outlast any stall the heartbeat
             tolerates: ``(1 - LEASE_RENEWAL_FRACTION) * rollout_slot_lease_s >= 2 *
@@ -124,7 +124,7 @@ class StackConfig(BaseModel):
                 f"{slack_s:g} s of slack, less than the {2 * self.heartbeat_s} s stall "
                 f"heartbeat_s {self.heartbeat_s} tolerates: a rollout the heartbeat counts "
                 f"alive would lose its family's slot and be cancelled; set "
-                f"rollout_slot_lease_s >= {8 * self.heartbeat_s}")
+                f"rollout_slot_lease_s >= {2 * self.heartbeat_s / (1 - LEASE_RENEWAL_FRACTION):g}")
         return self
 
     @classmethod

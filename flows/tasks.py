@@ -16,7 +16,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
 from prefect.concurrency.sync import concurrency
-from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
+from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound, TerminationSignal
 from prefect.runtime import flow_run
 from prefect.settings import PREFECT_API_URL
 from prefect.states import Completed, State
@@ -186,10 +186,13 @@ def rollout_session(settings: RolloutSettings, plan: RolloutPlan | None = None, 
 def _reason(err: BaseException) -> str:
     if isinstance(err, KeyboardInterrupt):
         return "interrupted by a person (Ctrl-C) before the stage finished"
-    if isinstance(err, asyncio.CancelledError):  # what Prefect injects to stop a run
-        return ("cancelled by Prefect before the stage finished: its flow run was cancelled, "
-                "or the lease of its family's slot could not be renewed (the run's logs say "
-                "which)")
+    if isinstance(err, TerminationSignal):  # SIGTERM: a cancel from the UI or API, a worker stopping
+        return (f"stopped by signal {err.signal} before the stage finished (a cancellation "
+                "from the Prefect UI or API, or its worker stopping)")
+    if isinstance(err, asyncio.CancelledError):  # what Prefect raises inside a run it stops
+        return ("cancelled by Prefect from inside the run before the stage finished: most "
+                "likely the lease of its family's slot could not be renewed (the run's logs "
+                "say so: \"Concurrency lease renewal failed\")")
     return f"{type(err).__name__}: {err}"
 
 

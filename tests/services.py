@@ -97,7 +97,8 @@ def wait_state(client, flow_run_id: str, states: set[str], timeout_s: float, pol
     returns the run.
 
     Raises:
-        AssertionError: it did not get there in ``timeout_s`` seconds, or ended elsewhere.
+        AssertionError: it did not get there in ``timeout_s`` seconds, or ended elsewhere;
+            the message holds the run's last log lines (:func:`run_log_tail`).
     """
     final = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
     deadline = time.monotonic() + timeout_s
@@ -106,9 +107,28 @@ def wait_state(client, flow_run_id: str, states: set[str], timeout_s: float, pol
         kind = run.state.type.value if run.state else None
         if kind in states or (run.state and run.state.name.upper() in states):
             return run
-        assert kind not in final, f"flow run {flow_run_id} ended {run.state}"
-        assert time.monotonic() < deadline, f"flow run {flow_run_id} still {run.state}"
+        if kind in final or time.monotonic() >= deadline:
+            where = "ended" if kind in final else f"after {timeout_s:g} s still"
+            raise AssertionError(f"flow run {flow_run_id} {where} {run.state}; its last log "
+                                 f"lines:\n{run_log_tail(client, flow_run_id)}")
         time.sleep(poll_s)
+
+
+def run_log_tail(client, flow_run_id: str, lines: int = 30) -> str:
+    """The flow run's last ``lines`` log lines on the Prefect server, oldest first, so that a
+    failed services test says why in CI's output (CI keeps nothing else of the stack)."""
+    import logging
+
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.client.schemas.sorting import LogSort
+
+    try:
+        logs = client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])),
+                                limit=lines, sort=LogSort.TIMESTAMP_DESC)
+    except Exception as err:  # the failure being reported matters more than its logs
+        return f"  (could not read them: {type(err).__name__}: {err})"
+    return "\n".join(f"  {log.timestamp:%H:%M:%S} {logging.getLevelName(log.level)} "
+                     f"{log.message[:400]}" for log in reversed(logs)) or "  (none)"
 
 
 def report(section: str, figures: dict) -> None:

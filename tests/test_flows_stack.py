@@ -4,6 +4,7 @@ are ``tests/test_services.py``, marked ``services``)."""
 from __future__ import annotations
 
 import socket
+from datetime import UTC
 
 import pytest
 import yaml
@@ -67,12 +68,52 @@ def test_a_rollout_cancelled_by_prefect_says_so_in_its_record():
     import asyncio
 
     from prefect._internal.concurrency.cancellation import CancelledError
+    from prefect.exceptions import TerminationSignal
 
     from flows.tasks import _reason
 
     for err in (asyncio.CancelledError(), CancelledError()):
         assert _reason(err).startswith("cancelled by Prefect") and "slot" in _reason(err)
+    stopped = _reason(TerminationSignal(15))
+    assert stopped.startswith("stopped by signal 15") and "slot" not in stopped
     assert _reason(ValueError("x")) == "ValueError: x"
+
+
+def test_a_services_wait_that_fails_carries_the_runs_last_log_lines():
+    """CI keeps only the services lane's output: a flow run that crashed must bring its own
+    logs (here, the lease's line) into the failure, and a server that cannot give them must
+    not hide the failure itself."""
+    from datetime import datetime
+    from types import SimpleNamespace
+
+    from prefect.states import Crashed
+
+    class Server:
+        def __init__(self, logs):
+            self.logs, self.asked = logs, None
+
+        def read_flow_run(self, flow_run_id):
+            return SimpleNamespace(state=Crashed(message="Execution was cancelled"))
+
+        def read_logs(self, log_filter, limit, sort):
+            self.asked = (log_filter.flow_run_id.any_, limit)
+            if isinstance(self.logs, Exception):
+                raise self.logs
+            return self.logs
+
+    at = datetime(2026, 1, 1, 12, 0, 5, tzinfo=UTC)
+    newest_first = [SimpleNamespace(timestamp=at, level=40, message="Concurrency lease renewal "
+                                    "failed - slots are no longer reserved"),
+                    SimpleNamespace(timestamp=at.replace(second=1), level=20, message="holding")]
+    server, run_id = Server(newest_first), "600bf9d9-36ff-4a73-8605-c3855e707cbd"
+    with pytest.raises(AssertionError) as failed:
+        sv.wait_state(server, run_id, {"COMPLETED"}, timeout_s=60, poll_s=0)
+    text = str(failed.value)
+    assert "ended Crashed" in text and server.asked[1] == 30
+    assert [str(x) for x in server.asked[0]] == [run_id]
+    assert text.index("12:00:01 INFO holding") < text.index("12:00:05 ERROR Concurrency lease")
+    with pytest.raises(AssertionError, match=r"(?s)ended Crashed.*could not read them: OSError"):
+        sv.wait_state(Server(OSError("down")), run_id, {"COMPLETED"}, timeout_s=60, poll_s=0)
 
 
 def test_stack_refuses_to_start_without_its_secrets(tmp_path, monkeypatch):
@@ -100,6 +141,28 @@ def test_stack_commands_without_a_running_stack(tmp_path):
     assert status.exit_code == 1 and "no stack is running" in status.output
     down = CliRunner().invoke(app, ["stack", "down", "--config", str(path)])
     assert down.exit_code == 0 and "nothing was running" in down.output
+
+
+def test_a_refused_stack_file_stops_up_in_one_line_but_not_down(tmp_path):
+    """A file written under an older rule (the 60 s lease once shipped): ``up`` refuses it
+    naming the field, without a traceback; ``status`` and ``down`` still reach the stack
+    its ``state_dir`` records, so it can be stopped before the file is mended."""
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / st.STATE_FILE).write_text(st.Stack(
+        state_dir=state, prefect_api_url="http://127.0.0.1:1/api", mlflow_url="http://127.0.0.1:2",
+        artifact_root=state / "artifacts", key_dir=state / "keys").model_dump_json())
+    path = tmp_path / "stack.yaml"
+    path.write_text(yaml.safe_dump({"state_dir": str(state), "rollout_slot_lease_s": 60}))
+    up = CliRunner().invoke(app, ["stack", "up", "--config", str(path)])
+    assert up.exit_code == 2, up.output
+    assert "rollout_slot_lease_s 60" in up.output and "Traceback" not in up.output
+    assert not (tmp_path / "state" / "logs").exists()  # nothing was started
+    status = CliRunner().invoke(app, ["stack", "status", "--config", str(path)])
+    assert status.exit_code == 0 and "warning:" in status.output
+    assert "http://127.0.0.1:1/api" in status.output
+    down = CliRunner().invoke(app, ["stack", "down", "--config", str(path)])
+    assert down.exit_code == 0 and not (state / st.STATE_FILE).exists()
 
 
 def test_a_free_port_for_a_server_is_below_the_ephemeral_range_and_bindable():
