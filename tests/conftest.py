@@ -6,6 +6,8 @@ import os
 
 import pytest
 
+from tests.prefect_servers import _temporary_prefect_servers_stop_with_the_session  # noqa: F401
+
 # The suite already runs a process per core (`make test`: two workers on the 2-core host),
 # so an interpreted candidate's cases stay in the test's own process rather than in a
 # second one (evaluation.case_processes); tests/test_evaluation_case_processes.py turns
