@@ -25,8 +25,7 @@ DEFAULT_CONFIG = PROJECT_DIR / "stack.yaml"
 STATE_FILE = "stack.json"
 LEASE_RENEWAL_FRACTION = 0.75
 """Prefect renews a held concurrency lease this fraction of its duration after the last
-renewal (``prefect.concurrency._leases._RENEWAL_FRACTION``, Prefect 3.x): a lease survives
-a stall of its holder's renewal thread shorter than ``(1 - fraction) * lease``."""
+renewal (``prefect.concurrency._leases._RENEWAL_FRACTION``, Prefect 3.x)."""
 
 
 class StackError(KernelgateError, RuntimeError):
@@ -59,14 +58,22 @@ class Secrets(BaseModel):
         """The secret's value from the environment.
 
         Raises:
-            StackError: the variable is unset or empty (its name is in the message).
+            StackError: the variable is unset or empty, or an MLflow account's password is
+                under MLflow's 12 characters; the variable's name is in the message.
         """
         name = getattr(self, field)
         value = os.environ.get(name, "")
         if not value:
             raise StackError(f"set the environment variable {name} (the {field} secret); "
                              "secrets never live in stack.yaml or the repository")
+        if field in MLFLOW_PASSWORDS and len(value) < MLFLOW_PASSWORD_MIN:
+            raise StackError(f"{name} (the {field} password) has {len(value)} characters; "
+                             f"MLflow's basic-auth needs at least {MLFLOW_PASSWORD_MIN}")
         return value
+
+
+MLFLOW_PASSWORDS = frozenset({"mlflow_admin", "pipeline", "auditor", "release_manager"})
+MLFLOW_PASSWORD_MIN = 12  # MLflow refuses shorter ones, but only once the servers are up
 
 
 class StackConfig(BaseModel):
@@ -81,15 +88,12 @@ class StackConfig(BaseModel):
         state_dir: logs, ``stack.json``, the served artifact root and the worker's key folder.
         work_pool: the ``process`` work pool the deployments of ``prefect.yaml`` name.
         rollout_slot_lease_s: lease (seconds) of a rollout's slot in its family's global
-            concurrency limit; a killed rollout's slot frees this long after its last
-            renewal, plus up to the server's scan for expired leases (15 s). A live rollout whose renewal comes later than the lease allows loses the
-            slot, and Prefect then cancels it (``strict``: another rollout could take the
-            slot and close it as dead), so the lease must outlast any stall the heartbeat
-            tolerates: ``(1 - LEASE_RENEWAL_FRACTION) * rollout_slot_lease_s >= 2 *
-            heartbeat_s`` (300 s against 30 s: 75 s of slack against 60 s).
+            concurrency limit: a killed rollout's slot frees this long (+ the server's 15 s
+            scan) after its last renewal; a live one renewing later loses it and Prefect
+            cancels it, so ``(1 - LEASE_RENEWAL_FRACTION) * lease >= 2 * heartbeat_s``.
         heartbeat_s: flow-run heartbeat period (seconds, >= 30, Prefect's minimum); the
             automation marks a run crashed after ``3 * heartbeat_s`` without one, so a
-            run survives a stall of up to ``2 * heartbeat_s`` wherever it falls.
+            run survives any stall of up to ``2 * heartbeat_s``.
         scheduler_loop_s: how often the server's scheduler creates scheduled runs (seconds).
         prefect_ui: serve the Prefect UI (where release managers approve).
         secrets: environment variables with the passwords.
@@ -122,8 +126,8 @@ class StackConfig(BaseModel):
             raise ValueError(
                 f"rollout_slot_lease_s {self.rollout_slot_lease_s:g} leaves a renewal "
                 f"{slack_s:g} s of slack, less than the {2 * self.heartbeat_s} s stall "
-                f"heartbeat_s {self.heartbeat_s} tolerates: a rollout the heartbeat counts "
-                f"alive would lose its family's slot and be cancelled; set "
+                f"(2 x heartbeat_s {self.heartbeat_s}) the heartbeat automation lets a run "
+                f"survive: such a run would lose its family's slot and be cancelled; set "
                 f"rollout_slot_lease_s >= {2 * self.heartbeat_s / (1 - LEASE_RENEWAL_FRACTION):g}")
         return self
 

@@ -126,6 +126,23 @@ def test_stack_refuses_to_start_without_its_secrets(tmp_path, monkeypatch):
     assert not (tmp_path / st.STATE_FILE).exists()
 
 
+def test_a_password_mlflow_would_refuse_stops_the_stack_before_anything_starts(tmp_path,
+                                                                               monkeypatch):
+    """MLflow's basic-auth refuses passwords under 12 characters only when ``up`` creates
+    the account, with the servers already started; ``up`` checks it with the others."""
+    config = sv.test_config(tmp_path)
+    for name, value in st.random_secrets(config).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv(config.secrets.auditor, "x" * 11)
+    with pytest.raises(st.StackError, match=rf"{config.secrets.auditor} .*11 characters.*12"):
+        st.up(config)
+    assert not (tmp_path / st.STATE_FILE).exists() and not (tmp_path / "logs").exists()
+    monkeypatch.setenv(config.secrets.auditor, "x" * 12)
+    assert config.secrets.value("auditor") == "x" * 12
+    monkeypatch.setenv(config.secrets.prefect_auth, "a:b")  # not an MLflow password
+    assert config.secrets.value("prefect_auth") == "a:b"
+
+
 def test_mlflow_accounts_default_to_read_only(tmp_path, monkeypatch):
     config = sv.test_config(tmp_path)
     monkeypatch.setenv(config.secrets.mlflow_admin, "admin-secret")
