@@ -131,10 +131,21 @@ def test_the_same_kernel_on_both_sides_is_not_adopted(replayed):
 
 
 def test_a_speed_up_planted_in_every_bucket_is_adopted(replayed):
+    """Adopted, and each bucket's estimate is the plant times what the same pairs give
+    unplanted: the A/A's own ratio is real timing noise (0.72 in the 512 bucket over 14
+    pairs on a loaded CI host), so the estimate is compared with it, not with 0.5 alone."""
+    from gates.adoption_buckets import judge_bucket, split_by_bucket
+
     verdict = _adoption([_planted(r, dict.fromkeys(SPEC.buckets, 0.5)) for r in replayed])
     assert verdict.outcome == "adopted", verdict.reason
+    steps = _steps(replayed)
+    unplanted = split_by_bucket([s.log_ratios for s in steps], [s.length_buckets for s in steps],
+                                SPEC.buckets)
     for b in verdict.buckets:
-        assert b.ratio_upper < 1.0 and abs(math.log(b.median_ratio / 0.5)) < 0.3
+        assert b.ratio_upper < 1.0
+        pairs = unplanted[b.bucket][0][:b.decided_at]
+        aa = judge_bucket(DECISION.adoption_plan(), b.bucket, pairs, [len(pairs)], 1)
+        assert math.isclose(b.median_ratio, 0.5 * aa.median_ratio, rel_tol=1e-9), (b, aa)
 
 
 def test_a_speed_up_planted_in_the_longest_bucket_only_is_not_adopted_naming_the_others(
