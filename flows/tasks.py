@@ -30,6 +30,7 @@ from flows.log_sequencer import server_sequencer
 from flows.plan import RolloutPlan, plan_policy, resolve_plan, something_to_roll_out
 from flows.results import Prepared, Preregistered, RolloutContext, ServingModel
 from flows.settings import RolloutSettings
+from flows.stack_config import StackConfig
 from flows.stages import StageTask, run_logger, stage_clock, stage_task  # noqa: F401 - re-exported
 from gates.canary import CanaryStepResult
 from gates.decision import GateDecision
@@ -101,7 +102,8 @@ def open_rollout(settings: RolloutSettings, plan: RolloutPlan | None = None, *,
                           serving=ServingModel(record, plan.serving))
 
 
-SLOT_LEASE_S = float(os.environ.get("KERNELGATE_ROLLOUT_SLOT_LEASE_S", "300"))
+SLOT_LEASE_S = float(os.environ.get("KERNELGATE_ROLLOUT_SLOT_LEASE_S",
+                                    StackConfig.model_fields["rollout_slot_lease_s"].default))
 """Lease of a rollout's slot in its family's queue (seconds): renewed while the rollout
 lives; a killed rollout's slot frees this long after its last renewal."""
 

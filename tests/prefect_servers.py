@@ -15,18 +15,13 @@ import sys
 import pytest
 
 
-def stop_temporary_servers() -> list[int]:
-    """Stop every ``SubprocessASGIServer`` of this process; returns their process ids.
-    Imports nothing: a process that never loaded Prefect's server module has none."""
+def stop_temporary_servers() -> None:
+    """Stop every ``SubprocessASGIServer`` of this process. Imports nothing: a process
+    that never loaded Prefect's server module has none."""
     module = sys.modules.get("prefect.server.api.server")
-    if module is None:
-        return []
-    stopped = []
-    for server in list(module.SubprocessASGIServer._instances.values()):
-        if server.server_process is not None:
-            stopped.append(server.server_process.pid)
-        server.stop()
-    return stopped
+    if module is not None:
+        for server in list(module.SubprocessASGIServer._instances.values()):
+            server.stop()
 
 
 @pytest.fixture(scope="session", autouse=True)
