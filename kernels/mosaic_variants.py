@@ -250,11 +250,19 @@ class MosaicVariant(BaseModel):
             Q and K); where it is under ``FMA_EXPONENT_BOUND`` the consumers run
             :func:`softmax_block_fma`, one FMA per logit (the form FlashAttention-3 runs),
             and otherwise the exact form, chosen per tile by that one flag.
+        checked_fma_exponent: ``True``: one FMA per logit without reading the inputs
+            first: the consumers always run :func:`softmax_block_fma` and write, per
+            query row, whether its result could differ from the exact form's
+            (:func:`fma_rows_unsafe`: the final running max past
+            ``FMA_EXPONENT_BOUND``, or a non-finite row); where any row of the call is
+            flagged, a second launch of the kernel with the exact form rewrites the
+            whole output in place, and otherwise that launch returns at once. Not with
+            ``bounded_fma_exponent`` (two ways to decide the same thing).
 
     Raises:
         pydantic.ValidationError: a threshold outside (0, 8], a register count that is
             not a multiple of 8 in [24, 256], or budgets over the register file
-            (``producer + 2 * consumer > 512``).
+            (``producer + 2 * consumer > 512``), or both FMA switches on.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -275,6 +283,8 @@ class MosaicVariant(BaseModel):
         description="stage the output through a buffer of head_dim / n columns, n stores")
     bounded_fma_exponent: bool = Field(
         False, description="one FMA per logit where a bound on |logit * c| allows it")
+    checked_fma_exponent: bool = Field(
+        False, description="one FMA per logit, checked per row after; exact rerun if flagged")
 
     @model_validator(mode="after")
     def _registers_fit(self) -> MosaicVariant:
@@ -284,6 +294,9 @@ class MosaicVariant(BaseModel):
             if value % 8 or not lo <= value <= hi:
                 raise ValueError(f"{name} must be a multiple of 8 in [{lo}, {hi}] "
                                  f"(setmaxnreg), got {value}")
+        if self.bounded_fma_exponent and self.checked_fma_exponent:
+            raise ValueError("bounded_fma_exponent and checked_fma_exponent both choose "
+                             "where the one-FMA exponent runs: set at most one")
         total = self.producer_registers + 2 * self.consumer_registers
         if total > REGISTER_FILE_PER_THREAD_SLOT:
             raise ValueError(
@@ -389,6 +402,41 @@ def softmax_block_fma(m_old, s, scale_log2: float, threshold: float | None, broa
     m_wide = m_new[:, None] if broadcast is None else broadcast(m_new, s.shape)
     p = jnp.exp2(s * scale_log2 - m_wide)
     return m_new, moved, alpha, p
+
+
+def fma_rows_unsafe(m_last, row_sum, acc):
+    """Per query row, ``1.0`` where :func:`softmax_block_fma`'s result could differ from
+    :func:`softmax_block`'s, else ``0.0`` (float32 ``[rows]``; the consumers' check
+    under ``checked_fma_exponent``).
+
+    Why this suffices: every ``p`` of a row is ``exp2(s * c - M_j)`` with the FMA's
+    product unrounded, and each rescale is ``exp2(M_old - M_new)``, so whatever the
+    rounded maxima ``M_j``, the accumulated terms are ``exp2(s * c - M_last)``: exact up to
+    rounding, unless a ``p`` over- or underflowed. A block's largest ``p`` is
+    ``exp2(delta)`` with ``|delta|`` at most half an ulp of its ``M_j``:
+      * an ``M_j`` near ``M_last`` is within ``FMA_EXPONENT_BOUND`` when ``M_last`` is
+        (``|delta| <= 1``, far from any limit, f16's ``P`` included), so checking the
+        final max covers every block whose terms matter;
+      * an ``M_j`` far below it (``M_j <= -FMA_EXPONENT_BOUND < M_last``) has its terms
+        scaled by ``exp2(M_j - M_last)`` later: underflow there loses nothing, and an
+        overflow (``inf``, or ``inf * 0`` after the rescale) leaves the row non-finite.
+    So a row is flagged when its final max is neither ``-inf`` (no key seen, zeros either
+    way) nor within the bound (``+inf`` and NaN included), or when its accumulator's row
+    sum or its ``l`` is not finite (an overflow; also a row whose inputs make the exact
+    form non-finite too, which the rerun then reproduces).
+
+    Args:
+      m_last: ``[rows]`` float32 final running max in log2 units (``M``).
+      row_sum: ``[rows]`` float32 final row sums (``l``).
+      acc: ``[rows, head_dim]`` float32 unnormalised output accumulator.
+
+    Returns:
+      ``[rows]`` float32, 1.0 for a flagged row.
+    """
+    bound = jnp.float32(FMA_EXPONENT_BOUND)
+    in_range = jnp.logical_or(m_last == -jnp.inf, jnp.abs(m_last) < bound)
+    finite = jnp.logical_and(jnp.abs(acc.sum(axis=1)) < jnp.inf, jnp.abs(row_sum) < jnp.inf)
+    return jnp.where(jnp.logical_and(in_range, finite), 0.0, 1.0).astype(jnp.float32)
 
 
 def lazy_max(m_old, m_block, threshold: float | None, *, scale: float | None = None):

@@ -130,6 +130,7 @@ from kernels.mosaic_variants import (
     OUTPUT_CHUNK_COLS,
     MosaicVariant,
     fma_exponent_is_safe,
+    fma_rows_unsafe,
     registered_default,
     softmax_block,
     softmax_block_fma,
@@ -166,6 +167,9 @@ TMA_ROW_TILE = 8
 """Rows of one tile of the shared-memory tiling ``(8, 64)``; Mosaic GPU tiles the global
 K/V the same way for the TMA descriptor, so an unpadded sequence must be a multiple."""
 REDUCTION_SCRATCH_BYTES = 128 * 4 * 4
+FMA_CHECK_SCRATCH_BYTES = 2 * max(BLOCK_Q_CHOICES) * 4
+"""Shared memory of the row flags under ``checked_fma_exponent``: one float32 per query
+row of each consumer, staged for their TMA store (counted at the largest block_q)."""
 """Mosaic GPU's default ``CompilerParams.reduction_scratch_bytes`` (JAX 0.10/0.11): the
 shared memory a cross-warp reduction (a row vector to a scalar) is given."""
 
@@ -250,13 +254,16 @@ def _smem(config: MosaicConfig, head_dim: int, itemsize: int, staging_cols: int,
 def variant_scratch_bytes(variant: MosaicVariant | None) -> int:
     """Shared memory a variant adds (bytes): the lazy rescale's warpgroup-wide max
     uses Mosaic GPU's cross-warp reduction scratch (``REDUCTION_SCRATCH_BYTES``; counted
-    under the pipeline too, which skips that max), and the intra-warpgroup pipeline's
-    two turn barriers take 8 bytes each."""
+    under the pipeline too, which skips that max), the intra-warpgroup pipeline's
+    two turn barriers take 8 bytes each, and the checked FMA exponent stages each
+    consumer's row flags (``FMA_CHECK_SCRATCH_BYTES``)."""
     extra = 0
     if variant is not None and variant.lazy_rescale_log2 is not None:
         extra += REDUCTION_SCRATCH_BYTES
     if variant is not None and variant.intra_wg_pipeline:
         extra += 2 * 8
+    if variant is not None and variant.checked_fma_exponent:
+        extra += FMA_CHECK_SCRATCH_BYTES
     return extra
 
 
@@ -412,6 +419,12 @@ class _Plan:
     interpret: bool
     output_cols: int  # columns of each consumer's output staging buffer; 0: the query tile
     variant: MosaicVariant = MosaicVariant()
+    guarded: bool = False  # the exact rerun: runs only where its flag operand is nonzero
+
+    @property
+    def checks_fma(self) -> bool:
+        """The launch runs the FMA form throughout and writes each row's check."""
+        return self.variant.checked_fma_exponent
 
     @property
     def separate_output(self) -> bool:
@@ -578,11 +591,13 @@ def _build_kernel(plan: _Plan):
     loop_grid = (plan.batch * plan.num_heads * plan.num_q_pairs,)
 
     def kernel(*refs, q_smem, k_smem, v_smem, q_ready, q_free, k_ready, v_ready, k_free,
-               v_free, schedule, o_smem=None, turn=None):
+               v_free, schedule, o_smem=None, turn=None, flag_smem=None):
         refs = list(refs)
         q_len_ref = refs.pop(0) if plan.has_q_lengths else None
         kv_len_ref = refs.pop(0) if plan.has_kv_lengths else None
         fma_ref = refs.pop(0) if plan.variant.bounded_fma_exponent else None
+        redo_ref = refs.pop(0) if plan.guarded else None
+        flags_ref = refs.pop() if plan.checks_fma else None
         q_ref, k_ref, v_ref, o_ref = refs
         wg = lax.axis_index("wg")
 
@@ -792,7 +807,7 @@ def _build_kernel(plan: _Plan):
                                  state)
 
                 def blocks(state, *, fma):
-                    """Every K/V block of the tile; ``(acc, l)`` at the end."""
+                    """Every K/V block of the tile; ``(acc, m, l)`` at the end."""
                     if not pipelined:
                         state = lax.fori_loop(
                             0, n_full, functools.partial(kv_step, masked=False, fma=fma), state)
@@ -802,8 +817,7 @@ def _build_kernel(plan: _Plan):
                             state = lax.fori_loop(
                                 n_full, ub, functools.partial(kv_step, masked=True, fma=fma),
                                 state)
-                        acc, _, l_i = state
-                        return acc, l_i
+                        return state
                     # Turns per tile: block 0's Q K^T, then ub - 1 overlapped steps, then
                     # block ub - 1's P V; none when ub = 0 (both consumers alike). Step ki
                     # softmaxes block ki + 1, so its unmasked steps end at n_full - 1.
@@ -816,19 +830,23 @@ def _build_kernel(plan: _Plan):
                                   functools.partial(overlapped_step, s_init=s_init), state,
                                   fma=fma)
                     state = _loop(_max(ub - 1, 0), ub, last_pv, state)
-                    acc, _, l_i, _, _ = state
-                    return acc, l_i
+                    acc, m_i, l_i, _, _ = state
+                    return acc, m_i, l_i
 
                 state = (ops.layout(jnp.zeros((block_q, d), jnp.float32), plgpu.Layout.WGMMA),
                          ops.layout(jnp.full((block_q,), -jnp.inf, jnp.float32), row_layout),
                          ops.layout(jnp.zeros((block_q,), jnp.float32), row_layout))
                 if plan.variant.bounded_fma_exponent:
                     # One flag for the call (the inputs' bound), the same in every tile.
+                    def acc_and_l(state, fma):  # the running max stays inside the cond
+                        acc, _, l_i = blocks(state, fma=fma)
+                        return acc, l_i
+
                     acc, l_i = lax.cond(fma_ref[0] != 0,
-                                        functools.partial(blocks, fma=True),
-                                        functools.partial(blocks, fma=False), state)
-                else:
-                    acc, l_i = blocks(state, fma=False)
+                                        functools.partial(acc_and_l, fma=True),
+                                        functools.partial(acc_and_l, fma=False), state)
+                else:  # checked: the FMA form throughout, each row's check stored below
+                    acc, m_i, l_i = blocks(state, fma=plan.checks_fma)
                 if not (across_tiles or pipelined):
                     pl.when(wg == 0)(schedule_sync)  # closes consumer 1's last phase
 
@@ -838,6 +856,11 @@ def _build_kernel(plan: _Plan):
                     rows = row0 + ops.iota((block_q, d), 0)
                     out = jnp.where(rows < q_end, out, 0.0)
                 rows_out = pl.ds(row0, block_q)
+                if plan.checks_fma:  # before the output: its waits then cover this store
+                    plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # previous tile's
+                    flag_smem.at[wg][...] = fma_rows_unsafe(m_i, l_i, acc)
+                    plgpu.commit_smem()
+                    plgpu.copy_smem_to_gmem(flag_smem.at[wg], flags_ref.at[b, h, rows_out])
                 if o_cols == d:  # one store of the whole tile
                     plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # previous tile's store
                     o_tile[...] = out.astype(plan.dtype)
@@ -910,8 +933,14 @@ def _build_kernel(plan: _Plan):
                 for w in range(2):
                     plgpu.barrier_wait(q_free.at[w])
 
-        pl.when(wg < 2)(consumer)
-        pl.when(wg == 2)(producer)
+        def warpgroups():
+            pl.when(wg < 2)(consumer)
+            pl.when(wg == 2)(producer)
+
+        if plan.guarded:  # the exact rerun: nothing to do unless a row was flagged
+            pl.when(redo_ref[0] != 0)(warpgroups)
+        else:
+            warpgroups()
 
     return kernel
 
@@ -944,7 +973,36 @@ def _scratch(plan: _Plan) -> dict[str, Any]:
         scratch["turn"] = plgpu.Barrier(num_barriers=2)
     if plan.separate_output:
         scratch["o_smem"] = tiles(2, plan.block_q, plan.output_cols)
+    if plan.checks_fma:
+        scratch["flag_smem"] = plgpu.SMEM((2, plan.block_q), jnp.float32)
     return scratch
+
+
+def _rerun_in_place(plan: _Plan, out, operands, mesh: dict, params, interpret):
+    """The exact form's launch under ``checked_fma_exponent``: ``out`` becomes a JAX
+    ``Ref`` that the kernel reads and writes (Pallas aliases it in and out, so XLA
+    reuses the first launch's buffer: no copy), and the kernel's CTAs return at once
+    unless the flag operand (``operands[-4]``) is set. ``plgpu.kernel`` wraps its body in
+    ``custom_vmap``, which takes no ``Ref``, so this calls ``pl.kernel`` with the same
+    mesh and scoped scratch. JAX's GPU interpreter needs the ``Ref`` in GMEM."""
+    import jax.experimental.pallas as pl
+    import jax.experimental.pallas.mosaic_gpu as plgpu
+
+    body, scratch = _build_kernel(plan), _scratch(plan)
+
+    def scoped(*refs):
+        pl.run_scoped(functools.partial(body, *refs), collective_axes="wg", **scratch)
+
+    launch = pl.kernel(scoped, out_type=(), compiler_params=params, interpret=interpret,
+                       mesh=plgpu.Mesh(**mesh), name=KERNEL_NAME + "_exact")
+
+    @jax.jit  # a Ref in a memory space exists only under jit
+    def rerun(out, *operands):
+        out_ref = jax.new_ref(out, memory_space=plgpu.GMEM if interpret else None)
+        launch(*operands, out_ref)
+        return out_ref[...]
+
+    return rerun(out, *operands)
 
 
 def _num_sms() -> int:
@@ -1054,18 +1112,30 @@ def pallas_mosaic_gpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, cau
         from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
 
         interpret_params = InterpretGPUParams()
-    out = plgpu.kernel(
-        _build_kernel(plan),
-        out_type=jax.ShapeDtypeStruct(q.shape, q.dtype),
-        scratch_types=_scratch(plan),
-        grid=(num_ctas,),
-        grid_names=("sm",),
-        num_threads=3,
-        thread_name="wg",
-        compiler_params=plgpu.CompilerParams(approx_math=True),
-        interpret=interpret_params,
-        kernel_name=KERNEL_NAME,
-    )(*operands, q, k, v)
+    mesh = dict(grid=(num_ctas,), grid_names=("sm",), num_threads=3, thread_name="wg")
+    params = plgpu.CompilerParams(approx_math=True)
+    out_type = jax.ShapeDtypeStruct(q.shape, q.dtype)
+    if not plan.checks_fma:
+        out = plgpu.kernel(_build_kernel(plan), out_type=out_type,
+                           scratch_types=_scratch(plan), compiler_params=params,
+                           interpret=interpret_params, kernel_name=KERNEL_NAME,
+                           **mesh)(*operands, q, k, v)
+    else:
+        flags_type = jax.ShapeDtypeStruct((batch, num_heads, q_pad), jnp.float32)
+        out, flags = plgpu.kernel(_build_kernel(plan), out_type=(out_type, flags_type),
+                                  scratch_types=_scratch(plan), compiler_params=params,
+                                  interpret=interpret_params, kernel_name=KERNEL_NAME,
+                                  **mesh)(*operands, q, k, v)
+        exact = variant.model_copy(update={"checked_fma_exponent": False})
+        rerun = dataclasses.replace(
+            plan, variant=exact, guarded=True,
+            output_cols=output_staging_cols(cfg, head_dim, itemsize,
+                                            variant_scratch_bytes(exact),
+                                            exact.output_chunks))
+        # A flag row never written cannot be NaN > 0: every tile stores its rows.
+        redo = jnp.any(flags > 0.0).astype(jnp.int32).reshape(1)
+        out = _rerun_in_place(rerun, out, [*operands, redo, q, k, v], mesh, params,
+                              interpret_params)
     if (q_pad, d_pad) != (q_len, head_dim):
         out = out[:, :q_len, :, :head_dim]
     return out
