@@ -1066,6 +1066,33 @@ def test_gpu_extreme_values_at_16384_keys_with_the_switches_registered_there(
     assert not failures, f"{len(failures)} failures: " + "; ".join(failures[:6])
 
 
+def checked_fma_variant(head_dim: int, causal: bool) -> MosaicVariant:
+    """The switches registered at ``head_dim`` and mask for 4096 keys, with
+    ``checked_fma_exponent`` on (validated: the two FMA switches exclude each other)."""
+    from kernels.mosaic_variants import registered_default
+
+    base = registered_default(head_dim, causal=causal, kv_len=4096).model_dump()
+    return MosaicVariant(**{**base, "bounded_fma_exponent": False,
+                            "checked_fma_exponent": True})
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [64, 128], ids=lambda d: f"d{d}")
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_gpu_extreme_values_with_the_checked_fma_exponent(dtype, head_dim, causal):
+    """``checked_fma_exponent`` on every pattern and magnitude with one key, seven and
+    128 masked, and at 16384 keys: the extreme rows are flagged and rerun with the exact
+    form, the normal ones keep the FMA launch's output; all within float64's tolerance."""
+    variant = checked_fma_variant(head_dim, causal)
+    failures = check_extreme_values(dtype, head_dim, causal, EXTREME_KEYS, variant=variant)
+    fn = functools.partial(pallas_mosaic_gpu_attention, causal=causal, scale=head_dim ** -0.5,
+                           q_lengths=None, variant=variant)
+    failures += long_key_failures(dtype, head_dim, causal, fn=fn)
+    assert not failures, f"{len(failures)} failures: " + "; ".join(failures[:6])
+
+
 def test_the_long_key_check_knows_its_answers_and_catches_a_wrong_kernel():
     """On this CPU host, with XLA's attention standing in: it passes at 16384 keys (a bf16
     magnitude that XLA's float32 softmax survives), and a kernel that returns v's mean
