@@ -62,7 +62,10 @@ arXiv:2407.08608), exact attention with an online softmax (FlashAttention-2, Dao
   allows it (``bounded_fma_exponent``: ``mosaic_variants.softmax_block_fma``, the exact
   form otherwise; one flag per call chooses each tile's loops; registered at head_dim 64
   and 128 from 16384 keys, where the bound's read of Q and K is a small share of the
-  call).
+  call), or the same FMA checked after the blocks instead of bounded before them
+  (``checked_fma_exponent``: each row's final max and finiteness, ``fma_rows_unsafe``,
+  written beside the output; a second launch of the exact form rewrites the output in
+  place, through a JAX ``Ref``, only where a row was flagged).
 - **Contract.** GQA by index mapping (query head ``h`` streams K/V head
   ``h // group``; nothing is repeated). ``kv_lengths``: keys at or past the length are
   masked and the blocks past it never loaded; V rows past it are zeroed before the
