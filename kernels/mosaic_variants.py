@@ -413,13 +413,15 @@ def fma_rows_unsafe(m_last, row_sum, acc):
     product unrounded, and each rescale is ``exp2(M_old - M_new)``, so whatever the
     rounded maxima ``M_j``, the accumulated terms are ``exp2(s * c - M_last)``: exact up to
     rounding, unless a ``p`` over- or underflowed. A block's largest ``p`` is
-    ``exp2(delta)`` with ``|delta|`` at most half an ulp of its ``M_j``:
-      * an ``M_j`` near ``M_last`` is within ``FMA_EXPONENT_BOUND`` when ``M_last`` is
-        (``|delta| <= 1``, far from any limit, f16's ``P`` included), so checking the
-        final max covers every block whose terms matter;
-      * an ``M_j`` far below it (``M_j <= -FMA_EXPONENT_BOUND < M_last``) has its terms
-        scaled by ``exp2(M_j - M_last)`` later: underflow there loses nothing, and an
-        overflow (``inf``, or ``inf * 0`` after the rescale) leaves the row non-finite.
+    ``exp2(delta)`` with ``|delta|`` at most half an ulp of its ``M_j`` (at most 1 below
+    ``2 * FMA_EXPONENT_BOUND``), and the limits are far: ``|delta|`` reaches f16's ``P``
+    range only from ``|M_j| >= 2**28``, float32's from about ``2**31``. With ``M_last``
+    within the bound:
+      * every ``M_j`` within a few hundred of ``M_last`` (the blocks whose terms can
+        matter) has ``|M_j| < 2**25``, so ``|delta| <= 1``: nothing over- or underflows;
+      * an ``M_j`` far below it has its terms scaled by ``exp2(M_j - M_last)`` later:
+        underflow there loses nothing, and an overflow (``inf``, or ``inf * 0`` after
+        the rescale) leaves the row non-finite.
     So a row is flagged when its final max is neither ``-inf`` (no key seen, zeros either
     way) nor within the bound (``+inf`` and NaN included), or when its accumulator's row
     sum or its ``l`` is not finite (an overflow; also a row whose inputs make the exact

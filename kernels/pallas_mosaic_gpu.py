@@ -170,9 +170,6 @@ TMA_ROW_TILE = 8
 """Rows of one tile of the shared-memory tiling ``(8, 64)``; Mosaic GPU tiles the global
 K/V the same way for the TMA descriptor, so an unpadded sequence must be a multiple."""
 REDUCTION_SCRATCH_BYTES = 128 * 4 * 4
-FMA_CHECK_SCRATCH_BYTES = 2 * max(BLOCK_Q_CHOICES) * 4
-"""Shared memory of the row flags under ``checked_fma_exponent``: one float32 per query
-row of each consumer, staged for their TMA store (counted at the largest block_q)."""
 """Mosaic GPU's default ``CompilerParams.reduction_scratch_bytes`` (JAX 0.10/0.11): the
 shared memory a cross-warp reduction (a row vector to a scalar) is given."""
 
@@ -254,19 +251,27 @@ def _smem(config: MosaicConfig, head_dim: int, itemsize: int, staging_cols: int,
     return tiles + barriers + scratch_bytes
 
 
-def variant_scratch_bytes(variant: MosaicVariant | None) -> int:
+def fma_check_scratch_bytes(block_q: int) -> int:
+    """Shared memory of the row flags under ``checked_fma_exponent``: one float32 per
+    query row of each consumer, staged for their TMA store."""
+    return 2 * block_q * 4
+
+
+def variant_scratch_bytes(variant: MosaicVariant | None,
+                          block_q: int = max(BLOCK_Q_CHOICES)) -> int:
     """Shared memory a variant adds (bytes): the lazy rescale's warpgroup-wide max
     uses Mosaic GPU's cross-warp reduction scratch (``REDUCTION_SCRATCH_BYTES``; counted
     under the pipeline too, which skips that max), the intra-warpgroup pipeline's
     two turn barriers take 8 bytes each, and the checked FMA exponent stages each
-    consumer's row flags (``FMA_CHECK_SCRATCH_BYTES``)."""
+    consumer's row flags (:func:`fma_check_scratch_bytes` at ``block_q``; the largest
+    choice when the tiling is not known)."""
     extra = 0
     if variant is not None and variant.lazy_rescale_log2 is not None:
         extra += REDUCTION_SCRATCH_BYTES
     if variant is not None and variant.intra_wg_pipeline:
         extra += 2 * 8
     if variant is not None and variant.checked_fma_exponent:
-        extra += FMA_CHECK_SCRATCH_BYTES
+        extra += fma_check_scratch_bytes(block_q)
     return extra
 
 
@@ -320,7 +325,7 @@ def registered_variant(config: MosaicConfig, head_dim: int, itemsize: int = 2, *
     (the kernel refuses that pair when it is asked for explicitly). ``config`` must be
     resolved (every field set); ``itemsize`` in bytes (2 for bf16/f16)."""
     variant = registered_default(padded_head_dim(head_dim), causal=causal, kv_len=kv_len)
-    extra = variant_scratch_bytes(variant)
+    extra = variant_scratch_bytes(variant, config.block_q)
     if padded_head_dim(head_dim) % (variant.output_chunks * OUTPUT_CHUNK_COLS):
         variant = variant.model_copy(update={"output_chunks": 1})  # chunks must tile it
     if variant.output_chunks > 1 and _smem(
@@ -860,8 +865,11 @@ def _build_kernel(plan: _Plan):
                     out = jnp.where(rows < q_end, out, 0.0)
                 rows_out = pl.ds(row0, block_q)
                 if plan.checks_fma:  # before the output: its waits then cover this store
+                    unsafe = fma_rows_unsafe(m_i, l_i, acc)
+                    if plan.has_q_lengths:  # padding rows are written as zeros either way
+                        unsafe = unsafe * jnp.max(jnp.where(rows < q_end, 1.0, 0.0), axis=1)
                     plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # previous tile's
-                    flag_smem.at[wg][...] = fma_rows_unsafe(m_i, l_i, acc)
+                    flag_smem.at[wg][...] = unsafe
                     plgpu.commit_smem()
                     plgpu.copy_smem_to_gmem(flag_smem.at[wg], flags_ref.at[b, h, rows_out])
                 if o_cols == d:  # one store of the whole tile
@@ -999,9 +1007,12 @@ def _rerun_in_place(plan: _Plan, out, operands, mesh: dict, params, interpret):
     launch = pl.kernel(scoped, out_type=(), compiler_params=params, interpret=interpret,
                        mesh=plgpu.Mesh(**mesh), name=KERNEL_NAME + "_exact")
 
-    @jax.jit  # a Ref in a memory space exists only under jit
+    if not interpret:
+        return pl.run_state(lambda out_ref: launch(*operands, out_ref))(out)
+
+    @jax.jit  # JAX's GPU interpreter takes a Ref only in GMEM, which exists only under jit
     def rerun(out, *operands):
-        out_ref = jax.new_ref(out, memory_space=plgpu.GMEM if interpret else None)
+        out_ref = jax.new_ref(out, memory_space=plgpu.GMEM)
         launch(*operands, out_ref)
         return out_ref[...]
 
@@ -1050,8 +1061,6 @@ def pallas_mosaic_gpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, cau
       NotImplementedError: a dtype other than bf16/f16, or head_dim > ``MAX_HEAD_DIM``.
       ValueError: ``config`` breaks a tiling or shared-memory constraint.
     """
-    import jax.experimental.pallas.mosaic_gpu as plgpu
-
     batch, q_len, num_heads, head_dim = q.shape
     _, kv_len, num_kv_heads, _ = k.shape
     if jnp.dtype(q.dtype).name not in SUPPORTED_DTYPES:
@@ -1065,7 +1074,7 @@ def pallas_mosaic_gpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, cau
         variant = registered_variant(cfg, head_dim, jnp.dtype(q.dtype).itemsize,
                                      causal=bool(causal), kv_len=kv_len)
     variant.check_tiling(cfg.block_q, cfg.block_kv, padded_head_dim(head_dim))
-    extra = variant_scratch_bytes(variant)
+    extra = variant_scratch_bytes(variant, cfg.block_q)
     itemsize = jnp.dtype(q.dtype).itemsize
     need = smem_bytes(cfg, head_dim, itemsize, extra, variant.output_chunks)
     if need > SMEM_LIMIT_BYTES:
@@ -1080,7 +1089,51 @@ def pallas_mosaic_gpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, cau
             f"tiles (the producer's next K/V blocks would wait for consumer 1's output "
             f"store, which waits for consumer 0's next Q K^T, which waits for those "
             f"blocks); set output_chunks > 1 or use a shallower K/V ring")
+    call = functools.partial(_attention, causal=bool(causal), scale=scale, cfg=cfg,
+                             variant=variant, interpret=interpret, num_sms=num_sms,
+                             output_cols=output_cols)
+    if variant.checked_fma_exponent and not interpret:
+        # Its in-place launch has no vmap rule of its own. (The interpreter's in-place
+        # launch is a jitted Ref, which custom_vmap cannot hold: there, vmap over more
+        # than one example is refused by Pallas.)
+        return _folding_vmap(call)(q, k, v, q_lengths, kv_lengths)
+    return call(q, k, v, q_lengths, kv_lengths)
 
+
+def _folding_vmap(call):
+    """``call(q, k, v, q_lengths, kv_lengths)`` (batch first) under ``jax.vmap`` as one
+    call over the mapped axis folded into the batch: the examples are independent, so
+    ``[n, batch, ...]`` runs as ``[n * batch, ...]`` (unmapped operands broadcast). Nested
+    maps fold one at a time."""
+
+    @jax.custom_batching.custom_vmap
+    def folded(q, k, v, q_lengths, kv_lengths):
+        return call(q, k, v, q_lengths, kv_lengths)
+
+    @folded.def_vmap
+    def _rule(axis_size, in_batched, *args):
+        def fold(x, mapped):
+            if x is None:
+                return None
+            x = x if mapped else jnp.broadcast_to(x, (axis_size, *x.shape))
+            return x.reshape((axis_size * x.shape[1], *x.shape[2:]))
+
+        out = folded(*(fold(x, b) for x, b in zip(args, in_batched, strict=True)))
+        return out.reshape((axis_size, -1, *out.shape[1:])), True
+
+    return folded
+
+
+def _attention(q, k, v, q_lengths, kv_lengths, *, causal: bool, scale: float,
+               cfg: MosaicConfig, variant: MosaicVariant, interpret, num_sms,
+               output_cols: int):
+    """:func:`pallas_mosaic_gpu_attention` once its config and switches are resolved and
+    checked: padding, the launch (two under ``checked_fma_exponent``), the slice back."""
+    import jax.experimental.pallas.mosaic_gpu as plgpu
+
+    batch, q_len, num_heads, head_dim = q.shape
+    _, kv_len, num_kv_heads, _ = k.shape
+    itemsize = jnp.dtype(q.dtype).itemsize
     # The bound at the real head_dim, before any padding (keys past kv_lengths count too:
     # they can only send the call to the exact form).
     fma_safe = fma_exponent_is_safe(q, k, scale) if variant.bounded_fma_exponent else None
@@ -1133,7 +1186,7 @@ def pallas_mosaic_gpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, cau
         rerun = dataclasses.replace(
             plan, variant=exact, guarded=True,
             output_cols=output_staging_cols(cfg, head_dim, itemsize,
-                                            variant_scratch_bytes(exact),
+                                            variant_scratch_bytes(exact, cfg.block_q),
                                             exact.output_chunks))
         # A flag row never written cannot be NaN > 0: every tile stores its rows.
         redo = jnp.any(flags > 0.0).astype(jnp.int32).reshape(1)
@@ -1206,8 +1259,8 @@ class PallasMosaicGpuKernel(Kernel[MosaicConfig]):
         itemsize = jnp.dtype(spec.dtype).itemsize
         variant = registered_variant(resolved, spec.head_dim, itemsize, causal=spec.causal,
                                      kv_len=spec.kv_len)
-        need = smem_bytes(resolved, spec.head_dim, itemsize, variant_scratch_bytes(variant),
-                          variant.output_chunks)
+        extra = variant_scratch_bytes(variant, resolved.block_q)
+        need = smem_bytes(resolved, spec.head_dim, itemsize, extra, variant.output_chunks)
         if need > SMEM_LIMIT_BYTES:
             raise ValueError(
                 f"pallas_mosaic_gpu: block_q={resolved.block_q}, block_kv={resolved.block_kv}, "

@@ -84,6 +84,50 @@ def test_the_switch_in_interpret_mode_against_float64(variant):
     assert relative_error(out, ref) < 4e-3
 
 
+def test_the_switch_with_both_lengths_in_float16_against_float64():
+    """Both length operands beside the flag operands (the order the kernel pops them),
+    float16, two examples: each within the kernels' error of its float64 reference."""
+    rng = np.random.default_rng()
+    q = jnp.asarray(rng.standard_normal((2, 200, 2, 64)), jnp.float16)
+    k = jnp.asarray(rng.standard_normal((2, 301, 1, 64)), jnp.float16)
+    v = jnp.asarray(rng.standard_normal((2, 301, 1, 64)), jnp.float16)
+    ql, kl = jnp.array([200, 77], jnp.int32), jnp.array([150, 0], jnp.int32)
+    out = pallas_mosaic_gpu_attention(q, k, v, causal=True, scale=0.125, q_lengths=ql,
+                                      kv_lengths=kl, interpret=True, variant=CHECKED)
+    ref = attention_reference(q, k, v, causal=True, scale=0.125, q_lengths=ql, kv_lengths=kl)
+    assert relative_error(np.asarray(jnp.asarray(out, jnp.float32), np.float64), ref) < 4e-3
+
+
+def test_vmap_folds_the_mapped_axis_into_the_batch():
+    """The checked switch's vmap rule (its in-place launch has none of its own): three
+    examples mapped, lengths mapped or shared, run as one call over the folded batch
+    (the stand-in sees ``[3 * 2, ...]``), and each example's result is its own call's."""
+    from kernels.pallas_mosaic_gpu import _folding_vmap
+    from kernels.xla import xla_attention
+
+    seen = []
+
+    def stand_in(q, k, v, q_lengths, kv_lengths):
+        seen.append((q.shape, None if kv_lengths is None else kv_lengths.shape))
+        return xla_attention(q, k, v, causal=True, scale=0.125, q_lengths=q_lengths,
+                             kv_lengths=kv_lengths)
+
+    rng = np.random.default_rng()
+    q = jnp.asarray(rng.standard_normal((3, 2, 40, 2, 16)), jnp.float32)
+    k = jnp.asarray(rng.standard_normal((3, 2, 50, 1, 16)), jnp.float32)
+    kl = jnp.array([[50, 5], [20, 0], [1, 49]], jnp.int32)
+    folded = _folding_vmap(stand_in)
+    mapped = jax.vmap(lambda q, k, kl: folded(q, k, k, None, kl))(q, k, kl)
+    shared = jax.vmap(lambda q, k: folded(q, k, k, None, kl[1]))(q, k)
+    # (custom_vmap also traces the unmapped body once, at one example's shapes)
+    assert [s for s in seen if s[0][0] != 2] == [((6, 40, 2, 16), (6,))] * 2
+    for i in range(3):
+        np.testing.assert_allclose(mapped[i], stand_in(q[i], k[i], k[i], None, kl[i]),
+                                   rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(shared[i], stand_in(q[i], k[i], k[i], None, kl[1]),
+                                   rtol=1e-6, atol=1e-6)
+
+
 def _planted_fma(factor):
     """``softmax_block_fma`` with every ``p`` multiplied by ``factor`` (NaN: a broken
     form the check must catch; a finite factor on one column: a wrong but finite form
@@ -105,6 +149,24 @@ def test_unflagged_calls_keep_the_fma_launch_s_output(monkeypatch):
     planted = _call(q, k, v, CHECKED)
     assert relative_error(planted, exact) > 0.02
     np.testing.assert_array_equal(_call(q, k, v, MosaicVariant()), exact)
+
+
+def test_query_rows_past_their_length_flag_nothing(monkeypatch):
+    """NaN and 3e38 in the query rows past ``q_lengths`` (padding, written as zeros
+    either way) set no flag: with the FMA form planted to weigh each block's first key 8
+    times, the planted error stays in the valid rows (no rerun) and the padding rows
+    are zeros."""
+    q, k, v = _inputs()
+    ql = jnp.array([100], jnp.int32)
+    q = q.at[:, 100:150].set(jnp.nan).at[:, 150:].set(3e38)
+    kwargs = dict(causal=False, scale=0.125, q_lengths=ql, kv_lengths=None, interpret=True)
+    exact = np.asarray(jnp.asarray(pallas_mosaic_gpu_attention(
+        q, k, v, variant=MosaicVariant(), **kwargs), jnp.float32), np.float64)
+    monkeypatch.setattr(pallas_mosaic_gpu, "softmax_block_fma", _planted_fma(8.0))
+    got = np.asarray(jnp.asarray(pallas_mosaic_gpu_attention(
+        q, k, v, variant=CHECKED, **kwargs), jnp.float32), np.float64)
+    assert relative_error(got[:, :100], exact[:, :100]) > 0.02
+    np.testing.assert_array_equal(got[:, 100:], 0.0)
 
 
 def test_a_flagged_row_reruns_the_whole_call_with_the_exact_form(monkeypatch):
@@ -216,6 +278,23 @@ def test_the_switch_lowers_to_an_fma_launch_and_an_exact_launch_aliased_in_place
                 if a[0] in ("arith.addf", "arith.subf") and "arith.mulf" in a[1]]
 
     assert len(fused(first)) >= 64 and not fused(second)
+
+
+def test_under_vmap_the_switch_lowers_to_the_same_two_launches_over_the_folded_batch(
+        monkeypatch):
+    """``jit(vmap(...))`` over 3 examples of batch 2, lowered for CUDA: still two launches
+    and one in-place alias (the folded call), the output shaped ``[3, 2, ...]``."""
+    q = jax.ShapeDtypeStruct((3, 2, 256, 2, 128), jnp.bfloat16)
+
+    def fn(q, k, v):
+        return pallas_mosaic_gpu_attention(q, k, v, causal=True, scale=0.1, q_lengths=None,
+                                           kv_lengths=None, variant=CHECKED)
+
+    lowered, modules = _modules(monkeypatch, jax.vmap(fn), q, q, q)
+    assert len(modules) == 2 and lowered.count("mosaic_gpu_v2") == 2
+    assert lowered.count("#stablehlo.output_operand_alias<") == 1
+    assert "tensor<6x256x2x128xbf16>" in lowered
+    assert "-> tensor<3x2x256x2x128xbf16>" in lowered
 
 
 def test_the_two_fma_switches_are_exclusive():
