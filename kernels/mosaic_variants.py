@@ -106,6 +106,10 @@ REGISTERED_SWITCHES: tuple[SwitchRule, ...] = (
                          "bounded_fma_exponent": True}),
     SwitchRule(padded_head_dim=64,
                switches={"rowsum_before_handover": False, "pingpong_across_tiles": True}),
+    SwitchRule(padded_head_dim=128, causal=False,
+               switches={"rowsum_before_handover": False, "checked_fma_exponent": True}),
+    SwitchRule(padded_head_dim=128, causal=True, min_kv_len=16384,
+               switches={"rowsum_before_handover": False, "checked_fma_exponent": True}),
     SwitchRule(padded_head_dim=128, min_kv_len=16384,
                switches={"rowsum_before_handover": False, "bounded_fma_exponent": True}),
     SwitchRule(padded_head_dim=128, switches={"rowsum_before_handover": False}),
@@ -144,7 +148,20 @@ passed the `gpu` tests there (``kernels/tools/bench_results/``; NOTES-gpu.md):
   +0.6 to +5.5 % on each of the 15 rows, median +1.9 %; at S = 4096 B4 it lost 1.2 to
   7 % on 13 of 14 rows, the bound's read of Q and K, about 45 µs, being 5-9 % of a 0.5-1
   ms call there and about 1-2.5 % at 16384; lengths between were not measured, so the rule
-  starts at the measured one; at head_dim 256 it lost 2.6-13 %, so it stays off there).
+  starts at the measured one; at head_dim 256 it lost 2.6-13 %, so it stays off there);
+  at head_dim 128 it stays where the next switch does not fit;
+* head_dim 128 without a causal mask, and causal from 16384 keys: the same FMA checked
+  after the blocks instead of bounded before them, ``checked_fma_exponent`` (one H100 call
+  of 2026-12-07, ``h100-2026-12-07-checked-fma``, bf16 and f16, beside the registration
+  before it: +1.3 / +1.9 % full at S = 4096 B4, +0.3 / +2.9 % full and +3.7 / +4.3 %
+  causal at S = 16384, f16 / bf16; causal at S = 4096 it lost 1.5 / 1.0 %, the two small
+  launches it adds being a larger share of a 0.5 ms call, so causal calls under 16384
+  keys keep the exact form; lengths between were not measured). Its `gpu` extreme-value
+  tests at head_dim 128 (``checked-fma-extremes``) passed in the same call. Its row flags
+  need 3 KiB of shared memory more than the exact form, which the 3-deep K/V ring of the
+  H200's tuned tilings (d128 causal, f16 full at 4096) does not leave: there the first
+  rule that fits runs (``pallas_mosaic_gpu.registered_variant``), the bounded FMA from
+  16384 keys as before, the exact form under it.
 
 The runs are in ``kernels/tools/bench_results/`` and BENCHMARKS.md.
 
@@ -171,10 +188,18 @@ def registered_default(padded_head_dim: int, *, causal: bool | None = None,
     :data:`REGISTERED_SWITCHES` rule that applies, else every switch off
     (:class:`MosaicVariant`'s field defaults). Unknown conditions (``None``) leave the
     conditional rules out."""
+    return next(registered_candidates(padded_head_dim, causal=causal, kv_len=kv_len))
+
+
+def registered_candidates(padded_head_dim: int, *, causal: bool | None = None,
+                          kv_len: int | None = None):
+    """Every :data:`REGISTERED_SWITCHES` rule that applies, in order, as switches, then
+    every switch off: the kernel takes the first one its tiling can hold
+    (``pallas_mosaic_gpu.registered_variant``)."""
     for rule in REGISTERED_SWITCHES:
         if rule.applies(padded_head_dim, causal, kv_len):
-            return MosaicVariant(**rule.switches)
-    return MosaicVariant()
+            yield MosaicVariant(**rule.switches)
+    yield MosaicVariant()
 
 
 class MosaicVariant(BaseModel):

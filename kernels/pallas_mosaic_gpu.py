@@ -134,7 +134,7 @@ from kernels.mosaic_variants import (
     MosaicVariant,
     fma_exponent_is_safe,
     fma_rows_unsafe,
-    registered_default,
+    registered_candidates,
     softmax_block,
     softmax_block_fma,
 )
@@ -252,9 +252,16 @@ def _smem(config: MosaicConfig, head_dim: int, itemsize: int, staging_cols: int,
 
 
 def fma_check_scratch_bytes(block_q: int) -> int:
-    """Shared memory of the row flags under ``checked_fma_exponent``: one float32 per
-    query row of each consumer, staged for their TMA store."""
-    return 2 * block_q * 4
+    """Shared memory ``checked_fma_exponent`` adds, as Mosaic GPU allocates it: the row
+    flags (one float32 per query row of each consumer, staged for their TMA store),
+    placed on a 1024-byte boundary, and the cross-warp reduction scratch
+    (``REDUCTION_SCRATCH_BYTES``), which Mosaic GPU reserves in every kernel. The base
+    count (:func:`smem_bytes`) leaves that reserve out unless the lazy rescale counts it:
+    no tiling without those two switches comes within 2 KiB of the limit (checked over
+    the tiling space by a test), while the flags' kilobyte is what decides whether the
+    3-deep ring fits at head_dim 128 (a test compares both counts with Mosaic GPU's own
+    for the tilings where it does)."""
+    return round_up(2 * block_q * 4, 1024) + REDUCTION_SCRATCH_BYTES
 
 
 def variant_scratch_bytes(variant: MosaicVariant | None,
@@ -272,6 +279,8 @@ def variant_scratch_bytes(variant: MosaicVariant | None,
         extra += 2 * 8
     if variant is not None and variant.checked_fma_exponent:
         extra += fma_check_scratch_bytes(block_q)
+        if variant.lazy_rescale_log2 is not None:  # the reserve is counted once
+            extra -= REDUCTION_SCRATCH_BYTES
     return extra
 
 
@@ -318,13 +327,20 @@ def registered_variant(config: MosaicConfig, head_dim: int, itemsize: int = 2, *
                        causal: bool | None = None, kv_len: int | None = None) -> MosaicVariant:
     """The switches a call without ``variant`` runs: the registered ones
     (:func:`kernels.mosaic_variants.registered_default` at the padded head_dim, mask and
-    ``kv_len``) less what ``config`` cannot hold: ``output_chunks`` back to 1 where its
+    ``kv_len``) less what ``config`` cannot hold: a rule with ``checked_fma_exponent``
+    is passed over for the next one that applies where its row flags would not fit
+    shared memory; ``output_chunks`` back to 1 where its
     chunks do not split the padded head_dim into whole 64-column tiles or its staging
     buffers would not fit shared memory beside the rest, and
     ``pingpong_across_tiles`` off where the output is then staged in the query tiles
     (the kernel refuses that pair when it is asked for explicitly). ``config`` must be
     resolved (every field set); ``itemsize`` in bytes (2 for bf16/f16)."""
-    variant = registered_default(padded_head_dim(head_dim), causal=causal, kv_len=kv_len)
+    for variant in registered_candidates(padded_head_dim(head_dim), causal=causal,
+                                         kv_len=kv_len):
+        if not variant.checked_fma_exponent or smem_bytes(
+                config, head_dim, itemsize, variant_scratch_bytes(variant, config.block_q),
+                variant.output_chunks) <= SMEM_LIMIT_BYTES:
+            break  # the first registered rule whose row flags (if any) fit
     extra = variant_scratch_bytes(variant, config.block_q)
     if padded_head_dim(head_dim) % (variant.output_chunks * OUTPUT_CHUNK_COLS):
         variant = variant.model_copy(update={"output_chunks": 1})  # chunks must tile it

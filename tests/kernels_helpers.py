@@ -92,6 +92,13 @@ def mosaic_module_text(monkeypatch, fn, *args) -> tuple[str, str]:
     the Mosaic GPU module in it as text without locations (the serialized module carries
     source lines, which any edit of a file moves), captured where Mosaic GPU serializes
     it. Exactly one kernel."""
+    lowered, modules = mosaic_module_texts(monkeypatch, fn, *args)
+    assert len(modules) == 1, f"{len(modules)} Mosaic GPU modules, expected one"
+    return lowered, modules[0]
+
+
+def mosaic_module_texts(monkeypatch, fn, *args) -> tuple[str, list[str]]:
+    """:func:`mosaic_module_text` for any number of kernels: their modules in launch order."""
     import jax
     import jax.experimental.mosaic.gpu.core as mgpu_core
 
@@ -105,5 +112,4 @@ def mosaic_module_text(monkeypatch, fn, *args) -> tuple[str, str]:
 
     monkeypatch.setattr(mgpu_core, "_run_serde_pass", capture)
     lowered = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-    assert len(texts) == 1, f"{len(texts)} Mosaic GPU modules, expected one"
-    return lowered, texts[0]
+    return lowered, texts

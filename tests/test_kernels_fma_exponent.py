@@ -190,22 +190,44 @@ def test_the_switch_lowers_with_both_exponent_forms(variant, monkeypatch):
     assert not fused(off)
 
 
-@pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
-def test_the_switch_is_registered_from_16384_keys_at_head_dims_64_and_128(head_dim, causal):
+def test_the_switch_is_registered_from_16384_keys_at_head_dim_64(causal):
     """Where it was measured to pay (H100, S = 16384 full and causal): on top of the
     switches registered at shorter lengths, nothing else changed; shorter calls, calls of
     unknown length and head_dim 256 (where it lost) run without it."""
     from kernels.mosaic_variants import registered_default
 
-    short = registered_default(head_dim, causal=causal, kv_len=4096)
+    short = registered_default(64, causal=causal, kv_len=4096)
     for kv_len in (16384, 131072):
-        long_ = registered_default(head_dim, causal=causal, kv_len=kv_len)
+        long_ = registered_default(64, causal=causal, kv_len=kv_len)
         assert long_ == short.model_copy(update={"bounded_fma_exponent": True}), kv_len
     for kv_len in (1, 4096, 16383, None):
-        assert not registered_default(head_dim, causal=causal,
+        assert not registered_default(64, causal=causal,
                                       kv_len=kv_len).bounded_fma_exponent, kv_len
     assert not registered_default(256, causal=causal, kv_len=16384).bounded_fma_exponent
+
+
+def test_at_head_dim_128_the_checked_fma_comes_first_and_the_bounded_one_after_it():
+    """head_dim 128: the checked FMA without a causal mask at every length and with one
+    from 16384 keys (where it was measured to pay), the bounded one next from 16384 keys
+    (for tilings that cannot hold the checked one's row flags), the exact form under
+    16384 causal keys and where the mask is unknown below 16384."""
+    from kernels.mosaic_variants import registered_candidates, registered_default
+
+    def first(causal, kv_len):
+        variant = registered_default(128, causal=causal, kv_len=kv_len)
+        return variant.checked_fma_exponent, variant.bounded_fma_exponent
+
+    for kv_len in (1, 4096, 16384, None):
+        assert first(False, kv_len) == (True, False), kv_len
+    for kv_len in (16384, 131072):
+        assert first(True, kv_len) == (True, False), kv_len
+        fallback = list(registered_candidates(128, causal=True, kv_len=kv_len))[1]
+        assert fallback.bounded_fma_exponent and not fallback.checked_fma_exponent
+        assert first(None, kv_len) == (False, True), kv_len
+    for kv_len in (1, 4096, 16383):
+        assert first(True, kv_len) == (False, False), kv_len
+    assert first(None, None) == (False, False)
 
 
 def test_a_rule_with_a_least_length_applies_only_from_that_length():

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import itertools
 import json
 import math
 
@@ -42,7 +43,12 @@ from kernels.timing import Timing
 from kernels.tools import ptxas_report
 from kernels.tools import variants as variants_tool
 from tests import test_kernels_poisoned as poisoned
-from tests.kernels_helpers import Case, assert_accurate, mosaic_module_text, random_inputs
+from tests.kernels_helpers import (
+    Case,
+    assert_accurate,
+    mosaic_module_texts,
+    random_inputs,
+)
 
 ON_GPU = jax.default_backend() in ("gpu", "cuda")
 
@@ -338,10 +344,12 @@ def _kernel_module_digest(monkeypatch, head_dim, causal, lengths, variant, confi
 
 
 def _module_digest(monkeypatch, fn, *args) -> str:
-    """sha256 of the Mosaic GPU module ``fn(*args)`` lowers to (text, no locations)."""
-    _, module = mosaic_module_text(monkeypatch, fn, *args)
-    assert len(module) > 10_000
-    return hashlib.sha256(module.encode()).hexdigest()
+    """sha256 of the Mosaic GPU module ``fn(*args)`` lowers to (text, no locations); of
+    their texts joined by newlines where it launches several (``checked_fma_exponent``:
+    the FMA launch and the exact one)."""
+    _, modules = mosaic_module_texts(monkeypatch, fn, *args)
+    assert modules and all(len(module) > 10_000 for module in modules)
+    return hashlib.sha256("\n".join(modules).encode()).hexdigest()
 
 
 @pytest.mark.skipif(jax.__version__ != "0.10.2",
@@ -369,7 +377,9 @@ KERNEL_BEFORE_THE_UNPADDED_KV = {
         "4c54d44ec34099e1f8da3d20d34e431a7760cad57b68f19f48f1ae527ffae6be",
     (128, True, 768, None, None):
         "ffa6dd3d79bc37b0b9940781c248883915837d66e13d51b7d66ff2671bbaee8f",
-    (128, False, 4096, None, None):
+    # The switches registered when it was pinned (None then; the checked FMA exponent has
+    # been registered there since, and lowers to two modules).
+    (128, False, 4096, MosaicVariant(rowsum_before_handover=False), None):
         "3f9502fb3f6eeda0632d6cf253a844c886dd588e5422e4c64f250b5238dd1284",
 }
 
@@ -402,13 +412,18 @@ def test_lengths_that_are_block_multiples_lower_as_before_the_unpadded_kv(monkey
 # (the same switches as the new registration); the 131072 row is re-pinned unmeasured (the
 # rule has no upper length: the bound's read of Q and K is a smaller share of a longer
 # call, but no call of that length has run with it); the 4096 rows are unchanged.
+# Re-pinned when checked_fma_exponent was registered at d128: the three rows whose tuned
+# tiling holds its row flags (bf16 full 4096 and 16384, f16 full 16384: a 2-deep ring)
+# are the ``checked-fma`` rows of the H100 call in bench_results/h100-2026-12-07-checked-fma/
+# (the same switches and tiling); the rows with a 3-deep ring keep their modules (the
+# registration falls back to the rule before it there).
 D128_AS_MEASURED = {
     ("bfloat16", 1, 131072, True):
         "5a653f2e6217e7fb2695ca460134f172ff53fd828f40d2c350ca571c608fb5fe",
     ("bfloat16", 4, 4096, False):
-        "015d7ef47cccea530b45fe29774a44af3b1658ccaf7ed67d57076704690ec907",
+        "7777b087a97353ba0c165603579b8bca5cd8e3d050ec5186bbb2f66882116654",
     ("bfloat16", 1, 16384, False):
-        "a21f3181b8e44d56f99884b75b08fb1ca4e2d2bbbcd82567bdacdf3e31f9f154",
+        "01e91711899fadeccb46c493f5c82681f04fdbe8d306d0085ee0438def870ca7",
     ("bfloat16", 4, 4096, True):
         "6d66c3f6d4cea84b7abe95f127c99d5eb64278d71e6e18641ac92ee8f7079cc4",
     ("bfloat16", 1, 16384, True):
@@ -416,7 +431,7 @@ D128_AS_MEASURED = {
     ("float16", 4, 4096, False):
         "1b3e43858f69e7bcba29669bb91d08541c6b7037c2d94554b73b65668a49b9e3",
     ("float16", 1, 16384, False):
-        "f90385f4616f2c70f4a27348682fc7efccbb3f2a83456b7b9a96cbf5a5547c9a",
+        "0b709b37f17605d7a48f9458bca38691a93c251470aacb5e4fbb4a88c87c5fd3",
     ("float16", 4, 4096, True):
         "19b519bdf93357a8e4a260c76746b395f1eb4c0f31927e487b00cef4a589b3bf",
     ("float16", 1, 16384, True):
@@ -455,12 +470,15 @@ def test_the_kernel_as_registered_lowers_to_the_measured_switches():
     the row sum before the hand-over only without a causal mask at kv_len <= 4096; at 64
     and 128 the row sum after the hand-over; 192 < d <= 256 pads to 256. The
     switches grid (bf16, BENCHMARKS.md): at 256 the output staged through half-width
-    buffers, at 64 the ping-pong's offset once per kernel."""
+    buffers, at 64 the ping-pong's offset once per kernel. At 128 without a causal mask
+    the FMA exponent checked after the blocks (an H100 call, ``h100-2026-12-07-checked-fma``;
+    the default tiling's 2-deep ring holds its row flags)."""
     lazy = MosaicVariant(lazy_rescale_log2=8.0, output_chunks=2)
     lazy_before = MosaicVariant(lazy_rescale_log2=8.0, rowsum_before_handover=True,
                                 output_chunks=2)
     after = MosaicVariant(rowsum_before_handover=False)
     after_across = MosaicVariant(rowsum_before_handover=False, pingpong_across_tiles=True)
+    after_checked = MosaicVariant(rowsum_before_handover=False, checked_fma_exponent=True)
     # (head_dim, causal, seq, the switches measured best there). The rules depend on the
     # padded head_dim, the mask and kv_len <= 4096 or above, so one length on each side
     # (4096 and 4160, one 64-row block past it) stands for the measured 16384 as well:
@@ -470,7 +488,7 @@ def test_the_kernel_as_registered_lowers_to_the_measured_switches():
         (200, False, 4096, lazy_before), (256, False, 4160, lazy), (200, False, 4160, lazy),
         (256, True, 4096, lazy), (256, True, 4160, lazy), (200, True, 512, lazy),
         (64, False, 512, after_across), (64, True, 4160, after_across),
-        (128, False, 4160, after),
+        (128, False, 4160, after_checked),
         (128, True, 512, after)]
     for head_dim, causal, seq, switches in expected:
         label = (head_dim, causal, seq)
@@ -482,14 +500,84 @@ def test_the_kernel_as_registered_lowers_to_the_measured_switches():
 def test_every_registered_rule_is_a_valid_variant_that_fits_the_smem_check():
     """Each rule's switches are a valid ``MosaicVariant``, and every rule of a head_dim
     needs the shared memory of the rule ``check_supported`` uses when it does not know
-    the length (the unconditional one), so its refusal and the call's agree."""
+    the length (the unconditional one), so its refusal and the call's agree; a rule with
+    the checked FMA exponent may need more, since ``registered_variant`` passes it over
+    for the next rule that applies where its row flags do not fit."""
     for rule in mosaic_variants.REGISTERED_SWITCHES:
         variant = MosaicVariant(**rule.switches)
         unconditional = mosaic_variants.registered_default(rule.padded_head_dim)
+        if variant.checked_fma_exponent:
+            variant = variant.model_copy(update={"checked_fma_exponent": False})
         assert pallas_mosaic_gpu.variant_scratch_bytes(variant) == \
             pallas_mosaic_gpu.variant_scratch_bytes(unconditional), rule
     with pytest.raises(ValueError):
         mosaic_variants.SwitchRule(padded_head_dim=100, switches={})
+
+
+@pytest.mark.parametrize("depth, checked", [(2, True), (3, False)])
+def test_the_checked_fma_is_registered_where_its_row_flags_fit_and_the_next_rule_elsewhere(
+        depth, checked):
+    """d128, causal, 16384 keys: with a 2-deep ring (199784 bytes with the row flags) the
+    checked FMA runs; the tuned 3-deep ring leaves no room for them (232584 bytes, over
+    the 232448 of an sm_90 CTA, the count Mosaic GPU itself refuses), so the bounded FMA,
+    the next rule, runs there."""
+    cfg = MosaicConfig(block_q=64, block_kv=128, kv_ring_depth=depth)
+    variant = pallas_mosaic_gpu.registered_variant(cfg, 128, 2, causal=True, kv_len=16384)
+    assert variant.checked_fma_exponent is checked
+    assert variant.bounded_fma_exponent is not checked
+    flags = MosaicVariant(rowsum_before_handover=False, checked_fma_exponent=True)
+    need = pallas_mosaic_gpu.smem_bytes(cfg, 128, 2, pallas_mosaic_gpu.variant_scratch_bytes(
+        flags, cfg.block_q))
+    assert need == {2: 199784, 3: 232584}[depth]
+
+
+@pytest.mark.parametrize("head_dim, depth, switches", [
+    (128, 2, {"checked_fma_exponent": True}), (64, 2, {"checked_fma_exponent": True}),
+    (128, 2, {"checked_fma_exponent": True, "lazy_rescale_log2": 8.0}),
+    (256, 2, {"lazy_rescale_log2": 8.0, "output_chunks": 2})])
+def test_the_smem_count_of_the_checked_fma_is_mosaic_gpus_own(head_dim, depth, switches,
+                                                              monkeypatch):
+    """Where the count decides a fit it is Mosaic GPU's: its allocation of the first
+    launch (captured from its own size function, on this CPU host) equals ``smem_bytes``
+    with the variant's scratch, row flags, their alignment and the reduction reserve."""
+    import jax.experimental.mosaic.gpu.core as mgpu_core
+
+    sizes = []
+    size_of = mgpu_core._smem_tree_size
+    monkeypatch.setattr(mgpu_core, "_smem_tree_size", lambda t: sizes.append(size_of(t))
+                        or sizes[-1])
+    variant = MosaicVariant(**switches)
+    cfg = MosaicConfig(block_q=64, block_kv=64 if head_dim == 256 else 128,
+                       kv_ring_depth=depth)
+    x = jax.ShapeDtypeStruct((1, 512, 2, head_dim), jnp.bfloat16)
+    fn = functools.partial(pallas_mosaic_gpu_attention, causal=False, scale=0.1,
+                           q_lengths=None, kv_lengths=None, config=cfg, variant=variant)
+    jax.jit(fn).trace(x, x, x).lower(lowering_platforms=("cuda",))
+    assert sizes[0] == pallas_mosaic_gpu.smem_bytes(
+        cfg, head_dim, 2, pallas_mosaic_gpu.variant_scratch_bytes(variant, cfg.block_q),
+        variant.output_chunks)
+
+
+def _fit_decision(cfg, head_dim, scratch, chunks):
+    return (pallas_mosaic_gpu.output_staging_cols(cfg, head_dim, 2, scratch, chunks),
+            pallas_mosaic_gpu.smem_bytes(cfg, head_dim, 2, scratch, chunks)
+            <= pallas_mosaic_gpu.SMEM_LIMIT_BYTES)
+
+
+def test_the_reduction_reserve_left_out_of_the_base_count_decides_no_tiling():
+    """The base count leaves out the 2 KiB Mosaic GPU reserves in every kernel (counted
+    only where a switch needs it): adding it changes no fit and no output staging over
+    the tiling space, so leaving it out decides nothing."""
+    reserve = pallas_mosaic_gpu.REDUCTION_SCRATCH_BYTES
+    for d in (64, 128, 192, 256):
+        for block_q, block_kv, depth in itertools.product(
+                pallas_mosaic_gpu.BLOCK_Q_CHOICES, pallas_mosaic_gpu.BLOCK_KV_CHOICES,
+                range(pallas_mosaic_gpu.STAGE_RANGE[0], pallas_mosaic_gpu.STAGE_RANGE[1] + 1)):
+            cfg = MosaicConfig(block_q=block_q, block_kv=block_kv, kv_ring_depth=depth)
+            for chunks in (c for c in (1, 2, 4) if d % (c * 64) == 0):
+                for extra in (0, 16):
+                    assert _fit_decision(cfg, d, extra, chunks) == \
+                        _fit_decision(cfg, d, extra + reserve, chunks), (d, cfg, chunks)
 
 
 def test_every_variant_of_the_benchmark_file_lowers_for_cuda():
@@ -503,6 +591,17 @@ def test_every_variant_of_the_benchmark_file_lowers_for_cuda():
                                    config=config)
             text = jax.jit(fn).trace(q, q, q).lower(lowering_platforms=("cuda",)).as_text()
             assert "mosaic_gpu_v2" in text, entry["name"]
+
+
+def test_every_variant_of_the_benchmark_file_is_valid_on_every_grid_row():
+    """Each entry's switches (the registered ones where it says ``registered_plus``) make a
+    valid variant with or without a causal mask, at 4096 and 16384 keys: an entry that
+    sets one FMA switch over a registration holding the other must unset it."""
+    for entry in variants_tool.load_variant_sets()["variants"]:
+        for head_dim in entry.get("head_dims", (64, 128, 256)):
+            for causal in (False, True):
+                for kv_len in (4096, 16384):
+                    variants_tool.entry_variant(entry, head_dim, causal=causal, kv_len=kv_len)
 
 
 # ----------------------------------------------------------------------------- the rule
