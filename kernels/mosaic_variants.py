@@ -149,7 +149,8 @@ passed the `gpu` tests there (``kernels/tools/bench_results/``; NOTES-gpu.md):
   7 % on 13 of 14 rows, the bound's read of Q and K, about 45 µs, being 5-9 % of a 0.5-1
   ms call there and about 1-2.5 % at 16384; lengths between were not measured, so the rule
   starts at the measured one; at head_dim 256 it lost 2.6-13 %, so it stays off there);
-  at head_dim 128 it stays where the next switch does not fit;
+  at head_dim 128 it runs from 16384 keys where a tiling cannot hold the next switch's row
+  flags, and where the mask is not known;
 * head_dim 128 without a causal mask, and causal from 16384 keys: the same FMA checked
   after the blocks instead of bounded before them, ``checked_fma_exponent`` (one H100 call
   of 2026-12-07, ``h100-2026-12-07-checked-fma``, bf16 and f16, beside the registration
@@ -159,9 +160,11 @@ passed the `gpu` tests there (``kernels/tools/bench_results/``; NOTES-gpu.md):
   keys keep the exact form; lengths between were not measured). Its `gpu` extreme-value
   tests at head_dim 128 (``checked-fma-extremes``) passed in the same call. Its row flags
   need 3 KiB of shared memory more than the exact form, which the 3-deep K/V ring of the
-  H200's tuned tilings (d128 causal, f16 full at 4096) does not leave: there the first
-  rule that fits runs (``pallas_mosaic_gpu.registered_variant``), the bounded FMA from
-  16384 keys as before, the exact form under it.
+  H200's tuned tilings (causal at 16384 keys in both dtypes, f16 full at 4096) and the
+  64 x 192 tile do not leave: there the first rule that fits runs
+  (``pallas_mosaic_gpu.registered_variant``), the bounded FMA from 16384 keys as before,
+  the exact form under it. So with the committed table the causal rule runs on no tuned
+  row yet; the H100 call measured it with a 2-deep ring.
 
 The runs are in ``kernels/tools/bench_results/`` and BENCHMARKS.md.
 

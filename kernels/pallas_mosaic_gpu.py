@@ -329,7 +329,8 @@ def registered_variant(config: MosaicConfig, head_dim: int, itemsize: int = 2, *
     (:func:`kernels.mosaic_variants.registered_default` at the padded head_dim, mask and
     ``kv_len``) less what ``config`` cannot hold: a rule with ``checked_fma_exponent``
     is passed over for the next one that applies where its row flags would not fit
-    shared memory; ``output_chunks`` back to 1 where its
+    shared memory beside the buffers the rule has without them (:func:`_flags_fit`);
+    ``output_chunks`` back to 1 where its
     chunks do not split the padded head_dim into whole 64-column tiles or its staging
     buffers would not fit shared memory beside the rest, and
     ``pingpong_across_tiles`` off where the output is then staged in the query tiles
@@ -337,9 +338,7 @@ def registered_variant(config: MosaicConfig, head_dim: int, itemsize: int = 2, *
     resolved (every field set); ``itemsize`` in bytes (2 for bf16/f16)."""
     for variant in registered_candidates(padded_head_dim(head_dim), causal=causal,
                                          kv_len=kv_len):
-        if not variant.checked_fma_exponent or smem_bytes(
-                config, head_dim, itemsize, variant_scratch_bytes(variant, config.block_q),
-                variant.output_chunks) <= SMEM_LIMIT_BYTES:
+        if _flags_fit(variant, config, head_dim, itemsize):
             break  # the first registered rule whose row flags (if any) fit
     extra = variant_scratch_bytes(variant, config.block_q)
     if padded_head_dim(head_dim) % (variant.output_chunks * OUTPUT_CHUNK_COLS):
@@ -352,6 +351,23 @@ def registered_variant(config: MosaicConfig, head_dim: int, itemsize: int = 2, *
             config, head_dim, itemsize, extra, variant.output_chunks):
         variant = variant.model_copy(update={"pingpong_across_tiles": False})
     return variant
+
+
+def _flags_fit(variant: MosaicVariant, config: MosaicConfig, head_dim: int,
+               itemsize: int) -> bool:
+    """Whether ``variant``'s row flags (``checked_fma_exponent``; True without it) fit
+    shared memory with ``config`` and leave the output staged as without them: a rule
+    measured with its own output buffers must not run with the output in the query tiles
+    (a layout nobody measured with the flags)."""
+    if not variant.checked_fma_exponent:
+        return True
+    plain = variant.model_copy(update={"checked_fma_exponent": False})
+    with_flags = variant_scratch_bytes(variant, config.block_q)
+    without = variant_scratch_bytes(plain, config.block_q)
+    chunks = variant.output_chunks
+    return (smem_bytes(config, head_dim, itemsize, with_flags, chunks) <= SMEM_LIMIT_BYTES
+            and output_staging_cols(config, head_dim, itemsize, with_flags, chunks)
+            == output_staging_cols(config, head_dim, itemsize, without, chunks))
 
 
 def padded_head_dim(head_dim: int) -> int:
@@ -1094,9 +1110,12 @@ def pallas_mosaic_gpu_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, cau
     itemsize = jnp.dtype(q.dtype).itemsize
     need = smem_bytes(cfg, head_dim, itemsize, extra, variant.output_chunks)
     if need > SMEM_LIMIT_BYTES:
+        flags = (f", {fma_check_scratch_bytes(cfg.block_q)} of them for "
+                 f"checked_fma_exponent's row flags and Mosaic GPU's reduction reserve"
+                 if variant.checked_fma_exponent else "")
         raise ValueError(f"pallas_mosaic_gpu: {cfg.model_dump()} at head_dim {head_dim} "
                          f"(output_chunks={variant.output_chunks}) needs {need} bytes of "
-                         f"shared memory, over {SMEM_LIMIT_BYTES}")
+                         f"shared memory{flags}, over {SMEM_LIMIT_BYTES}")
     output_cols = output_staging_cols(cfg, head_dim, itemsize, extra, variant.output_chunks)
     if variant.pingpong_across_tiles and not output_cols:
         raise ValueError(

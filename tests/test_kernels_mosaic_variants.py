@@ -416,7 +416,8 @@ def test_lengths_that_are_block_multiples_lower_as_before_the_unpadded_kv(monkey
 # tiling holds its row flags (bf16 full 4096 and 16384, f16 full 16384: a 2-deep ring)
 # are the ``checked-fma`` rows of the H100 call in bench_results/h100-2026-12-07-checked-fma/
 # (the same switches and tiling); the rows with a 3-deep ring keep their modules (the
-# registration falls back to the rule before it there).
+# kernel runs the next rule that applies there: the bounded FMA at 16384 causal keys, the
+# exact form at f16 full 4096).
 D128_AS_MEASURED = {
     ("bfloat16", 1, 131072, True):
         "5a653f2e6217e7fb2695ca460134f172ff53fd828f40d2c350ca571c608fb5fe",
@@ -499,10 +500,10 @@ def test_the_kernel_as_registered_lowers_to_the_measured_switches():
 
 def test_every_registered_rule_is_a_valid_variant_that_fits_the_smem_check():
     """Each rule's switches are a valid ``MosaicVariant``, and every rule of a head_dim
-    needs the shared memory of the rule ``check_supported`` uses when it does not know
-    the length (the unconditional one), so its refusal and the call's agree; a rule with
-    the checked FMA exponent may need more, since ``registered_variant`` passes it over
-    for the next rule that applies where its row flags do not fit."""
+    needs the shared memory of the unconditional one, so a rule's conditions never decide
+    a refusal; a rule with the checked FMA exponent may need more, since
+    ``registered_variant`` passes it over for the next rule that applies where its row
+    flags do not fit."""
     for rule in mosaic_variants.REGISTERED_SWITCHES:
         variant = MosaicVariant(**rule.switches)
         unconditional = mosaic_variants.registered_default(rule.padded_head_dim)
@@ -529,6 +530,20 @@ def test_the_checked_fma_is_registered_where_its_row_flags_fit_and_the_next_rule
     need = pallas_mosaic_gpu.smem_bytes(cfg, 128, 2, pallas_mosaic_gpu.variant_scratch_bytes(
         flags, cfg.block_q))
     assert need == {2: 199784, 3: 232584}[depth]
+
+
+def test_the_checked_fma_is_not_registered_where_its_flags_would_move_the_output():
+    """d128, 128 x 64 tiles, a 3-deep ring, no mask: the row flags fit only with the
+    output moved into the query tiles (a layout nobody measured with them), so the exact
+    form with its own output buffers runs."""
+    cfg = MosaicConfig(block_q=128, block_kv=64, kv_ring_depth=3)
+    variant = pallas_mosaic_gpu.registered_variant(cfg, 128, 2, causal=False, kv_len=4096)
+    assert not variant.checked_fma_exponent
+    assert pallas_mosaic_gpu.separate_output(cfg, 128, 2, pallas_mosaic_gpu.variant_scratch_bytes(
+        variant, cfg.block_q))
+    flags = pallas_mosaic_gpu.variant_scratch_bytes(
+        variant.model_copy(update={"checked_fma_exponent": True}), cfg.block_q)
+    assert not pallas_mosaic_gpu.separate_output(cfg, 128, 2, flags)
 
 
 @pytest.mark.parametrize("head_dim, depth, switches", [
@@ -1058,6 +1073,12 @@ def test_the_64x192_entries_run_at_d128_with_the_registered_switches():
             assert got == registered.model_copy(
                 update={"consumer_registers": 240, "producer_registers": 24})
             assert got.rowsum_before_handover is False  # registered at d128 (measured on the H200)
+            # The tile cannot hold the checked FMA's row flags: the kernel runs the next
+            # rule (what the tool records for the row).
+            ran = pallas_mosaic_gpu.registered_variant(
+                variants_tool.block_sizes(tile, 128), 128, 2, causal=causal, kv_len=kv_len)
+            assert not ran.checked_fma_exponent
+            assert ran.bounded_fma_exponent is (kv_len >= 16384)
             assert kv_len % 192 and pallas_mosaic_gpu.kv_rows(
                 kv_len, 128, 192, interpret=False, has_kv_lengths=False) == kv_len
     grid = [s for s in variants_tool.shapes({**sets["grid_shapes"],

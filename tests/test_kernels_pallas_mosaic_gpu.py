@@ -33,6 +33,7 @@ from kernels.pallas_mosaic_gpu import (
     MosaicConfig,
     PallasMosaicGpuKernel,
     pallas_mosaic_gpu_attention,
+    registered_variant,
     smem_bytes,
 )
 from kernels.reference import attention_reference, relative_error
@@ -1037,7 +1038,8 @@ def test_gpu_extreme_values_with_one_and_few_keys_match_float64(dtype, head_dim,
 
 
 LONG_KEYS = 16384
-"""Where ``bounded_fma_exponent`` is registered (head_dim 64 and 128, kv_len >= 16384)."""
+"""Where ``bounded_fma_exponent`` is registered (head_dim 64 from 16384 keys; at 128 from
+there where a tiling cannot hold ``checked_fma_exponent``'s row flags)."""
 
 
 def long_key_failures(dtype: str, head_dim: int, causal: bool, fn=None) -> list[str]:
@@ -1062,10 +1064,24 @@ def long_key_failures(dtype: str, head_dim: int, causal: bool, fn=None) -> list[
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_gpu_extreme_values_at_16384_keys_with_the_switches_registered_there(
         dtype, head_dim, causal):
-    """The registered kernel where it runs one FMA per logit under the call's bound: the
-    extreme magnitudes (past the bound: the exact form) and normal inputs (under it)."""
-    failures = long_key_failures(dtype, head_dim, causal)
+    """The registered kernel at 16384 keys: the extreme magnitudes and normal inputs. At
+    head_dim 64, and at 128 with the 3-deep ring of the tuned table (which cannot hold the
+    checked FMA's row flags), it runs the bounded FMA (past the bound: the exact form);
+    the checked FMA at 128 has its own test below."""
+    config = MosaicConfig(block_q=64, block_kv=128, kv_ring_depth=3) if head_dim == 128 else None
+    fn = functools.partial(pallas_mosaic_gpu_attention, causal=causal, scale=head_dim ** -0.5,
+                           q_lengths=None, config=config)
+    failures = long_key_failures(dtype, head_dim, causal, fn=fn)
     assert not failures, f"{len(failures)} failures: " + "; ".join(failures[:6])
+
+
+def test_the_16384_key_test_runs_the_bounded_fma():
+    """The tilings of the test above run ``bounded_fma_exponent`` at 16384 keys."""
+    for head_dim, config in ((64, PallasMosaicGpuKernel().default_config(64)),
+                             (128, MosaicConfig(block_q=64, block_kv=128, kv_ring_depth=3))):
+        for causal in (False, True):
+            variant = registered_variant(config, head_dim, 2, causal=causal, kv_len=LONG_KEYS)
+            assert variant.bounded_fma_exponent, (head_dim, causal)
 
 
 def checked_fma_variant(head_dim: int, causal: bool) -> MosaicVariant:
