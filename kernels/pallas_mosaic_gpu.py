@@ -1023,11 +1023,14 @@ def _scratch(plan: _Plan) -> dict[str, Any]:
 
 def _rerun_in_place(plan: _Plan, out, operands, mesh: dict, params, interpret):
     """The exact form's launch under ``checked_fma_exponent``: ``out`` becomes a JAX
-    ``Ref`` that the kernel reads and writes (Pallas aliases it in and out, so XLA
-    reuses the first launch's buffer: no copy), and the kernel's CTAs return at once
-    unless the flag operand (``operands[-4]``) is set. ``plgpu.kernel`` wraps its body in
-    ``custom_vmap``, which takes no ``Ref``, so this calls ``pl.kernel`` with the same
-    mesh and scoped scratch. JAX's GPU interpreter needs the ``Ref`` in GMEM."""
+    ``Ref`` that the kernel reads and writes (Pallas lowers it to an output-operand alias,
+    so XLA can hand the first launch's buffer over instead of copying it), and the
+    kernel's CTAs return at once unless the flag operand (``operands[-4]``) is set.
+    ``plgpu.kernel`` wraps its body in ``custom_vmap``, which takes no ``Ref``, so this
+    calls ``pl.kernel`` with the same mesh and scoped scratch. On a GPU the ``Ref`` lives
+    inside ``pl.run_state`` (one made by ``jax.new_ref`` cannot be discharged under the
+    ``custom_vmap`` of :func:`_folding_vmap`); JAX's GPU interpreter takes a ``Ref`` only
+    in GMEM, so there it is a jitted ``jax.new_ref``."""
     import jax.experimental.pallas as pl
     import jax.experimental.pallas.mosaic_gpu as plgpu
 
@@ -1223,7 +1226,7 @@ def _attention(q, k, v, q_lengths, kv_lengths, *, causal: bool, scale: float,
             output_cols=output_staging_cols(cfg, head_dim, itemsize,
                                             variant_scratch_bytes(exact, cfg.block_q),
                                             exact.output_chunks))
-        # A flag row never written cannot be NaN > 0: every tile stores its rows.
+        # Every tile stores its rows' flags, so no unwritten memory is read here.
         redo = jnp.any(flags > 0.0).astype(jnp.int32).reshape(1)
         out = _rerun_in_place(rerun, out, [*operands, redo, q, k, v], mesh, params,
                               interpret_params)
