@@ -23,6 +23,7 @@ from kernels.mosaic_variants import (
 )
 from kernels.pallas_mosaic_gpu import pallas_mosaic_gpu_attention
 from kernels.reference import attention_reference, relative_error
+from tests.kernels_helpers import mosaic_module_texts
 from tests.test_kernels_pallas_mosaic_gpu import exp2_arguments
 
 CHECKED = MosaicVariant(checked_fma_exponent=True)
@@ -241,22 +242,6 @@ def test_the_contracted_step_matches_the_cpu_s_own_fma_on_ordinary_logits():
     np.testing.assert_array_equal(np.asarray(emulated), np.asarray(jitted))
 
 
-def _modules(monkeypatch, fn, *args) -> tuple[str, list[str]]:
-    import jax.experimental.mosaic.gpu.core as mgpu_core
-
-    texts: list[str] = []
-    serde = mgpu_core._run_serde_pass
-
-    def capture(module, *a, **kw):
-        if kw.get("serialize"):
-            texts.append(module.operation.get_asm(enable_debug_info=False))
-        return serde(module, *a, **kw)
-
-    monkeypatch.setattr(mgpu_core, "_run_serde_pass", capture)
-    lowered = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-    return lowered, texts
-
-
 @pytest.mark.parametrize("causal", [False, True])
 def test_the_switch_lowers_to_an_fma_launch_and_an_exact_launch_aliased_in_place(
         causal, monkeypatch):
@@ -270,7 +255,7 @@ def test_the_switch_lowers_to_an_fma_launch_and_an_exact_launch_aliased_in_place
         return pallas_mosaic_gpu_attention(q, k, v, causal=causal, scale=0.1, q_lengths=None,
                                            kv_lengths=None, variant=CHECKED)
 
-    lowered, (first, second) = _modules(monkeypatch, fn, q, q, q)
+    lowered, (first, second) = mosaic_module_texts(monkeypatch, fn, q, q, q)
     assert lowered.count("mosaic_gpu_v2") == 2 and lowered.count("#stablehlo.output_operand_alias<") == 1
 
     def fused(module):
@@ -290,7 +275,7 @@ def test_under_vmap_the_switch_lowers_to_the_same_two_launches_over_the_folded_b
         return pallas_mosaic_gpu_attention(q, k, v, causal=True, scale=0.1, q_lengths=None,
                                            kv_lengths=None, variant=CHECKED)
 
-    lowered, modules = _modules(monkeypatch, jax.vmap(fn), q, q, q)
+    lowered, modules = mosaic_module_texts(monkeypatch, jax.vmap(fn), q, q, q)
     assert len(modules) == 2 and lowered.count("mosaic_gpu_v2") == 2
     assert lowered.count("#stablehlo.output_operand_alias<") == 1
     assert "tensor<6x256x2x128xbf16>" in lowered
