@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from kernels.tools import grid_summary
+from kernels.tools import call_aa, grid_summary
 
 CEILING = 700.0
 
@@ -204,3 +204,100 @@ def test_the_command_line_refuses_a_file_that_is_not_a_report(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "kernels.tools.grid_summary", str(bad)],
                           capture_output=True, text=True)
     assert proc.returncode == 2 and "not a benchmark shape label" in proc.stderr
+
+
+# --------------------------------------------------------------------------- the call's A/A
+
+
+def _with_twin(report, twin_of, correct=lambda lab: True):
+    """``report`` with the registered kernel's second timing on every shape: the default's
+    TFLOP/s times ``twin_of(label)`` (the A/A ratio the judge should read)."""
+    for r in list(report["rows"]):
+        if r["variant"] == "default":
+            report["rows"].append({"shape": r["shape"], "variant": call_aa.AA_VARIANT,
+                                   "correct": correct(r["shape"]),
+                                   "tflops": r["tflops"] * twin_of(r["shape"])})
+    return report
+
+
+def test_the_a_a_is_the_twin_over_the_default_and_its_widest_log_ratio():
+    rng = np.random.default_rng()
+    drawn = {}
+
+    def twin_of(label):
+        return drawn.setdefault(label, float(np.exp(rng.normal(0.0, 0.01))))
+
+    report = _with_twin(_with_fa3(_report(lambda *_: 1.1), lambda _: 1.0), twin_of)
+    aa = call_aa.a_a(report["rows"])
+    assert aa["ratios"] == pytest.approx(drawn) and aa["not_assessed"] == []
+    assert aa["band"] == pytest.approx(max(abs(math.log(r)) for r in drawn.values()))
+    assert aa["geomean"] == pytest.approx(math.exp(np.mean(np.log(list(drawn.values())))))
+    summary = grid_summary.summarize(report)
+    assert set(summary) == {"default"}  # the twin is the yardstick, never a judged variant
+    assert summary["default"]["against_fa3"]["a_a_band"] == pytest.approx(aa["band"])
+
+
+def test_rows_against_fa3_are_resolved_only_beyond_the_a_a_band():
+    # A/A: one pair at +3 %, the rest at 1.0, so the band is log(1.03).
+    widest = "bfloat16 d64 full B1 S16384x16384 H32/32"
+    fa3 = {"bfloat16 d128 full B1 S16384x16384 H16/16": 1.05,     # ahead
+           "bfloat16 d128 full B4 S4096x4096 H16/16": 0.95,       # behind
+           "bfloat16 d128 causal B1 S16384x16384 H16/16": 1.029,  # within
+           "bfloat16 d128 causal B4 S4096x4096 H16/16": 1 / 1.029}
+    report = _with_twin(_with_fa3(_report(lambda *_: 1.1), lambda lab: fa3.get(lab, 1.0)),
+                        lambda lab: 1.03 if lab == widest else 1.0)
+    res = grid_summary.summarize(report)["default"]["against_fa3"]["resolved"]
+    assert res["ahead"] == ["bfloat16 d128 full B1 S16384x16384 H16/16"]
+    assert res["behind"] == ["bfloat16 d128 full B4 S4096x4096 H16/16"]
+    assert len(res["within"]) == 6  # the two at 1.029 either way and the four at 1.0
+    text = grid_summary.format_summary(grid_summary.summarize(report))
+    assert "beside the call's A/A (+-3.0%): 1 rows ahead, 1 behind, 6 within" in text
+
+
+def test_the_band_reports_the_noise_and_never_moves_the_issue_s_verdicts():
+    """A floor met as measured stays met inside a wide A/A band, and one missed stays
+    missed: the band sorts rows for the reader, the thresholds stay the issue's."""
+    for fa3_ratio, met in ((1.031, True), (1.029, False)):
+        report = _with_twin(_with_fa3(_report(lambda *_: 1.1), lambda _, r=fa3_ratio: r),
+                            lambda _: 1.06)
+        fa3 = grid_summary.summarize(report)["default"]["against_fa3"]
+        assert fa3["floor_met"] is met
+        assert len(fa3["resolved"]["within"]) == 8
+
+
+def test_without_a_twin_no_row_is_resolved_either_way():
+    report = _with_fa3(_report(lambda *_: 1.1), lambda _: 1.2)
+    fa3 = grid_summary.summarize(report)["default"]["against_fa3"]
+    assert fa3["resolved"] is None and fa3["a_a_band"] is None
+    assert "no A/A timed, no row resolved" in grid_summary.format_summary(
+        grid_summary.summarize(report))
+    assert "not timed in this call" in call_aa.format_a_a(call_aa.a_a(report["rows"]))
+
+
+def test_an_incorrect_twin_row_is_not_part_of_the_a_a():
+    bad = "float16 d256 causal B4 S4096x4096 H8/8"
+    report = _with_twin(_report(lambda *_: 1.1),
+                        lambda lab: 1.5 if lab == bad else 1.01, correct=lambda lab: lab != bad)
+    aa = call_aa.a_a(report["rows"])
+    assert aa["not_assessed"] == [bad] and len(aa["ratios"]) == 23
+    assert aa["band"] == pytest.approx(math.log(1.01))
+
+
+def test_a_peer_equal_to_the_kernel_is_resolved_at_the_nominal_rate():
+    """On A/A data (FA3 timed with the same noise as the two timings of the kernel, and
+    equal to it), a row falls outside the band of n = 8 pairs with probability 1/9
+    (exchangeability); the judge's rate over many simulated calls is that."""
+    rng = np.random.default_rng()
+    trials, resolved_rows = 1500, 0
+    for _ in range(trials):
+        noise = iter(np.exp(rng.normal(0.0, 0.012, size=16)))
+        report = _report(lambda *_: 1.1)
+        report["rows"] = [r for r in report["rows"] if " d128 " in r["shape"]]
+        report = _with_twin(_with_fa3(report, lambda _, it=noise: float(next(it))),
+                            lambda _, it=noise: float(next(it)))
+        res = grid_summary.summarize(report)["default"]["against_fa3"]["resolved"]
+        resolved_rows += len(res["ahead"]) + len(res["behind"])
+    rate = resolved_rows / (8 * trials)
+    # 12000 row verdicts, correlated within a call through the shared band: the
+    # standard error is at most about 0.006 here; 4 of them either side.
+    assert abs(rate - 1 / 9) < 0.025, rate

@@ -1240,3 +1240,35 @@ def test_fa3_is_a_peer_row_at_head_dim_128_only_and_names_why_it_did_not_run():
                                                                     seed=5)}
     assert set(rows[64]) == {"cudnn"} and set(rows[128]) == {"cudnn", "fa3"}
     assert "fa3" in rows[128]["fa3"]["error"] and "tflops" not in rows[128]["fa3"]
+
+
+def test_every_call_times_the_registered_kernel_twice_unless_told_not_to(monkeypatch, tmp_path):
+    """The benchmark's A/A: the registered kernel again (``call_aa.AA_VARIANT``),
+    last on every shape, resolved exactly as ``default`` is; ``--no-aa`` leaves it out."""
+    seen: list[list[dict]] = []
+
+    def fake_run_shape(shape, entries, ceiling, seed):
+        seen.append(entries)
+        return [{"shape": shape.label, "variant": e["name"], "tflops": 100.0,
+                 "median_s": 1e-3, "correct": True} for e in entries]
+
+    monkeypatch.setattr(variants_tool, "run_shape", fake_run_shape)
+    monkeypatch.setattr(variants_tool, "matmul_ceiling", lambda sizes: {"ceiling": 700.0})
+    twin = variants_tool.call_aa.AA_VARIANT
+    out = tmp_path / "report.json"
+    args = ["--shapes", "grid", "--head-dims", "128", "--dtypes", "bfloat16",
+            "--variants", "checked-fma", "--out", str(out)]
+    assert variants_tool.main(args) == 0
+    assert seen and all([e["name"] for e in entries] == ["default", "checked-fma", twin]
+                        for entries in seen)
+    for causal, kv_len in ((False, 16384), (True, 4096)):
+        assert (variants_tool.entry_variant(seen[0][-1], 128, causal=causal, kv_len=kv_len)
+                == variants_tool.entry_variant({"name": "default"}, 128, causal=causal,
+                                               kv_len=kv_len))
+    report = json.loads(out.read_text())
+    assert report["a_a"]["geomean"] == 1.0 and len(report["a_a"]["ratios"]) == len(seen)
+    assert twin not in report["summary"]
+    seen.clear()
+    assert variants_tool.main([*args, "--no-aa"]) == 0
+    assert all(twin not in [e["name"] for e in entries] for entries in seen)
+    assert json.loads(out.read_text())["a_a"]["ratios"] == {}

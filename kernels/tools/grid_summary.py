@@ -33,6 +33,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from kernels.tools.call_aa import AA_VARIANT, a_a, format_a_a, resolved
+
 FLOOR_GROUP_RATIO = 1.0
 FLOOR_GEOMEAN_RATIO = 1.05
 FA3_HEAD_DIM = 128
@@ -101,7 +103,7 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
     cudnn = {r["shape"]: r for r in rows if r["variant"] == "cudnn" and "error" not in r}
     by_variant: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
-        if r["variant"] not in PEERS:
+        if r["variant"] not in PEERS and r["variant"] != AA_VARIANT:
             by_variant[r["variant"]].append(r)
     expected_groups = sorted({(parse_shape(s)["head_dim"], parse_shape(s)["causal"])
                               for s in {r["shape"] for r in rows}})
@@ -111,21 +113,26 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
                          if parse_shape(r["shape"])["head_dim"] == FA3_HEAD_DIM})
     if fa3_shapes:
         fa3 = {r["shape"]: r for r in rows if r["variant"] == "fa3"}
+        band = a_a(rows)["band"]
         for name, vrows in by_variant.items():
             summary[name]["against_fa3"] = _against_fa3(vrows, fa3, fa3_shapes,
-                                                        summary[name])
+                                                        summary[name], band)
     return summary
 
 
 def _against_fa3(rows: Sequence[dict[str, Any]], fa3: dict[str, dict[str, Any]],
-                 shapes: Sequence[str], summary: dict[str, Any]) -> dict[str, Any]:
+                 shapes: Sequence[str], summary: dict[str, Any],
+                 band: float | None = None) -> dict[str, Any]:
     """The variant against FlashAttention-3 on the call's head_dim-128 ``shapes``: each
     row's ratio (TFLOP/s over FA3's on the same shape), their geomean, the floor (every
     row >= ``FA3_FLOOR_ROW_RATIO``, geomean >= ``FA3_FLOOR_GEOMEAN_RATIO``, and every row
     of the call >= 1.0x cuDNN, read from ``summary``: the issue's floor reads a call of the
     whole 24-row grid, ``rows_in_call`` says how many it held) and the goal. A shape
     without a correct variant row, or whose FA3 row is missing, failed or not correct
-    against float64, is named in ``not_assessed``; then neither verdict is met."""
+    against float64, is named in ``not_assessed``; then neither verdict is met. With the
+    call's A/A ``band`` (:func:`a_a`), ``resolved`` sorts the rows into ahead of FA3,
+    behind it and within the noise (:func:`resolved`); the verdicts themselves are the
+    issue's thresholds, read as measured."""
     mine = {r["shape"]: r for r in rows}
     ratios: dict[str, float] = {}
     not_assessed: list[str] = []
@@ -155,6 +162,8 @@ def _against_fa3(rows: Sequence[dict[str, Any]], fa3: dict[str, dict[str, Any]],
                           and overall >= FA3_FLOOR_GEOMEAN_RATIO
                           and min(ratios.values()) >= FA3_FLOOR_ROW_RATIO),
         "goal_met": bool(assessed and overall >= FA3_GOAL_GEOMEAN_RATIO),
+        "a_a_band": band,
+        "resolved": resolved(ratios, band),
         "not_assessed": not_assessed,
     }
 
@@ -257,6 +266,13 @@ def format_summary(summary: dict[str, Any]) -> str:
                 + ("met" if fa3["floor_met"] else "NOT met")
                 + f"; goal (geomean >= {FA3_GOAL_GEOMEAN_RATIO}): "
                 + ("met" if fa3["goal_met"] else "NOT met"))
+            res = fa3.get("resolved")
+            lines.append(
+                "  against FA3, beside the call's A/A: no A/A timed, no row resolved"
+                if res is None else
+                f"  against FA3, beside the call's A/A (+-{math.expm1(fa3['a_a_band']):.1%}): "
+                f"{len(res['ahead'])} rows ahead, {len(res['behind'])} behind, "
+                f"{len(res['within'])} within")
             for reason in fa3["not_assessed"]:
                 lines.append(f"  not assessed against FA3: {reason}")
     return "\n".join(lines)
@@ -302,7 +318,8 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Print the summary of a report (exit 0); ``--write`` stores it under "summary".
+    """Print the summary of a report and its A/A (exit 0); ``--write`` stores them under
+    "summary" and "a_a".
     Exit 2 when the file is not a variants report."""
     p = argparse.ArgumentParser(prog="python3 -m kernels.tools.grid_summary",
                                 description=__doc__.splitlines()[0])
@@ -315,9 +332,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (OSError, ValueError, KeyError) as err:
         print(f"{args.report}: {err}", file=sys.stderr)
         return 2
-    print(format_summary(summary))
+    aa = a_a(report["rows"])
+    print(format_summary(summary) + "\n" + format_a_a(aa))
     if args.write:
-        report["summary"] = summary
+        report["summary"], report["a_a"] = summary, aa
         args.report.write_text(json.dumps(report, indent=2))
     return 0
 

@@ -7,7 +7,10 @@ heads = 2048 / head_dim) it times cuDNN (``jax.nn.dot_product_attention``,
 ``implementation="cudnn"``), FlashAttention-3 at head_dim 128 (``kernels.fa3``, where its
 wheel is installed; :data:`PEERS`) and each variant, in three passes interleaved over the
 kernels (the median of each pass's median; ratios within this process), against the
-matmul ceiling measured in the same process (the best of a few large bf16 GEMMs). Every
+matmul ceiling measured in the same process (the best of a few large bf16 GEMMs). The
+registered kernel is timed twice, as ``default`` and, last in each pass, as
+``call_aa.AA_VARIANT``: their ratio is the call's A/A, the spread a difference between two
+kernels of the call must exceed to be read (``--no-aa`` leaves it out). Every
 variant is checked against float64 twice: on sampled rows of the timed inputs, and on a
 small shape of its own (causal, lengths that are no tile multiples, GQA) where its error
 must stay within ``bench.ERROR_RATIO_LIMIT`` of naive's; the peers' sampled rows are
@@ -54,7 +57,7 @@ from kernels.reference import relative_error, rounding_floor
 from kernels.selection import measured_config
 from kernels.shapes import AttentionShape, random_inputs
 from kernels.timing import compile_and_warm, time_call
-from kernels.tools import bench, grid_summary
+from kernels.tools import bench, call_aa, grid_summary
 from kernels.tools.grid_summary import format_table
 from kernels.tools.ptxas_report import captured_output, parse_ptxas
 from kernels.tools.variant_check import small_check
@@ -284,6 +287,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--ceiling-sizes", nargs="+", type=int, default=list(CEILING_SIZES),
                    help="square bf16 GEMM sizes whose best rate is the matmul ceiling")
+    p.add_argument("--no-aa", action="store_true",
+                   help=f"do not time the registered kernel a second time "
+                        f"('{call_aa.AA_VARIANT}', last in each pass: the call's A/A)")
     p.add_argument("--out", default=None, help="write the JSON report here")
     return p
 
@@ -305,6 +311,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         spec["dtypes"] = list(args.dtypes)
     if args.head_dims:
         spec["head_dims"] = [d for d in spec["head_dims"] if d in args.head_dims] or args.head_dims
+    aa = [] if args.no_aa else [{"name": call_aa.AA_VARIANT}]  # the registered kernel again
     others = [by_name[n] for n in wanted if n != "default"]
     if others and all("head_dims" in e for e in others):
         # Only where the chosen variants run (the default is timed beside them there).
@@ -318,16 +325,19 @@ def main(argv: Sequence[str] | None = None) -> int:
           flush=True)
     rows: list[dict[str, Any]] = []
     for shape in shapes(spec):
-        rows += run_shape(shape, [by_name[n] for n in wanted], ceiling["ceiling"], seed)
+        rows += run_shape(shape, [by_name[n] for n in wanted] + aa, ceiling["ceiling"], seed)
         print(format_table([r for r in rows if r["shape"] == shape.label]), flush=True)
     report = {"schema_version": SCHEMA_VERSION, "created": dt.datetime.now(dt.UTC).isoformat(),
               "device": device.device_kind, "jax_version": jax.__version__, "seed": seed,
               "passes": PASSES, "matmul_ceiling_tflops": ceiling, "shape_set": args.shapes,
-              "variants": {n: by_name[n] for n in wanted}, "rows": rows}
+              "variants": {**{n: by_name[n] for n in wanted}, **{e["name"]: e for e in aa}},
+              "rows": rows}
     print("\n" + format_table(rows))
     if args.shapes == "grid":  # the floor and goal, from this call's rows alone
         report["summary"] = grid_summary.summarize(report)
         print("\n" + grid_summary.format_summary(report["summary"]))
+    report["a_a"] = call_aa.a_a(rows)
+    print("\n" + call_aa.format_a_a(report["a_a"]))
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=2))
     bad = [r for r in rows if r["variant"] not in PEERS and not r.get("correct")]
