@@ -234,24 +234,35 @@ def test_the_a_a_is_the_twin_over_the_default_and_its_widest_log_ratio():
     assert aa["geomean"] == pytest.approx(math.exp(np.mean(np.log(list(drawn.values())))))
     summary = grid_summary.summarize(report)
     assert set(summary) == {"default"}  # the twin is the yardstick, never a judged variant
-    assert summary["default"]["against_fa3"]["a_a_band"] == pytest.approx(aa["band"])
+    d128 = [r for lab, r in drawn.items() if " d128 " in lab]
+    assert summary["default"]["against_fa3"]["a_a_band"] == pytest.approx(
+        max(abs(math.log(r)) for r in d128))  # the band of the rows it sorts
+    assert aa["pairs"] == 24 and aa["lowest"] == pytest.approx(min(drawn.values()))
 
 
 def test_rows_against_fa3_are_resolved_only_beyond_the_a_a_band():
-    # A/A: one pair at +3 %, the rest at 1.0, so the band is log(1.03).
-    widest = "bfloat16 d64 full B1 S16384x16384 H32/32"
+    # A/A on the d128 rows: one pair at +3 %, the rest at 1.0, so the band is log(1.03);
+    # a wider pair on a d64 row is noise of another shape and sets no band here.
+    widest = "float16 d128 full B4 S4096x4096 H16/16"
+    elsewhere = "bfloat16 d64 full B1 S16384x16384 H32/32"
     fa3 = {"bfloat16 d128 full B1 S16384x16384 H16/16": 1.05,     # ahead
            "bfloat16 d128 full B4 S4096x4096 H16/16": 0.95,       # behind
            "bfloat16 d128 causal B1 S16384x16384 H16/16": 1.029,  # within
            "bfloat16 d128 causal B4 S4096x4096 H16/16": 1 / 1.029}
     report = _with_twin(_with_fa3(_report(lambda *_: 1.1), lambda lab: fa3.get(lab, 1.0)),
-                        lambda lab: 1.03 if lab == widest else 1.0)
-    res = grid_summary.summarize(report)["default"]["against_fa3"]["resolved"]
+                        lambda lab: {widest: 1.03, elsewhere: 1.2}.get(lab, 1.0))
+    fa3_block = grid_summary.summarize(report)["default"]["against_fa3"]
+    assert fa3_block["a_a_pairs"] == 8
+    assert fa3_block["a_a_band"] == pytest.approx(math.log(1.03))
+    res = fa3_block["resolved"]
     assert res["ahead"] == ["bfloat16 d128 full B1 S16384x16384 H16/16"]
     assert res["behind"] == ["bfloat16 d128 full B4 S4096x4096 H16/16"]
     assert len(res["within"]) == 6  # the two at 1.029 either way and the four at 1.0
     text = grid_summary.format_summary(grid_summary.summarize(report))
-    assert "beside the call's A/A (+-3.0%): 1 rows ahead, 1 behind, 6 within" in text
+    assert ("beside the call's A/A on these rows (8 pairs, band [0.971, 1.030]): "
+            "1 rows ahead, 1 behind, 6 within") in text
+    whole = call_aa.format_a_a(call_aa.a_a(report["rows"]))
+    assert "24 pairs" in whole and "range [1.000, 1.200]" in whole
 
 
 def test_the_band_reports_the_noise_and_never_moves_the_issue_s_verdicts():
@@ -271,7 +282,9 @@ def test_without_a_twin_no_row_is_resolved_either_way():
     assert fa3["resolved"] is None and fa3["a_a_band"] is None
     assert "no A/A timed, no row resolved" in grid_summary.format_summary(
         grid_summary.summarize(report))
-    assert "not timed in this call" in call_aa.format_a_a(call_aa.a_a(report["rows"]))
+    aa = call_aa.a_a(report["rows"])
+    assert "not timed in this call" in call_aa.format_a_a(aa)
+    assert aa["not_assessed"] == [] and aa["pairs"] == 0 and aa["twin_timed"] is False
 
 
 def test_an_incorrect_twin_row_is_not_part_of_the_a_a():
@@ -301,3 +314,27 @@ def test_a_peer_equal_to_the_kernel_is_resolved_at_the_nominal_rate():
     # 12000 row verdicts, correlated within a call through the shared band: the
     # standard error is at most about 0.006 here; 4 of them either side.
     assert abs(rate - 1 / 9) < 0.025, rate
+
+
+def test_a_twin_without_an_assessable_pair_says_so_not_untimed():
+    report = _with_twin(_report(lambda *_: 1.1), lambda _: 1.0)
+    for r in report["rows"]:
+        if r["variant"] == "default":
+            r["correct"] = False
+    aa = call_aa.a_a(report["rows"])
+    assert aa["band"] is None and len(aa["not_assessed"]) == 24
+    assert "timed, but no shape assessable" in call_aa.format_a_a(aa)
+
+
+@pytest.mark.parametrize("bad_rate", [0.0, -5.0, float("nan"), float("inf")])
+def test_a_twin_rate_that_is_no_finite_positive_number_is_not_a_pair(bad_rate):
+    broken = "bfloat16 d128 full B1 S16384x16384 H16/16"
+    report = _with_twin(_with_fa3(_report(lambda *_: 1.1), lambda _: 1.0),
+                        lambda lab: 1.01)
+    for r in report["rows"]:
+        if r["variant"] == call_aa.AA_VARIANT and r["shape"] == broken:
+            r["tflops"] = bad_rate
+    aa = call_aa.a_a(report["rows"])
+    assert aa["not_assessed"] == [broken] and aa["band"] == pytest.approx(math.log(1.01))
+    fa3 = grid_summary.summarize(report)["default"]["against_fa3"]
+    assert fa3["a_a_pairs"] == 7 and fa3["floor_met"] is False

@@ -1261,10 +1261,13 @@ def test_every_call_times_the_registered_kernel_twice_unless_told_not_to(monkeyp
     assert variants_tool.main(args) == 0
     assert seen and all([e["name"] for e in entries] == ["default", "checked-fma", twin]
                         for entries in seen)
+    default = seen[0][0]
+    assert {k: v for k, v in seen[0][-1].items() if k != "name"} == {
+        k: v for k, v in default.items() if k != "name"}  # the file's default, renamed
     for causal, kv_len in ((False, 16384), (True, 4096)):
         assert (variants_tool.entry_variant(seen[0][-1], 128, causal=causal, kv_len=kv_len)
-                == variants_tool.entry_variant({"name": "default"}, 128, causal=causal,
-                                               kv_len=kv_len))
+                == variants_tool.entry_variant(default, 128, causal=causal, kv_len=kv_len))
+    assert variants_tool.block_sizes(seen[0][-1], 128) == variants_tool.block_sizes(default, 128)
     report = json.loads(out.read_text())
     assert report["a_a"]["geomean"] == 1.0 and len(report["a_a"]["ratios"]) == len(seen)
     assert twin not in report["summary"]
@@ -1272,3 +1275,13 @@ def test_every_call_times_the_registered_kernel_twice_unless_told_not_to(monkeyp
     assert variants_tool.main([*args, "--no-aa"]) == 0
     assert all(twin not in [e["name"] for e in entries] for entries in seen)
     assert json.loads(out.read_text())["a_a"]["ratios"] == {}
+
+
+def test_the_a_a_twin_s_name_is_reserved_in_the_variant_file(tmp_path):
+    data = json.loads(variants_tool.VARIANTS_FILE.read_text())
+    data["variants"].append({"name": variants_tool.call_aa.AA_VARIANT,
+                             "variant": {"lazy_rescale_log2": 8.0}})
+    path = tmp_path / "variants.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="reserved"):
+        variants_tool.load_variant_sets(path)

@@ -26,37 +26,55 @@ def _geomean(values: Sequence[float]) -> float:
 
 
 def a_a(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The call's A/A: on each shape where both ``default`` and :data:`AA_VARIANT` have a
-    correct timed row, the twin's TFLOP/s over the default's (``ratios``), their geomean,
-    and ``band``, the largest ``|log ratio|`` (``None`` with no pair). Two timings of one
-    kernel differ by the call's noise alone (the board's clock under its power cap, the
-    order within a pass), so ``exp(band)`` is the widest ratio that noise gave in this call.
-    It is a calibrated yardstick, not a bound: where a peer is timed with the same noise
-    and equals the kernel, its ratio's ``|log|`` and the ``n`` A/A pairs' are ``n + 1``
-    exchangeable draws, so the row falls outside the band with probability ``1 / (n + 1)``
-    (1/9 at eight rows: :func:`resolved`'s false-resolution rate).
-    ``not_assessed`` names shapes with one of the pair missing, failed or incorrect."""
+    """The call's A/A over ``rows``: on each shape where both ``default`` and
+    :data:`AA_VARIANT` have a correct row with a finite positive TFLOP/s, the twin's
+    TFLOP/s over the default's (``ratios``), their number ``pairs``, geomean, ``lowest``
+    and ``highest``, and ``band``, the largest ``|log ratio|`` (``None`` with no pair).
+    ``twin_timed`` says whether the call timed the twin at all; ``not_assessed`` names the
+    shapes with one of the pair missing, failed, incorrect or not a finite positive rate.
+
+    Two timings of one kernel differ by the call's noise alone (the board's clock under
+    its power cap, the order within a pass: the twin runs last, so a position effect
+    shows as a geomean away from 1), so ``exp(band)`` is the widest ratio that noise gave
+    in this call. A yardstick, not a bound: where a peer equal to the kernel is timed with
+    the same noise on every shape, its ratio's ``|log|`` and the ``n`` pairs' are ``n + 1``
+    exchangeable draws, and a row falls outside the band with probability ``1 / (n + 1)``
+    (1/9 at eight rows). Where the noise differs between shapes (wider at 16k than at 4k),
+    that is the average over rows: a noisy row is resolved more often, a quiet one less.
+    Pass only the rows of the shapes the band is for (``grid_summary`` passes the FA3
+    rows' shapes)."""
     def timed(name):
-        return {r["shape"]: r for r in rows if r["variant"] == name
-                and "tflops" in r and "error" not in r and r.get("correct")}
+        return {r["shape"]: r for r in rows if r["variant"] == name and "error" not in r
+                and r.get("correct") and _rate(r) is not None}
 
     base, twin = timed("default"), timed(AA_VARIANT)
+    twin_timed = any(r["variant"] == AA_VARIANT for r in rows)
     shapes = sorted({r["shape"] for r in rows if r["variant"] in ("default", AA_VARIANT)})
     ratios = {s: twin[s]["tflops"] / base[s]["tflops"] for s in shapes
               if s in base and s in twin}
     return {
         "ratios": ratios,
+        "pairs": len(ratios),
         "geomean": _geomean(list(ratios.values())) if ratios else None,
+        "lowest": min(ratios.values()) if ratios else None,
+        "highest": max(ratios.values()) if ratios else None,
         "band": max(abs(math.log(r)) for r in ratios.values()) if ratios else None,
-        "not_assessed": [s for s in shapes if s not in ratios],
+        "twin_timed": twin_timed,
+        "not_assessed": [s for s in shapes if s not in ratios] if twin_timed else [],
     }
+
+
+def _rate(row: dict[str, Any]) -> float | None:
+    """The row's TFLOP/s where it is a finite positive number, else ``None``."""
+    x = row.get("tflops")
+    return x if isinstance(x, (int, float)) and math.isfinite(x) and x > 0 else None
 
 
 def resolved(ratios: dict[str, float], band: float | None) -> dict[str, list[str]] | None:
     """``ratios`` (shape -> ours over a peer) sorted against the call's A/A ``band``:
     ``ahead`` where ``log ratio > band``, ``behind`` where ``< -band``, ``within``
     otherwise (a difference that two timings of one kernel also showed). ``None`` without
-    a band: the call timed no A/A, so no row is resolved either way."""
+    a band (no A/A pair was timed and assessable): no row is resolved either way."""
     if band is None:
         return None
     out: dict[str, list[str]] = {"ahead": [], "behind": [], "within": []}
@@ -67,11 +85,16 @@ def resolved(ratios: dict[str, float], band: float | None) -> dict[str, list[str
 
 
 def format_a_a(aa: dict[str, Any]) -> str:
-    """The call's A/A (:func:`a_a`) in a few lines: each shape's ratio, geomean, band."""
+    """The call's A/A (:func:`a_a`) in a few lines: its pairs, geomean and range, each
+    shape's ratio and what was not assessed."""
     if not aa["ratios"]:
-        return f"A/A ({AA_VARIANT} over default): not timed in this call"
-    lines = [f"A/A ({AA_VARIANT} over default, the same kernel timed twice): geomean "
-             f"{aa['geomean']:.3f}, widest +-{math.expm1(aa['band']):.1%}"]
+        head = (f"A/A ({AA_VARIANT} over default): timed, but no shape assessable"
+                if aa["twin_timed"] else f"A/A ({AA_VARIANT} over default): not timed in this call")
+        return "\n".join([head] + [f"  not assessed: {s}" for s in aa["not_assessed"]
+                                   if aa["twin_timed"]])
+    lines = [f"A/A ({AA_VARIANT} over default, the same kernel timed twice): {aa['pairs']} "
+             f"pairs, geomean {aa['geomean']:.3f}, range [{aa['lowest']:.3f}, "
+             f"{aa['highest']:.3f}], band +-{aa['band']:.3f} in log"]
     lines += [f"  {shape:<40} {r:.3f}" for shape, r in aa["ratios"].items()]
     lines += [f"  not assessed: {shape}" for shape in aa["not_assessed"]]
     return "\n".join(lines)

@@ -16,7 +16,7 @@ summary then says ``floor_met: false`` and names the row, and a group with no ro
 
 Usage:
     python3 -m kernels.tools.grid_summary REPORT.json [--write]   # print; --write adds
-                                                                  # "summary" to the file
+                                                                  # "summary" and "a_a"
 
 Needs only the standard library (it runs on the CPU host over a committed report).
 """
@@ -113,16 +113,17 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
                          if parse_shape(r["shape"])["head_dim"] == FA3_HEAD_DIM})
     if fa3_shapes:
         fa3 = {r["shape"]: r for r in rows if r["variant"] == "fa3"}
-        band = a_a(rows)["band"]
+        # The band of the rows it sorts: the FA3 shapes' pairs only (noise differs by shape).
+        aa = a_a([r for r in rows if r["shape"] in fa3_shapes])
         for name, vrows in by_variant.items():
             summary[name]["against_fa3"] = _against_fa3(vrows, fa3, fa3_shapes,
-                                                        summary[name], band)
+                                                        summary[name], aa)
     return summary
 
 
 def _against_fa3(rows: Sequence[dict[str, Any]], fa3: dict[str, dict[str, Any]],
                  shapes: Sequence[str], summary: dict[str, Any],
-                 band: float | None = None) -> dict[str, Any]:
+                 aa: dict[str, Any] | None = None) -> dict[str, Any]:
     """The variant against FlashAttention-3 on the call's head_dim-128 ``shapes``: each
     row's ratio (TFLOP/s over FA3's on the same shape), their geomean, the floor (every
     row >= ``FA3_FLOOR_ROW_RATIO``, geomean >= ``FA3_FLOOR_GEOMEAN_RATIO``, and every row
@@ -130,8 +131,9 @@ def _against_fa3(rows: Sequence[dict[str, Any]], fa3: dict[str, dict[str, Any]],
     whole 24-row grid, ``rows_in_call`` says how many it held) and the goal. A shape
     without a correct variant row, or whose FA3 row is missing, failed or not correct
     against float64, is named in ``not_assessed``; then neither verdict is met. With the
-    call's A/A ``band`` (:func:`a_a`), ``resolved`` sorts the rows into ahead of FA3,
-    behind it and within the noise (:func:`resolved`); the verdicts themselves are the
+    call's A/A on these shapes (``aa``, :func:`call_aa.a_a`), ``resolved`` sorts the rows
+    into ahead of FA3, behind it and within the noise (:func:`call_aa.resolved`), and
+    ``a_a_band``/``a_a_pairs`` say what that rests on; the verdicts themselves are the
     issue's thresholds, read as measured."""
     mine = {r["shape"]: r for r in rows}
     ratios: dict[str, float] = {}
@@ -162,8 +164,9 @@ def _against_fa3(rows: Sequence[dict[str, Any]], fa3: dict[str, dict[str, Any]],
                           and overall >= FA3_FLOOR_GEOMEAN_RATIO
                           and min(ratios.values()) >= FA3_FLOOR_ROW_RATIO),
         "goal_met": bool(assessed and overall >= FA3_GOAL_GEOMEAN_RATIO),
-        "a_a_band": band,
-        "resolved": resolved(ratios, band),
+        "a_a_band": (aa or {}).get("band"),
+        "a_a_pairs": (aa or {}).get("pairs", 0),
+        "resolved": resolved(ratios, (aa or {}).get("band")),
         "not_assessed": not_assessed,
     }
 
@@ -270,7 +273,8 @@ def format_summary(summary: dict[str, Any]) -> str:
             lines.append(
                 "  against FA3, beside the call's A/A: no A/A timed, no row resolved"
                 if res is None else
-                f"  against FA3, beside the call's A/A (+-{math.expm1(fa3['a_a_band']):.1%}): "
+                f"  against FA3, beside the call's A/A on these rows ({fa3['a_a_pairs']} pairs, "
+                f"band [{math.exp(-fa3['a_a_band']):.3f}, {math.exp(fa3['a_a_band']):.3f}]): "
                 f"{len(res['ahead'])} rows ahead, {len(res['behind'])} behind, "
                 f"{len(res['within'])} within")
             for reason in fa3["not_assessed"]:

@@ -78,12 +78,14 @@ def load_variant_sets(path: Path | str = VARIANTS_FILE) -> dict[str, Any]:
     ``priority_shapes``/``grid_shapes``.
 
     Raises:
-        ValueError: a variant's switches or tiling are invalid, or names repeat.
+        ValueError: bad switches or tiling, repeated names, the A/A twin's name.
     """
     data = json.loads(Path(path).read_text())
     names = [e["name"] for e in data["variants"]]
     if len(names) != len(set(names)):
         raise ValueError(f"{path}: variant names repeat: {names}")
+    if call_aa.AA_VARIANT in names:
+        raise ValueError(f"{path}: {call_aa.AA_VARIANT!r} is the A/A twin's reserved name")
     for entry in data["variants"]:
         if "variant" in entry and "registered_plus" in entry:
             raise ValueError(f"{path}: {entry['name']}: 'variant' and 'registered_plus' "
@@ -136,9 +138,6 @@ def shapes(spec: dict[str, Any]) -> list[AttentionShape]:
                            num_kv_heads=bench.MODEL_WIDTH // d, head_dim=d, causal=causal)
             for dtype in dtypes for d in spec["head_dims"] for causal in spec["causal"]
             for seq in spec["seqs"]]
-
-
-# --------------------------------------------------------------------------- measuring
 
 
 def matmul_ceiling(sizes: Sequence[int] = CEILING_SIZES) -> dict[str, float]:
@@ -269,9 +268,6 @@ def _full(err: BaseException) -> str:
     return "".join(traceback.format_exception(err))[-6000:]
 
 
-# --------------------------------------------------------------------------- report
-
-
 def build_parser() -> argparse.ArgumentParser:
     """Command-line options (see the module docstring)."""
     p = argparse.ArgumentParser(prog="python3 -m kernels.tools.variants",
@@ -287,16 +283,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--ceiling-sizes", nargs="+", type=int, default=list(CEILING_SIZES),
                    help="square bf16 GEMM sizes whose best rate is the matmul ceiling")
-    p.add_argument("--no-aa", action="store_true",
-                   help=f"do not time the registered kernel a second time "
-                        f"('{call_aa.AA_VARIANT}', last in each pass: the call's A/A)")
+    p.add_argument("--no-aa", action="store_true", help=f"do not time the registered kernel "
+                   f"again ('{call_aa.AA_VARIANT}', last in each pass: the call's A/A)")
     p.add_argument("--out", default=None, help="write the JSON report here")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the variant sets; print the table; write JSON. Exit 1 when a variant row is
-    incorrect or failed, 2 on bad arguments."""
+    """Run the variant sets; print the table; write JSON. Exit 1 when a variant row (the
+    A/A twin's too: it is the registered kernel) is incorrect or failed, 2 on bad input."""
     args = build_parser().parse_args(argv)
     data = load_variant_sets(args.file)
     by_name = {e["name"]: e for e in data["variants"]}
@@ -311,7 +306,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         spec["dtypes"] = list(args.dtypes)
     if args.head_dims:
         spec["head_dims"] = [d for d in spec["head_dims"] if d in args.head_dims] or args.head_dims
-    aa = [] if args.no_aa else [{"name": call_aa.AA_VARIANT}]  # the registered kernel again
+    # The A/A twin: the file's default entry (its tiling and switches) under its own name.
+    aa = [] if args.no_aa else [{**by_name["default"], "name": call_aa.AA_VARIANT}]
     others = [by_name[n] for n in wanted if n != "default"]
     if others and all("head_dims" in e for e in others):
         # Only where the chosen variants run (the default is timed beside them there).
@@ -333,6 +329,8 @@ def main(argv: Sequence[str] | None = None) -> int:
               "variants": {**{n: by_name[n] for n in wanted}, **{e["name"]: e for e in aa}},
               "rows": rows}
     print("\n" + format_table(rows))
+    if args.out:  # the rows first: a summary that raised would lose no measurement
+        Path(args.out).write_text(json.dumps(report, indent=2))
     if args.shapes == "grid":  # the floor and goal, from this call's rows alone
         report["summary"] = grid_summary.summarize(report)
         print("\n" + grid_summary.format_summary(report["summary"]))
