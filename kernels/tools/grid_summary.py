@@ -12,7 +12,8 @@ with; the per-(dtype, head_dim, mask) ratios are reported beside it.
 
 A row that failed, or was not correct against float64, is not a speed: the variant's
 summary then says ``floor_met: false`` and names the row, and a group with no row is
-"not assessed", never counted as passing.
+"not assessed", never counted as passing. Against FlashAttention-3 the rows are also
+sorted by the call's A/A (``kernels.tools.call_aa``): ahead, behind, within its noise.
 
 Usage:
     python3 -m kernels.tools.grid_summary REPORT.json [--write]   # print; --write adds
