@@ -338,3 +338,36 @@ def test_a_twin_rate_that_is_no_finite_positive_number_is_not_a_pair(bad_rate):
     assert aa["not_assessed"] == [broken] and aa["band"] == pytest.approx(math.log(1.01))
     fa3 = grid_summary.summarize(report)["default"]["against_fa3"]
     assert fa3["a_a_pairs"] == 7 and fa3["floor_met"] is False
+
+
+def test_the_floor_lead_passes_its_readings_at_the_stated_probability():
+    """Simulated: 16 readings of a true lead ``floor_lead(sd)`` with normal noise ``sd`` all
+    clear 1.0 in 90 % of trials; two standard deviations of the lead less, far fewer."""
+    rng = np.random.default_rng()
+    sd = 0.012
+    lead = call_aa.floor_lead(sd)
+    readings = lead + rng.normal(0.0, sd, size=(20000, call_aa.FLOOR_READINGS))
+    rate = float(np.mean(np.all(readings > 0.0, axis=1)))
+    assert abs(rate - 0.9) < 0.012, rate  # 4 standard errors of a 20000-trial rate
+    short = (lead - 2 * sd) + rng.normal(0.0, sd, size=(20000, call_aa.FLOOR_READINGS))
+    assert float(np.mean(np.all(short > 0.0, axis=1))) < 0.5
+    with pytest.raises(ValueError, match="probability"):
+        call_aa.floor_lead(sd, probability=1.0)
+
+
+def test_the_a_a_reports_its_noise_and_the_lead_the_floor_needs_at_it():
+    from scipy import stats
+
+    pairs = [0.994, 1.010, 1.007, 1.029, 1.000, 1.010]
+    report = _report(lambda *_: 1.1)
+    labels = [r["shape"] for r in report["rows"] if r["variant"] == "default"][:6]
+    report["rows"] = [r for r in report["rows"] if r["shape"] in labels]
+    report = _with_twin(report, lambda lab: pairs[labels.index(lab)])
+    aa = call_aa.a_a(report["rows"])
+    assert aa["log_sd"] == pytest.approx(np.std(np.log(pairs), ddof=1))
+    lead = stats.norm.ppf(0.9 ** (1 / 16)) * aa["log_sd"]
+    assert call_aa.floor_lead(aa["log_sd"]) == pytest.approx(lead)
+    assert f"need a true lead of {math.expm1(lead):.1%} on every row" in call_aa.format_a_a(aa)
+    one = call_aa.a_a([r for r in report["rows"] if r["shape"] == labels[0]])
+    assert one["pairs"] == 1 and one["log_sd"] is None
+    assert "true lead" not in call_aa.format_a_a(one)

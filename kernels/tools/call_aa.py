@@ -11,9 +11,12 @@ standard library.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from typing import Any
 
+FLOOR_READINGS = 16
+"""Issue 44's floor reads every head_dim-128 row (8) in each of two consecutive calls."""
 AA_VARIANT = "default-again"
 """The registered kernel timed a second time in the same passes (``kernels.tools.variants``
 times it last in each pass): its ratio to ``default`` on each shape is the call's A/A, the
@@ -59,9 +62,28 @@ def a_a(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "lowest": min(ratios.values()) if ratios else None,
         "highest": max(ratios.values()) if ratios else None,
         "band": max(abs(math.log(r)) for r in ratios.values()) if ratios else None,
+        "log_sd": statistics.stdev(math.log(r) for r in ratios.values())
+        if len(ratios) >= 2 else None,
         "twin_timed": twin_timed,
         "not_assessed": [s for s in shapes if s not in ratios] if twin_timed else [],
     }
+
+
+def floor_lead(log_sd: float, readings: int = FLOOR_READINGS,
+               probability: float = 0.9) -> float:
+    """The true lead (as a log ratio) a kernel needs on every row for ``readings`` noisy
+    readings, each with normal noise of ``log_sd`` in log, all to clear 1.0 together with
+    ``probability``: each must clear it with ``probability ** (1 / readings)``, so the lead
+    is that quantile of the standard normal times ``log_sd``. The readings are taken as
+    independent; a ratio to a peer carries about the A/A's noise (two kernels timed alike).
+
+    Raises:
+        ValueError: ``log_sd`` negative, ``readings`` < 1, ``probability`` outside (0, 1).
+    """
+    if log_sd < 0 or readings < 1 or not 0 < probability < 1:
+        raise ValueError(f"floor_lead needs log_sd >= 0, readings >= 1 and 0 < probability "
+                         f"< 1, got {log_sd}, {readings}, {probability}")
+    return statistics.NormalDist().inv_cdf(probability ** (1 / readings)) * log_sd
 
 
 def _rate(row: dict[str, Any]) -> float | None:
@@ -95,6 +117,11 @@ def format_a_a(aa: dict[str, Any]) -> str:
     lines = [f"A/A ({AA_VARIANT} over default, the same kernel timed twice): {aa['pairs']} "
              f"pairs, geomean {aa['geomean']:.3f}, range [{aa['lowest']:.3f}, "
              f"{aa['highest']:.3f}], band +-{aa['band']:.3f} in log"]
+    if aa.get("log_sd") is not None:
+        lead = math.expm1(floor_lead(aa["log_sd"]))
+        lines.append(f"  noise {aa['log_sd']:.4f} in log: the floor's {FLOOR_READINGS} row "
+                     f"readings all >= 1.0 with probability 0.9 need a true lead of "
+                     f"{lead:.1%} on every row")
     lines += [f"  {shape:<40} {r:.3f}" for shape, r in aa["ratios"].items()]
     lines += [f"  not assessed: {shape}" for shape in aa["not_assessed"]]
     return "\n".join(lines)
