@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 FLOOR_READINGS = 16
-"""Issue 44's floor reads every head_dim-128 row (8) in each of two consecutive calls."""
+"""The FA3 floor reads every head_dim-128 row (8) in each of two consecutive calls."""
 AA_VARIANT = "default-again"
 """The registered kernel timed a second time in the same passes (``kernels.tools.variants``
 times it last in each pass): its ratio to ``default`` on each shape is the call's A/A, the
