@@ -24,10 +24,6 @@ spread a difference between two kernels of the call has to exceed to be read as 
 variant: the floor and goal are not judged for it."""
 
 
-def _geomean(values: Sequence[float]) -> float:
-    return math.exp(sum(math.log(x) for x in values) / len(values))
-
-
 def a_a(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The call's A/A over ``rows``: on each shape where both ``default`` and
     :data:`AA_VARIANT` have a correct row with a finite positive TFLOP/s, the twin's
@@ -58,7 +54,7 @@ def a_a(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return {
         "ratios": ratios,
         "pairs": len(ratios),
-        "geomean": _geomean(list(ratios.values())) if ratios else None,
+        "geomean": statistics.geometric_mean(ratios.values()) if ratios else None,
         "lowest": min(ratios.values()) if ratios else None,
         "highest": max(ratios.values()) if ratios else None,
         "band": max(abs(math.log(r)) for r in ratios.values()) if ratios else None,
@@ -117,7 +113,7 @@ def format_a_a(aa: dict[str, Any]) -> str:
     lines = [f"A/A ({AA_VARIANT} over default, the same kernel timed twice): {aa['pairs']} "
              f"pairs, geomean {aa['geomean']:.3f}, range [{aa['lowest']:.3f}, "
              f"{aa['highest']:.3f}], band +-{aa['band']:.3f} in log"]
-    if aa.get("log_sd") is not None:
+    if aa["log_sd"] is not None:
         lead = math.expm1(floor_lead(aa["log_sd"]))
         lines.append(f"  noise {aa['log_sd']:.4f} in log: the floor's {FLOOR_READINGS} row "
                      f"readings all >= 1.0 with probability 0.9 need a true lead of "

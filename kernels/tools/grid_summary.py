@@ -124,7 +124,7 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
 
 def _against_fa3(rows: Sequence[dict[str, Any]], fa3: dict[str, dict[str, Any]],
                  shapes: Sequence[str], summary: dict[str, Any],
-                 aa: dict[str, Any] | None = None) -> dict[str, Any]:
+                 aa: dict[str, Any]) -> dict[str, Any]:
     """The variant against FlashAttention-3 on the call's head_dim-128 ``shapes``: each
     row's ratio (TFLOP/s over FA3's on the same shape), their geomean, the floor (every
     row >= ``FA3_FLOOR_ROW_RATIO``, geomean >= ``FA3_FLOOR_GEOMEAN_RATIO``, and every row
@@ -165,9 +165,9 @@ def _against_fa3(rows: Sequence[dict[str, Any]], fa3: dict[str, dict[str, Any]],
                           and overall >= FA3_FLOOR_GEOMEAN_RATIO
                           and min(ratios.values()) >= FA3_FLOOR_ROW_RATIO),
         "goal_met": bool(assessed and overall >= FA3_GOAL_GEOMEAN_RATIO),
-        "a_a_band": (aa or {}).get("band"),
-        "a_a_pairs": (aa or {}).get("pairs", 0),
-        "resolved": resolved(ratios, (aa or {}).get("band")),
+        "a_a_band": aa["band"],
+        "a_a_pairs": aa["pairs"],
+        "resolved": resolved(ratios, aa["band"]),
         "not_assessed": not_assessed,
     }
 
