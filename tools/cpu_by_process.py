@@ -34,20 +34,31 @@ KINDS = [  # first match wins: servers before the generic Python patterns
 ]
 
 
-def snapshot(seen: dict[int, str]) -> dict[int, float]:
-    """``pid -> CPU seconds`` of every process now; new command lines are added to ``seen``."""
+def proc_stats() -> dict[int, tuple[int, float]]:
+    """``pid -> (parent pid, user + system CPU seconds)`` of every process now (``/proc``)."""
     out = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             stat = Path(f"/proc/{entry}/stat").read_text()
-            if int(entry) not in seen:
-                seen[int(entry)] = Path(f"/proc/{entry}/cmdline").read_text().replace("\0", " ")
-        except OSError:
+        except OSError:  # it ended meanwhile
             continue
         fields = stat[stat.rfind(")") + 2:].split()
-        out[int(entry)] = (int(fields[11]) + int(fields[12])) / TICKS
+        out[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / TICKS)
+    return out
+
+
+def snapshot(seen: dict[int, str]) -> dict[int, float]:
+    """``pid -> CPU seconds`` of every process now; new command lines are added to ``seen``."""
+    out = {}
+    for pid, (_, cpu) in proc_stats().items():
+        if pid not in seen:
+            try:
+                seen[pid] = Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")
+            except OSError:
+                continue
+        out[pid] = cpu
     return out
 
 

@@ -22,30 +22,19 @@ import time
 from pathlib import Path
 
 import pytest
-
-TICKS = os.sysconf("SC_CLK_TCK")
+from cpu_by_process import proc_stats  # tools/ is on the path: the plugin's usage
 
 
 def live_descendants_cpu_s(root: int) -> float:
-    """User + system CPU seconds of every live descendant of process ``root`` (``/proc``)."""
-    parent, cpu = {}, {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:  # it ended meanwhile
-            continue
-        fields = stat[stat.rfind(")") + 2:].split()
-        parent[int(entry)] = int(fields[1])
-        cpu[int(entry)] = (int(fields[11]) + int(fields[12])) / TICKS
+    """User + system CPU seconds of every live descendant of process ``root``."""
+    stats = proc_stats()
     children = collections.defaultdict(list)
-    for pid, ppid in parent.items():
+    for pid, (ppid, _) in stats.items():
         children[ppid].append(pid)
     total, front = 0.0, [root]
     while front:
         for pid in children[front.pop()]:
-            total += cpu[pid]
+            total += stats[pid][1]
             front.append(pid)
     return total
 
