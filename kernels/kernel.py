@@ -142,6 +142,11 @@ class Kernel(Generic[ConfigT]):
         float32_matmul_precision: the ``jax.lax.Precision`` of its float32 matrix
             products on every backend (``"highest"``: full float32), or ``None`` when it
             runs no float32 call.
+        operand_dtype: the dtype its matrix products take their operands in where that
+            is narrower than the call's (``"float8_e4m3fn"``: q, k, v and the softmax's
+            weights quantised before each product), or ``None``: the call's dtype. What
+            the narrower operands cost in accuracy is a registration's to judge; the
+            kernel tests bound its error by this dtype, not the call's.
         trace_name: the name its kernel carries in HLO and profiler traces, or ``None``.
         tuned: its tilings come from the measured GPU table (``kernels.selection``) and
             the autotuner searches its :meth:`candidate_configs`.
@@ -176,6 +181,7 @@ class Kernel(Generic[ConfigT]):
     auto_priority: ClassVar[Mapping[str, int]] = {}
     rollout_default_on: ClassVar[tuple[str, ...]] = ()
     float32_matmul_precision: ClassVar[str | None] = None
+    operand_dtype: ClassVar[str | None] = None
     trace_name: ClassVar[str | None] = None
     tuned: ClassVar[bool] = False
     ours: ClassVar[bool] = False

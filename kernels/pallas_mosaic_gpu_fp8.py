@@ -95,6 +95,7 @@ class PallasMosaicGpuFp8Kernel(Kernel):
     native_platforms = ("gpu",)
     capability = Capability(dtypes=("bfloat16", "float16"), max_head_dim=max(HEAD_DIMS))
     forward = staticmethod(fp8_contract_attention)
+    operand_dtype = "float8_e4m3fn"
     trace_name = KERNEL_NAME
     ours = True
 
