@@ -27,17 +27,13 @@ def _part_names() -> list[str]:
     return list(_expected_seconds())
 
 
-def _gpu_ids(*args: str) -> list[str]:
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "--collect-only", "-m", "gpu",
-                           "-p", "no:cacheprovider", *args], cwd=ROOT, capture_output=True,
-                          text=True, check=True)
-    return [line for line in done.stdout.splitlines() if "::" in line]
-
-
 def test_the_parts_cover_every_gpu_test_exactly_once():
-    done = subprocess.run(["bash", str(SCRIPT), "--collect"], cwd=ROOT, capture_output=True,
-                          text=True, check=True, env={**os.environ, "PYTHON": sys.executable})
+    done = subprocess.run(["bash", str(SCRIPT), "--collect", "--all"], cwd=ROOT,
+                          capture_output=True, text=True, check=True,
+                          env={**os.environ, "PYTHON": sys.executable})
     rows = [line.split("\t") for line in done.stdout.splitlines()]
+    every = [node for part, node in rows if part == "*"]
+    rows = [(part, node) for part, node in rows if part != "*"]
     by_part: dict[str, list[str]] = {}
     for part, node in rows:
         by_part.setdefault(part, []).append(node)
@@ -45,10 +41,34 @@ def test_the_parts_cover_every_gpu_test_exactly_once():
     selected = [node for part, node in rows]
     duplicates = sorted({n for n in selected if selected.count(n) > 1})
     assert not duplicates, f"in more than one part: {duplicates[:5]}"
-    every = _gpu_ids("tests")
     assert every, "no gpu test collected at all"
     missing = sorted(set(every) - set(selected))
     assert not missing, f"gpu tests in no part of {PARTS.name}: {missing[:5]}"
+
+
+def test_the_modules_searched_for_gpu_tests_include_every_way_to_mark_one(tmp_path):
+    """Only modules applying the marker are collected for the coverage check, unless the
+    marker is reached in a way that does not spell it: then every module is."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        from gpu_collect import gpu_test_files
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    (tests / "test_direct.py").write_text("import pytest\n@pytest.mark.gpu\ndef test_a(): ...\n")
+    (tests / "test_param.py").write_text(
+        "import pytest\n@pytest.mark.parametrize('x', [pytest.param(1, marks=pytest.mark.gpu)])"
+        "\ndef test_b(x): ...\n")
+    (tests / "test_plain.py").write_text("def test_c():\n    assert 'gpu_table'\n")
+    names = lambda: sorted(Path(p).name for p in gpu_test_files(tests))  # noqa: E731
+    assert names() == ["test_direct.py", "test_param.py"]
+    (tests / "test_indirect.py").write_text(
+        "import pytest\nON = getattr(pytest.mark, 'g' + 'pu')\n@ON\ndef test_d(): ...\n")
+    assert names() == ["test_direct.py", "test_indirect.py", "test_param.py", "test_plain.py"]
+    (tests / "test_indirect.py").unlink()
+    (tests / "marks.py").write_text("import pytest\nDEVICE = pytest.mark.gpu\n")
+    assert names() == ["test_direct.py", "test_param.py", "test_plain.py"]
 
 
 @pytest.fixture

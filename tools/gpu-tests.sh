@@ -7,7 +7,8 @@
 #   bash tools/gpu-tests.sh PART...      those parts not yet passed here, in that order
 #   bash tools/gpu-tests.sh --collect    no GPU needed: each part's test ids, as
 #                                        "PART<tab>node id" (the CPU suite checks that
-#                                        the parts cover every `gpu` test once)
+#                                        the parts cover every `gpu` test once); with
+#                                        --all also "*<tab>node id" for every `gpu` test
 #
 # Run from the repository root. A passed part is recorded under $KG_GPU_TESTS_STATE
 # (default /tmp/kg-gpu-tests, which lives as long as the warm machine), so back-to-back
@@ -44,13 +45,8 @@ if [ -n "$bad" ]; then
   echo "$bad" >&2; exit 2
 fi
 
-if [ "${1:-}" = --collect ]; then
-  for name in $(part_names); do
-    mapfile -t args < <(part_args "$name")
-    "$python" -m pytest -q --collect-only -m gpu -p no:cacheprovider "${args[@]}" 2>/dev/null \
-      | grep '::' | sed "s|^|$name\t|"
-  done
-  exit 0
+if [ "${1:-}" = --collect ]; then  # every part in one interpreter (tools/gpu_collect.py)
+  exec "$python" "$here/gpu_collect.py" "$parts_file" "${@:2}"
 fi
 
 mkdir -p "$out" "$state"
