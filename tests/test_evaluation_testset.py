@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import os
+import shutil
 
 import numpy as np
 import pytest
@@ -193,6 +195,35 @@ def test_documents_split_by_name_and_clean_markup(tmp_path):
     assert Document.from_text("x", prose).sha256 == Document.from_text("y", prose).sha256
     with pytest.raises(FileNotFoundError):
         folder_documents(tmp_path / "missing")
+
+
+def _fake_distribution(folder, name: str, sentence: str) -> None:
+    """A distribution's metadata folder whose long description is ``sentence`` x 40."""
+    info = folder / f"{name}-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n\n"
+                                   + " ".join([sentence] * 40) + "\n")
+
+
+def test_installed_documents_are_read_again_when_a_distribution_comes_or_goes(tmp_path,
+                                                                              monkeypatch):
+    """Read once per environment: a folder joining ``sys.path``, or a distribution
+    installed into or removed from one already there, is seen by the next call."""
+    sentence = ("The kernelgate probe distribution describes attention kernels in plain "
+                "prose for the document reader.")
+    names = lambda: {d.name for d in installed_documents()}  # noqa: E731
+    before = names()
+    assert "dist:kernelgate-probe-one" not in before
+    monkeypatch.syspath_prepend(str(tmp_path))
+    _fake_distribution(tmp_path, "kernelgate_probe_one", sentence)
+    assert names() == before | {"dist:kernelgate-probe-one"}
+    stamp = os.stat(tmp_path).st_mtime_ns
+    _fake_distribution(tmp_path, "kernelgate_probe_two", sentence.replace("probe", "second"))
+    os.utime(tmp_path, ns=(stamp + 10**9, stamp + 10**9))  # past the clock's granularity
+    assert names() == before | {"dist:kernelgate-probe-one", "dist:kernelgate-probe-two"}
+    shutil.rmtree(tmp_path / "kernelgate_probe_one-1.0.dist-info")
+    os.utime(tmp_path, ns=(stamp + 2 * 10**9, stamp + 2 * 10**9))
+    assert names() == before | {"dist:kernelgate-probe-two"}
 
 
 def test_the_model_check_documents_are_the_first_of_the_split_and_never_another_split(built):
