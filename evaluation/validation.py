@@ -391,9 +391,10 @@ def run_suites(tables: dict[str, pd.DataFrame], *, data_docs: dict[str, str] | N
     n = 0
     for table, (id_column, expectations) in _suites(gxe).items():
         batch = source.add_dataframe_asset(name=table).add_batch_definition_whole_dataframe(table)
-        suite = context.suites.add(gx.ExpectationSuite(name=f"kernelgate_testset_{table}"))
-        for expectation in expectations:
-            suite.add_expectation(expectation)
+        # The expectations go in with the suite: added one by one, the context's store
+        # serialised the whole suite again after each.
+        suite = context.suites.add(gx.ExpectationSuite(name=f"kernelgate_testset_{table}",
+                                                       expectations=list(expectations)))
         definition = context.validation_definitions.add(
             gx.ValidationDefinition(name=f"kernelgate_testset_{table}", data=batch, suite=suite))
         result = definition.run(
