@@ -79,7 +79,11 @@ def main(argv: list[str]) -> int:
     if not argv or argv[0].startswith("-") or argv[1:] not in ([], ["--all"]):
         print(__doc__, file=sys.stderr)
         return 2
-    todo = parts(argv[0]) + ([("*", gpu_test_files())] if argv[1:] == ["--all"] else [])
+    try:
+        todo = parts(argv[0]) + ([("*", gpu_test_files())] if argv[1:] == ["--all"] else [])
+    except (OSError, ValueError) as err:  # no such file; a line without NAME<tab>SECONDS<tab>ARGS
+        print(f"{argv[0]}: cannot read the parts ({err})", file=sys.stderr)
+        return 2
     for name, args in todo:
         try:
             ids = collect(args)
